@@ -1,0 +1,38 @@
+# The two commands of the README: `make demo` and `make test`.
+# Both create .venv on first use and (re)install the project when pyproject.toml changes.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# torch is pinned to the CPU wheel this machine provides; an unpinned torch pulls
+# gigabytes of CUDA wheels.
+TORCH_PIN := torch==2.13.0
+export KERAS_BACKEND := torch
+
+.PHONY: demo test install bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet $(TORCH_PIN)
+	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH_PIN)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/pipeline demo-data data/raw
+	$(BIN)/pipeline run configs/orderbook.yaml
+	$(BIN)/python examples/train_keras.py data/orderbook.zarr
+	$(BIN)/python examples/train_torch.py data/orderbook.zarr
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+bench: $(STAMP)
+	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
+
+clean:
+	rm -rf $(VENV) data .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""pipeline: out-of-core training sets."""

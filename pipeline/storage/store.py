@@ -1,0 +1,90 @@
+"""Opening zarr stores from a path or URL: a directory, a ``.zarr.zip`` file, or fsspec.
+
+This is the single place that turns a user-given location into a ``zarr.Group``, so the
+writer, the reader, ``inspect`` and the streamer agree on what a location means.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Literal
+
+import zarr
+import zarr.storage
+
+from pipeline.errors import StoreError
+
+__all__ = ["ATTRS_KEY", "is_remote", "is_zip", "open_store_group", "store_root_attrs"]
+
+#: Key under which the package keeps its metadata in the root group's attributes.
+ATTRS_KEY = "pipeline"
+
+
+def is_zip(location: str) -> bool:
+    """Whether ``location`` names a single-file zip store."""
+    return str(location).endswith(".zip")
+
+
+def is_remote(location: str) -> bool:
+    """Whether ``location`` is an fsspec URL other than a local ``file://`` path."""
+    loc = str(location)
+    return "://" in loc and not loc.startswith("file://")
+
+
+def open_store_group(
+    location: str | os.PathLike[str] | zarr.Group,
+    *,
+    mode: Literal["r", "r+", "a", "w", "w-"] = "r",
+    storage_options: dict[str, Any] | None = None,
+) -> zarr.Group:
+    """Open the root group of a store.
+
+    Parameters
+    ----------
+    location
+        A local directory, a ``.zarr.zip`` file (read-only), an fsspec URL such as
+        ``s3://bucket/prefix``, or an already open group (returned unchanged).
+    mode
+        zarr's persistence mode.
+    storage_options
+        Passed to fsspec for remote URLs (for example ``endpoint_url`` and ``key``).
+
+    Returns
+    -------
+    zarr.Group
+    """
+    if isinstance(location, zarr.Group):
+        return location
+    loc = os.fspath(location)
+    try:
+        if is_zip(loc):
+            if mode != "r":
+                raise StoreError(
+                    f"{loc}: zip stores are written by packing a finished directory "
+                    "store; open them with mode='r'"
+                )
+            if not os.path.exists(loc):
+                raise StoreError(f"{loc}: no such zip store")
+            store = zarr.storage.ZipStore(loc, mode="r")
+            return zarr.open_group(store, mode="r")
+        if is_remote(loc):
+            store = zarr.storage.FsspecStore.from_url(
+                loc, storage_options=storage_options or {}, read_only=(mode == "r")
+            )
+            return zarr.open_group(store, mode=mode)
+        if mode == "r" and not os.path.exists(loc):
+            raise StoreError(f"{loc}: no such store")
+        return zarr.open_group(loc, mode=mode)
+    except StoreError:
+        raise
+    except FileNotFoundError as exc:
+        raise StoreError(f"{loc}: no zarr group found ({exc})") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        # zarr raises these for a directory without zarr.json or a malformed node.
+        raise StoreError(f"{loc}: not a readable zarr 3 group ({exc})") from exc
+
+
+def store_root_attrs(group: zarr.Group) -> dict[str, Any]:
+    """The package's metadata dict from a root group (empty when absent)."""
+    value = group.attrs.get(ATTRS_KEY, {})
+    return dict(value) if isinstance(value, dict) else {}
