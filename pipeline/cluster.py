@@ -1,0 +1,113 @@
+"""A ``distributed.Client`` from the cluster config: LocalCluster or a remote scheduler.
+
+The same config runs on a laptop and on a cluster: ``address: null`` starts a
+LocalCluster here; ``address: tcp://host:8786`` (or ``scheduler_file:``) connects to a
+running dask-distributed cluster. Workers must see the same storage as the client (a
+shared path or an object store), because they read the raw files and write the zarr
+chunks themselves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import IO, Iterator
+
+from pipeline.errors import ClusterError
+
+__all__ = ["cluster", "dashboard_link"]
+
+
+def dashboard_link(client: object) -> str | None:
+    """The dashboard URL of a client's scheduler, if it serves one."""
+    try:
+        return client.dashboard_link  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - a scheduler without bokeh has no dashboard
+        return None
+
+
+@contextlib.contextmanager
+def cluster(
+    address: str | None = None,
+    *,
+    n_workers: int = 2,
+    threads_per_worker: int = 1,
+    memory_limit: str | int = "auto",
+    scheduler_file: str | None = None,
+    dashboard_address: str = "127.0.0.1:0",
+    processes: bool = True,
+    tls_ca_file: str | None = None,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+    timeout: float = 30.0,
+    log: IO[str] | None = sys.stderr,
+) -> Iterator["distributed.Client"]:  # type: ignore[name-defined]  # noqa: F821
+    """Start or connect to a dask cluster and yield a client for it.
+
+    Parameters
+    ----------
+    address
+        ``None`` starts a LocalCluster; otherwise the scheduler address, for example
+        ``tcp://10.0.0.5:8786`` or ``tls://scheduler:8786``.
+    n_workers, threads_per_worker, memory_limit, dashboard_address, processes
+        LocalCluster settings; ignored for a remote cluster. The dashboard binds to
+        127.0.0.1 by default so a laptop run is not reachable from the network.
+    scheduler_file
+        Path of a scheduler file written by ``dask scheduler --scheduler-file``.
+    tls_ca_file, tls_cert_file, tls_key_file
+        Passed to ``distributed.security.Security`` for ``tls://`` addresses.
+    timeout
+        Seconds to wait for a remote scheduler.
+    log
+        Where to print the dashboard address; ``None`` prints nothing.
+
+    Yields
+    ------
+    distributed.Client
+        Registered as the default scheduler for dask computations in the block.
+    """
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    security = None
+    if tls_ca_file or tls_cert_file or tls_key_file:
+        security = Security(
+            tls_ca_file=tls_ca_file,
+            tls_client_cert=tls_cert_file,
+            tls_client_key=tls_key_file,
+            require_encryption=True,
+        )
+    local = None
+    try:
+        if address is None and scheduler_file is None:
+            local = LocalCluster(
+                n_workers=n_workers,
+                threads_per_worker=threads_per_worker,
+                memory_limit=memory_limit,
+                dashboard_address=dashboard_address,
+                processes=processes,
+                host="127.0.0.1",
+            )
+            client = Client(local)
+        elif scheduler_file is not None and address is None:
+            client = Client(scheduler_file=scheduler_file, timeout=timeout, security=security)
+        else:
+            client = Client(address, timeout=timeout, security=security)
+    except OSError as exc:
+        if local is not None:
+            local.close()
+        where = address or scheduler_file or "a LocalCluster"
+        raise ClusterError(f"cannot start or reach {where}: {exc}") from exc
+    try:
+        if log is not None:
+            kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"
+            n = len(client.scheduler_info().get("workers", {}))
+            print(f"cluster: {kind} with {n} workers", file=log)
+            link = dashboard_link(client)
+            if link:
+                print(f"dashboard: {link}", file=log)
+        yield client
+    finally:
+        client.close()
+        if local is not None:
+            local.close()

@@ -1,0 +1,446 @@
+"""YAML pipeline configuration -> frozen dataclasses, with key-path error messages.
+
+Config flows one way: YAML (``yaml.safe_load`` only) -> these typed objects ->
+keyword-only arguments of library functions. Library functions never read YAML.
+
+Every validation failure raises :class:`pipeline.errors.ConfigError` whose message is one
+line: ``<key.path>: expected <what>, got <value>``. The CLI prints it and exits with 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+import yaml
+
+from pipeline.errors import ConfigError
+
+__all__ = [
+    "ClusterConfig",
+    "Config",
+    "FeaturesConfig",
+    "OutputConfig",
+    "SourceConfig",
+    "StreamConfig",
+    "WindowsConfig",
+    "apply_overrides",
+    "config_fingerprint",
+    "load_config",
+    "parse_config",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterConfig:
+    """Where computation runs: a LocalCluster (``address: null``) or a remote scheduler."""
+
+    address: str | None = None
+    scheduler_file: str | None = None
+    n_workers: int = 2
+    threads_per_worker: int = 1
+    memory_limit: str = "auto"
+    # 127.0.0.1 so a laptop run never exposes the dashboard to the network; ":0" picks a
+    # free port, which avoids clashes between concurrent runs.
+    dashboard_address: str = "127.0.0.1:0"
+    tls_ca_file: str | None = None
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SourceConfig:
+    """Raw input files and how to read them (see :func:`pipeline.loaders.open_source`)."""
+
+    paths: str | tuple[str, ...]
+    format: str | None = None
+    combine: Literal["stack", "concat"] | None = None
+    columns: tuple[str, ...] | None = None
+    timestamp: str | None = None
+    nan: Literal["raise", "drop", "fill"] = "raise"
+    on_error: Literal["raise", "skip"] = "raise"
+    chunk_rows: int | None = None
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FeaturesConfig:
+    """Per-step features, their normalization and the policy for NaN windows."""
+
+    steps: tuple[Any, ...] = ("mid_price", "spread", "log_return")
+    normalize: Literal["global", "window", "none"] = "global"
+    nan: Literal["raise", "drop", "fill"] = "drop"
+    fill_value: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WindowsConfig:
+    """Window geometry, per the design: ``(n, size, F * len(scales))``."""
+
+    size: int
+    stride: int = 1
+    scales: tuple[int, ...] = (1,)
+
+
+@dataclass(frozen=True, slots=True)
+class OutputConfig:
+    """The zarr store: location, splits, chunking and compression."""
+
+    path: str
+    splits: dict[str, float] = field(default_factory=lambda: {"train": 1.0})
+    codec: Any = "blosc-lz4"
+    chunk_samples: int | None = None
+    target_chunk_mb: float = 4.0
+    shard_chunks: int | None = None
+    overwrite: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamConfig:
+    """Defaults for streaming the written store into training."""
+
+    split: str = "train"
+    batch_size: int = 256
+    buffer_chunks: int = 4
+    seed: int = 0
+    shuffle: bool = True
+    drop_last: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A whole pipeline run."""
+
+    source: SourceConfig
+    windows: WindowsConfig
+    output: OutputConfig
+    labels: Any
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    features: FeaturesConfig = field(default_factory=FeaturesConfig)
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    #: The validated mapping this config came from, for provenance (kept as YAML text).
+    raw_yaml: str = ""
+
+
+# -- generic coercion -------------------------------------------------------------------
+
+_POSITIVE_INTS = {
+    "n_workers", "threads_per_worker", "size", "stride", "chunk_rows", "chunk_samples",
+    "shard_chunks", "batch_size", "buffer_chunks",
+}  # fmt: skip
+
+
+def _describe(tp: Any, name: str) -> str:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        parts = [_describe(a, name) for a in args if a is not type(None)]
+        text = " or ".join(parts)
+        return f"{text} or null" if type(None) in args else text
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in args)
+    if origin is tuple:
+        return f"a list of {_describe(args[0], name)}s" if args else "a list"
+    if origin is dict or tp is dict:
+        return "a mapping"
+    if tp is int:
+        return "a positive integer" if name in _POSITIVE_INTS else "an integer"
+    if tp is float:
+        return "a number"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    return "a value"
+
+
+def _coerce(value: Any, tp: Any, path: str, name: str) -> Any:
+    """Check ``value`` against the annotation ``tp``; return the (normalized) value."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, path, name)
+            except ConfigError:
+                continue
+        raise ConfigError(path, _describe(tp, name), value)
+    if origin is Literal:
+        if value in args:
+            return value
+        raise ConfigError(path, _describe(tp, name), value)
+    if origin is tuple:
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise ConfigError(path, _describe(tp, name), value)
+        return tuple(_coerce(v, args[0], f"{path}.{i}", name) for i, v in enumerate(value))
+    if origin is dict or tp is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(path, "a mapping", value)
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(path, "true or false", value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, _describe(tp, name), value)
+        if name in _POSITIVE_INTS and value <= 0:
+            raise ConfigError(path, "a positive integer", value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(path, "a number", value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, "a string", value)
+        return value
+    raise TypeError(f"unsupported annotation {tp!r} at {path}")  # a bug here, not user input
+
+
+def _build(cls: type, value: Any, path: str, special: Mapping[str, Any] | None = None) -> Any:
+    """Build dataclass ``cls`` from a mapping, naming unknown and missing keys."""
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, "a mapping", value)
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name != "raw_yaml"}
+    for key in value:
+        if key not in fields:
+            known = ", ".join(sorted(fields))
+            raise ConfigError(
+                f"{path}.{key}" if path else str(key), "", detail=f"unknown key (expected one of: {known})"
+            )
+    kwargs: dict[str, Any] = {}
+    for name, f in fields.items():
+        key_path = f"{path}.{name}" if path else name
+        if name not in value:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(key_path, "", detail=f"missing required key ({_describe(hints[name], name)})")
+            continue
+        if special and name in special:
+            kwargs[name] = special[name](value[name], key_path)
+        else:
+            kwargs[name] = _coerce(value[name], hints[name], key_path, name)
+    return cls(**kwargs)
+
+
+# -- sections with their own validators ----------------------------------------------------
+
+
+def _feature_steps(value: Any, path: str) -> tuple[Any, ...]:
+    from pipeline.features import FeatureSpec
+
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value:
+        raise ConfigError(path, "a non-empty list of features", value)
+    return tuple(FeatureSpec.from_mapping(v, f"{path}.{i}") for i, v in enumerate(value))
+
+
+def _labels(value: Any, path: str) -> Any:
+    from pipeline.features import LabelSpec
+
+    return LabelSpec.from_mapping(value, path)
+
+
+def _codec(value: Any, path: str) -> Any:
+    from pipeline.storage import CodecSpec
+
+    return CodecSpec.from_mapping(value, path)
+
+
+def _splits(value: Any, path: str) -> dict[str, float]:
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError(path, "a mapping of split name to fraction", value)
+    out: dict[str, float] = {}
+    for name, frac in value.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"{path}.{name}", "a split name made of letters, digits and _", name)
+        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+            raise ConfigError(f"{path}.{name}", "a fraction in (0, 1]", frac)
+        out[name] = float(frac)
+    total = sum(out.values())
+    if total > 1.0 + 1e-9:
+        raise ConfigError(path, "fractions that sum to at most 1", f"a sum of {total:g}")
+    return out
+
+
+def _scales(value: Any, path: str) -> tuple[int, ...]:
+    scales = _coerce(value, tuple[int, ...], path, "size")
+    if not scales:
+        raise ConfigError(path, "a non-empty list of positive integers", value)
+    if len(set(scales)) != len(scales):
+        raise ConfigError(path, "distinct scales", value)
+    return scales
+
+
+def parse_config(data: Any) -> Config:
+    """Validate a mapping (for example from ``yaml.safe_load``) into a :class:`Config`.
+
+    Parameters
+    ----------
+    data
+        The whole configuration mapping.
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        For the first unknown key, missing key or wrongly typed value, with its key path.
+    """
+    if not isinstance(data, Mapping):
+        raise ConfigError("<root>", "a mapping of sections", data)
+    sections = {
+        "cluster": lambda v, p: _build(ClusterConfig, v, p),
+        "source": lambda v, p: _build(SourceConfig, v, p),
+        "features": lambda v, p: _build(FeaturesConfig, v, p, {"steps": _feature_steps}),
+        "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),
+        "labels": _labels,
+        "output": lambda v, p: _build(OutputConfig, v, p, {"splits": _splits, "codec": _codec}),
+        "stream": lambda v, p: _build(StreamConfig, v, p),
+    }
+    for key in data:
+        if key not in sections:
+            raise ConfigError(
+                str(key), "", detail=f"unknown section (expected one of: {', '.join(sections)})"
+            )
+    kwargs: dict[str, Any] = {}
+    for name, build in sections.items():
+        if name not in data:
+            if name in ("source", "windows", "output"):
+                raise ConfigError(name, "", detail="missing required section")
+            if name == "labels":
+                kwargs[name] = _labels({}, name)
+            continue
+        kwargs[name] = build(data[name], name)
+    if "features" not in kwargs:
+        kwargs["features"] = _build(FeaturesConfig, {}, "features", {"steps": _feature_steps})
+    raw = yaml.safe_dump(_plain(data), sort_keys=False)
+    return Config(**kwargs, raw_yaml=raw)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[str, Any]:
+    """Apply ``key.path=value`` overrides (values parsed as YAML) to a config mapping.
+
+    ``windows.size=128`` sets an integer, ``windows.scales=[1,4]`` a list,
+    ``cluster.address=null`` clears a value; ``features.steps.2.window=50`` indexes lists.
+    """
+    result = _plain(data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError("--set", "key.path=value", item)
+        key, _, text = item.partition("=")
+        parts = [p for p in key.strip().split(".") if p]
+        if not parts:
+            raise ConfigError("--set", "key.path=value", item)
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            raise ConfigError(key, "a YAML value", text) from None
+        node: Any = result
+        for depth, part in enumerate(parts[:-1]):
+            here = ".".join(parts[: depth + 1])
+            if isinstance(node, list):
+                if not part.isdigit() or int(part) >= len(node):
+                    raise ConfigError(here, f"a list index below {len(node)}", part)
+                node = node[int(part)]
+            elif isinstance(node, dict):
+                node = node.setdefault(part, {})
+            else:
+                raise ConfigError(here, "a mapping or list to index into", node)
+        last = parts[-1]
+        if isinstance(node, list):
+            if not last.isdigit() or int(last) >= len(node):
+                raise ConfigError(key, f"a list index below {len(node)}", last)
+            node[int(last)] = value
+        elif isinstance(node, dict):
+            node[last] = value
+        else:
+            raise ConfigError(key, "a mapping or list to index into", node)
+    return result
+
+
+def load_config(
+    path: str | os.PathLike[str],
+    *,
+    overrides: Sequence[str] = (),
+    scheduler: str | None = None,
+) -> Config:
+    """Read a YAML file, apply ``--set`` overrides and ``--scheduler``, and validate.
+
+    Parameters
+    ----------
+    path
+        The YAML file.
+    overrides
+        ``key.path=value`` strings, applied in order.
+    scheduler
+        A scheduler address that replaces ``cluster.address``.
+
+    Raises
+    ------
+    ConfigError
+        For an unreadable file, invalid YAML or an invalid value.
+    """
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = yaml.safe_load(fh)
+    except OSError as exc:
+        raise ConfigError(str(path), "a readable YAML file", detail=f"cannot read ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(str(path), "", detail="not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError(str(path), "", detail=f"invalid YAML{line}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(str(path), "a mapping of sections", data)
+    data = apply_overrides(data, overrides)
+    if scheduler:
+        data.setdefault("cluster", {})
+        if not isinstance(data["cluster"], dict):
+            raise ConfigError("cluster", "a mapping", data["cluster"])
+        data["cluster"]["address"] = scheduler
+    return parse_config(data)
+
+
+def config_fingerprint(config: Config) -> str:
+    """Hash of everything that determines the stored data.
+
+    The ``cluster`` and ``stream`` sections and ``output.overwrite`` are left out: running
+    the same config on another cluster, or streaming it differently, must not be taken as
+    a different data set (it would refuse to resume).
+    """
+    data = yaml.safe_load(config.raw_yaml) or {}
+    data.pop("cluster", None)
+    data.pop("stream", None)
+    if isinstance(data.get("output"), dict):
+        data["output"].pop("overwrite", None)
+    canonical = json.dumps(data, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -1,0 +1,91 @@
+"""The `pipeline` command: help texts, config errors as one line with exit status 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "configs" / "orderbook.yaml"
+
+
+def cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_help_lists_every_command_and_option():
+    top = cli("--help")
+    assert top.returncode == 0
+    for command in ("run", "inspect", "demo-data", "bench"):
+        assert command in top.stdout
+    run = cli("run", "--help")
+    for option in ("CONFIG", "--scheduler", "--set", "--no-progress", "--print-config"):
+        assert option in run.stdout
+    assert "inspect" in cli("inspect", "--help").stdout and "--plot" in cli("inspect", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("windows.size=abc", "windows.size: expected a positive integer, got 'abc'"),
+        ("windows.bogus=1", "windows.bogus: unknown key"),
+        ("cluster.n_workers=[1]", "cluster.n_workers: expected a positive integer, got [1]"),
+    ],
+)
+def test_config_errors_are_one_line_with_exit_status_2(override, message):
+    result = cli("run", str(EXAMPLE), "--set", override)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+
+
+def test_missing_required_field_from_a_file(tmp_path):
+    data = yaml.safe_load(EXAMPLE.read_text())
+    del data["windows"]["size"]
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(data))
+    result = cli("run", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == "pipeline run: windows.size: missing required key (a positive integer)"
+
+
+def test_set_and_scheduler_reach_the_validated_config():
+    result = cli(
+        "run", str(EXAMPLE), "--set", "windows.size=128", "--scheduler", "tcp://127.0.0.1:8786", "--print-config"
+    )
+    assert result.returncode == 0, result.stderr
+    printed = yaml.safe_load(result.stdout)
+    assert printed["windows"]["size"] == 128
+    assert printed["cluster"]["address"] == "tcp://127.0.0.1:8786"
+
+
+def test_inspect_of_a_missing_store_is_a_clear_error(tmp_path):
+    result = cli("inspect", str(tmp_path / "nope.zarr"))
+    assert result.returncode == 1
+    assert "nope.zarr" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_demo_data_is_seeded_and_time_ordered(tmp_path):
+    import pyarrow.parquet as pq
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        result = cli("demo-data", str(d), "--days", "2", "--rows-per-day", "5000")
+        assert result.returncode == 0, result.stderr
+    files = sorted(p.name for p in a.iterdir())
+    assert files == ["2026-01-05.csv", "2026-01-05.parquet", "2026-01-06.csv", "2026-01-06.parquet"]
+    ta, tb = pq.read_table(a / files[1]), pq.read_table(b / files[1])
+    assert ta.equals(tb)
+    ts = pq.read_table(a / files[3]).column("timestamp").to_numpy()
+    assert (ts[1:] > ts[:-1]).all() and ts[0] > ta.column("timestamp").to_numpy()[-1]
+    assert ta.num_rows == 5000 and len(ta.column_names) == 41
+    bid = ta.column("bid_price_1").to_numpy()
+    ask = ta.column("ask_price_1").to_numpy()
+    assert (ask > bid).all()

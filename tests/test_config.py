@@ -1,0 +1,140 @@
+"""Config parsing: typed values, key-path errors, overrides and fingerprints."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.config import (
+    Config,
+    apply_overrides,
+    config_fingerprint,
+    load_config,
+    parse_config,
+)
+from pipeline.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "configs" / "orderbook.yaml"
+
+
+def base() -> dict:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_example_config_parses_into_frozen_dataclasses():
+    cfg = load_config(EXAMPLE)
+    assert isinstance(cfg, Config)
+    assert cfg.windows.size == 32 and cfg.windows.scales == (1, 4)
+    assert cfg.output.splits == {"train": 0.8, "val": 0.1, "test": 0.1}
+    assert cfg.cluster.address is None
+    with pytest.raises(AttributeError):
+        cfg.windows.size = 3  # frozen
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d["windows"].update(size="abc"), "windows.size: expected a positive integer, got 'abc'"),
+        (lambda d: d["windows"].update(size=0), "windows.size: expected a positive integer, got 0"),
+        (lambda d: d["windows"].update(stride=1.5), "windows.stride: expected a positive integer, got 1.5"),
+        (lambda d: d["windows"].update(sizee=3), "windows.sizee: unknown key"),
+        (lambda d: d.update(extra={}), "extra: unknown section"),
+        (lambda d: d["windows"].pop("size"), "windows.size: missing required key"),
+        (lambda d: d.pop("output"), "output: missing required section"),
+        (lambda d: d["cluster"].update(n_workers=True), "cluster.n_workers: expected a positive integer, got True"),
+        (lambda d: d["source"].update(nan="ignore"), "source.nan: expected one of 'raise', 'drop', 'fill', got 'ignore'"),
+        (lambda d: d["output"].update(splits={"train": 0.9, "val": 0.2}), "output.splits: expected fractions that sum to at most 1"),
+        (lambda d: d["output"].update(splits={"train": -1}), "output.splits.train: expected a fraction in (0, 1]"),
+        (lambda d: d["windows"].update(scales=[1, "x"]), "windows.scales.1: expected a positive integer, got 'x'"),
+        (lambda d: d["windows"].update(scales=[]), "windows.scales: expected a non-empty list"),
+    ],
+)
+def test_errors_name_the_key_path_what_was_expected_and_what_arrived(mutate, message):
+    data = base()
+    mutate(data)
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value).startswith(message), str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_overrides_parse_values_as_yaml_and_reach_any_key():
+    data = apply_overrides(
+        base(),
+        ["windows.size=128", "windows.scales=[1, 2, 8]", "cluster.address=null", "features.steps.2.levels=3"],
+    )
+    cfg = parse_config(data)
+    assert cfg.windows.size == 128
+    assert cfg.windows.scales == (1, 2, 8)
+    assert cfg.features.steps[2] == parse_config(base()).features.steps[2].__class__.from_mapping(
+        {"name": "imbalance", "levels": 3}, "x"
+    )
+
+
+def test_override_errors_name_the_path():
+    with pytest.raises(ConfigError, match=r"^features\.steps\.99: expected a list index below"):
+        apply_overrides(base(), ["features.steps.99.window=3"])
+    with pytest.raises(ConfigError, match=r"^--set: expected key.path=value"):
+        apply_overrides(base(), ["windows.size"])
+
+
+def test_scheduler_replaces_the_cluster_address():
+    cfg = load_config(EXAMPLE, scheduler="tcp://127.0.0.1:8786")
+    assert cfg.cluster.address == "tcp://127.0.0.1:8786"
+
+
+def test_unreadable_and_invalid_yaml_files(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("windows: [unclosed\n")
+    with pytest.raises(ConfigError, match="invalid YAML at line"):
+        load_config(bad)
+    code = tmp_path / "code.yaml"
+    code.write_text("source: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):  # safe_load refuses python tags
+        load_config(code)
+
+
+def test_fingerprint_ignores_cluster_and_stream_but_not_data_keys():
+    a = parse_config(base())
+    other_cluster = base()
+    other_cluster["cluster"]["n_workers"] = 7
+    other_cluster["stream"]["batch_size"] = 3
+    assert config_fingerprint(parse_config(other_cluster)) == config_fingerprint(a)
+    other_data = base()
+    other_data["windows"]["size"] = 33
+    assert config_fingerprint(parse_config(other_data)) != config_fingerprint(a)
+
+
+_values = st.one_of(
+    st.none(), st.booleans(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=5),
+    st.lists(st.integers(-2, 3), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    section=st.sampled_from(["cluster", "source", "features", "windows", "labels", "output", "stream"]),
+    key=st.text(min_size=1, max_size=12),
+    value=_values,
+)
+def test_any_single_bad_value_gives_a_config_error_or_a_valid_config(section, key, value):
+    data = copy.deepcopy(base())
+    target = data[section]
+    if isinstance(target, dict):
+        keys = list(target)
+        key = keys[hash(key) % len(keys)] if keys and not key.startswith("new") else key
+        target[key] = value
+    try:
+        cfg = parse_config(data)
+    except ConfigError as exc:
+        assert str(exc).startswith(section), str(exc)
+    else:
+        assert isinstance(cfg, Config)
