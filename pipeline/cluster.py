@@ -86,14 +86,15 @@ def cluster(
                 memory_limit=memory_limit,
                 dashboard_address=dashboard_address,
                 processes=processes,
-                host="127.0.0.1",
+                # In-process clusters talk over inproc://, which takes no host.
+                **({"host": "127.0.0.1"} if processes else {}),
             )
             client = Client(local)
         elif scheduler_file is not None and address is None:
             client = Client(scheduler_file=scheduler_file, timeout=timeout, security=security)
         else:
             client = Client(address, timeout=timeout, security=security)
-    except OSError as exc:
+    except (OSError, RuntimeError, TimeoutError) as exc:
         if local is not None:
             local.close()
         where = address or scheduler_file or "a LocalCluster"

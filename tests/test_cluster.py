@@ -1,0 +1,111 @@
+"""Clusters: a LocalCluster by default, and a real remote `dask scheduler` + `dask worker`
+processes on 127.0.0.1 running the same config with --scheduler."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+import pipeline
+from pipeline.cluster import cluster
+from pipeline.demo import DemoSpec, write_demo_data
+from pipeline.errors import ClusterError
+
+BIN = Path(sys.executable).parent
+
+
+def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
+    log = io.StringIO()
+    with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=log) as client:
+        assert client.submit(sum, [1, 2, 3]).result() == 6
+        assert len(client.scheduler_info()["workers"]) == 1
+    text = log.getvalue()
+    assert "LocalCluster with 1 workers" in text
+    assert "dashboard: http://127.0.0.1:" in text
+
+
+def test_unreachable_scheduler_is_a_clear_error():
+    with pytest.raises(ClusterError, match="tcp://127.0.0.1:1"):
+        with cluster("tcp://127.0.0.1:1", timeout=2, log=None):
+            pass
+
+
+@pytest.fixture()
+def remote(tmp_path):
+    """A scheduler and two workers as separate OS processes, like on a real cluster."""
+    sched_file = tmp_path / "scheduler.json"
+    procs = [
+        subprocess.Popen(
+            [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+             "--dashboard-address", "127.0.0.1:0", "--scheduler-file", str(sched_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    ]
+    deadline = time.time() + 60
+    while not sched_file.exists() and time.time() < deadline:
+        time.sleep(0.2)
+    address = json.loads(sched_file.read_text())["address"]
+    for _ in range(2):
+        procs.append(
+            subprocess.Popen(
+                [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--memory-limit", "1GiB",
+                 "--host", "127.0.0.1", "--no-dashboard", "--local-directory", str(tmp_path / "w")],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            )
+        )
+    from distributed import Client
+
+    with Client(address, timeout=30) as c:
+        c.wait_for_workers(2, timeout=60)
+    yield address, procs
+    for p in reversed(procs):
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
+def test_same_config_on_a_remote_cluster_gives_the_local_output(remote, tmp_path):
+    address, _ = remote
+    raw = tmp_path / "raw"
+    write_demo_data(raw, DemoSpec(days=2, rows_per_day=6000, seed=3, formats=("parquet",)))
+    cfg = {
+        "cluster": {"n_workers": 2, "memory_limit": "1GiB"},
+        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 2000},
+        "features": {"steps": ["mid_price", {"name": "imbalance", "levels": 5}, "log_return",
+                               {"name": "rolling_std", "window": 10}]},
+        "windows": {"size": 16, "stride": 4, "scales": [1, 2]},
+        "labels": {"kind": "return", "horizon": 8},
+        "output": {"path": str(tmp_path / "local.zarr"), "splits": {"train": 0.8, "val": 0.2},
+                   "chunk_samples": 200},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    local = subprocess.run([str(BIN / "pipeline"), "run", str(path), "--no-progress"],
+                           capture_output=True, text=True, env=env, timeout=300)
+    assert local.returncode == 0, local.stderr
+    remote_run = subprocess.run(
+        [str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address,
+         "--set", f"output.path={tmp_path / 'remote.zarr'}"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert remote_run.returncode == 0, remote_run.stderr
+    assert f"scheduler {address}" in remote_run.stderr
+    a, b = pipeline.open(tmp_path / "local.zarr"), pipeline.open(tmp_path / "remote.zarr")
+    assert a.splits == b.splits
+    for split in a.splits:
+        for name in ("x", "y"):
+            np.testing.assert_array_equal(a[split][name][:], b[split][name][:])
