@@ -109,3 +109,49 @@ def test_same_config_on_a_remote_cluster_gives_the_local_output(remote, tmp_path
     for split in a.splits:
         for name in ("x", "y"):
             np.testing.assert_array_equal(a[split][name][:], b[split][name][:])
+
+
+def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
+    """SIGKILL one of the two workers while chunks are being written: the scheduler
+    reruns its tasks on the survivor and the store equals an undisturbed run's."""
+    address, procs = remote
+    raw = tmp_path / "raw"
+    write_demo_data(raw, DemoSpec(days=2, rows_per_day=60_000, seed=5, formats=("parquet",)))
+    cfg = {
+        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 4000},
+        "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 10}, "log_return",
+                               {"name": "rolling_std", "window": 50}]},
+        "windows": {"size": 64, "stride": 1, "scales": [1, 4]},
+        "labels": {"kind": "return", "horizon": 10},
+        "output": {"path": str(tmp_path / "killed.zarr"), "splits": {"train": 0.9, "val": 0.1},
+                   "chunk_samples": 512, "codec": {"name": "zstd"}},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    run = subprocess.Popen(
+        [str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+    chunks = tmp_path / "killed.zarr" / "train" / "x" / "c"
+    deadline = time.time() + 240
+    while time.time() < deadline and run.poll() is None:
+        if chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 20:
+            break
+        time.sleep(0.05)
+    assert run.poll() is None, "the run ended before a worker could be killed; make the data larger"
+    procs[1].send_signal(signal.SIGKILL)
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err
+    with_kill = pipeline.open(tmp_path / "killed.zarr")
+
+    # The reference run, on the LocalCluster, without any failure.
+    ref = subprocess.run(
+        [str(BIN / "pipeline"), "run", str(path), "--no-progress", "--set", f"output.path={tmp_path / 'ref.zarr'}"],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert ref.returncode == 0, ref.stderr
+    reference = pipeline.open(tmp_path / "ref.zarr")
+    for split in reference.splits:
+        for name in ("x", "y"):
+            np.testing.assert_array_equal(with_kill[split][name][:], reference[split][name][:])

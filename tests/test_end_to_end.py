@@ -55,11 +55,12 @@ def reference(raw_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         (s, k, i) for s in ("bid", "ask") for k in ("price", "size") for i in range(1, 11))}
     bid1, ask1 = table[:, col["bid_price_1"]], table[:, col["ask_price_1"]]
     mid = (bid1 + ask1) / np.float32(2)
+    mid64 = (bid1.astype(np.float64) + ask1.astype(np.float64)) / 2
     spread = ask1 - bid1
     b = sum(table[:, col[f"bid_size_{i}"]] for i in range(1, 4))
     a = sum(table[:, col[f"ask_size_{i}"]] for i in range(1, 4))
     imb = (b - a) / (b + a)
-    logmid = np.log(mid)
+    logmid = np.log(mid64)
     ret = np.full_like(mid, np.nan)
     ret[1:] = logmid[1:] - logmid[:-1]
     feats = np.stack([mid, spread, imb, ret], axis=1)[1:]  # the first row has no return

@@ -1,0 +1,131 @@
+"""Out-of-core run and worker scaling on a LocalCluster.
+
+    python benchmarks/bench_cluster.py            # full: >= 8 GiB of windows, 2 x 1 GiB workers
+    python benchmarks/bench_cluster.py --quick    # a few hundred MB, to check the script
+
+Runs the order-book config over windows at least 4x larger than the workers' total
+memory limit, samples every worker's RSS while it runs, counts worker restarts, and
+prints the wall time with 1 and with 2 workers (the scaling ratio).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from pipeline.config import parse_config
+from pipeline.demo import DemoSpec, write_demo_data
+
+
+def sample_memory(stop: threading.Event, peaks: dict, restarts: list) -> None:
+    from distributed import get_client
+
+    client = get_client()
+    seen = set()
+    while not stop.is_set():
+        try:
+            info = client.scheduler_info()["workers"]
+        except Exception:  # noqa: BLE001 - the cluster is shutting down
+            break
+        for addr, w in info.items():
+            rss = w.get("metrics", {}).get("memory", 0)
+            peaks[addr] = max(peaks.get(addr, 0), rss)
+            if addr not in seen and seen and len(seen) >= len(info):
+                restarts.append(addr)
+            seen.add(addr)
+        time.sleep(0.25)
+
+
+def one_run(raw: Path, out: Path, workers: int, memory_limit: str, args) -> dict:
+    from pipeline import job
+
+    cfg = {
+        "cluster": {"n_workers": workers, "threads_per_worker": 1, "memory_limit": memory_limit},
+        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp"},
+        "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 1},
+                               {"name": "imbalance", "levels": 5}, {"name": "imbalance", "levels": 10},
+                               "log_return", {"name": "rolling_mean", "window": 20},
+                               {"name": "rolling_std", "window": 20}, {"name": "rolling_std", "window": 100}]},
+        "windows": {"size": args.size, "stride": args.stride, "scales": [1, 4]},
+        "labels": {"kind": "return", "horizon": 20},
+        "output": {"path": str(out), "splits": {"train": 0.8, "val": 0.1, "test": 0.1}, "overwrite": True},
+    }
+    config = parse_config(cfg)
+    stop = threading.Event()
+    peaks: dict = {}
+    restarts: list = []
+    import pipeline.cluster as pc
+
+    original = pc.cluster
+
+    # Start the memory sampler inside the run's cluster context.
+    def patched(*a, **kw):
+        cm = original(*a, **kw)
+
+        class Wrap:
+            def __enter__(self):
+                client = cm.__enter__()
+                threading.Thread(target=sample_memory, args=(stop, peaks, restarts), daemon=True).start()
+                return client
+
+            def __exit__(self, *exc):
+                stop.set()
+                return cm.__exit__(*exc)
+
+        return Wrap()
+
+    pc.cluster = patched
+    try:
+        t0 = time.perf_counter()
+        summary = job.run(config, log=None, progress=False)
+        dt = time.perf_counter() - t0
+    finally:
+        pc.cluster = original
+    return {"seconds": dt, "summary": summary, "peaks": peaks, "restarts": restarts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--days", type=int, default=5)
+    parser.add_argument("--rows-per-day", type=int, default=400_000)
+    parser.add_argument("--size", type=int, default=64)
+    parser.add_argument("--stride", type=int, default=1)
+    parser.add_argument("--memory-limit", default="1GiB")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    if args.quick:
+        args.days, args.rows_per_day, args.stride = 2, 50_000, 2
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="bench_cluster_"))
+    raw = work / "raw"
+    write_demo_data(raw, DemoSpec(days=args.days, rows_per_day=args.rows_per_day, formats=("parquet",)))
+    limit_bytes = parse_bytes(args.memory_limit)
+    results = {}
+    for workers in (2, 1):
+        r = one_run(raw, work / f"out{workers}.zarr", workers, args.memory_limit, args)
+        results[workers] = r
+        s = r["summary"]
+        peak = max(r["peaks"].values()) if r["peaks"] else 0
+        print(f"{workers} worker(s) x {args.memory_limit}: {s.uncompressed_bytes / 2**30:.2f} GiB of windows "
+              f"({s.uncompressed_bytes / (workers * limit_bytes):.1f}x the workers' total memory) in "
+              f"{r['seconds']:.1f} s; peak worker memory {peak / 2**20:,.0f} MiB "
+              f"({peak / limit_bytes:.0%} of the limit); workers restarted: {len(r['restarts'])}")
+    print(f"scaling 1 -> 2 workers: {results[1]['seconds'] / results[2]['seconds']:.2f}x")
+    if not args.workdir:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def parse_bytes(text: str) -> int:
+    from dask.utils import parse_bytes as pb
+
+    return int(pb(text))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""Features: per-step features, multi-scale windows, labels, normalization and splits."""
+
+from pipeline.features.build import TrainingSet, build_training_set
+from pipeline.features.geometry import (
+    halo,
+    split_gap_windows,
+    split_ranges,
+    window_count,
+    window_ends,
+)
+from pipeline.features.specs import FeatureSpec, LabelSpec
+from pipeline.features.steps import FeatureFrame, compute_features
+from pipeline.features.windows import windows
+
+__all__ = [
+    "FeatureFrame",
+    "FeatureSpec",
+    "LabelSpec",
+    "TrainingSet",
+    "build_training_set",
+    "compute_features",
+    "halo",
+    "split_gap_windows",
+    "split_ranges",
+    "window_count",
+    "window_ends",
+    "windows",
+]

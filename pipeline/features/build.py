@@ -1,0 +1,182 @@
+"""From a raw order-book table to per-split windows and labels, lazily.
+
+The steps, in order: per-step features (halo = lookback) -> drop the first ``lookback``
+steps (incomplete history) -> window geometry and leakage-free split ranges (pure
+arithmetic) -> normalization statistics from the train split's steps only (one
+reduction) -> windows and labels -> NaN policy. Only the small reductions run here; the
+windows themselves stay lazy until the writer stores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Mapping, Sequence
+
+import dask
+import dask.array as da
+import numpy as np
+
+from pipeline.errors import InvalidValueError, WindowError
+from pipeline.features.geometry import halo, split_gap_windows, split_ranges, window_count, window_ends
+from pipeline.features.specs import FeatureSpec, LabelSpec
+from pipeline.features.steps import compute_features
+from pipeline.features.windows import windows
+
+__all__ = ["TrainingSet", "build_training_set"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingSet:
+    """Lazy arrays per split (``{"train": {"x": ..., "y": ...}}``) and their metadata."""
+
+    splits: dict[str, dict[str, da.Array]]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+
+def _window_zscore(block: np.ndarray) -> np.ndarray:
+    mean = block.mean(axis=1, keepdims=True, dtype=np.float64)
+    std = block.std(axis=1, keepdims=True, dtype=np.float64)
+    std[std == 0] = 1.0
+    return ((block - mean) / std).astype(np.float32)
+
+
+def build_training_set(
+    x: da.Array,
+    *,
+    columns: Sequence[str],
+    features: Sequence[FeatureSpec],
+    size: int,
+    stride: int = 1,
+    scales: Sequence[int] = (1,),
+    label: LabelSpec = LabelSpec(),
+    splits: Mapping[str, float] | None = None,
+    normalize: Literal["global", "window", "none"] = "global",
+    nan: Literal["raise", "drop", "fill"] = "drop",
+    fill_value: float = 0.0,
+) -> TrainingSet:
+    """Windows and labels per time split, with no step shared between splits.
+
+    Parameters
+    ----------
+    x
+        ``(T, C)`` raw table (time along axis 0) with the order-book columns.
+    columns
+        Column names of ``x``.
+    features
+        Per-step features, in output order.
+    size, stride, scales
+        Window geometry (see :func:`pipeline.features.windows.windows`).
+    label
+        Label definition; windows whose label would reach past the data are dropped.
+    splits
+        Fractions by time, in order (default ``{"train": 1.0}``). Between consecutive
+        splits, :func:`~pipeline.features.geometry.split_gap_windows` windows are left
+        out so no window, label or feature history of one split touches a step of
+        another.
+    normalize
+        ``global``: z-score with mean and std of each feature over the first split's
+        steps (no look-ahead into later splits); ``window``: per window and feature;
+        ``none``.
+    nan
+        Windows or labels containing NaN/inf: ``drop`` them (counted in ``attrs``),
+        ``fill`` NaN features with ``fill_value`` (labels cannot be filled: their windows
+        are dropped), or ``raise``.
+
+    Returns
+    -------
+    TrainingSet
+    """
+    splits = dict(splits or {"train": 1.0})
+    scales = tuple(scales)
+    frame = compute_features(x, columns=columns, specs=features)
+    mid_frame = compute_features(x, columns=columns, specs=(FeatureSpec("mid_price"),), dtype="float64")
+    L = frame.lookback
+    f = frame.array[L:]
+    logmid = da.log(mid_frame.array[L:, 0])
+    T = int(f.shape[0])
+    h = label.horizon
+    n = window_count(T - h, size, stride, scales)
+    if n == 0:
+        raise WindowError(
+            f"windows: {x.shape[0]} steps leave {T - h} usable steps after the feature lookback "
+            f"({L}) and the label horizon ({h}); a window of size={size} at scales={scales} "
+            f"needs {halo(size, scales) + 1}"
+        )
+    gap = split_gap_windows(size, scales, stride, h, L)
+    ranges = split_ranges(n, splits, gap)
+    ends = window_ends(n, size, stride, scales)
+    H = halo(size, scales)
+
+    first_name = next(iter(ranges))
+    a, b = ranges[first_name]
+    stats: dict[str, Any] = {}
+    f_used = f
+    if nan == "fill":
+        f_used = da.where(da.isfinite(f_used), f_used, np.float32(fill_value))
+    if normalize == "global":
+        rows = f_used[int(ends[a]) - H : int(ends[b - 1]) + 1]
+        finite = da.where(da.isfinite(rows), rows, np.nan).astype(np.float64)
+        mean, std = dask.compute(da.nanmean(finite, axis=0), da.nanstd(finite, axis=0))
+        mean = np.nan_to_num(mean)
+        std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
+        f_used = ((f_used - mean.astype(np.float32)) / std.astype(np.float32)).astype(np.float32)
+        stats = {"kind": "global", "fit_on": first_name, "mean": mean.tolist(), "std": std.tolist(),
+                 "features": list(frame.names)}
+    elif normalize == "window":
+        stats = {"kind": "window"}
+    else:
+        stats = {"kind": "none"}
+
+    w = windows(f_used[: T - h], size=size, stride=stride, scales=scales)
+    if normalize == "window":
+        w = w.map_blocks(_window_zscore, dtype=np.float32)
+    ret = logmid[h:] - logmid[:-h]
+    y_all = ret[ends]
+    if label.kind == "class":
+        thresholds = np.asarray(label.thresholds)
+        y_all = y_all.map_blocks(lambda r: np.digitize(r, thresholds).astype(np.int64), dtype=np.int64)
+    else:
+        y_all = y_all.astype(np.float32)
+
+    # Which windows hold a non-finite value? Only pay for a windowed pass when any exist.
+    bad_steps_n, bad_labels = dask.compute((~da.isfinite(f_used[: T - h])).any(axis=1).sum(), ~da.isfinite(ret[ends]))
+    bad_steps_n = int(bad_steps_n)
+    bad = np.asarray(bad_labels, dtype=bool).copy()
+    if bad_steps_n:
+        flags = (~da.isfinite(f_used[: T - h])).any(axis=1, keepdims=True).astype(np.uint8)
+        bad |= np.asarray(windows(flags, size=size, stride=stride, scales=scales).max(axis=(1, 2)).compute(), dtype=bool)
+    if bad.any() and nan == "raise":
+        i = int(np.flatnonzero(bad)[0])
+        raise InvalidValueError(
+            "features", f"window {i} (steps {int(ends[i]) - H + L}..{int(ends[i]) + L} of the source) "
+            f"holds NaN or inf in its features or label; set features.nan: drop or fill"
+        )
+
+    out: dict[str, dict[str, da.Array]] = {}
+    counts: dict[str, int] = {}
+    dropped: dict[str, int] = {}
+    for name, (lo, hi) in ranges.items():
+        keep = np.flatnonzero(~bad[lo:hi]) + lo
+        dropped[name] = int((hi - lo) - keep.size)
+        if keep.size == 0:
+            raise WindowError(f"split {name!r}: every window holds NaN or inf; nothing to write")
+        if keep.size == hi - lo:
+            xs, ys = w[lo:hi], y_all[lo:hi]
+        else:
+            xs, ys = w[keep], y_all[keep]
+        out[name] = {"x": xs, "y": ys}
+        counts[name] = int(keep.size)
+
+    attrs = {
+        "features": list(frame.names),
+        "lookback": L,
+        "windows": {"size": size, "stride": stride, "scales": list(scales), "halo": H},
+        "labels": {"kind": label.kind, "horizon": h, "thresholds": list(label.thresholds)},
+        "normalization": stats,
+        "split_windows": {k: list(v) for k, v in ranges.items()},
+        "split_gap_windows": gap,
+        "split_steps": {k: [int(ends[lo]) - H + L, int(ends[hi - 1]) + h + L] for k, (lo, hi) in ranges.items()},
+        "nan_windows_dropped": dropped,
+        "window_counts": counts,
+    }
+    return TrainingSet(splits=out, attrs=attrs)

@@ -1,0 +1,122 @@
+"""Pure window and split arithmetic: no dask, no I/O, tested with hypothesis.
+
+Conventions (DESIGN.md): on a series of ``T`` steps, window ``i`` ends at
+``e_i = halo + i * stride`` with ``halo = (size - 1) * max(scales)``; at scale ``s`` it
+holds steps ``e_i - s*(size-1), ..., e_i - s, e_i``.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from pipeline.errors import WindowError
+
+__all__ = [
+    "block_window_counts",
+    "halo",
+    "merge_short_chunks",
+    "split_gap_windows",
+    "split_ranges",
+    "window_count",
+    "window_ends",
+]
+
+
+def halo(size: int, scales: Sequence[int]) -> int:
+    """Steps of history a window needs before its end step: ``(size-1) * max(scales)``."""
+    return (size - 1) * max(scales)
+
+
+def window_count(n_steps: int, size: int, stride: int, scales: Sequence[int]) -> int:
+    """Number of windows whose every step lies in ``[0, n_steps)``."""
+    h = halo(size, scales)
+    if n_steps - 1 < h:
+        return 0
+    return (n_steps - 1 - h) // stride + 1
+
+
+def window_ends(n_windows: int, size: int, stride: int, scales: Sequence[int]) -> np.ndarray:
+    """End step of each window, as int64."""
+    return halo(size, scales) + stride * np.arange(n_windows, dtype=np.int64)
+
+
+def block_window_counts(
+    chunks: Sequence[int], size: int, stride: int, scales: Sequence[int]
+) -> tuple[int, ...]:
+    """Windows whose end step falls in each input chunk (each window is made once, by
+    the block that holds its end step)."""
+    h = halo(size, scales)
+    counts = []
+    start = 0
+    for c in chunks:
+        stop = start + c  # end steps in [start, stop)
+        first = max(0, -(-(start - h) // stride))  # ceil((start - h) / stride), at least 0
+        last = (stop - 1 - h) // stride if stop - 1 >= h else -1
+        counts.append(max(0, last - first + 1))
+        start = stop
+    return tuple(counts)
+
+
+def merge_short_chunks(chunks: Sequence[int], minimum: int) -> tuple[int, ...]:
+    """Merge neighbouring chunks until every chunk (but a lone one) is at least ``minimum``.
+
+    ``dask.array.overlap`` needs each chunk at least as long as the depth it borrows
+    from its neighbour; merging keeps the result's chunk boundaries a subset of the
+    input's, so the rechunk is cheap.
+    """
+    out: list[int] = []
+    acc = 0
+    for c in chunks:
+        acc += c
+        if acc >= minimum:
+            out.append(acc)
+            acc = 0
+    if acc:
+        if out:
+            out[-1] += acc
+        else:
+            out.append(acc)
+    return tuple(out)
+
+
+def split_gap_windows(size: int, scales: Sequence[int], stride: int, horizon: int, lookback: int) -> int:
+    """Windows to leave out between consecutive time splits.
+
+    The last window ``a`` of a split reaches forward to step ``e_a + horizon`` through
+    its label; the first window ``j`` of the next split reaches back to
+    ``e_j - halo - lookback`` through its oldest step's feature history. No step is
+    shared when ``(j - a) * stride > halo + horizon + lookback``; this returns the number
+    of windows strictly between them, ``j - a - 1``.
+    """
+    reach = halo(size, scales) + horizon + lookback
+    return reach // stride
+
+
+def split_ranges(n_windows: int, fractions: Mapping[str, float], gap: int) -> dict[str, tuple[int, int]]:
+    """Contiguous window ranges ``[start, stop)`` per split, in the mapping's order,
+    with ``gap`` windows left out between consecutive splits.
+
+    Raises
+    ------
+    WindowError
+        When a split would get no window.
+    """
+    names = list(fractions)
+    available = n_windows - gap * (len(names) - 1)
+    out: dict[str, tuple[int, int]] = {}
+    start = 0
+    for i, name in enumerate(names):
+        count = int(np.floor(fractions[name] * available + 1e-9)) if available > 0 else 0
+        if i == len(names) - 1 and sum(fractions.values()) >= 1.0 - 1e-9:
+            count = max(0, n_windows - start)  # the last split takes the rounding remainder
+        if count <= 0:
+            raise WindowError(
+                f"split {name!r}: no window left ({n_windows} windows in all, {gap} windows of "
+                f"gap between splits, fractions {dict(fractions)}); use more data, a larger "
+                "fraction, or a smaller window, horizon or stride"
+            )
+        out[name] = (start, start + count)
+        start += count + gap
+    return out

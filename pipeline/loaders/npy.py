@@ -1,0 +1,78 @@
+"""``.npy`` files: shape and dtype from the header only; data by memory map.
+
+``allow_pickle`` is never enabled: an object-dtype or pickled file is refused with its
+name, instead of numpy's "Failed to interpret file as a pickle".
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import dask.array as da
+import fsspec
+import numpy as np
+
+from pipeline.errors import FormatMismatchError, LoaderError
+
+__all__ = ["npy_array", "probe_npy", "read_npy"]
+
+
+def probe_npy(path: str, so: dict) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from the header, checking the file is long enough for them."""
+    try:
+        with fsspec.open(path, "rb", **so) as fh:
+            magic = fh.read(6)
+            if magic != b"\x93NUMPY":
+                raise FormatMismatchError(path, f"expected an .npy file (magic \\x93NUMPY), found {magic[:6]!r}")
+            fh.seek(0)
+            major, _ = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read(fh)
+            offset = fh.tell()
+            fh.seek(0, 2)
+            size = fh.tell()
+    except FormatMismatchError:
+        raise
+    except (ValueError, OSError) as exc:
+        raise FormatMismatchError(path, f"expected an .npy header, could not parse it ({exc})") from None
+    if dtype.hasobject:
+        raise FormatMismatchError(path, "holds Python objects (dtype=object, a pickle); refusing to load it")
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if size < need:
+        raise LoaderError(path, f"truncated: the header declares {shape} {dtype} ({need} bytes), the file has {size}")
+    return tuple(int(s) for s in shape), dtype
+
+
+def read_npy(path: str, so: dict) -> np.ndarray:
+    """One file's data (memory-mapped for local files)."""
+    try:
+        if "://" not in path or path.startswith("file://"):
+            return np.load(path.removeprefix("file://"), mmap_mode="r", allow_pickle=False)
+        with fsspec.open(path, "rb", **so) as fh:
+            return np.load(fh, allow_pickle=False)
+    except ValueError as exc:
+        raise LoaderError(path, f"cannot read .npy data ({exc})") from None
+
+
+def npy_array(paths: Sequence[str], shape: tuple[int, ...], dtype: np.dtype, combine: str, so: dict,
+              files_per_chunk: int | None = None) -> da.Array:
+    """One blockwise layer over the file list: ``stack`` (N, *shape) or ``concat``."""
+    per = files_per_chunk or max(1, min(1024, (8 << 20) // max(1, int(np.prod(shape)) * dtype.itemsize)))
+    names = np.array(list(paths), dtype=object)
+    files = da.from_array(names, chunks=per, name="npy-files")
+    if combine == "stack":
+        def read(block: np.ndarray) -> np.ndarray:
+            return np.stack([read_npy(p, so) for p in block]) if len(block) else np.empty((0, *shape), dtype)
+
+        return files.map_blocks(read, dtype=dtype, chunks=(files.chunks[0],) + tuple((s,) for s in shape),
+                                new_axis=list(range(1, len(shape) + 1)), name="read-npy",
+                                meta=np.empty((0,) * (len(shape) + 1), dtype=dtype))
+    rows = shape[0]
+    files = da.from_array(names, chunks=1, name="npy-files")
+
+    def read_one(block: np.ndarray) -> np.ndarray:
+        return np.asarray(read_npy(block[0], so))
+
+    return files.map_blocks(read_one, dtype=dtype, chunks=((rows,) * len(paths),) + tuple((s,) for s in shape[1:]),
+                            new_axis=list(range(1, len(shape))), name="read-npy",
+                            meta=np.empty((0,) * len(shape), dtype=dtype))

@@ -1,0 +1,150 @@
+"""`pipeline inspect`: what a store holds, how it is chunked and compressed, where it came from."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import yaml
+
+from pipeline.storage.store import open_store_group, store_root_attrs
+
+__all__ = ["ArrayReport", "StoreReport", "format_report", "inspect_store", "plot_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayReport:
+    """One array of one split."""
+
+    split: str
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    shards: tuple[int, ...] | None
+    codecs: str
+    nbytes: int
+    stored_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoreReport:
+    """Everything `pipeline inspect` prints."""
+
+    location: str
+    complete: bool
+    arrays: tuple[ArrayReport, ...]
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    @property
+    def stored_bytes(self) -> int:
+        return sum(a.stored_bytes for a in self.arrays)
+
+
+def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> StoreReport:
+    """Describe a store without reading its chunks (sizes come from the store listing)."""
+    loc = os.fspath(location)
+    group = open_store_group(loc, mode="r", storage_options=storage_options)
+    attrs = store_root_attrs(group)
+    arrays = []
+    for split, sub in sorted(group.groups(), key=lambda kv: list(attrs.get("splits", {})).index(kv[0])
+                             if kv[0] in attrs.get("splits", {}) else 1 << 30):
+        for name, arr in sorted(sub.arrays()):
+            codecs = ", ".join(type(c).__name__.removesuffix("Codec").lower() for c in arr.compressors) or "none"
+            arrays.append(ArrayReport(
+                split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),
+                chunks=tuple(arr.chunks), shards=tuple(arr.shards) if arr.shards else None,
+                codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=int(arr.nbytes_stored()),
+            ))
+    return StoreReport(location=loc, complete=bool(attrs.get("complete")), arrays=tuple(arrays), attrs=attrs)
+
+
+def _mib(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def format_report(report: StoreReport) -> str:
+    """Human-readable lines for a :class:`StoreReport`."""
+    a = report.attrs
+    ratio = report.nbytes / report.stored_bytes if report.stored_bytes else float("nan")
+    lines = [
+        f"store: {report.location}",
+        f"complete: {'yes' if report.complete else 'NO (rerun the same pipeline run to finish it)'}",
+        f"size: {_mib(report.stored_bytes)} on disk, {_mib(report.nbytes)} uncompressed, ratio {ratio:.2f}x",
+        f"codec: {a.get('codec', '?')}",
+    ]
+    for r in report.arrays:
+        shard = f", shards {r.shards}" if r.shards else ""
+        rr = r.nbytes / r.stored_bytes if r.stored_bytes else float("nan")
+        lines.append(f"  {r.split}/{r.name}: {r.shape} {r.dtype}, chunks {r.chunks}{shard}, "
+                     f"{r.codecs}, {_mib(r.stored_bytes)} ({rr:.2f}x)")
+    if a.get("fingerprint"):
+        lines.append(f"fingerprint: {a['fingerprint']}")
+    for key in ("created", "rows_read", "lookback", "split_gap_windows"):
+        if key in a:
+            lines.append(f"{key}: {a[key]}")
+    if "features" in a:
+        lines.append(f"features: {', '.join(a['features'])}")
+    if "windows" in a:
+        lines.append(f"windows: {a['windows']}")
+    if "labels" in a:
+        lines.append(f"labels: {a['labels']}")
+    norm = a.get("normalization") or {}
+    if norm:
+        lines.append(f"normalization: {norm.get('kind')}" + (f" (fit on {norm['fit_on']})" if "fit_on" in norm else ""))
+    sources = a.get("sources") or {}
+    files = sources.get("files", []) if isinstance(sources, dict) else []
+    if files:
+        total = sum(f.get("size", 0) for f in files)
+        lines.append(f"sources: {len(files)} files, {_mib(total)}")
+    if a.get("skipped"):
+        lines.append(f"skipped files: {len(a['skipped'])}")
+        lines += [f"  {p}: {why}" for p, why in a["skipped"][:10]]
+    if a.get("versions"):
+        lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in a["versions"].items()))
+    if a.get("config"):
+        cfg = yaml.safe_load(a["config"]) or {}
+        lines.append(f"config sections: {', '.join(cfg)}")
+    return "\n".join(lines)
+
+
+def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4,
+               storage_options: dict[str, Any] | None = None) -> str:
+    """Draw a few sample windows and per-feature histograms of the first split to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    group = open_store_group(os.fspath(location), mode="r", storage_options=storage_options)
+    attrs = store_root_attrs(group)
+    split = next(iter(attrs.get("splits", {})), None) or next(name for name, _ in group.groups())
+    x = group[f"{split}/x"]
+    chunk = x[: min(x.shape[0], x.chunks[0])]
+    names = attrs.get("features") or [f"f{i}" for i in range(x.shape[-1])]
+    scales = (attrs.get("windows") or {}).get("scales", [1])
+    width = x.shape[-1]
+    picks = np.linspace(0, len(chunk) - 1, num=min(n_windows, len(chunk))).astype(int)
+    fig, axes = plt.subplots(2, max(len(picks), 1), figsize=(4 * max(len(picks), 1), 7), squeeze=False)
+    for ax, i in zip(axes[0], picks):
+        ax.plot(chunk[i], linewidth=0.8)
+        ax.set_title(f"{split} window {i}")
+        ax.set_xlabel("step in window")
+    hist_ax = axes[1]
+    per = max(1, width // len(hist_ax))
+    for k, ax in enumerate(hist_ax):
+        for j in range(k * per, min(width, (k + 1) * per)):
+            label = names[j % len(names)] + (f" @s{scales[j // len(names)]}" if len(scales) > 1 and len(names) * len(scales) == width else "")
+            ax.hist(chunk[:, -1, j].ravel(), bins=50, histtype="step", label=label)
+        ax.legend(fontsize=6)
+        ax.set_title("last-step values")
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+    return png

@@ -1,0 +1,62 @@
+"""Pure chunk arithmetic for the store: samples per chunk, write units, split ranges."""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from pipeline.errors import StoreError
+
+__all__ = [
+    "DEFAULT_CHUNK_BYTES",
+    "chunk_samples_for",
+    "time_split_ranges",
+    "unit_chunks",
+    "units_aligned",
+]
+
+#: 4 MiB uncompressed per chunk: large enough that per-chunk overhead (a file or object
+#: request, a codec call) is amortized and blosc sees enough data to compress well; small
+#: enough that a shuffle buffer of several chunks fits easily in memory and an epoch has
+#: many chunks to randomize the order of.
+DEFAULT_CHUNK_BYTES = 4 * 2**20
+
+
+def chunk_samples_for(sample_bytes: int, target_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Samples per chunk so that a chunk holds about ``target_chunk_bytes`` (at least 1)."""
+    return max(1, int(target_chunk_bytes) // max(1, int(sample_bytes)))
+
+
+def unit_chunks(n: int, unit: int) -> tuple[int, ...]:
+    """Dask chunks along the sample axis that coincide with the zarr write units."""
+    if n == 0:
+        return (0,)
+    full, rest = divmod(n, unit)
+    return (unit,) * full + ((rest,) if rest else ())
+
+
+def units_aligned(chunks: Sequence[int], unit: int) -> bool:
+    """Whether every dask chunk boundary is a write-unit boundary and no dask chunk
+    spans two units (so no two tasks ever touch one zarr chunk or shard)."""
+    bounds = np.cumsum(chunks)[:-1]
+    return bool(np.all(bounds % unit == 0)) and all(c <= unit for c in chunks)
+
+
+def time_split_ranges(n: int, fractions: Mapping[str, float], gap: int) -> dict[str, tuple[int, int]]:
+    """Contiguous ``[start, stop)`` sample ranges per split, ``gap`` samples left between."""
+    names = list(fractions)
+    available = n - gap * (len(names) - 1)
+    out: dict[str, tuple[int, int]] = {}
+    start = 0
+    for i, name in enumerate(names):
+        count = int(np.floor(fractions[name] * available + 1e-9)) if available > 0 else 0
+        if i == len(names) - 1 and sum(fractions.values()) >= 1 - 1e-9:
+            count = max(0, n - start)
+        if count <= 0:
+            raise StoreError(
+                f"split {name!r}: no sample left of {n} with fractions {dict(fractions)} and a gap of {gap}"
+            )
+        out[name] = (start, start + count)
+        start += count + gap
+    return out

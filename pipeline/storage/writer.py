@@ -1,0 +1,288 @@
+"""Writing splits of aligned arrays into one zarr 3 store: aligned, resumable, checked.
+
+Rules this module enforces (DESIGN.md, "Rules that protect data"):
+
+- every dask array is rechunked to the write unit (a chunk, or a shard when sharded)
+  before writing, so no two tasks ever write the same zarr chunk;
+- a write unit is recorded as done (a small marker holding the CRC32 of each array's
+  decoded block) only after all its arrays are written; zarr's local store does not
+  write chunk files atomically, so a unit without its marker is rewritten on resume;
+- the root's ``complete`` flag is set only after every marker is present; readers refuse
+  an incomplete store;
+- a store written from a different fingerprint (config hash) is refused before anything
+  is written.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import zipfile
+import zlib
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any, Literal, Mapping
+
+import dask
+import dask.array as da
+import fsspec
+import numpy as np
+import zarr
+
+from pipeline.errors import StoreConflictError, StoreError
+from pipeline.progress import compute
+from pipeline.storage.codecs import CodecSpec
+from pipeline.storage.layout import DEFAULT_CHUNK_BYTES, chunk_samples_for, time_split_ranges, unit_chunks
+from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip, open_store_group, store_root_attrs
+
+__all__ = ["write"]
+
+FORMAT_VERSION = 1
+MARKERS = ".pipeline-done"
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for name in ("pipeline", "dask", "distributed", "zarr", "numcodecs", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def _as_dask(a: Any) -> da.Array:
+    return a if isinstance(a, da.Array) else da.from_array(np.asarray(a), chunks=-1)
+
+
+def _normalize(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
+               gap: int, seed: int) -> dict[str, dict[str, da.Array]]:
+    if not arrays:
+        raise StoreError("write: no arrays given")
+    first = next(iter(arrays.values()))
+    if isinstance(first, Mapping):
+        if splits is not None:
+            raise StoreError("write: arrays are already split; leave splits=None")
+        out = {str(k): {str(n): _as_dask(a) for n, a in v.items()} for k, v in arrays.items()}
+    else:
+        flat = {str(n): _as_dask(a) for n, a in arrays.items()}
+        n = {name: a.shape[0] for name, a in flat.items()}
+        if len(set(n.values())) != 1:
+            raise StoreError(f"write: arrays must have the same length on axis 0, got {n}")
+        total = next(iter(n.values()))
+        if splits is None:
+            out = {"train": flat}
+        elif split_by == "random":
+            perm = np.random.default_rng(seed).permutation(total)
+            out, start = {}, 0
+            for name, (lo, hi) in time_split_ranges(total, splits, 0).items():
+                idx = np.sort(perm[lo:hi])
+                out[name] = {k: a[idx] for k, a in flat.items()}
+        else:
+            out = {name: {k: a[lo:hi] for k, a in flat.items()}
+                   for name, (lo, hi) in time_split_ranges(total, splits, gap).items()}
+    for split, group in out.items():
+        lengths = {k: a.shape[0] for k, a in group.items()}
+        if len(set(lengths.values())) != 1:
+            raise StoreError(f"write: split {split!r}: arrays must have the same length, got {lengths}")
+        if any(np.isnan(a.shape[0]) for a in group.values()):
+            raise StoreError(f"write: split {split!r}: arrays of unknown length; call compute_chunk_sizes()")
+    return out
+
+
+def _fs_and_root(location: str, storage_options: dict | None) -> tuple[Any, str]:
+    fs, root = fsspec.core.url_to_fs(location, **(storage_options or {}))
+    return fs, root
+
+
+def _marker_path(root: str, split: str, unit: int) -> str:
+    return f"{root}/{MARKERS}/{split}/{unit}.json"
+
+
+_OPEN: dict[tuple[str, str], zarr.Array] = {}
+
+
+def _write_unit(location: str, storage_options: dict | None, split: str, unit: int, start: int,
+                blocks: dict[str, np.ndarray]) -> int:
+    """Write one unit of every array of a split, then its marker. Runs on a worker."""
+    group = open_store_group(location, mode="r+", storage_options=storage_options)
+    crcs = {}
+    for name, block in blocks.items():
+        arr = group[f"{split}/{name}"]
+        block = np.ascontiguousarray(block, dtype=arr.dtype)
+        arr[start : start + block.shape[0]] = block
+        crcs[name] = zlib.crc32(block.tobytes())
+    fs, root = _fs_and_root(location, storage_options)
+    path = _marker_path(root, split, unit)
+    fs.makedirs(os.path.dirname(path), exist_ok=True) if not is_remote(location) else None
+    fs.pipe(path, json.dumps({"start": start, "rows": int(next(iter(blocks.values())).shape[0]), "crc32": crcs}).encode())
+    return 1
+
+
+def write(
+    target: str | os.PathLike[str],
+    arrays: Mapping[str, Any],
+    *,
+    splits: Mapping[str, float] | None = None,
+    split_by: Literal["time", "random"] = "time",
+    gap: int = 0,
+    seed: int = 0,
+    chunk_samples: int | None = None,
+    target_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    shard_chunks: int | None = None,
+    codec: CodecSpec | str | Mapping[str, Any] = "blosc-lz4",
+    attrs: Mapping[str, Any] | None = None,
+    fingerprint: str | None = None,
+    overwrite: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = True,
+) -> str:
+    """Write arrays, per split, into a zarr 3 store; resume an interrupted write.
+
+    Parameters
+    ----------
+    target
+        A directory, a ``.zarr.zip`` file (written as a directory beside it, then packed),
+        or an fsspec URL such as ``s3://bucket/set.zarr``.
+    arrays
+        ``{"x": a, "y": b}`` (then ``splits`` divides them along axis 0) or already split
+        ``{"train": {"x": ..., "y": ...}, "val": {...}}``. numpy or dask arrays.
+    splits
+        ``None`` writes one split named ``train``; fractions split by time in the given
+        order with ``gap`` samples left between splits, or by a seeded permutation with
+        ``split_by="random"``.
+    chunk_samples
+        Samples per chunk; by default derived from ``target_chunk_bytes`` of ``x`` (or of
+        the first array).
+    shard_chunks
+        Chunks per shard along the sample axis (fewer, larger files); ``None`` for none.
+    codec
+        Compression: a :class:`CodecSpec`, ``"blosc-lz4"``, ``"zstd"``, ``"none"``...
+    attrs
+        Extra provenance merged into the store's ``pipeline`` attributes.
+    fingerprint
+        Identity of what is written (the config hash). An existing store with another
+        fingerprint is refused; with the same one, the write resumes.
+    overwrite
+        Delete an existing store first.
+    progress
+        Show a progress bar.
+
+    Returns
+    -------
+    str
+        The store location.
+    """
+    location = os.fspath(target)
+    codec = CodecSpec.from_mapping(codec, "codec")
+    groups = _normalize(arrays, splits, split_by, gap, seed)
+    if is_zip(location):
+        if is_remote(location):
+            raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
+        staging = location + ".partial.zarr"
+        if overwrite and os.path.exists(location):
+            os.remove(location)
+        if os.path.exists(location):
+            existing = store_root_attrs(open_store_group(location))
+            if fingerprint is not None and existing.get("fingerprint") not in (None, fingerprint):
+                raise StoreConflictError(
+                    f"{location}: written from fingerprint {existing.get('fingerprint')}, not {fingerprint}; "
+                    "choose another output path or set output.overwrite"
+                )
+            return location
+        _write_dir(staging, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
+                   fingerprint, overwrite, None, progress)
+        _pack_zip(staging, location)
+        shutil.rmtree(staging)
+        return location
+    _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
+               fingerprint, overwrite, storage_options, progress)
+    return location
+
+
+def _pack_zip(directory: str, target: str) -> None:
+    tmp = target + ".tmp"
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
+        for dirpath, dirnames, filenames in os.walk(directory):
+            dirnames[:] = sorted(d for d in dirnames if d != MARKERS)
+            for fn in sorted(filenames):
+                full = os.path.join(dirpath, fn)
+                zf.write(full, os.path.relpath(full, directory).replace(os.sep, "/"))
+    os.replace(tmp, target)  # the zip appears whole or not at all
+
+
+def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
+               fingerprint, overwrite, storage_options, progress) -> None:
+    fs, root = _fs_and_root(location, storage_options)
+    exists = fs.exists(f"{root}/zarr.json")
+    if exists and overwrite:
+        fs.rm(root, recursive=True)
+        exists = False
+    if exists:
+        meta = store_root_attrs(open_store_group(location, storage_options=storage_options))
+        if meta.get("fingerprint") != fingerprint:
+            raise StoreConflictError(
+                f"{location}: this store was written from fingerprint {meta.get('fingerprint')}, "
+                f"the current run's is {fingerprint}; choose another output path or set output.overwrite"
+            )
+        if meta.get("complete"):
+            return
+    first = next(iter(groups.values()))
+    probe = first.get("x", next(iter(first.values())))
+    sample_bytes = int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
+    per_chunk = int(chunk_samples) if chunk_samples else chunk_samples_for(sample_bytes, target_chunk_bytes)
+    unit = per_chunk * (int(shard_chunks) if shard_chunks else 1)
+
+    group = open_store_group(location, mode="a" if exists else "w", storage_options=storage_options)
+    if not exists:
+        group.attrs[ATTRS_KEY] = {"format_version": FORMAT_VERSION, "complete": False, "fingerprint": fingerprint}
+    for split, arrs in groups.items():
+        sub = group.require_group(split)
+        for name, a in arrs.items():
+            if name in sub:
+                continue
+            n = int(a.shape[0])
+            chunks = (max(1, min(per_chunk, n)),) + tuple(a.shape[1:])
+            shards = None
+            if shard_chunks:
+                shards = (chunks[0] * int(shard_chunks),) + tuple(a.shape[1:])
+            sub.create_array(name, shape=a.shape, dtype=a.dtype, chunks=chunks, shards=shards,
+                             compressors=codec.zarr_compressors(), fill_value=0)
+
+    tasks = []
+    for split, arrs in groups.items():
+        n = int(next(iter(arrs.values())).shape[0])
+        aligned = {k: a.rechunk({0: unit_chunks(n, unit), **{i: -1 for i in range(1, a.ndim)}})
+                   for k, a in arrs.items()}
+        blocks = {k: a.to_delayed().ravel() for k, a in aligned.items()}
+        for u in range(len(unit_chunks(n, unit))):
+            if n == 0 or fs.exists(_marker_path(root, split, u)):
+                continue
+            tasks.append(dask.delayed(_write_unit)(location, storage_options, split, u, u * unit,
+                                                   {k: b[u] for k, b in blocks.items()}))
+    if tasks:
+        compute(*tasks, desc="writing chunks", progress=progress)
+
+    # Completeness: every unit has its marker; only then is the store marked complete.
+    counts = {}
+    for split, arrs in groups.items():
+        n = int(next(iter(arrs.values())).shape[0])
+        missing = [u for u in range(len(unit_chunks(n, unit))) if n and not fs.exists(_marker_path(root, split, u))]
+        if missing:
+            raise StoreError(f"{location}: split {split!r}: write units {missing[:5]} were not written")
+        counts[split] = n
+    meta = dict(store_root_attrs(group))
+    meta.update(dict(attrs or {}))
+    meta.update({
+        "format_version": FORMAT_VERSION,
+        "fingerprint": fingerprint,
+        "splits": counts,
+        "chunk_samples": per_chunk,
+        "shard_chunks": shard_chunks,
+        "codec": codec.describe(),
+        "versions": _versions(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "complete": True,
+    })
+    group.attrs[ATTRS_KEY] = json.loads(json.dumps(meta, default=str))

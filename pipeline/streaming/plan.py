@@ -1,0 +1,149 @@
+"""Pure epoch planning: chunk order, rank and worker shares, batch sizes, buffer groups.
+
+Everything here is a function of integers (chunk lengths, seed, epoch, rank, world size,
+worker, workers, batch size, buffer size), so every rank and DataLoader worker computes
+the same global plan without talking to the others, and a resumed stream recomputes it
+from a few integers instead of replaying what was served.
+
+The epoch's sample sequence is the chunks' samples in a permuted chunk order. Rank ``r``
+of ``W`` takes the contiguous slice ``[N*r//W, N*(r+1)//W)`` of it, so ranks differ by at
+most one sample; inside a rank, batches are split contiguously among DataLoader workers.
+Each worker mixes its samples within groups of ``buffer_chunks`` chunk pieces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from pipeline.errors import StreamError
+
+__all__ = [
+    "Piece",
+    "WorkerPlan",
+    "batch_sizes",
+    "batches_per_rank",
+    "chunk_order",
+    "group_permutation",
+    "pieces_for_range",
+    "rank_range",
+    "worker_plan",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Samples ``[lo, hi)`` of chunk ``chunk`` (offsets inside the chunk)."""
+
+    chunk: int
+    lo: int
+    hi: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPlan:
+    """What one worker of one rank serves in one epoch."""
+
+    pieces: tuple[Piece, ...]
+    batch_sizes: tuple[int, ...]
+    groups: tuple[tuple[int, int], ...]  # piece index ranges [start, stop) per buffer group
+
+
+def chunk_order(n_chunks: int, seed: int, epoch: int, shuffle: bool) -> np.ndarray:
+    """Chunk ids in this epoch's order: a permutation seeded by ``(seed, epoch)``."""
+    if not shuffle:
+        return np.arange(n_chunks, dtype=np.int64)
+    return np.random.default_rng([seed, epoch, 0x5EED]).permutation(n_chunks).astype(np.int64)
+
+
+def rank_range(n_samples: int, rank: int, world_size: int) -> tuple[int, int]:
+    """This rank's contiguous slice of the epoch's sample sequence."""
+    return n_samples * rank // world_size, n_samples * (rank + 1) // world_size
+
+
+def batches_per_rank(n_samples: int, world_size: int, batch_size: int, drop_last: bool) -> int:
+    """Batches every rank yields per epoch (the same on all ranks)."""
+    smallest = n_samples // world_size
+    largest = -(-n_samples // world_size)
+    if drop_last:
+        return smallest // batch_size
+    return -(-largest // batch_size)
+
+
+def batch_sizes(n_rank: int, n_batches: int, batch_size: int, drop_last: bool) -> tuple[int, ...]:
+    """Sizes of a rank's batches: full batches, then the remainder; never an empty batch.
+
+    A rank with one sample fewer than the largest rank can come up one sample short of
+    filling its last batch; that sample is then taken from the batch before it, so the
+    rank still yields ``n_batches`` non-empty batches.
+    """
+    if n_batches == 0:
+        return ()
+    if drop_last:
+        return (batch_size,) * n_batches
+    sizes = [batch_size] * (n_batches - 1) + [n_rank - batch_size * (n_batches - 1)]
+    i = n_batches - 2
+    while sizes[-1] <= 0 and i >= 0:
+        take = min(sizes[i] - 1, 1 - sizes[-1])
+        sizes[i] -= take
+        sizes[-1] += take
+        i -= 1
+    if sizes[-1] <= 0 or sum(sizes) != n_rank:
+        raise StreamError(f"cannot split {n_rank} samples into {n_batches} non-empty batches")
+    return tuple(sizes)
+
+
+def pieces_for_range(order: Sequence[int], lengths: Sequence[int], start: int, stop: int) -> list[Piece]:
+    """Chunk pieces covering positions ``[start, stop)`` of the sequence of chunks in ``order``."""
+    out: list[Piece] = []
+    pos = 0
+    for c in order:
+        n = int(lengths[c])
+        lo, hi = max(start - pos, 0), min(stop - pos, n)
+        if lo < hi:
+            out.append(Piece(int(c), lo, hi))
+        pos += n
+        if pos >= stop:
+            break
+    return out
+
+
+def worker_plan(
+    lengths: Sequence[int],
+    *,
+    seed: int,
+    epoch: int,
+    shuffle: bool,
+    batch_size: int,
+    drop_last: bool,
+    rank: int,
+    world_size: int,
+    worker: int,
+    num_workers: int,
+    buffer_chunks: int,
+) -> WorkerPlan:
+    """The pieces, batch sizes and buffer groups of one worker of one rank."""
+    if not 0 <= rank < world_size:
+        raise StreamError(f"rank {rank} is outside 0..{world_size - 1}")
+    n_samples = int(np.sum(lengths))
+    if n_samples < world_size:
+        raise StreamError(f"{n_samples} samples cannot be shared among {world_size} ranks")
+    order = chunk_order(len(lengths), seed, epoch, shuffle)
+    r0, r1 = rank_range(n_samples, rank, world_size)
+    n_batches = batches_per_rank(n_samples, world_size, batch_size, drop_last)
+    sizes = batch_sizes(r1 - r0, n_batches, batch_size, drop_last)
+    b0, b1 = n_batches * worker // num_workers, n_batches * (worker + 1) // num_workers
+    offsets = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])
+    s0, s1 = r0 + int(offsets[b0]), r0 + int(offsets[b1])
+    pieces = pieces_for_range(order, lengths, s0, s1)
+    groups = tuple((g, min(g + buffer_chunks, len(pieces))) for g in range(0, len(pieces), buffer_chunks))
+    return WorkerPlan(pieces=tuple(pieces), batch_sizes=tuple(sizes[b0:b1]), groups=groups)
+
+
+def group_permutation(n: int, *, seed: int, epoch: int, rank: int, worker: int, group: int, shuffle: bool) -> np.ndarray:
+    """How the samples of one buffer group are mixed."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    return np.random.default_rng([seed, epoch, rank, worker, group, 0xB0F]).permutation(n).astype(np.int64)

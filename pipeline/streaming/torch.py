@@ -1,0 +1,50 @@
+"""PyTorch adapter: an ``IterableDataset`` that shares chunks among ranks and workers.
+
+Use it with ``DataLoader(ds, batch_size=None, num_workers=k)``: batches come ready-made.
+Each DataLoader worker serves a contiguous share of its rank's batches, so across all
+ranks and workers every sample appears exactly once per epoch. Only the store location
+is pickled to workers; each opens the store itself after the fork (no zarr, fsspec or
+blosc thread state crosses it), with blosc's internal threads off.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from pipeline.errors import MissingDependencyError
+
+try:
+    import torch
+    from torch.utils.data import IterableDataset, get_worker_info
+except ImportError:  # pragma: no cover - exercised only without the extra
+    torch = None
+    IterableDataset = object
+
+__all__ = ["TorchDataset"]
+
+
+class TorchDataset(IterableDataset):
+    """One epoch of a stream per iteration, as tuples of tensors."""
+
+    def __init__(self, stream: Any, *, pin_memory: bool = False):
+        if torch is None:
+            raise MissingDependencyError("Stream.torch()", "PyTorch", "torch")
+        super().__init__()
+        self.stream = stream
+        self.pin_memory = pin_memory
+
+    def __len__(self) -> int:
+        return len(self.stream)
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        info = get_worker_info()
+        worker, workers = (0, 1) if info is None else (info.id, info.num_workers)
+        if info is not None:
+            import numcodecs
+
+            numcodecs.blosc.use_threads = False  # our threads decode; blosc's would oversubscribe
+            self.stream.threads = 2
+        pin = self.pin_memory and torch.cuda.is_available() and info is None
+        for batch in self.stream.iter_worker(worker, workers):
+            tensors = tuple(torch.from_numpy(b) for b in batch)
+            yield tuple(t.pin_memory() for t in tensors) if pin else tensors
