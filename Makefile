@@ -24,7 +24,7 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/pipeline demo-data data/raw
-	$(BIN)/pipeline run configs/orderbook.yaml
+	$(BIN)/pipeline run configs/orderbook.yaml --set output.overwrite=true
 	$(BIN)/python examples/train_keras.py data/orderbook.zarr
 	$(BIN)/python examples/train_torch.py data/orderbook.zarr
 

@@ -22,9 +22,10 @@ import pipeline  # noqa: E402
 class Throughput(keras.callbacks.Callback):
     """Prints samples per second for each epoch."""
 
-    def __init__(self, samples_per_epoch: int):
+    def __init__(self, samples_per_epoch: int, val_variance: float | None):
         super().__init__()
         self.samples = samples_per_epoch
+        self.val_variance = val_variance
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
         self.t0 = time.perf_counter()
@@ -32,8 +33,10 @@ class Throughput(keras.callbacks.Callback):
     def on_epoch_end(self, epoch: int, logs: dict | None = None) -> None:
         dt = time.perf_counter() - self.t0
         logs = logs or {}
-        val = f", val_loss {logs['val_loss']:.4e}" if "val_loss" in logs else ""
-        print(f"keras epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.4e}{val}, "
+        val = ""
+        if "val_loss" in logs and self.val_variance:
+            val = f", val_loss {logs['val_loss']:.4f} (R2 {1 - logs['val_loss'] / self.val_variance:+.3f})"
+        print(f"keras epoch {epoch + 1}: loss {logs.get('loss', float('nan')):.4f}{val}, "
               f"{self.samples / dt:,.0f} samples/s")
 
 
@@ -65,8 +68,10 @@ def main() -> None:
     ])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
     n = ds["train"]["x"].shape[0]
+    # R2 = 1 - MSE / Var(y): 0 means no better than predicting the mean.
+    val_var = float(ds["val"]["y"][:].var()) if "val" in ds.splits else None
     model.fit(train.keras(), validation_data=val, epochs=args.epochs, verbose=0,
-              callbacks=[Throughput(n)])
+              callbacks=[Throughput(n, val_var)])
 
 
 if __name__ == "__main__":

@@ -56,11 +56,15 @@ def main() -> None:
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total += float(loss) * len(yb)
+            total += loss.item() * len(yb)
             n += len(yb)
         dt = time.perf_counter() - t0
-        val = f", val_loss {evaluate(model, args.store, args.batch_size):.4e}" if "val" in ds.splits else ""
-        print(f"torch epoch {epoch + 1}: loss {total / n:.4e}{val}, {n / dt:,.0f} samples/s")
+        val = ""
+        if "val" in ds.splits:
+            mse = evaluate(model, args.store, args.batch_size)
+            # R2 = 1 - MSE / Var(y): 0 means no better than predicting the mean.
+            val = f", val_loss {mse:.4f} (R2 {1 - mse / float(ds['val']['y'][:].var()):+.3f})"
+        print(f"torch epoch {epoch + 1}: loss {total / n:.4f}{val}, {n / dt:,.0f} samples/s")
 
 
 if __name__ == "__main__":

@@ -148,8 +148,9 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     stored = 0
     raw = 0
     for name in ds.splits:
-        for arr_name in ds[name].array_keys() if hasattr(ds[name], "array_keys") else ("x", "y"):
-            arr = ds[name][arr_name]
+        for arr_name, arr in ds[name].arrays():
+            if arr_name.startswith("_"):  # write markers, not data
+                continue
             stored += int(arr.nbytes_stored())
             raw += int(arr.nbytes)
     return RunSummary(

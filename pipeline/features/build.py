@@ -130,7 +130,7 @@ def build_training_set(
     w = windows(f_used[: T - h], size=size, stride=stride, scales=scales)
     if normalize == "window":
         w = w.map_blocks(_window_zscore, dtype=np.float32)
-    ret = logmid[h:] - logmid[:-h]
+    ret = (logmid[h:] - logmid[:-h]) * label.scale
     y_all = ret[ends]
     if label.kind == "class":
         thresholds = np.asarray(label.thresholds)
@@ -171,7 +171,7 @@ def build_training_set(
         "features": list(frame.names),
         "lookback": L,
         "windows": {"size": size, "stride": stride, "scales": list(scales), "halo": H},
-        "labels": {"kind": label.kind, "horizon": h, "thresholds": list(label.thresholds)},
+        "labels": {"kind": label.kind, "horizon": h, "thresholds": list(label.thresholds), "scale": label.scale},
         "normalization": stats,
         "split_windows": {k: list(v) for k, v in ranges.items()},
         "split_gap_windows": gap,

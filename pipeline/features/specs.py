@@ -139,12 +139,15 @@ class LabelSpec:
 
     ``kind: return`` is the future log return of the mid price over ``horizon`` steps
     after the window's end; ``kind: class`` bins that return by ``thresholds``
-    (ascending), giving classes ``0 .. len(thresholds)``.
+    (ascending), giving classes ``0 .. len(thresholds)``. ``scale`` multiplies the return
+    before thresholds apply (``10000`` gives basis points, which keeps regression targets
+    near unit scale; log returns over a few steps are around 1e-4).
     """
 
     kind: Literal["return", "class"] = "return"
     horizon: int = 1
     thresholds: tuple[float, ...] = ()
+    scale: float = 1.0
 
     @classmethod
     def from_mapping(cls, value: object, path: str) -> "LabelSpec":
@@ -154,8 +157,8 @@ class LabelSpec:
         if not isinstance(value, Mapping):
             raise ConfigError(path, "a mapping", value)
         for key in value:
-            if key not in ("kind", "horizon", "thresholds"):
-                raise ConfigError(f"{path}.{key}", "", detail="unknown key (expected one of: horizon, kind, thresholds)")
+            if key not in ("kind", "horizon", "thresholds", "scale"):
+                raise ConfigError(f"{path}.{key}", "", detail="unknown key (expected one of: horizon, kind, scale, thresholds)")
         kind = value.get("kind", "return")
         if kind not in ("return", "class"):
             raise ConfigError(f"{path}.kind", "one of 'return', 'class'", kind)
@@ -170,4 +173,7 @@ class LabelSpec:
             raise ConfigError(f"{path}.thresholds", "strictly ascending numbers", raw)
         if kind == "class" and not thresholds:
             raise ConfigError(f"{path}.thresholds", "", detail="missing required key for kind: class (a list of numbers)")
-        return cls(kind=kind, horizon=horizon, thresholds=thresholds)
+        scale = value.get("scale", 1.0)
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+            raise ConfigError(f"{path}.scale", "a positive number", scale)
+        return cls(kind=kind, horizon=horizon, thresholds=thresholds, scale=float(scale))

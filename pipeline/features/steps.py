@@ -52,20 +52,16 @@ def _required_columns(spec: FeatureSpec) -> list[str]:
 
 
 def _rolling(values: np.ndarray, window: int, stat: str) -> np.ndarray:
-    """Trailing mean or population std over ``window`` steps; NaN where incomplete."""
+    """Trailing mean or population std over ``window`` steps, current step included;
+    NaN where the window is incomplete or holds a NaN."""
     out = np.full(values.shape, np.nan)
     if window > values.size:
         return out
-    csum = np.concatenate([[0.0], np.cumsum(values)])
-    mean = (csum[window:] - csum[:-window]) / window
-    if stat == "mean":
-        out[window - 1 :] = mean
-        return out
-    # Two-pass variance per window through cumulative sums of the centred values would
-    # need the window mean per element; a sliding view over float64 is exact enough and
-    # bounded by the block, which is the unit of memory here anyway.
+    # A sliding view costs no copy; the reductions allocate one value per step. NaN
+    # propagates only to the windows that contain it (a cumulative sum would carry one
+    # NaN to every later step).
     view = np.lib.stride_tricks.sliding_window_view(values, window)
-    out[window - 1 :] = view.std(axis=1)
+    out[window - 1 :] = view.mean(axis=1) if stat == "mean" else view.std(axis=1)
     return out
 
 
@@ -184,7 +180,7 @@ def compute_features(
         padded,
         dtype=out_dtype,
         chunks=(x.chunks[0], (len(specs),)),
-        name="features",
+        token="features",
         meta=np.empty((0, 0), dtype=out_dtype),
     )
     return FeatureFrame(array=arr, names=tuple(s.label for s in specs), lookback=lookback)

@@ -113,6 +113,6 @@ def windows(
         dtype=x.dtype,
         chunks=(counts, (size,), (F * len(scales),)),
         new_axis=2,
-        name="windows",
+        token="windows",
         meta=np.empty((0, 0, 0), dtype=x.dtype),
     )

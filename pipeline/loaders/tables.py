@@ -143,7 +143,11 @@ def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp:
     specs = np.empty(len(parts), dtype=object)
     for i, p in enumerate(parts):
         specs[i] = p
-    files = da.from_array(specs, chunks=1, name="table-parts")
+    # Name the layer by its content: a fixed name would make two sources share keys.
+    from dask.base import tokenize
+
+    token = tokenize([(p.path, p.group, p.rows) for p in parts], columns, nan, fill_value)
+    files = da.from_array(specs, chunks=1, name=f"table-parts-{token}")
 
     def read(block: np.ndarray) -> np.ndarray:
         return _read_part(block[0], columns, timestamp, nan, fill_value, so)
@@ -153,7 +157,7 @@ def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp:
         dtype=np.float32,
         chunks=(tuple(p.rows for p in parts), (len(columns),)),
         new_axis=1,
-        name="read-table",
+        token="read-table",
         meta=np.empty((0, 0), dtype=np.float32),
     )
 

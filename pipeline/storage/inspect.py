@@ -56,6 +56,8 @@ def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str
     for split, sub in sorted(group.groups(), key=lambda kv: list(attrs.get("splits", {})).index(kv[0])
                              if kv[0] in attrs.get("splits", {}) else 1 << 30):
         for name, arr in sorted(sub.arrays()):
+            if name.startswith("_"):  # bookkeeping (write markers), not data
+                continue
             codecs = ", ".join(type(c).__name__.removesuffix("Codec").lower() for c in arr.compressors) or "none"
             arrays.append(ArrayReport(
                 split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),

@@ -36,10 +36,12 @@ from pipeline.storage.codecs import CodecSpec
 from pipeline.storage.layout import DEFAULT_CHUNK_BYTES, chunk_samples_for, time_split_ranges, unit_chunks
 from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip, open_store_group, store_root_attrs
 
-__all__ = ["write"]
+__all__ = ["WRITTEN", "write", "written_units"]
 
 FORMAT_VERSION = 1
-MARKERS = ".pipeline-done"
+#: Per split, one row per write unit: ``[1, crc32 of each array's block...]`` once the
+#: unit is fully written (0 = not yet). One zarr chunk per row, so units never share one.
+WRITTEN = "_written"
 
 
 def _versions() -> dict[str, str]:
@@ -96,28 +98,36 @@ def _fs_and_root(location: str, storage_options: dict | None) -> tuple[Any, str]
     return fs, root
 
 
-def _marker_path(root: str, split: str, unit: int) -> str:
-    return f"{root}/{MARKERS}/{split}/{unit}.json"
-
-
-_OPEN: dict[tuple[str, str], zarr.Array] = {}
-
-
 def _write_unit(location: str, storage_options: dict | None, split: str, unit: int, start: int,
                 blocks: dict[str, np.ndarray]) -> int:
-    """Write one unit of every array of a split, then its marker. Runs on a worker."""
+    """Write one unit of every array of a split, then its row of ``_written``. Runs on a worker."""
     group = open_store_group(location, mode="r+", storage_options=storage_options)
-    crcs = {}
+    crcs = []
     for name, block in blocks.items():
         arr = group[f"{split}/{name}"]
         block = np.ascontiguousarray(block, dtype=arr.dtype)
         arr[start : start + block.shape[0]] = block
-        crcs[name] = zlib.crc32(block.tobytes())
-    fs, root = _fs_and_root(location, storage_options)
-    path = _marker_path(root, split, unit)
-    fs.makedirs(os.path.dirname(path), exist_ok=True) if not is_remote(location) else None
-    fs.pipe(path, json.dumps({"start": start, "rows": int(next(iter(blocks.values())).shape[0]), "crc32": crcs}).encode())
+        crcs.append(zlib.crc32(block.tobytes()))
+    group[f"{split}/{WRITTEN}"][unit] = np.array([1, *crcs], dtype=np.uint64)
     return 1
+
+
+def written_units(group: zarr.Group, split: str) -> np.ndarray:
+    """Boolean per write unit of a split: fully written (its ``_written`` row is set).
+
+    A row whose chunk cannot be decoded (a crash mid-write) counts as not written.
+    """
+    table = group[f"{split}/{WRITTEN}"]
+    try:
+        return np.asarray(table[:, 0]) == 1
+    except Exception:  # noqa: BLE001 - a torn marker chunk; read rows one by one
+        out = np.zeros(table.shape[0], dtype=bool)
+        for u in range(table.shape[0]):
+            try:
+                out[u] = int(table[u, 0]) == 1
+            except Exception:  # noqa: BLE001
+                out[u] = False
+        return out
 
 
 def write(
@@ -205,7 +215,7 @@ def _pack_zip(directory: str, target: str) -> None:
     tmp = target + ".tmp"
     with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_STORED, allowZip64=True) as zf:
         for dirpath, dirnames, filenames in os.walk(directory):
-            dirnames[:] = sorted(d for d in dirnames if d != MARKERS)
+            dirnames[:] = sorted(dirnames)
             for fn in sorted(filenames):
                 full = os.path.join(dirpath, fn)
                 zf.write(full, os.path.relpath(full, directory).replace(os.sep, "/"))
@@ -249,6 +259,11 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
                 shards = (chunks[0] * int(shard_chunks),) + tuple(a.shape[1:])
             sub.create_array(name, shape=a.shape, dtype=a.dtype, chunks=chunks, shards=shards,
                              compressors=codec.zarr_compressors(), fill_value=0)
+        if WRITTEN not in sub:
+            n = int(next(iter(arrs.values())).shape[0])
+            n_units = len(unit_chunks(n, unit)) if n else 0
+            sub.create_array(WRITTEN, shape=(n_units, 1 + len(arrs)), dtype="uint64",
+                             chunks=(1, 1 + len(arrs)), compressors=[], fill_value=0)
 
     tasks = []
     for split, arrs in groups.items():
@@ -256,8 +271,9 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         aligned = {k: a.rechunk({0: unit_chunks(n, unit), **{i: -1 for i in range(1, a.ndim)}})
                    for k, a in arrs.items()}
         blocks = {k: a.to_delayed().ravel() for k, a in aligned.items()}
-        for u in range(len(unit_chunks(n, unit))):
-            if n == 0 or fs.exists(_marker_path(root, split, u)):
+        done = written_units(group, split) if n else np.zeros(0, dtype=bool)
+        for u in range(len(unit_chunks(n, unit)) if n else 0):
+            if done[u]:
                 continue
             tasks.append(dask.delayed(_write_unit)(location, storage_options, split, u, u * unit,
                                                    {k: b[u] for k, b in blocks.items()}))
@@ -268,7 +284,7 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
     counts = {}
     for split, arrs in groups.items():
         n = int(next(iter(arrs.values())).shape[0])
-        missing = [u for u in range(len(unit_chunks(n, unit))) if n and not fs.exists(_marker_path(root, split, u))]
+        missing = np.flatnonzero(~written_units(group, split)).tolist() if n else []
         if missing:
             raise StoreError(f"{location}: split {split!r}: write units {missing[:5]} were not written")
         counts[split] = n
