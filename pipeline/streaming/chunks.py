@@ -116,6 +116,10 @@ class ChunkReader:
         try:
             if self._decoder == "raw":
                 decoded = np.frombuffer(raw, dtype=self.dtype)
+            elif n == self.rows and out.flags.c_contiguous:
+                # The common case: decode straight into the caller's buffer, no copy.
+                self._decoder.decode(raw, out=out)
+                return out
             else:
                 decoded = np.frombuffer(self._decoder.decode(raw), dtype=self.dtype)
             if decoded.size == int(np.prod(full)):

@@ -15,7 +15,6 @@ in memory (the buffer being served and the one being prefetched). With 4 MiB chu
 from __future__ import annotations
 
 import os
-import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -68,8 +67,8 @@ class _StoreSource:
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["location"], state["split"], state["names"], state["partial"], state["storage_options"])
 
-    def read(self, name: str, chunk: int) -> np.ndarray:
-        return self.readers[name].read(chunk)
+    def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        return self.readers[name].read(chunk, out)
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         r = self.readers[name]
@@ -104,13 +103,18 @@ class _ArraySource:
                 a = a.rechunk({0: self.lengths, **{i: -1 for i in range(1, a.ndim)}})
             self.arrays[n] = a
 
-    def read(self, name: str, chunk: int) -> np.ndarray:
+    def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         import dask.array as da
 
         a = self.arrays[name]
         if isinstance(a, da.Array):
-            return np.asarray(a.blocks[chunk].compute())
-        return np.asarray(a[self.starts[chunk] : self.starts[chunk + 1]])
+            data = np.asarray(a.blocks[chunk].compute())
+        else:
+            data = np.asarray(a[self.starts[chunk] : self.starts[chunk + 1]])
+        if out is not None:
+            out[...] = data
+            return out
+        return data
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         a = self.arrays[name]
@@ -211,25 +215,35 @@ class Stream:
 
         pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="pipeline-read")
         try:
-            def load(g: int) -> dict[str, np.ndarray] | None:
+            def load(g: int) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+                """Read group ``g``'s pieces into one buffer per array; return the buffers,
+                the mixing permutation, and (for the quality report) chunk ids."""
                 a, b = plan.groups[g]
                 pieces = plan.pieces[a:b]
-                futs = {n: [pool.submit(self.source.read, n, p.chunk) for p in pieces] for n in self.names}
-                out = {}
+                offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
+                bufs = {}
+                futs = []
                 for n in self.names:
-                    parts = [f.result()[p.lo : p.hi] for f, p in zip(futs[n], pieces)]
-                    out[n] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+                    tail, dtype = self.source.sample_shape(n)
+                    buf = np.empty((int(offsets[-1]),) + tail, dtype=dtype)
+                    bufs[n] = buf
+                    for p, off in zip(pieces, offsets[:-1]):
+                        whole = p.lo == 0 and p.hi == self.source.lengths[p.chunk]
+                        if whole:  # decode straight into the buffer
+                            futs.append(pool.submit(self.source.read, n, p.chunk, buf[off : off + p.hi - p.lo]))
+                        else:
+                            futs.append(pool.submit(_read_part, self.source, n, p, buf[off : off + p.hi - p.lo]))
+                for f in futs:
+                    f.result()
                 perm = group_permutation(group_sizes[g], seed=self.seed, epoch=self.epoch, rank=self.rank,
                                          worker=worker, group=g, shuffle=self.shuffle)
-                out = {n: a[perm] for n, a in out.items()}
+                extra = {}
                 if track_quality:
                     ids = np.concatenate([np.full(p.hi - p.lo, p.chunk, dtype=np.int64) for p in pieces])
                     idx = np.concatenate([np.arange(p.lo, p.hi, dtype=np.int64) + p.chunk * 10**9 for p in pieces])
-                    out["__chunk"] = ids[perm]
-                    out["__index"] = idx[perm]
-                return out
+                    extra = {"chunk": ids, "index": idx}
+                return bufs, perm, extra
 
-            ahead = threading.BoundedSemaphore(1)  # noqa: F841 - documents one group in flight
             futures: dict[int, Future] = {}
             loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-prefetch")
 
@@ -239,33 +253,38 @@ class Stream:
                         futures[k] = loader.submit(load, k)
 
             want(g0)
-            buf: dict[str, np.ndarray] | None = None
+            cur: tuple | None = None
             pos = skip_samples
             g = g0
             chunks_seen: list[int] = []
             order_index: list[np.ndarray] = []
             try:
                 for size in sizes:
-                    parts: dict[str, list[np.ndarray]] = {n: [] for n in (buf or futures[g].result())}
+                    # A batch is one gather from the mixed group (two when it spans groups):
+                    # the only copy of the data after decoding.
+                    parts: list[tuple[tuple, np.ndarray]] = []
                     need = size
                     while need > 0:
-                        if buf is None:
+                        if cur is None:
                             want(g)
-                            buf = futures.pop(g).result()
+                            cur = futures.pop(g).result()
                             want(g + 1)
-                        avail = len(next(iter(buf.values()))) - pos
-                        take = min(avail, need)
-                        for n in parts:
-                            parts[n].append(buf[n][pos : pos + take])
+                        perm = cur[1]
+                        take = min(perm.size - pos, need)
+                        parts.append((cur, perm[pos : pos + take]))
                         pos += take
                         need -= take
-                        if pos == len(next(iter(buf.values()))):
-                            buf, pos, g = None, 0, g + 1
-                    batch = {n: (np.concatenate(v) if len(v) > 1 else v[0]) for n, v in parts.items()}
+                        if pos == perm.size:
+                            cur, pos, g = None, 0, g + 1
+                    out = []
+                    for n in self.names:
+                        pieces_n = [c[0][n][idx] for c, idx in parts]
+                        out.append(pieces_n[0] if len(pieces_n) == 1 else np.concatenate(pieces_n))
                     if track_quality:
-                        chunks_seen.append(len(np.unique(batch.pop("__chunk"))))
-                        order_index.append(batch.pop("__index"))
-                    yield tuple(batch[n] for n in self.names)
+                        ids = np.concatenate([c[2]["chunk"][idx] for c, idx in parts])
+                        chunks_seen.append(len(np.unique(ids)))
+                        order_index.append(np.concatenate([c[2]["index"][idx] for c, idx in parts]))
+                    yield tuple(out)
             finally:
                 loader.shutdown(wait=True, cancel_futures=True)
             if track_quality and order_index:
@@ -286,6 +305,11 @@ class Stream:
         from pipeline.streaming.torch import TorchDataset
 
         return TorchDataset(self, pin_memory=pin_memory)
+
+
+def _read_part(source: Any, name: str, piece: Any, out: np.ndarray) -> None:
+    """Copy a partial chunk (a rank or worker boundary falls inside it) into ``out``."""
+    out[...] = source.read(name, piece.chunk)[piece.lo : piece.hi]
 
 
 def _quality(distinct: list[int], index: np.ndarray) -> dict[str, float]:

@@ -1,0 +1,278 @@
+"""Shuffled streaming against the ways people read training data today, on one store.
+
+    python benchmarks/bench_streaming.py            # ~1 GB store, chunks of 4096 x 64 x 32 float32
+    python benchmarks/bench_streaming.py --quick    # ~130 MB, to check the script
+
+All in one process, on the same data:
+  stream   pipeline.stream: shuffled chunk order, 4 chunks mixed in memory, prefetching
+  decode   the raw decode limit: every chunk's bytes decoded by numcodecs on all cores, in order
+  zarr     zarr's array API, reading chunk-sized slices in order
+  random   per-batch random indexing into the zarr array (time-bounded)
+  wds      webdataset tar shards with a 1000-sample shuffle buffer (time-bounded)
+  npy      a torch DataLoader over one .npy file per batch (2 workers)
+Then the data-wait fraction of a training loop whose step takes 5 ms. Writes a PNG chart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import shutil
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numcodecs
+import numpy as np
+import zarr
+
+import pipeline
+from pipeline.storage import write
+
+
+def make_store(path: Path, n_chunks: int, chunk: int, size: int, width: int) -> None:
+    rng = np.random.default_rng(0)
+    n = n_chunks * chunk
+    # Feature-like windows: smooth random walks plus noise, so blosc sees realistic data.
+    base = np.cumsum(rng.standard_normal((n // 64 + 1, width)).astype(np.float32), axis=0)
+    x = np.empty((n, size, width), dtype=np.float32)
+    for i in range(0, n, chunk):
+        b = base[i // 64 : i // 64 + chunk // 64 + 2]
+        rep = np.repeat(b, 64, axis=0)[: chunk + size]
+        idx = np.arange(chunk)[:, None] + np.arange(size)[None, :]
+        x[i : i + chunk] = rep[idx] + 0.1 * rng.standard_normal((chunk, size, width)).astype(np.float32)
+    y = np.arange(n, dtype=np.float32)
+    write(path, {"x": x, "y": y}, chunk_samples=chunk, codec="blosc-lz4", progress=False, overwrite=True)
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def bench_stream(path: Path, batch: int) -> tuple[float, dict]:
+    s = pipeline.stream(str(path), batch_size=batch, buffer_chunks=4, seed=0)
+    nbytes = 0
+    t0 = time.perf_counter()
+    for xb, yb in s:
+        nbytes += xb.nbytes + yb.nbytes
+    return gbps(nbytes, time.perf_counter() - t0), s.quality()
+
+
+def bench_decode(path: Path) -> float:
+    arr = zarr.open_array(str(path / "train" / "x"), mode="r")
+    n_chunks = -(-arr.shape[0] // arr.chunks[0])
+    files = [path / "train" / "x" / "c" / str(i) / "0" / "0" for i in range(n_chunks)]
+    blosc = numcodecs.Blosc()
+    outs = [np.empty(arr.chunks, dtype=arr.dtype) for _ in range(os.cpu_count() or 2)]
+
+    def one(i: int) -> int:
+        raw = files[i].read_bytes()
+        out = outs[i % len(outs)]
+        blosc.decode(raw, out=out)
+        return out.nbytes
+
+    numcodecs.blosc.use_threads = False
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(os.cpu_count() or 2) as pool:
+        total = sum(pool.map(one, range(n_chunks)))
+    dt = time.perf_counter() - t0
+    numcodecs.blosc.use_threads = None
+    y = zarr.open_array(str(path / "train" / "y"), mode="r")
+    return gbps(total + y.nbytes, dt)
+
+
+def bench_zarr(path: Path) -> float:
+    x = zarr.open_array(str(path / "train" / "x"), mode="r")
+    y = zarr.open_array(str(path / "train" / "y"), mode="r")
+    c = x.chunks[0]
+    nbytes = 0
+    t0 = time.perf_counter()
+    for i in range(0, x.shape[0], c):
+        a, b = x[i : i + c], y[i : i + c]
+        nbytes += a.nbytes + b.nbytes
+    return gbps(nbytes, time.perf_counter() - t0)
+
+
+def bench_random(path: Path, batch: int, budget: float) -> float:
+    x = zarr.open_array(str(path / "train" / "x"), mode="r")
+    y = zarr.open_array(str(path / "train" / "y"), mode="r")
+    rng = np.random.default_rng(0)
+    nbytes = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < budget:
+        idx = np.sort(rng.choice(x.shape[0], size=batch, replace=False))
+        a = x.get_orthogonal_selection((idx, slice(None), slice(None)))
+        b = y.get_orthogonal_selection((idx,))
+        nbytes += a.nbytes + b.nbytes
+    return gbps(nbytes, time.perf_counter() - t0)
+
+
+def bench_wds(path: Path, work: Path, batch: int, budget: float, n_samples: int) -> float:
+    import webdataset as wds
+
+    x = zarr.open_array(str(path / "train" / "x"), mode="r")
+    data = x[:n_samples]
+    shards = work / "wds"
+    shards.mkdir()
+    with wds.ShardWriter(str(shards / "shard-%04d.tar"), maxcount=2000, verbose=0) as sink:
+        for i in range(n_samples):
+            sink.write({"__key__": f"{i:08d}", "x.npy": data[i], "y.cls": i})
+    urls = sorted(str(p) for p in shards.glob("*.tar"))
+    ds = (
+        wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        .shuffle(1000)
+        .decode()
+        .to_tuple("x.npy", "y.cls")
+        .batched(batch)
+    )
+    nbytes = 0
+    t0 = time.perf_counter()
+    for xb, yb in ds:
+        nbytes += np.asarray(xb).nbytes + np.asarray(yb).nbytes
+        if time.perf_counter() - t0 > budget:
+            break
+    return gbps(nbytes, time.perf_counter() - t0)
+
+
+class _NpyBatches:
+    def __init__(self, files: list[str]):
+        self.files = files
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, i: int):
+        with np.load(self.files[i]) as z:
+            return z["x"], z["y"]
+
+
+def bench_npy(path: Path, work: Path, batch: int, n_samples: int) -> float:
+    import torch
+    from torch.utils.data import DataLoader
+
+    x = zarr.open_array(str(path / "train" / "x"), mode="r")[:n_samples]
+    files = []
+    d = work / "npy"
+    d.mkdir()
+    for b in range(0, n_samples - batch + 1, batch):
+        f = d / f"batch-{b // batch:06d}.npz"
+        np.savez(f, x=x[b : b + batch], y=np.arange(b, b + batch, dtype=np.float32))
+        files.append(str(f))
+    loader = DataLoader(_NpyBatches(files), batch_size=None, shuffle=True, num_workers=2)
+    nbytes = 0
+    t0 = time.perf_counter()
+    for xb, yb in loader:
+        nbytes += xb.numel() * 4 + yb.numel() * 4
+    del torch
+    return gbps(nbytes, time.perf_counter() - t0)
+
+
+def wait_fraction(path: Path, batch: int, step: float, epochs: int = 2) -> tuple[float, float, int]:
+    """Share of a training loop's wall time spent waiting for the next batch.
+
+    Returns the fraction over whole epochs and the steady-state fraction that leaves out
+    each epoch's first batch (which has no earlier step to hide its reads behind).
+    """
+    s = pipeline.stream(str(path), batch_size=batch, buffer_chunks=4, seed=1)
+    waited = first = total = 0.0
+    n = 0
+    for epoch in range(epochs):
+        s.set_epoch(epoch)
+        t_all = time.perf_counter()
+        it = iter(s)
+        k = 0
+        while True:
+            t0 = time.perf_counter()
+            try:
+                next(it)
+            except StopIteration:
+                break
+            dt = time.perf_counter() - t0
+            waited += dt
+            if k == 0:
+                first += dt
+            k += 1
+            n += 1
+            time.sleep(step)  # the training step
+        total += time.perf_counter() - t_all
+    return waited / total, (waited - first) / total, n
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--chunks", type=int, default=32, help="chunks of 4096 samples (32 = ~1 GB)")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--budget", type=float, default=10.0, help="seconds for the time-bounded baselines")
+    parser.add_argument("--png", default="benchmarks/out/streaming.png")
+    args = parser.parse_args()
+    if args.quick:
+        args.chunks, args.budget = 4, 3.0
+    work = Path(tempfile.mkdtemp(prefix="bench_stream_"))
+    try:
+        store = work / "set.zarr"
+        make_store(store, args.chunks, 4096, 64, 32)
+        ds = pipeline.open(store)
+        x = ds["train"]["x"]
+        ratio = x.nbytes / x.nbytes_stored()
+        print(f"store: {x.shape} float32, chunks {x.chunks}, blosc-lz4, {x.nbytes / 1e9:.2f} GB "
+              f"({ratio:.2f}x compression), {os.cpu_count()} cores")
+        results = {}
+        results["decode"] = bench_decode(store)
+        results["stream"], quality = bench_stream(store, args.batch)
+        results["zarr"] = bench_zarr(store)
+        results["random"] = bench_random(store, args.batch, args.budget)
+        n_small = min(x.shape[0], 16384 if not args.quick else 4096)
+        results["wds"] = bench_wds(store, work, args.batch, args.budget, n_small)
+        results["npy"] = bench_npy(store, work, args.batch, n_small)
+        labels = {
+            "stream": "pipeline.stream (shuffled, buffer 4 chunks)",
+            "decode": "raw decode limit (numcodecs, all cores, in order)",
+            "zarr": "zarr array API, in order",
+            "random": "per-batch random indexing",
+            "wds": "webdataset, shuffle buffer 1000",
+            "npy": "torch DataLoader, one .npz per batch",
+        }
+        for k in ("stream", "decode", "zarr", "random", "wds", "npy"):
+            print(f"  {labels[k]:<52} {results[k]:8.3f} GB/s")
+        s = results["stream"]
+        print(f"stream / decode limit: {s / results['decode']:.2f}x (goal >= 0.8x)")
+        print(f"stream / zarr API:     {s / results['zarr']:.2f}x (goal >= 3x)")
+        print(f"stream / random index: {s / results['random']:.0f}x")
+        print(f"stream / webdataset:   {s / results['wds']:.0f}x (goal >= 50x)")
+        print(f"stream / npy files:    {s / results['npy']:.2f}x")
+        print(f"shuffle quality: {quality['mean_distinct_chunks_per_batch']:.2f} distinct chunks per batch, "
+              f"Spearman(position, index) = {quality['spearman_position_vs_index']:+.3f}")
+        frac, steady, n = wait_fraction(store, args.batch, 0.005)
+        print(f"data-wait fraction with a 5 ms step: {frac:.2%} over {n} batches in 2 epochs; "
+              f"{steady:.2%} leaving out each epoch's first batch (goal < 1%)")
+        plot(results, labels, args.png)
+        print(f"chart: {args.png}")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def plot(results: dict, labels: dict, png: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(results, key=results.get)
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    bars = ax.barh([labels[k] for k in keys], [results[k] for k in keys],
+                   color=["#d62728" if k == "stream" else "#7f7f7f" for k in keys])
+    ax.set_xscale("log")
+    ax.set_xlabel("GB/s (log scale)")
+    ax.bar_label(bars, fmt="%.3f", padding=3, fontsize=8)
+    ax.set_title("Reading a 64x32 float32 training set, 2 cores")
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
