@@ -21,14 +21,6 @@ from pipeline.errors import EmptyInputError, FormatMismatchError, LoaderError, S
 
 __all__ = ["FileInfo", "Source", "expand_paths", "load", "open_source"]
 
-SUFFIXES = {
-    ".npy": "npy",
-    ".csv": "csv",
-    ".parquet": "parquet",
-    ".pq": "parquet",
-}
-
-
 @dataclass(frozen=True, slots=True)
 class FileInfo:
     """One input file as found when the array was built."""
@@ -85,15 +77,6 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
     return unique
 
 
-def _format_of(path: str, fmt: str | None) -> str:
-    if fmt:
-        return fmt
-    suffix = os.path.splitext(path)[1].lower()
-    if suffix not in SUFFIXES:
-        raise FormatMismatchError(path, f"unknown suffix {suffix!r}; expected one of {sorted(SUFFIXES)} or set format:")
-    return SUFFIXES[suffix]
-
-
 def _stat(path: str, so: dict) -> tuple[int, float]:
     try:
         fs, p = fsspec.core.url_to_fs(path, **so)
@@ -108,87 +91,169 @@ def _stat(path: str, so: dict) -> tuple[int, float]:
 
 
 def open_source(
-    paths: str | os.PathLike[str] | Sequence[str],
+    paths: str | os.PathLike[str] | Sequence[str] | None = None,
     *,
     format: str | None = None,
     combine: Literal["stack", "concat"] | None = None,
     columns: Sequence[str] | None = None,
     timestamp: str | None = None,
-    dtype: str = "float32",
+    dtype: str | None = None,
+    shape: Sequence[int] | None = None,
+    mode: str | None = None,
+    dataset: str | None = None,
+    key: str | None = None,
+    labels: str | None = None,
+    on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
     nan: Literal["raise", "drop", "fill"] = "raise",
     fill_value: float = 0.0,
     on_error: Literal["raise", "skip"] = "raise",
     chunk_rows: int | None = None,
+    files_per_chunk: int | None = None,
     storage_options: dict | None = None,
-    **_: Any,
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
     Parameters
     ----------
     paths
-        A glob (``**`` recursive), a list of paths, or fsspec URLs.
+        A glob (``**`` recursive), a list of paths, or fsspec URLs (``s3://...``); with a
+        manifest (``labels=`` a CSV/Parquet path) it may be left out.
     format
-        Force a format instead of the suffix.
+        Force a format (``npy``, ``npz``, ``image``, ``hdf5``, ``csv``, ``parquet``)
+        instead of the suffix.
     combine
-        ``stack``: one sample per file; ``concat``: join along axis 0 (tables default).
+        ``stack``: one sample per file (the default for arrays); ``concat``: join along
+        axis 0 (the default, and only choice, for tables).
     columns, timestamp
         Table columns to read (default every column but the timestamp) and the timestamp
         column used to check the files join in time order.
+    dtype
+        Output dtype; default float32 for tables, the files' own for arrays.
+    shape, mode
+        Images: resize to ``shape`` (``(H, W)``) and convert to ``mode`` (``L``, ``RGB``).
+    dataset, key
+        The HDF5 dataset path, or the ``.npz`` member, to read from each file.
+    labels
+        ``"folder"``: class labels from each file's parent folder; or a manifest path
+        (CSV or Parquet with ``path`` and ``label`` columns) giving files and labels.
+    on_mismatch
+        Stacked files whose shapes differ: ``raise`` (listing the first offenders), or
+        ``pad``, ``crop`` or ``resize`` them to the first file's shape (or ``shape``).
     nan, fill_value
         NaN/inf in tables: ``raise`` (naming file, column and row), ``fill``, or ``drop``.
     on_error
         ``skip`` leaves out files that fail their header probe and records why.
     chunk_rows
-        Unused for Parquet (a chunk per row group) and CSV (a chunk per file).
+        Rows per chunk for concatenated npy/HDF5 arrays (Parquet: one chunk per row
+        group; CSV: one per file).
+    files_per_chunk
+        Samples per chunk when stacking (default: about 16 MiB per chunk).
+    storage_options
+        fsspec options for URLs.
     """
-    from pipeline.loaders import npy, tables
+    from pipeline.loaders import labels as labels_mod
+    from pipeline.loaders import tables
+    from pipeline.loaders.blocks import concat_array, stack_array
+    from pipeline.loaders.registry import FORMATS, TABLES, format_of
 
     so = dict(storage_options or {})
-    files = expand_paths(paths, so)
-    fmts = {p: _format_of(p, format) for p in files}
-    kinds = {("table" if f in ("csv", "parquet") else f) for f in fmts.values()}
+    classes: tuple[str, ...] | None = None
+    label_values: np.ndarray | None = None
+    if labels not in (None, "folder"):
+        files, classes, label_values = labels_mod.read_manifest(str(labels), so)
+        if not files:
+            raise EmptyInputError(str(labels), "the manifest lists no file")
+    else:
+        if paths is None:
+            raise EmptyInputError("<none>", "no paths given")
+        files = expand_paths(paths, so)
+    fmts = {p: format_of(p, format) for p in files}
+    kinds = {("table" if f in TABLES else f) for f in fmts.values()}
     if len(kinds) > 1:
-        raise FormatMismatchError(files[0], f"files of different kinds cannot be combined: {sorted(kinds)}")
+        by_kind = {k: next(p for p in files if (("table" if fmts[p] in TABLES else fmts[p]) == k)) for k in kinds}
+        raise FormatMismatchError(files[0], "files of different formats cannot be combined: "
+                                  + ", ".join(f"{k} ({p})" for k, p in sorted(by_kind.items())))
+    kind = kinds.pop()
+    opts = {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key}
     skipped: list[tuple[str, str]] = []
 
     def probe(path: str) -> Any:
         try:
             size, mtime = _stat(path, so)
-            if fmts[path] in ("csv", "parquet"):
+            if kind == "table":
                 return path, size, mtime, tables.probe_table(path, fmts[path], timestamp, so)
-            return path, size, mtime, npy.probe_npy(path, so)
+            fmt = FORMATS[kind]
+            return path, size, mtime, fmt.probe(path, so, **{k: opts[k] for k in fmt.options})
         except LoaderError as exc:
             if on_error == "skip":
                 skipped.append((path, exc.problem))
                 return None
             raise
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        probed = [p for p in pool.map(probe, files) if p is not None]
+    # Header probes are small reads: threads overlap their latency (local disk or S3).
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        results = list(pool.map(probe, files))
+    keep = [i for i, r in enumerate(results) if r is not None]
+    probed = [results[i] for i in keep]
     if not probed:
-        raise EmptyInputError(str(paths), "no readable file left after skipping bad ones")
-    kind = kinds.pop()
+        raise EmptyInputError(str(paths or labels), "no readable file left after skipping bad ones")
+    if label_values is not None:
+        label_values = label_values[keep]
+    elif labels == "folder":
+        classes, label_values = labels_mod.folder_labels([p for p, *_ in probed])
+
     if kind == "table":
+        if combine == "stack":
+            raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
         parts = [part for _, _, _, ps in probed for part in ps]
         cols = tables.check_columns(parts, columns, timestamp)
         tables.check_time_order(parts)
         arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so)
         if nan == "drop":
-            arr = arr.map_blocks(lambda b: b[np.isfinite(b).all(axis=1)], dtype=arr.dtype, chunks=((np.nan,) * arr.numblocks[0], arr.chunks[1]))
-            arr = arr.compute_chunk_sizes()
+            arr = arr.map_blocks(lambda b: b[np.isfinite(b).all(axis=1)], dtype=arr.dtype,
+                                 chunks=((np.nan,) * arr.numblocks[0], arr.chunks[1]))
+            arr = arr.compute_chunk_sizes()  # one pass: later stages need known lengths
         infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps)) for p, s, m, ps in probed)
-        return Source(array=arr.astype(dtype), columns=cols, files=infos, skipped=tuple(skipped))
-    shapes = {p: (shape, dt) for p, _, _, (shape, dt) in probed}
+        return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, skipped=tuple(skipped))
+
+    fmt = FORMATS[kind]
+    fmt_opts = {k: opts[k] for k in fmt.options}
+    shapes = {p: (tuple(sh), np.dtype(dt)) for p, _, _, (sh, dt) in probed}
     first_path = probed[0][0]
-    ref = shapes[first_path]
-    bad = [(p, s) for p, s in shapes.items() if s != ref]
-    if bad:
-        listing = "; ".join(f"{p}: shape {s[0]} {s[1]}" for p, s in bad[:5])
-        raise ShapeMismatchError(first_path, f"has shape {ref[0]} {ref[1]}, but {len(bad)} file(s) differ: {listing}")
-    arr = npy.npy_array([p for p, *_ in probed], ref[0], ref[1], combine or "stack", so)
+    ref_shape, ref_dtype = shapes[first_path]
+    combine = combine or "stack"
+    if combine == "concat":
+        tail = ref_shape[1:]
+        bad = [(p, s) for p, (s, _) in shapes.items() if s[1:] != tail]
+        if bad:
+            listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
+            raise ShapeMismatchError(first_path, f"has rows of shape {tail}, but {len(bad)} file(s) differ: {listing}")
+
+        def read_rows(path: str, lo: int, hi: int) -> np.ndarray:
+            if kind == "hdf5":
+                return fmt.read(path, so, rows=slice(lo, hi), **fmt_opts)
+            return fmt.read(path, so, **fmt_opts)[lo:hi]
+
+        arr = concat_array([p for p, *_ in probed], [shapes[p][0][0] for p, *_ in probed], tail, ref_dtype,
+                           read_rows, rows_per_chunk=chunk_rows)
+    else:
+        target = ref_shape
+        bad = [(p, s) for p, (s, _) in shapes.items() if s != target]
+        if bad and on_mismatch == "raise":
+            listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
+            raise ShapeMismatchError(
+                first_path, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); set "
+                "on_mismatch: pad, crop or resize to make them fit")
+        dtypes = {d for _, d in shapes.values()}
+        out_dtype = np.result_type(*dtypes)
+        arr = stack_array([p for p, *_ in probed], target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
+                          files_per_chunk=files_per_chunk, on_mismatch=on_mismatch)
     infos = tuple(FileInfo(p, s, m, shape=tuple(sh)) for p, s, m, (sh, _) in probed)
-    return Source(array=arr.astype(dtype), columns=None, files=infos, skipped=tuple(skipped))
+    label_arr = None
+    if label_values is not None:
+        label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
+    return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
+                  classes=classes, skipped=tuple(skipped))
 
 
 def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = None,

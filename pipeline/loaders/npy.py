@@ -6,15 +6,12 @@ name, instead of numpy's "Failed to interpret file as a pickle".
 
 from __future__ import annotations
 
-from typing import Sequence
-
-import dask.array as da
 import fsspec
 import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
 
-__all__ = ["npy_array", "probe_npy", "read_npy"]
+__all__ = ["probe_npy", "read_npy"]
 
 
 def probe_npy(path: str, so: dict) -> tuple[tuple[int, ...], np.dtype]:
@@ -52,27 +49,3 @@ def read_npy(path: str, so: dict) -> np.ndarray:
             return np.load(fh, allow_pickle=False)
     except ValueError as exc:
         raise LoaderError(path, f"cannot read .npy data ({exc})") from None
-
-
-def npy_array(paths: Sequence[str], shape: tuple[int, ...], dtype: np.dtype, combine: str, so: dict,
-              files_per_chunk: int | None = None) -> da.Array:
-    """One blockwise layer over the file list: ``stack`` (N, *shape) or ``concat``."""
-    per = files_per_chunk or max(1, min(1024, (8 << 20) // max(1, int(np.prod(shape)) * dtype.itemsize)))
-    names = np.array(list(paths), dtype=object)
-    files = da.from_array(names, chunks=per)
-    if combine == "stack":
-        def read(block: np.ndarray) -> np.ndarray:
-            return np.stack([read_npy(p, so) for p in block]) if len(block) else np.empty((0, *shape), dtype)
-
-        return files.map_blocks(read, dtype=dtype, chunks=(files.chunks[0],) + tuple((s,) for s in shape),
-                                new_axis=list(range(1, len(shape) + 1)), token="read-npy",
-                                meta=np.empty((0,) * (len(shape) + 1), dtype=dtype))
-    rows = shape[0]
-    files = da.from_array(names, chunks=1)
-
-    def read_one(block: np.ndarray) -> np.ndarray:
-        return np.asarray(read_npy(block[0], so))
-
-    return files.map_blocks(read_one, dtype=dtype, chunks=((rows,) * len(paths),) + tuple((s,) for s in shape[1:]),
-                            new_axis=list(range(1, len(shape))), token="read-npy",
-                            meta=np.empty((0,) * len(shape), dtype=dtype))

@@ -1,0 +1,107 @@
+"""One blockwise graph layer over a file list, for stacked and concatenated arrays.
+
+The file list becomes a 1-D object array (``da.from_array``) and one ``map_blocks`` reads
+each block of it, so the graph has the same few layers for 10 files or 100,000.
+Shape fixes for files that differ (``on_mismatch``) are pure functions of the data.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+__all__ = ["concat_array", "fit_shape", "stack_array"]
+
+
+def fit_shape(a: np.ndarray, shape: tuple[int, ...], how: str) -> np.ndarray:
+    """Make ``a`` have ``shape``: ``pad`` with zeros at the end of each axis, ``crop``
+    from the start, ``resize`` by nearest-neighbour resampling (or ``raise``: unchanged)."""
+    if a.shape == tuple(shape) or how == "raise":
+        return a
+    if a.ndim != len(shape):
+        if a.ndim == len(shape) - 1 and shape[-1] == 1:
+            a = a[..., None]
+        elif a.ndim == len(shape) + 1 and a.shape[-1] == 1:
+            a = a[..., 0]
+        else:
+            raise ValueError(f"cannot fit an array of shape {a.shape} to {shape}")
+    if how == "resize":
+        idx = np.ix_(*[np.minimum((np.arange(t) * s) // max(t, 1), s - 1) for s, t in zip(a.shape, shape)])
+        return a[idx]
+    out = np.zeros(shape, dtype=a.dtype)
+    common = tuple(slice(0, min(s, t)) for s, t in zip(a.shape, shape))
+    out[common] = a[common]  # pad and crop both keep the leading part of each axis
+    return out
+
+
+def stack_array(
+    paths: Sequence[str],
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    read: Callable[[str], np.ndarray],
+    *,
+    files_per_chunk: int | None = None,
+    on_mismatch: str = "raise",
+) -> da.Array:
+    """``(N, *shape)``: one sample per file, ``files_per_chunk`` files per dask chunk."""
+    sample_bytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    per = files_per_chunk or max(1, min(4096, (16 << 20) // sample_bytes))
+    names = np.empty(len(paths), dtype=object)
+    names[:] = list(paths)
+    files = da.from_array(names, chunks=per, name=f"files-{tokenize(list(paths))}")
+
+    def read_block(block: np.ndarray) -> np.ndarray:
+        out = np.empty((len(block), *shape), dtype=dtype)
+        for i, p in enumerate(block):
+            a = np.asarray(read(p))
+            if a.shape != tuple(shape):
+                if on_mismatch == "raise":
+                    from pipeline.errors import ShapeMismatchError
+
+                    raise ShapeMismatchError(p, f"expected shape {tuple(shape)} (from the header), read {a.shape}")
+                a = fit_shape(a, shape, on_mismatch)
+            out[i] = a
+        return out
+
+    return files.map_blocks(
+        read_block,
+        dtype=dtype,
+        chunks=(files.chunks[0],) + tuple((s,) for s in shape),
+        new_axis=list(range(1, len(shape) + 1)),
+        token="read-files",
+        meta=np.empty((0,) * (len(shape) + 1), dtype=dtype),
+    )
+
+
+def concat_array(
+    paths: Sequence[str],
+    rows: Sequence[int],
+    tail: tuple[int, ...],
+    dtype: np.dtype,
+    read_rows: Callable[[str, int, int], np.ndarray],
+    *,
+    rows_per_chunk: int | None = None,
+) -> da.Array:
+    """``(sum(rows), *tail)``: files joined along axis 0, each read by blocks of rows."""
+    row_bytes = max(1, int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize)
+    step = rows_per_chunk or max(1, (32 << 20) // row_bytes)
+    parts = [(p, lo, min(lo + step, n)) for p, n in zip(paths, rows) for lo in range(0, n, step)]
+    specs = np.empty(len(parts), dtype=object)
+    specs[:] = parts
+    blocks = da.from_array(specs, chunks=1, name=f"row-blocks-{tokenize(parts)}")
+
+    def read_block(block: np.ndarray) -> np.ndarray:
+        path, lo, hi = block[0]
+        return np.asarray(read_rows(path, lo, hi), dtype=dtype)
+
+    return blocks.map_blocks(
+        read_block,
+        dtype=dtype,
+        chunks=(tuple(hi - lo for _, lo, hi in parts),) + tuple((s,) for s in tail),
+        new_axis=list(range(1, len(tail) + 1)),
+        token="read-rows",
+        meta=np.empty((0,) * (len(tail) + 1), dtype=dtype),
+    )

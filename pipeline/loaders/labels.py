@@ -1,0 +1,63 @@
+"""Class labels for stacked samples: from the parent folder's name, or from a manifest.
+
+A manifest is a CSV or Parquet table with a ``path`` column (relative to the manifest's
+folder, or absolute, or a URL) and a ``label`` column; other columns are ignored. Its
+rows give the samples and their order, so filtered or reordered subsets need no folder
+structure. Class names are sorted, and their index is the label.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from typing import Sequence
+
+import numpy as np
+
+from pipeline.errors import LoaderError, MissingColumnError, MissingDependencyError
+
+__all__ = ["folder_labels", "read_manifest"]
+
+
+def _classes(values: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    classes = tuple(sorted(set(values)))
+    index = {c: i for i, c in enumerate(classes)}
+    return classes, np.array([index[v] for v in values], dtype=np.int64)
+
+
+def folder_labels(paths: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
+    """Classes (sorted folder names) and each file's label index."""
+    names = [posixpath.basename(posixpath.dirname(p.replace(os.sep, "/"))) for p in paths]
+    return _classes(names)
+
+
+def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[list[str], tuple[str, ...] | None, np.ndarray]:
+    """Paths (resolved), classes (None for integer labels) and labels from a manifest."""
+    try:
+        import pyarrow.csv as pacsv
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover
+        raise MissingDependencyError("Manifest labels", "pyarrow", "tabular") from None
+    import fsspec
+
+    try:
+        with fsspec.open(manifest, "rb", **(storage_options or {})) as fh:
+            table = pq.read_table(fh) if manifest.endswith((".parquet", ".pq")) else pacsv.read_csv(fh)
+    except FileNotFoundError:
+        raise LoaderError(manifest, "no such manifest") from None
+    except Exception as exc:  # noqa: BLE001 - pyarrow's parse errors
+        raise LoaderError(manifest, f"cannot read the manifest ({exc})") from None
+    for col in ("path", "label"):
+        if col not in table.column_names:
+            raise MissingColumnError(manifest, f"missing column {col!r}; the manifest has {table.column_names}")
+    base = posixpath.dirname(manifest.replace(os.sep, "/"))
+    paths = [p if ("://" in p or posixpath.isabs(p)) else posixpath.join(base, p)
+             for p in table.column("path").to_pylist()]
+    raw = table.column("label").to_pylist()
+    if any(v is None for v in raw):
+        row = raw.index(None)
+        raise LoaderError(manifest, f"row {row} ({paths[row]}) has no label")
+    if all(isinstance(v, int) for v in raw):
+        return paths, None, np.asarray(raw, dtype=np.int64)
+    classes, labels = _classes([str(v) for v in raw])
+    return paths, classes, labels

@@ -1,0 +1,75 @@
+"""Formats by name and by suffix: what probes a file's header and what reads its data."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+from pipeline.errors import FormatMismatchError
+
+__all__ = ["FORMATS", "SUFFIXES", "ArrayFormat", "format_of"]
+
+#: Suffix -> format name. ``format:`` in the config overrides it.
+SUFFIXES = {
+    ".npy": "npy",
+    ".npz": "npz",
+    ".jpg": "image",
+    ".jpeg": "image",
+    ".png": "image",
+    ".tif": "image",
+    ".tiff": "image",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+    ".h5": "hdf5",
+    ".hdf5": "hdf5",
+}
+
+TABLES = ("csv", "parquet")
+
+
+@dataclass(frozen=True, slots=True)
+class ArrayFormat:
+    """An array-per-file format: a header probe and a reader (both take ``(path, so, **opts)``)."""
+
+    name: str
+    probe: Callable
+    read: Callable
+    options: tuple[str, ...]  # which loader options the format takes
+
+
+def _formats() -> dict[str, ArrayFormat]:
+    from pipeline.loaders import hdf5, images, npy, npz
+
+    return {
+        "npy": ArrayFormat("npy", npy.probe_npy, npy.read_npy, ()),
+        "npz": ArrayFormat("npz", npz.probe_npz, npz.read_npz, ("key",)),
+        "image": ArrayFormat("image", images.probe_image, images.read_image, ("shape", "mode")),
+        "hdf5": ArrayFormat("hdf5", hdf5.probe_hdf5, hdf5.read_hdf5, ("dataset",)),
+    }
+
+
+class _Lazy(dict):
+    def __missing__(self, key: str) -> ArrayFormat:
+        self.update(_formats())
+        if key not in self:
+            raise KeyError(key)
+        return self[key]
+
+
+FORMATS: dict[str, ArrayFormat] = _Lazy()
+
+
+def format_of(path: str, fmt: str | None) -> str:
+    """The format of ``path``: ``fmt`` if given, else from its suffix."""
+    if fmt:
+        if fmt not in set(SUFFIXES.values()):
+            raise FormatMismatchError(path, f"unknown format {fmt!r}; expected one of {sorted(set(SUFFIXES.values()))}")
+        return fmt
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix not in SUFFIXES:
+        raise FormatMismatchError(
+            path, f"unknown suffix {suffix or '(none)'!r}; expected one of {', '.join(sorted(SUFFIXES))}, or set format:"
+        )
+    return SUFFIXES[suffix]
