@@ -6,6 +6,10 @@ name, instead of numpy's "Failed to interpret file as a pickle".
 
 from __future__ import annotations
 
+import io
+import os
+from typing import Any
+
 import fsspec
 import numpy as np
 
@@ -14,23 +18,52 @@ from pipeline.errors import FormatMismatchError, LoaderError
 __all__ = ["probe_npy", "read_npy"]
 
 
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+_HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}
+
+
+def _parse_header(prefix: bytes, fh: Any) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+    """Parse (shape, fortran, dtype) and the data offset; identical headers (the usual
+    case for a data set of same-shape files) are parsed once and then looked up."""
+    major = prefix[6]
+    size_bytes = 2 if major == 1 else 4
+    hlen = int.from_bytes(prefix[8 : 8 + size_bytes], "little")
+    start = 8 + size_bytes
+    header = prefix[start : start + hlen]
+    if len(header) < hlen:
+        fh.seek(start)
+        header = fh.read(hlen)
+    if header not in _HEADERS:
+        buf = io.BytesIO(prefix[:start] + header)
+        np.lib.format.read_magic(buf)
+        read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
+        _HEADERS[header] = read(buf)
+    shape, fortran, dtype = _HEADERS[header]
+    return shape, fortran, dtype, start + hlen
+
+
 def probe_npy(path: str, so: dict) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype from the header, checking the file is long enough for them."""
     try:
-        with fsspec.open(path, "rb", **so) as fh:
-            magic = fh.read(6)
-            if magic != b"\x93NUMPY":
-                raise FormatMismatchError(path, f"expected an .npy file (magic \\x93NUMPY), found {magic[:6]!r}")
-            fh.seek(0)
-            major, _ = np.lib.format.read_magic(fh)
-            read = np.lib.format.read_array_header_1_0 if major == 1 else np.lib.format.read_array_header_2_0
-            shape, fortran, dtype = read(fh)
-            offset = fh.tell()
-            fh.seek(0, 2)
-            size = fh.tell()
+        # Local files skip fsspec: at 100,000 files its per-open overhead dominates.
+        local = _is_local(path)
+        opener = open(path.removeprefix("file://"), "rb") if local else fsspec.open(path, "rb", **so)
+        with opener as fh:
+            prefix = fh.read(256)
+            if prefix[:6] != b"\x93NUMPY" or len(prefix) < 10:
+                raise FormatMismatchError(path, f"expected an .npy file (magic \\x93NUMPY), found {prefix[:6]!r}")
+            shape, _, dtype, offset = _parse_header(prefix, fh)
+            if local:
+                size = os.fstat(fh.fileno()).st_size
+            else:
+                fh.seek(0, 2)
+                size = fh.tell()
     except FormatMismatchError:
         raise
-    except (ValueError, OSError) as exc:
+    except (ValueError, OSError, SyntaxError) as exc:
         raise FormatMismatchError(path, f"expected an .npy header, could not parse it ({exc})") from None
     if dtype.hasobject:
         raise FormatMismatchError(path, "holds Python objects (dtype=object, a pickle); refusing to load it")
