@@ -1,0 +1,115 @@
+"""build_training_set against a full numpy pipeline: features, trim, windows, labels,
+splits, train-only normalization, NaN policies."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+
+from pipeline.errors import InvalidValueError
+from pipeline.features import FeatureSpec, LabelSpec, build_training_set
+from tests.features.test_steps import COLS, book, reference
+from tests.features.test_windows import reference as windows_ref
+
+SPECS = [FeatureSpec.from_mapping(v, "f") for v in
+         ["mid_price", {"name": "imbalance", "levels": 3}, {"name": "rolling_std", "window": 6}]]
+SIZE, STRIDE, SCALES, H = 6, 2, (1, 3), 4
+
+
+def numpy_pipeline(x: np.ndarray, fractions: dict, normalize: str = "global", scale: float = 1.0):
+    feats = np.stack([reference(x, s) for s in SPECS], axis=1).astype(np.float32)
+    L = max(s.lookback_steps for s in SPECS)
+    f = feats[L:]
+    mid = (x[:, COLS.index("bid_price_1")].astype(np.float64) + x[:, COLS.index("ask_price_1")]) / 2
+    logmid = np.log(mid)[L:]
+    T = len(f)
+    halo = (SIZE - 1) * max(SCALES)
+    ends = np.arange(halo, T - H, STRIDE)
+    gap = (halo + H + L) // STRIDE
+    n = len(ends)
+    avail = n - gap * (len(fractions) - 1)
+    ranges, start = {}, 0
+    for i, (k, fr) in enumerate(fractions.items()):
+        cnt = int(np.floor(fr * avail + 1e-9))
+        if i == len(fractions) - 1 and sum(fractions.values()) >= 1 - 1e-9:
+            cnt = n - start
+        ranges[k] = (start, start + cnt)
+        start += cnt + gap
+    a, b = next(iter(ranges.values()))
+    rows = f[ends[a] - halo : ends[b - 1] + 1].astype(np.float64)
+    mean, std = rows.mean(axis=0), rows.std(axis=0)
+    if normalize == "global":
+        f = ((f - mean.astype(np.float32)) / std.astype(np.float32)).astype(np.float32)
+    w = windows_ref(f[: T - H], SIZE, STRIDE, SCALES)
+    y = (logmid[ends + H] - logmid[ends]) * scale
+    return {k: (w[lo:hi], y[lo:hi]) for k, (lo, hi) in ranges.items()}, mean, std, ends, L
+
+
+@pytest.mark.parametrize("chunk", [17, 500])
+def test_global_normalization_windows_labels_and_splits_equal_numpy(chunk):
+    x = book(900, seed=2)
+    fr = {"train": 0.6, "val": 0.2, "test": 0.2}
+    ts = build_training_set(da.from_array(x, chunks=(chunk, -1)), columns=COLS, features=SPECS, size=SIZE,
+                            stride=STRIDE, scales=SCALES, label=LabelSpec(horizon=H, scale=1e4), splits=fr)
+    ref, mean, std, ends, L = numpy_pipeline(x, fr, scale=1e4)
+    assert list(ts.splits) == list(fr)
+    for k, (xr, yr) in ref.items():
+        np.testing.assert_allclose(ts.splits[k]["x"].compute(), xr, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ts.splits[k]["y"].compute(), yr, rtol=1e-4, atol=1e-3)
+    norm = ts.attrs["normalization"]
+    assert norm["fit_on"] == "train"
+    np.testing.assert_allclose(norm["mean"], mean, rtol=1e-5)
+    np.testing.assert_allclose(norm["std"], std, rtol=1e-4)
+    # No raw step shared: the recorded step ranges of consecutive splits do not overlap.
+    spans = list(ts.attrs["split_steps"].values())
+    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+        assert a1 < b0 - L
+
+
+def test_class_labels_bin_the_return_by_thresholds():
+    x = book(600, seed=3)
+    label = LabelSpec(kind="class", horizon=H, thresholds=(-2.0, 2.0), scale=1e4)
+    ts = build_training_set(da.from_array(x, chunks=(100, -1)), columns=COLS, features=SPECS, size=SIZE,
+                            stride=STRIDE, scales=SCALES, label=label, normalize="none")
+    ref, *_ = numpy_pipeline(x, {"train": 1.0}, normalize="none", scale=1e4)
+    y = ts.splits["train"]["y"].compute()
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(y, np.digitize(ref["train"][1], [-2.0, 2.0]))
+
+
+def test_window_normalization_is_per_window_and_feature():
+    x = book(400, seed=4)
+    ts = build_training_set(da.from_array(x, chunks=(64, -1)), columns=COLS, features=SPECS, size=SIZE,
+                            stride=STRIDE, scales=SCALES, label=LabelSpec(horizon=H), normalize="window")
+    w = ts.splits["train"]["x"].compute()
+    np.testing.assert_allclose(w.mean(axis=1), 0, atol=1e-4)
+    assert np.all((np.abs(w.std(axis=1) - 1) < 1e-3) | (w.std(axis=1) < 1e-6))
+
+
+@pytest.mark.parametrize("policy", ["drop", "fill", "raise"])
+def test_nan_policies(policy):
+    x = book(500, seed=5)
+    x[200, COLS.index("bid_size_2")] = np.nan  # poisons imbalance at step 200
+    arr = da.from_array(x, chunks=(50, -1))
+    kwargs = dict(columns=COLS, features=SPECS, size=SIZE, stride=STRIDE, scales=SCALES,
+                  label=LabelSpec(horizon=H), normalize="none", nan=policy)
+    if policy == "raise":
+        with pytest.raises(InvalidValueError, match="NaN or inf"):
+            build_training_set(arr, **kwargs)
+        return
+    ts = build_training_set(arr, **kwargs)
+    xs = ts.splits["train"]["x"].compute()
+    assert np.isfinite(xs).all()
+    clean = build_training_set(da.from_array(book(500, seed=5), chunks=(50, -1)), **{**kwargs, "nan": "drop"})
+    n_clean = clean.splits["train"]["x"].shape[0]
+    # Windows touching step 200 at scale 1 or 3 (after the lookback trim) are the dropped ones.
+    L = max(s.lookback_steps for s in SPECS)
+    halo = (SIZE - 1) * max(SCALES)
+    ends = np.arange(halo, 500 - L - H, STRIDE)
+    touched = sum(any((e - s * np.arange(SIZE) == 200 - L).any() for s in SCALES) for e in ends)
+    if policy == "drop":
+        assert ts.attrs["nan_windows_dropped"]["train"] == touched > 0
+        assert len(xs) == n_clean - touched
+    else:
+        assert len(xs) == n_clean and ts.attrs["nan_windows_dropped"]["train"] == 0

@@ -1,0 +1,132 @@
+"""Per-step features against plain numpy over the whole series, for any chunking."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.demo import DemoSpec, generate_day, orderbook_columns
+from pipeline.errors import ConfigError, FeatureError
+from pipeline.features import FeatureSpec, LabelSpec, compute_features
+
+COLS = orderbook_columns(10)
+
+
+def book(n: int, seed: int = 0) -> np.ndarray:
+    day = generate_day(seed, DemoSpec(rows_per_day=n, seed=seed))
+    return np.stack([day[c] for c in COLS], axis=1).astype(np.float32)
+
+
+def col(x: np.ndarray, name: str) -> np.ndarray:
+    return x[:, COLS.index(name)].astype(np.float64)
+
+
+def trailing(values: np.ndarray, w: int, fn) -> np.ndarray:
+    out = np.full(values.shape, np.nan)
+    for t in range(w - 1, len(values)):
+        out[t] = fn(values[t - w + 1 : t + 1])
+    return out
+
+
+def reference(x: np.ndarray, spec: FeatureSpec) -> np.ndarray:
+    mid = (col(x, "bid_price_1") + col(x, "ask_price_1")) / 2
+    ret = np.concatenate([[np.nan], np.diff(np.log(mid))])
+    if spec.name == "mid_price":
+        return mid
+    if spec.name == "spread":
+        return col(x, "ask_price_1") - col(x, "bid_price_1")
+    if spec.name == "imbalance":
+        b = sum(col(x, f"bid_size_{i}") for i in range(1, spec.levels + 1))
+        a = sum(col(x, f"ask_size_{i}") for i in range(1, spec.levels + 1))
+        return (b - a) / (b + a)
+    if spec.name == "log_return":
+        return ret
+    if spec.name == "column":
+        return col(x, spec.column)
+    base = {"log_return": ret, "mid_price": mid}[spec.of]
+    return trailing(base, spec.window, np.mean if spec.name == "rolling_mean" else np.std)
+
+
+SPECS = [
+    FeatureSpec.from_mapping(v, "f")
+    for v in [
+        "mid_price", "spread", {"name": "imbalance", "levels": 1}, {"name": "imbalance", "levels": 7},
+        "log_return", {"name": "rolling_mean", "window": 5}, {"name": "rolling_std", "window": 12},
+        {"name": "rolling_mean", "window": 3, "of": "mid_price"}, {"name": "column", "column": "ask_size_3"},
+    ]
+]
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(20, 300), chunk=st.integers(1, 80), seed=st.integers(0, 5))
+def test_every_feature_equals_numpy_for_any_chunking(n, chunk, seed):
+    x = book(n, seed)
+    frame = compute_features(da.from_array(x, chunks=(chunk, -1)), columns=COLS, specs=SPECS)
+    got = frame.array.compute(scheduler="sync")
+    assert got.shape == (n, len(SPECS)) and got.dtype == np.float32
+    assert frame.lookback == 12  # rolling_std over 12 log returns needs 12 steps back
+    for j, spec in enumerate(SPECS):
+        ref = reference(x, spec).astype(np.float32)
+        lb = spec.lookback_steps
+        np.testing.assert_allclose(got[lb:, j], ref[lb:], rtol=2e-5, atol=1e-6, err_msg=spec.label)
+        if lb:
+            assert np.isnan(got[:lb, j]).all(), spec.label
+
+
+def double_mid(block: np.ndarray, columns: tuple[str, ...]) -> np.ndarray:
+    """A user feature: bid_price_1 two steps ago (needs a lookback of 2)."""
+    out = np.full(len(block), np.nan)
+    out[2:] = block[:-2, columns.index("bid_price_1")]
+    return out
+
+
+def test_custom_feature_gets_its_declared_halo():
+    x = book(200)
+    spec = FeatureSpec.from_mapping({"name": "custom", "function": f"{__name__}:double_mid", "lookback": 2}, "f")
+    got = compute_features(da.from_array(x, chunks=(7, -1)), columns=COLS, specs=[spec]).array.compute()
+    np.testing.assert_allclose(got[2:, 0], x[:-2, COLS.index("bid_price_1")])
+
+
+def test_missing_column_and_bad_hook_fail_before_computing():
+    x = da.zeros((10, 2), chunks=5)
+    with pytest.raises(FeatureError, match="column 'bid_price_1' is not in the source"):
+        compute_features(x, columns=["a", "b"], specs=[FeatureSpec("mid_price")])
+    with pytest.raises(FeatureError, match="cannot import"):
+        compute_features(x, columns=["a", "b"], specs=[FeatureSpec(name="custom", function="no_such_mod:f")])
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"name": "rolling_std", "window": 0}, "f.window: expected a positive integer, got 0"),
+        ({"name": "rolling_std"}, "f.window: missing required key"),
+        ({"name": "imbalance", "levels": "x"}, "f.levels: expected a positive integer, got 'x'"),
+        ({"name": "spread", "window": 3}, "f.window: unknown key for spread"),
+        ({"name": "bogus"}, "f.name: expected one of"),
+        ({"name": "custom", "function": "nocolon"}, "f.function: expected 'module:function'"),
+        (3, "f: expected a feature name or a mapping"),
+    ],
+)
+def test_feature_spec_errors_name_the_key_path(value, message):
+    with pytest.raises(ConfigError) as err:
+        FeatureSpec.from_mapping(value, "f")
+    assert str(err.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ({"horizon": 0}, "labels.horizon: expected a positive integer"),
+        ({"kind": "class"}, "labels.thresholds: missing required key"),
+        ({"kind": "class", "thresholds": [1, 0]}, "labels.thresholds: expected strictly ascending"),
+        ({"kind": "other"}, "labels.kind: expected one of"),
+        ({"scale": -1}, "labels.scale: expected a positive number"),
+    ],
+)
+def test_label_spec_errors_name_the_key_path(value, message):
+    with pytest.raises(ConfigError) as err:
+        LabelSpec.from_mapping(value, "labels")
+    assert str(err.value).startswith(message)

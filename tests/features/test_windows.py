@@ -1,0 +1,150 @@
+"""Windows and window arithmetic against a plain-numpy loop, over random chunkings."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import WindowError
+from pipeline.features import windows
+from pipeline.features.geometry import (
+    block_window_counts,
+    halo,
+    merge_short_chunks,
+    split_gap_windows,
+    split_ranges,
+    window_count,
+    window_ends,
+)
+
+
+def reference(x: np.ndarray, size: int, stride: int, scales: tuple[int, ...]) -> np.ndarray:
+    """The design's definition, literally: one window per end step."""
+    first_end = (size - 1) * max(scales)
+    out = []
+    e = first_end
+    while e <= len(x) - 1:
+        out.append(np.concatenate([x[[e - s * (size - 1 - j) for j in range(size)]] for s in scales], axis=1))
+        e += stride
+    return np.stack(out) if out else np.empty((0, size, x.shape[1] * len(scales)), x.dtype)
+
+
+@st.composite
+def cases(draw):
+    size = draw(st.integers(1, 9))
+    scales = tuple(draw(st.lists(st.integers(1, 5), min_size=1, max_size=3, unique=True)))
+    stride = draw(st.integers(1, 6))
+    need = (size - 1) * max(scales) + 1
+    T = draw(st.integers(need, need + 120))
+    F = draw(st.integers(1, 3))
+    chunks = []
+    left = T
+    while left:
+        c = draw(st.integers(1, max(1, min(left, 40))))
+        chunks.append(c)
+        left -= c
+    return T, F, size, stride, scales, tuple(chunks)
+
+
+@settings(max_examples=120, deadline=None)
+@given(cases())
+def test_windows_equal_the_numpy_definition_for_any_chunking(case):
+    T, F, size, stride, scales, chunks = case
+    x = np.random.default_rng(T * 31 + F).standard_normal((T, F)).astype(np.float32)
+    got = windows(da.from_array(x, chunks=(chunks, F)), size=size, stride=stride, scales=scales)
+    ref = reference(x, size, stride, scales)
+    assert got.shape == ref.shape
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), ref)
+
+
+def test_scales_keep_the_given_order_not_sorted():
+    x = np.arange(40, dtype=np.float32)[:, None]
+    w = windows(x, size=3, scales=(4, 1)).compute()
+    assert w[0, :, 0].tolist() == [0.0, 4.0, 8.0]  # scale 4 first
+    assert w[0, :, 1].tolist() == [6.0, 7.0, 8.0]
+
+
+def test_graph_layers_do_not_grow_with_the_number_of_chunks():
+    few = windows(da.zeros((1000, 2), chunks=(500, 2)), size=8, scales=(1, 2))
+    many = windows(da.zeros((1000, 2), chunks=(20, 2)), size=8, scales=(1, 2))
+    assert len(few.dask.layers) == len(many.dask.layers)
+
+
+def test_chunks_shorter_than_the_halo_are_merged_not_lost():
+    x = np.arange(100, dtype=np.float32).reshape(50, 2)
+    w = windows(da.from_array(x, chunks=(3, 2)), size=6, scales=(2,))  # halo 10 > chunk 3
+    np.testing.assert_array_equal(w.compute(), reference(x, 6, 1, (2,)))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"size": 50}, "too short"),
+        ({"size": 0}, "size must be a positive integer"),
+        ({"size": 3, "stride": 0}, "stride must be a positive integer"),
+        ({"size": 3, "scales": ()}, "scales must be positive integers"),
+        ({"size": 3, "scales": (0,)}, "scales must be positive integers"),
+    ],
+)
+def test_bad_window_parameters_are_clear_errors(kwargs, message):
+    with pytest.raises(WindowError, match=message):
+        windows(np.zeros((20, 2), np.float32), **kwargs)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    chunks=st.lists(st.integers(1, 30), min_size=1, max_size=12),
+    size=st.integers(1, 8),
+    stride=st.integers(1, 5),
+    scales=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
+)
+def test_each_window_is_made_by_exactly_the_block_holding_its_end(chunks, size, stride, scales):
+    T = sum(chunks)
+    counts = block_window_counts(chunks, size, stride, scales)
+    n = window_count(T, size, stride, scales)
+    assert sum(counts) == n
+    ends = window_ends(n, size, stride, scales)
+    bounds = np.concatenate([[0], np.cumsum(chunks)])
+    expected = [int(((ends >= lo) & (ends < hi)).sum()) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    assert list(counts) == expected
+    assert (ends <= T - 1).all() and (n == 0 or ends[0] == halo(size, scales))
+
+
+@settings(max_examples=200, deadline=None)
+@given(chunks=st.lists(st.integers(1, 30), min_size=1, max_size=15), minimum=st.integers(1, 60))
+def test_merged_chunks_keep_the_total_and_only_remove_boundaries(chunks, minimum):
+    merged = merge_short_chunks(chunks, minimum)
+    assert sum(merged) == sum(chunks)
+    assert len(merged) == 1 or all(c >= minimum for c in merged)
+    assert set(np.cumsum(merged)) <= set(np.cumsum(chunks))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    size=st.integers(1, 20),
+    scales=st.lists(st.integers(1, 8), min_size=1, max_size=3, unique=True),
+    stride=st.integers(1, 10),
+    horizon=st.integers(1, 30),
+    lookback=st.integers(0, 50),
+    fractions=st.lists(st.floats(0.05, 0.6), min_size=1, max_size=3),
+    extra=st.integers(0, 3000),
+)
+def test_time_splits_never_share_a_raw_step(size, scales, stride, horizon, lookback, fractions, extra):
+    """Last step split A touches (its last label) < first step split B touches (the
+    oldest feature history of its first window)."""
+    total = sum(fractions)
+    fr = {f"s{i}": f / max(total, 1.0) for i, f in enumerate(fractions)}
+    gap = split_gap_windows(size, scales, stride, horizon, lookback)
+    n = int(2 * len(fr) * (gap + 1) / min(fr.values())) + extra
+    ranges = split_ranges(n, fr, gap)
+    ends = window_ends(n, size, stride, scales)
+    H = halo(size, scales)
+    spans = list(ranges.values())
+    for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+        assert a0 < a1 <= b0 < b1 <= n
+        assert ends[a1 - 1] + horizon < ends[b0] - H - lookback
+        # and the gap is as small as it can be: one window fewer would leak
+        assert ends[a1 - 1] + horizon >= ends[b0] - stride - H - lookback
