@@ -91,7 +91,12 @@ def batch_sizes(n_rank: int, n_batches: int, batch_size: int, drop_last: bool) -
         sizes[-1] += take
         i -= 1
     if sizes[-1] <= 0 or sum(sizes) != n_rank:
-        raise StreamError(f"cannot split {n_rank} samples into {n_batches} non-empty batches")
+        # Only batch_size=1 with samples not divisible by the ranks gets here: the ranks
+        # then cannot have equal batch counts without serving a sample twice.
+        raise StreamError(
+            f"cannot split a rank's {n_rank} samples into {n_batches} non-empty batches so that every "
+            "rank has the same number of batches; use drop_last=True or a batch_size above 1"
+        )
     return tuple(sizes)
 
 
