@@ -21,15 +21,20 @@ _SHORT = {
 class CodecSpec:
     """How chunks are compressed.
 
-    ``blosc`` (``cname`` lz4 or zstd, byte ``shuffle`` or ``bitshuffle``) is the default:
-    lz4 with byte shuffle decodes at several GB/s per core, which keeps streaming ahead
-    of a GPU; ``zstd`` at a higher level trades decode speed for size.
+    ``blosc`` with lz4 is the default: it decodes at several GB/s per core, which keeps
+    streaming ahead of a GPU; ``zstd`` trades decode speed for size.
+
+    The default does *not* shuffle bytes. Materialized windows repeat every step
+    ``size`` times at shifting offsets, and lz4 finds those repeats in the raw bytes; a
+    byte shuffle scatters them. Measured on the demo windows (4096 x 32 x 18 float32,
+    one core): noshuffle 2.5x at 4.0 GB/s decode, shuffle 1.6x at 1.1 GB/s, bitshuffle
+    1.1x. Use ``shuffle`` for smooth, non-repeating numeric data (per-step features).
     """
 
     name: Literal["blosc", "zstd", "none"] = "blosc"
     cname: Literal["lz4", "lz4hc", "zstd", "zlib", "blosclz"] = "lz4"
     clevel: int = 5
-    shuffle: Literal["shuffle", "bitshuffle", "noshuffle"] = "shuffle"
+    shuffle: Literal["shuffle", "bitshuffle", "noshuffle"] = "noshuffle"
 
     @classmethod
     def from_mapping(cls, value: object, path: str) -> "CodecSpec":

@@ -101,7 +101,7 @@ def _fs_and_root(location: str, storage_options: dict | None) -> tuple[Any, str]
 def _write_unit(location: str, storage_options: dict | None, split: str, unit: int, start: int,
                 blocks: dict[str, np.ndarray]) -> int:
     """Write one unit of every array of a split, then its row of ``_written``. Runs on a worker."""
-    group = open_store_group(location, mode="r+", storage_options=storage_options)
+    group = _cached_group(location, json.dumps(storage_options or {}, sort_keys=True, default=str))
     crcs = []
     for name, block in blocks.items():
         arr = group[f"{split}/{name}"]
@@ -110,6 +110,20 @@ def _write_unit(location: str, storage_options: dict | None, split: str, unit: i
         crcs.append(zlib.crc32(block.tobytes()))
     group[f"{split}/{WRITTEN}"][unit] = np.array([1, *crcs], dtype=np.uint64)
     return 1
+
+
+_GROUPS: dict[tuple[str, str], zarr.Group] = {}
+
+
+def _cached_group(location: str, options: str) -> zarr.Group:
+    """One open group per worker process and store: opening reads metadata, which would
+    otherwise cost more than writing a small unit."""
+    key = (location, options)
+    if key not in _GROUPS:
+        if len(_GROUPS) > 16:
+            _GROUPS.clear()
+        _GROUPS[key] = open_store_group(location, mode="r+", storage_options=json.loads(options) or None)
+    return _GROUPS[key]
 
 
 def written_units(group: zarr.Group, split: str) -> np.ndarray:
