@@ -12,82 +12,41 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-import yaml
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from pipeline.config import parse_config
-from pipeline.demo import DemoSpec, write_demo_data
+from common import MemorySampler  # noqa: E402
 
-
-def sample_memory(stop: threading.Event, peaks: dict, restarts: list) -> None:
-    from distributed import get_client
-
-    client = get_client()
-    seen = set()
-    while not stop.is_set():
-        try:
-            info = client.scheduler_info()["workers"]
-        except Exception:  # noqa: BLE001 - the cluster is shutting down
-            break
-        for addr, w in info.items():
-            rss = w.get("metrics", {}).get("memory", 0)
-            peaks[addr] = max(peaks.get(addr, 0), rss)
-            if addr not in seen and seen and len(seen) >= len(info):
-                restarts.append(addr)
-            seen.add(addr)
-        time.sleep(0.25)
+from pipeline.cluster import cluster  # noqa: E402
+from pipeline.config import parse_config  # noqa: E402
+from pipeline.demo import DemoSpec, write_demo_data  # noqa: E402
 
 
 def one_run(raw: Path, out: Path, workers: int, memory_limit: str, args) -> dict:
     from pipeline import job
 
-    cfg = {
-        "cluster": {"n_workers": workers, "threads_per_worker": 1, "memory_limit": memory_limit},
-        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp"},
-        "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 1},
-                               {"name": "imbalance", "levels": 5}, {"name": "imbalance", "levels": 10},
-                               "log_return", {"name": "rolling_mean", "window": 20},
-                               {"name": "rolling_std", "window": 20}, {"name": "rolling_std", "window": 100}]},
-        "windows": {"size": args.size, "stride": args.stride, "scales": [1, 4]},
-        "labels": {"kind": "return", "horizon": 20},
-        "output": {"path": str(out), "splits": {"train": 0.8, "val": 0.1, "test": 0.1}, "overwrite": True},
-    }
-    config = parse_config(cfg)
-    stop = threading.Event()
-    peaks: dict = {}
-    restarts: list = []
-    import pipeline.cluster as pc
-
-    original = pc.cluster
-
-    # Start the memory sampler inside the run's cluster context.
-    def patched(*a, **kw):
-        cm = original(*a, **kw)
-
-        class Wrap:
-            def __enter__(self):
-                client = cm.__enter__()
-                threading.Thread(target=sample_memory, args=(stop, peaks, restarts), daemon=True).start()
-                return client
-
-            def __exit__(self, *exc):
-                stop.set()
-                return cm.__exit__(*exc)
-
-        return Wrap()
-
-    pc.cluster = patched
-    try:
-        t0 = time.perf_counter()
-        summary = job.run(config, log=None, progress=False)
-        dt = time.perf_counter() - t0
-    finally:
-        pc.cluster = original
-    return {"seconds": dt, "summary": summary, "peaks": peaks, "restarts": restarts}
+    with cluster(n_workers=workers, threads_per_worker=1, memory_limit=memory_limit, log=None) as client:
+        cfg = {
+            # The run connects to this cluster by address, as it would to a remote one.
+            "cluster": {"address": client.scheduler.address},
+            "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp"},
+            "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 1},
+                                   {"name": "imbalance", "levels": 5}, {"name": "imbalance", "levels": 10},
+                                   "log_return", {"name": "rolling_mean", "window": 20},
+                                   {"name": "rolling_std", "window": 20}, {"name": "rolling_std", "window": 100}]},
+            "windows": {"size": args.size, "stride": args.stride, "scales": [1, 4]},
+            "labels": {"kind": "return", "horizon": 20},
+            "output": {"path": str(out), "splits": {"train": 0.8, "val": 0.1, "test": 0.1}, "overwrite": True},
+        }
+        with MemorySampler(client) as mem:
+            t0 = time.perf_counter()
+            summary = job.run(parse_config(cfg), log=None, progress=False)
+            dt = time.perf_counter() - t0
+    return {"seconds": dt, "summary": summary, "peak": mem.peak, "restarts": len(mem.new_workers)}
 
 
 def main() -> None:
@@ -111,11 +70,11 @@ def main() -> None:
         r = one_run(raw, work / f"out{workers}.zarr", workers, args.memory_limit, args)
         results[workers] = r
         s = r["summary"]
-        peak = max(r["peaks"].values()) if r["peaks"] else 0
+        peak = r["peak"]
         print(f"{workers} worker(s) x {args.memory_limit}: {s.uncompressed_bytes / 2**30:.2f} GiB of windows "
               f"({s.uncompressed_bytes / (workers * limit_bytes):.1f}x the workers' total memory) in "
               f"{r['seconds']:.1f} s; peak worker memory {peak / 2**20:,.0f} MiB "
-              f"({peak / limit_bytes:.0%} of the limit); workers restarted: {len(r['restarts'])}")
+              f"({peak / limit_bytes:.0%} of the limit); workers restarted: {r['restarts']}")
     print(f"scaling 1 -> 2 workers: {results[1]['seconds'] / results[2]['seconds']:.2f}x")
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
