@@ -54,8 +54,9 @@ def main() -> None:
     val = None
     if "val" in ds.splits:
         val = pipeline.stream(args.store, split="val", batch_size=args.batch_size, shuffle=False).keras()
-    size, width = ds["train"]["x"].shape[1:]
-    print(f"keras backend: {keras.backend.backend()}; train {ds['train']['x'].shape}, "
+    size, width = train.shapes["x"][0]  # works for materialized and virtual stores alike
+    n = train.n_samples
+    print(f"keras backend: {keras.backend.backend()}; train ({n}, {size}, {width}), "
           f"{len(train)} batches/epoch")
 
     keras.utils.set_random_seed(0)
@@ -67,7 +68,6 @@ def main() -> None:
         keras.layers.Dense(1),
     ])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="mse")
-    n = ds["train"]["x"].shape[0]
     # R2 = 1 - MSE / Var(y): 0 means no better than predicting the mean.
     val_var = float(ds["val"]["y"][:].var()) if "val" in ds.splits else None
     model.fit(train.keras(), validation_data=val, epochs=args.epochs, verbose=0,

@@ -39,12 +39,12 @@ def main() -> None:
 
     torch.manual_seed(0)
     ds = pipeline.open(args.store)
-    size, width = ds["train"]["x"].shape[1:]
     s = pipeline.stream(args.store, split="train", batch_size=args.batch_size, seed=0)
+    size, width = s.shapes["x"][0]  # works for materialized and virtual stores alike
     loader = DataLoader(s.torch(), batch_size=None, num_workers=args.workers)
     model = nn.Sequential(nn.Flatten(), nn.Linear(size * width, 64), nn.ReLU(), nn.Linear(64, 1))
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    print(f"torch {torch.__version__}; train {ds['train']['x'].shape}, {len(s)} batches/epoch, "
+    print(f"torch {torch.__version__}; train ({s.n_samples}, {size}, {width}), {len(s)} batches/epoch, "
           f"{args.workers} DataLoader workers")
     for epoch in range(args.epochs):
         s.set_epoch(epoch)

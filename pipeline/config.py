@@ -86,6 +86,9 @@ class WindowsConfig:
     size: int
     stride: int = 1
     scales: tuple[int, ...] = (1,)
+    #: ``False`` stores per-step features once plus a window index; the streamer
+    #: assembles the windows (about ``size`` times less disk for overlapping windows).
+    materialize: bool = True
 
 
 @dataclass(frozen=True, slots=True)

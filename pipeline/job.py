@@ -84,6 +84,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     from pipeline.loaders import open_source
     from pipeline.storage import open as open_store
     from pipeline.storage import write
+    from pipeline.storage.layout import chunk_samples_for
 
     def say(msg: str) -> None:
         if log is not None:
@@ -118,6 +119,8 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             normalize=config.features.normalize,
             nan=config.features.nan,
             fill_value=config.features.fill_value,
+            progress=progress,
+            materialize=config.windows.materialize,
         )
         attrs = dict(tset.attrs)
         attrs.update(
@@ -129,11 +132,19 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
                 "rows_read": rows,
             }
         )
-        say("writing " + ", ".join(f"{k}: {v['x'].shape}" for k, v in tset.splits.items()))
+        say("writing " + ", ".join(f"{k}: {next(iter(v.values())).shape[0]:,} windows" for k, v in tset.splits.items())
+            + ("" if config.windows.materialize else " (virtual: features stored once)"))
+        chunk_samples = out.chunk_samples
+        if not config.windows.materialize and chunk_samples is None:
+            # Chunk the window index as the windows would be chunked, so streaming a
+            # virtual store serves the same batches as the materialized one.
+            width = len(tset.attrs["features"]) * len(config.windows.scales)
+            chunk_samples = chunk_samples_for(config.windows.size * width * 4, int(out.target_chunk_mb * 2**20))
         write(
             out.path,
             tset.splits,
-            chunk_samples=out.chunk_samples,
+            shared=tset.shared or None,
+            chunk_samples=chunk_samples,
             target_chunk_bytes=int(out.target_chunk_mb * 2**20),
             shard_chunks=out.shard_chunks,
             codec=out.codec,
@@ -144,11 +155,13 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             progress=progress,
         )
     ds = open_store(out.path, storage_options=out.storage_options or None)
-    samples = {name: int(ds[name]["x"].shape[0]) for name in ds.splits}
+    samples = {name: int(ds[name]["y"].shape[0]) for name in ds.splits}
     stored = 0
     raw = 0
-    for name in ds.splits:
-        for arr_name, arr in ds[name].arrays():
+    for name in (*ds.splits, "_shared"):
+        if name not in ds.group:
+            continue
+        for arr_name, arr in ds.group[name].arrays():
             if arr_name.startswith("_"):  # write markers, not data
                 continue
             stored += int(arr.nbytes_stored())

@@ -12,15 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping, Sequence
 
-import dask
 import dask.array as da
 import numpy as np
 
-from pipeline.errors import InvalidValueError, WindowError
+from pipeline.errors import FeatureError, InvalidValueError, WindowError
 from pipeline.features.geometry import halo, split_gap_windows, split_ranges, window_count, window_ends
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.steps import compute_features
 from pipeline.features.windows import windows
+from pipeline.progress import compute
 
 __all__ = ["TrainingSet", "build_training_set"]
 
@@ -31,6 +31,8 @@ class TrainingSet:
 
     splits: dict[str, dict[str, da.Array]]
     attrs: dict[str, Any] = field(default_factory=dict)
+    #: Arrays every split points into: ``{"features": (T, F)}`` for virtual windows.
+    shared: dict[str, da.Array] = field(default_factory=dict)
 
 
 def _window_zscore(block: np.ndarray) -> np.ndarray:
@@ -53,6 +55,8 @@ def build_training_set(
     normalize: Literal["global", "window", "none"] = "global",
     nan: Literal["raise", "drop", "fill"] = "drop",
     fill_value: float = 0.0,
+    progress: bool = False,
+    materialize: bool = True,
 ) -> TrainingSet:
     """Windows and labels per time split, with no step shared between splits.
 
@@ -81,6 +85,12 @@ def build_training_set(
         Windows or labels containing NaN/inf: ``drop`` them (counted in ``attrs``),
         ``fill`` NaN features with ``fill_value`` (labels cannot be filled: their windows
         are dropped), or ``raise``.
+    progress
+        Show a progress bar for the reductions computed here (statistics, NaN checks).
+    materialize
+        ``False`` returns, per split, the window end steps (``ends``) and labels instead
+        of the windows, and the normalized per-step features in ``shared``: the streamer
+        assembles the same windows from them (see :mod:`pipeline.streaming.virtual`).
 
     Returns
     -------
@@ -107,6 +117,9 @@ def build_training_set(
     ends = window_ends(n, size, stride, scales)
     H = halo(size, scales)
 
+    if not materialize and normalize == "window":
+        raise FeatureError("windows.materialize: false needs normalize: global or none (per-window "
+                           "statistics depend on the assembled window)")
     first_name = next(iter(ranges))
     a, b = ranges[first_name]
     stats: dict[str, Any] = {}
@@ -116,7 +129,8 @@ def build_training_set(
     if normalize == "global":
         rows = f_used[int(ends[a]) - H : int(ends[b - 1]) + 1]
         finite = da.where(da.isfinite(rows), rows, np.nan).astype(np.float64)
-        mean, std = dask.compute(da.nanmean(finite, axis=0), da.nanstd(finite, axis=0))
+        mean, std = compute(da.nanmean(finite, axis=0), da.nanstd(finite, axis=0),
+                            desc="normalization statistics (train split)", progress=progress)
         mean = np.nan_to_num(mean)
         std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
         f_used = ((f_used - mean.astype(np.float32)) / std.astype(np.float32)).astype(np.float32)
@@ -131,7 +145,10 @@ def build_training_set(
     if normalize == "window":
         w = w.map_blocks(_window_zscore, dtype=np.float32)
     ret = (logmid[h:] - logmid[:-h]) * label.scale
-    y_all = ret[ends]
+    # A strided slice, not ret[ends]: a fancy index would embed the whole index array
+    # (megabytes) in the graph.
+    ret_w = ret[H : H + stride * (n - 1) + 1 : stride]
+    y_all = ret_w
     if label.kind == "class":
         thresholds = np.asarray(label.thresholds)
         y_all = y_all.map_blocks(lambda r: np.digitize(r, thresholds).astype(np.int64), dtype=np.int64)
@@ -139,12 +156,15 @@ def build_training_set(
         y_all = y_all.astype(np.float32)
 
     # Which windows hold a non-finite value? Only pay for a windowed pass when any exist.
-    bad_steps_n, bad_labels = dask.compute((~da.isfinite(f_used[: T - h])).any(axis=1).sum(), ~da.isfinite(ret[ends]))
+    bad_steps_n, bad_labels = compute((~da.isfinite(f_used[: T - h])).any(axis=1).sum(), ~da.isfinite(ret_w),
+                                      desc="checking for NaN", progress=progress)
     bad_steps_n = int(bad_steps_n)
     bad = np.asarray(bad_labels, dtype=bool).copy()
     if bad_steps_n:
         flags = (~da.isfinite(f_used[: T - h])).any(axis=1, keepdims=True).astype(np.uint8)
-        bad |= np.asarray(windows(flags, size=size, stride=stride, scales=scales).max(axis=(1, 2)).compute(), dtype=bool)
+        (flagged,) = compute(windows(flags, size=size, stride=stride, scales=scales).max(axis=(1, 2)),
+                             desc="locating NaN windows", progress=progress)
+        bad |= np.asarray(flagged, dtype=bool)
     if bad.any() and nan == "raise":
         i = int(np.flatnonzero(bad)[0])
         raise InvalidValueError(
@@ -164,7 +184,14 @@ def build_training_set(
             xs, ys = w[lo:hi], y_all[lo:hi]
         else:
             xs, ys = w[keep], y_all[keep]
-        out[name] = {"x": xs, "y": ys}
+        if materialize:
+            out[name] = {"x": xs, "y": ys}
+        else:
+            # int32 halves the index on disk; series past 2**31 steps keep int64.
+            itype = np.int32 if T < 2**31 else np.int64
+            idx = (da.arange(H + stride * lo, H + stride * hi, stride, chunks=1 << 20, dtype=itype)
+                   if keep.size == hi - lo else da.from_array(ends[keep].astype(itype), chunks=1 << 20))
+            out[name] = {"ends": idx, "y": ys}
         counts[name] = int(keep.size)
 
     attrs = {
@@ -179,4 +206,8 @@ def build_training_set(
         "nan_windows_dropped": dropped,
         "window_counts": counts,
     }
-    return TrainingSet(splits=out, attrs=attrs)
+    shared: dict[str, da.Array] = {}
+    if not materialize:
+        shared = {"features": f_used[: T - h]}
+        attrs["virtual"] = {"size": size, "stride": stride, "scales": list(scales), "halo": H}
+    return TrainingSet(splits=out, attrs=attrs, shared=shared)

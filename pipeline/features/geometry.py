@@ -18,6 +18,7 @@ __all__ = [
     "halo",
     "merge_short_chunks",
     "split_gap_windows",
+    "split_long_chunks",
     "split_ranges",
     "window_count",
     "window_ends",
@@ -78,6 +79,22 @@ def merge_short_chunks(chunks: Sequence[int], minimum: int) -> tuple[int, ...]:
             out[-1] += acc
         else:
             out.append(acc)
+    return tuple(out)
+
+
+def split_long_chunks(chunks: Sequence[int], max_len: int) -> tuple[int, ...]:
+    """Split chunks longer than ``max_len`` into pieces of ``max_len`` and a remainder.
+
+    With stride 1 a chunk of ``c`` steps makes ``c`` windows of ``size`` steps each: the
+    output is ``size`` times the input. Bounding the input chunk bounds the output chunk
+    and so a task's memory. (A remainder shorter than the halo is merged into its
+    neighbour afterwards by :func:`merge_short_chunks`.)
+    """
+    step = max(1, int(max_len))
+    out: list[int] = []
+    for c in chunks:
+        full, rest = divmod(c, step)
+        out += [step] * full + ([rest] if rest else [])
     return tuple(out)
 
 

@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import WindowError
-from pipeline.features.geometry import block_window_counts, halo, merge_short_chunks, window_count
+from pipeline.features.geometry import block_window_counts, halo, merge_short_chunks, split_long_chunks, window_count
 
 __all__ = ["windows", "windows_numpy_block"]
 
@@ -32,11 +32,16 @@ def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
 
 
 def windows_numpy_block(
-    block: np.ndarray, local_ends: np.ndarray, size: int, scales: Sequence[int]
+    block: np.ndarray, local_ends: np.ndarray, size: int, scales: Sequence[int], out: np.ndarray | None = None
 ) -> np.ndarray:
-    """Windows ending at ``local_ends`` (indices into ``block``), scales side by side."""
+    """Windows ending at ``local_ends`` (indices into ``block``), scales side by side.
+
+    The one place windows are assembled: the blockwise dask path and the streamer's
+    virtual windows both call it, so both give the same bytes.
+    """
     n, width = local_ends.size, block.shape[1]
-    out = np.empty((n, size, width * len(scales)), dtype=block.dtype)
+    if out is None:
+        out = np.empty((n, size, width * len(scales)), dtype=block.dtype)
     back = np.arange(size - 1, -1, -1, dtype=np.int64)
     for k, s in enumerate(scales):
         idx = local_ends[:, None] - s * back[None, :]
@@ -44,8 +49,18 @@ def windows_numpy_block(
     return out
 
 
+#: Largest output block: a task holds about three of them at its peak (the block, one
+#: scale's gather, the halo'd input), so 64 MiB keeps tasks well inside 1 GiB workers.
+MAX_BLOCK_BYTES = 64 * 2**20
+
+
 def windows(
-    x: da.Array | np.ndarray, *, size: int, stride: int = 1, scales: Sequence[int] = (1,)
+    x: da.Array | np.ndarray,
+    *,
+    size: int,
+    stride: int = 1,
+    scales: Sequence[int] = (1,),
+    max_block_bytes: int = MAX_BLOCK_BYTES,
 ) -> da.Array:
     """Windows of a ``(T, F)`` series: ``(n, size, F * len(scales))``, lazily.
 
@@ -63,6 +78,8 @@ def windows(
         Steps between consecutive window ends.
     scales
         Sampling intervals, one block of ``F`` columns each.
+    max_block_bytes
+        Input chunks are split so that no output block exceeds this.
 
     Returns
     -------
@@ -88,10 +105,13 @@ def windows(
             f"the first window needs {h + 1} steps"
         )
     x = x.rechunk({1: -1})
+    window_bytes = size * F * len(scales) * x.dtype.itemsize
+    max_steps = max(stride, (max_block_bytes // max(1, window_bytes)) * stride)
+    chunks = split_long_chunks(x.chunks[0], max(max_steps, h))
     if h > 0:
-        chunks = merge_short_chunks(x.chunks[0], h)
-        if chunks != x.chunks[0]:
-            x = x.rechunk({0: chunks})
+        chunks = merge_short_chunks(chunks, h)
+    if chunks != x.chunks[0]:
+        x = x.rechunk({0: chunks})
     in_chunks = x.chunks[0]
     counts = block_window_counts(in_chunks, size, stride, scales)
     starts = np.concatenate([[0], np.cumsum(in_chunks)[:-1]]).astype(np.int64)

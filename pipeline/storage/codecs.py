@@ -76,6 +76,10 @@ class CodecSpec:
             return [ZstdCodec(level=self.clevel)]
         return [BloscCodec(cname=self.cname, clevel=self.clevel, shuffle=self.shuffle)]
 
+    def with_shuffle(self, shuffle: Literal["shuffle", "bitshuffle", "noshuffle"]) -> "CodecSpec":
+        """The same codec with another shuffle (only blosc has one)."""
+        return CodecSpec(name=self.name, cname=self.cname, clevel=self.clevel, shuffle=shuffle)
+
     def describe(self) -> str:
         """Short text for reports, e.g. ``blosc(lz4, shuffle, 5)``."""
         if self.name == "blosc":

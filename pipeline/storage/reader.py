@@ -25,7 +25,7 @@ class Dataset(Mapping[str, zarr.Group]):
     def splits(self) -> tuple[str, ...]:
         """Split names in the order they were written."""
         names = list(self.attrs.get("splits", {}))
-        present = {name for name, _ in self.group.groups()}
+        present = {name for name, _ in self.group.groups() if not name.startswith("_")}
         return tuple(n for n in names if n in present) or tuple(sorted(present))
 
     def __getitem__(self, split: str) -> zarr.Group:

@@ -36,12 +36,14 @@ from pipeline.storage.codecs import CodecSpec
 from pipeline.storage.layout import DEFAULT_CHUNK_BYTES, chunk_samples_for, time_split_ranges, unit_chunks
 from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip, open_store_group, store_root_attrs
 
-__all__ = ["WRITTEN", "write", "written_units"]
+__all__ = ["SHARED", "WRITTEN", "write", "written_units"]
 
 FORMAT_VERSION = 1
 #: Per split, one row per write unit: ``[1, crc32 of each array's block...]`` once the
 #: unit is fully written (0 = not yet). One zarr chunk per row, so units never share one.
 WRITTEN = "_written"
+#: Group of arrays shared by all splits (the per-step features of virtual windows).
+SHARED = "_shared"
 
 
 def _versions() -> dict[str, str]:
@@ -112,6 +114,25 @@ def _write_unit(location: str, storage_options: dict | None, split: str, unit: i
     return 1
 
 
+def _codec_for(codec: CodecSpec, ndim: int, *, shared: bool) -> CodecSpec:
+    """The codec an array is stored with.
+
+    The configured codec applies to windows (3-D and up), where unshuffled lz4 finds the
+    steps that overlapping windows repeat. Labels, window ends and other 1-D or 2-D
+    arrays repeat nothing but have slowly varying high bytes: byte shuffle compresses
+    them (window ends, consecutive integers, to almost nothing). The per-step features
+    of virtual windows are read ``size`` times less than windows would be, so they take
+    the denser blosc-zstd with shuffle (measured 1.27x vs 1.13x for lz4 on the demo).
+    """
+    if codec.name != "blosc":
+        return codec
+    if shared:
+        return CodecSpec(name="blosc", cname="zstd", clevel=codec.clevel, shuffle="shuffle")
+    if ndim < 3 and codec.shuffle == "noshuffle":
+        return codec.with_shuffle("shuffle")
+    return codec
+
+
 _GROUPS: dict[tuple[str, str], zarr.Group] = {}
 
 
@@ -161,6 +182,7 @@ def write(
     overwrite: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
+    shared: Mapping[str, Any] | None = None,
 ) -> str:
     """Write arrays, per split, into a zarr 3 store; resume an interrupted write.
 
@@ -192,6 +214,9 @@ def write(
         Delete an existing store first.
     progress
         Show a progress bar.
+    shared
+        Arrays that belong to no split, stored in the ``_shared`` group (the per-step
+        feature matrix of virtual windows, which every split's window index points into).
 
     Returns
     -------
@@ -201,6 +226,8 @@ def write(
     location = os.fspath(target)
     codec = CodecSpec.from_mapping(codec, "codec")
     groups = _normalize(arrays, splits, split_by, gap, seed)
+    if shared:
+        groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
     if is_zip(location):
         if is_remote(location):
             raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
@@ -252,27 +279,36 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             )
         if meta.get("complete"):
             return
-    first = next(iter(groups.values()))
-    probe = first.get("x", next(iter(first.values())))
-    sample_bytes = int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
-    per_chunk = int(chunk_samples) if chunk_samples else chunk_samples_for(sample_bytes, target_chunk_bytes)
-    unit = per_chunk * (int(shard_chunks) if shard_chunks else 1)
+    # Samples per chunk come from x's sample size (or the first array's); arrays shared by
+    # every split (the per-step features of virtual windows) get their own, by row size.
+    def per_chunk_of(arrs: Mapping[str, da.Array], explicit: int | None) -> int:
+        probe = arrs.get("x", next(iter(arrs.values())))
+        sample_bytes = int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
+        return int(explicit) if explicit else chunk_samples_for(sample_bytes, target_chunk_bytes)
+
+    per_chunks = {split: per_chunk_of(arrs, None if split == SHARED else chunk_samples)
+                  for split, arrs in groups.items()}
+    units = {split: c * (int(shard_chunks) if shard_chunks and split != SHARED else 1)
+             for split, c in per_chunks.items()}
+    per_chunk = next((c for k, c in per_chunks.items() if k != SHARED), 0)
 
     group = open_store_group(location, mode="a" if exists else "w", storage_options=storage_options)
     if not exists:
         group.attrs[ATTRS_KEY] = {"format_version": FORMAT_VERSION, "complete": False, "fingerprint": fingerprint}
     for split, arrs in groups.items():
         sub = group.require_group(split)
+        unit = units[split]
         for name, a in arrs.items():
+            compressors = _codec_for(codec, a.ndim, shared=split == SHARED).zarr_compressors()
             if name in sub:
                 continue
             n = int(a.shape[0])
-            chunks = (max(1, min(per_chunk, n)),) + tuple(a.shape[1:])
+            chunks = (max(1, min(per_chunks[split], n)),) + tuple(a.shape[1:])
             shards = None
-            if shard_chunks:
+            if shard_chunks and split != SHARED:
                 shards = (chunks[0] * int(shard_chunks),) + tuple(a.shape[1:])
             sub.create_array(name, shape=a.shape, dtype=a.dtype, chunks=chunks, shards=shards,
-                             compressors=codec.zarr_compressors(), fill_value=0)
+                             compressors=compressors, fill_value=0)
         if WRITTEN not in sub:
             n = int(next(iter(arrs.values())).shape[0])
             n_units = len(unit_chunks(n, unit)) if n else 0
@@ -282,6 +318,7 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
     tasks = []
     for split, arrs in groups.items():
         n = int(next(iter(arrs.values())).shape[0])
+        unit = units[split]
         aligned = {k: a.rechunk({0: unit_chunks(n, unit), **{i: -1 for i in range(1, a.ndim)}})
                    for k, a in arrs.items()}
         blocks = {k: a.to_delayed().ravel() for k, a in aligned.items()}
@@ -301,7 +338,8 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         missing = np.flatnonzero(~written_units(group, split)).tolist() if n else []
         if missing:
             raise StoreError(f"{location}: split {split!r}: write units {missing[:5]} were not written")
-        counts[split] = n
+        if split != SHARED:
+            counts[split] = n
     meta = dict(store_root_attrs(group))
     meta.update(dict(attrs or {}))
     meta.update({

@@ -15,6 +15,8 @@ in memory (the buffer being served and the one being prefetched). With 4 MiB chu
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -46,7 +48,11 @@ class _StoreSource:
         if split not in group:
             raise StreamError(f"{label}: no split {split!r}")
         arrays = {}
+        virtual = meta.get("virtual")
         for n in self.names:
+            if n == "x" and virtual and "x" not in group[split] and "ends" in group[split]:
+                arrays[n] = group[f"{split}/ends"]  # windows are assembled from the features
+                continue
             if n not in group[split]:
                 raise StreamError(f"{label}: split {split!r} has no array {n!r}")
             arrays[n] = group[f"{split}/{n}"]
@@ -54,6 +60,11 @@ class _StoreSource:
         if len(set(shapes.values())) != 1:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
         self.readers = {n: ChunkReader(a, (str(label), split, n)) for n, a in arrays.items()}
+        if "x" in self.readers and arrays["x"].path.endswith("/ends"):
+            from pipeline.streaming.virtual import VirtualWindowReader
+
+            feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"))
+            self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))
 
@@ -143,6 +154,7 @@ class Stream:
         self.world_size = world_size
         self.prefetch = prefetch
         self.threads = threads or min(8, (os.cpu_count() or 2))
+        self.prefetch_batches = 4
         self.epoch = 0
         self._served = 0  # batches served in the current epoch, for state_dict
         self._quality: dict[str, float] = {}
@@ -151,6 +163,11 @@ class Stream:
             raise StreamError(f"{self.n_samples} samples cannot be shared among {world_size} ranks")
 
     # -- bookkeeping ------------------------------------------------------------------
+
+    @property
+    def shapes(self) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+        """Per array: the shape of one sample and the dtype (for building a model)."""
+        return {n: self.source.sample_shape(n) for n in self.names}
 
     def __len__(self) -> int:
         return batches_per_rank(self.n_samples, self.world_size, self.batch_size, self.drop_last)
@@ -199,7 +216,55 @@ class Stream:
 
     def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0,
                     track_quality: bool = False) -> Iterator[tuple[np.ndarray, ...]]:
-        """Batches of one DataLoader worker's share (all of them for ``0, 1``)."""
+        """Batches of one DataLoader worker's share (all of them for ``0, 1``).
+
+        Batches are assembled by a background thread into a short queue, so the
+        consumer's ``next()`` only takes a ready batch: the gather that mixes samples
+        overlaps the training step instead of adding to it.
+        """
+        produced = self._produce(worker, num_workers, skip_batches=skip_batches, track_quality=track_quality)
+        ready: queue.Queue = queue.Queue(maxsize=max(2, self.prefetch_batches))
+        stop = threading.Event()
+        done = object()
+
+        def run() -> None:
+            try:
+                for batch in produced:
+                    while not stop.is_set():
+                        try:
+                            ready.put(batch, timeout=0.1)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        break
+                ready.put(done)
+            except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+                ready.put(exc)
+            finally:
+                produced.close()
+
+        thread = threading.Thread(target=run, name="pipeline-batches", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while thread.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    ready.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+            thread.join()
+
+    def _produce(self, worker: int, num_workers: int, *, skip_batches: int = 0,
+                 track_quality: bool = False) -> Iterator[tuple[np.ndarray, ...]]:
         plan = self.plan(worker, num_workers)
         sizes = plan.batch_sizes[skip_batches:]
         if not sizes:

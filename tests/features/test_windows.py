@@ -60,6 +60,22 @@ def test_windows_equal_the_numpy_definition_for_any_chunking(case):
     np.testing.assert_array_equal(got.compute(scheduler="sync"), ref)
 
 
+@settings(max_examples=40, deadline=None)
+@given(case=cases(), budget=st.integers(1, 4000))
+def test_output_blocks_are_bounded_and_still_exact(case, budget):
+    T, F, size, stride, scales, chunks = case
+    x = np.random.default_rng(T).standard_normal((T, F)).astype(np.float32)
+    w = windows(da.from_array(x, chunks=(chunks, F)), size=size, stride=stride, scales=scales,
+                max_block_bytes=budget)
+    window_bytes = size * F * len(scales) * 4
+    H = (size - 1) * max(scales)
+    max_steps = max(stride, (budget // window_bytes) * stride)
+    # A block is at most one piece plus a short neighbour merged in to cover the halo.
+    # A block is one piece plus at most two short remainders (< H each) merged into it.
+    assert max(w.chunks[0]) <= (2 * H + max(max_steps, H)) // stride + 1
+    np.testing.assert_array_equal(w.compute(scheduler="sync"), reference(x, size, stride, scales))
+
+
 def test_scales_keep_the_given_order_not_sorted():
     x = np.arange(40, dtype=np.float32)[:, None]
     w = windows(x, size=3, scales=(4, 1)).compute()
