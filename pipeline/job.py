@@ -144,6 +144,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             out.path,
             tset.splits,
             shared=tset.shared or None,
+            shared_chunk_rows=(chunk_samples * config.windows.stride) if tset.shared else None,
             chunk_samples=chunk_samples,
             target_chunk_bytes=int(out.target_chunk_mb * 2**20),
             shard_chunks=out.shard_chunks,

@@ -42,10 +42,19 @@ def windows_numpy_block(
     n, width = local_ends.size, block.shape[1]
     if out is None:
         out = np.empty((n, size, width * len(scales)), dtype=block.dtype)
-    back = np.arange(size - 1, -1, -1, dtype=np.int64)
+    if n == 0:
+        return out
+    row = block.strides[0]
     for k, s in enumerate(scales):
-        idx = local_ends[:, None] - s * back[None, :]
-        out[:, :, k * width : (k + 1) * width] = block[idx]
+        span = s * (size - 1)
+        # A strided view in which view[t] is the window of scale s starting at step t:
+        # one fancy index along its first axis then copies whole (size, F) windows,
+        # instead of gathering size * n single rows.
+        view = np.lib.stride_tricks.as_strided(
+            block, shape=(block.shape[0] - span, size, width), strides=(row, s * row, block.strides[1]),
+            writeable=False,
+        )
+        out[:, :, k * width : (k + 1) * width] = view[local_ends - span]
     return out
 
 

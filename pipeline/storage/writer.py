@@ -183,6 +183,7 @@ def write(
     storage_options: dict[str, Any] | None = None,
     progress: bool = True,
     shared: Mapping[str, Any] | None = None,
+    shared_chunk_rows: int | None = None,
 ) -> str:
     """Write arrays, per split, into a zarr 3 store; resume an interrupted write.
 
@@ -217,6 +218,10 @@ def write(
     shared
         Arrays that belong to no split, stored in the ``_shared`` group (the per-step
         feature matrix of virtual windows, which every split's window index points into).
+    shared_chunk_rows
+        Rows per chunk of the shared arrays (default: from ``target_chunk_bytes``). For
+        virtual windows, the steps one chunk of windows spans: a shuffled chunk of
+        windows then decodes one or two small feature chunks, not a large one.
 
     Returns
     -------
@@ -243,12 +248,12 @@ def write(
                 )
             return location
         _write_dir(staging, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                   fingerprint, overwrite, None, progress)
+                   fingerprint, overwrite, None, progress, shared_chunk_rows)
         _pack_zip(staging, location)
         shutil.rmtree(staging)
         return location
     _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-               fingerprint, overwrite, storage_options, progress)
+               fingerprint, overwrite, storage_options, progress, shared_chunk_rows)
     return location
 
 
@@ -264,7 +269,7 @@ def _pack_zip(directory: str, target: str) -> None:
 
 
 def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-               fingerprint, overwrite, storage_options, progress) -> None:
+               fingerprint, overwrite, storage_options, progress, shared_chunk_rows=None) -> None:
     fs, root = _fs_and_root(location, storage_options)
     exists = fs.exists(f"{root}/zarr.json")
     if exists and overwrite:
@@ -286,7 +291,7 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         sample_bytes = int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
         return int(explicit) if explicit else chunk_samples_for(sample_bytes, target_chunk_bytes)
 
-    per_chunks = {split: per_chunk_of(arrs, None if split == SHARED else chunk_samples)
+    per_chunks = {split: per_chunk_of(arrs, shared_chunk_rows if split == SHARED else chunk_samples)
                   for split, arrs in groups.items()}
     units = {split: c * (int(shard_chunks) if shard_chunks and split != SHARED else 1)
              for split, c in per_chunks.items()}
