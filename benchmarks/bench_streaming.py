@@ -209,7 +209,7 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=32, help="chunks of 4096 samples (32 = ~1 GB)")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--budget", type=float, default=10.0, help="seconds for the time-bounded baselines")
-    parser.add_argument("--png", default="benchmarks/out/streaming.png")
+    parser.add_argument("--png", default="benchmarks/results/streaming.png")
     args = parser.parse_args()
     if args.quick:
         args.chunks, args.budget = 4, 3.0

@@ -44,19 +44,15 @@ def units_aligned(chunks: Sequence[int], unit: int) -> bool:
 
 
 def time_split_ranges(n: int, fractions: Mapping[str, float], gap: int) -> dict[str, tuple[int, int]]:
-    """Contiguous ``[start, stop)`` sample ranges per split, ``gap`` samples left between."""
-    names = list(fractions)
-    available = n - gap * (len(names) - 1)
-    out: dict[str, tuple[int, int]] = {}
-    start = 0
-    for i, name in enumerate(names):
-        count = int(np.floor(fractions[name] * available + 1e-9)) if available > 0 else 0
-        if i == len(names) - 1 and sum(fractions.values()) >= 1 - 1e-9:
-            count = max(0, n - start)
-        if count <= 0:
-            raise StoreError(
-                f"split {name!r}: no sample left of {n} with fractions {dict(fractions)} and a gap of {gap}"
-            )
-        out[name] = (start, start + count)
-        start += count + gap
-    return out
+    """Contiguous ``[start, stop)`` sample ranges per split, ``gap`` samples left between.
+
+    The same arithmetic as the feature stage's window splits
+    (:func:`pipeline.features.geometry.split_ranges`), reported as a storage error.
+    """
+    from pipeline.errors import WindowError
+    from pipeline.features.geometry import split_ranges
+
+    try:
+        return split_ranges(n, fractions, gap)
+    except WindowError as exc:
+        raise StoreError(str(exc)) from None

@@ -279,18 +279,33 @@ class Stream:
             g0 += 1
 
         pool = ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="pipeline-read")
+        # Group buffers are recycled once their batches are cut: a fresh buffer of a few
+        # hundred MB per group costs as much in page faults as decoding into it.
+        capacity = max(group_sizes, default=0)
+        free: queue.SimpleQueue = queue.SimpleQueue()
         try:
-            def load(g: int) -> tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]:
+            def buffers() -> dict[str, np.ndarray]:
+                try:
+                    return free.get_nowait()
+                except queue.Empty:
+                    out = {}
+                    for n in self.names:
+                        tail, dtype = self.source.sample_shape(n)
+                        out[n] = np.empty((capacity,) + tail, dtype=dtype)
+                    return out
+
+            def load(g: int) -> tuple:
                 """Read group ``g``'s pieces into one buffer per array; return the buffers,
-                the mixing permutation, and (for the quality report) chunk ids."""
+                the mixing permutation, chunk ids (for the quality report) and the full
+                buffers to recycle."""
                 a, b = plan.groups[g]
                 pieces = plan.pieces[a:b]
                 offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
+                full = buffers()
                 bufs = {}
                 futs = []
                 for n in self.names:
-                    tail, dtype = self.source.sample_shape(n)
-                    buf = np.empty((int(offsets[-1]),) + tail, dtype=dtype)
+                    buf = full[n][: int(offsets[-1])]
                     bufs[n] = buf
                     for p, off in zip(pieces, offsets[:-1]):
                         whole = p.lo == 0 and p.hi == self.source.lengths[p.chunk]
@@ -307,7 +322,7 @@ class Stream:
                     ids = np.concatenate([np.full(p.hi - p.lo, p.chunk, dtype=np.int64) for p in pieces])
                     idx = np.concatenate([np.arange(p.lo, p.hi, dtype=np.int64) + p.chunk * 10**9 for p in pieces])
                     extra = {"chunk": ids, "index": idx}
-                return bufs, perm, extra
+                return bufs, perm, extra, full
 
             futures: dict[int, Future] = {}
             loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-prefetch")
@@ -328,6 +343,7 @@ class Stream:
                     # A batch is one gather from the mixed group (two when it spans groups):
                     # the only copy of the data after decoding.
                     parts: list[tuple[tuple, np.ndarray]] = []
+                    finished: list[tuple] = []
                     need = size
                     while need > 0:
                         if cur is None:
@@ -340,6 +356,7 @@ class Stream:
                         pos += take
                         need -= take
                         if pos == perm.size:
+                            finished.append(cur)
                             cur, pos, g = None, 0, g + 1
                     out = []
                     for n in self.names:
@@ -349,6 +366,8 @@ class Stream:
                         ids = np.concatenate([c[2]["chunk"][idx] for c, idx in parts])
                         chunks_seen.append(len(np.unique(ids)))
                         order_index.append(np.concatenate([c[2]["index"][idx] for c, idx in parts]))
+                    for done_group in finished:  # its samples are copied out: reuse its memory
+                        free.put(done_group[3])
                     yield tuple(out)
             finally:
                 loader.shutdown(wait=True, cancel_futures=True)
