@@ -122,32 +122,36 @@ def build_training_set(
                            "statistics depend on the assembled window)")
     first_name = next(iter(ranges))
     a, b = ranges[first_name]
-    stats: dict[str, Any] = {}
     f_used = f
     if nan == "fill":
         f_used = da.where(da.isfinite(f_used), f_used, np.float32(fill_value))
-    if normalize == "global":
-        rows = f_used[int(ends[a]) - H : int(ends[b - 1]) + 1]
-        finite = da.where(da.isfinite(rows), rows, np.nan).astype(np.float64)
-        mean, std = compute(da.nanmean(finite, axis=0), da.nanstd(finite, axis=0),
-                            desc="normalization statistics (train split)", progress=progress)
-        mean = np.nan_to_num(mean)
-        std = np.where(np.isfinite(std) & (std > 0), std, 1.0)
-        f_used = ((f_used - mean.astype(np.float32)) / std.astype(np.float32)).astype(np.float32)
-        stats = {"kind": "global", "fit_on": first_name, "mean": mean.tolist(), "std": std.tolist(),
-                 "features": list(frame.names)}
-    elif normalize == "window":
-        stats = {"kind": "window"}
-    else:
-        stats = {"kind": "none"}
-
-    w = windows(f_used[: T - h], size=size, stride=stride, scales=scales)
-    if normalize == "window":
-        w = w.map_blocks(_window_zscore, dtype=np.float32)
     ret = (logmid[h:] - logmid[:-h]) * label.scale
     # A strided slice, not ret[ends]: a fancy index would embed the whole index array
     # (megabytes) in the graph.
     ret_w = ret[H : H + stride * (n - 1) + 1 : stride]
+
+    # One pass over the features for everything computed before the write: the train
+    # statistics, and whether any step or label is non-finite (normalizing with finite
+    # statistics does not change that). Each pass re-reads and re-derives the features.
+    reductions = [(~da.isfinite(f_used[: T - h])).any(axis=1).sum(), ~da.isfinite(ret_w)]
+    if normalize == "global":
+        rows = f_used[int(ends[a]) - H : int(ends[b - 1]) + 1]
+        finite = da.where(da.isfinite(rows), rows, np.nan).astype(np.float64)
+        reductions += [da.nanmean(finite, axis=0), da.nanstd(finite, axis=0)]
+    results = compute(*reductions, desc="statistics and NaN check", progress=progress)
+    bad_steps_n, bad_labels = int(results[0]), np.asarray(results[1], dtype=bool).copy()
+    if normalize == "global":
+        mean = np.nan_to_num(results[2])
+        std = np.where(np.isfinite(results[3]) & (results[3] > 0), results[3], 1.0)
+        f_used = ((f_used - mean.astype(np.float32)) / std.astype(np.float32)).astype(np.float32)
+        stats: dict[str, Any] = {"kind": "global", "fit_on": first_name, "mean": mean.tolist(),
+                                 "std": std.tolist(), "features": list(frame.names)}
+    else:
+        stats = {"kind": normalize}
+
+    w = windows(f_used[: T - h], size=size, stride=stride, scales=scales)
+    if normalize == "window":
+        w = w.map_blocks(_window_zscore, dtype=np.float32)
     y_all = ret_w
     if label.kind == "class":
         thresholds = np.asarray(label.thresholds)
@@ -156,10 +160,7 @@ def build_training_set(
         y_all = y_all.astype(np.float32)
 
     # Which windows hold a non-finite value? Only pay for a windowed pass when any exist.
-    bad_steps_n, bad_labels = compute((~da.isfinite(f_used[: T - h])).any(axis=1).sum(), ~da.isfinite(ret_w),
-                                      desc="checking for NaN", progress=progress)
-    bad_steps_n = int(bad_steps_n)
-    bad = np.asarray(bad_labels, dtype=bool).copy()
+    bad = bad_labels
     if bad_steps_n:
         flags = (~da.isfinite(f_used[: T - h])).any(axis=1, keepdims=True).astype(np.uint8)
         (flagged,) = compute(windows(flags, size=size, stride=stride, scales=scales).max(axis=(1, 2)),

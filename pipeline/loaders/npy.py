@@ -63,7 +63,9 @@ def probe_npy(path: str, so: dict) -> tuple[tuple[int, ...], np.dtype]:
                 size = fh.tell()
     except FormatMismatchError:
         raise
-    except (ValueError, OSError, SyntaxError) as exc:
+    except OSError as exc:
+        raise LoaderError(path, f"cannot read ({exc.strerror or exc})") from None
+    except (ValueError, SyntaxError) as exc:
         raise FormatMismatchError(path, f"expected an .npy header, could not parse it ({exc})") from None
     if dtype.hasobject:
         raise FormatMismatchError(path, "holds Python objects (dtype=object, a pickle); refusing to load it")

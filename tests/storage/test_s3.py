@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import numpy as np
 import pytest
 import zarr
@@ -13,28 +11,6 @@ import pipeline
 from pipeline.errors import IncompleteStoreError
 from pipeline.storage import write
 from pipeline.storage.writer import written_units
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    from moto.server import ThreadedMotoServer
-
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    import boto3
-
-    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
-                 region_name="us-east-1").create_bucket(Bucket="training")
-    yield {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
-    server.stop()
 
 
 def test_write_resume_and_read_back_on_s3(s3, monkeypatch):

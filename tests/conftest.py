@@ -1,0 +1,33 @@
+"""Fixtures shared across the test packages."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3():
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint, aws_access_key_id="testing", aws_secret_access_key="testing",
+                 region_name="us-east-1").create_bucket(Bucket="training")
+    # A real S3-protocol server on loopback: the storage and loader tests talk to it
+    # through s3fs exactly as they would to S3.
+    yield {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+    server.stop()
+
+
