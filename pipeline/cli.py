@@ -66,6 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     insp.add_argument("store", metavar="STORE", help="store path or URL (directory, .zarr.zip, s3://...)")
     insp.add_argument("--plot", metavar="FILE", help="also draw sample windows and feature histograms to a PNG")
+    insp.add_argument(
+        "--verify",
+        action="store_true",
+        help="read every chunk and check it against the checksum recorded when it was written "
+        "(exit status 1 when any chunk is corrupt)",
+    )
 
     demo = sub.add_parser(
         "demo-data",
@@ -108,11 +114,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
-    from pipeline.storage import format_report, inspect_store, plot_store
+    from pipeline.storage import format_report, inspect_store, plot_store, verify_store
 
     print(format_report(inspect_store(args.store)))
     if args.plot:
         print(f"plot: {plot_store(args.store, args.plot)}")
+    if args.verify:
+        problems = verify_store(args.store)
+        for line in problems:
+            print(f"CORRUPT {line}")
+        print(f"verify: {'every chunk matches its checksum' if not problems else f'{len(problems)} problem(s)'}")
+        return 1 if problems else 0
     return 0
 
 

@@ -33,3 +33,24 @@ def test_cli_inspect_with_plot_writes_a_png(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "train/x" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_verify_names_every_corrupt_chunk(tmp_path):
+    x = np.random.default_rng(3).standard_normal((200, 6)).astype(np.float32)
+    path = tmp_path / "v.zarr"
+    write(path, {"x": x, "y": np.arange(200)}, chunk_samples=50, codec="none", progress=False)
+    from pipeline.storage import verify_store
+
+    assert verify_store(path) == []
+    # A silent bit flip (uncompressed, so it still decodes) and a truncated chunk.
+    chunk = path / "train" / "x" / "c" / "1" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[100] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    (path / "train" / "y" / "c" / "3").write_bytes(b"\x00\x01")
+    problems = verify_store(path)
+    assert "train/x chunk 1: checksum mismatch" in problems
+    assert any(p.startswith("train/y chunk 3: cannot decode") for p in problems)
+    result = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(path), "--verify"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and "CORRUPT train/x chunk 1: checksum mismatch" in result.stdout
