@@ -33,6 +33,7 @@ import zarr
 from pipeline.errors import StoreConflictError, StoreError
 from pipeline.progress import compute
 from pipeline.storage.codecs import CodecSpec
+from pipeline.storage.lock import write_lock
 from pipeline.storage.layout import DEFAULT_CHUNK_BYTES, chunk_samples_for, time_split_ranges, unit_chunks
 from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip, open_store_group, store_root_attrs
 
@@ -247,13 +248,15 @@ def write(
                     "choose another output path or set output.overwrite"
                 )
             return location
-        _write_dir(staging, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                   fingerprint, overwrite, None, progress, shared_chunk_rows)
-        _pack_zip(staging, location)
-        shutil.rmtree(staging)
+        with write_lock(location):
+            _write_dir(staging, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
+                       fingerprint, overwrite, None, progress, shared_chunk_rows)
+            _pack_zip(staging, location)
+            shutil.rmtree(staging)
         return location
-    _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-               fingerprint, overwrite, storage_options, progress, shared_chunk_rows)
+    with write_lock(location):
+        _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
+                   fingerprint, overwrite, storage_options, progress, shared_chunk_rows)
     return location
 
 

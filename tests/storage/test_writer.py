@@ -208,3 +208,22 @@ def test_provenance_attributes(tmp_path):
     assert attrs["splits"] == {"train": 10} and attrs["fingerprint"] == "abc"
     assert attrs["config"] == "a: 1" and "zarr" in attrs["versions"] and attrs["created"]
     assert attrs["complete"] is True and attrs["codec"].startswith("blosc")
+
+
+def test_a_second_writer_fails_naming_the_lock_holder(tmp_path):
+    x = np.zeros((20, 2), np.float32)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / "l.zarr.lock").write_text(
+            '{"host": "%s", "pid": %d, "since": "now"}' % (__import__("socket").gethostname(), holder.pid))
+        from pipeline.errors import StoreLockedError
+
+        with pytest.raises(StoreLockedError, match=f"pid {holder.pid}"):
+            write(tmp_path / "l.zarr", {"x": x, "y": x[:, 0]}, progress=False)
+        assert not (tmp_path / "l.zarr").exists()  # nothing written
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder is gone (as after a SIGKILL): its stale lock is taken over.
+    write(tmp_path / "l.zarr", {"x": x, "y": x[:, 0]}, progress=False)
+    assert pipeline.open(tmp_path / "l.zarr").attrs["complete"] and not (tmp_path / "l.zarr.lock").exists()
