@@ -67,7 +67,9 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
             proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
             out += [f"{proto}://{m}" for m in sorted(matched)]
         elif any(ch in item for ch in "*?["):
-            out += sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            matched = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            _refuse_aliases(item, matched)
+            out += matched
         else:
             out.append(item)
     seen: set[str] = set()
@@ -75,6 +77,22 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
     if not unique:
         raise EmptyInputError(", ".join(items), "matched no file")
     return unique
+
+
+def _refuse_aliases(pattern: str, matched: list[str]) -> None:
+    """A recursive glob through a symlink loop (or duplicate links) matches one file
+    under many names: the data would silently hold it many times. Name it instead."""
+    seen: dict[str, str] = {}
+    for p in matched:
+        real = os.path.realpath(p)
+        if real in seen:
+            first, second = sorted((seen[real], p), key=len)
+            raise LoaderError(
+                second,
+                f"is the same file as {first} (the glob {pattern!r} reaches it twice, through a "
+                "symlink loop or duplicate links); narrow the glob or remove the link",
+            )
+        seen[real] = p
 
 
 def _stat(path: str, so: dict) -> tuple[int, float]:

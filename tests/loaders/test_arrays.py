@@ -105,3 +105,11 @@ def test_npz_member(tmp_path):
     with pytest.raises(LoaderError, match=r"a\.npz: holds arrays \['x', 'y'\]; choose one with key"):
         pipeline.load(str(tmp_path / "a.npz"))
     assert pipeline.load(str(tmp_path / "a.npz"), key="x").compute().sum() == 4
+
+
+def test_a_symlink_loop_in_a_recursive_glob_is_named_not_read_many_times(tmp_path):
+    (tmp_path / "a").mkdir()
+    np.save(tmp_path / "a" / "x.npy", np.zeros(3))
+    (tmp_path / "a" / "up").symlink_to("..")
+    with pytest.raises(LoaderError, match=r"a/x\.npy: is the same file as .* symlink loop"):
+        pipeline.load(str(tmp_path / "**" / "*.npy"))
