@@ -337,7 +337,15 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             tasks.append(dask.delayed(_write_unit)(location, storage_options, split, u, u * unit,
                                                    {k: b[u] for k, b in blocks.items()}))
     if tasks:
-        compute(*tasks, desc="writing chunks", progress=progress)
+        try:
+            compute(*tasks, desc="writing chunks", progress=progress)
+        except OSError as exc:
+            # Disk full, read-only, permission: every unit written so far is recorded,
+            # so the same write resumes once the cause is fixed.
+            raise StoreError(
+                f"{location}: cannot write ({exc.strerror or exc}); the units written so far are kept "
+                "and recorded: fix the cause and rerun the same write to resume"
+            ) from exc
 
     # Completeness: every unit has its marker; only then is the store marked complete.
     counts = {}
