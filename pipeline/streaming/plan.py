@@ -29,6 +29,7 @@ __all__ = [
     "group_permutation",
     "pieces_for_range",
     "rank_range",
+    "round_robin_consumed",
     "worker_plan",
 ]
 
@@ -145,6 +146,28 @@ def worker_plan(
     pieces = pieces_for_range(order, lengths, s0, s1)
     groups = tuple((g, min(g + buffer_chunks, len(pieces))) for g in range(0, len(pieces), buffer_chunks))
     return WorkerPlan(pieces=tuple(pieces), batch_sizes=tuple(sizes[b0:b1]), groups=groups)
+
+
+def round_robin_consumed(counts: Sequence[int], served: int) -> list[int]:
+    """Batches each DataLoader worker had delivered when ``served`` batches were consumed.
+
+    A DataLoader takes batches from its workers in turn (0, 1, ..., k-1, 0, ...),
+    skipping workers that are done; ``counts`` are the workers' batch counts.
+    """
+    taken = [0] * len(counts)
+    left = int(served)
+    while left > 0:
+        progressed = False
+        for k, c in enumerate(counts):
+            if left == 0:
+                break
+            if taken[k] < c:
+                taken[k] += 1
+                left -= 1
+                progressed = True
+        if not progressed:
+            raise StreamError(f"{served} batches served, but the workers only have {sum(counts)}")
+    return taken
 
 
 def group_permutation(n: int, *, seed: int, epoch: int, rank: int, worker: int, group: int, shuffle: bool) -> np.ndarray:

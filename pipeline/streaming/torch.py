@@ -1,5 +1,9 @@
 """PyTorch adapter: an ``IterableDataset`` that shares chunks among ranks and workers.
 
+To resume mid-epoch, count the batches the loop consumed and, before the next
+``iter(loader)``, call ``stream.load_state_dict({"epoch": e, "batches_served": n})``:
+each worker then skips exactly what it had delivered.
+
 Use it with ``DataLoader(ds, batch_size=None, num_workers=k)``: batches come ready-made.
 Each DataLoader worker serves a contiguous share of its rank's batches, so across all
 ranks and workers every sample appears exactly once per epoch. Only the store location
@@ -45,6 +49,14 @@ class TorchDataset(IterableDataset):
             numcodecs.blosc.use_threads = False  # our threads decode; blosc's would oversubscribe
             self.stream.threads = 2
         pin = self.pin_memory and torch.cuda.is_available() and info is None
-        for batch in self.stream.iter_worker(worker, workers):
+        # Resuming (Stream.load_state_dict): the DataLoader took batches from the workers
+        # in turn, so each worker skips the share it had already delivered.
+        skip = 0
+        if self.stream._served:
+            from pipeline.streaming.plan import round_robin_consumed
+
+            counts = [len(self.stream.plan(k, workers).batch_sizes) for k in range(workers)]
+            skip = round_robin_consumed(counts, self.stream._served)[worker]
+        for batch in self.stream.iter_worker(worker, workers, skip_batches=skip):
             tensors = tuple(torch.from_numpy(b) for b in batch)
             yield tuple(t.pin_memory() for t in tensors) if pin else tensors
