@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import types
 import typing
@@ -138,6 +139,7 @@ _POSITIVE_INTS = {
     "n_workers", "threads_per_worker", "size", "stride", "chunk_rows", "chunk_samples",
     "shard_chunks", "batch_size", "buffer_chunks",
 }  # fmt: skip
+_POSITIVE_FLOATS = {"target_chunk_mb"}
 
 
 def _describe(tp: Any, name: str) -> str:
@@ -204,8 +206,10 @@ def _coerce(value: Any, tp: Any, path: str, name: str) -> Any:
             raise ConfigError(path, "a positive integer", value)
         return value
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(path, "a number", value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(path, "a finite number", value)
+        if name in _POSITIVE_FLOATS and value <= 0:
+            raise ConfigError(path, "a positive number", value)
         return float(value)
     if tp is str:
         if not isinstance(value, str):
