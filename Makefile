@@ -15,11 +15,9 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-# deploy/requirements.txt pins the runtime (dask, distributed, zarr, ...) that the
-# Docker image gives client, scheduler and workers; tests run on the same versions.
-$(STAMP): pyproject.toml deploy/requirements.txt | $(BIN)/python
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -c deploy/requirements.txt -e '.[dev]' $(TORCH_PIN)
+	$(BIN)/pip install --quiet -e '.[dev]' $(TORCH_PIN)
 	touch $(STAMP)
 
 install: $(STAMP)
