@@ -254,9 +254,12 @@ def write(
             _pack_zip(staging, location)
             shutil.rmtree(staging)
         return location
-    with write_lock(location):
-        _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                   fingerprint, overwrite, storage_options, progress, shared_chunk_rows)
+    try:
+        with write_lock(location):
+            _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
+                       fingerprint, overwrite, storage_options, progress, shared_chunk_rows)
+    except OSError as exc:  # creating the store or its lock: read-only, full, no permission
+        raise StoreError(f"{location}: cannot write ({exc.strerror or exc})") from exc
     return location
 
 

@@ -34,9 +34,12 @@ class ChunkReader:
         ``(store, split, name)`` used in error messages.
     """
 
-    def __init__(self, array: zarr.Array, where: tuple[str, str, str]):
+    def __init__(self, array: zarr.Array, where: tuple[str, str, str], checksums: np.ndarray | None = None):
         self.array = array
         self.where = where
+        # Rows of the split's ``_written`` table (one per chunk when unsharded): when
+        # given, every decoded chunk's CRC32 must be one of its row's recorded values.
+        self.checksums = checksums if array.shards is None else None
         self.rows = int(array.chunks[0])
         self.n = int(array.shape[0])
         self.tail_shape = tuple(array.shape[1:])
@@ -101,6 +104,18 @@ class ChunkReader:
 
     def read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         """Chunk ``i`` as an array of ``length(i)`` rows, decoded into ``out`` if given."""
+        out = self._read(i, out)
+        if self.checksums is not None:
+            import zlib
+
+            row = self.checksums[i]
+            if row[0] != 1 or zlib.crc32(np.ascontiguousarray(out).data) not in {int(v) for v in row[1:]}:
+                store, split, name = self.where
+                raise CorruptChunkError(store, split, name, i, "checksum mismatch (the chunk decodes, but not to "
+                                        "what was written)")
+        return out
+
+    def _read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         n = self.length(i)
         shape = (n,) + self.tail_shape
         if out is None:

@@ -35,11 +35,11 @@ class _StoreSource:
     """Chunks of the arrays of one split of a zarr store."""
 
     def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
-                 storage_options: dict | None):
+                 storage_options: dict | None, verify: bool = False):
         from pipeline.storage.store import open_store_group, store_root_attrs
 
         self.location, self.split, self.names = location, split, tuple(names)
-        self.partial, self.storage_options = partial, storage_options
+        self.partial, self.storage_options, self.verify = partial, storage_options, verify
         group = open_store_group(location, mode="r", storage_options=storage_options)
         meta = store_root_attrs(group)
         label = location if isinstance(location, (str, os.PathLike)) else "<group>"
@@ -59,11 +59,13 @@ class _StoreSource:
         shapes = {n: (a.shape[0], a.chunks[0]) for n, a in arrays.items()}
         if len(set(shapes.values())) != 1:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
-        self.readers = {n: ChunkReader(a, (str(label), split, n)) for n, a in arrays.items()}
+        sums = group[f"{split}/_written"][:] if verify and "_written" in group[split] else None
+        self.readers = {n: ChunkReader(a, (str(label), split, n), sums) for n, a in arrays.items()}
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
             from pipeline.streaming.virtual import VirtualWindowReader
 
-            feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"))
+            shared_sums = group["_shared/_written"][:] if verify else None
+            feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"), shared_sums)
             self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))
@@ -73,10 +75,11 @@ class _StoreSource:
         if not isinstance(self.location, (str, os.PathLike)):
             raise StreamError("a stream over an open zarr group cannot be sent to worker processes; pass its path")
         return {"location": self.location, "split": self.split, "names": self.names,
-                "partial": self.partial, "storage_options": self.storage_options}
+                "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["location"], state["split"], state["names"], state["partial"], state["storage_options"])
+        self.__init__(state["location"], state["split"], state["names"], state["partial"], state["storage_options"],
+                      state.get("verify", False))
 
     def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         return self.readers[name].read(chunk, out)
@@ -420,6 +423,7 @@ def stream(
     storage_options: dict[str, Any] | None = None,
     prefetch: int = 1,
     threads: int | None = None,
+    verify: bool = False,
 ) -> Stream:
     """Stream shuffled, aligned batches of a split.
 
@@ -451,6 +455,10 @@ def stream(
         Buffer groups read ahead in the background.
     threads
         Threads decoding chunks.
+    verify
+        Check every chunk read against the CRC32 recorded when it was written (stores
+        without sharding). A chunk that fails to decode is always reported; this also
+        catches one that decodes to the wrong bytes, at about a third of the speed.
 
     Returns
     -------
@@ -468,7 +476,7 @@ def stream(
     import zarr
 
     if isinstance(source, (str, os.PathLike, zarr.Group)):
-        src: Any = _StoreSource(source, split, arrays, partial, storage_options)
+        src: Any = _StoreSource(source, split, arrays, partial, storage_options, verify)
     elif isinstance(source, Mapping):
         src = _ArraySource(source, arrays)
     elif isinstance(source, (tuple, list)):

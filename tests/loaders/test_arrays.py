@@ -113,3 +113,13 @@ def test_a_symlink_loop_in_a_recursive_glob_is_named_not_read_many_times(tmp_pat
     (tmp_path / "a" / "up").symlink_to("..")
     with pytest.raises(LoaderError, match=r"a/x\.npy: is the same file as .* symlink loop"):
         pipeline.load(str(tmp_path / "**" / "*.npy"))
+
+
+def test_a_huge_declared_shape_in_a_tiny_file_is_refused_before_reading(tmp_path):
+    header = np.lib.format.header_data_from_array_1_0(np.zeros(1, np.float32))
+    header["shape"] = (10**9, 10**3)
+    with open(tmp_path / "huge.npy", "wb") as fh:
+        np.lib.format.write_array_header_1_0(fh, header)
+        fh.write(b"\x00" * 64)
+    with pytest.raises(LoaderError, match=r"huge\.npy: truncated: the header declares \(1000000000, 1000\)"):
+        pipeline.load(str(tmp_path / "huge.npy"))

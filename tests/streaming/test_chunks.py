@@ -55,3 +55,38 @@ def test_a_garbage_chunk_is_reported_with_split_array_and_index(tmp_path):
     np.testing.assert_array_equal(reader.read(1), data[25:50])
     with pytest.raises(CorruptChunkError, match=r"train/x chunk 2: cannot decode"):
         reader.read(2)
+
+
+def test_the_stream_never_serves_a_garbage_or_truncated_chunk(tmp_path):
+    import pipeline
+
+    y = np.arange(400)
+    x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)
+    path = write(tmp_path / "g.zarr", {"x": x, "y": y}, chunk_samples=50, progress=False)
+    (tmp_path / "g.zarr" / "train" / "x" / "c" / "5" / "0").write_bytes(b"\x02\x01garbage" * 30)
+    with pytest.raises(CorruptChunkError, match=r"train/x chunk 5"):
+        for _ in pipeline.stream(path, batch_size=40):
+            pass
+    (tmp_path / "g.zarr" / "train" / "x" / "c" / "5" / "0").write_bytes(b"")
+    with pytest.raises(CorruptChunkError, match=r"train/x chunk 5"):
+        for _ in pipeline.stream(path, batch_size=40):
+            pass
+
+
+def test_verify_catches_a_chunk_that_decodes_to_the_wrong_bytes(tmp_path):
+    import pipeline
+
+    y = np.arange(400)
+    x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)
+    path = write(tmp_path / "v.zarr", {"x": x, "y": y}, chunk_samples=50, codec="none", progress=False)
+    chunk = tmp_path / "v.zarr" / "train" / "x" / "c" / "3" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[17] ^= 0x40  # a silent bit flip: same length, still "decodes"
+    chunk.write_bytes(bytes(data))
+    assert sum(len(b) for _, b in pipeline.stream(path, batch_size=40)) == 400  # undetectable unverified
+    with pytest.raises(CorruptChunkError, match=r"train/x chunk 3: checksum mismatch"):
+        for _ in pipeline.stream(path, batch_size=40, verify=True):
+            pass
+    clean = write(tmp_path / "c.zarr", {"x": x, "y": y}, chunk_samples=50, progress=False)
+    ids = np.concatenate([b for _, b in pipeline.stream(clean, batch_size=40, verify=True)])
+    assert sorted(ids.tolist()) == list(range(400))

@@ -83,3 +83,9 @@ def test_resume_mid_epoch(stores):
     resumed.load_state_dict(s.state_dict())
     rest = [y for _, y in resumed]
     assert len(rest) == len(full) - 5 and all((a == b).all() for a, b in zip(rest, full[5:]))
+
+
+def test_verified_virtual_stream_checks_features_and_index(stores):
+    plain = [x.tobytes() for x, _ in pipeline.stream(stores[False], batch_size=100, seed=1)]
+    checked = [x.tobytes() for x, _ in pipeline.stream(stores[False], batch_size=100, seed=1, verify=True)]
+    assert plain == checked
