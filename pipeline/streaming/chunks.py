@@ -44,6 +44,7 @@ class ChunkReader:
         self.n = int(array.shape[0])
         self.tail_shape = tuple(array.shape[1:])
         self.dtype = np.dtype(array.dtype)
+        self._transposed = False
         self._decoder, self._root = self._plan()
 
     @property
@@ -63,7 +64,15 @@ class ChunkReader:
             return None, None
         if any(c != arr.shape[k] for k, c in enumerate(arr.chunks) if k > 0):
             return None, None
-        codecs = meta.get("codecs", ())
+        codecs = list(meta.get("codecs", ()))
+        # A 2-D chunk stored column-major (the transpose codec) decodes the same way and
+        # is transposed back after.
+        self._transposed = False
+        if codecs and codecs[0].get("name") == "transpose":
+            if tuple(codecs[0].get("configuration", {}).get("order", ())) != (1, 0) or len(arr.shape) != 2:
+                return None, None
+            self._transposed = True
+            codecs = codecs[1:]
         if not codecs or codecs[0].get("name") != "bytes":
             return None, None
         if self.dtype.itemsize > 1 and codecs[0].get("configuration", {}).get("endian", "little") != "little":
@@ -129,6 +138,11 @@ class ChunkReader:
             return out
         full = (self.rows,) + self.tail_shape
         try:
+            if self._transposed:
+                data = raw if self._decoder == "raw" else self._decoder.decode(raw)
+                decoded = np.frombuffer(data, dtype=self.dtype)
+                out[...] = decoded.reshape(self.tail_shape[0], self.rows).T[:n]
+                return out
             if self._decoder == "raw":
                 decoded = np.frombuffer(raw, dtype=self.dtype)
             elif n == self.rows and out.flags.c_contiguous:

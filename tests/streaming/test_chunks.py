@@ -90,3 +90,16 @@ def test_verify_catches_a_chunk_that_decodes_to_the_wrong_bytes(tmp_path):
     clean = write(tmp_path / "c.zarr", {"x": x, "y": y}, chunk_samples=50, progress=False)
     ids = np.concatenate([b for _, b in pipeline.stream(clean, batch_size=40, verify=True)])
     assert sorted(ids.tolist()) == list(range(400))
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_reader_undoes_a_column_major_transpose(tmp_path, codec):
+    from zarr.codecs import TransposeCodec
+
+    data = np.random.default_rng(4).standard_normal((95, 7)).astype(np.float32)
+    arr = zarr.create_array(str(tmp_path / "t.zarr"), shape=data.shape, chunks=(20, 7), dtype="float32",
+                            filters=[TransposeCodec(order=(1, 0))], compressors=CODECS[codec])
+    arr[:] = data
+    reader = ChunkReader(arr, ("t.zarr", "_shared", "features"))
+    assert reader._transposed and reader._decoder is not None  # the fast path, not the fallback
+    np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(reader.n_chunks)]), data)
