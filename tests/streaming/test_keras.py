@@ -43,9 +43,27 @@ def test_each_epoch_is_reshuffled_and_complete(store):
     assert not np.array_equal(epochs[0], epochs[1])
 
 
-def test_out_of_order_index_seeks_through_the_plan(store):
-    ds = pipeline.stream(store, batch_size=100, seed=0).keras()
-    in_order = [ds[i][1] for i in range(len(ds))]
-    ds2 = pipeline.stream(store, batch_size=100, seed=0).keras()
-    np.testing.assert_array_equal(ds2[7][1], in_order[7])
-    np.testing.assert_array_equal(ds2[8][1], in_order[8])
+def test_fit_with_shuffled_indices_reads_chunks_sequentially_and_sees_every_sample(store, monkeypatch):
+    """model.fit shuffles PyDataset indices by default; served literally, every batch
+    would seek to another group of chunks. Keras also peeks at one batch and calls
+    on_epoch_end before the first epoch. The epoch itself must read each chunk once."""
+    from pipeline.streaming import chunks
+
+    reads = []
+    original = chunks.ChunkReader.read
+    monkeypatch.setattr(chunks.ChunkReader, "read", lambda self, i, out=None: reads.append(i) or original(self, i, out))
+    ds = pipeline.stream(store, batch_size=50, seed=0, buffer_chunks=4).keras()
+    events = []
+    cls = type(ds)
+    get, end = cls.__getitem__, cls.on_epoch_end
+    monkeypatch.setattr(cls, "__getitem__", lambda self, i: (lambda b: events.append(b[1].copy()) or b)(get(self, i)))
+    monkeypatch.setattr(cls, "on_epoch_end", lambda self: (events.append("end"), end(self))[1])
+    model = keras.Sequential([keras.Input(shape=(4, 3)), keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    model.fit(ds, epochs=1, verbose=0, shuffle=True)
+    first_end = next(i for i, e in enumerate(events) if isinstance(e, str))
+    epoch = events[first_end + 1 : -1]  # after Keras' peek and its on_epoch_end
+    assert len(epoch) == 20 and sorted(np.concatenate(epoch).tolist()) == list(range(1000))
+    # 2 arrays x 16 chunks for the epoch, plus what the peek prefetched; seeking per
+    # shuffled index would read a whole group per batch (about 10x more).
+    assert len(reads) <= 2 * 2 * 16
