@@ -130,7 +130,11 @@ class ChunkReader:
         if out is None:
             out = np.empty(shape, dtype=self.dtype)
         if self._decoder is None:
-            out[...] = self.array[i * self.rows : i * self.rows + n]
+            try:
+                out[...] = self.array[i * self.rows : i * self.rows + n]
+            except Exception as exc:  # noqa: BLE001 - zarr's decode errors vary by codec
+                store, split, name = self.where
+                raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
             return out
         raw = self._fetch(i)
         if raw is None:  # never written: zarr reads it as the fill value

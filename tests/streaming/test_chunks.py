@@ -222,8 +222,6 @@ def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, d
     assert "train/x chunk 3" in str(err) and path in str(err)
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with sharding the fallback lets zarr's ValueError escape instead of "
-                                       "CorruptChunkError naming split, array and chunk (README reliability table)")
 def test_a_garbage_shard_is_a_corrupt_chunk_error(tmp_path):
     y = np.arange(400, dtype=np.int64)
     x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)

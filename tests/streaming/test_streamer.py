@@ -124,3 +124,251 @@ def test_every_codec_and_sharding_streams_the_same_data(tmp_path, codec, shard_c
     path = make_store(tmp_path / "c.zarr", n=700, chunk=50, codec=codec, shard_chunks=shard_chunks)
     ids = np.concatenate(epoch_ids(pipeline.stream(path, batch_size=33)))
     assert sorted(ids.tolist()) == list(range(700))
+
+
+# -- more: odd sizes, resume everywhere, sources, errors ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def odd_store(tmp_path_factory):
+    """1003 samples in chunks of 37 (a short last chunk of 4)."""
+    return make_store(tmp_path_factory.mktemp("odd") / "o.zarr", n=1003, chunk=37)
+
+
+@pytest.mark.parametrize("batch, buffer, prefetch", [(1 + 0, 1, 1), (29, 1, 0), (37, 2, 1), (64, 7, 2), (2000, 3, 1)])
+def test_odd_sizes_serve_every_sample_once_in_the_promised_batch_sizes(odd_store, batch, buffer, prefetch):
+    s = pipeline.stream(odd_store, batch_size=batch, seed=11, buffer_chunks=buffer, prefetch=prefetch, threads=2)
+    batches = epoch_ids(s)
+    assert len(batches) == len(s) == -(-1003 // batch)
+    sizes = [len(b) for b in batches]
+    assert sizes[:-1] == [batch] * (len(sizes) - 1) and 0 < sizes[-1] <= batch
+    assert sorted(np.concatenate(batches).tolist()) == list(range(1003))
+
+
+def test_drop_last_serves_only_full_batches_without_repeats(odd_store):
+    s = pipeline.stream(odd_store, batch_size=64, drop_last=True, seed=2)
+    batches = epoch_ids(s)
+    assert len(batches) == len(s) == 1003 // 64
+    assert all(len(b) == 64 for b in batches)
+    ids = np.concatenate(batches)
+    assert len(np.unique(ids)) == ids.size == 64 * (1003 // 64)
+
+
+def test_iterating_twice_at_one_epoch_repeats_it_and_set_epoch_changes_it(odd_store):
+    s = pipeline.stream(odd_store, batch_size=100, seed=4)
+    first, again = epoch_ids(s), epoch_ids(s)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    s.set_epoch(1)
+    second = epoch_ids(s)
+    assert not all(np.array_equal(a, b) for a, b in zip(first, second))
+    s.set_epoch(0)
+    assert all(np.array_equal(a, b) for a, b in zip(first, epoch_ids(s)))
+    other_seed = epoch_ids(pipeline.stream(odd_store, batch_size=100, seed=5))
+    assert not all(np.array_equal(a, b) for a, b in zip(first, other_seed))
+
+
+def test_an_interrupted_iteration_continues_where_it_stopped(odd_store):
+    full = epoch_ids(pipeline.stream(odd_store, batch_size=50, seed=3))
+    s = pipeline.stream(odd_store, batch_size=50, seed=3)
+    head = []
+    for i, (_, yb) in enumerate(s):
+        head.append(yb.copy())
+        if i == 4:
+            break
+    assert s.state_dict()["batches_served"] == 5
+    rest = epoch_ids(s)
+    assert all(np.array_equal(a, b) for a, b in zip(head + rest, full)) and len(head + rest) == len(full)
+    assert s.state_dict()["batches_served"] == 0  # the epoch finished
+
+
+@pytest.mark.parametrize("world, drop_last", [(1, False), (2, False), (3, True)])
+@pytest.mark.parametrize("epoch", [0, 2])
+def test_resume_on_every_rank_and_epoch_matches_an_uninterrupted_run(odd_store, world, drop_last, epoch):
+    kw = dict(batch_size=30, seed=9, buffer_chunks=3, world_size=world, drop_last=drop_last)
+    for rank in range(world):
+        ref = pipeline.stream(odd_store, rank=rank, **kw)
+        ref.set_epoch(epoch)
+        full = epoch_ids(ref)
+        for stop_after in (1, len(full) // 2, len(full) - 1, len(full)):
+            s = pipeline.stream(odd_store, rank=rank, **kw)
+            s.set_epoch(epoch)
+            it = iter(s)
+            for _ in range(stop_after):
+                next(it)
+            state = s.state_dict()
+            assert state == {"epoch": epoch, "batches_served": stop_after, "seed": 9, "rank": rank,
+                             "world_size": world}
+            resumed = pipeline.stream(odd_store, rank=rank, **kw)
+            resumed.load_state_dict(state)
+            rest = epoch_ids(resumed)
+            assert len(rest) == len(full) - stop_after
+            assert all(np.array_equal(a, b) for a, b in zip(rest, full[stop_after:]))
+            # the next iteration is a whole epoch again
+            assert len(epoch_ids(resumed)) == len(full)
+
+
+def test_load_state_dict_refuses_another_seed_rank_or_world(store):
+    s = pipeline.stream(store, batch_size=10, seed=1, rank=0, world_size=2)
+    for key, value in (("seed", 2), ("rank", 1), ("world_size", 3)):
+        state = {**s.state_dict(), key: value}
+        with pytest.raises(StreamError, match=f"saved with {key}={value}"):
+            s.load_state_dict(state)
+    s.load_state_dict({"epoch": 3, "batches_served": 2})  # the identity keys are optional
+    assert s.state_dict()["epoch"] == 3 and s.state_dict()["batches_served"] == 2
+
+
+def test_set_epoch_resets_the_position_only_for_another_epoch(store):
+    s = pipeline.stream(store, batch_size=10)
+    s.load_state_dict({"epoch": 1, "batches_served": 4})
+    s.set_epoch(1)
+    assert s.state_dict()["batches_served"] == 4
+    s.set_epoch(2)
+    assert s.state_dict()["batches_served"] == 0 and s.epoch == 2
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_ranks_with_odd_sizes_and_workers_plans_share_exactly_once(odd_store, world):
+    counts = collections.Counter()
+    lens = []
+    for rank in range(world):
+        s = pipeline.stream(odd_store, batch_size=16, rank=rank, world_size=world, seed=7, buffer_chunks=2)
+        n = 0
+        for w in range(3):  # what three DataLoader workers would serve
+            for xb, yb in s.iter_worker(w, 3):
+                assert (xb == yb[:, None, None]).all()
+                counts.update(yb.tolist())
+                n += 1
+        lens.append(n)
+        assert n == len(s)
+    assert len(set(lens)) == 1
+    assert len(counts) == 1003 and max(counts.values()) == 1
+
+
+def test_no_shuffle_is_in_order_on_every_rank(odd_store):
+    ids = []
+    for rank in range(3):
+        s = pipeline.stream(odd_store, batch_size=40, shuffle=False, rank=rank, world_size=3, buffer_chunks=3)
+        ids.append(np.concatenate(epoch_ids(s)))
+    assert np.array_equal(np.concatenate(ids), np.arange(1003))
+
+
+def test_quality_grows_with_the_buffer(odd_store):
+    means = []
+    for buffer in (1, 2, 8):
+        s = pipeline.stream(odd_store, batch_size=32, buffer_chunks=buffer, seed=0)
+        epoch_ids(s)
+        q = s.quality()
+        means.append(q["mean_distinct_chunks_per_batch"])
+        assert abs(q["spearman_position_vs_index"]) < 0.35
+    assert means[0] < means[1] < means[2]
+    assert means[0] <= 2.0 and means[2] > 3.0
+    ordered = pipeline.stream(odd_store, batch_size=32, shuffle=False)
+    epoch_ids(ordered)
+    assert ordered.quality()["spearman_position_vs_index"] == pytest.approx(1.0)
+    assert ordered.quality()["mean_distinct_chunks_per_batch"] < 2.0
+
+
+def test_quality_is_empty_before_an_epoch(store):
+    assert pipeline.stream(store, batch_size=10).quality() == {}
+
+
+def test_shapes_describe_one_sample(store):
+    s = pipeline.stream(store, batch_size=10)
+    assert s.shapes == {"x": ((4, 3), np.dtype("float32")), "y": ((), np.dtype("int64"))}
+
+
+def test_numpy_arrays_larger_than_one_virtual_chunk():
+    n = 9000  # 4096 + 4096 + 808
+    y = np.arange(n, dtype=np.int32)
+    x = np.stack([y * 2.0, -y], axis=1)
+    s = pipeline.stream({"x": x, "y": y}, batch_size=256, seed=1)
+    assert s.source.lengths == (4096, 4096, 808)
+    ids = []
+    for xb, yb in s:
+        assert (xb[:, 0] == yb * 2.0).all() and (xb[:, 1] == -yb).all()
+        ids.append(yb)
+    assert len(ids) == len(s)
+    assert sorted(np.concatenate(ids).tolist()) == list(range(n))
+
+
+def test_dask_arrays_with_different_chunks_stay_aligned():
+    n = 777
+    y = np.arange(n, dtype=np.int64)
+    x = np.broadcast_to(y[:, None, None].astype(np.float32), (n, 4, 3)).copy()
+    source = {"x": da.from_array(x, chunks=(50, 2, 3)), "y": da.from_array(y, chunks=81)}
+    ids = []
+    for rank in range(2):
+        s = pipeline.stream(source, batch_size=32, seed=2, world_size=2, rank=rank)
+        assert s.source.lengths == (50,) * 15 + (27,)  # the first array's chunks rule
+        ids.append(np.concatenate(epoch_ids(s)))
+    assert abs(len(ids[0]) - len(ids[1])) <= 1
+    assert sorted(np.concatenate(ids).tolist()) == list(range(n))
+
+
+def test_tuple_source_names_its_arrays():
+    y = np.arange(300)
+    s = pipeline.stream((y * 3, y), batch_size=64)
+    assert s.names == ("a0", "a1")
+    got = [(a.copy(), b.copy()) for a, b in s]
+    assert all((a == b * 3).all() for a, b in got)
+    assert sorted(np.concatenate([b for _, b in got]).tolist()) == list(range(300))
+
+
+def test_zip_store_streams_every_sample_once(tmp_path):
+    path = make_store(tmp_path / "z.zarr.zip", n=500, chunk=40)
+    assert path.endswith(".zarr.zip")
+    ids = np.concatenate(epoch_ids(pipeline.stream(path, batch_size=32, buffer_chunks=3)))
+    assert sorted(ids.tolist()) == list(range(500))
+
+
+def test_an_open_zarr_group_streams(store):
+    g = zarr.open_group(store, mode="r")
+    ids = np.concatenate(epoch_ids(pipeline.stream(g, batch_size=64)))
+    assert sorted(ids.tolist()) == list(range(1000))
+
+
+def test_incomplete_store_written_directly_with_zarr(tmp_path):
+    path = str(tmp_path / "direct.zarr")
+    n = 300
+    y = np.arange(n, dtype=np.int64)
+    x = np.broadcast_to(y[:, None, None].astype(np.float32), (n, 4, 3)).copy()
+    root = zarr.open_group(path, mode="w")
+    train = root.create_group("train")
+    for name, a in (("x", x), ("y", y)):
+        arr = train.create_array(name, shape=a.shape, dtype=a.dtype, chunks=(32,) + a.shape[1:],
+                                 compressors=[zarr.codecs.BloscCodec(cname="zstd", shuffle="bitshuffle")])
+        arr[:] = a
+    root.attrs["pipeline"] = {"complete": False, "splits": {"train": n}}
+    with pytest.raises(IncompleteStoreError):
+        pipeline.stream(path, batch_size=10)
+    ids = np.concatenate(epoch_ids(pipeline.stream(path, batch_size=10, partial=True)))
+    assert sorted(ids.tolist()) == list(range(n))
+    root.attrs["pipeline"] = {"complete": True, "splits": {"train": n}}
+    ids = np.concatenate(epoch_ids(pipeline.stream(path, batch_size=10)))
+    assert sorted(ids.tolist()) == list(range(n))
+    del root.attrs["pipeline"]  # no pipeline metadata at all: not known to be complete
+    with pytest.raises(IncompleteStoreError):
+        pipeline.stream(path, batch_size=10)
+
+
+def test_more_bad_arguments(store):
+    with pytest.raises(StreamError, match="buffer_chunks"):
+        pipeline.stream(store, batch_size=4, buffer_chunks=0)
+    with pytest.raises(StreamError, match="batch_size"):
+        pipeline.stream(store, batch_size=True)
+    with pytest.raises(StreamError, match="batch_size"):
+        pipeline.stream(store, batch_size=2.0)
+    with pytest.raises(StreamError, match="rank 0 is outside"):
+        pipeline.stream(store, batch_size=4, rank=0, world_size=0)
+    with pytest.raises(StreamError, match="cannot stream from int"):
+        pipeline.stream(5, batch_size=4)
+    with pytest.raises(StreamError, match="same length"):
+        pipeline.stream({"x": np.zeros(5), "y": np.zeros(6)}, batch_size=2)
+    with pytest.raises(StreamError, match=r"\['w'\]"):
+        pipeline.stream({"x": np.zeros(5)}, arrays=("x", "w"), batch_size=2)
+    with pytest.raises(StreamError, match="cannot be shared among 4 ranks"):
+        pipeline.stream({"x": np.zeros(3), "y": np.zeros(3)}, batch_size=2, rank=0, world_size=4)
+    # batch_size 1 with samples not divisible by the ranks cannot give equal batch counts
+    s = pipeline.stream({"x": np.zeros(5), "y": np.arange(5)}, batch_size=1, rank=0, world_size=2)
+    with pytest.raises(StreamError, match="drop_last=True"):
+        list(s)
