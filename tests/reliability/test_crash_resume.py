@@ -1,4 +1,4 @@
-"""`pipeline run` killed with SIGKILL at 10 seeded random moments of its write; each rerun
+"""`pipeline run` killed with SIGKILL at (at least) 10 seeded random moments of its write; each rerun
 completes, and the final store equals an uninterrupted run's, chunk by chunk."""
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def test_killed_runs_resume_to_the_uninterrupted_store(tmp_path):
     store = tmp_path / "killed.zarr"
     rng = random.Random(1234)
     kills = 0
-    for attempt in range(10):
+    for attempt in range(12):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         target = rng.uniform(0.05, 0.9)  # fraction of units written when the kill lands
         deadline = time.time() + 180
@@ -58,7 +58,7 @@ def test_killed_runs_resume_to_the_uninterrupted_store(tmp_path):
             proc.send_signal(signal.SIGKILL)
             kills += 1
         proc.wait()
-    assert kills >= 8, "the runs finished before they could be killed; use more data"
+    assert kills >= 10, "the runs finished before they could be killed; use more data"
     final = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert final.returncode == 0, final.stderr
     ref = subprocess.run(cmd + ["--set", f"output.path={tmp_path / 'ref.zarr'}"], capture_output=True, text=True,
