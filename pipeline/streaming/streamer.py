@@ -29,6 +29,7 @@ from pipeline.streaming.plan import WorkerPlan, batches_per_rank, group_permutat
 __all__ = ["Stream", "stream"]
 
 DEFAULT_ARRAY_CHUNK = 4096
+_REOPEN_LOCK = threading.Lock()
 
 
 class _StoreSource:
@@ -69,6 +70,8 @@ class _StoreSource:
             self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))
+        # Set last: other threads of a forked child read only once the readers are new.
+        self._pid = os.getpid()
 
     def __getstate__(self) -> dict:
         # Only the location travels to DataLoader workers; each reopens the store itself.
@@ -82,7 +85,18 @@ class _StoreSource:
                       state.get("verify", False))
 
     def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        if self._pid != os.getpid():
+            self._reopen()
         return self.readers[name].read(chunk, out)
+
+    def _reopen(self) -> None:
+        """After a fork (a DataLoader worker), open the store again: a forked child shares
+        its parent's file descriptors and their offsets, so two workers reading one zip
+        through inherited handles would read each other's bytes."""
+        with _REOPEN_LOCK:
+            if self._pid != os.getpid():
+                self.__init__(self.location, self.split, self.names, self.partial, self.storage_options,
+                              self.verify)
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         r = self.readers[name]

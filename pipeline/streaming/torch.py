@@ -48,6 +48,11 @@ class TorchDataset(IterableDataset):
 
             numcodecs.blosc.use_threads = False  # our threads decode; blosc's would oversubscribe
             self.stream.threads = 2
+            # A forked worker shares the parent's open files (a zip store's handle and
+            # offset): open the store again before any reader thread starts.
+            reopen = getattr(self.stream.source, "_reopen", None)
+            if reopen is not None:
+                reopen()
         pin = self.pin_memory and torch.cuda.is_available() and info is None
         # Resuming (Stream.load_state_dict): the DataLoader took batches from the workers
         # in turn, so each worker skips the share it had already delivered.
