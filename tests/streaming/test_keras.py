@@ -8,6 +8,7 @@ os.environ.setdefault("KERAS_BACKEND", "torch")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 import pipeline  # noqa: E402
 
@@ -59,7 +60,7 @@ def test_fit_with_shuffled_indices_reads_chunks_sequentially_and_sees_every_samp
     monkeypatch.setattr(cls, "__getitem__", lambda self, i: (lambda b: events.append(b[1].copy()) or b)(get(self, i)))
     monkeypatch.setattr(cls, "on_epoch_end", lambda self: (events.append("end"), end(self))[1])
     model = keras.Sequential([keras.Input(shape=(4, 3)), keras.layers.Flatten(), keras.layers.Dense(1)])
-    model.compile(optimizer="sgd", loss="mse")
+    model.compile(optimizer="adam", loss="mse")
     model.fit(ds, epochs=1, verbose=0, shuffle=True)
     first_end = next(i for i, e in enumerate(events) if isinstance(e, str))
     epoch = events[first_end + 1 : -1]  # after Keras' peek and its on_epoch_end
@@ -67,3 +68,106 @@ def test_fit_with_shuffled_indices_reads_chunks_sequentially_and_sees_every_samp
     # 2 arrays x 16 chunks for the epoch, plus what the peek prefetched; seeking per
     # shuffled index would read a whole group per batch (about 10x more).
     assert len(reads) <= 2 * 2 * 16
+
+
+from pipeline.streaming import chunks as _chunks  # noqa: E402
+from pipeline.streaming.keras import KerasDataset  # noqa: E402
+
+
+class Recording(KerasDataset):
+    """Records every batch Keras asks for: (stream epoch, index, labels)."""
+
+    def __init__(self, stream, **kwargs):
+        super().__init__(stream, **kwargs)
+        self.calls = []
+        self.ends = 0
+
+    def __getitem__(self, index):
+        batch = super().__getitem__(index)
+        self.calls.append((self.stream.epoch, index, np.asarray(batch[1]).copy()))
+        return batch
+
+    def on_epoch_end(self):
+        self.ends += 1
+        super().on_epoch_end()
+
+
+def _tiny_model():
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(shape=(4, 3)), keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    return model
+
+
+def _epochs(ds):
+    """Per stream epoch, the labels of its batches keyed by index, for the epochs fit walked whole."""
+    by_epoch = {}
+    for epoch, index, labels in ds.calls:
+        by_epoch.setdefault(epoch, {})[index] = labels
+    return {e: b for e, b in by_epoch.items() if len(b) == len(ds)}
+
+
+def test_pydataset_contract(store):
+    s = pipeline.stream(store, batch_size=64, seed=0)
+    ds = s.keras()
+    assert isinstance(ds, keras.utils.PyDataset)
+    assert not hasattr(ds, "__array__") and not hasattr(type(ds), "__array__")
+    assert len(ds) == len(s) == ds.num_batches == 16
+    with pytest.raises(IndexError):
+        ds[16]
+    with pytest.raises(IndexError):
+        ds[-1]
+    # the k-th call of an epoch is the stream's k-th batch, whatever index Keras asks for
+    want = [b.copy() for _, b in pipeline.stream(store, batch_size=64, seed=0)]
+    got = []
+    for index in (15, 3, 3, 0, *range(12)):
+        x, y = ds[index]
+        assert (x[:, 0, 0] == y).all()
+        got.append(y.copy())
+    assert len(got) == 16 and all(np.array_equal(a, b) for a, b in zip(got, want))
+    assert len(ds[7][1]) == 64  # a 17th call starts a new pass over the same epoch
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_fit_two_epochs_serves_each_epoch_whole_and_reshuffled(store, shuffle):
+    s = pipeline.stream(store, batch_size=100, seed=0)
+    ds = Recording(s)
+    history = _tiny_model().fit(ds, epochs=2, verbose=0, shuffle=shuffle)
+    assert len(history.history["loss"]) == 2 and np.isfinite(history.history["loss"]).all()
+    epochs = _epochs(ds)
+    assert len(epochs) >= 2
+    orders = []
+    for e, batches in sorted(epochs.items())[-2:]:
+        ids = np.concatenate([batches[i] for i in range(len(ds))])
+        assert sorted(ids.tolist()) == list(range(1000))  # every sample once per epoch
+        orders.append(ids)
+    assert not np.array_equal(orders[0], orders[1])  # on_epoch_end moved the stream to a new order
+    assert s.epoch == ds.ends and ds.ends >= 2
+
+
+def _count_reads(monkeypatch):
+    count = [0]
+    original = _chunks.ChunkReader.read
+
+    def read(self, i, out=None):
+        count[0] += 1
+        return original(self, i, out)
+
+    monkeypatch.setattr(_chunks.ChunkReader, "read", read)
+    return count
+
+
+def test_fit_without_keras_shuffle_reads_each_chunk_about_once(store, monkeypatch):
+    count = _count_reads(monkeypatch)
+    s = pipeline.stream(store, batch_size=50, seed=0, buffer_chunks=4)
+    _tiny_model().fit(s.keras(), epochs=1, verbose=0, shuffle=False)
+    n_chunks = 2 * len(s.source.lengths)  # x and y
+    assert count[0] <= 2 * n_chunks
+
+
+def test_fit_with_keras_default_shuffle_reads_each_chunk_about_once(store, monkeypatch):
+    count = _count_reads(monkeypatch)
+    s = pipeline.stream(store, batch_size=50, seed=0, buffer_chunks=4)
+    _tiny_model().fit(s.keras(), epochs=1, verbose=0)
+    n_chunks = 2 * len(s.source.lengths)
+    assert count[0] <= 2 * n_chunks
