@@ -16,7 +16,6 @@ Then the data-wait fraction of a training loop whose step takes 5 ms. Writes a P
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import shutil
 import tempfile

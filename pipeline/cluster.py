@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from typing import IO, Iterator
+from typing import IO, TYPE_CHECKING, Iterator
 
 from pipeline.errors import ClusterError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import distributed
 
 __all__ = ["cluster", "dashboard_link"]
 
@@ -41,7 +44,7 @@ def cluster(
     tls_key_file: str | None = None,
     timeout: float = 30.0,
     log: IO[str] | None = sys.stderr,
-) -> Iterator["distributed.Client"]:  # type: ignore[name-defined]  # noqa: F821
+) -> Iterator["distributed.Client"]:
     """Start or connect to a dask cluster and yield a client for it.
 
     Parameters

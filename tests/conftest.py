@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 import socket
+import time
+from typing import Callable
 
 import pytest
+
+
+def wait_until(condition: Callable[[], bool], *, timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return whether it held.
+
+    The processes these tests drive (a dask scheduler starting, a run writing chunks
+    that is about to be killed) signal nothing a test could wait on, so the tests poll
+    a condition on the files they write, with a deadline, never a fixed sleep.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval)
+    return condition()
 
 
 def free_port() -> int:

@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +19,7 @@ import pipeline
 from pipeline.cluster import cluster
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import ClusterError
+from tests.conftest import wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -51,9 +51,7 @@ def remote(tmp_path):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     ]
-    deadline = time.time() + 60
-    while not sched_file.exists() and time.time() < deadline:
-        time.sleep(0.2)
+    assert wait_until(sched_file.exists, timeout=60), "the scheduler did not start"
     address = json.loads(sched_file.read_text())["address"]
     for _ in range(2):
         procs.append(
@@ -134,11 +132,8 @@ def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )
     chunks = tmp_path / "killed.zarr" / "train" / "x" / "c"
-    deadline = time.time() + 240
-    while time.time() < deadline and run.poll() is None:
-        if chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 20:
-            break
-        time.sleep(0.05)
+    wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 20),
+               timeout=240)
     assert run.poll() is None, "the run ended before a worker could be killed; make the data larger"
     procs[1].send_signal(signal.SIGKILL)
     out, err = run.communicate(timeout=300)

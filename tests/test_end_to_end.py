@@ -5,7 +5,6 @@ features, windows, labels and splits."""
 from __future__ import annotations
 
 import collections
-import os
 from pathlib import Path
 
 import numpy as np

@@ -8,7 +8,6 @@ about 1-2 GB/s per core), and each file becomes one chunk.
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Sequence
 

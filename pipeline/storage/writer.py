@@ -81,7 +81,7 @@ def _normalize(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, sp
             out = {"train": flat}
         elif split_by == "random":
             perm = np.random.default_rng(seed).permutation(total)
-            out, start = {}, 0
+            out = {}
             for name, (lo, hi) in time_split_ranges(total, splits, 0).items():
                 idx = np.sort(perm[lo:hi])
                 out[name] = {k: a[idx] for k, a in flat.items()}

@@ -8,7 +8,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import zarr
 import pipeline
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.storage.writer import written_units
+from tests.conftest import wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -44,16 +44,18 @@ def test_killed_runs_resume_to_the_uninterrupted_store(tmp_path):
     for attempt in range(12):
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
         target = rng.uniform(0.05, 0.9)  # fraction of units written when the kill lands
-        deadline = time.time() + 180
-        while time.time() < deadline and proc.poll() is None:
+
+        def reached(target: float = target, proc: subprocess.Popen = proc) -> bool:
+            if proc.poll() is not None:
+                return True
             try:
                 g = zarr.open_group(str(store), mode="r")
                 done = np.concatenate([written_units(g, s) for s in ("train", "val") if s in g])
-                if done.size and done.mean() >= target:
-                    break
-            except Exception:  # noqa: BLE001 - not created yet
-                pass
-            time.sleep(0.02)
+            except Exception:  # noqa: BLE001 - the store is not created yet
+                return False
+            return bool(done.size) and done.mean() >= target
+
+        wait_until(reached, timeout=180, interval=0.02)
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import collections
 import random
 
-import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader

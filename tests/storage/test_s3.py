@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import zarr
 
 import pipeline
 from pipeline.errors import IncompleteStoreError

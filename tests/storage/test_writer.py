@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 import zipfile
 
 import dask.array as da
@@ -23,6 +22,7 @@ from pipeline.errors import IncompleteStoreError, StoreConflictError, StoreError
 from pipeline.storage import CodecSpec, write
 from pipeline.storage.layout import time_split_ranges, unit_chunks, units_aligned
 from pipeline.storage.writer import written_units
+from tests.conftest import wait_until
 
 
 @st.composite
@@ -163,15 +163,13 @@ def test_sigkill_halfway_then_rerun_equals_an_uninterrupted_write(tmp_path):
     (tmp_path / "w.py").write_text(script)
     killed = tmp_path / "killed.zarr"
     proc = subprocess.Popen([sys.executable, str(tmp_path / "w.py"), str(killed)])
-    deadline = time.time() + 120
-    while time.time() < deadline:
+    def some_units_written() -> bool:
         try:
-            done = written_units(zarr.open_group(str(killed), mode="r"), "train").sum()
+            return written_units(zarr.open_group(str(killed), mode="r"), "train").sum() >= 10
         except Exception:  # noqa: BLE001 - the store is not created yet
-            done = 0
-        if done >= 10:
-            break
-        time.sleep(0.05)
+            return False
+
+    wait_until(some_units_written, timeout=120)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     partial = written_units(zarr.open_group(str(killed), mode="r"), "train")

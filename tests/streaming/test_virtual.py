@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import collections
 
-import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
