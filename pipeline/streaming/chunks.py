@@ -4,14 +4,18 @@ zarr's array API pays per call for selection planning, an event-loop round trip 
 extra copy. For the layouts this package writes (regular chunks along axis 0, the
 default ``c/i/0/...`` key encoding, little-endian ``bytes`` then blosc, zstd or nothing)
 a chunk is one object: its bytes are read and decoded straight into a preallocated
-array. Decoding in numcodecs releases the GIL, so a few threads decode in parallel.
-Anything else (sharding, other codecs or key encodings) falls back to zarr's own read,
-which is always correct.
+array. Sharded arrays (shards along axis 0 only) are read the same way: the shard's
+index (``bytes`` plus an optional ``crc32c``, at its start or end) is read once per shard
+and cached, and each inner chunk is one byte-range read. Decoding in numcodecs releases
+the GIL, so a few threads decode in parallel. Anything else (other codecs or key
+encodings, chunks or shards split along other axes) falls back to zarr's own read, which
+is always correct.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
 import numcodecs
@@ -21,6 +25,11 @@ import zarr
 from pipeline.errors import CorruptChunkError
 
 __all__ = ["ChunkReader"]
+
+#: Offset and length of an inner chunk that was never written (zarr's sharding spec).
+_EMPTY = 2**64 - 1
+#: Largest compressed chunk whose read buffer a thread keeps for its next read.
+_MAX_SCRATCH = 64 * 2**20
 
 
 class ChunkReader:
@@ -45,6 +54,12 @@ class ChunkReader:
         self.tail_shape = tuple(array.shape[1:])
         self.dtype = np.dtype(array.dtype)
         self._transposed = False
+        self._per_shard = 0  # inner chunks per shard; 0 when not sharded
+        self._index_at_end = True
+        self._index_crc = False
+        self._indexes: dict[int, np.ndarray | None] = {}
+        self._index_lock = threading.Lock()
+        self._scratch = threading.local()
         self._decoder, self._root = self._plan()
 
     @property
@@ -58,13 +73,17 @@ class ChunkReader:
     def _plan(self) -> tuple[Any, str | None]:
         arr = self.array
         meta = arr.metadata.to_dict()
-        if arr.shards is not None or meta.get("chunk_key_encoding", {}).get("name") != "default":
+        if meta.get("chunk_key_encoding", {}).get("name") != "default":
             return None, None
         if meta["chunk_key_encoding"].get("configuration", {}).get("separator", "/") != "/":
             return None, None
         if any(c != arr.shape[k] for k, c in enumerate(arr.chunks) if k > 0):
             return None, None
         codecs = list(meta.get("codecs", ()))
+        if arr.shards is not None:
+            codecs = self._plan_shards(arr, codecs)
+            if codecs is None:
+                return None, None
         # A 2-D chunk stored column-major (the transpose codec) decodes the same way and
         # is transposed back after.
         self._transposed = False
@@ -93,23 +112,115 @@ class ChunkReader:
             return decoder, None  # fast decode, bytes fetched through the store
         return decoder, os.path.join(str(root), arr.store_path.path)
 
+    def _plan_shards(self, arr: zarr.Array, codecs: list[dict]) -> list[dict] | None:
+        """The inner chunks' codecs of a sharded array the fast path can read, else None."""
+        if len(codecs) != 1 or codecs[0].get("name") != "sharding_indexed":
+            return None
+        conf = codecs[0].get("configuration", {})
+        if any(c != arr.shape[k] for k, c in enumerate(arr.shards) if k > 0):
+            return None  # shards split along another axis: several shard keys per row range
+        index_codecs = [c.get("name") for c in conf.get("index_codecs", ())]
+        if index_codecs not in (["bytes"], ["bytes", "crc32c"]):
+            return None
+        if conf["index_codecs"][0].get("configuration", {}).get("endian", "little") != "little":
+            return None
+        if conf.get("index_location", "end") not in ("start", "end"):
+            return None
+        self._per_shard = int(arr.shards[0]) // int(arr.chunks[0])
+        self._index_at_end = conf.get("index_location", "end") == "end"
+        self._index_crc = index_codecs[-1] == "crc32c"
+        return list(conf.get("codecs", ()))
+
     def _key(self, i: int) -> str:
         return "c/" + "/".join([str(i)] + ["0"] * len(self.tail_shape))
 
-    def _fetch(self, i: int) -> bytes | None:
+    def _get(self, key: str, start: int | None = None, stop: int | None = None, suffix: int | None = None
+             ) -> Any:
+        """Bytes of one stored object, or a range of them (a ``bytes`` or a view of this
+        thread's read buffer); None when the object is absent."""
         if self._root is not None:
             try:
-                with open(os.path.join(self._root, self._key(i)), "rb") as fh:
-                    return fh.read()
+                with open(os.path.join(self._root, key), "rb", buffering=0) as fh:
+                    if suffix is not None:
+                        size = fh.seek(0, os.SEEK_END)
+                        fh.seek(max(size - suffix, 0))
+                        return fh.read()
+                    if start is not None:
+                        fh.seek(start)
+                        return self._read_into_scratch(fh, stop - start)
+                    return self._read_into_scratch(fh, os.fstat(fh.fileno()).st_size)
             except FileNotFoundError:
                 return None
+        from zarr.abc.store import RangeByteRequest, SuffixByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.sync import sync
 
         store = self.array.store_path.store
-        path = f"{self.array.store_path.path}/{self._key(i)}".lstrip("/")
-        buf = sync(store.get(path, prototype=default_buffer_prototype()))
+        path = f"{self.array.store_path.path}/{key}".lstrip("/")
+        request: Any = None
+        if suffix is not None:
+            request = SuffixByteRequest(suffix)
+        elif start is not None:
+            request = RangeByteRequest(start, stop)
+        buf = sync(store.get(path, prototype=default_buffer_prototype(), byte_range=request))
         return None if buf is None else buf.to_bytes()
+
+    def _read_into_scratch(self, fh: Any, size: int) -> Any:
+        """``size`` bytes of ``fh`` in this thread's reusable buffer.
+
+        A fresh ``bytes`` of a few MB per chunk costs as much in page faults as decoding
+        it; the buffer is reused by the thread's next read, after this chunk is decoded
+        (callers copy or decode out of it before returning).
+        """
+        scratch = getattr(self._scratch, "buf", None)
+        if scratch is None or len(scratch) < size:
+            scratch = bytearray(size)
+            if size <= _MAX_SCRATCH:
+                self._scratch.buf = scratch
+        view = memoryview(scratch)[:size]
+        got = fh.readinto(view)
+        return view[:got]
+
+    def _shard_index(self, s: int, i: int) -> np.ndarray | None:
+        """Shard ``s``'s ``(offset, nbytes)`` rows, read once; None when the shard is absent."""
+        with self._index_lock:
+            if s in self._indexes:
+                return self._indexes[s]
+        size = 16 * self._per_shard + (4 if self._index_crc else 0)
+        key = self._key(s)
+        raw = self._get(key, suffix=size) if self._index_at_end else self._get(key, 0, size)
+        index = None
+        if raw is not None:
+            try:
+                if len(raw) != size:
+                    raise ValueError(f"shard index of {len(raw)} bytes, expected {size}")
+                if self._index_crc:
+                    raw = numcodecs.CRC32C().decode(raw)
+                index = np.frombuffer(raw, dtype="<u8").reshape(self._per_shard, 2).copy()  # raw may be a reused buffer
+            except Exception as exc:  # noqa: BLE001 - a damaged index is a corrupt chunk
+                store, split, name = self.where
+                raise CorruptChunkError(store, split, name, i, f"cannot read shard {s}'s index ({exc})") from exc
+        with self._index_lock:
+            self._indexes[s] = index
+        return index
+
+    def _fetch(self, i: int) -> Any:
+        if not self._per_shard:
+            return self._get(self._key(i))
+        s, j = divmod(i, self._per_shard)
+        index = self._shard_index(s, i)
+        if index is None:
+            return None
+        offset, nbytes = int(index[j, 0]), int(index[j, 1])
+        if offset == _EMPTY and nbytes == _EMPTY:
+            return None  # an inner chunk left out because it held only the fill value
+        raw = self._get(self._key(s), offset, offset + nbytes)
+        if raw is None or len(raw) != nbytes:
+            got = "nothing" if raw is None else f"{len(raw)} bytes"
+            store, split, name = self.where
+            raise CorruptChunkError(store, split, name, i, f"shard {s} is truncated: expected {nbytes} bytes "
+                                    f"at offset {offset}, got {got}")
+        return raw
 
     def read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         """Chunk ``i`` as an array of ``length(i)`` rows, decoded into ``out`` if given."""
@@ -142,6 +253,8 @@ class ChunkReader:
             return out
         full = (self.rows,) + self.tail_shape
         try:
+            if isinstance(self._decoder, numcodecs.Blosc):
+                _check_blosc_frame(raw)
             if self._transposed:
                 data = raw if self._decoder == "raw" else self._decoder.decode(raw)
                 decoded = np.frombuffer(data, dtype=self.dtype)
@@ -165,3 +278,17 @@ class ChunkReader:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
         return out
+
+
+def _check_blosc_frame(raw: Any) -> None:
+    """Refuse a blosc frame whose header does not match its length.
+
+    numcodecs' blosc decoder trusts the compressed size in the frame's header and reads
+    that many bytes whatever the buffer holds: a truncated or empty chunk would decode
+    bytes beyond it (another chunk's, left in the read buffer) without an error.
+    """
+    if len(raw) < 16:
+        raise ValueError(f"a blosc frame has a 16-byte header, got {len(raw)} bytes")
+    cbytes = int.from_bytes(bytes(raw[12:16]), "little")
+    if cbytes != len(raw):
+        raise ValueError(f"the blosc header says {cbytes} compressed bytes, the chunk has {len(raw)}")

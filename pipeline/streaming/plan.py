@@ -30,6 +30,8 @@ __all__ = [
     "pieces_for_range",
     "rank_range",
     "round_robin_consumed",
+    "served_order",
+    "shuffle_quality",
     "worker_plan",
 ]
 
@@ -175,3 +177,50 @@ def group_permutation(n: int, *, seed: int, epoch: int, rank: int, worker: int, 
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     return np.random.default_rng([seed, epoch, rank, worker, group, 0xB0F]).permutation(n).astype(np.int64)
+
+
+def served_order(
+    plan: WorkerPlan, lengths: Sequence[int], *, seed: int, epoch: int, rank: int, worker: int, shuffle: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """The chunk id and the global sample index of every sample a worker serves, in order.
+
+    The streamer serves group ``g``'s pieces, concatenated, in the order of
+    :func:`group_permutation`; this recomputes that order from the plan alone, so the
+    shuffle quality report costs nothing while batches are served.
+    """
+    starts = np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)])
+    chunk_parts: list[np.ndarray] = []
+    index_parts: list[np.ndarray] = []
+    for g, (a, b) in enumerate(plan.groups):
+        pieces = plan.pieces[a:b]
+        ids = np.concatenate([np.full(p.hi - p.lo, p.chunk, dtype=np.int64) for p in pieces])
+        idx = np.concatenate([np.arange(starts[p.chunk] + p.lo, starts[p.chunk] + p.hi, dtype=np.int64)
+                              for p in pieces])
+        perm = group_permutation(ids.size, seed=seed, epoch=epoch, rank=rank, worker=worker, group=g,
+                                 shuffle=shuffle)
+        chunk_parts.append(ids[perm])
+        index_parts.append(idx[perm])
+    if not chunk_parts:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    return np.concatenate(chunk_parts), np.concatenate(index_parts)
+
+
+def shuffle_quality(chunk_ids: np.ndarray, sample_index: np.ndarray, sizes: Sequence[int]) -> dict[str, float]:
+    """Mean distinct chunks per batch, and the Spearman rank correlation between a
+    sample's position in the epoch and its index in the store (near 0: well shuffled;
+    1: served in storage order)."""
+    n = int(sample_index.size)
+    if n == 0 or not len(sizes):
+        return {}
+    batch = np.repeat(np.arange(len(sizes), dtype=np.int64), np.asarray(sizes, dtype=np.int64))[:n]
+    pairs = np.unique(batch * (int(chunk_ids.max()) + 1) + chunk_ids[: batch.size])
+    distinct = np.bincount(pairs // (int(chunk_ids.max()) + 1), minlength=len(sizes))
+    if n > 1:
+        # Sample indices are distinct, so their ranks are a permutation: no ties to average.
+        pos = np.arange(n, dtype=np.float64)
+        ranks = np.empty(n, dtype=np.float64)
+        ranks[np.argsort(sample_index, kind="stable")] = pos
+        rho = float(np.corrcoef(pos, ranks)[0, 1])
+    else:
+        rho = 1.0
+    return {"mean_distinct_chunks_per_batch": float(np.mean(distinct)), "spearman_position_vs_index": rho}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -24,7 +25,14 @@ import numpy as np
 
 from pipeline.errors import IncompleteStoreError, StreamError
 from pipeline.streaming.chunks import ChunkReader
-from pipeline.streaming.plan import WorkerPlan, batches_per_rank, group_permutation, worker_plan
+from pipeline.streaming.plan import (
+    WorkerPlan,
+    batches_per_rank,
+    group_permutation,
+    served_order,
+    shuffle_quality,
+    worker_plan,
+)
 
 __all__ = ["Stream", "stream"]
 
@@ -104,7 +112,14 @@ class _StoreSource:
 
 
 class _ArraySource:
-    """In-memory numpy arrays (virtual chunks) or dask arrays (their own chunks)."""
+    """In-memory numpy arrays (virtual chunks) or dask arrays (their own chunks).
+
+    A dask chunk is computed when the prefetch thread asks for it, one group ahead of
+    the batches being served, with every array's block of that chunk in one
+    ``dask.compute``: x and y usually share their upstream graph (windows and labels of
+    the same features), which is then computed once, on the active distributed client
+    when there is one.
+    """
 
     def __init__(self, arrays: Mapping[str, Any], names: Sequence[str]):
         import dask.array as da
@@ -130,15 +145,57 @@ class _ArraySource:
             if isinstance(a, da.Array):
                 a = a.rechunk({0: self.lengths, **{i: -1 for i in range(1, a.ndim)}})
             self.arrays[n] = a
+        self._lazy = [n for n in self.names if isinstance(self.arrays[n], da.Array)]
+        # chunk -> (event set when computed, {name: block or exception}); an entry is
+        # dropped once every lazy array has taken its block.
+        self._pending: dict[int, tuple[threading.Event, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_pending"], state["_lock"] = {}, None  # per process; rebuilt below
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _computed(self, name: str, chunk: int) -> np.ndarray:
+        import dask
+
+        while True:
+            with self._lock:
+                entry = self._pending.get(chunk)
+                if entry is not None and entry[0].is_set() and name not in entry[1]:
+                    entry = None  # left by an abandoned epoch after this array took its block
+                owner = entry is None
+                if owner:
+                    entry = (threading.Event(), {})
+                    self._pending[chunk] = entry
+            event, blocks = entry
+            if owner:
+                try:
+                    values = dask.compute(*(self.arrays[n].blocks[chunk] for n in self._lazy))
+                    blocks.update({n: np.asarray(v) for n, v in zip(self._lazy, values)})
+                except BaseException as exc:  # noqa: BLE001 - every waiting array re-raises it
+                    blocks.update({n: exc for n in self._lazy})
+                event.set()
+            event.wait()
+            with self._lock:
+                if name not in blocks:
+                    continue  # another reader of the same array took it: compute again
+                value = blocks.pop(name)
+                if not blocks and self._pending.get(chunk) is entry:
+                    del self._pending[chunk]
+            if isinstance(value, BaseException):
+                raise value
+            return value
 
     def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
-        import dask.array as da
-
-        a = self.arrays[name]
-        if isinstance(a, da.Array):
-            data = np.asarray(a.blocks[chunk].compute())
+        if name in self._lazy:
+            data = self._computed(name, chunk)
         else:
-            data = np.asarray(a[self.starts[chunk] : self.starts[chunk + 1]])
+            data = np.asarray(self.arrays[name][self.starts[chunk] : self.starts[chunk + 1]])
         if out is not None:
             out[...] = data
             return out
@@ -170,14 +227,27 @@ class Stream:
         self.rank = rank
         self.world_size = world_size
         self.prefetch = prefetch
-        self.threads = threads or min(8, (os.cpu_count() or 2))
+        self.threads = threads or min(32, (os.cpu_count() or 2))
         self.prefetch_batches = 4
         self.epoch = 0
         self._served = 0  # batches served in the current epoch, for state_dict
-        self._quality: dict[str, float] = {}
+        self._quality_epoch: int | None = None  # the last epoch served whole, from its start
+        self._spare: list[dict[str, np.ndarray]] = []  # group buffers kept between epochs
+        self._spare_lock = threading.Lock()
         self.n_samples = int(sum(source.lengths))
         if self.n_samples < world_size:
             raise StreamError(f"{self.n_samples} samples cannot be shared among {world_size} ranks")
+
+    def __getstate__(self) -> dict:
+        # Sent to DataLoader workers (spawn): the source reopens itself; spare buffers and
+        # locks stay behind.
+        state = dict(self.__dict__)
+        state["_spare"], state["_spare_lock"] = [], None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._spare_lock = threading.Lock()
 
     # -- bookkeeping ------------------------------------------------------------------
 
@@ -209,9 +279,24 @@ class Stream:
         self._served = int(state["batches_served"])
 
     def quality(self) -> dict[str, float]:
-        """Shuffle quality of the last full epoch: mean distinct chunks per batch and the
-        Spearman correlation between position in the epoch and sample index."""
-        return dict(self._quality)
+        """Shuffle quality of the last epoch served whole by this stream's own iterator.
+
+        Returns ``mean_distinct_chunks_per_batch`` (up to ``buffer_chunks``, more when a
+        batch spans two groups) and ``spearman_position_vs_index``, the rank correlation
+        between a sample's position in the epoch and its index in the store (near 0 when
+        well shuffled). Empty before the first whole epoch. Recomputed from the plan, so
+        serving batches pays nothing for it.
+        """
+        if self._quality_epoch is None:
+            return {}
+        plan = worker_plan(
+            self.source.lengths, seed=self.seed, epoch=self._quality_epoch, shuffle=self.shuffle,
+            batch_size=self.batch_size, drop_last=self.drop_last, rank=self.rank,
+            world_size=self.world_size, worker=0, num_workers=1, buffer_chunks=self.buffer_chunks,
+        )
+        chunks, index = served_order(plan, self.source.lengths, seed=self.seed, epoch=self._quality_epoch,
+                                     rank=self.rank, worker=0, shuffle=self.shuffle)
+        return shuffle_quality(chunks, index, plan.batch_sizes)
 
     # -- iteration --------------------------------------------------------------------
 
@@ -225,21 +310,23 @@ class Stream:
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
         skip = self._served
-        track = skip == 0
-        for batch in self.iter_worker(0, 1, skip_batches=skip, track_quality=track):
+        whole = skip == 0
+        for batch in self.iter_worker(0, 1, skip_batches=skip):
             self._served += 1
             yield batch
         self._served = 0
+        if whole:
+            self._quality_epoch = self.epoch
 
-    def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0,
-                    track_quality: bool = False) -> Iterator[tuple[np.ndarray, ...]]:
+    def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0
+                    ) -> Iterator[tuple[np.ndarray, ...]]:
         """Batches of one DataLoader worker's share (all of them for ``0, 1``).
 
         Batches are assembled by a background thread into a short queue, so the
         consumer's ``next()`` only takes a ready batch: the gather that mixes samples
         overlaps the training step instead of adding to it.
         """
-        produced = self._produce(worker, num_workers, skip_batches=skip_batches, track_quality=track_quality)
+        produced = self._produce(worker, num_workers, skip_batches=skip_batches)
         ready: queue.Queue = queue.Queue(maxsize=max(2, self.prefetch_batches))
         stop = threading.Event()
         done = object()
@@ -280,8 +367,8 @@ class Stream:
                     pass
             thread.join()
 
-    def _produce(self, worker: int, num_workers: int, *, skip_batches: int = 0,
-                 track_quality: bool = False) -> Iterator[tuple[np.ndarray, ...]]:
+    def _produce(self, worker: int, num_workers: int, *, skip_batches: int = 0
+                 ) -> Iterator[tuple[np.ndarray, ...]]:
         plan = self.plan(worker, num_workers)
         sizes = plan.batch_sizes[skip_batches:]
         if not sizes:
@@ -300,6 +387,13 @@ class Stream:
         # hundred MB per group costs as much in page faults as decoding into it.
         capacity = max(group_sizes, default=0)
         free: queue.SimpleQueue = queue.SimpleQueue()
+        # ... and kept for the next epoch, whose first group would otherwise wait on them.
+        with self._spare_lock:
+            keep = [b for b in self._spare if all(len(v) >= capacity for v in b.values())]
+            # By identity: dicts of arrays do not compare with ==.
+            self._spare = [b for b in self._spare if not any(b is k for k in keep)]
+        for b in keep:
+            free.put(b)
         try:
             def buffers() -> dict[str, np.ndarray]:
                 try:
@@ -313,8 +407,7 @@ class Stream:
 
             def load(g: int) -> tuple:
                 """Read group ``g``'s pieces into one buffer per array; return the buffers,
-                the mixing permutation, chunk ids (for the quality report) and the full
-                buffers to recycle."""
+                the mixing permutation and the full buffers to recycle."""
                 a, b = plan.groups[g]
                 pieces = plan.pieces[a:b]
                 offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
@@ -334,12 +427,7 @@ class Stream:
                     f.result()
                 perm = group_permutation(group_sizes[g], seed=self.seed, epoch=self.epoch, rank=self.rank,
                                          worker=worker, group=g, shuffle=self.shuffle)
-                extra = {}
-                if track_quality:
-                    ids = np.concatenate([np.full(p.hi - p.lo, p.chunk, dtype=np.int64) for p in pieces])
-                    idx = np.concatenate([np.arange(p.lo, p.hi, dtype=np.int64) + p.chunk * 10**9 for p in pieces])
-                    extra = {"chunk": ids, "index": idx}
-                return bufs, perm, extra, full
+                return bufs, perm, full
 
             futures: dict[int, Future] = {}
             loader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-prefetch")
@@ -353,8 +441,12 @@ class Stream:
             cur: tuple | None = None
             pos = skip_samples
             g = g0
-            chunks_seen: list[int] = []
-            order_index: list[np.ndarray] = []
+            # One thread gathers about as fast as three decode (a row copy against an lz4
+            # decode), so many-core machines gather several batches at once; numpy's
+            # fancy indexing releases the GIL. With few threads the gather stays inline.
+            gather_threads = max(1, self.threads // 3)
+            gatherer = ThreadPoolExecutor(gather_threads, "pipeline-gather") if gather_threads > 1 else None
+            pending: deque[tuple[Future, list[tuple]]] = deque()
             try:
                 for size in sizes:
                     # A batch is one gather from the mixed group (two when it spans groups):
@@ -375,23 +467,46 @@ class Stream:
                         if pos == perm.size:
                             finished.append(cur)
                             cur, pos, g = None, 0, g + 1
-                    out = []
-                    for n in self.names:
-                        pieces_n = [c[0][n][idx] for c, idx in parts]
-                        out.append(pieces_n[0] if len(pieces_n) == 1 else np.concatenate(pieces_n))
-                    if track_quality:
-                        ids = np.concatenate([c[2]["chunk"][idx] for c, idx in parts])
-                        chunks_seen.append(len(np.unique(ids)))
-                        order_index.append(np.concatenate([c[2]["index"][idx] for c, idx in parts]))
-                    for done_group in finished:  # its samples are copied out: reuse its memory
-                        free.put(done_group[3])
-                    yield tuple(out)
+                    if gatherer is None:
+                        batch = self._gather(parts)
+                        for done_group in finished:  # its samples are copied out: reuse its memory
+                            free.put(done_group[2])
+                        yield batch
+                        continue
+                    pending.append((gatherer.submit(self._gather, parts), finished))
+                    while len(pending) > 2 * gather_threads or (pending and pending[0][0].done()):
+                        yield self._next_gathered(pending, free)
+                while pending:
+                    yield self._next_gathered(pending, free)
             finally:
+                if gatherer is not None:
+                    gatherer.shutdown(wait=True, cancel_futures=True)
                 loader.shutdown(wait=True, cancel_futures=True)
-            if track_quality and order_index:
-                self._quality = _quality(chunks_seen, np.concatenate(order_index))
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            # No decode is in flight any more (the loader was shut down, waiting).
+            spare = []
+            while not free.empty() and len(spare) < 2 + self.prefetch:
+                spare.append(free.get_nowait())
+            with self._spare_lock:
+                self._spare = spare
+
+    def _gather(self, parts: list[tuple[tuple, np.ndarray]]) -> tuple[np.ndarray, ...]:
+        out = []
+        for n in self.names:
+            pieces_n = [c[0][n][idx] for c, idx in parts]
+            out.append(pieces_n[0] if len(pieces_n) == 1 else np.concatenate(pieces_n))
+        return tuple(out)
+
+    @staticmethod
+    def _next_gathered(pending: deque, free: queue.SimpleQueue) -> tuple[np.ndarray, ...]:
+        """The oldest batch; batches finish in order of submission or are waited for, so
+        when a group's last batch is taken every batch that read the group is done."""
+        fut, finished = pending.popleft()
+        batch = fut.result()
+        for done_group in finished:
+            free.put(done_group[2])
+        return batch
 
     # -- adapters ---------------------------------------------------------------------
 
@@ -411,14 +526,6 @@ class Stream:
 def _read_part(source: Any, name: str, piece: Any, out: np.ndarray) -> None:
     """Copy a partial chunk (a rank or worker boundary falls inside it) into ``out``."""
     out[...] = source.read(name, piece.chunk)[piece.lo : piece.hi]
-
-
-def _quality(distinct: list[int], index: np.ndarray) -> dict[str, float]:
-    pos = np.arange(index.size, dtype=np.float64)
-    ranks = np.empty(index.size, dtype=np.float64)
-    ranks[np.argsort(index, kind="stable")] = pos
-    rho = float(np.corrcoef(pos, ranks)[0, 1]) if index.size > 1 else 1.0
-    return {"mean_distinct_chunks_per_batch": float(np.mean(distinct)), "spearman_position_vs_index": rho}
 
 
 def stream(

@@ -148,7 +148,7 @@ def test_fast_path_equals_zarr_for_codecs_dtypes_and_ranks(tmp_path, codec, dtyp
 
 @pytest.mark.parametrize(
     "layout",
-    ["partial-inner-chunks", "dot-separator", "v2-keys", "big-endian", "shards-3d"],
+    ["partial-inner-chunks", "dot-separator", "v2-keys", "big-endian", "shards-split-on-axis-1", "shards-gzip-inside"],
 )
 def test_other_layouts_fall_back_to_zarr_and_still_match(tmp_path, layout):
     from zarr.codecs import BytesCodec
@@ -165,8 +165,14 @@ def test_other_layouts_fall_back_to_zarr_and_still_match(tmp_path, layout):
     elif layout == "big-endian":
         kwargs["dtype"] = ">f4"
         kwargs["serializer"] = BytesCodec(endian="big")
+    elif layout == "shards-split-on-axis-1":
+        kwargs["chunks"], kwargs["shards"] = (20, 3, 2), (40, 3, 2)
     else:
-        kwargs["shards"] = (40, 6, 2)
+        from zarr.codecs import GzipCodec, ShardingCodec
+
+        kwargs["serializer"] = ShardingCodec(chunk_shape=(20, 6, 2), codecs=[BytesCodec(), GzipCodec()])
+        kwargs["compressors"] = None
+        kwargs["chunks"] = (40, 6, 2)
     arr = zarr.create_array(str(tmp_path / "a.zarr"), **kwargs)
     arr[:] = data
     reader = ChunkReader(arr, ("a.zarr", "train", "x"))
@@ -230,3 +236,92 @@ def test_a_garbage_shard_is_a_corrupt_chunk_error(tmp_path):
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"))
     with pytest.raises(CorruptChunkError, match=r"train/x chunk 2"):
         reader.read(2)
+
+
+# -- sharded arrays: the shard index is read once, each inner chunk is one byte-range read ----------------
+
+
+@pytest.mark.parametrize("codec", ["lz4-shuffle", "zstd", "none"])
+@pytest.mark.parametrize("index_location", ["end", "start"])
+@pytest.mark.parametrize("index_crc", [True, False])
+def test_sharded_fast_path_equals_zarr(tmp_path, codec, index_location, index_crc):
+    from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
+
+    data = np.random.default_rng(5).standard_normal((107, 5, 2)).astype(np.float32)
+    data[40:60] = 0  # an all-fill inner chunk: left out of the shard, its index entry is empty
+    sharding = ShardingCodec(chunk_shape=(20, 5, 2), codecs=[BytesCodec(), *CODECS[codec]],
+                             index_codecs=[BytesCodec(), Crc32cCodec()] if index_crc else [BytesCodec()],
+                             index_location=index_location)
+    arr = zarr.create_array(str(tmp_path / "s.zarr"), shape=data.shape, chunks=(60, 5, 2), dtype="float32",
+                            serializer=sharding, compressors=None, fill_value=0)
+    arr[:] = data
+    reader = ChunkReader(arr, ("s.zarr", "train", "x"))
+    assert reader._decoder is not None and reader._per_shard == 3  # the fast path, not zarr's read
+    assert reader.n_chunks == 6 and reader.length(5) == 7
+    _chunks_equal_zarr(reader, arr)
+    assert set(reader._indexes) == {0, 1}  # one index read per shard
+    out = np.full((7, 5, 2), 9, np.float32)
+    np.testing.assert_array_equal(reader.read(5, out), data[100:])
+
+
+def test_sharded_array_with_a_missing_shard_reads_the_fill_value(tmp_path):
+    arr = zarr.create_array(str(tmp_path / "m.zarr"), shape=(80, 3), chunks=(10, 3), shards=(40, 3), dtype="int32",
+                            fill_value=-1, compressors=[BloscCodec(cname="lz4")])
+    arr[40:80] = np.arange(120, dtype=np.int32).reshape(40, 3)
+    reader = ChunkReader(arr, ("m.zarr", "train", "y"))
+    assert reader._decoder is not None
+    _chunks_equal_zarr(reader, arr)
+    assert (reader.read(0) == -1).all() and reader._indexes[0] is None
+
+
+@pytest.mark.parametrize("name", ["d.zarr", "z.zarr.zip"])
+def test_writer_sharded_stores_take_the_fast_path_including_zip(tmp_path, name):
+    y = np.arange(333, dtype=np.int64)
+    x = (y[:, None] * 3 + np.arange(4)).astype(np.float32)
+    path = write(tmp_path / name, {"x": x, "y": y}, chunk_samples=25, shard_chunks=4, progress=False)
+    group = open_store_group(path)
+    for key, want in (("x", x), ("y", y)):
+        arr = group[f"train/{key}"]
+        reader = ChunkReader(arr, (path, "train", key))
+        assert reader._decoder is not None and reader._per_shard == 4
+        _chunks_equal_zarr(reader, arr)
+        np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(reader.n_chunks)]), want)
+
+
+@pytest.mark.parametrize("damage", ["index-bit-flip", "truncated"])
+def test_a_damaged_shard_is_a_corrupt_chunk_error_on_the_fast_path(tmp_path, damage):
+    y = np.arange(400, dtype=np.int64)
+    x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)
+    path = write(tmp_path / "s.zarr", {"x": x, "y": y}, chunk_samples=50, shard_chunks=4, progress=False)
+    shard = tmp_path / "s.zarr" / "train" / "x" / "c" / "1" / "0"
+    raw = bytearray(shard.read_bytes())
+    if damage == "index-bit-flip":
+        raw[-10] ^= 0x01
+        shard.write_bytes(bytes(raw))
+        match = r"train/x chunk 4: cannot read shard 1's index"
+    else:
+        # keep the index, drop the start of the data: offsets now point past the end
+        shard.write_bytes(bytes(raw[: len(raw) // 3]) + bytes(raw[-(16 * 4 + 4):]))
+        match = r"train/x chunk [4-7]: (shard 1 is truncated|cannot decode)"
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"))
+    assert reader._decoder is not None
+    np.testing.assert_array_equal(reader.read(2), x[100:150])  # the other shard still reads
+    with pytest.raises(CorruptChunkError, match=match):
+        for i in range(4, 8):
+            reader.read(i)
+
+
+@pytest.mark.parametrize("keep", [0, 8, 16, 40, -1])
+def test_a_truncated_blosc_chunk_never_decodes_bytes_beyond_it(tmp_path, keep):
+    # numcodecs' blosc decoder trusts the frame header's size: after reading a good chunk
+    # into the thread's read buffer, a truncated one must not decode the stale bytes.
+    y = np.arange(400, dtype=np.int64)
+    x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)
+    path = write(tmp_path / "t.zarr", {"x": x, "y": y}, chunk_samples=50, codec="blosc-lz4", progress=False)
+    chunk = tmp_path / "t.zarr" / "train" / "x" / "c" / "5" / "0"
+    good = (tmp_path / "t.zarr" / "train" / "x" / "c" / "4" / "0").read_bytes()
+    chunk.write_bytes(good[: keep if keep >= 0 else len(good) - 1])  # chunk 4's prefix, cut short
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"))
+    np.testing.assert_array_equal(reader.read(4), x[200:250])
+    with pytest.raises(CorruptChunkError, match=r"train/x chunk 5: cannot decode"):
+        reader.read(5)

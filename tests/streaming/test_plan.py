@@ -19,6 +19,8 @@ from pipeline.streaming.plan import (
     pieces_for_range,
     rank_range,
     round_robin_consumed,
+    served_order,
+    shuffle_quality,
     worker_plan,
 )
 
@@ -230,3 +232,42 @@ def test_more_workers_than_batches_leaves_some_workers_idle():
     assert sum(counts) == 2 and counts.count(0) == 1
     idle = [p for p in plans.values() if not p.batch_sizes][0]
     assert idle.pieces == () and idle.groups == ()
+
+
+def _quality_reference(chunk_ids, sample_index, sizes):
+    """Per batch with np.unique, and Spearman's closed form for distinct values."""
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    distinct = [len(np.unique(chunk_ids[a:b])) for a, b in zip(bounds[:-1], bounds[1:])]
+    n = sample_index.size
+    rank = np.argsort(np.argsort(sample_index))
+    d = rank - np.arange(n)
+    rho = 1 - 6 * float(np.sum(d.astype(np.float64) ** 2)) / (n * (n * n - 1)) if n > 1 else 1.0
+    return np.mean(distinct), rho
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12),
+    batch=st.integers(2, 30),
+    buffer=st.integers(1, 5),
+    seed=st.integers(0, 1000),
+    shuffle=st.booleans(),
+)
+def test_shuffle_quality_matches_a_per_batch_reference(lengths, batch, buffer, seed, shuffle):
+    plan = worker_plan(lengths, seed=seed, epoch=1, shuffle=shuffle, batch_size=batch, drop_last=False, rank=0,
+                       world_size=1, worker=0, num_workers=1, buffer_chunks=buffer)
+    chunks, index = served_order(plan, lengths, seed=seed, epoch=1, rank=0, worker=0, shuffle=shuffle)
+    assert sorted(index.tolist()) == list(range(sum(lengths)))
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    assert (np.searchsorted(starts, index, side="right") - 1 == chunks).all()  # each index in its own chunk
+    q = shuffle_quality(chunks, index, plan.batch_sizes)
+    mean, rho = _quality_reference(chunks, index, plan.batch_sizes)
+    assert q["mean_distinct_chunks_per_batch"] == pytest.approx(mean)
+    if index.size > 1:
+        assert q["spearman_position_vs_index"] == pytest.approx(rho, abs=1e-9)
+    if not shuffle:
+        assert q["spearman_position_vs_index"] == pytest.approx(1.0)
+
+
+def test_shuffle_quality_of_nothing_is_empty():
+    assert shuffle_quality(np.empty(0, np.int64), np.empty(0, np.int64), ()) == {}

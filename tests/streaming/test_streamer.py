@@ -372,3 +372,91 @@ def test_more_bad_arguments(store):
     s = pipeline.stream({"x": np.zeros(5), "y": np.arange(5)}, batch_size=1, rank=0, world_size=2)
     with pytest.raises(StreamError, match="drop_last=True"):
         list(s)
+
+
+_CALLS: list[int] = []
+
+
+def _features(block):
+    # A module-level function is pickled by reference: the in-process cluster's threads
+    # append to this very list.
+    _CALLS.append(block.shape[0])
+    return block * 2
+
+
+def test_dask_chunks_of_x_and_y_are_computed_together_on_the_active_client():
+    from distributed import Client, LocalCluster
+
+    _CALLS.clear()
+    base = da.arange(600, chunks=100, dtype=np.int64)
+    shared = base.map_blocks(_features, dtype=np.int64, meta=np.array((), np.int64))
+    source = {"x": (shared[:, None] + da.zeros((600, 3), chunks=(100, 3), dtype=np.int64)), "y": shared // 2}
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster, \
+            Client(cluster) as client:
+        s = pipeline.stream(source, batch_size=64, seed=4, buffer_chunks=2)
+        ids = []
+        for xb, yb in s:
+            assert (xb == (yb * 2)[:, None]).all()
+            ids.append(yb)
+        assert sorted(np.concatenate(ids).tolist()) == list(range(600))
+        assert client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.transition_log)) > 0
+    assert sorted(_CALLS) == [100] * 6  # the shared upstream block computed once per chunk, not per array
+
+
+def test_an_abandoned_dask_epoch_leaves_nothing_stale():
+    y = np.arange(400)
+    source = {"x": da.from_array(y * 10, chunks=50), "y": da.from_array(y, chunks=50)}
+    s = pipeline.stream(source, batch_size=30, seed=1, buffer_chunks=2)
+    for k, _ in enumerate(s):
+        if k == 3:
+            break
+    s.set_epoch(0)
+    s.load_state_dict({"epoch": 0, "batches_served": 0})
+    for _ in range(2):
+        got = [(xb, yb) for xb, yb in s]
+        assert all((xb == yb * 10).all() for xb, yb in got)
+        assert sorted(np.concatenate([yb for _, yb in got]).tolist()) == list(range(400))
+
+
+@pytest.mark.parametrize("world, workers, drop_last", [(1, 1, False), (2, 3, False), (3, 2, True)])
+def test_the_quality_report_describes_the_order_actually_served(odd_store, world, workers, drop_last):
+    from pipeline.streaming.plan import served_order
+
+    for rank in range(world):
+        s = pipeline.stream(odd_store, batch_size=24, seed=7, buffer_chunks=3, world_size=world, rank=rank,
+                            drop_last=drop_last)
+        s.set_epoch(2)
+        for w in range(workers):
+            got = np.concatenate([yb for _, yb in s.iter_worker(w, workers)])  # y is the sample index
+            _, index = served_order(s.plan(w, workers), s.source.lengths, seed=7, epoch=2, rank=rank, worker=w,
+                                    shuffle=True)
+            np.testing.assert_array_equal(got, index)
+
+
+def test_quality_is_reported_only_for_a_whole_epoch(store):
+    s = pipeline.stream(store, batch_size=32, seed=1)
+    for k, _ in enumerate(s):
+        if k == 2:
+            break
+    assert s.quality() == {}  # stopped mid-epoch
+    for _ in s:  # the rest of it: a resumed epoch is not a whole one either
+        pass
+    assert s.quality() == {}
+    s.set_epoch(1)
+    epoch_ids(s)
+    assert set(s.quality()) == {"mean_distinct_chunks_per_batch", "spearman_position_vs_index"}
+
+
+@pytest.mark.parametrize("threads", [6, 9])
+def test_parallel_gathers_serve_the_same_batches_as_one_thread(odd_store, threads):
+    # threads // 3 > 1 gathers batches in a pool; group buffers are recycled meanwhile.
+    for epoch in range(3):
+        one = pipeline.stream(odd_store, batch_size=29, seed=5, buffer_chunks=2, threads=1, prefetch=2)
+        many = pipeline.stream(odd_store, batch_size=29, seed=5, buffer_chunks=2, threads=threads, prefetch=2)
+        one.set_epoch(epoch)
+        many.set_epoch(epoch)
+        got = epoch_ids(many)
+        want = epoch_ids(one)
+        assert len(got) == len(want) == len(many)
+        for a, b in zip(got, want):
+            np.testing.assert_array_equal(a, b)

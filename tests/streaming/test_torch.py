@@ -108,6 +108,17 @@ def test_in_memory_arrays_through_workers(workers):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+def test_dask_arrays_through_workers(workers):
+    import dask.array as da
+
+    y = np.arange(600)
+    x = np.broadcast_to(y[:, None, None].astype(np.float32), (600, 4, 3)).copy()
+    # Each worker computes its own chunks of the (pickled) graph.
+    _exactly_once_over_two_ranks({"x": da.from_array(x, chunks=70) + 0, "y": da.from_array(y, chunks=70) * 1},
+                                 workers, 600)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
 def test_zip_store_through_workers(tmp_path, workers):
     from tests.streaming.conftest import make_store
 
