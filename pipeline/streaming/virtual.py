@@ -6,6 +6,12 @@ split, the end step of every window (``ends``) with its label. Reading chunk ``i
 ``max(end)`` (the halo is ``(size-1) * max(scales)``), and gathers the windows with the
 same function the materializing path uses, so the bytes are identical. Disk shrinks by
 about ``size`` times for overlapping windows.
+
+While streaming, a group of chunks is not assembled into a buffer of windows: the
+loader keeps the group's feature rows and window ends (:class:`WindowRows`, ``size``
+times smaller), and each batch assembles exactly its own windows from them, in the
+mixed order. Every window byte is then written once, into the batch, where a
+materialized store decodes each byte into a buffer and copies it again into the batch.
 """
 
 from __future__ import annotations
@@ -17,7 +23,44 @@ import numpy as np
 from pipeline.features.windows import windows_numpy_block
 from pipeline.streaming.chunks import ChunkReader
 
-__all__ = ["VirtualWindowReader"]
+__all__ = ["VirtualWindowReader", "WindowRows"]
+
+
+class WindowRows:
+    """Windows of a run of samples, assembled on demand: ``rows[idx]`` is their windows.
+
+    Parameters
+    ----------
+    block
+        Feature rows ``(steps, F)`` holding every window's lookback.
+    ends
+        Each sample's window end, as a row of ``block``.
+    size, scales
+        The windows' geometry.
+    """
+
+    __slots__ = ("block", "ends", "size", "scales")
+
+    def __init__(self, block: np.ndarray, ends: np.ndarray, size: int, scales: tuple[int, ...]):
+        self.block, self.ends, self.size, self.scales = block, ends, size, scales
+
+    def __len__(self) -> int:
+        return int(self.ends.size)
+
+    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
+        return windows_numpy_block(self.block, self.ends[idx], self.size, self.scales)
+
+    @classmethod
+    def concat(cls, parts: Sequence["WindowRows"]) -> "WindowRows":
+        """One run of the parts' samples in order: their feature blocks stacked, each
+        part's ends shifted by the rows before it (a window never reaches into another
+        part's rows, since each block holds its own lookback)."""
+        if len(parts) == 1:
+            return parts[0]
+        offsets = np.cumsum([0] + [p.block.shape[0] for p in parts[:-1]])
+        block = np.concatenate([p.block for p in parts])
+        ends = np.concatenate([p.ends + off for p, off in zip(parts, offsets)])
+        return cls(block, ends, parts[0].size, parts[0].scales)
 
 
 class VirtualWindowReader:
@@ -49,10 +92,16 @@ class VirtualWindowReader:
         start = (lo // c) * c
         return block[lo - start : hi - start]
 
-    def read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
-        ends = self.ends.read(i).astype(np.int64, copy=False)
+    def window_rows(self, i: int, lo: int = 0, hi: int | None = None) -> WindowRows:
+        """Samples ``[lo, hi)`` of chunk ``i``, to be assembled on demand."""
+        ends = self.ends.read(i)[lo:hi].astype(np.int64)
         if ends.size == 0:
+            return WindowRows(np.empty((0, self.features.tail_shape[0]), self.dtype), ends, self.size, self.scales)
+        first, last = int(ends.min()) - self.halo, int(ends.max()) + 1
+        return WindowRows(self._rows(first, last), ends - first, self.size, self.scales)
+
+    def read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
+        rows = self.window_rows(i)
+        if len(rows) == 0:
             return np.empty((0,) + self.tail_shape, self.dtype) if out is None else out
-        lo, hi = int(ends.min()) - self.halo, int(ends.max()) + 1
-        block = self._rows(lo, hi)
-        return windows_numpy_block(block, ends - lo, self.size, self.scales, out=out)
+        return windows_numpy_block(rows.block, rows.ends, self.size, self.scales, out=out)

@@ -1,0 +1,179 @@
+"""Buffer groups: a worker's chunk pieces read in background threads into recycled buffers.
+
+A group is ``buffer_chunks`` consecutive pieces of a :class:`~pipeline.streaming.plan.WorkerPlan`;
+its samples are decoded side by side into one buffer per array and mixed by
+:func:`~pipeline.streaming.plan.group_permutation`. A :class:`GroupLoader` keeps up to
+``prefetch`` groups loading ahead of the one being served. Buffers come from a
+:class:`BufferPool` shared by every loader of one stream: a fresh buffer of a few
+hundred MB per group costs as much in page faults as decoding into it, so buffers are
+reused across groups and epochs.
+
+A loader can be started before anyone asks for its groups: the streamer starts the next
+epoch's loader while the last group of an epoch is served, so the next epoch's first
+batch is already decoded when it is asked for.
+"""
+
+from __future__ import annotations
+
+import queue
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.streaming.plan import WorkerPlan, group_permutation
+from pipeline.streaming.sources import read_part
+
+__all__ = ["BufferPool", "Group", "GroupLoader"]
+
+
+class BufferPool:
+    """Group buffers of one stream, each big enough for any group of it.
+
+    Parameters
+    ----------
+    source
+        The stream's source (for sample shapes and dtypes).
+    names
+        Arrays to hold.
+    capacity
+        Samples per buffer: ``buffer_chunks`` times the longest chunk bounds every group.
+    keep
+        Buffers kept when the pool is trimmed; more are dropped, to the allocator.
+    """
+
+    def __init__(self, source: Any, names: Sequence[str], capacity: int, keep: int):
+        # Assembled arrays (virtual windows) need no buffer: their batches are built
+        # from the group's feature rows.
+        self.names = tuple(n for n in names if not source.assembled(n))
+        self.source, self.capacity, self.keep = source, int(capacity), int(keep)
+        self._free: queue.SimpleQueue = queue.SimpleQueue()
+
+    def get(self) -> dict[str, np.ndarray]:
+        """A free buffer, or a new one."""
+        try:
+            return self._free.get_nowait()
+        except queue.Empty:
+            out = {}
+            for n in self.names:
+                tail, dtype = self.source.sample_shape(n)
+                out[n] = np.empty((self.capacity,) + tuple(tail), dtype=dtype)
+            return out
+
+    def put(self, buffers: dict[str, np.ndarray]) -> None:
+        """Give a buffer back once nothing reads it any more."""
+        self._free.put(buffers)
+
+    def trim(self) -> None:
+        """Drop buffers beyond ``keep`` (between epochs, so memory does not creep up)."""
+        kept = []
+        while len(kept) < self.keep:
+            try:
+                kept.append(self._free.get_nowait())
+            except queue.Empty:
+                break
+        while True:
+            try:
+                self._free.get_nowait()
+            except queue.Empty:
+                break
+        for b in kept:
+            self._free.put(b)
+
+
+@dataclass(frozen=True, slots=True)
+class Group:
+    """One loaded group: its samples per array (views into ``buffers``, or
+    :class:`~pipeline.streaming.virtual.WindowRows` for assembled arrays; either way
+    ``arrays[name][idx]`` is an array of those samples) and their mixing."""
+
+    arrays: dict[str, Any]
+    perm: np.ndarray
+    buffers: dict[str, np.ndarray]
+
+
+class GroupLoader:
+    """Loads the groups of one worker's plan, ``prefetch`` groups ahead of the one taken.
+
+    Reads of one group run on ``threads`` threads (decoding in numcodecs releases the
+    GIL); groups load one after another on a single loader thread, in plan order.
+    """
+
+    def __init__(self, source: Any, names: Sequence[str], plan: WorkerPlan, *, pool: BufferPool,
+                 threads: int, prefetch: int, seed: int, epoch: int, rank: int, worker: int, shuffle: bool):
+        self.source, self.names, self.plan, self.pool = source, tuple(names), plan, pool
+        self.prefetch = prefetch
+        self._mix = dict(seed=seed, epoch=epoch, rank=rank, worker=worker, shuffle=shuffle)
+        starts = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in plan.pieces])]).astype(np.int64)
+        self.group_sizes = [int(starts[b] - starts[a]) for a, b in plan.groups]
+        self._reads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pipeline-read")
+        self._loads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-prefetch")
+        self._futures: dict[int, Future] = {}
+
+    def want(self, g: int, count: int | None = None) -> None:
+        """Start loading groups ``g`` to ``g + count - 1`` (``count`` defaults to ``prefetch``)."""
+        count = self.prefetch if count is None else count
+        for k in range(g, min(g + max(1, count), len(self.plan.groups))):
+            if k not in self._futures:
+                self._futures[k] = self._loads.submit(self._load, k)
+
+    def take(self, g: int) -> Group:
+        """Group ``g``, waiting for it if needed; the ``prefetch`` groups after it start
+        loading, so at most ``prefetch + 1`` groups are in memory (plus, near an epoch's
+        end, the next epoch's first)."""
+        self.want(g, 1)
+        group = self._futures.pop(g).result()
+        self.want(g + 1)
+        return group
+
+    def close(self) -> None:
+        """Stop loading; buffers of groups loaded but never taken go back to the pool."""
+        for f in self._futures.values():
+            f.cancel()
+        self._loads.shutdown(wait=True)
+        for f in self._futures.values():
+            if not f.cancelled() and f.exception() is None:
+                self.pool.put(f.result().buffers)
+        self._futures.clear()
+        self._reads.shutdown(wait=True, cancel_futures=True)
+
+    def _load(self, g: int) -> Group:
+        a, b = self.plan.groups[g]
+        pieces = self.plan.pieces[a:b]
+        offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
+        full = self.pool.get()
+        futs: list[Future] = []
+        try:
+            arrays: dict[str, Any] = {}
+            rows: dict[str, list[Future]] = {}
+            for n in self.names:
+                if self.source.assembled(n):
+                    rows[n] = [self._reads.submit(self.source.read_rows, n, p.chunk, p.lo, p.hi) for p in pieces]
+                    futs.extend(rows[n])
+                    continue
+                buf = full[n][: int(offsets[-1])]
+                arrays[n] = buf
+                for p, off in zip(pieces, offsets[:-1]):
+                    part = buf[off : off + p.hi - p.lo]
+                    if p.lo == 0 and p.hi == self.source.lengths[p.chunk]:  # decode straight into the buffer
+                        futs.append(self._reads.submit(self.source.read, n, p.chunk, part))
+                    else:  # a rank or worker boundary falls inside the chunk
+                        futs.append(self._reads.submit(read_part, self.source, n, p, part))
+            for f in futs:
+                f.result()
+            if rows:
+                from pipeline.streaming.virtual import WindowRows
+
+                for n, parts in rows.items():
+                    arrays[n] = WindowRows.concat([f.result() for f in parts])
+        except BaseException:
+            for f in futs:
+                f.cancel()
+            for f in futs:
+                if not f.cancelled():
+                    f.exception()  # wait: no read may still write into the buffer
+            self.pool.put(full)
+            raise
+        perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
+        return Group(arrays, perm, full)

@@ -1,0 +1,214 @@
+"""Where a stream's chunks come from: a zarr store's split, or arrays in memory or dask.
+
+A source knows its chunk lengths along axis 0 and reads chunk ``i`` of an array by name
+(into a given buffer when it can). The streamer plans and mixes; sources only read.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.errors import IncompleteStoreError, StreamError
+from pipeline.streaming.chunks import ChunkReader
+
+__all__ = ["ArraySource", "StoreSource", "read_part"]
+
+DEFAULT_ARRAY_CHUNK = 4096
+_REOPEN_LOCK = threading.Lock()
+
+
+class StoreSource:
+    """Chunks of the arrays of one split of a zarr store."""
+
+    def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
+                 storage_options: dict | None, verify: bool = False):
+        from pipeline.storage.store import open_store_group, store_root_attrs
+
+        self.location, self.split, self.names = location, split, tuple(names)
+        self.partial, self.storage_options, self.verify = partial, storage_options, verify
+        group = open_store_group(location, mode="r", storage_options=storage_options)
+        meta = store_root_attrs(group)
+        label = location if isinstance(location, (str, os.PathLike)) else "<group>"
+        if not meta.get("complete") and not partial:
+            raise IncompleteStoreError(str(label))
+        if split not in group:
+            raise StreamError(f"{label}: no split {split!r}")
+        arrays = {}
+        virtual = meta.get("virtual")
+        for n in self.names:
+            if n == "x" and virtual and "x" not in group[split] and "ends" in group[split]:
+                arrays[n] = group[f"{split}/ends"]  # windows are assembled from the features
+                continue
+            if n not in group[split]:
+                raise StreamError(f"{label}: split {split!r} has no array {n!r}")
+            arrays[n] = group[f"{split}/{n}"]
+        shapes = {n: (a.shape[0], a.chunks[0]) for n, a in arrays.items()}
+        if len(set(shapes.values())) != 1:
+            raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
+        sums = group[f"{split}/_written"][:] if verify and "_written" in group[split] else None
+        self.readers = {n: ChunkReader(a, (str(label), split, n), sums) for n, a in arrays.items()}
+        if "x" in self.readers and arrays["x"].path.endswith("/ends"):
+            from pipeline.streaming.virtual import VirtualWindowReader
+
+            shared_sums = group["_shared/_written"][:] if verify else None
+            feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"), shared_sums)
+            self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
+        first = self.readers[self.names[0]]
+        self.lengths = tuple(first.length(i) for i in range(first.n_chunks))
+        # Set last: other threads of a forked child read only once the readers are new.
+        self._pid = os.getpid()
+
+    def __getstate__(self) -> dict:
+        # Only the location travels to DataLoader workers; each reopens the store itself.
+        if not isinstance(self.location, (str, os.PathLike)):
+            raise StreamError("a stream over an open zarr group cannot be sent to worker processes; pass its path")
+        return {"location": self.location, "split": self.split, "names": self.names,
+                "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["location"], state["split"], state["names"], state["partial"], state["storage_options"],
+                      state.get("verify", False))
+
+    def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        if self._pid != os.getpid():
+            self._reopen()
+        return self.readers[name].read(chunk, out)
+
+    def assembled(self, name: str) -> bool:
+        """Whether ``name`` is assembled from stored rows (virtual windows) rather than read."""
+        from pipeline.streaming.virtual import VirtualWindowReader
+
+        return isinstance(self.readers[name], VirtualWindowReader)
+
+    def read_rows(self, name: str, chunk: int, lo: int, hi: int) -> Any:
+        """Samples ``[lo, hi)`` of chunk ``chunk`` of an assembled array, as a
+        :class:`~pipeline.streaming.virtual.WindowRows`."""
+        if self._pid != os.getpid():
+            self._reopen()
+        return self.readers[name].window_rows(chunk, lo, hi)
+
+    def _reopen(self) -> None:
+        """After a fork (a DataLoader worker), open the store again: a forked child shares
+        its parent's file descriptors and their offsets, so two workers reading one zip
+        through inherited handles would read each other's bytes."""
+        with _REOPEN_LOCK:
+            if self._pid != os.getpid():
+                self.__init__(self.location, self.split, self.names, self.partial, self.storage_options,
+                              self.verify)
+
+    def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        r = self.readers[name]
+        return r.tail_shape, r.dtype
+
+
+class ArraySource:
+    """In-memory numpy arrays (virtual chunks) or dask arrays (their own chunks).
+
+    A dask chunk is computed when the prefetch thread asks for it, one group ahead of
+    the batches being served, with every array's block of that chunk in one
+    ``dask.compute``: x and y usually share their upstream graph (windows and labels of
+    the same features), which is then computed once, on the active distributed client
+    when there is one.
+    """
+
+    def __init__(self, arrays: Mapping[str, Any], names: Sequence[str]):
+        import dask.array as da
+
+        self.names = tuple(names)
+        missing = [n for n in self.names if n not in arrays]
+        if missing:
+            raise StreamError(f"arrays {missing} are not among the given arrays {list(arrays)}")
+        lens = {n: arrays[n].shape[0] for n in self.names}
+        if len(set(lens.values())) != 1:
+            raise StreamError(f"arrays must have the same length on axis 0, got {lens}")
+        first = arrays[self.names[0]]
+        if isinstance(first, da.Array):
+            bounds = first.chunks[0]
+        else:
+            n = int(first.shape[0])
+            bounds = (DEFAULT_ARRAY_CHUNK,) * (n // DEFAULT_ARRAY_CHUNK) + ((n % DEFAULT_ARRAY_CHUNK,) if n % DEFAULT_ARRAY_CHUNK else ())
+        self.lengths = tuple(int(b) for b in bounds)
+        self.starts = np.concatenate([[0], np.cumsum(self.lengths)]).astype(np.int64)
+        self.arrays = {}
+        for n in self.names:
+            a = arrays[n]
+            if isinstance(a, da.Array):
+                a = a.rechunk({0: self.lengths, **{i: -1 for i in range(1, a.ndim)}})
+            self.arrays[n] = a
+        self._lazy = [n for n in self.names if isinstance(self.arrays[n], da.Array)]
+        # chunk -> (event set when computed, {name: block or exception}); an entry is
+        # dropped once every lazy array has taken its block.
+        self._pending: dict[int, tuple[threading.Event, dict[str, Any]]] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_pending"], state["_lock"] = {}, None  # per process; rebuilt below
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def assembled(self, name: str) -> bool:
+        return False
+
+    @property
+    def lazy(self) -> bool:
+        """Whether reading a chunk computes it (a dask array): the streamer then reads
+        nothing ahead for an epoch that may never come."""
+        return bool(self._lazy)
+
+    def _computed(self, name: str, chunk: int) -> np.ndarray:
+        import dask
+
+        while True:
+            with self._lock:
+                entry = self._pending.get(chunk)
+                if entry is not None and entry[0].is_set() and name not in entry[1]:
+                    entry = None  # left by an abandoned epoch after this array took its block
+                owner = entry is None
+                if owner:
+                    entry = (threading.Event(), {})
+                    self._pending[chunk] = entry
+            event, blocks = entry
+            if owner:
+                try:
+                    values = dask.compute(*(self.arrays[n].blocks[chunk] for n in self._lazy))
+                    blocks.update({n: np.asarray(v) for n, v in zip(self._lazy, values)})
+                except BaseException as exc:  # noqa: BLE001 - every waiting array re-raises it
+                    blocks.update({n: exc for n in self._lazy})
+                event.set()
+            event.wait()
+            with self._lock:
+                if name not in blocks:
+                    continue  # another reader of the same array took it: compute again
+                value = blocks.pop(name)
+                if not blocks and self._pending.get(chunk) is entry:
+                    del self._pending[chunk]
+            if isinstance(value, BaseException):
+                raise value
+            return value
+
+    def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        if name in self._lazy:
+            data = self._computed(name, chunk)
+        else:
+            data = np.asarray(self.arrays[name][self.starts[chunk] : self.starts[chunk + 1]])
+        if out is not None:
+            out[...] = data
+            return out
+        return data
+
+    def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        a = self.arrays[name]
+        return tuple(a.shape[1:]), np.dtype(a.dtype)
+
+
+def read_part(source: Any, name: str, piece: Any, out: np.ndarray) -> None:
+    """Copy a partial chunk (a rank or worker boundary falls inside it) into ``out``."""
+    out[...] = source.read(name, piece.chunk)[piece.lo : piece.hi]
