@@ -119,13 +119,16 @@ class GroupLoader:
                 self._futures[k] = self._loads.submit(self._load, k)
 
     def take(self, g: int) -> Group:
-        """Group ``g``, waiting for it if needed; the ``prefetch`` groups after it start
-        loading, so at most ``prefetch + 1`` groups are in memory (plus, near an epoch's
-        end, the next epoch's first)."""
+        """Group ``g``, waiting for it if needed.
+
+        The caller then starts the groups after it with ``want(g + 1)``, once its first
+        batch is out: at an epoch's start the consumer waits for that batch, and loads
+        started at the same moment would compete with it for the cores and the GIL
+        (measured: 15 ms instead of 0.4 ms for a first batch). At most ``prefetch + 1``
+        groups are in memory (plus, near an epoch's end, the next epoch's first).
+        """
         self.want(g, 1)
-        group = self._futures.pop(g).result()
-        self.want(g + 1)
-        return group
+        return self._futures.pop(g).result()
 
     def close(self) -> None:
         """Stop loading; buffers of groups loaded but never taken go back to the pool."""

@@ -270,12 +270,12 @@ class Stream:
                     # the only copy of the data after decoding.
                     parts: list[tuple[Group, np.ndarray]] = []
                     finished: list[Group] = []
+                    start_next: list[int] = []  # groups whose successors start loading after this batch
                     need = size
                     while need > 0:
                         if cur is None:
                             cur = loader.take(g)
-                            if read_ahead and g == len(group_sizes) - 1:
-                                self._read_ahead(worker, num_workers)
+                            start_next.append(g + 1)
                         take = min(cur.perm.size - pos, need)
                         parts.append((cur, cur.perm[pos : pos + take]))
                         pos += take
@@ -287,9 +287,11 @@ class Stream:
                         batch = self._gather(parts)
                         for done_group in finished:  # its samples are copied out: reuse its memory
                             loader.pool.put(done_group.buffers)
+                        self._start_next(loader, start_next, read_ahead, worker, num_workers)
                         yield batch
                         continue
                     pending.append((gatherer.submit(self._gather, parts), finished))
+                    self._start_next(loader, start_next, read_ahead, worker, num_workers)
                     while len(pending) > 2 * gather_threads or (pending and pending[0][0].done()):
                         yield self._next_gathered(pending, loader.pool)
                 while pending:
@@ -302,6 +304,16 @@ class Stream:
             loader.pool.trim()
 
     # -- group loaders, and the next epoch's read ahead --------------------------------
+
+    def _start_next(self, loader: GroupLoader, start_next: list[int], read_ahead: bool, worker: int,
+                    num_workers: int) -> None:
+        """Start loading what follows the groups taken for the batch just cut: the next
+        groups of this epoch or, after its last group, the next epoch's first."""
+        for g in start_next:
+            if g < len(loader.group_sizes):
+                loader.want(g)
+            elif read_ahead:
+                self._read_ahead(worker, num_workers)
 
     def _buffer_pool(self) -> BufferPool:
         with self._lock:
