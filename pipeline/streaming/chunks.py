@@ -14,6 +14,7 @@ is always correct.
 
 from __future__ import annotations
 
+import mmap
 import os
 import threading
 from typing import Any
@@ -28,8 +29,10 @@ __all__ = ["ChunkReader"]
 
 #: Offset and length of an inner chunk that was never written (zarr's sharding spec).
 _EMPTY = 2**64 - 1
-#: Largest compressed chunk whose read buffer a thread keeps for its next read.
+#: Largest compressed chunk whose read buffer is kept for the next read.
 _MAX_SCRATCH = 64 * 2**20
+#: Read buffers kept between reads: one per read thread is enough.
+_MAX_FREE_SCRATCH = 8
 
 
 class ChunkReader:
@@ -41,11 +44,21 @@ class ChunkReader:
         The zarr array.
     where
         ``(store, split, name)`` used in error messages.
+    checksums
+        The split's ``_written`` rows, to verify every decoded chunk against.
+    map_files
+        Map whole chunk files of a local store into memory instead of reading them:
+        ``read()`` copies the bytes out of the page cache, which on the machines
+        measured cost as much CPU as decoding them (0.4 s of system time per 0.8 GB,
+        against 0.1 s mapped). Only for stores nothing writes to any more: a file
+        truncated while mapped would end the process with SIGBUS.
     """
 
-    def __init__(self, array: zarr.Array, where: tuple[str, str, str], checksums: np.ndarray | None = None):
+    def __init__(self, array: zarr.Array, where: tuple[str, str, str], checksums: np.ndarray | None = None,
+                 map_files: bool = False):
         self.array = array
         self.where = where
+        self.map_files = map_files
         # Rows of the split's ``_written`` table (one per chunk when unsharded): when
         # given, every decoded chunk's CRC32 must be one of its row's recorded values.
         self.checksums = checksums if array.shards is None else None
@@ -59,7 +72,9 @@ class ChunkReader:
         self._index_crc = False
         self._indexes: dict[int, np.ndarray | None] = {}
         self._index_lock = threading.Lock()
-        self._scratch = threading.local()
+        self._scratch = threading.local()  # the read buffer of a read in progress, per thread
+        self._scratch_free: list[bytearray] = []  # read buffers between reads, for any thread
+        self._scratch_lock = threading.Lock()
         self._decoder, self._root = self._plan()
 
     @property
@@ -141,6 +156,8 @@ class ChunkReader:
         if self._root is not None:
             try:
                 with open(os.path.join(self._root, key), "rb", buffering=0) as fh:
+                    if self.map_files and start is None and suffix is None:
+                        return self._map(fh)
                     if suffix is not None:
                         size = fh.seek(0, os.SEEK_END)
                         fh.seek(max(size - suffix, 0))
@@ -165,18 +182,35 @@ class ChunkReader:
         buf = sync(store.get(path, prototype=default_buffer_prototype(), byte_range=request))
         return None if buf is None else buf.to_bytes()
 
+    def _map(self, fh: Any) -> Any:
+        """The whole file, mapped; unmapped when :meth:`read` returns."""
+        if os.fstat(fh.fileno()).st_size == 0:
+            return b""  # mmap refuses empty files; an empty chunk is reported as corrupt
+        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        maps = getattr(self._scratch, "maps", None)
+        if maps is None:
+            maps = self._scratch.maps = []
+        maps.append(m)
+        return m
+
     def _read_into_scratch(self, fh: Any, size: int) -> Any:
-        """``size`` bytes of ``fh`` in this thread's reusable buffer.
+        """``size`` bytes of ``fh`` in a reusable read buffer.
 
         A fresh ``bytes`` of a few MB per chunk costs as much in page faults as decoding
-        it; the buffer is reused by the thread's next read, after this chunk is decoded
-        (callers copy or decode out of it before returning).
+        it. The buffer stays with this thread until :meth:`read` returns (callers copy or
+        decode out of it before), then goes to a shared free list: the streamer's read
+        threads are new every epoch, and buffers kept per thread would be faulted in
+        again each time (measured: about 10,000 faults per epoch per thread).
         """
         scratch = getattr(self._scratch, "buf", None)
+        if scratch is None:
+            with self._scratch_lock:
+                scratch = self._scratch_free.pop() if self._scratch_free else None
         if scratch is None or len(scratch) < size:
-            scratch = bytearray(size)
-            if size <= _MAX_SCRATCH:
-                self._scratch.buf = scratch
+            # Headroom: compressed chunks differ a little in size, and a buffer one byte
+            # short would be replaced (and faulted in) again.
+            scratch = bytearray(size + size // 8)
+        self._scratch.buf = scratch if len(scratch) <= _MAX_SCRATCH else None
         view = memoryview(scratch)[:size]
         got = fh.readinto(view)
         return view[:got]
@@ -224,7 +258,21 @@ class ChunkReader:
 
     def read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         """Chunk ``i`` as an array of ``length(i)`` rows, decoded into ``out`` if given."""
-        out = self._read(i, out)
+        try:
+            out = self._read(i, out)
+        finally:
+            for m in getattr(self._scratch, "maps", None) or ():
+                try:
+                    m.close()
+                except BufferError:  # a view of it is still alive somewhere: unmapped when collected
+                    pass
+            self._scratch.maps = None
+            scratch = getattr(self._scratch, "buf", None)
+            if scratch is not None:
+                self._scratch.buf = None
+                with self._scratch_lock:
+                    if len(self._scratch_free) < _MAX_FREE_SCRATCH:
+                        self._scratch_free.append(scratch)
         if self.checksums is not None:
             import zlib
 

@@ -50,12 +50,15 @@ class StoreSource:
         if len(set(shapes.values())) != 1:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
         sums = group[f"{split}/_written"][:] if verify and "_written" in group[split] else None
-        self.readers = {n: ChunkReader(a, (str(label), split, n), sums) for n, a in arrays.items()}
+        # A store marked complete is no longer written: its chunk files can be mapped.
+        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, map_files=not partial)
+                        for n, a in arrays.items()}
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
             from pipeline.streaming.virtual import VirtualWindowReader
 
             shared_sums = group["_shared/_written"][:] if verify else None
-            feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"), shared_sums)
+            feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"), shared_sums,
+                                map_files=not partial)
             self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))

@@ -368,6 +368,12 @@ class Stream:
             old[1].close()
 
     def _gather(self, parts: list[tuple[Group, np.ndarray]]) -> tuple[np.ndarray, ...]:
+        """One batch: the samples ``idx`` of each part's group, in order, per array.
+
+        A fancy index into a new array measured a little faster (5-10%) than ``np.take``
+        into reused batch memory: the new array is usually the memory the loop just
+        dropped, still in cache.
+        """
         out = []
         for n in self.names:
             pieces_n = [c.arrays[n][idx] for c, idx in parts]

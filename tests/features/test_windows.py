@@ -164,3 +164,53 @@ def test_time_splits_never_share_a_raw_step(size, scales, stride, horizon, lookb
         assert ends[a1 - 1] + horizon < ends[b0] - H - lookback
         # and the gap is as small as it can be: one window fewer would leak
         assert ends[a1 - 1] + horizon >= ends[b0] - stride - H - lookback
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_the_window_kernel_equals_the_definition_for_any_ends_and_outputs(data):
+    """The one kernel both the dask path and virtual streaming call: arbitrary (unsorted,
+    repeated) ends, into a fresh, a given or a non-contiguous output, across its
+    internal batches of windows."""
+    from pipeline.features.windows import windows_numpy_block
+
+    size = data.draw(st.integers(1, 8))
+    scales = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True)))
+    F = data.draw(st.integers(1, 4))
+    span = (size - 1) * max(scales)
+    T = data.draw(st.integers(span + 1, span + 60))
+    block = np.random.default_rng(T + F).standard_normal((T, F)).astype(np.float32)
+    ends = np.array(data.draw(st.lists(st.integers(span, T - 1), min_size=0, max_size=40)), dtype=np.int64)
+    want = np.stack([np.concatenate([block[[e - s * (size - 1 - j) for j in range(size)]] for s in scales], axis=1)
+                     for e in ends]) if ends.size else np.empty((0, size, F * len(scales)), np.float32)
+    np.testing.assert_array_equal(windows_numpy_block(block, ends, size, scales), want)
+    out = np.full((ends.size, size, F * len(scales)), np.nan, np.float32)
+    assert windows_numpy_block(block, ends, size, scales, out=out) is out
+    np.testing.assert_array_equal(out, want)
+    wide = np.full((ends.size, size, F * len(scales) + 1), -1.0, np.float32)
+    windows_numpy_block(block, ends, size, scales, out=wide[:, :, 1:])  # not C-contiguous
+    np.testing.assert_array_equal(wide[:, :, 1:], want)
+    assert (wide[:, :, 0] == -1).all()
+
+
+def test_the_window_kernel_spans_several_internal_batches(monkeypatch):
+    import importlib
+
+    wmod = importlib.import_module("pipeline.features.windows")  # the module, not the function
+    monkeypatch.setattr(wmod, "_TAKE_WINDOWS", 7)
+    block = np.arange(300 * 2, dtype=np.float32).reshape(300, 2)
+    ends = np.arange(40, 300, 3)
+    want = wmod.windows_numpy_block(block, ends, 5, (1, 10))
+    monkeypatch.setattr(wmod, "_TAKE_WINDOWS", 10**6)
+    np.testing.assert_array_equal(wmod.windows_numpy_block(block, ends, 5, (1, 10)), want)
+    np.testing.assert_array_equal(want[3, :, 2:], block[[ends[3] - 10 * (4 - j) for j in range(5)]])
+
+
+@pytest.mark.parametrize("ends", [[3], [2, 40], [99, 100]])
+def test_the_window_kernel_refuses_ends_outside_the_block(ends):
+    """The kernel's unchecked fast copy must never clip a bad end to a wrong window."""
+    from pipeline.features.windows import windows_numpy_block
+
+    block = np.zeros((100, 3), np.float32)
+    with pytest.raises(WindowError, match=r"do not fit a block of 100 rows"):
+        windows_numpy_block(block, np.array(ends), 4, (1, 2))  # lookback 6

@@ -20,15 +20,16 @@ CODECS = {
 }
 
 
+@pytest.mark.parametrize("map_files", [False, True])
 @pytest.mark.parametrize("codec", list(CODECS))
 @pytest.mark.parametrize("shards", [None, (60, 5, 2)])
-def test_reader_equals_zarr_for_codecs_short_last_chunk_and_shards(tmp_path, codec, shards):
+def test_reader_equals_zarr_for_codecs_short_last_chunk_and_shards(tmp_path, codec, shards, map_files):
     rng = np.random.default_rng(0)
     data = rng.standard_normal((107, 5, 2)).astype(np.float32)
     arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(20, 5, 2), shards=shards,
                             dtype="float32", compressors=CODECS[codec])
     arr[:] = data
-    reader = ChunkReader(arr, ("a.zarr", "train", "x"))
+    reader = ChunkReader(arr, ("a.zarr", "train", "x"), map_files=map_files)
     assert reader.n_chunks == 6
     for i in range(reader.n_chunks):
         np.testing.assert_array_equal(reader.read(i), arr[i * 20 : (i + 1) * 20])
@@ -209,9 +210,10 @@ def test_writer_stores_fast_path_equals_zarr_including_zip(tmp_path, codec):
             np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(reader.n_chunks)]), want)
 
 
+@pytest.mark.parametrize("map_files", [False, True])
 @pytest.mark.parametrize("codec", ["blosc-lz4", "blosc-zstd", "zstd", "none"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, damage):
+def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, damage, map_files):
     y = np.arange(200, dtype=np.int64)
     x = np.repeat(y[:, None].astype(np.float32), 6, axis=1)
     path = write(tmp_path / "c.zarr", {"x": x, "y": y}, chunk_samples=40, codec=codec, progress=False)
@@ -219,7 +221,7 @@ def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, d
     raw = chunk.read_bytes()
     chunk.write_bytes({"garbage": b"\x07garbage!" * 13, "truncated": raw[: len(raw) // 2 + 1], "empty": b""}[damage])
     group = open_store_group(path)
-    reader = ChunkReader(group["train/x"], (path, "train", "x"))
+    reader = ChunkReader(group["train/x"], (path, "train", "x"), map_files=map_files)
     np.testing.assert_array_equal(reader.read(2), x[80:120])  # neighbours still read
     with pytest.raises(CorruptChunkError) as info:
         reader.read(3)
@@ -325,3 +327,42 @@ def test_a_truncated_blosc_chunk_never_decodes_bytes_beyond_it(tmp_path, keep):
     np.testing.assert_array_equal(reader.read(4), x[200:250])
     with pytest.raises(CorruptChunkError, match=r"train/x chunk 5: cannot decode"):
         reader.read(5)
+
+
+def test_mapped_chunk_files_are_unmapped_after_each_read(tmp_path):
+    """A mapped chunk lives only while it is decoded: nothing returned aliases it."""
+    data = np.random.default_rng(2).standard_normal((120, 6)).astype(np.float32)
+    for codec in ("blosc-lz4", "none"):
+        path = write(tmp_path / f"{codec}.zarr", {"x": data, "y": np.arange(120)}, chunk_samples=40, codec=codec,
+                     progress=False)
+        reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True)
+        got = [reader.read(i) for i in range(reader.n_chunks)]
+        assert reader._scratch.maps is None
+        # The files can change after the reads without touching what was returned.
+        for f in (tmp_path / f"{codec}.zarr" / "train" / "x" / "c").rglob("*"):
+            if f.is_file():
+                f.write_bytes(b"")
+        np.testing.assert_array_equal(np.concatenate(got), data)
+
+
+def test_read_buffers_are_shared_by_threads_that_come_and_go(tmp_path):
+    """The streamer's read threads are new every epoch; their read buffers are not
+    (each new buffer would be page-faulted in again)."""
+    import threading
+
+    data = np.random.default_rng(3).standard_normal((400, 50)).astype(np.float32)
+    path = write(tmp_path / "t.zarr", {"x": data, "y": np.arange(400)}, chunk_samples=100, progress=False)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"))
+    seen: set[int] = set()
+    got = {}
+
+    def read(i):
+        got[i] = reader.read(i)
+        seen.update(id(b) for b in reader._scratch_free)
+
+    for i in range(reader.n_chunks):  # one short-lived thread per read, one after another
+        t = threading.Thread(target=read, args=(i,))
+        t.start()
+        t.join()
+    assert len(seen) == 1 and len(reader._scratch_free) == 1
+    np.testing.assert_array_equal(np.concatenate([got[i] for i in range(reader.n_chunks)]), data)

@@ -460,3 +460,83 @@ def test_parallel_gathers_serve_the_same_batches_as_one_thread(odd_store, thread
         assert len(got) == len(want) == len(many)
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
+
+
+def _counting_reads(monkeypatch):
+    from pipeline.streaming import chunks
+
+    reads = []
+    original = chunks.ChunkReader.read
+    monkeypatch.setattr(chunks.ChunkReader, "read",
+                        lambda self, i, out=None: reads.append((self.where[2], i)) or original(self, i, out))
+    return reads
+
+
+def test_the_next_epochs_first_group_is_read_ahead_once_and_serves_the_same_batches(store, monkeypatch):
+    reads = _counting_reads(monkeypatch)
+    s = pipeline.stream(store, batch_size=50, seed=2, buffer_chunks=4)
+    n_chunks = len(s.source.lengths)
+    first = epoch_ids(s)
+    assert s._ahead is not None and s._ahead[0][0] == 1  # epoch 1's first group is being read
+    s._ahead[1]._futures[0].result()
+    assert len(reads) == 2 * (n_chunks + 4)  # x and y: the epoch, and 4 chunks ahead
+    s.set_epoch(1)
+    second = epoch_ids(s)
+    s._ahead[1]._futures[0].result()  # epoch 2's read-ahead, in turn
+    # Each chunk of both epochs read once (epoch 1's first 4 were not read again), plus
+    # epoch 2's first 4 read ahead.
+    assert len(reads) == 2 * (2 * n_chunks + 4)
+    fresh = pipeline.stream(store, batch_size=50, seed=2, buffer_chunks=4)
+    fresh.set_epoch(1)
+    assert [b.tolist() for b in second] == [b.tolist() for b in epoch_ids(fresh)]
+    assert not all(np.array_equal(a, b) for a, b in zip(first, second))
+
+
+def test_a_wrong_guess_is_dropped_and_changes_nothing(store, monkeypatch):
+    s = pipeline.stream(store, batch_size=64, seed=3, buffer_chunks=2)
+    epoch_ids(s)
+    guessed = s._ahead[1]
+    s.set_epoch(5)  # not the epoch read ahead
+    got = epoch_ids(s)
+    assert guessed._futures == {}  # closed: its buffer went back to the pool
+    fresh = pipeline.stream(store, batch_size=64, seed=3, buffer_chunks=2)
+    fresh.set_epoch(5)
+    assert [b.tolist() for b in got] == [b.tolist() for b in epoch_ids(fresh)]
+
+
+def test_an_epoch_iterated_again_is_guessed_next_time(store):
+    """A loop that never calls set_epoch repeats its epoch: after one repeat the read
+    ahead follows it."""
+    s = pipeline.stream(store, batch_size=64, seed=3)
+    epoch_ids(s)
+    assert s._ahead[0][0] == 1
+    epoch_ids(s)
+    assert s._ahead[0][0] == 0
+    s.close()
+    assert s._ahead is None
+    assert sorted(np.concatenate(epoch_ids(s)).tolist()) == list(range(1000))
+
+
+def test_resume_and_ranks_ignore_a_read_ahead_for_another_plan(store):
+    s = pipeline.stream(store, batch_size=64, seed=1, rank=1, world_size=2)
+    epoch_ids(s)
+    s.set_epoch(1)
+    s.load_state_dict({"epoch": 1, "batches_served": 3})  # mid-epoch: the read-ahead group is not what comes
+    rest = epoch_ids(s)
+    full = pipeline.stream(store, batch_size=64, seed=1, rank=1, world_size=2)
+    full.set_epoch(1)
+    assert [b.tolist() for b in rest] == [b.tolist() for b in epoch_ids(full)[3:]]
+
+
+def test_a_stream_with_a_read_ahead_pending_forks_into_dataloader_workers(store):
+    """A forked worker inherits the read-ahead loader but not its threads: it must not
+    wait on it."""
+    from torch.utils.data import DataLoader
+
+    s = pipeline.stream(store, batch_size=50, seed=0)
+    epoch_ids(s)
+    assert s._ahead is not None
+    s.set_epoch(1)
+    loader = DataLoader(s.torch(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    ids = [yb.numpy() for _, yb in loader]
+    assert sorted(np.concatenate(ids).tolist()) == list(range(1000))
