@@ -24,6 +24,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import StreamError
+from pipeline.streaming.batches import BatchSlabs
 from pipeline.streaming.groups import BufferPool, Group, GroupLoader
 from pipeline.streaming.plan import WorkerPlan, batches_per_rank, served_order, shuffle_quality, worker_plan
 from pipeline.streaming.sources import ArraySource, StoreSource
@@ -70,12 +71,13 @@ class Stream:
         self._ahead: tuple[tuple, GroupLoader] | None = None  # (key, loader) started early
         self._last_epoch: int | None = None  # epoch of the previous iteration, to guess the next
         self._epoch_step = 1
+        self._slabs: dict[str, BatchSlabs] = {}  # batch memory per array, reused once dropped
 
     def __getstate__(self) -> dict:
         # Sent to DataLoader workers (spawn): the source reopens itself; buffers, threads
         # and locks stay behind.
         state = dict(self.__dict__)
-        for key in ("_pid", "_lock", "_pool", "_ahead", "_last_epoch", "_epoch_step"):
+        for key in ("_pid", "_lock", "_pool", "_ahead", "_last_epoch", "_epoch_step", "_slabs"):
             state.pop(key, None)
         return state
 
@@ -269,7 +271,12 @@ class Stream:
             # One thread gathers about as fast as three decode (a row copy against an lz4
             # decode), so many-core machines gather several batches at once; numpy's
             # fancy indexing releases the GIL. With few threads the gather stays inline.
-            gather_threads = max(1, self.threads // 3)
+            # Assembled arrays (virtual windows) are the other way round: reading their
+            # feature rows is cheap and assembling the windows is the work, so half the
+            # threads assemble (on 2 cores, measured: a second assembling thread made
+            # each assembly 2x slower, competing with the first for the core's cache).
+            assembled = any(self.source.assembled(n) for n in self.names)
+            gather_threads = max(1, self.threads // (2 if assembled else 3))
             gatherer = ThreadPoolExecutor(gather_threads, "pipeline-gather") if gather_threads > 1 else None
             pending: deque[tuple[Future, list[Group]]] = deque()
             try:
@@ -378,15 +385,34 @@ class Stream:
     def _gather(self, parts: list[tuple[Group, np.ndarray]]) -> tuple[np.ndarray, ...]:
         """One batch: the samples ``idx`` of each part's group, in order, per array.
 
-        A fancy index into a new array measured a little faster (5-10%) than ``np.take``
-        into reused batch memory: the new array is usually the memory the loop just
-        dropped, still in cache.
+        Written into reused batch memory (:mod:`~pipeline.streaming.batches`) with
+        ``np.take``: the permutation's indices are in range by construction, so
+        ``mode="clip"`` (no bounds check, no intermediate buffer) is safe.
         """
+        n = sum(int(idx.size) for _, idx in parts)
         out = []
-        for n in self.names:
-            pieces_n = [c.arrays[n][idx] for c, idx in parts]
-            out.append(pieces_n[0] if len(pieces_n) == 1 else np.concatenate(pieces_n))
+        for name in self.names:
+            dest = self._batch_memory(name).take(n)
+            pos = 0
+            for group, idx in parts:
+                src, part = group.arrays[name], dest[pos : pos + idx.size]
+                if isinstance(src, np.ndarray):
+                    np.take(src, idx, axis=0, out=part, mode="clip")
+                else:  # assembled on demand (virtual windows)
+                    src.take(idx, part)
+                pos += idx.size
+            out.append(dest)
         return tuple(out)
+
+    def _batch_memory(self, name: str) -> BatchSlabs:
+        slabs = self._slabs.get(name)
+        if slabs is None:
+            tail, dtype = self.source.sample_shape(name)
+            # The batches queued ahead, those being filled, and a few the loop holds.
+            slabs = BatchSlabs(tail, dtype, self.batch_size, max_slabs=self.prefetch_batches + self.threads + 6)
+            with self._lock:
+                slabs = self._slabs.setdefault(name, slabs)
+        return slabs
 
     @staticmethod
     def _next_gathered(pending: deque, pool: BufferPool) -> tuple[np.ndarray, ...]:

@@ -50,6 +50,10 @@ class WindowRows:
     def __getitem__(self, idx: np.ndarray) -> np.ndarray:
         return windows_numpy_block(self.block, self.ends[idx], self.size, self.scales)
 
+    def take(self, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """The windows of samples ``idx``, assembled into ``out``."""
+        return windows_numpy_block(self.block, self.ends[idx], self.size, self.scales, out=out)
+
     @classmethod
     def concat(cls, parts: Sequence["WindowRows"]) -> "WindowRows":
         """One run of the parts' samples in order: their feature blocks stacked, each

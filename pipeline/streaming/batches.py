@@ -1,0 +1,65 @@
+"""Batch memory that is reused once nobody holds the batch any more.
+
+A new batch of a few hundred KB to a few MB per step is filled by the stream's
+producer thread and dropped by the training loop's thread. glibc gives such blocks of a
+thread's own arena back to the kernel when they are freed from another thread's side,
+and the next batch faults them in again: measured, tens of thousands of page faults per
+epoch, and on a virtual machine a page fault can cost more than the copy it serves.
+
+So batches are views of a few slabs kept here. A slab is handed out again only when its
+reference count shows that no view of it is alive anywhere: a batch the caller keeps (in
+a list, as a torch tensor sharing its memory, in a queue) keeps its slab out of use, and
+a new slab is made, up to ``max_slabs``; past that, batches are plain new arrays.
+Nothing a caller holds is ever overwritten.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+
+import numpy as np
+
+__all__ = ["BatchSlabs"]
+
+
+class BatchSlabs:
+    """Reusable memory for the batches of one array.
+
+    Parameters
+    ----------
+    tail
+        Shape of one sample.
+    dtype
+        Sample dtype.
+    rows
+        Samples per slab (the batch size).
+    max_slabs
+        Slabs kept: the batches queued ahead, the one being filled and those the loop
+        holds.
+    """
+
+    def __init__(self, tail: tuple[int, ...], dtype: np.dtype, rows: int, max_slabs: int):
+        self.tail, self.dtype, self.rows, self.max_slabs = tuple(tail), np.dtype(dtype), int(rows), int(max_slabs)
+        self._slabs: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> np.ndarray:
+        """An uninitialized ``(n,) + tail`` array that nothing else references."""
+        if n > self.rows:
+            return np.empty((n,) + self.tail, self.dtype)
+        with self._lock:
+            for slab in self._slabs:
+                # References: the list, this loop's variable and getrefcount's argument.
+                # A third one is a batch view alive somewhere.
+                if sys.getrefcount(slab) <= 3:
+                    return slab[:n]
+            if len(self._slabs) < self.max_slabs:
+                self._slabs.append(np.empty((self.rows,) + self.tail, self.dtype))
+                return self._slabs[-1][:n]
+        return np.empty((n,) + self.tail, self.dtype)
+
+    @property
+    def slabs(self) -> int:
+        """Slabs made so far (for tests and diagnostics)."""
+        return len(self._slabs)
