@@ -11,6 +11,7 @@ prints the wall time with 1 and with 2 workers (the scaling ratio).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -19,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import psutil  # noqa: E402
 from common import MemorySampler  # noqa: E402
 
 from pipeline.cluster import cluster  # noqa: E402
@@ -42,11 +44,24 @@ def one_run(raw: Path, out: Path, workers: int, memory_limit: str, args) -> dict
             "labels": {"kind": "return", "horizon": 20},
             "output": {"path": str(out), "splits": {"train": 0.8, "val": 0.1, "test": 0.1}, "overwrite": True},
         }
+        pids = list(client.run(os.getpid).values())
+        procs = [psutil.Process(p) for p in pids]
+        me = psutil.Process()
         with MemorySampler(client) as mem:
+            cpu0 = psutil.cpu_times()
+            w0 = [p.cpu_times() for p in procs]
+            m0 = me.cpu_times()
             t0 = time.perf_counter()
             summary = job.run(parse_config(cfg), log=None, progress=False)
             dt = time.perf_counter() - t0
-    return {"seconds": dt, "summary": summary, "peak": mem.peak, "restarts": len(mem.new_workers)}
+            cpu1 = psutil.cpu_times()
+            workers_cpu = sum((b.user + b.system) - (a.user + a.system) for a, b in zip(w0, [p.cpu_times() for p in procs]))
+            m1 = me.cpu_times()
+    busy = lambda t: t.user + t.system + getattr(t, "irq", 0) + getattr(t, "softirq", 0)  # noqa: E731
+    return {"seconds": dt, "summary": summary, "peak": mem.peak, "restarts": len(mem.new_workers),
+            "machine_cpu": busy(cpu1) - busy(cpu0), "workers_cpu": workers_cpu,
+            "client_cpu": (m1.user + m1.system) - (m0.user + m0.system),
+            "steal": getattr(cpu1, "steal", 0) - getattr(cpu0, "steal", 0)}
 
 
 def main() -> None:
@@ -75,9 +90,21 @@ def main() -> None:
               f"({s.uncompressed_bytes / (workers * limit_bytes):.1f}x the workers' total memory) in "
               f"{r['seconds']:.1f} s; peak worker memory {peak / 2**20:,.0f} MiB "
               f"({peak / limit_bytes:.0%} of the limit); workers restarted: {r['restarts']}")
-    print(f"scaling 1 -> 2 workers: {results[1]['seconds'] / results[2]['seconds']:.2f}x")
+        cores = os.cpu_count() or 1
+        print(f"    CPU: {r['machine_cpu']:.0f} core-s busy of {cores * r['seconds']:.0f} available "
+              f"({r['machine_cpu'] / (cores * r['seconds']):.0%}); workers {r['workers_cpu']:.0f} core-s, "
+              f"client and scheduler (this process) {r['client_cpu']:.0f}, the rest (kernel writeback, "
+              f"other processes) {r['machine_cpu'] - r['workers_cpu'] - r['client_cpu']:.0f}; "
+              f"stolen by the host {r['steal']:.0f}")
+    print(f"scaling 1 -> 2 workers: {results[1]['seconds'] / results[2]['seconds']:.2f}x (goal 1.7x); "
+          f"worker CPU per GiB: {results[1]['workers_cpu'] / gib(results[1]):.1f} core-s with 1 worker, "
+          f"{results[2]['workers_cpu'] / gib(results[2]):.1f} with 2")
     if not args.workdir:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def gib(result: dict) -> float:
+    return result["summary"].uncompressed_bytes / 2**30
 
 
 def parse_bytes(text: str) -> int:

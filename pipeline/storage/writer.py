@@ -19,6 +19,7 @@ import datetime as _dt
 import json
 import os
 import shutil
+import uuid
 import zipfile
 import zlib
 from importlib.metadata import PackageNotFoundError, version
@@ -103,16 +104,23 @@ def _fs_and_root(location: str, storage_options: dict | None) -> tuple[Any, str]
 
 
 def _write_unit(location: str, storage_options: dict | None, split: str, unit: int, start: int,
-                blocks: dict[str, np.ndarray]) -> int:
-    """Write one unit of every array of a split, then its row of ``_written``. Runs on a worker."""
-    group = _cached_group(location, json.dumps(storage_options or {}, sort_keys=True, default=str))
+                blocks: dict[str, np.ndarray], token: str = "") -> int:
+    """Write one unit of every array of a split, then its row of ``_written``. Runs on a worker.
+
+    ``token`` is unique to one ``write`` call: the arrays it opens are cached under it
+    (opening one reads and parses its metadata, measured at 9% of a unit's time), and a
+    later write that recreates them at the same location gets fresh ones.
+    """
+    options = json.dumps(storage_options or {}, sort_keys=True, default=str)
     crcs = []
     for name, block in blocks.items():
-        arr = group[f"{split}/{name}"]
+        arr = _cached_array(location, options, f"{split}/{name}", token)
         block = np.ascontiguousarray(block, dtype=arr.dtype)
         arr[start : start + block.shape[0]] = block
-        crcs.append(zlib.crc32(block.tobytes()))
-    group[f"{split}/{WRITTEN}"][unit] = np.array([1, *crcs], dtype=np.uint64)
+        # The contiguous block itself, not a bytes copy of it (measured at 20% of a
+        # unit's time with the copy).
+        crcs.append(zlib.crc32(block.reshape(-1).view(np.uint8)))
+    _cached_array(location, options, f"{split}/{WRITTEN}", token)[unit] = np.array([1, *crcs], dtype=np.uint64)
     return 1
 
 
@@ -147,6 +155,22 @@ def _cached_group(location: str, options: str) -> zarr.Group:
             _GROUPS.clear()
         _GROUPS[key] = open_store_group(location, mode="r+", storage_options=json.loads(options) or None)
     return _GROUPS[key]
+
+
+_ARRAYS: dict[tuple[str, str, str, str], zarr.Array] = {}
+
+
+def _cached_array(location: str, options: str, path: str, token: str) -> zarr.Array:
+    """One open array per worker process, store, path and write call."""
+    key = (location, options, path, token)
+    array = _ARRAYS.get(key) if token else None
+    if array is None:
+        if len(_ARRAYS) > 256:
+            _ARRAYS.clear()
+        array = _cached_group(location, options)[path]
+        if token:
+            _ARRAYS[key] = array
+    return array
 
 
 def written_units(group: zarr.Group, split: str) -> np.ndarray:
@@ -331,6 +355,7 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
                              chunks=(1, 1 + len(arrs)), compressors=[], fill_value=0)
 
     tasks = []
+    token = uuid.uuid4().hex  # this write call's arrays, cached on the workers
     for split, arrs in groups.items():
         n = int(next(iter(arrs.values())).shape[0])
         unit = units[split]
@@ -342,7 +367,7 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             if done[u]:
                 continue
             tasks.append(dask.delayed(_write_unit)(location, storage_options, split, u, u * unit,
-                                                   {k: b[u] for k, b in blocks.items()}))
+                                                   {k: b[u] for k, b in blocks.items()}, token))
     if tasks:
         try:
             compute(*tasks, desc="writing chunks", progress=progress)
