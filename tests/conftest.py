@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 import time
 from typing import Callable
 
@@ -22,6 +24,24 @@ def wait_until(condition: Callable[[], bool], *, timeout: float, interval: float
             return True
         time.sleep(interval)
     return condition()
+
+
+def stop_cluster(procs: list[subprocess.Popen]) -> None:
+    """Stop a scheduler (``procs[0]``) and its workers: the workers first, then the scheduler.
+
+    Stopped together, the workers' nannies wait 8 s for worker processes stuck talking
+    to a scheduler that is already gone, then SIGKILL them; in this order it takes ~1 s.
+    """
+    for group in (procs[1:], procs[:1]):
+        for p in group:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in group:
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
 
 
 def free_port() -> int:

@@ -19,7 +19,7 @@ import pipeline
 from pipeline.cluster import cluster
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import ClusterError
-from tests.conftest import wait_until
+from tests.conftest import stop_cluster, wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -66,13 +66,7 @@ def remote(tmp_path):
     with Client(address, timeout=30) as c:
         c.wait_for_workers(2, timeout=60)
     yield address, procs
-    for p in reversed(procs):
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    stop_cluster(procs)
 
 
 def test_same_config_on_a_remote_cluster_gives_the_local_output(remote, tmp_path):

@@ -17,7 +17,6 @@ import ipaddress
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -36,7 +35,7 @@ import pipeline
 from pipeline.cluster import cluster
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import ClusterError
-from tests.conftest import wait_until
+from tests.conftest import stop_cluster, wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -136,24 +135,6 @@ def make_tls_files(directory: Path) -> TLSFiles:
     return files
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Stop the workers (``procs[1:]``), wait for them, then stop the scheduler.
-
-    Stopped together, the workers' nannies wait 8 s for worker processes stuck talking
-    to a scheduler that is already gone, then SIGKILL them; in this order it takes ~1 s.
-    """
-    for group in (procs[1:], procs[:1]):
-        for p in group:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in group:
-            try:
-                p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-
-
 @pytest.fixture(scope="module")
 def tls_remote(tmp_path_factory):
     """A TLS-only scheduler and two workers as separate OS processes on 127.0.0.1.
@@ -197,7 +178,7 @@ def tls_remote(tmp_path_factory):
             c.wait_for_workers(2, timeout=60)
         yield address, tls, sched_file
     finally:
-        _stop(procs)
+        stop_cluster(procs)
 
 
 def _address(sched_file: Path) -> str | None:
