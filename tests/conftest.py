@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 import pytest
@@ -24,6 +27,53 @@ def wait_until(condition: Callable[[], bool], *, timeout: float, interval: float
             return True
         time.sleep(interval)
     return condition()
+
+
+BIN = Path(sys.executable).parent
+
+
+def small_run_config(tmp_path: Path, *, rows_per_day: int, seed: int, chunk_rows: int) -> Path:
+    """Two days of seeded demo order book and a small config over them (output
+    ``tmp_path/local.zarr``); returns the YAML file's path."""
+    import yaml
+
+    from pipeline.demo import DemoSpec, write_demo_data
+
+    raw = tmp_path / "raw"
+    write_demo_data(raw, DemoSpec(days=2, rows_per_day=rows_per_day, seed=seed, formats=("parquet",)))
+    cfg = {
+        "cluster": {"n_workers": 2, "memory_limit": "1GiB"},
+        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": chunk_rows},
+        "features": {"steps": ["mid_price", {"name": "imbalance", "levels": 5}, "log_return",
+                               {"name": "rolling_std", "window": 10}]},
+        "windows": {"size": 16, "stride": 4, "scales": [1, 2]},
+        "labels": {"kind": "return", "horizon": 8},
+        "output": {"path": str(tmp_path / "local.zarr"), "splits": {"train": 0.8, "val": 0.2},
+                   "chunk_samples": 200},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``pipeline ARGS...`` as a user runs it, output captured."""
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    return subprocess.run([str(BIN / "pipeline"), *args], capture_output=True, text=True, env=env,
+                          timeout=timeout)
+
+
+def assert_same_store(a: Path, b: Path) -> None:
+    """Both stores hold the same splits with equal x and y."""
+    import numpy as np
+
+    import pipeline
+
+    sa, sb = pipeline.open(a), pipeline.open(b)
+    assert sa.splits == sb.splits
+    for split in sa.splits:
+        for name in ("x", "y"):
+            np.testing.assert_array_equal(sa[split][name][:], sb[split][name][:])
 
 
 def stop_cluster(procs: list[subprocess.Popen]) -> None:

@@ -19,7 +19,7 @@ import pipeline
 from pipeline.cluster import cluster
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import ClusterError
-from tests.conftest import stop_cluster, wait_until
+from tests.conftest import assert_same_store, run_cli, small_run_config, stop_cluster, wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -71,36 +71,14 @@ def remote(tmp_path):
 
 def test_same_config_on_a_remote_cluster_gives_the_local_output(remote, tmp_path):
     address, _ = remote
-    raw = tmp_path / "raw"
-    write_demo_data(raw, DemoSpec(days=2, rows_per_day=6000, seed=3, formats=("parquet",)))
-    cfg = {
-        "cluster": {"n_workers": 2, "memory_limit": "1GiB"},
-        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 2000},
-        "features": {"steps": ["mid_price", {"name": "imbalance", "levels": 5}, "log_return",
-                               {"name": "rolling_std", "window": 10}]},
-        "windows": {"size": 16, "stride": 4, "scales": [1, 2]},
-        "labels": {"kind": "return", "horizon": 8},
-        "output": {"path": str(tmp_path / "local.zarr"), "splits": {"train": 0.8, "val": 0.2},
-                   "chunk_samples": 200},
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "KERAS_BACKEND": "torch"}
-    local = subprocess.run([str(BIN / "pipeline"), "run", str(path), "--no-progress"],
-                           capture_output=True, text=True, env=env, timeout=300)
+    path = small_run_config(tmp_path, rows_per_day=6000, seed=3, chunk_rows=2000)
+    local = run_cli("run", str(path), "--no-progress")
     assert local.returncode == 0, local.stderr
-    remote_run = subprocess.run(
-        [str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address,
-         "--set", f"output.path={tmp_path / 'remote.zarr'}"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
+    remote_run = run_cli("run", str(path), "--no-progress", "--scheduler", address,
+                         "--set", f"output.path={tmp_path / 'remote.zarr'}")
     assert remote_run.returncode == 0, remote_run.stderr
     assert f"scheduler {address}" in remote_run.stderr
-    a, b = pipeline.open(tmp_path / "local.zarr"), pipeline.open(tmp_path / "remote.zarr")
-    assert a.splits == b.splits
-    for split in a.splits:
-        for name in ("x", "y"):
-            np.testing.assert_array_equal(a[split][name][:], b[split][name][:])
+    assert_same_store(tmp_path / "local.zarr", tmp_path / "remote.zarr")
 
 
 def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):

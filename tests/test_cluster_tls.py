@@ -15,7 +15,6 @@ from __future__ import annotations
 import datetime as dt
 import ipaddress
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,17 +24,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-import pipeline
 from pipeline.cluster import cluster
-from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import ClusterError
-from tests.conftest import stop_cluster, wait_until
+from tests.conftest import assert_same_store, run_cli, small_run_config, stop_cluster, wait_until
 
 BIN = Path(sys.executable).parent
 
@@ -246,48 +242,23 @@ def test_a_certificate_the_cluster_does_not_trust_is_refused(tls_remote, tmp_pat
 
 def test_cli_run_on_a_tls_cluster_gives_the_local_output(tls_remote, tmp_path):
     address, tls, _ = tls_remote
-    raw = tmp_path / "raw"
-    write_demo_data(raw, DemoSpec(days=2, rows_per_day=3000, seed=7, formats=("parquet",)))
-    cfg = {
-        "cluster": {"n_workers": 2, "memory_limit": "1GiB"},
-        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 1000},
-        "features": {"steps": ["mid_price", {"name": "imbalance", "levels": 5}, "log_return",
-                               {"name": "rolling_std", "window": 10}]},
-        "windows": {"size": 16, "stride": 4, "scales": [1, 2]},
-        "labels": {"kind": "return", "horizon": 8},
-        "output": {"path": str(tmp_path / "local.zarr"), "splits": {"train": 0.8, "val": 0.2},
-                   "chunk_samples": 200},
-    }
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    env = {**os.environ, "KERAS_BACKEND": "torch"}
-    local = subprocess.run([str(BIN / "pipeline"), "run", str(path), "--no-progress"],
-                           capture_output=True, text=True, env=env, timeout=300)
+    path = small_run_config(tmp_path, rows_per_day=3000, seed=7, chunk_rows=1000)
+    local = run_cli("run", str(path), "--no-progress")
     assert local.returncode == 0, local.stderr
 
     # The TLS files arrive the way a user passes them, through --set, so this also
     # covers config parsing and pipeline.job handing them to pipeline.cluster.
     tls_sets = [arg for key, value in _tls_kwargs(tls).items()
                 for arg in ("--set", f"cluster.{key}={value}")]
-    remote = subprocess.run(
-        [str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address,
-         "--set", f"output.path={tmp_path / 'remote.zarr'}", *tls_sets],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
+    remote = run_cli("run", str(path), "--no-progress", "--scheduler", address,
+                     "--set", f"output.path={tmp_path / 'remote.zarr'}", *tls_sets)
     assert remote.returncode == 0, remote.stderr
     assert f"scheduler {address}" in remote.stderr
-    a, b = pipeline.open(tmp_path / "local.zarr"), pipeline.open(tmp_path / "remote.zarr")
-    assert a.splits == b.splits
-    for split in a.splits:
-        for name in ("x", "y"):
-            np.testing.assert_array_equal(a[split][name][:], b[split][name][:])
+    assert_same_store(tmp_path / "local.zarr", tmp_path / "remote.zarr")
 
     # The same run without the TLS files: exit status 1 and one line naming the address.
-    bare = subprocess.run(
-        [str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address,
-         "--set", f"output.path={tmp_path / 'bare.zarr'}"],
-        capture_output=True, text=True, env=env, timeout=300,
-    )
+    bare = run_cli("run", str(path), "--no-progress", "--scheduler", address,
+                   "--set", f"output.path={tmp_path / 'bare.zarr'}")
     assert bare.returncode == 1, bare.stderr
     assert address in bare.stderr and "tls_cert_file" in bare.stderr
     assert "Traceback" not in bare.stderr
