@@ -7,9 +7,15 @@ background threads while the current group's batches are served.
 
 The ``buffer_chunks`` trade-off: a batch drawn from a buffer of ``k`` chunks mixes
 samples of up to ``k`` chunks, so larger buffers decorrelate batches better (the quality
-report's mean distinct chunks per batch grows with ``k``), at the price of ``2k`` chunks
-in memory (the buffer being served and the one being prefetched). With 4 MiB chunks,
-``buffer_chunks=8`` costs 64 MiB.
+report's mean distinct chunks per batch grows with ``k``), at the price of
+``(2 + prefetch) * k`` chunks in memory (the group being served, ``prefetch`` groups
+being read, and near an epoch's end the next epoch's first). With 4 MiB chunks and
+``prefetch=1``, ``buffer_chunks=8`` costs about 96 MiB.
+
+Where the pieces live: :mod:`~pipeline.streaming.plan` computes who serves what,
+:mod:`~pipeline.streaming.sources` reads chunks, :mod:`~pipeline.streaming.groups` loads
+and recycles group buffers, :mod:`~pipeline.streaming.batches` recycles batch memory;
+this module runs the epoch and hands batches to the training loop.
 """
 
 from __future__ import annotations
