@@ -146,23 +146,27 @@ def test_resume_rewrites_exactly_the_units_without_a_marker(tmp_path):
 
 def test_sigkill_halfway_then_rerun_equals_an_uninterrupted_write(tmp_path):
     script = textwrap.dedent("""
-        import sys, time
+        import sys, threading
         import dask, dask.array as da, numpy as np
         from pipeline.storage import write
 
-        def slow(b):
-            time.sleep(0.05)
+        HOLD = len(sys.argv) > 2  # the run to be killed: blocks from the 20th on never finish
+
+        def held(b, block_info=None):
+            if HOLD and block_info is not None and block_info[0]["chunk-location"][0] >= 20:
+                threading.Event().wait()  # until the SIGKILL, whatever the machine's speed
             return b
         n = 40_000
         x = da.random.RandomState(0).standard_normal((n, 16, 8), chunks=(500, 16, 8)).astype("float32")
-        x = x.map_blocks(slow)
+        x = x.map_blocks(held)
         y = da.arange(n, chunks=500)
-        with dask.config.set(scheduler="threads", num_workers=2):
+        # Held blocks each keep a thread: enough threads that the others still run.
+        with dask.config.set(scheduler="threads", num_workers=100 if HOLD else 2):
             write(sys.argv[1], {"x": x, "y": y}, chunk_samples=500, fingerprint="k", progress=False)
     """)
     (tmp_path / "w.py").write_text(script)
     killed = tmp_path / "killed.zarr"
-    proc = subprocess.Popen([sys.executable, str(tmp_path / "w.py"), str(killed)])
+    proc = subprocess.Popen([sys.executable, str(tmp_path / "w.py"), str(killed), "hold"])
     def some_units_written() -> bool:
         try:
             return written_units(zarr.open_group(str(killed), mode="r"), "train").sum() >= 10
@@ -210,7 +214,8 @@ def test_provenance_attributes(tmp_path):
 
 def test_a_second_writer_fails_naming_the_lock_holder(tmp_path):
     x = np.zeros((20, 2), np.float32)
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    # A live process to name as the holder: it waits on its stdin until killed.
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
     try:
         (tmp_path / "l.zarr.lock").write_text(
             '{"host": "%s", "pid": %d, "since": "now"}' % (__import__("socket").gethostname(), holder.pid))
