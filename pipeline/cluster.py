@@ -29,6 +29,13 @@ def dashboard_link(client: object) -> str | None:
         return None
 
 
+def _needs_tls_files(where: str, why: str) -> ClusterError:
+    return ClusterError(
+        f"cannot reach {where}: a tls:// scheduler needs cluster.tls_ca_file, "
+        f"cluster.tls_cert_file and cluster.tls_key_file (all three): {why}"
+    )
+
+
 @contextlib.contextmanager
 def cluster(
     address: str | None = None,
@@ -104,7 +111,7 @@ def cluster(
             # dask config may hold the TLS files too), and never start that Client.
             sec = security if security is not None else Security()
             if address.startswith("tls://") and sec.get_connection_args("client")["ssl_context"] is None:
-                raise TypeError("no CA file and certificate to build an SSL context from")
+                raise _needs_tls_files(address, "no CA file and certificate to build an SSL context from")
             client = Client(address, timeout=timeout, security=security)
     except (OSError, RuntimeError, TimeoutError) as exc:
         if local is not None:
@@ -115,16 +122,12 @@ def cluster(
         # distributed builds no SSL context unless it has both a CA and a certificate,
         # and then its tls:// connector raises a bare TypeError ("TLS expects a
         # `ssl_context` argument ...") before any network traffic: a tls:// scheduler
-        # reached without the TLS files, or with only some of them. Above, for an
-        # address; here, for a scheduler file naming a tls:// address. A TypeError
+        # reached without the TLS files, or with only some of them. Checked above for an
+        # address; this catches a scheduler file naming a tls:// address. A TypeError
         # from starting a LocalCluster is a different bug: let it through.
         if address is None and scheduler_file is None:
             raise
-        where = address or scheduler_file
-        raise ClusterError(
-            f"cannot reach {where}: a tls:// scheduler needs cluster.tls_ca_file, "
-            f"cluster.tls_cert_file and cluster.tls_key_file (all three): {exc}"
-        ) from exc
+        raise _needs_tls_files(address or scheduler_file, str(exc)) from exc
     try:
         if log is not None:
             kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"

@@ -104,7 +104,7 @@ def _fs_and_root(location: str, storage_options: dict | None) -> tuple[Any, str]
 
 
 def _write_unit(location: str, storage_options: dict | None, split: str, unit: int, start: int,
-                blocks: dict[str, np.ndarray], token: str = "") -> int:
+                blocks: dict[str, np.ndarray], token: str) -> int:
     """Write one unit of every array of a split, then its row of ``_written``. Runs on a worker.
 
     ``token`` is unique to one ``write`` call: the arrays it opens are cached under it
@@ -163,14 +163,11 @@ _ARRAYS: dict[tuple[str, str, str, str], zarr.Array] = {}
 def _cached_array(location: str, options: str, path: str, token: str) -> zarr.Array:
     """One open array per worker process, store, path and write call."""
     key = (location, options, path, token)
-    array = _ARRAYS.get(key) if token else None
-    if array is None:
+    if key not in _ARRAYS:
         if len(_ARRAYS) > 256:
             _ARRAYS.clear()
-        array = _cached_group(location, options)[path]
-        if token:
-            _ARRAYS[key] = array
-    return array
+        _ARRAYS[key] = _cached_group(location, options)[path]
+    return _ARRAYS[key]
 
 
 def written_units(group: zarr.Group, split: str) -> np.ndarray:

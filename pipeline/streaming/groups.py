@@ -84,9 +84,8 @@ class BufferPool:
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """One loaded group: its samples per array (views into ``buffers``, or
-    :class:`~pipeline.streaming.virtual.WindowRows` for assembled arrays; either way
-    ``arrays[name][idx]`` is an array of those samples) and their mixing."""
+    """One loaded group: its samples per array (views into ``buffers``, or a
+    :class:`~pipeline.streaming.virtual.WindowRows` for assembled arrays) and their mixing."""
 
     arrays: dict[str, Any]
     perm: np.ndarray

@@ -53,7 +53,9 @@ class StoreSource:
         # A store marked complete is no longer written: its chunk files can be mapped.
         self.readers = {n: ChunkReader(a, (str(label), split, n), sums, map_files=not partial)
                         for n, a in arrays.items()}
+        self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
+            self._assembled = frozenset({"x"})
             from pipeline.streaming.virtual import VirtualWindowReader
 
             shared_sums = group["_shared/_written"][:] if verify else None
@@ -83,9 +85,7 @@ class StoreSource:
 
     def assembled(self, name: str) -> bool:
         """Whether ``name`` is assembled from stored rows (virtual windows) rather than read."""
-        from pipeline.streaming.virtual import VirtualWindowReader
-
-        return isinstance(self.readers[name], VirtualWindowReader)
+        return name in self._assembled
 
     def read_rows(self, name: str, chunk: int, lo: int, hi: int) -> Any:
         """Samples ``[lo, hi)`` of chunk ``chunk`` of an assembled array, as a

@@ -27,7 +27,7 @@ __all__ = ["VirtualWindowReader", "WindowRows"]
 
 
 class WindowRows:
-    """Windows of a run of samples, assembled on demand: ``rows[idx]`` is their windows.
+    """Windows of a run of samples, assembled on demand: ``rows.take(idx, out)``.
 
     Parameters
     ----------
@@ -46,9 +46,6 @@ class WindowRows:
 
     def __len__(self) -> int:
         return int(self.ends.size)
-
-    def __getitem__(self, idx: np.ndarray) -> np.ndarray:
-        return windows_numpy_block(self.block, self.ends[idx], self.size, self.scales)
 
     def take(self, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
         """The windows of samples ``idx``, assembled into ``out``."""
