@@ -10,6 +10,7 @@ row indices, not a ``sliding_window_view`` copy of the block per scale.
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import dask.array as da
@@ -18,7 +19,7 @@ import numpy as np
 from pipeline.errors import WindowError
 from pipeline.features.geometry import block_window_counts, halo, merge_short_chunks, split_long_chunks, window_count
 
-__all__ = ["windows", "windows_numpy_block"]
+__all__ = ["check_window_ends", "row_offsets", "windows", "windows_numpy_block"]
 
 
 def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
@@ -66,24 +67,50 @@ def windows_numpy_block(
         return out
     block = np.ascontiguousarray(block)
     ends = np.asarray(local_ends, dtype=np.int64)
-    lookback = (size - 1) * max(scales)
-    lo, hi = int(ends.min()), int(ends.max())
-    if lo < lookback or hi >= block.shape[0]:
-        # np.take below runs with mode="clip" (unbuffered, fast): a bad end would clip
-        # silently to a wrong window instead of failing.
-        raise WindowError(
-            f"windows: ends {lo}..{hi} with a lookback of {lookback} steps do not fit a block of "
-            f"{block.shape[0]} rows"
-        )
-    # (size, n_scales): how far back each output row of a window reaches.
-    back = (size - 1 - np.arange(size, dtype=np.int64))[:, None] * np.asarray(scales, dtype=np.int64)[None, :]
+    check_window_ends(ends, block.shape[0], size, scales)
+    offsets = row_offsets(size, tuple(scales))
     flat = out.reshape(n * size * n_scales, width)
     per = size * n_scales
     for a in range(0, n, _TAKE_WINDOWS):
         b = min(n, a + _TAKE_WINDOWS)
-        rows = (ends[a:b, None, None] - back[None]).reshape(-1)
+        rows = np.add(ends[a:b, None], offsets).reshape(-1)
         np.take(block, rows, axis=0, out=flat[a * per : b * per], mode="clip")
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def row_offsets(size: int, scales: tuple[int, ...]) -> np.ndarray:
+    """Where each output row of a window sits relative to its end, scale after scale.
+
+    A read-only ``(size * len(scales),)`` int64 array: the window ending at ``e`` is
+    the block's rows ``e + row_offsets(size, scales)``, in output order (every value is
+    ``<= 0``). Cached: the streamer assembles every batch of virtual windows with it.
+    """
+    back = (size - 1 - np.arange(size, dtype=np.int64))[:, None] * np.asarray(scales, dtype=np.int64)[None, :]
+    offsets = -back.reshape(-1)
+    offsets.flags.writeable = False
+    return offsets
+
+
+def check_window_ends(ends: np.ndarray, rows: int, size: int, scales: Sequence[int]) -> None:
+    """Refuse window ends whose windows do not lie inside ``rows`` rows.
+
+    Windows are gathered with ``np.take(mode="clip")`` (unbuffered, fast): a bad end
+    would clip silently to a wrong window instead of failing, so callers check first.
+
+    Raises
+    ------
+    WindowError
+        When a window would reach before row 0 or past the last row.
+    """
+    if ends.size == 0:
+        return
+    lookback = (size - 1) * max(scales)
+    lo, hi = int(ends.min()), int(ends.max())
+    if lo < lookback or hi >= rows:
+        raise WindowError(
+            f"windows: ends {lo}..{hi} with a lookback of {lookback} steps do not fit a block of {rows} rows"
+        )
 
 
 #: Largest output block: a task holds about three of them at its peak (the block, one

@@ -31,6 +31,10 @@ __all__ = ["ChunkReader"]
 _EMPTY = 2**64 - 1
 #: Largest compressed chunk whose read buffer is kept for the next read.
 _MAX_SCRATCH = 64 * 2**20
+#: Smallest chunk file mapped rather than read (with ``map_files``): a small file's
+#: map, unmap and page faults cost more system time than copying it (the per-step
+#: features and window ends of virtual stores are tens of KB per chunk).
+_MIN_MAP = 256 << 10
 #: Read buffers kept between reads: one per read thread is enough.
 _MAX_FREE_SCRATCH = 8
 
@@ -157,7 +161,10 @@ class ChunkReader:
             try:
                 with open(os.path.join(self._root, key), "rb", buffering=0) as fh:
                     if self.map_files and start is None and suffix is None:
-                        return self._map(fh)
+                        size = os.fstat(fh.fileno()).st_size
+                        if size and size >= _MIN_MAP:  # mmap refuses empty files
+                            return self._map(fh, size)
+                        return self._read_into_scratch(fh, size)
                     if suffix is not None:
                         size = fh.seek(0, os.SEEK_END)
                         fh.seek(max(size - suffix, 0))
@@ -182,10 +189,8 @@ class ChunkReader:
         buf = sync(store.get(path, prototype=default_buffer_prototype(), byte_range=request))
         return None if buf is None else buf.to_bytes()
 
-    def _map(self, fh: Any) -> Any:
-        """The whole file, mapped; unmapped when :meth:`read` returns."""
-        if os.fstat(fh.fileno()).st_size == 0:
-            return b""  # mmap refuses empty files; an empty chunk is reported as corrupt
+    def _map(self, fh: Any, size: int) -> Any:
+        """The whole file (``size`` bytes, not empty), mapped; unmapped when :meth:`read` returns."""
         m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         maps = getattr(self._scratch, "maps", None)
         if maps is None:
@@ -304,11 +309,11 @@ class ChunkReader:
             if isinstance(self._decoder, numcodecs.Blosc):
                 _check_blosc_frame(raw)
             if self._transposed:
-                data = raw if self._decoder == "raw" else self._decoder.decode(raw)
+                data = raw if isinstance(self._decoder, str) else self._decoder.decode(raw)
                 decoded = np.frombuffer(data, dtype=self.dtype)
                 out[...] = decoded.reshape(self.tail_shape[0], self.rows).T[:n]
                 return out
-            if self._decoder == "raw":
+            if isinstance(self._decoder, str):  # "raw"; == would build both codecs' configs
                 decoded = np.frombuffer(raw, dtype=self.dtype)
             elif n == self.rows and out.flags.c_contiguous:
                 # The common case: decode straight into the caller's buffer, no copy.

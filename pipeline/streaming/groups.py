@@ -85,7 +85,8 @@ class BufferPool:
 @dataclass(frozen=True, slots=True)
 class Group:
     """One loaded group: its samples per array (views into ``buffers``, or a
-    :class:`~pipeline.streaming.virtual.WindowRows` for assembled arrays) and their mixing."""
+    :class:`~pipeline.streaming.virtual.MixedWindows` already in mixed order for
+    assembled arrays) and their mixing."""
 
     arrays: dict[str, Any]
     perm: np.ndarray
@@ -164,11 +165,12 @@ class GroupLoader:
                         futs.append(self._reads.submit(read_part, self.source, n, p, part))
             for f in futs:
                 f.result()
+            perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
             if rows:
                 from pipeline.streaming.virtual import WindowRows
 
                 for n, parts in rows.items():
-                    arrays[n] = WindowRows.concat([f.result() for f in parts])
+                    arrays[n] = WindowRows.concat([f.result() for f in parts]).mixed(perm)
         except BaseException:
             for f in futs:
                 f.cancel()
@@ -177,5 +179,4 @@ class GroupLoader:
                     f.exception()  # wait: no read may still write into the buffer
             self.pool.put(full)
             raise
-        perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
         return Group(arrays, perm, full)

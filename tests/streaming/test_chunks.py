@@ -10,7 +10,16 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from pipeline.errors import CorruptChunkError
 from pipeline.storage import write
 from pipeline.storage.store import open_store_group
+from pipeline.streaming import chunks as chunks_mod
 from pipeline.streaming.chunks import ChunkReader
+
+
+@pytest.fixture
+def map_small(monkeypatch):
+    """Map every chunk file with ``map_files``, however small (these tests' chunks are
+    far below the size from which the reader maps rather than reads)."""
+    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 0)
+
 
 CODECS = {
     "lz4-shuffle": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
@@ -23,7 +32,7 @@ CODECS = {
 @pytest.mark.parametrize("map_files", [False, True])
 @pytest.mark.parametrize("codec", list(CODECS))
 @pytest.mark.parametrize("shards", [None, (60, 5, 2)])
-def test_reader_equals_zarr_for_codecs_short_last_chunk_and_shards(tmp_path, codec, shards, map_files):
+def test_reader_equals_zarr_for_codecs_short_last_chunk_and_shards(tmp_path, codec, shards, map_files, map_small):
     rng = np.random.default_rng(0)
     data = rng.standard_normal((107, 5, 2)).astype(np.float32)
     arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(20, 5, 2), shards=shards,
@@ -213,7 +222,7 @@ def test_writer_stores_fast_path_equals_zarr_including_zip(tmp_path, codec):
 @pytest.mark.parametrize("map_files", [False, True])
 @pytest.mark.parametrize("codec", ["blosc-lz4", "blosc-zstd", "zstd", "none"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, damage, map_files):
+def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, damage, map_files, map_small):
     y = np.arange(200, dtype=np.int64)
     x = np.repeat(y[:, None].astype(np.float32), 6, axis=1)
     path = write(tmp_path / "c.zarr", {"x": x, "y": y}, chunk_samples=40, codec=codec, progress=False)
@@ -329,7 +338,7 @@ def test_a_truncated_blosc_chunk_never_decodes_bytes_beyond_it(tmp_path, keep):
         reader.read(5)
 
 
-def test_mapped_chunk_files_are_unmapped_after_each_read(tmp_path):
+def test_mapped_chunk_files_are_unmapped_after_each_read(tmp_path, map_small):
     """A mapped chunk lives only while it is decoded: nothing returned aliases it."""
     data = np.random.default_rng(2).standard_normal((120, 6)).astype(np.float32)
     for codec in ("blosc-lz4", "none"):
@@ -366,3 +375,21 @@ def test_read_buffers_are_shared_by_threads_that_come_and_go(tmp_path):
         t.join()
     assert len(seen) == 1 and len(reader._scratch_free) == 1
     np.testing.assert_array_equal(np.concatenate([got[i] for i in range(reader.n_chunks)]), data)
+
+
+def test_only_large_chunk_files_are_mapped(tmp_path, monkeypatch):
+    """Small files are read into the shared buffer (a map costs more than their copy),
+    large ones mapped; both decode to the same chunks."""
+    data = np.random.default_rng(4).standard_normal((300, 40)).astype(np.float32)
+    path = write(tmp_path / "m.zarr", {"x": data, "y": np.arange(300)}, chunk_samples=100, codec="none",
+                 progress=False)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True)
+    mapped = []
+    real_map = ChunkReader._map
+    monkeypatch.setattr(ChunkReader, "_map", lambda self, fh, size: mapped.append(size) or real_map(self, fh, size))
+    size = 100 * 40 * 4  # one uncompressed chunk file
+    for limit, want in ((size + 1, []), (size, [size] * 3)):
+        mapped.clear()
+        monkeypatch.setattr(chunks_mod, "_MIN_MAP", limit)
+        np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
+        assert mapped == want

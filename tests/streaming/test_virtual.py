@@ -4,15 +4,21 @@ identical to the materialized store for the same seed and window chunking."""
 from __future__ import annotations
 
 import collections
+import itertools
 
+import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import pipeline
 from pipeline.config import parse_config
 from pipeline.demo import DemoSpec, write_demo_data
+from pipeline.errors import WindowError
 from pipeline.job import run
+from pipeline.streaming.virtual import WindowRows
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +94,43 @@ def test_verified_virtual_stream_checks_features_and_index(stores):
     plain = [x.tobytes() for x, _ in pipeline.stream(stores[False], batch_size=100, seed=1)]
     checked = [x.tobytes() for x, _ in pipeline.stream(stores[False], batch_size=100, seed=1, verify=True)]
     assert plain == checked
+
+
+def _definition(block, ends, size, scales):
+    """Windows by their definition, one row at a time (plain numpy)."""
+    F = block.shape[1]
+    out = np.empty((len(ends), size, F * len(scales)), block.dtype)
+    for w, e in enumerate(ends):
+        for t in range(size):
+            out[w, t] = np.concatenate([block[e - s * (size - 1 - t)] for s in scales])
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_mixed_windows_cut_into_batches_equal_the_definition(data):
+    """A group's windows in mixed order, cut at any boundaries, are exactly the windows
+    of the permuted ends: what each batch of a virtual store is made of."""
+    size = data.draw(st.integers(1, 6))
+    scales = tuple(data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True)))
+    F = data.draw(st.integers(1, 5))
+    span = (size - 1) * max(scales)
+    T = data.draw(st.integers(span + 1, span + 50))
+    block = np.random.default_rng(T * F).standard_normal((T, F)).astype(np.float32)
+    ends = np.array(data.draw(st.lists(st.integers(span, T - 1), min_size=1, max_size=30)), dtype=np.int32)
+    perm = np.random.default_rng(len(ends)).permutation(len(ends))
+    mixed = WindowRows(block, ends, size, scales).mixed(perm)
+    want = _definition(block, ends[perm], size, scales)
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(ends)), max_size=5))) | {0, len(ends)})
+    for lo, hi in itertools.pairwise(cuts):
+        out = np.full((hi - lo, size, F * len(scales)), np.nan, np.float32)
+        assert mixed.take_range(lo, hi, out) is out
+        np.testing.assert_array_equal(out, want[lo:hi])
+
+
+@pytest.mark.parametrize("ends", [[5], [6, 20], [19, 20]])
+def test_window_rows_refuse_ends_outside_their_rows(ends):
+    """Batches are gathered unchecked (mode="clip"); a group whose window index points
+    outside its feature rows fails when it is loaded, never serving a clipped window."""
+    with pytest.raises(WindowError, match=r"do not fit a block of 20 rows"):
+        WindowRows(np.zeros((20, 2), np.float32), np.array(ends), 4, (1, 2))  # lookback 6
