@@ -84,7 +84,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     from pipeline.loaders import open_source
     from pipeline.storage import open as open_store
     from pipeline.storage import write
-    from pipeline.storage.layout import chunk_samples_for
+    from pipeline.storage.layout import chunk_samples_for, task_block
 
     def say(msg: str) -> None:
         if log is not None:
@@ -121,6 +121,10 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             fill_value=config.features.fill_value,
             progress=progress,
             materialize=config.windows.materialize,
+            # Windows made in the blocks the writer's tasks write: see build_training_set.
+            block_windows=lambda window_bytes: task_block(
+                (out.chunk_samples or chunk_samples_for(window_bytes, int(out.target_chunk_mb * 2**20)))
+                * (out.shard_chunks or 1), window_bytes),
         )
         attrs = dict(tset.attrs)
         attrs.update(

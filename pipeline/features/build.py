@@ -10,13 +10,20 @@ windows themselves stay lazy until the writer stores them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import dask.array as da
 import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
-from pipeline.features.geometry import halo, split_gap_windows, split_ranges, window_count, window_ends
+from pipeline.features.geometry import (
+    aligned_window_chunks,
+    halo,
+    split_gap_windows,
+    split_ranges,
+    window_count,
+    window_ends,
+)
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.steps import compute_features
 from pipeline.features.windows import windows
@@ -57,6 +64,7 @@ def build_training_set(
     fill_value: float = 0.0,
     progress: bool = False,
     materialize: bool = True,
+    block_windows: int | Callable[[int], int] | None = None,
 ) -> TrainingSet:
     """Windows and labels per time split, with no step shared between splits.
 
@@ -91,6 +99,12 @@ def build_training_set(
         ``False`` returns, per split, the window end steps (``ends``) and labels instead
         of the windows, and the normalized per-step features in ``shared``: the streamer
         assembles the same windows from them (see :mod:`pipeline.streaming.virtual`).
+    block_windows
+        Windows per block of ``x``, counted from each split's start: the writer's unit
+        (a count, or a function of one window's bytes). Each unit's windows are then
+        made by one task, which the unit's write task reads whole: no rechunk, and no
+        large block held in a worker while its pieces are written (default: blocks of
+        up to 64 MiB, rechunked by the writer).
 
     Returns
     -------
@@ -149,7 +163,13 @@ def build_training_set(
     else:
         stats = {"kind": normalize}
 
-    w = windows(f_used[: T - h], size=size, stride=stride, scales=scales)
+    out_chunks = None
+    if block_windows is not None and materialize:
+        itemsize = 4 if normalize == "window" else f_used.dtype.itemsize  # as the writer sizes x
+        window_bytes = size * int(f_used.shape[1]) * len(scales) * itemsize
+        unit = block_windows(window_bytes) if callable(block_windows) else int(block_windows)
+        out_chunks = aligned_window_chunks(n, ranges, unit)
+    w = windows(f_used[: T - h], size=size, stride=stride, scales=scales, out_chunks=out_chunks)
     if normalize == "window":
         w = w.map_blocks(_window_zscore, dtype=np.float32)
     y_all = ret_w
@@ -158,6 +178,8 @@ def build_training_set(
         y_all = y_all.map_blocks(lambda r: np.digitize(r, thresholds).astype(np.int64), dtype=np.int64)
     else:
         y_all = y_all.astype(np.float32)
+    if out_chunks is not None:
+        y_all = y_all.rechunk({0: w.chunks[0]})  # labels in the windows' blocks: one write unit each
 
     # Which windows hold a non-finite value? Only pay for a windowed pass when any exist.
     bad = bad_labels

@@ -14,8 +14,10 @@ import numpy as np
 from pipeline.errors import WindowError
 
 __all__ = [
+    "aligned_window_chunks",
     "block_window_counts",
     "halo",
+    "input_chunks_for_windows",
     "merge_short_chunks",
     "split_gap_windows",
     "split_long_chunks",
@@ -96,6 +98,52 @@ def split_long_chunks(chunks: Sequence[int], max_len: int) -> tuple[int, ...]:
         full, rest = divmod(c, step)
         out += [step] * full + ([rest] if rest else [])
     return tuple(out)
+
+
+def aligned_window_chunks(n_windows: int, ranges: Mapping[str, tuple[int, int]], unit: int) -> tuple[int, ...]:
+    """Window chunks whose boundaries fall on every split's write units.
+
+    Each split ``[lo, hi)`` is cut into ``unit`` windows from ``lo`` (the last piece
+    shorter); the windows before, between and after splits (never written) are chunks
+    of their own. Slicing a split out of windows chunked this way gives exactly the
+    writer's units: no rechunk, and each unit's windows are made by the task that
+    writes them.
+    """
+    unit = max(1, int(unit))
+    bounds = {0, int(n_windows)}
+    for lo, hi in ranges.values():
+        bounds.update(range(int(lo), int(hi), unit))
+        bounds.add(int(hi))
+    edges = sorted(b for b in bounds if 0 <= b <= n_windows)
+    return tuple(b - a for a, b in zip(edges, edges[1:]) if b > a)
+
+
+def input_chunks_for_windows(
+    out_chunks: Sequence[int], n_steps: int, size: int, stride: int, scales: Sequence[int]
+) -> tuple[int, ...]:
+    """Step chunks whose blocks make ``out_chunks`` windows each (the inverse of
+    :func:`block_window_counts`).
+
+    A block shorter than the halo it lends its right neighbour is merged with that
+    neighbour (``dask.array.overlap`` cannot borrow more than a block holds): the
+    merged block makes the windows of both chunks, so every boundary of the result is
+    one of ``out_chunks``' boundaries, but not every one of them survives.
+
+    Raises
+    ------
+    WindowError
+        When ``out_chunks`` do not add up to the windows of ``n_steps`` steps.
+    """
+    h = halo(size, scales)
+    n = window_count(n_steps, size, stride, scales)
+    if sum(out_chunks) != n or any(c < 0 for c in out_chunks):
+        raise WindowError(f"windows: chunks {tuple(out_chunks)[:5]}... do not add up to the {n} windows "
+                          f"of {n_steps} steps")
+    # The block making windows [b, ...) starts at window b's end step, h + b * stride.
+    bounds = [int(b) for b in np.cumsum([c for c in out_chunks if c > 0])[:-1]]
+    starts = [0] + [h + b * stride for b in bounds]
+    chunks = tuple(b - a for a, b in zip(starts, starts[1:] + [n_steps]))
+    return merge_short_chunks(chunks, h) if h > 0 else chunks
 
 
 def split_gap_windows(size: int, scales: Sequence[int], stride: int, horizon: int, lookback: int) -> int:

@@ -17,7 +17,14 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import WindowError
-from pipeline.features.geometry import block_window_counts, halo, merge_short_chunks, split_long_chunks, window_count
+from pipeline.features.geometry import (
+    block_window_counts,
+    halo,
+    input_chunks_for_windows,
+    merge_short_chunks,
+    split_long_chunks,
+    window_count,
+)
 
 __all__ = ["check_window_ends", "row_offsets", "windows", "windows_numpy_block"]
 
@@ -125,6 +132,7 @@ def windows(
     stride: int = 1,
     scales: Sequence[int] = (1,),
     max_block_bytes: int = MAX_BLOCK_BYTES,
+    out_chunks: Sequence[int] | None = None,
 ) -> da.Array:
     """Windows of a ``(T, F)`` series: ``(n, size, F * len(scales))``, lazily.
 
@@ -144,6 +152,10 @@ def windows(
         Sampling intervals, one block of ``F`` columns each.
     max_block_bytes
         Input chunks are split so that no output block exceeds this.
+    out_chunks
+        Windows per output block, instead of ``max_block_bytes`` (for example the
+        writer's units: see :func:`~pipeline.features.geometry.aligned_window_chunks`).
+        A chunk whose steps are fewer than the halo is merged with a neighbour.
 
     Returns
     -------
@@ -169,11 +181,14 @@ def windows(
             f"the first window needs {h + 1} steps"
         )
     x = x.rechunk({1: -1})
-    window_bytes = size * F * len(scales) * x.dtype.itemsize
-    max_steps = max(stride, (max_block_bytes // max(1, window_bytes)) * stride)
-    chunks = split_long_chunks(x.chunks[0], max(max_steps, h))
-    if h > 0:
-        chunks = merge_short_chunks(chunks, h)
+    if out_chunks is not None:
+        chunks = input_chunks_for_windows(out_chunks, T, size, stride, scales)
+    else:
+        window_bytes = size * F * len(scales) * x.dtype.itemsize
+        max_steps = max(stride, (max_block_bytes // max(1, window_bytes)) * stride)
+        chunks = split_long_chunks(x.chunks[0], max(max_steps, h))
+        if h > 0:
+            chunks = merge_short_chunks(chunks, h)
     if chunks != x.chunks[0]:
         x = x.rechunk({0: chunks})
     in_chunks = x.chunks[0]

@@ -36,7 +36,13 @@ from pipeline.errors import StoreConflictError, StoreError
 from pipeline.progress import compute
 from pipeline.storage.codecs import CodecSpec
 from pipeline.storage.lock import write_lock
-from pipeline.storage.layout import DEFAULT_CHUNK_BYTES, chunk_samples_for, time_split_ranges, unit_chunks
+from pipeline.storage.layout import (
+    DEFAULT_CHUNK_BYTES,
+    chunk_samples_for,
+    time_split_ranges,
+    unit_chunks,
+    task_block,
+)
 from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip, open_store_group, store_root_attrs
 
 __all__ = ["SHARED", "WRITTEN", "write", "written_units"]
@@ -103,25 +109,31 @@ def _fs_and_root(location: str, storage_options: dict | None) -> tuple[Any, str]
     return fs, root
 
 
-def _write_unit(location: str, storage_options: dict | None, split: str, unit: int, start: int,
-                blocks: dict[str, np.ndarray], token: str) -> int:
-    """Write one unit of every array of a split, then its row of ``_written``. Runs on a worker.
+def _write_units(location: str, storage_options: dict | None, split: str, units: list[tuple[int, int]],
+                 block_start: int, blocks: dict[str, np.ndarray], token: str) -> int:
+    """Write units of every array of a split from one block, each followed by its row
+    of ``_written``. Runs on a worker.
 
-    ``token`` is unique to one ``write`` call: the arrays it opens are cached under it
-    (opening one reads and parses its metadata, measured at 9% of a unit's time), and a
-    later write that recreates them at the same location gets fresh ones.
+    ``units`` are ``(unit, start, stop)`` sample ranges inside the block (which starts
+    at sample ``block_start``); units already written are not among them. ``token`` is
+    unique to one ``write`` call: the arrays it opens are cached under it (opening one
+    reads and parses its metadata, measured at 9% of a unit's time), and a later write
+    that recreates them at the same location gets fresh ones.
     """
     options = json.dumps(storage_options or {}, sort_keys=True, default=str)
-    crcs = []
-    for name, block in blocks.items():
-        arr = _cached_array(location, options, f"{split}/{name}", token)
-        block = np.ascontiguousarray(block, dtype=arr.dtype)
-        arr[start : start + block.shape[0]] = block
-        # The contiguous block itself, not a bytes copy of it (measured at 20% of a
-        # unit's time with the copy).
-        crcs.append(zlib.crc32(block.reshape(-1).view(np.uint8)))
-    _cached_array(location, options, f"{split}/{WRITTEN}", token)[unit] = np.array([1, *crcs], dtype=np.uint64)
-    return 1
+    arrays = {name: _cached_array(location, options, f"{split}/{name}", token) for name in blocks}
+    written = _cached_array(location, options, f"{split}/{WRITTEN}", token)
+    for unit, start, stop in units:
+        crcs = []
+        for name, block in blocks.items():
+            arr = arrays[name]
+            part = np.ascontiguousarray(block[start - block_start : stop - block_start], dtype=arr.dtype)
+            arr[start:stop] = part
+            # The contiguous block itself, not a bytes copy of it (measured at 20% of a
+            # unit's time with the copy).
+            crcs.append(zlib.crc32(part.reshape(-1).view(np.uint8)))
+        written[unit] = np.array([1, *crcs], dtype=np.uint64)
+    return len(units)
 
 
 def _codec_for(codec: CodecSpec, ndim: int, *, shared: bool) -> CodecSpec:
@@ -314,10 +326,12 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             return
     # Samples per chunk come from x's sample size (or the first array's); arrays shared by
     # every split (the per-step features of virtual windows) get their own, by row size.
-    def per_chunk_of(arrs: Mapping[str, da.Array], explicit: int | None) -> int:
+    def sample_bytes(arrs: Mapping[str, da.Array]) -> int:
         probe = arrs.get("x", next(iter(arrs.values())))
-        sample_bytes = int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
-        return int(explicit) if explicit else chunk_samples_for(sample_bytes, target_chunk_bytes)
+        return int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
+
+    def per_chunk_of(arrs: Mapping[str, da.Array], explicit: int | None) -> int:
+        return int(explicit) if explicit else chunk_samples_for(sample_bytes(arrs), target_chunk_bytes)
 
     per_chunks = {split: per_chunk_of(arrs, shared_chunk_rows if split == SHARED else chunk_samples)
                   for split, arrs in groups.items()}
@@ -355,16 +369,23 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
     token = uuid.uuid4().hex  # this write call's arrays, cached on the workers
     for split, arrs in groups.items():
         n = int(next(iter(arrs.values())).shape[0])
+        if not n:
+            continue
         unit = units[split]
-        aligned = {k: a.rechunk({0: unit_chunks(n, unit), **{i: -1 for i in range(1, a.ndim)}})
+        # One task writes a block of whole units: arrays chunked that way already (the
+        # windows of a job are made in these blocks) are not rechunked at all.
+        block = task_block(unit, sample_bytes(arrs))
+        aligned = {k: a.rechunk({0: unit_chunks(n, block), **{i: -1 for i in range(1, a.ndim)}})
                    for k, a in arrs.items()}
         blocks = {k: a.to_delayed().ravel() for k, a in aligned.items()}
-        done = written_units(group, split) if n else np.zeros(0, dtype=bool)
-        for u in range(len(unit_chunks(n, unit)) if n else 0):
-            if done[u]:
-                continue
-            tasks.append(dask.delayed(_write_unit)(location, storage_options, split, u, u * unit,
-                                                   {k: b[u] for k, b in blocks.items()}, token))
+        done = written_units(group, split)
+        for b, start in enumerate(range(0, n, block)):
+            stop = min(n, start + block)
+            todo = [(u, u * unit, min(stop, (u + 1) * unit)) for u in range(start // unit, -(-stop // unit))
+                    if not done[u]]
+            if todo:
+                tasks.append(dask.delayed(_write_units)(location, storage_options, split, todo, start,
+                                                        {k: blk[b] for k, blk in blocks.items()}, token))
     if tasks:
         try:
             compute(*tasks, desc="writing chunks", progress=progress)

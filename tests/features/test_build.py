@@ -113,3 +113,28 @@ def test_nan_policies(policy):
         assert len(xs) == n_clean - touched
     else:
         assert len(xs) == n_clean and ts.attrs["nan_windows_dropped"]["train"] == 0
+
+
+@pytest.mark.parametrize("unit", [8, 40])  # 8 windows span 16 steps, at least the halo
+def test_windows_made_in_write_units_equal_the_default_blocks(unit):
+    """With ``block_windows`` (the job passes the writer's task size) every split's x and
+    y come in blocks of exactly ``unit`` windows from the split's start, so the writer
+    rechunks nothing; the values are those of the numpy pipeline either way."""
+    x = book(900, seed=5)
+    fr = {"train": 0.6, "val": 0.2, "test": 0.2}
+    kw = dict(columns=COLS, features=SPECS, size=SIZE, stride=STRIDE, scales=SCALES,
+              label=LabelSpec(horizon=H, scale=1e4), splits=fr)
+    ts = build_training_set(da.from_array(x, chunks=(97, -1)), block_windows=unit, **kw)
+    ref, *_ = numpy_pipeline(x, fr, scale=1e4)
+    for k, (xr, yr) in ref.items():
+        xs, ys = ts.splits[k]["x"], ts.splits[k]["y"]
+        full, rest = divmod(len(xr), unit)
+        # Every unit boundary of the split is a block boundary (a short last unit may be
+        # merged into the one before it, when it spans fewer steps than the halo).
+        assert xs.chunks[0][:full - 1] == (unit,) * (full - 1) and ys.chunks[0] == xs.chunks[0]
+        assert set(np.cumsum(xs.chunks[0]).tolist()) <= set(range(unit, len(xr), unit)) | {len(xr)}
+        np.testing.assert_allclose(xs.compute(), xr, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ys.compute(), yr, rtol=1e-4, atol=1e-3)
+    sized = build_training_set(da.from_array(x, chunks=(97, -1)), block_windows=lambda nbytes: nbytes // 100, **kw)
+    window_bytes = SIZE * len(SPECS) * len(SCALES) * 4
+    assert sized.splits["train"]["x"].chunks[0][0] == window_bytes // 100

@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 from pipeline.errors import WindowError
 from pipeline.features import windows
 from pipeline.features.geometry import (
+    aligned_window_chunks,
+    input_chunks_for_windows,
     block_window_counts,
     halo,
     merge_short_chunks,
@@ -214,3 +216,62 @@ def test_the_window_kernel_refuses_ends_outside_the_block(ends):
     block = np.zeros((100, 3), np.float32)
     with pytest.raises(WindowError, match=r"do not fit a block of 100 rows"):
         windows_numpy_block(block, np.array(ends), 4, (1, 2))  # lookback 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    n=st.integers(1, 400),
+    cuts=st.lists(st.integers(0, 400), min_size=1, max_size=6),
+    unit=st.integers(1, 60),
+)
+def test_aligned_window_chunks_put_a_boundary_on_every_unit_of_every_split(n, cuts, unit):
+    edges = sorted({min(c, n) for c in cuts})
+    ranges = {f"s{i}": (a, b) for i, (a, b) in enumerate(zip(edges[::2], edges[1::2])) if b > a}
+    chunks = aligned_window_chunks(n, ranges, unit)
+    assert sum(chunks) == n and all(c > 0 for c in chunks)
+    bounds = set(np.cumsum((0,) + chunks).tolist())
+    for lo, hi in ranges.values():
+        assert set(range(lo, hi, unit)) | {hi} <= bounds  # a split sliced out is exactly its units
+        inside = sorted(b for b in bounds if lo <= b <= hi)
+        assert all(b - a <= unit for a, b in zip(inside, inside[1:]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    out=st.lists(st.integers(0, 25), min_size=1, max_size=10),
+    size=st.integers(1, 6),
+    stride=st.integers(1, 4),
+    scales=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
+    tail=st.integers(0, 3),
+)
+def test_input_chunks_make_the_requested_windows_per_block(out, size, stride, scales, tail):
+    """The inverse of block_window_counts: each step block makes the windows of one or
+    more consecutive requested chunks, and every block (but the last) can lend its halo."""
+    n = sum(out)
+    h = halo(size, scales)
+    if n == 0:
+        return
+    T = h + (n - 1) * stride + 1 + min(tail, stride - 1)  # exactly n windows
+    assert window_count(T, size, stride, scales) == n
+    chunks = input_chunks_for_windows(out, T, size, stride, scales)
+    assert sum(chunks) == T
+    assert len(chunks) == 1 or min(chunks[:-1]) >= h
+    made = block_window_counts(chunks, size, stride, scales)
+    assert set(np.cumsum(made).tolist()) <= set(np.cumsum(out).tolist())  # only boundaries removed
+    if all(c > 0 for c in out) and all(c * stride >= h for c in out[:-1]) and (out[-1] - 1) * stride + 1 >= h:
+        assert made == tuple(out)  # every block spans at least the halo: exactly the requested blocks
+    with pytest.raises(WindowError, match="do not add up"):
+        input_chunks_for_windows(out + [1], T, size, stride, scales)
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_windows_in_requested_blocks_equal_the_definition(stride):
+    x = np.random.default_rng(stride).standard_normal((700, 3)).astype(np.float32)
+    want = reference(x, 5, stride, (1, 4))
+    n = len(want)
+    a, b = (0, 80), (100, 180)  # 20 windows of gap: at least the halo of 16 steps
+    out = aligned_window_chunks(n, {"a": a, "b": b}, 40)
+    got = windows(da.from_array(x, chunks=(123, -1)), size=5, stride=stride, scales=(1, 4), out_chunks=out)
+    assert got.chunks[0] == out
+    assert got[b[0] : b[1]].chunks[0] == (40, 40)  # a split sliced out is exactly its units
+    np.testing.assert_array_equal(got.compute(), want)

@@ -148,7 +148,9 @@ def test_sigkill_halfway_then_rerun_equals_an_uninterrupted_write(tmp_path):
     script = textwrap.dedent("""
         import sys, threading
         import dask, dask.array as da, numpy as np
-        from pipeline.storage import write
+        from pipeline.storage import layout, write
+
+        layout.TASK_BYTES = 1  # one unit per task: the held blocks hold only their own units
 
         HOLD = len(sys.argv) > 2  # the run to be killed: blocks from the 20th on never finish
 
