@@ -517,6 +517,25 @@ def test_an_epoch_iterated_again_is_guessed_next_time(store):
     assert sorted(np.concatenate(epoch_ids(s)).tolist()) == list(range(1000))
 
 
+def test_stop_read_ahead_waits_keeps_the_buffers_and_the_next_epoch_reads_again(store, monkeypatch):
+    reads = _counting_reads(monkeypatch)
+    s = pipeline.stream(store, batch_size=50, seed=2, buffer_chunks=4)
+    n_chunks = len(s.source.lengths)
+    epoch_ids(s)
+    loader = s._ahead[1]
+    s.stop_read_ahead()
+    assert s._ahead is None and loader._futures == {}  # stopped, after its read finished
+    assert len(reads) in (2 * n_chunks, 2 * (n_chunks + 4))  # cancelled, or read whole: never torn
+    kept = s._pool
+    s.set_epoch(1)
+    second = epoch_ids(s)
+    assert s._pool is kept  # the group buffers stayed with the stream
+    assert len(reads) >= 2 * 2 * n_chunks  # epoch 1's first group read again, while iterated
+    fresh = pipeline.stream(store, batch_size=50, seed=2, buffer_chunks=4)
+    fresh.set_epoch(1)
+    assert [b.tolist() for b in second] == [b.tolist() for b in epoch_ids(fresh)]
+
+
 def test_resume_and_ranks_ignore_a_read_ahead_for_another_plan(store):
     s = pipeline.stream(store, batch_size=64, seed=1, rank=1, world_size=2)
     epoch_ids(s)
