@@ -78,9 +78,9 @@ def main() -> None:
         streams = {m: pipeline.stream(path, batch_size=args.batch, seed=0, buffer_chunks=4)
                    for m, (path, _, _) in built.items()}
         rates: dict[bool, list[tuple[float, float]]] = {True: [], False: []}
-        for run in range(args.repeat):
+        for turn in range(args.repeat):
             for materialize, s in streams.items():
-                rates[materialize].append(epoch_rate(s, run * args.epochs, args.epochs))
+                rates[materialize].append(epoch_rate(s, turn * args.epochs, args.epochs))
         for materialize, (path, build, n) in built.items():
             name = "materialized" if materialize else "virtual"
             sps = float(np.median([r[0] for r in rates[materialize]]))
