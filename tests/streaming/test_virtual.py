@@ -4,6 +4,7 @@ identical to the materialized store for the same seed and window chunking."""
 from __future__ import annotations
 
 import collections
+import os
 import itertools
 
 import numpy as np
@@ -134,3 +135,38 @@ def test_window_rows_refuse_ends_outside_their_rows(ends):
     outside its feature rows fails when it is loaded, never serving a clipped window."""
     with pytest.raises(WindowError, match=r"do not fit a block of 20 rows"):
         WindowRows(np.zeros((20, 2), np.float32), np.array(ends), 4, (1, 2))  # lookback 6
+
+
+def test_keras_fit_on_a_virtual_store_sees_every_window_of_each_epoch(stores, monkeypatch):
+    """Keras' fit (shuffled indices, a peek at one batch, on_epoch_end before the first
+    epoch) over assembled windows: every label once per epoch, two epochs trained."""
+    monkeypatch.setenv("KERAS_BACKEND", os.environ.get("KERAS_BACKEND", "torch"))
+    import keras
+
+    s = pipeline.stream(stores[False], batch_size=128, seed=4)
+    ds = s.keras()
+    n = pipeline.open(stores[False])["train"]["y"].shape[0]
+    seen: list[np.ndarray] = []
+    cls = type(ds)
+    get = cls.__getitem__
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            seen.clear()
+
+        def on_epoch_end(self, epoch, logs=None):
+            assert sum(map(len, seen)) == n  # each window served once this epoch
+
+    def recording(self, i):
+        b = get(self, i)
+        seen.append(np.asarray(b[1]).copy())
+        return b
+
+    monkeypatch.setattr(cls, "__getitem__", recording)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(shape=(16, 18)), keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+    history = model.fit(ds, epochs=2, verbose=0, callbacks=[Record()])
+    assert np.isfinite(history.history["loss"]).all() and len(history.history["loss"]) == 2
+    want = np.sort(pipeline.open(stores[False])["train"]["y"][:])
+    np.testing.assert_array_equal(np.sort(np.concatenate(seen)), want)
