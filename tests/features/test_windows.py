@@ -34,6 +34,10 @@ def reference(x: np.ndarray, size: int, stride: int, scales: tuple[int, ...]) ->
     return np.stack(out) if out else np.empty((0, size, x.shape[1] * len(scales)), x.dtype)
 
 
+#: Window scales: one to three distinct sampling intervals.
+SCALES = st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True)
+
+
 @st.composite
 def cases(draw):
     size = draw(st.integers(1, 9))
@@ -117,7 +121,7 @@ def test_bad_window_parameters_are_clear_errors(kwargs, message):
     chunks=st.lists(st.integers(1, 30), min_size=1, max_size=12),
     size=st.integers(1, 8),
     stride=st.integers(1, 5),
-    scales=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
+    scales=SCALES,
 )
 def test_each_window_is_made_by_exactly_the_block_holding_its_end(chunks, size, stride, scales):
     T = sum(chunks)
@@ -241,7 +245,7 @@ def test_aligned_window_chunks_put_a_boundary_on_every_unit_of_every_split(n, cu
     out=st.lists(st.integers(0, 25), min_size=1, max_size=10),
     size=st.integers(1, 6),
     stride=st.integers(1, 4),
-    scales=st.lists(st.integers(1, 4), min_size=1, max_size=3, unique=True),
+    scales=SCALES,
     tail=st.integers(0, 3),
 )
 def test_input_chunks_make_the_requested_windows_per_block(out, size, stride, scales, tail):
