@@ -2,8 +2,9 @@
 
 Rules this module enforces (DESIGN.md, "Rules that protect data"):
 
-- every dask array is rechunked to the write unit (a chunk, or a shard when sharded)
-  before writing, so no two tasks ever write the same zarr chunk;
+- every dask array is rechunked to blocks of whole write units (a unit is a chunk, or a
+  shard when sharded; a block up to :data:`~pipeline.storage.layout.TASK_BYTES`) before
+  writing, one task per block, so no two tasks ever write the same zarr chunk;
 - a write unit is recorded as done (a small marker holding the CRC32 of each array's
   decoded block) only after all its arrays are written; zarr's local store does not
   write chunk files atomically, so a unit without its marker is rewritten on resume;
