@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import pipeline
 from pipeline.errors import IncompleteStoreError, StoreConflictError, StoreError
 from pipeline.storage import CodecSpec, write
-from pipeline.storage.layout import time_split_ranges, unit_chunks, units_aligned
+from pipeline.storage.layout import task_block, time_split_ranges, unit_chunks, units_aligned
 from pipeline.storage.writer import written_units
 from tests.conftest import wait_until
 
@@ -57,6 +57,20 @@ def test_read_back_equals_input_for_any_dask_chunking_and_shards(tmp_path_factor
 def test_unit_chunks_are_aligned(n, unit):
     chunks = unit_chunks(n, unit)
     assert sum(chunks) == n and units_aligned(chunks, unit)
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 10_000), unit=st.integers(1, 500), sample_bytes=st.integers(1, 10_000),
+       budget=st.integers(1, 4_000_000))
+def test_task_blocks_are_whole_units_within_the_budget(n, unit, sample_bytes, budget):
+    """A write task's block: whole units (a unit is never split between two tasks), as
+    many as fit in the budget, at least one."""
+    block = task_block(unit, sample_bytes, budget)
+    assert block % unit == 0 and block >= unit
+    assert block * sample_bytes <= budget or block == unit
+    assert (block + unit) * sample_bytes > budget  # one more unit would not fit
+    starts = np.cumsum((0,) + unit_chunks(n, block))[:-1]
+    assert all(s % unit == 0 for s in starts)
 
 
 @settings(max_examples=200, deadline=None)
