@@ -8,10 +8,11 @@ same function the materializing path uses, so the bytes are identical. Disk shri
 about ``size`` times for overlapping windows.
 
 While streaming, a group of chunks is not assembled into a buffer of windows: the
-loader keeps the group's feature rows and window ends (:class:`WindowRows`, ``size``
-times smaller), and each batch assembles exactly its own windows from them, in the
-mixed order. Every window byte is then written once, into the batch, where a
-materialized store decodes each byte into a buffer and copies it again into the batch.
+loader keeps the group's feature rows (:class:`WindowRows`, ``size`` times smaller than
+its windows) and, in the group's mixed order, the rows of every window
+(:class:`MixedWindows`); each batch is then one gather of its own windows' rows. Every
+window byte is written once, into the batch, where a materialized store decodes each
+byte into a buffer and copies it again into the batch.
 """
 
 from __future__ import annotations
