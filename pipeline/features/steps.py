@@ -51,17 +51,27 @@ def _required_columns(spec: FeatureSpec) -> list[str]:
     return ["bid_price_1", "ask_price_1"]
 
 
+#: Windows reduced per numpy call in :func:`_rolling`: ``std`` makes temporaries of
+#: ``rows x window`` values, a few MB here instead of ``steps x window`` (80 MB for a
+#: block of 100k steps and a window of 100, faulted in again by every task: measured
+#: 342 ms against 22 ms, with the same values).
+_ROLL_ROWS = 2048
+
+
 def _rolling(values: np.ndarray, window: int, stat: str) -> np.ndarray:
     """Trailing mean or population std over ``window`` steps, current step included;
     NaN where the window is incomplete or holds a NaN."""
     out = np.full(values.shape, np.nan)
     if window > values.size:
         return out
-    # A sliding view costs no copy; the reductions allocate one value per step. NaN
-    # propagates only to the windows that contain it (a cumulative sum would carry one
-    # NaN to every later step).
+    # A sliding view costs no copy. NaN propagates only to the windows that contain it
+    # (a cumulative sum would carry one NaN to every later step, and a running variance
+    # loses digits on prices far from their mean).
     view = np.lib.stride_tricks.sliding_window_view(values, window)
-    out[window - 1 :] = view.mean(axis=1) if stat == "mean" else view.std(axis=1)
+    dest = out[window - 1 :]
+    for a in range(0, view.shape[0], _ROLL_ROWS):
+        rows = view[a : a + _ROLL_ROWS]
+        dest[a : a + _ROLL_ROWS] = rows.mean(axis=1) if stat == "mean" else rows.std(axis=1)
     return out
 
 

@@ -130,3 +130,20 @@ def test_label_spec_errors_name_the_key_path(value, message):
     with pytest.raises(ConfigError) as err:
         LabelSpec.from_mapping(value, "labels")
     assert str(err.value).startswith(message)
+
+
+def test_rolling_statistics_are_the_same_in_pieces(monkeypatch):
+    """Rolling windows are reduced a bounded number at a time; the values are exactly
+    those of one reduction over all of them, NaN-holding windows included."""
+    from pipeline.features import steps
+
+    v = np.cumsum(np.random.default_rng(3).standard_normal(1000)) + 100.0
+    v[[10, 500, 501]] = np.nan
+    whole = {stat: steps._rolling(v, 13, stat) for stat in ("mean", "std")}
+    monkeypatch.setattr(steps, "_ROLL_ROWS", 7)
+    for stat, want in whole.items():
+        got = steps._rolling(v, 13, stat)
+        np.testing.assert_array_equal(got, want)
+        ref = trailing(v, 13, np.mean if stat == "mean" else np.std)
+        np.testing.assert_allclose(got, ref, rtol=1e-12)
+    assert np.isnan(whole["std"][[12 - 1, 10, 22, 513]]).all() and np.isfinite(whole["std"][23:500]).all()
