@@ -84,7 +84,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     from pipeline.loaders import open_source
     from pipeline.storage import open as open_store
     from pipeline.storage import write
-    from pipeline.storage.layout import chunk_samples_for, task_block
+    from pipeline.storage.layout import chunk_samples_for, task_block, unit_samples
 
     def say(msg: str) -> None:
         if log is not None:
@@ -123,8 +123,8 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             materialize=config.windows.materialize,
             # Windows made in the blocks the writer's tasks write: see build_training_set.
             block_windows=lambda window_bytes: task_block(
-                (out.chunk_samples or chunk_samples_for(window_bytes, int(out.target_chunk_mb * 2**20)))
-                * (out.shard_chunks or 1), window_bytes),
+                unit_samples(window_bytes, out.chunk_samples, out.shard_chunks, int(out.target_chunk_mb * 2**20)),
+                window_bytes),
         )
         attrs = dict(tset.attrs)
         attrs.update(

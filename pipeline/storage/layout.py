@@ -15,6 +15,7 @@ __all__ = [
     "time_split_ranges",
     "task_block",
     "unit_chunks",
+    "unit_samples",
     "units_aligned",
 ]
 
@@ -35,6 +36,14 @@ def chunk_samples_for(sample_bytes: int, target_chunk_bytes: int = DEFAULT_CHUNK
 #: millisecond of Python; a 4 MiB unit compresses in a few milliseconds, so one task per
 #: unit left the client and scheduler a fifth of a 2-core machine (measured).
 TASK_BYTES = 32 * 2**20
+
+
+def unit_samples(sample_bytes: int, chunk_samples: int | None = None, shard_chunks: int | None = None,
+                 target_chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> int:
+    """Samples per write unit: a chunk (``chunk_samples``, or sized to hold about
+    ``target_chunk_bytes`` of ``sample_bytes`` samples), times ``shard_chunks`` when sharded."""
+    chunk = int(chunk_samples) if chunk_samples else chunk_samples_for(sample_bytes, target_chunk_bytes)
+    return chunk * (int(shard_chunks) if shard_chunks else 1)
 
 
 def task_block(unit: int, sample_bytes: int, task_bytes: int | None = None) -> int:

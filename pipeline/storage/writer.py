@@ -39,10 +39,10 @@ from pipeline.storage.codecs import CodecSpec
 from pipeline.storage.lock import write_lock
 from pipeline.storage.layout import (
     DEFAULT_CHUNK_BYTES,
-    chunk_samples_for,
     time_split_ranges,
     unit_chunks,
     task_block,
+    unit_samples,
 )
 from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip, open_store_group, store_root_attrs
 
@@ -331,13 +331,12 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         probe = arrs.get("x", next(iter(arrs.values())))
         return int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
 
-    def per_chunk_of(arrs: Mapping[str, da.Array], explicit: int | None) -> int:
-        return int(explicit) if explicit else chunk_samples_for(sample_bytes(arrs), target_chunk_bytes)
+    def unit_of(split: str, arrs: Mapping[str, da.Array], shards: int | None) -> int:
+        explicit = shared_chunk_rows if split == SHARED else chunk_samples
+        return unit_samples(sample_bytes(arrs), explicit, shards, target_chunk_bytes)
 
-    per_chunks = {split: per_chunk_of(arrs, shared_chunk_rows if split == SHARED else chunk_samples)
-                  for split, arrs in groups.items()}
-    units = {split: c * (int(shard_chunks) if shard_chunks and split != SHARED else 1)
-             for split, c in per_chunks.items()}
+    per_chunks = {split: unit_of(split, arrs, None) for split, arrs in groups.items()}
+    units = {split: unit_of(split, arrs, None if split == SHARED else shard_chunks) for split, arrs in groups.items()}
     per_chunk = next((c for k, c in per_chunks.items() if k != SHARED), 0)
 
     group = open_store_group(location, mode="a" if exists else "w", storage_options=storage_options)

@@ -32,7 +32,8 @@ __all__ = ["MixedWindows", "VirtualWindowReader", "WindowRows"]
 
 
 class WindowRows:
-    """Windows of a run of samples, assembled on demand: ``rows.take(idx, out)``.
+    """Windows of a run of samples, as feature rows and window ends; ``mixed(perm)``
+    prepares them to be served in a mixed order.
 
     Parameters
     ----------
@@ -47,7 +48,7 @@ class WindowRows:
     ------
     WindowError
         When a window would reach outside ``block``: checked here, once per group, so
-        that :meth:`take`, run for every batch, is three numpy calls.
+        that a batch (:meth:`MixedWindows.take_range`) is one unchecked gather.
     """
 
     __slots__ = ("block", "ends", "size", "scales", "_offsets")
@@ -61,20 +62,6 @@ class WindowRows:
 
     def __len__(self) -> int:
         return int(self.ends.size)
-
-    def take(self, idx: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """The windows of samples ``idx`` (in range), assembled into C-contiguous ``out``.
-
-        The same rows, in the same order, as :func:`windows_numpy_block`, without its
-        per-call checks: a batch's Python overhead is what limits streaming here (the
-        gather itself takes ~50 us for 256 windows), and every numpy call releases and
-        retakes the GIL that the training loop's thread is waiting for.
-        """
-        if not out.flags.c_contiguous:
-            return windows_numpy_block(self.block, self.ends[idx], self.size, self.scales, out=out)
-        rows = np.add(np.take(self.ends, idx, mode="clip")[:, None], self._offsets)
-        np.take(self.block, rows.reshape(-1), axis=0, out=out.reshape(-1, self.block.shape[1]), mode="clip")
-        return out
 
     def mixed(self, perm: np.ndarray) -> "MixedWindows":
         """These windows in the order ``perm``, ready to be cut into batches."""
