@@ -16,7 +16,8 @@ batch is already decoded when it is asked for.
 from __future__ import annotations
 
 import queue
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -65,6 +66,11 @@ class BufferPool:
         """Give a buffer back once nothing reads it any more."""
         self._free.put(buffers)
 
+    @property
+    def idle(self) -> int:
+        """Buffers given back and ready for reuse (for tests and diagnostics)."""
+        return self._free.qsize()
+
     def trim(self) -> None:
         """Drop buffers beyond ``keep`` (between epochs, so memory does not creep up)."""
         kept = []
@@ -96,8 +102,11 @@ class Group:
 class GroupLoader:
     """Loads the groups of one worker's plan, ``prefetch`` groups ahead of the one taken.
 
-    Reads of one group run on ``threads`` threads (decoding in numcodecs releases the
-    GIL); groups load one after another on a single loader thread, in plan order.
+    Asking for a group queues its chunk reads at once on ``threads`` shared read
+    threads (decoding in numcodecs releases the GIL), behind those of the groups asked
+    for before, and the group is ready when its last read is done. So the threads go
+    from one group's reads straight to the next group's, without waiting for a group's
+    slowest chunk.
     """
 
     def __init__(self, source: Any, names: Sequence[str], plan: WorkerPlan, *, pool: BufferPool,
@@ -108,7 +117,6 @@ class GroupLoader:
         starts = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in plan.pieces])]).astype(np.int64)
         self.group_sizes = [int(starts[b] - starts[a]) for a, b in plan.groups]
         self._reads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pipeline-read")
-        self._loads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pipeline-prefetch")
         self._futures: dict[int, Future] = {}
 
     def want(self, g: int, count: int | None = None) -> None:
@@ -116,7 +124,7 @@ class GroupLoader:
         count = self.prefetch if count is None else count
         for k in range(g, min(g + max(1, count), len(self.plan.groups))):
             if k not in self._futures:
-                self._futures[k] = self._loads.submit(self._load, k)
+                self._futures[k] = self._start(k)
 
     def take(self, g: int) -> Group:
         """Group ``g``, waiting for it if needed.
@@ -132,24 +140,26 @@ class GroupLoader:
 
     def close(self) -> None:
         """Stop loading; buffers of groups loaded but never taken go back to the pool."""
+        # Queued reads are cancelled and running ones waited for: every group's future
+        # is then settled, and a group that failed or was cut short has given its
+        # buffer back already.
+        self._reads.shutdown(wait=True, cancel_futures=True)
         for f in self._futures.values():
-            f.cancel()
-        self._loads.shutdown(wait=True)
-        for f in self._futures.values():
-            if not f.cancelled() and f.exception() is None:
+            if f.exception() is None:
                 self.pool.put(f.result().buffers)
         self._futures.clear()
-        self._reads.shutdown(wait=True, cancel_futures=True)
 
-    def _load(self, g: int) -> Group:
+    def _start(self, g: int) -> Future:
+        """Queue group ``g``'s reads; the returned future gives the :class:`Group` once
+        all of them are done."""
         a, b = self.plan.groups[g]
         pieces = self.plan.pieces[a:b]
         offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
         full = self.pool.get()
+        arrays: dict[str, Any] = {}
+        rows: dict[str, list[Future]] = {}
         futs: list[Future] = []
         try:
-            arrays: dict[str, Any] = {}
-            rows: dict[str, list[Future]] = {}
             for n in self.names:
                 if self.source.assembled(n):
                     rows[n] = [self._reads.submit(self.source.read_rows, n, p.chunk, p.lo, p.hi) for p in pieces]
@@ -163,20 +173,52 @@ class GroupLoader:
                         futs.append(self._reads.submit(self.source.read, n, p.chunk, part))
                     else:  # a rank or worker boundary falls inside the chunk
                         futs.append(self._reads.submit(read_part, self.source, n, p, part))
-            for f in futs:
-                f.result()
-            perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
-            if rows:
-                from pipeline.streaming.virtual import WindowRows
-
-                for n, parts in rows.items():
-                    arrays[n] = WindowRows.concat([f.result() for f in parts]).mixed(perm)
-        except BaseException:
+        except BaseException:  # the executor was shut down: nothing more may write into the buffer
             for f in futs:
                 f.cancel()
-            for f in futs:
-                if not f.cancelled():
-                    f.exception()  # wait: no read may still write into the buffer
+            wait(futs)
             self.pool.put(full)
             raise
-        return Group(arrays, perm, full)
+        group: Future = Future()
+        group.set_running_or_notify_cancel()
+        left = [len(futs)]
+        lock = threading.Lock()
+
+        def settle(_: Future) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0]:
+                    return
+            # The last read of the group is done (or cancelled): nothing writes into its
+            # buffer any more. Failures are looked up, not raised here: a traceback made
+            # in this frame would keep the calling thread's frames (and the buffer)
+            # alive until the cyclic garbage collector runs.
+            failed = next((CancelledError() if f.cancelled() else f.exception() for f in futs
+                           if f.cancelled() or f.exception() is not None), None)
+            perm = None
+            if failed is None:
+                try:
+                    perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
+                    if rows:
+                        from pipeline.streaming.virtual import WindowRows
+
+                        for n, parts in rows.items():
+                            arrays[n] = WindowRows.concat([f.result() for f in parts]).mixed(perm)
+                except Exception as exc:  # noqa: BLE001 - handed to whoever takes the group
+                    failed = exc
+            # The reads' futures hold this callback: drop them now, not when the cyclic
+            # garbage collector runs.
+            futs.clear()
+            rows.clear()
+            if failed is not None:
+                self.pool.put(full)
+                group.set_exception(failed)
+            else:
+                group.set_result(Group(arrays, perm, full))
+
+        if not futs:  # nothing to read (no arrays): ready at once
+            left[0] = 1
+            settle(group)
+        for f in futs:
+            f.add_done_callback(settle)
+        return group
