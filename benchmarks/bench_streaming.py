@@ -5,7 +5,8 @@
 
 All in one process, on the same data:
   stream   pipeline.stream: shuffled chunk order, 4 chunks mixed in memory, prefetching
-           (decode, stream and zarr run in turns, 9 times each; ratios of side-by-side runs;
+           (decode, stream and mapped decode run in turns, 9 times each, then stream, zarr
+           and cold decode; ratios of side-by-side runs;
            a stream run is 3 epochs back to back, from a cold start, and leaves nothing
            reading ahead into the next reader's run)
   decode   the raw decode limit: every chunk's bytes decoded by numcodecs on all cores, in order
@@ -75,14 +76,26 @@ def stream_epoch(s: "pipeline.Stream", epoch: int, epochs: int = 1) -> float:
     return gbps(nbytes, dt)
 
 
-def interleaved(runs: int, fns: dict) -> dict[str, list[float]]:
-    """Each reader run ``runs`` times in turns (a, b, c, a, b, c, ...): the machine is
-    shared and its speed drifts by 2x within a minute, so a ratio is taken between runs
-    made side by side, and the median of those ratios is reported."""
+def interleaved(runs: int, fns: dict, cpu: dict | None = None) -> dict[str, list[float]]:
+    """Each reader run ``runs`` times in turns: the machine is shared and its speed
+    drifts by 2x within a minute, so a ratio is taken between runs made side by side,
+    and the median of those ratios is reported. The order turns round every other time
+    (a, b, c, c, b, a, a, b, c, ...): a run leaves work behind it (the kernel freeing and
+    reclaiming what it used) that slows whatever runs next by about 5% (measured), and
+    the reversed turns give each reader the same share of that.
+
+    With ``cpu`` given, each run's process CPU time is recorded in it too, per reader:
+    ``(core-seconds per GB read, cores busy)``."""
     out: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(runs):
-        for k, fn in fns.items():
-            out[k].append(fn())
+    for turn in range(runs):
+        for k, fn in (list(fns.items()) if turn % 2 == 0 else list(fns.items())[::-1]):
+            c0, t0 = os.times(), time.perf_counter()
+            rate = fn()
+            c1, wall = os.times(), time.perf_counter() - t0
+            out[k].append(rate)
+            if cpu is not None:
+                used = (c1.user - c0.user) + (c1.system - c0.system)
+                cpu.setdefault(k, []).append((used / (rate * wall), used / wall))
     return out
 
 
@@ -279,6 +292,9 @@ def main() -> None:
     try:
         store = work / "set.zarr"
         make_store(store, args.chunks, 4096, 64, 32)
+        # Write the new store's pages to disk before timing anything: otherwise the
+        # kernel's writeback of a GB of dirty pages runs beside the first timed runs.
+        os.sync()
         ds = pipeline.open(store)
         x = ds["train"]["x"]
         ratio = x.nbytes / x.nbytes_stored()
@@ -292,16 +308,24 @@ def main() -> None:
         epochs = iter(range(1, 10**6, args.epochs))
         warm = np.ones(x.shape, dtype=x.dtype)  # mapped and written once: no page faults while timed
         # The decode limits run as many passes as the stream runs epochs: runs of equal
-        # length are compared.
-        runs = interleaved(args.repeat, {"decode": lambda: bench_decode(store, warm, passes=args.epochs),
-                                         "mapped": lambda: bench_decode(store, warm, mapped=True,
-                                                                        passes=args.epochs),
-                                         "stream": lambda: stream_epoch(s, next(epochs), args.epochs),
-                                         "zarr": lambda: bench_zarr(store),
-                                         "cold": lambda: bench_decode(store)})
+        # length are compared. The goal's comparison runs in turns by itself; zarr and
+        # the decode into a new array (which faults in and frees a whole array every
+        # run, work the kernel partly does after the run has ended) run in turns with
+        # the stream afterwards.
+        cpu: dict[str, list[tuple[float, float]]] = {}
+        runs = interleaved(args.repeat, cpu=cpu, fns={
+            "decode": lambda: bench_decode(store, warm, passes=args.epochs),
+            "stream": lambda: stream_epoch(s, next(epochs), args.epochs),
+            "mapped": lambda: bench_decode(store, warm, mapped=True, passes=args.epochs)})
+        others = interleaved(args.repeat, fns={
+            "stream": lambda: stream_epoch(s, next(epochs), args.epochs),
+            "zarr": lambda: bench_zarr(store),
+            "cold": lambda: bench_decode(store)})
         quality = s.quality()
         results = {k: float(np.median(v)) for k, v in runs.items()}
-        paired = {k: float(np.median(np.divide(runs["stream"], runs[k]))) for k in ("decode", "mapped", "zarr", "cold")}
+        results.update({k: float(np.median(others[k])) for k in ("zarr", "cold")})
+        paired = {k: float(np.median(np.divide(runs["stream"], runs[k]))) for k in ("decode", "mapped")}
+        paired.update({k: float(np.median(np.divide(others["stream"], others[k]))) for k in ("zarr", "cold")})
         results["random"] = bench_random(store, args.batch, args.budget)
         n_small = min(x.shape[0], 16384 if not args.quick else 4096)
         results["wds"] = bench_wds(store, work, args.batch, args.budget, n_small)
@@ -324,6 +348,11 @@ def main() -> None:
         print(f"stream / decode limit: {paired['decode']:.2f}x (goal >= 0.8x; runs: "
               + ", ".join(f"{a / b:.2f}" for a, b in zip(runs["stream"], runs["decode"])) + ")")
         print(f"stream / decode limit with mapped files: {paired['mapped']:.2f}x (the streamer maps them too)")
+        # Where the time goes: the stream decodes what the limit decodes, then copies
+        # every sample once more into its batch; and how busy it keeps the cores.
+        print("CPU per GB (core-s, user + system) and cores busy, medians: " + "; ".join(
+            f"{k} {np.median([c for c, _ in cpu[k]]):.3f} core-s/GB, {np.median([b for _, b in cpu[k]]):.2f} cores"
+            for k in ("stream", "decode", "mapped")))
         print(f"stream / decode into a new array: {paired['cold']:.2f}x")
         print(f"stream / zarr API:     {paired['zarr']:.2f}x (goal >= 3x)")
         print(f"stream / random index: {r / results['random']:.0f}x")

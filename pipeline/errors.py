@@ -52,10 +52,13 @@ class ConfigError(PipelineError, ValueError):
         self.path = path
         self.expected = expected
         self.got = got
+        # Key paths are made of the config's own keys: one with a newline or another
+        # control character is shown escaped, so the error stays one line.
+        shown = path if path.isprintable() else path.encode("unicode_escape").decode("ascii")
         if detail is not None:
-            msg = f"{path}: {detail}"
+            msg = f"{shown}: {detail}"
         else:
-            msg = f"{path}: expected {expected}, got {got!r}"
+            msg = f"{shown}: expected {expected}, got {got!r}"
         super().__init__(msg)
 
 

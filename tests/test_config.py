@@ -53,6 +53,9 @@ def test_example_config_parses_into_frozen_dataclasses():
         (lambda d: d["output"].update(splits={"train": -1}), "output.splits.train: expected a fraction in (0, 1]"),
         (lambda d: d["windows"].update(scales=[1, "x"]), "windows.scales.1: expected a positive integer, got 'x'"),
         (lambda d: d["windows"].update(scales=[]), "windows.scales: expected a non-empty list"),
+        # A key with a control character is shown escaped: the error stays one line.
+        (lambda d: d["labels"].update({"\n": None}), "labels.\\n: unknown key"),
+        (lambda d: d.update({"a\tb": {}}), "a\\tb: unknown section"),
     ],
 )
 def test_errors_name_the_key_path_what_was_expected_and_what_arrived(mutate, message):

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import IncompleteStoreError, StreamError
-from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.chunks import ChunkReader, MapCache
 
 __all__ = ["ArraySource", "StoreSource", "read_part"]
 
@@ -50,8 +50,10 @@ class StoreSource:
         if len(set(shapes.values())) != 1:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
         sums = group[f"{split}/_written"][:] if verify and "_written" in group[split] else None
-        # A store marked complete is no longer written: its chunk files can be mapped.
-        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, map_files=not partial)
+        # A store marked complete is no longer written: its chunk files can be mapped,
+        # and stay mapped from one epoch to the next.
+        self.maps = MapCache() if not partial else None
+        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, map_files=not partial, maps=self.maps)
                         for n, a in arrays.items()}
         self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
@@ -60,7 +62,7 @@ class StoreSource:
 
             shared_sums = group["_shared/_written"][:] if verify else None
             feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"), shared_sums,
-                                map_files=not partial)
+                                map_files=not partial, maps=self.maps)
             self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))
@@ -82,6 +84,11 @@ class StoreSource:
         if self._pid != os.getpid():
             self._reopen()
         return self.readers[name].read(chunk, out)
+
+    def release(self) -> None:
+        """Unmap the chunk files kept mapped (they are mapped again when read again)."""
+        if self.maps is not None:
+            self.maps.clear()
 
     def assembled(self, name: str) -> bool:
         """Whether ``name`` is assembled from stored rows (virtual windows) rather than read."""

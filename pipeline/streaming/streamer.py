@@ -97,16 +97,21 @@ class Stream:
         self._init_process_state()
 
     def close(self) -> None:
-        """Stop the next epoch's early read, if one runs, and free the group buffers.
+        """Stop the next epoch's early read, if one runs, free the group buffers and
+        unmap the chunk files kept mapped.
 
-        Optional: the stream holds at most a few group buffers and two idle threads
-        between epochs; this gives them back at once.
+        Optional: the stream holds at most a few group buffers, two idle threads and
+        the mappings of files it read between epochs; this gives them back at once. The
+        stream can still be iterated afterwards.
         """
         self._check_process()
         with self._lock:
             ahead, self._ahead, self._pool = self._ahead, None, None
         if ahead is not None:
             ahead[1].close()
+        release = getattr(self.source, "release", None)
+        if release is not None:
+            release()
 
     def stop_read_ahead(self) -> None:
         """Stop the next epoch's early read, waiting for a read in progress; its buffers

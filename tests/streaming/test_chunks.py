@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import zarr
@@ -11,7 +13,7 @@ from pipeline.errors import CorruptChunkError
 from pipeline.storage import write
 from pipeline.storage.store import open_store_group
 from pipeline.streaming import chunks as chunks_mod
-from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.chunks import ChunkReader, MapCache
 
 
 @pytest.fixture
@@ -386,10 +388,84 @@ def test_only_large_chunk_files_are_mapped(tmp_path, monkeypatch):
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True)
     mapped = []
     real_map = ChunkReader._map
-    monkeypatch.setattr(ChunkReader, "_map", lambda self, fh, size: mapped.append(size) or real_map(self, fh, size))
+    monkeypatch.setattr(ChunkReader, "_map",
+                        lambda self, fh, path: mapped.append(os.path.getsize(path)) or real_map(self, fh, path))
     size = 100 * 40 * 4  # one uncompressed chunk file
     for limit, want in ((size + 1, []), (size, [size] * 3)):
         mapped.clear()
         monkeypatch.setattr(chunks_mod, "_MIN_MAP", limit)
         np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
         assert mapped == want
+
+
+def _mapped_store(tmp_path):
+    data = np.random.default_rng(5).standard_normal((300, 40)).astype(np.float32)
+    path = write(tmp_path / "k.zarr", {"x": data, "y": np.arange(300)}, chunk_samples=100, codec="none",
+                 progress=False)
+    return path, data, 100 * 40 * 4  # bytes of one uncompressed chunk file
+
+
+def test_mapped_files_stay_mapped_from_one_read_to_the_next(tmp_path, monkeypatch):
+    """With a MapCache, each file is mapped once: later reads (later epochs) reuse the
+    mapping, with no new map, fault or unmap."""
+    path, data, size = _mapped_store(tmp_path)
+    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
+    maps = MapCache(budget=10 * size)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    made = []
+    real_mmap = chunks_mod.mmap.mmap
+    monkeypatch.setattr(chunks_mod.mmap, "mmap", lambda *a, **k: made.append(1) or real_mmap(*a, **k))
+    for _ in range(3):
+        np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
+    assert len(made) == 3 and maps.mapped_bytes == 3 * size
+    maps.clear()
+    assert maps.mapped_bytes == 0
+    np.testing.assert_array_equal(reader.read(1), data[100:200])  # mapped again
+    assert len(made) == 4
+
+
+def test_the_map_cache_unmaps_the_least_recently_used_past_its_budget(tmp_path, monkeypatch):
+    path, data, size = _mapped_store(tmp_path)
+    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
+    maps = MapCache(budget=2 * size)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    for i in (0, 1):
+        reader.read(i)
+    first = maps.get(reader._root + "/c/0/0")
+    reader.read(0)  # 0 is now the most recently used
+    reader.read(2)  # over budget: 1 goes
+    assert maps.mapped_bytes == 2 * size
+    assert maps.get(reader._root + "/c/1/0") is None and maps.get(reader._root + "/c/0/0") is first
+    assert not first.closed
+    np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
+
+
+def test_unmapping_a_file_still_being_decoded_waits_for_that_read(tmp_path, monkeypatch):
+    """clear() (or an eviction) while another thread still reads a mapping: the mapping
+    is dropped from the cache, and unmapped only once that read lets go of it."""
+    path, data, size = _mapped_store(tmp_path)
+    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
+    maps = MapCache(budget=10 * size)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    reader.read(0)
+    m = maps.get(reader._root + "/c/0/0")
+    held = memoryview(m)  # what a decode in progress holds
+    maps.clear()
+    assert maps.mapped_bytes == 0 and not m.closed
+    np.testing.assert_array_equal(np.frombuffer(held, dtype=np.float32).reshape(100, 40), data[:100])
+    held.release()
+    m.close()  # now possible
+
+
+def test_closing_a_stream_unmaps_its_files(tmp_path, monkeypatch):
+    import pipeline
+
+    path, data, size = _mapped_store(tmp_path)
+    monkeypatch.setattr(chunks_mod, "_MIN_MAP", size)  # x's chunk files are mapped, y's read
+    s = pipeline.stream(path, batch_size=64, seed=0)
+    ids = np.concatenate([y for _, y in s])
+    assert sorted(ids.tolist()) == list(range(300))
+    assert s.source.maps.mapped_bytes == 3 * size
+    s.close()
+    assert s.source.maps.mapped_bytes == 0
+    assert sorted(np.concatenate([y for _, y in s]).tolist()) == list(range(300))  # usable again
