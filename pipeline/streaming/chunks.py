@@ -34,7 +34,8 @@ _EMPTY = 2**64 - 1
 _MAX_SCRATCH = 64 * 2**20
 #: Smallest chunk file mapped rather than read (with ``map_files``): a small file's
 #: map, unmap and page faults cost more system time than copying it (the per-step
-#: features and window ends of virtual stores are tens of KB per chunk).
+#: features and window ends of virtual stores are tens of KB per chunk). With a
+#: :class:`MapCache` every file is mapped: it stays mapped, so only its first read faults.
 _MIN_MAP = 256 << 10
 #: Read buffers kept between reads: one per read thread is enough.
 _MAX_FREE_SCRATCH = 8
@@ -246,7 +247,9 @@ class ChunkReader:
                 with open(path, "rb", buffering=0) as fh:
                     if whole:
                         size = os.fstat(fh.fileno()).st_size
-                        if size and size >= _MIN_MAP:  # mmap refuses empty files
+                        # A small file's map, faults and unmap cost more than copying it,
+                        # unless it stays mapped: then only its first read faults.
+                        if size and (size >= _MIN_MAP or self.maps is not None):  # mmap refuses empty files
                             return self._map(fh, path)
                         return self._read_into_scratch(fh, size)
                     if suffix is not None:
