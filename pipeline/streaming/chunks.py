@@ -66,8 +66,12 @@ class MapCache:
     closed.
     """
 
-    def __init__(self, budget: int | None = None):
+    def __init__(self, budget: int | None = None, max_files: int = 16384):
         self.budget = default_map_budget() if budget is None else int(budget)
+        # Each mapping is one kernel memory area, and a process may have only so many
+        # (vm.max_map_count, 65530 by default): a store of many small chunk files must
+        # not use them all up.
+        self.max_files = int(max_files)
         self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -87,7 +91,7 @@ class MapCache:
             if kept is None:
                 self._maps[path] = kept = m
                 self._bytes += len(m)
-                while self._bytes > self.budget and len(self._maps) > 1:
+                while (self._bytes > self.budget or len(self._maps) > self.max_files) and len(self._maps) > 1:
                     _, old = self._maps.popitem(last=False)
                     self._bytes -= len(old)
                     _close_map(old)
@@ -250,7 +254,10 @@ class ChunkReader:
                         # A small file's map, faults and unmap cost more than copying it,
                         # unless it stays mapped: then only its first read faults.
                         if size and (size >= _MIN_MAP or self.maps is not None):  # mmap refuses empty files
-                            return self._map(fh, path)
+                            try:
+                                return self._map(fh, path)
+                            except OSError:  # out of address space or mappings: read it instead
+                                pass
                         return self._read_into_scratch(fh, size)
                     if suffix is not None:
                         size = fh.seek(0, os.SEEK_END)

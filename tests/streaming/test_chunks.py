@@ -440,6 +440,31 @@ def test_the_map_cache_unmaps_the_least_recently_used_past_its_budget(tmp_path, 
     np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
 
 
+def test_the_map_cache_keeps_at_most_max_files_mappings(tmp_path, monkeypatch):
+    """A process may hold only so many mappings (vm.max_map_count): the cache unmaps by
+    count as well as by bytes."""
+    path, data, size = _mapped_store(tmp_path)
+    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
+    maps = MapCache(budget=100 * size, max_files=2)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
+    assert maps.mapped_bytes == 2 * size and maps.get(reader._root + "/c/0/0") is None
+
+
+def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
+    path, data, size = _mapped_store(tmp_path)
+    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
+    maps = MapCache(budget=100 * size)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+
+    def no_more_maps(*a, **k):
+        raise OSError(12, "Cannot allocate memory")
+
+    monkeypatch.setattr(chunks_mod.mmap, "mmap", no_more_maps)
+    np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
+    assert maps.mapped_bytes == 0
+
+
 def test_unmapping_a_file_still_being_decoded_waits_for_that_read(tmp_path, monkeypatch):
     """clear() (or an eviction) while another thread still reads a mapping: the mapping
     is dropped from the cache, and unmapped only once that read lets go of it."""
