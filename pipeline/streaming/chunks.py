@@ -32,11 +32,6 @@ __all__ = ["ChunkReader", "MapCache", "default_map_budget"]
 _EMPTY = 2**64 - 1
 #: Largest compressed chunk whose read buffer is kept for the next read.
 _MAX_SCRATCH = 64 * 2**20
-#: Smallest chunk file mapped rather than read (with ``map_files``): a small file's
-#: map, unmap and page faults cost more system time than copying it (the per-step
-#: features and window ends of virtual stores are tens of KB per chunk). With a
-#: :class:`MapCache` every file is mapped: it stays mapped, so only its first read faults.
-_MIN_MAP = 256 << 10
 #: Read buffers kept between reads: one per read thread is enough.
 _MAX_FREE_SCRATCH = 8
 
@@ -129,22 +124,19 @@ class ChunkReader:
         ``(store, split, name)`` used in error messages.
     checksums
         The split's ``_written`` rows, to verify every decoded chunk against.
-    map_files
-        Map whole chunk files of a local store into memory instead of reading them:
-        ``read()`` copies the bytes out of the page cache, which on the machines
-        measured cost as much CPU as decoding them (0.4 s of system time per 0.8 GB,
-        against 0.1 s mapped). Only for stores nothing writes to any more: a file
-        truncated while mapped would end the process with SIGBUS.
     maps
-        With ``map_files``: where mapped files stay mapped between reads (shared by the
-        readers of one stream). Without it, each file is unmapped after its read.
+        Map whole chunk files of a local store into memory instead of reading them, and
+        keep them mapped here (shared by the readers of one stream): ``read()`` copies
+        the bytes out of the page cache, which on the machines measured cost as much
+        CPU as decoding them (0.4 s of system time per 0.8 GB, against 0.1 s mapped the
+        first time and nothing after). Only for stores nothing writes to any more (see
+        :class:`MapCache`). Without it, chunk files are read into reused buffers.
     """
 
     def __init__(self, array: zarr.Array, where: tuple[str, str, str], checksums: np.ndarray | None = None,
-                 map_files: bool = False, maps: MapCache | None = None):
+                 maps: MapCache | None = None):
         self.array = array
         self.where = where
-        self.map_files = map_files
         self.maps = maps
         # Rows of the split's ``_written`` table (one per chunk when unsharded): when
         # given, every decoded chunk's CRC32 must be one of its row's recorded values.
@@ -242,20 +234,18 @@ class ChunkReader:
         thread's read buffer); None when the object is absent."""
         if self._root is not None:
             path = os.path.join(self._root, key)
-            whole = self.map_files and start is None and suffix is None
-            if whole and self.maps is not None:
+            mapped = self.maps is not None and start is None and suffix is None
+            if mapped:
                 kept = self.maps.get(path)
                 if kept is not None:
                     return kept
             try:
                 with open(path, "rb", buffering=0) as fh:
-                    if whole:
+                    if mapped:
                         size = os.fstat(fh.fileno()).st_size
-                        # A small file's map, faults and unmap cost more than copying it,
-                        # unless it stays mapped: then only its first read faults.
-                        if size and (size >= _MIN_MAP or self.maps is not None):  # mmap refuses empty files
+                        if size:  # mmap refuses empty files
                             try:
-                                return self._map(fh, path)
+                                return self.maps.add(path, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
                             except OSError:  # out of address space or mappings: read it instead
                                 pass
                         return self._read_into_scratch(fh, size)
@@ -282,18 +272,6 @@ class ChunkReader:
             request = RangeByteRequest(start, stop)
         buf = sync(store.get(path, prototype=default_buffer_prototype(), byte_range=request))
         return None if buf is None else buf.to_bytes()
-
-    def _map(self, fh: Any, path: str) -> Any:
-        """The whole file (not empty), mapped: kept in :attr:`maps` when there is one,
-        else unmapped when :meth:`read` returns."""
-        m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-        if self.maps is not None:
-            return self.maps.add(path, m)
-        maps = getattr(self._scratch, "maps", None)
-        if maps is None:
-            maps = self._scratch.maps = []
-        maps.append(m)
-        return m
 
     def _read_into_scratch(self, fh: Any, size: int) -> Any:
         """``size`` bytes of ``fh`` in a reusable read buffer.
@@ -363,12 +341,6 @@ class ChunkReader:
         try:
             out = self._read(i, out)
         finally:
-            for m in getattr(self._scratch, "maps", None) or ():
-                try:
-                    m.close()
-                except BufferError:  # a view of it is still alive somewhere: unmapped when collected
-                    pass
-            self._scratch.maps = None
             scratch = getattr(self._scratch, "buf", None)
             if scratch is not None:
                 self._scratch.buf = None

@@ -181,7 +181,7 @@ class GroupLoader:
             raise
         group: Future = Future()
         group.set_running_or_notify_cancel()
-        left = [len(futs)]
+        left = [len(futs) or 1]  # with nothing to read, the one settle() below
         lock = threading.Lock()
 
         def settle(_: Future) -> None:
@@ -217,7 +217,6 @@ class GroupLoader:
                 group.set_result(Group(arrays, perm, full))
 
         if not futs:  # nothing to read (no arrays): ready at once
-            left[0] = 1
             settle(group)
         for f in futs:
             f.add_done_callback(settle)

@@ -53,7 +53,7 @@ class StoreSource:
         # A store marked complete is no longer written: its chunk files can be mapped,
         # and stay mapped from one epoch to the next.
         self.maps = MapCache() if not partial else None
-        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, map_files=not partial, maps=self.maps)
+        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, maps=self.maps)
                         for n, a in arrays.items()}
         self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
@@ -62,7 +62,7 @@ class StoreSource:
 
             shared_sums = group["_shared/_written"][:] if verify else None
             feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"), shared_sums,
-                                map_files=not partial, maps=self.maps)
+                                maps=self.maps)
             self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))

@@ -16,13 +16,6 @@ from pipeline.streaming import chunks as chunks_mod
 from pipeline.streaming.chunks import ChunkReader, MapCache
 
 
-@pytest.fixture
-def map_small(monkeypatch):
-    """Map every chunk file with ``map_files``, however small (these tests' chunks are
-    far below the size from which the reader maps rather than reads)."""
-    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 0)
-
-
 CODECS = {
     "lz4-shuffle": [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")],
     "zstd-bitshuffle": [BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle")],
@@ -31,16 +24,16 @@ CODECS = {
 }
 
 
-@pytest.mark.parametrize("map_files", [False, True])
+@pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("codec", list(CODECS))
 @pytest.mark.parametrize("shards", [None, (60, 5, 2)])
-def test_reader_equals_zarr_for_codecs_short_last_chunk_and_shards(tmp_path, codec, shards, map_files, map_small):
+def test_reader_equals_zarr_for_codecs_short_last_chunk_and_shards(tmp_path, codec, shards, mapped):
     rng = np.random.default_rng(0)
     data = rng.standard_normal((107, 5, 2)).astype(np.float32)
     arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(20, 5, 2), shards=shards,
                             dtype="float32", compressors=CODECS[codec])
     arr[:] = data
-    reader = ChunkReader(arr, ("a.zarr", "train", "x"), map_files=map_files)
+    reader = ChunkReader(arr, ("a.zarr", "train", "x"), maps=MapCache() if mapped else None)
     assert reader.n_chunks == 6
     for i in range(reader.n_chunks):
         np.testing.assert_array_equal(reader.read(i), arr[i * 20 : (i + 1) * 20])
@@ -221,10 +214,10 @@ def test_writer_stores_fast_path_equals_zarr_including_zip(tmp_path, codec):
             np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(reader.n_chunks)]), want)
 
 
-@pytest.mark.parametrize("map_files", [False, True])
+@pytest.mark.parametrize("mapped", [False, True])
 @pytest.mark.parametrize("codec", ["blosc-lz4", "blosc-zstd", "zstd", "none"])
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "empty"])
-def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, damage, map_files, map_small):
+def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, damage, mapped):
     y = np.arange(200, dtype=np.int64)
     x = np.repeat(y[:, None].astype(np.float32), 6, axis=1)
     path = write(tmp_path / "c.zarr", {"x": x, "y": y}, chunk_samples=40, codec=codec, progress=False)
@@ -232,7 +225,7 @@ def test_damaged_chunks_are_corrupt_chunk_errors_naming_where(tmp_path, codec, d
     raw = chunk.read_bytes()
     chunk.write_bytes({"garbage": b"\x07garbage!" * 13, "truncated": raw[: len(raw) // 2 + 1], "empty": b""}[damage])
     group = open_store_group(path)
-    reader = ChunkReader(group["train/x"], (path, "train", "x"), map_files=map_files)
+    reader = ChunkReader(group["train/x"], (path, "train", "x"), maps=MapCache() if mapped else None)
     np.testing.assert_array_equal(reader.read(2), x[80:120])  # neighbours still read
     with pytest.raises(CorruptChunkError) as info:
         reader.read(3)
@@ -340,19 +333,19 @@ def test_a_truncated_blosc_chunk_never_decodes_bytes_beyond_it(tmp_path, keep):
         reader.read(5)
 
 
-def test_mapped_chunk_files_are_unmapped_after_each_read(tmp_path, map_small):
-    """A mapped chunk lives only while it is decoded: nothing returned aliases it."""
+def test_nothing_a_read_returns_aliases_a_mapped_chunk_file(tmp_path):
+    """Chunk files stay mapped, but what a read returns is decoded or copied out of them."""
     data = np.random.default_rng(2).standard_normal((120, 6)).astype(np.float32)
     for codec in ("blosc-lz4", "none"):
         path = write(tmp_path / f"{codec}.zarr", {"x": data, "y": np.arange(120)}, chunk_samples=40, codec=codec,
                      progress=False)
-        reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True)
+        maps = MapCache()
+        reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
         got = [reader.read(i) for i in range(reader.n_chunks)]
-        assert reader._scratch.maps is None
-        # The files can change after the reads without touching what was returned.
-        for f in (tmp_path / f"{codec}.zarr" / "train" / "x" / "c").rglob("*"):
-            if f.is_file():
-                f.write_bytes(b"")
+        kept = [maps.get(os.path.join(reader._root, reader._key(i))) for i in range(reader.n_chunks)]
+        assert all(m is not None for m in kept)
+        maps.clear()  # a mapping that a returned array still viewed could not be unmapped
+        assert all(m.closed for m in kept)
         np.testing.assert_array_equal(np.concatenate(got), data)
 
 
@@ -379,25 +372,6 @@ def test_read_buffers_are_shared_by_threads_that_come_and_go(tmp_path):
     np.testing.assert_array_equal(np.concatenate([got[i] for i in range(reader.n_chunks)]), data)
 
 
-def test_only_large_chunk_files_are_mapped(tmp_path, monkeypatch):
-    """Small files are read into the shared buffer (a map costs more than their copy),
-    large ones mapped; both decode to the same chunks."""
-    data = np.random.default_rng(4).standard_normal((300, 40)).astype(np.float32)
-    path = write(tmp_path / "m.zarr", {"x": data, "y": np.arange(300)}, chunk_samples=100, codec="none",
-                 progress=False)
-    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True)
-    mapped = []
-    real_map = ChunkReader._map
-    monkeypatch.setattr(ChunkReader, "_map",
-                        lambda self, fh, path: mapped.append(os.path.getsize(path)) or real_map(self, fh, path))
-    size = 100 * 40 * 4  # one uncompressed chunk file
-    for limit, want in ((size + 1, []), (size, [size] * 3)):
-        mapped.clear()
-        monkeypatch.setattr(chunks_mod, "_MIN_MAP", limit)
-        np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
-        assert mapped == want
-
-
 def _mapped_store(tmp_path):
     data = np.random.default_rng(5).standard_normal((300, 40)).astype(np.float32)
     path = write(tmp_path / "k.zarr", {"x": data, "y": np.arange(300)}, chunk_samples=100, codec="none",
@@ -409,9 +383,8 @@ def test_mapped_files_stay_mapped_from_one_read_to_the_next(tmp_path, monkeypatc
     """With a MapCache, each file is mapped once: later reads (later epochs) reuse the
     mapping, with no new map, fault or unmap."""
     path, data, size = _mapped_store(tmp_path)
-    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
     maps = MapCache(budget=10 * size)
-    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
     made = []
     real_mmap = chunks_mod.mmap.mmap
     monkeypatch.setattr(chunks_mod.mmap, "mmap", lambda *a, **k: made.append(1) or real_mmap(*a, **k))
@@ -426,9 +399,8 @@ def test_mapped_files_stay_mapped_from_one_read_to_the_next(tmp_path, monkeypatc
 
 def test_the_map_cache_unmaps_the_least_recently_used_past_its_budget(tmp_path, monkeypatch):
     path, data, size = _mapped_store(tmp_path)
-    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
     maps = MapCache(budget=2 * size)
-    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
     for i in (0, 1):
         reader.read(i)
     first = maps.get(reader._root + "/c/0/0")
@@ -444,18 +416,16 @@ def test_the_map_cache_keeps_at_most_max_files_mappings(tmp_path, monkeypatch):
     """A process may hold only so many mappings (vm.max_map_count): the cache unmaps by
     count as well as by bytes."""
     path, data, size = _mapped_store(tmp_path)
-    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
     maps = MapCache(budget=100 * size, max_files=2)
-    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
     np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
     assert maps.mapped_bytes == 2 * size and maps.get(reader._root + "/c/0/0") is None
 
 
 def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
     path, data, size = _mapped_store(tmp_path)
-    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
     maps = MapCache(budget=100 * size)
-    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
 
     def no_more_maps(*a, **k):
         raise OSError(12, "Cannot allocate memory")
@@ -469,9 +439,8 @@ def test_unmapping_a_file_still_being_decoded_waits_for_that_read(tmp_path, monk
     """clear() (or an eviction) while another thread still reads a mapping: the mapping
     is dropped from the cache, and unmapped only once that read lets go of it."""
     path, data, size = _mapped_store(tmp_path)
-    monkeypatch.setattr(chunks_mod, "_MIN_MAP", 1)
     maps = MapCache(budget=10 * size)
-    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), map_files=True, maps=maps)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
     reader.read(0)
     m = maps.get(reader._root + "/c/0/0")
     held = memoryview(m)  # what a decode in progress holds
