@@ -11,11 +11,17 @@ reused across groups and epochs.
 A loader can be started before anyone asks for its groups: the streamer starts the next
 epoch's loader while the last group of an epoch is served, so the next epoch's first
 batch is already decoded when it is asked for.
+
+Read threads run at a lower scheduling priority than the rest of the process (see
+:func:`lower_thread_priority`): reading ahead is background work, and the threads that
+mix batches and train on them must not queue behind it for a core.
 """
 
 from __future__ import annotations
 
+import os
 import queue
+import sys
 import threading
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
@@ -26,7 +32,32 @@ import numpy as np
 from pipeline.streaming.plan import WorkerPlan, group_permutation
 from pipeline.streaming.sources import read_part
 
-__all__ = ["BufferPool", "Group", "GroupLoader"]
+__all__ = ["BufferPool", "Group", "GroupLoader", "lower_thread_priority"]
+
+
+def lower_thread_priority(niceness: int) -> None:
+    """Run the calling thread ``niceness`` steps nicer than the process's main thread.
+
+    For the read threads, as their pool's initializer. Reading ahead is background
+    work: while decoding keeps every core busy, the thread that mixes batches and the
+    training loop that takes them would otherwise wait their turn behind it (the
+    scheduler shares a core equally between the threads that want it). Measured on 2
+    cores: with three busy threads at equal priority, one core idled 10-15% of the
+    time, because the mixing fell behind while two groups were decoded ahead and then
+    ran alone; at niceness 5 the stream kept 1.87 instead of 1.75 cores busy. Reads
+    are not starved: at niceness 5 a thread still gets a third of the share of a
+    normal one, and the whole of any core nobody else wants.
+
+    Linux only, where a thread has its own nice value (``setpriority`` on a thread
+    id); elsewhere, or where the sandbox forbids it, threads keep normal priority.
+    """
+    if niceness <= 0 or sys.platform != "linux":
+        return
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, os.getpid())  # the main thread's, not our creator's
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + niceness))
+    except OSError:
+        pass
 
 
 class BufferPool:
@@ -106,17 +137,20 @@ class GroupLoader:
     threads (decoding in numcodecs releases the GIL), behind those of the groups asked
     for before, and the group is ready when its last read is done. So the threads go
     from one group's reads straight to the next group's, without waiting for a group's
-    slowest chunk.
+    slowest chunk. The read threads run ``niceness`` steps below the process's priority
+    (:func:`lower_thread_priority`).
     """
 
     def __init__(self, source: Any, names: Sequence[str], plan: WorkerPlan, *, pool: BufferPool,
-                 threads: int, prefetch: int, seed: int, epoch: int, rank: int, worker: int, shuffle: bool):
+                 threads: int, prefetch: int, seed: int, epoch: int, rank: int, worker: int, shuffle: bool,
+                 niceness: int = 0):
         self.source, self.names, self.plan, self.pool = source, tuple(names), plan, pool
         self.prefetch = prefetch
         self._mix = dict(seed=seed, epoch=epoch, rank=rank, worker=worker, shuffle=shuffle)
         starts = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in plan.pieces])]).astype(np.int64)
         self.group_sizes = [int(starts[b] - starts[a]) for a, b in plan.groups]
-        self._reads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pipeline-read")
+        self._reads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pipeline-read",
+                                         initializer=lower_thread_priority, initargs=(niceness,))
         self._futures: dict[int, Future] = {}
 
     def want(self, g: int, count: int | None = None) -> None:

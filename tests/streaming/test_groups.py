@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
 import pytest
 
 import pipeline
-from pipeline.errors import CorruptChunkError
+from pipeline.errors import CorruptChunkError, StreamError
 from pipeline.streaming.groups import GroupLoader
 
 
@@ -105,3 +108,68 @@ def test_a_group_without_stored_arrays_is_ready_at_once(store):
         assert group.arrays == {} and group.perm.size == loader.group_sizes[0]
     finally:
         loader.close()
+
+
+linux_only = pytest.mark.skipif(sys.platform != "linux", reason="threads have their own nice value on Linux only")
+
+
+def _read_priorities(store, monkeypatch, **kw):
+    """Stream one epoch; the nice value of every thread that read a chunk, and of the
+    threads that did not (the consumer's and the one mixing batches)."""
+    s = pipeline.stream(store, batch_size=50, seed=4, buffer_chunks=2, **kw)
+    seen: dict[str, set[int]] = {"read": set(), "batch": set()}
+    read, gather = s.source.read, s._gather
+
+    def spy_read(*a, **k):
+        seen["read"].add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return read(*a, **k)
+
+    def spy_gather(*a, **k):
+        seen["batch"].add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return gather(*a, **k)
+
+    monkeypatch.setattr(s.source, "read", spy_read)
+    monkeypatch.setattr(s, "_gather", spy_gather)
+    n = sum(len(yb) for _, yb in s)
+    s.close()
+    assert n == 1000
+    return seen
+
+
+@linux_only
+def test_read_threads_run_nicer_than_the_threads_that_mix_and_consume(store, monkeypatch):
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    seen = _read_priorities(store, monkeypatch, read_niceness=5)
+    assert seen["read"] == {min(19, base + 5)}
+    assert seen["batch"] == {base}
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == base  # the consumer untouched
+
+
+@linux_only
+def test_read_niceness_0_keeps_reads_at_the_process_priority(store, monkeypatch):
+    base = os.getpriority(os.PRIO_PROCESS, os.getpid())
+    assert _read_priorities(store, monkeypatch, read_niceness=0)["read"] == {base}
+
+
+@linux_only
+def test_read_niceness_counts_from_the_process_priority_and_stops_at_19(store):
+    # In a child process: a nice value once raised cannot be lowered again unprivileged.
+    code = (
+        "import os, threading, pipeline\n"
+        "from pipeline.streaming.groups import lower_thread_priority\n"
+        "os.setpriority(os.PRIO_PROCESS, os.getpid(), 16)\n"
+        "got = []\n"
+        "for k in (2, 5):\n"
+        "    t = threading.Thread(target=lambda k=k: (lower_thread_priority(k),"
+        " got.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))))\n"
+        "    t.start(); t.join()\n"
+        "print(got)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[18, 19]"
+
+
+@pytest.mark.parametrize("bad", [-1, 20, 2.5, True, "5"])
+def test_a_bad_read_niceness_is_refused(store, bad):
+    with pytest.raises(StreamError, match=r"read_niceness must be an integer from 0 to 19, got"):
+        pipeline.stream(store, batch_size=50, read_niceness=bad)
