@@ -81,8 +81,11 @@ def interleaved(runs: int, fns: dict, cpu: dict | None = None) -> dict[str, list
     drifts by 2x within a minute, so a ratio is taken between runs made side by side,
     and the median of those ratios is reported. The order turns round every other time
     (a, b, c, c, b, a, a, b, c, ...): a run leaves work behind it (the kernel freeing and
-    reclaiming what it used) that slows whatever runs next by about 5% (measured), and
-    the reversed turns give each reader the same share of that.
+    reclaiming what it used) that slows whatever runs next by about 5% (measured). With
+    two readers the turns are fair: each follows the other in half of its runs and
+    itself in the other half. With three or more they are not: a reader in the middle
+    always follows another reader, those at the ends follow themselves half the time.
+    So a comparison that must be exact runs two readers at a time.
 
     With ``cpu`` given, each run's process CPU time is recorded in it too, per reader:
     ``(core-seconds per GB read, cores busy)``."""
@@ -308,24 +311,28 @@ def main() -> None:
         epochs = iter(range(1, 10**6, args.epochs))
         warm = np.ones(x.shape, dtype=x.dtype)  # mapped and written once: no page faults while timed
         # The decode limits run as many passes as the stream runs epochs: runs of equal
-        # length are compared. The goal's comparison runs in turns by itself; zarr and
-        # the decode into a new array (which faults in and frees a whole array every
-        # run, work the kernel partly does after the run has ended) run in turns with
-        # the stream afterwards.
+        # length are compared. The goal's comparison is two readers in turns by
+        # themselves, so that neither follows the other more often (see interleaved:
+        # with the mapped limit as a third, the stream always ran second, right after a
+        # decode, and lost about 5% to it). The mapped limit, zarr and the decode into a
+        # new array (which faults in and frees a whole array every run, work the kernel
+        # partly does after the run has ended) run in turns with the stream afterwards.
         cpu: dict[str, list[tuple[float, float]]] = {}
         runs = interleaved(args.repeat, cpu=cpu, fns={
             "decode": lambda: bench_decode(store, warm, passes=args.epochs),
-            "stream": lambda: stream_epoch(s, next(epochs), args.epochs),
-            "mapped": lambda: bench_decode(store, warm, mapped=True, passes=args.epochs)})
-        others = interleaved(args.repeat, fns={
+            "stream": lambda: stream_epoch(s, next(epochs), args.epochs)})
+        others_cpu: dict[str, list[tuple[float, float]]] = {}
+        others = interleaved(args.repeat, cpu=others_cpu, fns={
+            "mapped": lambda: bench_decode(store, warm, mapped=True, passes=args.epochs),
             "stream": lambda: stream_epoch(s, next(epochs), args.epochs),
             "zarr": lambda: bench_zarr(store),
             "cold": lambda: bench_decode(store)})
+        cpu["mapped"] = others_cpu["mapped"]
         quality = s.quality()
         results = {k: float(np.median(v)) for k, v in runs.items()}
-        results.update({k: float(np.median(others[k])) for k in ("zarr", "cold")})
-        paired = {k: float(np.median(np.divide(runs["stream"], runs[k]))) for k in ("decode", "mapped")}
-        paired.update({k: float(np.median(np.divide(others["stream"], others[k]))) for k in ("zarr", "cold")})
+        results.update({k: float(np.median(others[k])) for k in ("mapped", "zarr", "cold")})
+        paired = {"decode": float(np.median(np.divide(runs["stream"], runs["decode"])))}
+        paired.update({k: float(np.median(np.divide(others["stream"], others[k]))) for k in ("mapped", "zarr", "cold")})
         results["random"] = bench_random(store, args.batch, args.budget)
         n_small = min(x.shape[0], 16384 if not args.quick else 4096)
         results["wds"] = bench_wds(store, work, args.batch, args.budget, n_small)
