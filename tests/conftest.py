@@ -3,30 +3,101 @@
 from __future__ import annotations
 
 import os
+import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import pytest
 
 
-def wait_until(condition: Callable[[], bool], *, timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``condition`` until it holds or ``timeout`` seconds pass; return whether it held.
+# inotify(7) event bits: a file created, written and closed, or moved in; a directory.
+_IN_CREATE, _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_Q_OVERFLOW, _IN_ISDIR = 0x100, 0x8, 0x80, 0x4000, 0x40000000
+_EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name
+
+
+class _TreeWatch:
+    """inotify watches on every directory under ``root``, new ones included (Linux)."""
+
+    def __init__(self, root: Path):
+        import ctypes
+
+        self._libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self._libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1")
+        self._dirs: dict[int, Path] = {}
+        self.add_tree(root)
+
+    def add_tree(self, top: Path) -> None:
+        # Directories made before their watch was added are found by this walk; what is
+        # written in them afterwards raises an event.
+        for d, _, _ in os.walk(top):
+            wd = self._libc.inotify_add_watch(self.fd, os.fsencode(d), _IN_CREATE | _IN_CLOSE_WRITE | _IN_MOVED_TO)
+            if wd >= 0:  # a directory removed meanwhile has nothing to watch
+                self._dirs[wd] = Path(d)
+
+    def drain(self) -> None:
+        """Read the pending events; watch the directories they report as new."""
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return
+            pos = 0
+            while pos < len(data):
+                wd, mask, _, n = _EVENT.unpack_from(data, pos)
+                name = data[pos + _EVENT.size : pos + _EVENT.size + n].rstrip(b"\0")
+                pos += _EVENT.size + n
+                if mask & _IN_Q_OVERFLOW:  # events lost: watch the whole tree again
+                    for top in set(self._dirs.values()):
+                        self.add_tree(top)
+                elif mask & _IN_ISDIR and wd in self._dirs:
+                    self.add_tree(self._dirs[wd] / os.fsdecode(name))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def wait_until(condition: Callable[[], bool], *, timeout: float, watch: Path,
+               procs: Sequence[subprocess.Popen] = ()) -> bool:
+    """Wait until ``condition`` holds or ``timeout`` seconds pass; return whether it held.
 
     The processes these tests drive (a dask scheduler starting, a run writing chunks
-    that is about to be killed) signal nothing a test could wait on, so the tests poll
-    a condition on the files they write, with a deadline, never a fixed sleep.
+    that is about to be killed) signal nothing but the files they write and their exit.
+    So the test blocks until a file under ``watch`` is created or written (inotify) or
+    one of ``procs`` exits (its pidfd turns readable), and checks ``condition`` again:
+    no fixed sleep, and no polling on a loaded machine. ``condition`` must read only
+    files under ``watch`` and the exit of ``procs``.
     """
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval)
-    return condition()
+    tree = _TreeWatch(watch)
+    pidfds = []
+    try:
+        for p in procs:
+            try:
+                pidfds.append(os.pidfd_open(p.pid))
+            except ProcessLookupError:  # already reaped: condition() sees its exit
+                pass
+        while not condition():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ready, _, _ = select.select([tree.fd, *pidfds], [], [], left)
+            tree.drain()
+            for fd in set(ready) & set(pidfds):  # exited: stays readable, wait on files only
+                pidfds.remove(fd)
+                os.close(fd)
+        return True
+    finally:
+        tree.close()
+        for fd in pidfds:
+            os.close(fd)
 
 
 BIN = Path(sys.executable).parent

@@ -51,7 +51,7 @@ def remote(tmp_path):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     ]
-    assert wait_until(sched_file.exists, timeout=60), "the scheduler did not start"
+    assert wait_until(sched_file.exists, timeout=60, watch=tmp_path, procs=procs), "the scheduler did not start"
     address = json.loads(sched_file.read_text())["address"]
     for _ in range(2):
         procs.append(
@@ -105,7 +105,7 @@ def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
     )
     chunks = tmp_path / "killed.zarr" / "train" / "x" / "c"
     wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 20),
-               timeout=240)
+               timeout=240, watch=tmp_path, procs=[run])
     assert run.poll() is None, "the run ended before a worker could be killed; make the data larger"
     procs[1].send_signal(signal.SIGKILL)
     out, err = run.communicate(timeout=300)

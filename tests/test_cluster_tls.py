@@ -153,7 +153,8 @@ def tls_remote(tmp_path_factory):
         ))
         # The scheduler writes the file in place: poll until it holds complete JSON, or
         # until the scheduler has exited (a certificate it cannot load, for instance).
-        wait_until(lambda: _address(sched_file) is not None or procs[0].poll() is not None, timeout=60)
+        wait_until(lambda: _address(sched_file) is not None or procs[0].poll() is not None, timeout=60,
+                   watch=tmp_path, procs=procs[:1])
         assert procs[0].poll() is None, "the TLS scheduler exited at start"
         address = _address(sched_file)
         assert address is not None, "the TLS scheduler did not write its scheduler file"

@@ -55,7 +55,7 @@ def test_killed_runs_resume_to_the_uninterrupted_store(tmp_path):
                 return False
             return bool(done.size) and done.mean() >= target
 
-        wait_until(reached, timeout=180, interval=0.02)
+        wait_until(reached, timeout=180, watch=tmp_path, procs=[proc])
         if proc.poll() is None:
             proc.send_signal(signal.SIGKILL)
             kills += 1

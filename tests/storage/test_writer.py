@@ -189,7 +189,7 @@ def test_sigkill_halfway_then_rerun_equals_an_uninterrupted_write(tmp_path):
         except Exception:  # noqa: BLE001 - the store is not created yet
             return False
 
-    wait_until(some_units_written, timeout=120)
+    wait_until(some_units_written, timeout=120, watch=tmp_path, procs=[proc])
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     partial = written_units(zarr.open_group(str(killed), mode="r"), "train")
