@@ -10,10 +10,19 @@ and cached, and each inner chunk is one byte-range read. Decoding in numcodecs r
 the GIL, so a few threads decode in parallel. Anything else (other codecs or key
 encodings, chunks or shards split along other axes) falls back to zarr's own read, which
 is always correct.
+
+:meth:`ChunkReader.scatter` decodes rows straight to scattered places (the streamer's
+mixed order). For blosc, one blosc block at a time (a few hundred KB, decoded into a
+buffer that stays in the core's cache) with c-blosc's own ``blosc_getitem``, then its
+rows are copied to their places: every sample is written to memory once, where decoding
+a whole chunk and then mixing writes it twice and reads it once more. Measured on 2
+cores, decoding and mixing this way ran 1.15-1.35x as fast as decoding chunks and then
+gathering batches from them.
 """
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import threading
@@ -26,7 +35,7 @@ import zarr
 
 from pipeline.errors import CorruptChunkError
 
-__all__ = ["ChunkReader", "MapCache", "default_map_budget"]
+__all__ = ["BLOSC_GETITEM", "ArrayPool", "ChunkReader", "MapCache", "default_map_budget"]
 
 #: Offset and length of an inner chunk that was never written (zarr's sharding spec).
 _EMPTY = 2**64 - 1
@@ -34,6 +43,31 @@ _EMPTY = 2**64 - 1
 _MAX_SCRATCH = 64 * 2**20
 #: Read buffers kept between reads: one per read thread is enough.
 _MAX_FREE_SCRATCH = 8
+#: Blosc header flag: the chunk is stored uncompressed, without block starts.
+_BLOSC_MEMCPYED = 0x2
+
+
+def _load_blosc_getitem() -> Any:
+    """c-blosc's ``blosc_getitem`` from the library numcodecs bundles, or None.
+
+    It decodes a range of items of a blosc frame, one block at a time, into a given
+    buffer. numcodecs does not wrap it, but its extension exports the C symbol (checked
+    by the tests); where a build hides it, :meth:`ChunkReader.scatter` decodes whole
+    chunks instead. ctypes releases the GIL for the call, as numcodecs does for decode.
+    """
+    try:
+        import numcodecs.blosc as nb
+
+        fn = ctypes.CDLL(nb.__file__).blosc_getitem
+    except (ImportError, OSError, AttributeError):  # pragma: no cover - depends on the build
+        return None
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+#: None where numcodecs' build does not export it (or to force whole-chunk decoding).
+BLOSC_GETITEM = _load_blosc_getitem()
 
 
 def default_map_budget() -> int:
@@ -154,6 +188,7 @@ class ChunkReader:
         self._scratch = threading.local()  # the read buffer of a read in progress, per thread
         self._scratch_free: list[bytearray] = []  # read buffers between reads, for any thread
         self._scratch_lock = threading.Lock()
+        self._arrays = ArrayPool()  # decoded chunks and blocks on their way to scatter()'s places
         self._decoder, self._root = self._plan()
 
     @property
@@ -341,21 +376,108 @@ class ChunkReader:
         try:
             out = self._read(i, out)
         finally:
-            scratch = getattr(self._scratch, "buf", None)
-            if scratch is not None:
-                self._scratch.buf = None
-                with self._scratch_lock:
-                    if len(self._scratch_free) < _MAX_FREE_SCRATCH:
-                        self._scratch_free.append(scratch)
-        if self.checksums is not None:
-            import zlib
-
-            row = self.checksums[i]
-            if row[0] != 1 or zlib.crc32(np.ascontiguousarray(out).data) not in {int(v) for v in row[1:]}:
-                store, split, name = self.where
-                raise CorruptChunkError(store, split, name, i, "checksum mismatch (the chunk decodes, but not to "
-                                        "what was written)")
+            self._release_read_buffer()
+        self._verify(i, out)
         return out
+
+    def _verify(self, i: int, decoded: np.ndarray) -> None:
+        """With checksums, refuse a decoded chunk whose CRC32 was not recorded for it."""
+        if self.checksums is None:
+            return
+        import zlib
+
+        row = self.checksums[i]
+        if row[0] != 1 or zlib.crc32(np.ascontiguousarray(decoded).data) not in {int(v) for v in row[1:]}:
+            store, split, name = self.where
+            raise CorruptChunkError(store, split, name, i, "checksum mismatch (the chunk decodes, but not to "
+                                    "what was written)")
+
+    def scatter(self, i: int, lo: int, hi: int, out: np.ndarray, rows: np.ndarray) -> None:
+        """Rows ``[lo, hi)`` of chunk ``i`` decoded to their places in ``out``.
+
+        The same as ``out[rows] = self.read(i)[lo:hi]`` (row ``lo + k`` goes to
+        ``out[rows[k]]``), without a decoded chunk in between where it can be avoided:
+        a blosc chunk whose blocks hold whole rows (or whose rows are whole blocks) is
+        decoded a block at a time into a small buffer that stays in cache, with
+        c-blosc's ``blosc_getitem``, and only the blocks holding rows ``[lo, hi)`` are
+        decoded. Other chunks, and every chunk when checksums are verified (they are
+        over the whole decoded chunk), are decoded whole into a reused buffer first.
+
+        Raises
+        ------
+        CorruptChunkError
+            Naming the store, split, array and chunk, when the chunk cannot be decoded.
+        """
+        if self._decoder is None:  # zarr's own read
+            chunk = self._arrays.get((self.length(i),) + self.tail_shape, self.dtype)
+            try:
+                out[rows] = self.read(i, chunk)[lo:hi]
+            finally:
+                self._arrays.put(chunk)
+            return
+        try:
+            raw = self._fetch(i)
+            if (raw is not None and BLOSC_GETITEM is not None and isinstance(self._decoder, numcodecs.Blosc)
+                    and not self._transposed and self.checksums is None
+                    and self._scatter_blocks(i, raw, lo, hi, out, rows)):
+                return
+            chunk = self._arrays.get((self.length(i),) + self.tail_shape, self.dtype)
+            try:
+                self._decode(i, raw, chunk)
+                self._verify(i, chunk)
+                out[rows] = chunk[lo:hi]
+            finally:
+                self._arrays.put(chunk)
+        finally:
+            self._release_read_buffer()
+
+    def _scatter_blocks(self, i: int, raw: Any, lo: int, hi: int, out: np.ndarray, rows: np.ndarray) -> bool:
+        """:meth:`scatter` from the chunk's bytes ``raw``, one blosc block at a time;
+        False when its blocks and rows do not tile each other (the caller then decodes
+        the chunk whole)."""
+        row_bytes = int(np.prod(self.tail_shape, dtype=np.int64)) * self.dtype.itemsize
+        try:
+            _check_blosc_frame(raw)
+            head = bytes(raw[:16])
+            flags, typesize = head[2], head[3]
+            nbytes, blocksize = int.from_bytes(head[4:8], "little"), int.from_bytes(head[8:12], "little")
+            if nbytes != self.rows * row_bytes:
+                raise ValueError(f"the blosc header says {nbytes} decoded bytes, a chunk of this array holds "
+                                 f"{self.rows * row_bytes}")
+            if head[0] > 2 or blocksize <= 0 or not typesize or row_bytes % typesize:
+                return False  # not the blosc 1 frame blosc_getitem reads, or items split across rows
+            if blocksize % row_bytes and row_bytes % blocksize:
+                return False  # a row would straddle two blocks: some blocks decoded twice
+            src = np.frombuffer(raw, dtype=np.uint8)
+            _check_block_starts(src, flags, nbytes, blocksize)
+            per = max(1, blocksize // row_bytes)  # rows per call: one block, or one row of whole blocks
+            items = row_bytes // typesize
+            block = self._arrays.get((per,) + self.tail_shape, self.dtype)
+            try:
+                r0 = lo
+                while r0 < hi:
+                    r1 = min(hi, (r0 // per + 1) * per)  # the rows of r0's block, from r0
+                    want = (r1 - r0) * row_bytes
+                    got = BLOSC_GETITEM(src.ctypes.data, r0 * items, (r1 - r0) * items, block.ctypes.data)
+                    if got != want:
+                        raise ValueError(f"blosc could not decode rows {r0}-{r1} (it returned {got}, expected {want})")
+                    out[rows[r0 - lo : r1 - lo]] = block[: r1 - r0]
+                    r0 = r1
+            finally:
+                self._arrays.put(block)
+                del src  # a mapped chunk file can be unmapped once nothing views it
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a corrupt chunk
+            store, split, name = self.where
+            raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
+        return True
+
+    def _release_read_buffer(self) -> None:
+        scratch = getattr(self._scratch, "buf", None)
+        if scratch is not None:
+            self._scratch.buf = None
+            with self._scratch_lock:
+                if len(self._scratch_free) < _MAX_FREE_SCRATCH:
+                    self._scratch_free.append(scratch)
 
     def _read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         n = self.length(i)
@@ -369,10 +491,15 @@ class ChunkReader:
                 store, split, name = self.where
                 raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
             return out
-        raw = self._fetch(i)
+        return self._decode(i, self._fetch(i), out)
+
+    def _decode(self, i: int, raw: Any, out: np.ndarray) -> np.ndarray:
+        """Chunk ``i``'s bytes ``raw`` (None: never written) decoded into ``out``."""
         if raw is None:  # never written: zarr reads it as the fill value
             out[...] = self.array.fill_value
             return out
+        n = self.length(i)
+        shape = (n,) + self.tail_shape
         full = (self.rows,) + self.tail_shape
         try:
             if isinstance(self._decoder, numcodecs.Blosc):
@@ -400,6 +527,48 @@ class ChunkReader:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
         return out
+
+
+def _check_block_starts(src: np.ndarray, flags: int, nbytes: int, blocksize: int) -> None:
+    """Refuse a blosc frame whose block offsets point outside it.
+
+    c-blosc follows each block's offset without a bound (the whole-chunk decode does
+    too): a damaged offset would read beyond the frame, here a mapped file.
+    """
+    nblocks = -(-nbytes // blocksize)
+    if flags & _BLOSC_MEMCPYED:
+        if src.size < 16 + nbytes:
+            raise ValueError(f"an uncompressed blosc frame of {nbytes} bytes has only {src.size - 16}")
+        return
+    if src.size < 16 + 4 * nblocks:
+        raise ValueError(f"a blosc frame of {nblocks} blocks is {src.size} bytes, too short for their offsets")
+    starts = np.frombuffer(src, dtype="<i4", count=nblocks, offset=16)
+    if nblocks and (int(starts.min()) < 16 + 4 * nblocks or int(starts.max()) >= src.size):
+        raise ValueError(f"blosc block offsets point outside the frame of {src.size} bytes")
+
+
+class ArrayPool:
+    """Reused arrays of a few shapes, for any thread: a new array of a few MB costs as
+    much in page faults as decoding into it, and read threads are new every epoch."""
+
+    def __init__(self, keep: int = 8):
+        self.keep = keep
+        self._free: list[np.ndarray] = []
+        self._lock = threading.Lock()
+
+    def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        with self._lock:
+            for k, a in enumerate(self._free):
+                if a.shape == shape and a.dtype == dtype:
+                    return self._free.pop(k)
+        return np.empty(shape, dtype=dtype)
+
+    def put(self, a: np.ndarray) -> None:
+        with self._lock:
+            if len(self._free) < self.keep:
+                self._free.append(a)
+            else:  # the oldest goes: shapes in use now are the ones worth keeping
+                self._free = self._free[1:] + [a]
 
 
 def _check_blosc_frame(raw: Any) -> None:

@@ -1,8 +1,9 @@
 """Buffer groups: a worker's chunk pieces read in background threads into recycled buffers.
 
 A group is ``buffer_chunks`` consecutive pieces of a :class:`~pipeline.streaming.plan.WorkerPlan`;
-its samples are decoded side by side into one buffer per array and mixed by
-:func:`~pipeline.streaming.plan.group_permutation`. A :class:`GroupLoader` keeps up to
+its samples are decoded into one buffer per array, each straight to its place in the
+group's mixed order (:func:`~pipeline.streaming.plan.group_permutation`), so that a
+batch is a run of the buffer, served without a copy. A :class:`GroupLoader` keeps up to
 ``prefetch`` groups loading ahead of the one being served. Buffers come from a
 :class:`BufferPool` shared by every loader of one stream: a fresh buffer of a few
 hundred MB per group costs as much in page faults as decoding into it, so buffers are
@@ -20,7 +21,6 @@ mix batches and train on them must not queue behind it for a core.
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
@@ -63,6 +63,12 @@ def lower_thread_priority(niceness: int) -> None:
 class BufferPool:
     """Group buffers of one stream, each big enough for any group of it.
 
+    A group's samples are stored in their mixed order and its batches are views of its
+    buffer (no copy), so a buffer given back is handed out again only once no view of
+    it is alive anywhere: a batch still queued for the training loop, or kept by it (in
+    a list, as a torch tensor sharing its memory), keeps its buffer out of use, and a
+    new buffer is made meanwhile. Nothing a caller holds is ever overwritten.
+
     Parameters
     ----------
     source
@@ -80,50 +86,54 @@ class BufferPool:
         # from the group's feature rows.
         self.names = tuple(n for n in names if not source.assembled(n))
         self.source, self.capacity, self.keep = source, int(capacity), int(keep)
-        self._free: queue.SimpleQueue = queue.SimpleQueue()
+        self._free: list[dict[str, np.ndarray]] = []
+        self._lock = threading.Lock()
+        self.made = 0  # buffers allocated so far (for tests and diagnostics)
 
     def get(self) -> dict[str, np.ndarray]:
-        """A free buffer, or a new one."""
-        try:
-            return self._free.get_nowait()
-        except queue.Empty:
-            out = {}
-            for n in self.names:
-                tail, dtype = self.source.sample_shape(n)
-                out[n] = np.empty((self.capacity,) + tuple(tail), dtype=dtype)
-            return out
+        """A buffer given back that nothing views any more, or a new one."""
+        with self._lock:
+            for k, buffers in enumerate(self._free):
+                if _unviewed(buffers):
+                    return self._free.pop(k)
+        out = {}
+        for n in self.names:
+            tail, dtype = self.source.sample_shape(n)
+            out[n] = np.empty((self.capacity,) + tuple(tail), dtype=dtype)
+        self.made += 1
+        return out
 
     def put(self, buffers: dict[str, np.ndarray]) -> None:
-        """Give a buffer back once nothing reads it any more."""
-        self._free.put(buffers)
+        """Give a buffer back once no read writes into it any more (views of it may live on)."""
+        with self._lock:
+            self._free.append(buffers)
 
     @property
     def idle(self) -> int:
-        """Buffers given back and ready for reuse (for tests and diagnostics)."""
-        return self._free.qsize()
+        """Buffers given back, viewed or not (for tests and diagnostics)."""
+        return len(self._free)
 
     def trim(self) -> None:
-        """Drop buffers beyond ``keep`` (between epochs, so memory does not creep up)."""
-        kept = []
-        while len(kept) < self.keep:
-            try:
-                kept.append(self._free.get_nowait())
-            except queue.Empty:
-                break
-        while True:
-            try:
-                self._free.get_nowait()
-            except queue.Empty:
-                break
-        for b in kept:
-            self._free.put(b)
+        """Drop buffers beyond ``keep`` (between epochs, so memory does not creep up);
+        unviewed ones are kept first. A dropped buffer still viewed lives as long as
+        its views."""
+        with self._lock:
+            self._free.sort(key=lambda b: not _unviewed(b))
+            del self._free[self.keep :]
+
+
+def _unviewed(buffers: dict[str, np.ndarray]) -> bool:
+    """Whether nothing but ``buffers`` references its arrays: the dict, the loop's
+    variable and getrefcount's argument. A view (a batch) holds its base array."""
+    return all(sys.getrefcount(a) <= 3 for a in buffers.values())
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """One loaded group: its samples per array (views into ``buffers``, or a
-    :class:`~pipeline.streaming.virtual.MixedWindows` already in mixed order for
-    assembled arrays) and their mixing."""
+    """One loaded group: its samples per array in mixed order (views into ``buffers``,
+    or for assembled arrays a :class:`~pipeline.streaming.virtual.MixedWindows`) and
+    the mixing (``perm[k]`` is the group sample served ``k``-th, counted in the
+    order of the group's pieces)."""
 
     arrays: dict[str, Any]
     perm: np.ndarray
@@ -189,6 +199,13 @@ class GroupLoader:
         a, b = self.plan.groups[g]
         pieces = self.plan.pieces[a:b]
         offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
+        # The mixing is known before anything is read: each read puts its samples
+        # straight into their mixed places, and a batch is then a run of the buffer.
+        perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
+        places = None
+        if self._mix["shuffle"]:
+            places = np.empty_like(perm)
+            places[perm] = np.arange(perm.size, dtype=perm.dtype)
         full = self.pool.get()
         arrays: dict[str, Any] = {}
         rows: dict[str, list[Future]] = {}
@@ -203,7 +220,9 @@ class GroupLoader:
                 arrays[n] = buf
                 for p, off in zip(pieces, offsets[:-1]):
                     part = buf[off : off + p.hi - p.lo]
-                    if p.lo == 0 and p.hi == self.source.lengths[p.chunk]:  # decode straight into the buffer
+                    if places is not None:
+                        futs.append(self._reads.submit(self.source.scatter, n, p, buf, places[off : off + p.hi - p.lo]))
+                    elif p.lo == 0 and p.hi == self.source.lengths[p.chunk]:  # decode straight into the buffer
                         futs.append(self._reads.submit(self.source.read, n, p.chunk, part))
                     else:  # a rank or worker boundary falls inside the chunk
                         futs.append(self._reads.submit(read_part, self.source, n, p, part))
@@ -229,10 +248,8 @@ class GroupLoader:
             # alive until the cyclic garbage collector runs.
             failed = next((CancelledError() if f.cancelled() else f.exception() for f in futs
                            if f.cancelled() or f.exception() is not None), None)
-            perm = None
             if failed is None:
                 try:
-                    perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
                     if rows:
                         from pipeline.streaming.virtual import WindowRows
 

@@ -85,6 +85,13 @@ class StoreSource:
             self._reopen()
         return self.readers[name].read(chunk, out)
 
+    def scatter(self, name: str, piece: Any, out: np.ndarray, rows: np.ndarray) -> None:
+        """Samples ``[piece.lo, piece.hi)`` of chunk ``piece.chunk`` to ``out[rows]``
+        (see :meth:`~pipeline.streaming.chunks.ChunkReader.scatter`)."""
+        if self._pid != os.getpid():
+            self._reopen()
+        self.readers[name].scatter(piece.chunk, piece.lo, piece.hi, out, rows)
+
     def release(self) -> None:
         """Unmap the chunk files kept mapped (they are mapped again when read again)."""
         if self.maps is not None:
@@ -213,6 +220,10 @@ class ArraySource:
             out[...] = data
             return out
         return data
+
+    def scatter(self, name: str, piece: Any, out: np.ndarray, rows: np.ndarray) -> None:
+        """Samples ``[piece.lo, piece.hi)`` of chunk ``piece.chunk`` to ``out[rows]``."""
+        out[rows] = self.read(name, piece.chunk)[piece.lo : piece.hi]
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         a = self.arrays[name]

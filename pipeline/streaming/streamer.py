@@ -302,14 +302,13 @@ class Stream:
             loader.want(g, 1)
             cur: Group | None = None
             pos = skip_samples
-            # One thread gathers about as fast as three decode (a row copy against an lz4
-            # decode), so many-core machines gather several batches at once; numpy's
-            # fancy indexing releases the GIL. With few threads the gather stays inline.
-            # Assembled arrays (virtual windows) are the other way round: reading their
-            # feature rows is cheap and assembling the windows is the work, so half the
-            # threads assemble (on 2 cores, measured: a second assembling thread made
-            # each assembly 2x slower, competing with the first for the core's cache).
-            gather_threads = max(1, self.threads // (2 if self._assembled() else 3))
+            # Stored arrays need no gather: their batches are runs of a group buffer
+            # already in mixed order. Assembled arrays (virtual windows) are built per
+            # batch: reading their feature rows is cheap and assembling the windows is
+            # the work, so half the threads assemble (on 2 cores, measured: a second
+            # assembling thread made each assembly 2x slower, competing with the first
+            # for the core's cache); numpy's fancy indexing releases the GIL.
+            gather_threads = max(1, self.threads // 2) if self._assembled() else 1
             gatherer = ThreadPoolExecutor(gather_threads, "pipeline-gather") if gather_threads > 1 else None
             pending: deque[tuple[Future, list[Group]]] = deque()
             try:
@@ -367,9 +366,11 @@ class Stream:
         with self._lock:
             if self._pool is None:
                 # buffer_chunks whole chunks bound every group; enough buffers are kept
-                # for the group served, those loading ahead and the next epoch's first.
+                # for the group served, the one before it (its last batches, views of
+                # its buffer, are still queued for the loop while the next group starts
+                # loading), those loading ahead and the next epoch's first.
                 capacity = self.buffer_chunks * max(self.source.lengths, default=0)
-                self._pool = BufferPool(self.source, self.names, capacity, keep=self.prefetch + 2)
+                self._pool = BufferPool(self.source, self.names, capacity, keep=self.prefetch + 3)
             return self._pool
 
     def _assembled(self) -> bool:
@@ -422,19 +423,25 @@ class Stream:
     def _gather(self, parts: list[tuple[Group, int, int]]) -> tuple[np.ndarray, ...]:
         """One batch: samples ``[lo, hi)`` of each part's group in its mixed order, per array.
 
-        Written into reused batch memory (:mod:`~pipeline.streaming.batches`) with
-        ``np.take``: the permutation's indices are in range by construction, so
-        ``mode="clip"`` (no bounds check, no intermediate buffer) is safe.
+        A group's buffer holds its samples in mixed order already, so a batch within
+        one group is a view of it, with no copy (the buffer is reused only once no
+        view of it is alive, see :class:`~pipeline.streaming.groups.BufferPool`). A
+        batch spanning two groups, and a batch of assembled windows, is written into
+        reused batch memory (:mod:`~pipeline.streaming.batches`).
         """
         n = sum(hi - lo for _, lo, hi in parts)
         out = []
         for name in self.names:
+            first = parts[0][0].arrays[name]
+            if len(parts) == 1 and isinstance(first, np.ndarray):
+                out.append(first[parts[0][1] : parts[0][2]])
+                continue
             dest = self._batch_memory(name).take(n)
             pos = 0
             for group, lo, hi in parts:
                 src, part = group.arrays[name], dest[pos : pos + hi - lo]
                 if isinstance(src, np.ndarray):
-                    np.take(src, group.perm[lo:hi], axis=0, out=part, mode="clip")
+                    part[...] = src[lo:hi]
                 else:  # assembled on demand, already in mixed order (virtual windows)
                     src.take_range(lo, hi, part)
                 pos += hi - lo

@@ -20,37 +20,40 @@ def _loader(store, *, prefetch, threads=2):
     return s, s._loader(s.plan(), s.epoch, 0)
 
 
-def _expected_ids(s, loader, g):
-    """The sample ids of group ``g``, its pieces in plan order (y = sample index)."""
+def _expected_ids(s, loader, g, perm):
+    """The sample ids of group ``g`` in its mixed order (y = sample index): its pieces
+    in plan order, then mixed by ``perm``."""
     a, b = loader.plan.groups[g]
     starts = np.concatenate([[0], np.cumsum(s.source.lengths)])
-    return np.concatenate([np.arange(starts[p.chunk] + p.lo, starts[p.chunk] + p.hi) for p in loader.plan.pieces[a:b]])
+    ids = np.concatenate([np.arange(starts[p.chunk] + p.lo, starts[p.chunk] + p.hi) for p in loader.plan.pieces[a:b]])
+    return ids[perm]
 
 
 def test_a_slow_chunk_does_not_hold_back_the_next_groups_reads(store, monkeypatch):
     s, loader = _loader(store, prefetch=2)
     slow = loader.plan.pieces[loader.plan.groups[1][0]].chunk  # group 1's first chunk
     released = threading.Event()
-    read = s.source.read
+    read = s.source.scatter
 
-    def slow_read(name, chunk, out=None):
-        if chunk == slow and name == "x":
+    def slow_read(name, piece, out, rows):
+        if piece.chunk == slow and name == "x":
             released.wait(20)
-        return read(name, chunk, out)
+        return read(name, piece, out, rows)
 
-    monkeypatch.setattr(s.source, "read", slow_read)
+    monkeypatch.setattr(s.source, "scatter", slow_read)
     watchdog = threading.Timer(10, released.set)  # only if group 2 never loads
     watchdog.start()
     try:
         loader.want(1, 2)
         group2 = loader.take(2)  # the other read thread went on to group 2's chunks
         assert not released.is_set(), "group 2 was ready only once group 1's slow chunk was"
-        np.testing.assert_array_equal(group2.arrays["y"], _expected_ids(s, loader, 2))
-        np.testing.assert_array_equal(group2.arrays["x"][:, 0, 0], _expected_ids(s, loader, 2))
+        assert not np.array_equal(group2.perm, np.arange(group2.perm.size))  # mixed
+        np.testing.assert_array_equal(group2.arrays["y"], _expected_ids(s, loader, 2, group2.perm))
+        np.testing.assert_array_equal(group2.arrays["x"][:, 0, 0], _expected_ids(s, loader, 2, group2.perm))
         released.set()
         group1 = loader.take(1)
-        np.testing.assert_array_equal(group1.arrays["y"], _expected_ids(s, loader, 1))
-        np.testing.assert_array_equal(group1.arrays["x"][:, 0, 0], _expected_ids(s, loader, 1))
+        np.testing.assert_array_equal(group1.arrays["y"], _expected_ids(s, loader, 1, group1.perm))
+        np.testing.assert_array_equal(group1.arrays["x"][:, 0, 0], _expected_ids(s, loader, 1, group1.perm))
     finally:
         released.set()
         watchdog.cancel()
@@ -60,14 +63,14 @@ def test_a_slow_chunk_does_not_hold_back_the_next_groups_reads(store, monkeypatc
 def test_a_failed_read_reaches_take_and_gives_the_buffer_back(store, monkeypatch):
     s, loader = _loader(store, prefetch=1)
     bad = loader.plan.pieces[loader.plan.groups[0][0]].chunk
-    read = s.source.read
+    read = s.source.scatter
 
-    def failing_read(name, chunk, out=None):
-        if chunk == bad and name == "y":
-            raise CorruptChunkError(store, "train", "y", chunk, "cannot decode (test)")
-        return read(name, chunk, out)
+    def failing_read(name, piece, out, rows):
+        if piece.chunk == bad and name == "y":
+            raise CorruptChunkError(store, "train", "y", piece.chunk, "cannot decode (test)")
+        return read(name, piece, out, rows)
 
-    monkeypatch.setattr(s.source, "read", failing_read)
+    monkeypatch.setattr(s.source, "scatter", failing_read)
     try:
         with pytest.raises(CorruptChunkError, match=f"chunk {bad}"):
             loader.take(0)
@@ -81,15 +84,15 @@ def test_close_cancels_queued_reads_and_returns_every_buffer(store, monkeypatch)
     started = threading.Event()
     release = threading.Event()
     reads = []
-    read = s.source.read
+    read = s.source.scatter
 
-    def gated_read(name, chunk, out=None):
-        reads.append((name, chunk))
+    def gated_read(name, piece, out, rows):
+        reads.append((name, piece.chunk))
         started.set()
         release.wait(10)
-        return read(name, chunk, out)
+        return read(name, piece, out, rows)
 
-    monkeypatch.setattr(s.source, "read", gated_read)
+    monkeypatch.setattr(s.source, "scatter", gated_read)
     loader.want(0, 3)  # 3 groups of 2 chunks x 2 arrays queued on one thread
     assert started.wait(10)
     threading.Timer(0.2, release.set).start()
@@ -118,7 +121,7 @@ def _read_priorities(store, monkeypatch, **kw):
     threads that did not (the consumer's and the one mixing batches)."""
     s = pipeline.stream(store, batch_size=50, seed=4, buffer_chunks=2, **kw)
     seen: dict[str, set[int]] = {"read": set(), "batch": set()}
-    read, gather = s.source.read, s._gather
+    read, gather = s.source.scatter, s._gather
 
     def spy_read(*a, **k):
         seen["read"].add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
@@ -128,7 +131,7 @@ def _read_priorities(store, monkeypatch, **kw):
         seen["batch"].add(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         return gather(*a, **k)
 
-    monkeypatch.setattr(s.source, "read", spy_read)
+    monkeypatch.setattr(s.source, "scatter", spy_read)
     monkeypatch.setattr(s, "_gather", spy_gather)
     n = sum(len(yb) for _, yb in s)
     s.close()
@@ -173,3 +176,49 @@ def test_read_niceness_counts_from_the_process_priority_and_stops_at_19(store):
 def test_a_bad_read_niceness_is_refused(store, bad):
     with pytest.raises(StreamError, match=r"read_niceness must be an integer from 0 to 19, got"):
         pipeline.stream(store, batch_size=50, read_niceness=bad)
+
+
+# -- batches are views of group buffers: nothing held is overwritten, dropped ones recycle ---------------
+
+
+def test_batches_held_by_the_loop_are_never_overwritten(tmp_path):
+    from tests.streaming.conftest import make_store
+
+    path = make_store(tmp_path / "h.zarr", n=1000, chunk=64)
+    s = pipeline.stream(path, batch_size=50, seed=4, buffer_chunks=2, prefetch=1)
+    held = []
+    for epoch in range(3):  # later epochs would reuse the buffers if views did not hold them
+        s.set_epoch(epoch)
+        held += list(s)
+    assert len(held) == 3 * len(s)
+    for xb, yb in held:  # x[i] = i in every cell: each batch still holds its own samples
+        np.testing.assert_array_equal(xb, np.broadcast_to(yb[:, None, None].astype(np.float32), xb.shape))
+    ids = np.concatenate([yb for _, yb in held])
+    assert np.array_equal(np.sort(ids), np.repeat(np.arange(1000), 3))
+    assert any(xb.base is not None for xb, _ in held)  # served as views, not copies
+
+
+def test_a_batch_kept_as_a_torch_tensor_keeps_its_buffer_out_of_use(store):
+    torch = pytest.importorskip("torch")
+    s = pipeline.stream(store, batch_size=50, seed=4, buffer_chunks=2, prefetch=1)
+    kept = None
+    for k, (xb, yb) in enumerate(s.torch()):
+        if k == 0:
+            kept, want = xb, torch.from_numpy(np.broadcast_to(yb.numpy()[:, None, None].astype(np.float32),
+                                                              tuple(xb.shape)).copy())
+    for epoch in (1, 2):
+        s.set_epoch(epoch)
+        for _ in s:
+            pass
+    assert torch.equal(kept, want)
+
+
+def test_batches_dropped_by_the_loop_recycle_a_few_group_buffers(store):
+    s = pipeline.stream(store, batch_size=50, seed=4, buffer_chunks=2, prefetch=2)
+    for epoch in range(4):
+        s.set_epoch(epoch)
+        for _ in s:
+            pass
+    # the group served, the one before it (its last batches still queued), two loading
+    # ahead and the next epoch's first: made once, then reused every epoch
+    assert s._pool.made <= s.prefetch + 3

@@ -50,9 +50,9 @@ def test_fit_with_shuffled_indices_reads_chunks_sequentially_and_sees_every_samp
     on_epoch_end before the first epoch. The epoch itself must read each chunk once."""
     from pipeline.streaming import chunks
 
-    reads = []
-    original = chunks.ChunkReader.read
-    monkeypatch.setattr(chunks.ChunkReader, "read", lambda self, i, out=None: reads.append(i) or original(self, i, out))
+    reads = []  # every chunk read, whole or scattered, fetches the chunk's bytes once
+    original = chunks.ChunkReader._fetch
+    monkeypatch.setattr(chunks.ChunkReader, "_fetch", lambda self, i: reads.append(i) or original(self, i))
     s = pipeline.stream(store, batch_size=50, seed=0, buffer_chunks=4)
     ds = s.keras()
     events = []
@@ -148,14 +148,14 @@ def test_fit_two_epochs_serves_each_epoch_whole_and_reshuffled(store, shuffle):
 
 
 def _count_reads(monkeypatch):
-    count = [0]
-    original = _chunks.ChunkReader.read
+    count = [0]  # every chunk read, whole or scattered, fetches the chunk's bytes once
+    original = _chunks.ChunkReader._fetch
 
-    def read(self, i, out=None):
+    def fetch(self, i):
         count[0] += 1
-        return original(self, i, out)
+        return original(self, i)
 
-    monkeypatch.setattr(_chunks.ChunkReader, "read", read)
+    monkeypatch.setattr(_chunks.ChunkReader, "_fetch", fetch)
     return count
 
 

@@ -465,10 +465,10 @@ def test_parallel_gathers_serve_the_same_batches_as_one_thread(odd_store, thread
 def _counting_reads(monkeypatch):
     from pipeline.streaming import chunks
 
+    # Every chunk read, whole or scattered, fetches the chunk's bytes once.
     reads = []
-    original = chunks.ChunkReader.read
-    monkeypatch.setattr(chunks.ChunkReader, "read",
-                        lambda self, i, out=None: reads.append((self.where[2], i)) or original(self, i, out))
+    original = chunks.ChunkReader._fetch
+    monkeypatch.setattr(chunks.ChunkReader, "_fetch", lambda self, i: reads.append((self.where[2], i)) or original(self, i))
     return reads
 
 

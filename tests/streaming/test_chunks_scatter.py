@@ -1,0 +1,212 @@
+"""ChunkReader.scatter: rows decoded straight to their mixed places equal zarr's own read."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from zarr.codecs import BloscCodec, ZstdCodec
+
+import pipeline
+from pipeline.errors import CorruptChunkError
+from pipeline.storage import write
+from pipeline.storage.store import open_store_group
+from pipeline.streaming import chunks as chunks_mod
+from pipeline.streaming.chunks import ChunkReader, MapCache, _check_block_starts
+
+
+def _count_getitem(monkeypatch):
+    """Calls of blosc_getitem (the block-at-a-time path), counted."""
+    calls = [0]
+    real = chunks_mod.BLOSC_GETITEM
+
+    def counted(*args):
+        calls[0] += 1
+        return real(*args)
+
+    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", counted)
+    return calls
+
+
+def _blocksize(arr_path):
+    """The blosc block size written in the first chunk's header."""
+    raw = (arr_path / "c" / "0" / "0" / "0").read_bytes()[:16] if (arr_path / "c" / "0" / "0").is_dir() \
+        else (arr_path / "c" / "0" / "0").read_bytes()[:16]
+    return int.from_bytes(raw[8:12], "little")
+
+
+def _scatter_equals_zarr(reader, arr, rng, pieces=4):
+    """Scatter random row ranges of every chunk to random places; compare with zarr."""
+    c = int(arr.chunks[0])
+    for i in range(reader.n_chunks):
+        want_chunk = arr[i * c : (i + 1) * c]
+        n = want_chunk.shape[0]
+        for lo, hi in [(0, n)] + [tuple(sorted(rng.choice(n + 1, 2, replace=False))) for _ in range(pieces)]:
+            out = np.full((2 * n,) + want_chunk.shape[1:], -1, dtype=want_chunk.dtype)
+            rows = rng.choice(2 * n, hi - lo, replace=False)
+            reader.scatter(i, lo, hi, out, rows)
+            want = np.full_like(out, -1)
+            want[rows] = want_chunk[lo:hi]
+            np.testing.assert_array_equal(out, want, err_msg=f"chunk {i}, rows {lo}-{hi}")
+
+
+def test_numcodecs_exports_blosc_getitem():
+    # The fast path depends on it; if a numcodecs release hides the symbol, this says so
+    # (the stream then decodes whole chunks, still correct, about 1.2x slower).
+    assert chunks_mod.BLOSC_GETITEM is not None
+
+
+# (codec, tail, blocksize, path): rows tile blocks, blocks tile rows, or neither.
+GEOMETRIES = {
+    "lz4-rows-in-blocks": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=400), (5, 2), "blocks"),
+    "zstd-bitshuffle-rows-in-blocks": (BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle", blocksize=800),
+                                       (5, 2), "blocks"),
+    # (blosc enlarges lz4's blocks to 64 KB when it splits them; zstd's it keeps)
+    "zstd-blocks-in-rows": (BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", blocksize=1024), (16, 32), "blocks"),
+    "blosclz-noshuffle-one-block": (BloscCodec(cname="blosclz", clevel=5, shuffle="noshuffle"), (3,), "blocks"),
+    "uncompressed-frame": (BloscCodec(cname="lz4", clevel=0, shuffle="noshuffle"), (7,), "blocks"),
+    "rows-straddle-blocks": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=256), (5, 2), "whole"),
+    "zstd": (ZstdCodec(level=3), (5, 2), "whole"),
+    "none": (None, (5, 2), "whole"),
+}
+
+
+@pytest.mark.parametrize("mapped", [False, True])
+@pytest.mark.parametrize("shards", [False, True])
+@pytest.mark.parametrize("geometry", list(GEOMETRIES))
+def test_scatter_equals_zarr_for_codecs_block_geometries_and_shards(tmp_path, monkeypatch, geometry, shards, mapped):
+    codec, tail, path = GEOMETRIES[geometry]
+    rng = np.random.default_rng(3)
+    data = (rng.standard_normal((107,) + tail) * 50).astype(np.float32)
+    data[:, ..., 0] = np.arange(107)[:, None] if len(tail) > 1 else np.arange(107)  # compressible too
+    arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(20,) + tail,
+                            shards=(60,) + tail if shards else None, dtype="float32",
+                            compressors=[codec] if codec is not None else [])
+    arr[:] = data
+    calls = _count_getitem(monkeypatch)
+    reader = ChunkReader(arr, ("a.zarr", "train", "x"), maps=MapCache() if mapped else None)
+    _scatter_equals_zarr(reader, arr, rng)
+    assert (calls[0] > 0) == (path == "blocks")
+
+
+@pytest.mark.parametrize("geometry", ["lz4-rows-in-blocks", "zstd-blocks-in-rows"])
+def test_scatter_decodes_only_the_blocks_of_the_rows_asked_for(tmp_path, monkeypatch, geometry):
+    codec, tail, _ = GEOMETRIES[geometry]
+    data = np.random.default_rng(0).standard_normal((40,) + tail).astype(np.float32)
+    arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(40,) + tail, dtype="float32",
+                            compressors=[codec])
+    arr[:] = data
+    calls = _count_getitem(monkeypatch)
+    reader = ChunkReader(arr, ("a.zarr", "train", "x"))
+    out = np.zeros((3,) + tail, np.float32)
+    reader.scatter(0, 11, 14, out, np.array([2, 0, 1]))  # 3 rows, inside one block (or 3 rows of blocks)
+    np.testing.assert_array_equal(out, data[[12, 13, 11]])
+    row_bytes = 4 * int(np.prod(tail))
+    block = _blocksize(tmp_path / "a.zarr")
+    if geometry == "lz4-rows-in-blocks":  # blocks of 10 rows: rows 11-13 are in block 1
+        assert block == 10 * row_bytes and calls[0] == 1
+    else:  # a row is 2 blocks: one call per row, each decoding that row's 2 blocks
+        assert row_bytes == 2 * block and calls[0] == 3
+
+
+@pytest.fixture(scope="module")
+def multiblock(tmp_path_factory):
+    """Chunks of 30 rows of 40 bytes in blocks of 10 rows, the last chunk short."""
+    path = tmp_path_factory.mktemp("scatter") / "m.zarr"
+    data = np.random.default_rng(5).standard_normal((83, 10)).astype(np.float32)
+    arr = zarr.create_array(str(path), shape=data.shape, chunks=(30, 10), dtype="float32",
+                            compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=400)])
+    arr[:] = data
+    return ChunkReader(arr, ("m.zarr", "train", "x"), maps=MapCache()), data
+
+
+@settings(max_examples=150, deadline=None)
+@given(chunk=st.integers(0, 2), bounds=st.tuples(st.integers(0, 30), st.integers(0, 30)), seed=st.integers(0, 2**16))
+def test_any_row_range_scattered_anywhere_equals_the_decoded_chunk(multiblock, chunk, bounds, seed):
+    reader, data = multiblock
+    n = reader.length(chunk)
+    lo, hi = sorted(min(b, n) for b in bounds)
+    rng = np.random.default_rng(seed)
+    out = np.full((n + 5, 10), np.nan, np.float32)
+    rows = rng.choice(n + 5, hi - lo, replace=False)
+    reader.scatter(chunk, lo, hi, out, rows)
+    want = np.full_like(out, np.nan)
+    want[rows] = data[chunk * 30 + lo : chunk * 30 + hi]
+    np.testing.assert_array_equal(out, want)
+
+
+def test_without_blosc_getitem_chunks_are_decoded_whole_with_the_same_result(multiblock, monkeypatch):
+    reader, data = multiblock
+    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", None)
+    out = np.zeros((30, 10), np.float32)
+    rows = np.random.default_rng(1).permutation(30)
+    reader.scatter(1, 0, 30, out, rows)
+    np.testing.assert_array_equal(out[rows], data[30:60])
+
+
+def test_stream_batches_are_the_same_with_and_without_blosc_getitem(tmp_path, monkeypatch):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((700, 8, 4)).astype(np.float32)
+    path = write(tmp_path / "s.zarr", {"x": x, "y": np.arange(700)}, chunk_samples=64, progress=False)
+    fast = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
+    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", None)
+    whole = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
+    assert len(fast) == len(whole) == 14
+    for (xa, ya), (xb, yb) in zip(fast, whole):
+        np.testing.assert_array_equal(ya, yb)
+        np.testing.assert_array_equal(xa, xb)
+        np.testing.assert_array_equal(xa, x[ya])
+
+
+@pytest.mark.parametrize("damage", ["garbage", "truncated", "empty", "block-offset", "decoded-size"])
+def test_damaged_chunks_scattered_are_corrupt_chunk_errors_naming_where(tmp_path, damage):
+    y = np.arange(200, dtype=np.int64)
+    x = np.repeat(y[:, None].astype(np.float32), 6, axis=1)
+    path = write(tmp_path / "c.zarr", {"x": x, "y": y}, chunk_samples=40, progress=False)
+    chunk = tmp_path / "c.zarr" / "train" / "x" / "c" / "3" / "0"
+    raw = bytearray(chunk.read_bytes())
+    if damage == "block-offset":  # the first block's offset points past the frame's end
+        raw[16:20] = (len(raw) + 1000).to_bytes(4, "little")
+    elif damage == "decoded-size":  # a valid-looking header for a chunk of another size
+        raw[4:8] = (int.from_bytes(raw[4:8], "little") // 2).to_bytes(4, "little")
+    else:
+        raw = {"garbage": b"\x02\x01garbage!" * 13, "truncated": raw[: len(raw) // 2 + 1], "empty": b""}[damage]
+    chunk.write_bytes(bytes(raw))
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=MapCache())
+    out = np.zeros((40, 6), np.float32)
+    reader.scatter(2, 0, 40, out, np.arange(40)[::-1])  # neighbours still read
+    np.testing.assert_array_equal(out, x[80:120][::-1])
+    with pytest.raises(CorruptChunkError) as info:
+        reader.scatter(3, 0, 40, out, np.arange(40))
+    err = info.value
+    assert (err.split, err.array, err.index) == ("train", "x", 3)
+    assert "train/x chunk 3" in str(err) and path in str(err)
+
+
+def test_block_offsets_outside_the_frame_are_refused():
+    frame = np.zeros(16 + 4 * 3 + 100, np.uint8)
+    starts = frame[16:28].view("<i4")
+    starts[:] = [28, 60, 90]
+    _check_block_starts(frame, 0, 3 * 64, 64)  # inside: fine
+    for bad in ([27, 60, 90], [28, 60, 128], [28, -5, 90]):
+        starts[:] = bad
+        with pytest.raises(ValueError, match="block offsets point outside"):
+            _check_block_starts(frame, 0, 3 * 64, 64)
+    with pytest.raises(ValueError, match="too short"):
+        _check_block_starts(frame[:20], 0, 3 * 64, 64)
+    with pytest.raises(ValueError, match="uncompressed blosc frame"):
+        _check_block_starts(frame[:50], 0x2, 3 * 64, 64)
+
+
+def test_verified_scatter_catches_a_chunk_that_decodes_to_the_wrong_bytes(tmp_path):
+    y = np.arange(400)
+    x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)
+    path = write(tmp_path / "v.zarr", {"x": x, "y": y}, chunk_samples=50, progress=False)  # blosc
+    base = tmp_path / "v.zarr" / "train" / "x" / "c"
+    (base / "3" / "0").write_bytes((base / "2" / "0").read_bytes())  # a valid chunk, in the wrong place
+    assert sum(len(b) for _, b in pipeline.stream(path, batch_size=40)) == 400  # undetectable unverified
+    with pytest.raises(CorruptChunkError, match=r"train/x chunk 3: checksum mismatch"):
+        for _ in pipeline.stream(path, batch_size=40, verify=True):
+            pass
