@@ -91,24 +91,46 @@ def test_scatter_equals_zarr_for_codecs_block_geometries_and_shards(tmp_path, mo
     assert (calls[0] > 0) == (path == "blocks")
 
 
+def _recording_getitem(monkeypatch):
+    """The (first item, items) of every blosc_getitem call."""
+    calls = []
+    real = chunks_mod.BLOSC_GETITEM
+
+    def recorded(src, start, nitems, dest):
+        calls.append((start, nitems))
+        return real(src, start, nitems, dest)
+
+    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", recorded)
+    return calls
+
+
 @pytest.mark.parametrize("geometry", ["lz4-rows-in-blocks", "zstd-blocks-in-rows"])
-def test_scatter_decodes_only_the_blocks_of_the_rows_asked_for(tmp_path, monkeypatch, geometry):
+@pytest.mark.parametrize("span_blocks", [1, 2, 64])
+def test_scatter_decodes_the_rows_asked_for_in_calls_of_whole_blocks(tmp_path, monkeypatch, geometry, span_blocks):
     codec, tail, _ = GEOMETRIES[geometry]
     data = np.random.default_rng(0).standard_normal((40,) + tail).astype(np.float32)
     arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(40,) + tail, dtype="float32",
                             compressors=[codec])
     arr[:] = data
-    calls = _count_getitem(monkeypatch)
-    reader = ChunkReader(arr, ("a.zarr", "train", "x"))
-    out = np.zeros((3,) + tail, np.float32)
-    reader.scatter(0, 11, 14, out, np.array([2, 0, 1]))  # 3 rows, inside one block (or 3 rows of blocks)
-    np.testing.assert_array_equal(out, data[[12, 13, 11]])
     row_bytes = 4 * int(np.prod(tail))
     block = _blocksize(tmp_path / "a.zarr")
-    if geometry == "lz4-rows-in-blocks":  # blocks of 10 rows: rows 11-13 are in block 1
-        assert block == 10 * row_bytes and calls[0] == 1
-    else:  # a row is 2 blocks: one call per row, each decoding that row's 2 blocks
-        assert row_bytes == 2 * block and calls[0] == 3
+    # blocks of 10 rows, or rows of 2 blocks: the two ways rows and blocks tile
+    assert block == 10 * row_bytes if geometry == "lz4-rows-in-blocks" else row_bytes == 2 * block
+    monkeypatch.setattr(chunks_mod, "SCATTER_BYTES", span_blocks * block)
+    calls = _recording_getitem(monkeypatch)
+    reader = ChunkReader(arr, ("a.zarr", "train", "x"))
+    out = np.zeros((26,) + tail, np.float32)
+    rows = np.random.default_rng(1).permutation(26)
+    reader.scatter(0, 7, 33, out, rows)
+    np.testing.assert_array_equal(out[rows], data[7:33])
+    items = row_bytes // 4
+    # the calls cover exactly rows 7-32, one after another ...
+    assert calls[0][0] == 7 * items and sum(n for _, n in calls) == 26 * items
+    assert all(a + n == b for (a, n), (b, _) in zip(calls, calls[1:]))
+    # ... each within one span of whole blocks (rows, when a row is more than a span)
+    span_rows = max(1, max(block, span_blocks * block) // row_bytes)
+    assert all(a // items // span_rows == (a + n - 1) // items // span_rows for a, n in calls)
+    assert len(calls) == len({a // items // span_rows for a, _ in calls}) == len(range(7 // span_rows, 32 // span_rows + 1))
 
 
 @pytest.fixture(scope="module")
