@@ -1,5 +1,9 @@
 """Batch memory that is reused once nobody holds the batch any more.
 
+Most batches need none: they are views of a group's buffer (see
+:mod:`~pipeline.streaming.groups`). These slabs hold the batches that are copied: one
+spanning two groups, and batches of windows assembled while streaming.
+
 A new batch of a few hundred KB to a few MB per step is filled by the stream's
 producer thread and dropped by the training loop's thread. glibc gives such blocks of a
 thread's own arena back to the kernel when they are freed from another thread's side,

@@ -5,11 +5,19 @@ Instead the chunk order is permuted every epoch, ``buffer_chunks`` chunks are re
 together and their samples mixed in memory, and the next group of chunks is read in
 background threads while the current group's batches are served.
 
+Why batches cost no copy: a group's mixing is known before it is read, so each read
+decodes its samples straight to their mixed places in the group's buffer
+(:meth:`~pipeline.streaming.chunks.ChunkReader.scatter`), and a batch is a run of that
+buffer, handed out as a view. Decoding chunks in order and then gathering each batch
+from them wrote every sample twice and read it once more: measured on 2 cores, the
+stream went from 0.79-0.87x of the raw decode limit to 0.97-1.00x.
+
 The ``buffer_chunks`` trade-off: a batch drawn from a buffer of ``k`` chunks mixes
 samples of up to ``k`` chunks, so larger buffers decorrelate batches better (the quality
 report's mean distinct chunks per batch grows with ``k``), at the price of
-``(2 + prefetch) * k`` chunks in memory (the group being served, ``prefetch`` groups
-being read, and near an epoch's end the next epoch's first). With 4 MiB chunks and the
+``(3 + prefetch) * k`` chunks in memory (the group being served, the one before it
+while its last batches wait in the queue to the training loop, ``prefetch`` groups being
+read, and near an epoch's end the next epoch's first). With 4 MiB chunks and the
 default ``prefetch=2``, ``buffer_chunks=8`` costs about 128 MiB.
 
 Why two groups ahead: the read threads then always have the next group's chunks queued
@@ -17,16 +25,17 @@ behind the current group's, and never wait for a group's slowest chunk. On the 2
 machine measured, one group ahead left a core idle about a tenth of the time and
 streamed 0.72x the raw decode limit; two ahead, 0.83x (9 side-by-side runs).
 
-Why the read threads run nicer than the rest (``read_niceness=5``): on 2 cores the two
-decoding threads and the thread mixing batches are three busy threads, and the
-scheduler shares the cores equally between them. The mixing then fell behind while the
-next two groups were decoded, and ran alone afterwards: one core idled 10-15% of the
-time. With the reads at lower priority the mixing and the training loop get a core as
-soon as they want one, and the reads take the rest (1.87 instead of 1.75 cores busy).
+Why the read threads run nicer than the rest (``read_niceness=5``): reading ahead is
+background work, and the training loop (and the thread that hands it batches, and
+assembles virtual windows) must get a core as soon as it wants one. Measured on 2
+cores when batches were still gathered by that thread: with three busy threads at
+equal priority one core idled 10-15% of the time; with the reads at niceness 5, 1.87
+instead of 1.75 cores were busy.
 
 Where the pieces live: :mod:`~pipeline.streaming.plan` computes who serves what,
 :mod:`~pipeline.streaming.sources` reads chunks, :mod:`~pipeline.streaming.groups` loads
-and recycles group buffers, :mod:`~pipeline.streaming.batches` recycles batch memory;
+and recycles group buffers, :mod:`~pipeline.streaming.batches` recycles the memory of
+batches that span two groups or are assembled;
 this module runs the epoch and hands batches to the training loop.
 """
 
@@ -215,9 +224,10 @@ class Stream:
                     ) -> Iterator[tuple[np.ndarray, ...]]:
         """Batches of one DataLoader worker's share (all of them for ``0, 1``).
 
-        Batches are assembled by a background thread into a short queue, so the
-        consumer's ``next()`` only takes a ready batch: the gather that mixes samples
-        overlaps the training step instead of adding to it. With ``read_ahead``, the
+        Batches are cut by a background thread into a short queue, so the consumer's
+        ``next()`` only takes a ready batch: waiting for a group's reads, copying the
+        batch that spans two groups and assembling virtual windows overlap the
+        training step instead of adding to it. With ``read_ahead``, the
         next epoch's first group is read while this epoch's last group is served
         (``epoch + 1``, or the same epoch again when the previous iteration repeated its
         epoch), so the next epoch starts without waiting for its first chunks.
@@ -313,8 +323,8 @@ class Stream:
             pending: deque[tuple[Future, list[Group]]] = deque()
             try:
                 for size in sizes:
-                    # A batch is one gather from the mixed group (two when it spans groups):
-                    # the only copy of the data after decoding.
+                    # A batch is a run of a mixed group's buffer (two runs, copied, when it
+                    # spans groups).
                     parts: list[tuple[Group, int, int]] = []  # (group, from, to) of its mixed order
                     finished: list[Group] = []
                     start_next: list[int] = []  # groups whose successors start loading after this batch
@@ -520,7 +530,7 @@ def stream(
         Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
     buffer_chunks
         Chunks whose samples are mixed together (memory: about
-        ``(2 + prefetch) * buffer_chunks`` chunks).
+        ``(3 + prefetch) * buffer_chunks`` chunks).
     drop_last
         Drop each rank's incomplete last batch.
     rank, world_size
