@@ -168,11 +168,16 @@ def test_without_blosc_getitem_chunks_are_decoded_whole_with_the_same_result(mul
     np.testing.assert_array_equal(out[rows], data[30:60])
 
 
-def test_stream_batches_are_the_same_with_and_without_blosc_getitem(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, shard_chunks", [("s.zarr", None), ("s.zarr.zip", None), ("s.zarr", 3),
+                                                ("s.zarr.zip", 3)])
+def test_stream_batches_are_the_same_with_and_without_blosc_getitem(tmp_path, monkeypatch, name, shard_chunks):
     rng = np.random.default_rng(2)
     x = rng.standard_normal((700, 8, 4)).astype(np.float32)
-    path = write(tmp_path / "s.zarr", {"x": x, "y": np.arange(700)}, chunk_samples=64, progress=False)
+    path = write(tmp_path / name, {"x": x, "y": np.arange(700)}, chunk_samples=64, shard_chunks=shard_chunks,
+                 progress=False)
+    calls = _count_getitem(monkeypatch)
     fast = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
+    assert calls[0] >= 2 * 11  # every chunk of x and y decoded a few blocks at a time
     monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", None)
     whole = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
     assert len(fast) == len(whole) == 14
