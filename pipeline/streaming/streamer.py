@@ -23,7 +23,8 @@ default ``prefetch=2``, ``buffer_chunks=8`` costs about 128 MiB.
 Why two groups ahead: the read threads then always have the next group's chunks queued
 behind the current group's, and never wait for a group's slowest chunk. On the 2-core
 machine measured, one group ahead left a core idle about a tenth of the time and
-streamed 0.72x the raw decode limit; two ahead, 0.83x (9 side-by-side runs).
+streamed 0.72x the raw decode limit; two ahead, 0.83x (9 side-by-side runs; since
+batches are views, one ahead streams 0.95x as fast as two).
 
 Why the read threads run nicer than the rest (``read_niceness=5``): reading ahead is
 background work, and the training loop (and the thread that hands it batches, and
