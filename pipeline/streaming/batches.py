@@ -21,10 +21,28 @@ from __future__ import annotations
 
 import sys
 import threading
+from typing import Iterable
 
 import numpy as np
 
-__all__ = ["BatchSlabs"]
+__all__ = ["BatchSlabs", "unviewed"]
+
+
+def _refcounts(arrays: Iterable[np.ndarray]) -> list[int]:
+    return [sys.getrefcount(a) for a in arrays]
+
+
+#: What an array held by its container alone counts in :func:`_refcounts` on this
+#: interpreter: whether the loop's variable and getrefcount's own argument count differs
+#: between Python versions, so it is measured rather than assumed.
+_ALONE = _refcounts([np.empty(0)])[0]
+
+
+def unviewed(arrays: Iterable[np.ndarray]) -> bool:
+    """Whether nothing but their container references ``arrays``: no view of them (a
+    batch, a torch tensor sharing its memory) is alive anywhere, since a view holds its
+    base array."""
+    return all(n <= _ALONE for n in _refcounts(arrays))
 
 
 class BatchSlabs:
@@ -53,10 +71,8 @@ class BatchSlabs:
         if n > self.rows:
             return np.empty((n,) + self.tail, self.dtype)
         with self._lock:
-            for slab in self._slabs:
-                # References: the list, this loop's variable and getrefcount's argument.
-                # A third one is a batch view alive somewhere.
-                if sys.getrefcount(slab) <= 3:
+            for slab, refs in zip(self._slabs, _refcounts(self._slabs)):
+                if refs <= _ALONE:  # more is a batch view alive somewhere
                     return slab[:n]
             if len(self._slabs) < self.max_slabs:
                 self._slabs.append(np.empty((self.rows,) + self.tail, self.dtype))

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pipeline.streaming.batches import unviewed
 from pipeline.streaming.plan import WorkerPlan, group_permutation
 from pipeline.streaming.sources import read_part
 
@@ -94,7 +95,7 @@ class BufferPool:
         """A buffer given back that nothing views any more, or a new one."""
         with self._lock:
             for k, buffers in enumerate(self._free):
-                if _unviewed(buffers):
+                if unviewed(buffers.values()):
                     return self._free.pop(k)
         out = {}
         for n in self.names:
@@ -118,14 +119,8 @@ class BufferPool:
         unviewed ones are kept first. A dropped buffer still viewed lives as long as
         its views."""
         with self._lock:
-            self._free.sort(key=lambda b: not _unviewed(b))
+            self._free.sort(key=lambda b: not unviewed(b.values()))
             del self._free[self.keep :]
-
-
-def _unviewed(buffers: dict[str, np.ndarray]) -> bool:
-    """Whether nothing but ``buffers`` references its arrays: the dict, the loop's
-    variable and getrefcount's argument. A view (a batch) holds its base array."""
-    return all(sys.getrefcount(a) <= 3 for a in buffers.values())
 
 
 @dataclass(frozen=True, slots=True)

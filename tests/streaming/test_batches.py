@@ -60,3 +60,18 @@ def test_batches_dropped_by_the_loop_are_served_from_a_few_slabs(tmp_path):
         seen.append(yb.tolist())
     assert sorted(v for b in seen for v in b) == list(range(1000))
     assert s._slabs["x"].slabs < s.prefetch_batches + s.threads + 6
+
+
+def test_unviewed_sees_views_and_tensors_whatever_the_interpreter_counts():
+    from pipeline.streaming.batches import unviewed
+
+    held = {"x": np.zeros((4, 3)), "y": np.zeros(4)}
+    assert unviewed(held.values())
+    view = held["x"][1:3][0]  # a view of a view: numpy keeps the base it owns
+    assert not unviewed(held.values())
+    del view
+    assert unviewed(held.values())
+    t = torch.from_numpy(held["y"][2:])
+    assert not unviewed(held.values())
+    del t
+    assert unviewed(held.values())
