@@ -402,11 +402,11 @@ class ChunkReader:
 
         The same as ``out[rows] = self.read(i)[lo:hi]`` (row ``lo + k`` goes to
         ``out[rows[k]]``), without a decoded chunk in between where it can be avoided:
-        a blosc chunk whose blocks hold whole rows (or whose rows are whole blocks) is
-        decoded a few blocks at a time into a small buffer that stays in cache, with
-        c-blosc's ``blosc_getitem``, and only the blocks holding rows ``[lo, hi)`` are
-        decoded. Other chunks, and every chunk when checksums are verified (they are
-        over the whole decoded chunk), are decoded whole into a reused buffer first.
+        a blosc chunk is decoded a few blocks at a time into a small buffer that stays
+        in cache, with c-blosc's ``blosc_getitem``, and only the blocks holding rows
+        ``[lo, hi)`` are decoded. Other chunks, and every chunk when checksums are
+        verified (they are over the whole decoded chunk), are decoded whole into a
+        reused buffer first.
 
         Raises
         ------
@@ -438,8 +438,14 @@ class ChunkReader:
 
     def _scatter_blocks(self, i: int, raw: Any, lo: int, hi: int, out: np.ndarray, rows: np.ndarray) -> bool:
         """:meth:`scatter` from the chunk's bytes ``raw``, a few blosc blocks at a time;
-        False when its blocks and rows do not tile each other (the caller then decodes
-        the chunk whole)."""
+        False for a frame ``blosc_getitem`` does not read (the caller then decodes the
+        chunk whole).
+
+        Calls cover spans of whole blocks (:data:`SCATTER_BYTES`), so each block is
+        decoded once (``blosc_getitem`` decodes every block it touches). A row that
+        straddles the end of a span is carried: its first bytes are moved to the front
+        of the buffer, and the next call decodes the rest of it behind them.
+        """
         row_bytes = int(np.prod(self.tail_shape, dtype=np.int64)) * self.dtype.itemsize
         try:
             _check_blosc_frame(raw)
@@ -449,28 +455,35 @@ class ChunkReader:
             if nbytes != self.rows * row_bytes:
                 raise ValueError(f"the blosc header says {nbytes} decoded bytes, a chunk of this array holds "
                                  f"{self.rows * row_bytes}")
-            if head[0] > 2 or blocksize <= 0 or not typesize or row_bytes % typesize:
+            if head[0] > 2 or blocksize <= 0 or not typesize or row_bytes % typesize or blocksize % typesize:
                 return False  # not the blosc 1 frame blosc_getitem reads, or items split across rows
-            if blocksize % row_bytes and row_bytes % blocksize:
-                return False  # a row would straddle two blocks: some blocks decoded twice
             src = np.frombuffer(raw, dtype=np.uint8)
             _check_block_starts(src, flags, nbytes, blocksize)
-            # Rows per call: whole blocks, about SCATTER_BYTES of them, or one row of whole blocks.
-            per = max(1, max(blocksize, SCATTER_BYTES // blocksize * blocksize) // row_bytes)
-            items = row_bytes // typesize
-            block = self._arrays.get((per,) + self.tail_shape, self.dtype)
+            span = max(blocksize, SCATTER_BYTES // blocksize * blocksize)
+            buf = self._arrays.get((span + row_bytes,), np.dtype(np.uint8))
             try:
-                r0 = lo
-                while r0 < hi:
-                    r1 = min(hi, (r0 // per + 1) * per)  # the rows of r0's block, from r0
-                    want = (r1 - r0) * row_bytes
-                    got = BLOSC_GETITEM(src.ctypes.data, r0 * items, (r1 - r0) * items, block.ctypes.data)
-                    if got != want:
-                        raise ValueError(f"blosc could not decode rows {r0}-{r1} (it returned {got}, expected {want})")
-                    out[rows[r0 - lo : r1 - lo]] = block[: r1 - r0]
-                    r0 = r1
+                pos, end = lo * row_bytes, hi * row_bytes  # bytes of the chunk still to decode
+                carry = 0  # bytes of a row begun by the previous call, at the front of buf
+                done = 0  # rows placed
+                while pos < end:
+                    stop = min(end, (pos // span + 1) * span)
+                    got = BLOSC_GETITEM(src.ctypes.data, pos // typesize, (stop - pos) // typesize,
+                                        buf.ctypes.data + carry)
+                    if got != stop - pos:
+                        raise ValueError(f"blosc could not decode bytes {pos}-{stop} (it returned {got})")
+                    have = carry + stop - pos
+                    whole = have // row_bytes
+                    if whole:
+                        rows_now = buf[: whole * row_bytes].view(self.dtype).reshape((whole,) + self.tail_shape)
+                        out[rows[done : done + whole]] = rows_now
+                        done += whole
+                        carry = have - whole * row_bytes
+                        buf[:carry] = buf[whole * row_bytes : have]  # less than a row: no overlap
+                    else:
+                        carry = have
+                    pos = stop
             finally:
-                self._arrays.put(block)
+                self._arrays.put(buf)
                 del src  # a mapped chunk file can be unmapped once nothing views it
         except Exception as exc:  # noqa: BLE001 - any decode failure is a corrupt chunk
             store, split, name = self.where

@@ -58,7 +58,8 @@ def test_numcodecs_exports_blosc_getitem():
     assert chunks_mod.BLOSC_GETITEM is not None
 
 
-# (codec, tail, blocksize, path): rows tile blocks, blocks tile rows, or neither.
+# (codec, tail, path): rows tile blocks, blocks tile rows, or neither; "whole": decoded
+# whole, then scattered.
 GEOMETRIES = {
     "lz4-rows-in-blocks": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=400), (5, 2), "blocks"),
     "zstd-bitshuffle-rows-in-blocks": (BloscCodec(cname="zstd", clevel=3, shuffle="bitshuffle", blocksize=800),
@@ -67,7 +68,8 @@ GEOMETRIES = {
     "zstd-blocks-in-rows": (BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", blocksize=1024), (16, 32), "blocks"),
     "blosclz-noshuffle-one-block": (BloscCodec(cname="blosclz", clevel=5, shuffle="noshuffle"), (3,), "blocks"),
     "uncompressed-frame": (BloscCodec(cname="lz4", clevel=0, shuffle="noshuffle"), (7,), "blocks"),
-    "rows-straddle-blocks": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=256), (5, 2), "whole"),
+    "rows-straddle-blocks": (BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=256), (5, 2), "blocks"),
+    "rows-straddle-spans": (BloscCodec(cname="zstd", clevel=3, shuffle="shuffle", blocksize=1024), (9, 7), "blocks"),
     "zstd": (ZstdCodec(level=3), (5, 2), "whole"),
     "none": (None, (5, 2), "whole"),
 }
@@ -104,9 +106,9 @@ def _recording_getitem(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("geometry", ["lz4-rows-in-blocks", "zstd-blocks-in-rows"])
-@pytest.mark.parametrize("span_blocks", [1, 2, 64])
-def test_scatter_decodes_the_rows_asked_for_in_calls_of_whole_blocks(tmp_path, monkeypatch, geometry, span_blocks):
+@pytest.mark.parametrize("geometry", ["lz4-rows-in-blocks", "zstd-blocks-in-rows", "rows-straddle-spans"])
+@pytest.mark.parametrize("span_blocks", [1, 2, 3, 64])
+def test_scatter_decodes_the_rows_asked_for_in_spans_of_whole_blocks(tmp_path, monkeypatch, geometry, span_blocks):
     codec, tail, _ = GEOMETRIES[geometry]
     data = np.random.default_rng(0).standard_normal((40,) + tail).astype(np.float32)
     arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=data.shape, chunks=(40,) + tail, dtype="float32",
@@ -114,8 +116,9 @@ def test_scatter_decodes_the_rows_asked_for_in_calls_of_whole_blocks(tmp_path, m
     arr[:] = data
     row_bytes = 4 * int(np.prod(tail))
     block = _blocksize(tmp_path / "a.zarr")
-    # blocks of 10 rows, or rows of 2 blocks: the two ways rows and blocks tile
-    assert block == 10 * row_bytes if geometry == "lz4-rows-in-blocks" else row_bytes == 2 * block
+    # blocks of 10 rows, rows of 2 blocks, or rows that straddle blocks (252 B rows, 1 KB blocks)
+    assert {"lz4-rows-in-blocks": block == 10 * row_bytes, "zstd-blocks-in-rows": row_bytes == 2 * block,
+            "rows-straddle-spans": block % row_bytes and row_bytes % block}[geometry]
     monkeypatch.setattr(chunks_mod, "SCATTER_BYTES", span_blocks * block)
     calls = _recording_getitem(monkeypatch)
     reader = ChunkReader(arr, ("a.zarr", "train", "x"))
@@ -123,44 +126,57 @@ def test_scatter_decodes_the_rows_asked_for_in_calls_of_whole_blocks(tmp_path, m
     rows = np.random.default_rng(1).permutation(26)
     reader.scatter(0, 7, 33, out, rows)
     np.testing.assert_array_equal(out[rows], data[7:33])
-    items = row_bytes // 4
-    # the calls cover exactly rows 7-32, one after another ...
-    assert calls[0][0] == 7 * items and sum(n for _, n in calls) == 26 * items
-    assert all(a + n == b for (a, n), (b, _) in zip(calls, calls[1:]))
-    # ... each within one span of whole blocks (rows, when a row is more than a span)
-    span_rows = max(1, max(block, span_blocks * block) // row_bytes)
-    assert all(a // items // span_rows == (a + n - 1) // items // span_rows for a, n in calls)
-    assert len(calls) == len({a // items // span_rows for a, _ in calls}) == len(range(7 // span_rows, 32 // span_rows + 1))
+    # the calls decode exactly the bytes of rows 7-32, one after another ...
+    got = [(4 * a, 4 * (a + n)) for a, n in calls]  # items of 4 bytes -> bytes
+    assert got[0][0] == 7 * row_bytes and got[-1][1] == 33 * row_bytes
+    assert all(b == c for (_, b), (c, _) in zip(got, got[1:]))
+    # ... one call per span of whole blocks touched, so that each block is decoded once
+    span = span_blocks * block
+    assert all(a // span == (b - 1) // span for a, b in got)
+    assert len(got) == (33 * row_bytes - 1) // span - 7 * row_bytes // span + 1
 
 
 @pytest.fixture(scope="module")
 def multiblock(tmp_path_factory):
-    """Chunks of 30 rows of 40 bytes in blocks of 10 rows, the last chunk short."""
-    path = tmp_path_factory.mktemp("scatter") / "m.zarr"
+    """Chunks of 30 rows of 40 bytes, the last chunk short, in blosc blocks of 10 rows
+    (400 bytes) or of 256 bytes (rows straddle blocks)."""
     data = np.random.default_rng(5).standard_normal((83, 10)).astype(np.float32)
-    arr = zarr.create_array(str(path), shape=data.shape, chunks=(30, 10), dtype="float32",
-                            compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=400)])
-    arr[:] = data
-    return ChunkReader(arr, ("m.zarr", "train", "x"), maps=MapCache()), data
+    readers = {}
+    for block in (400, 256):
+        path = tmp_path_factory.mktemp("scatter") / f"m{block}.zarr"
+        arr = zarr.create_array(str(path), shape=data.shape, chunks=(30, 10), dtype="float32",
+                                compressors=[BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", blocksize=block)])
+        arr[:] = data
+        assert _blocksize(path) == block
+        readers[block] = ChunkReader(arr, (path.name, "train", "x"), maps=MapCache())
+    return readers, data
 
 
-@settings(max_examples=150, deadline=None)
-@given(chunk=st.integers(0, 2), bounds=st.tuples(st.integers(0, 30), st.integers(0, 30)), seed=st.integers(0, 2**16))
-def test_any_row_range_scattered_anywhere_equals_the_decoded_chunk(multiblock, chunk, bounds, seed):
-    reader, data = multiblock
+@settings(max_examples=200, deadline=None)
+@given(chunk=st.integers(0, 2), bounds=st.tuples(st.integers(0, 30), st.integers(0, 30)), seed=st.integers(0, 2**16),
+       block=st.sampled_from([400, 256]), span_blocks=st.sampled_from([1, 2, 3, 8192]))
+def test_any_row_range_scattered_anywhere_equals_the_decoded_chunk(multiblock, chunk, bounds, seed, block, span_blocks):
+    readers, data = multiblock
+    reader = readers[block]
     n = reader.length(chunk)
     lo, hi = sorted(min(b, n) for b in bounds)
     rng = np.random.default_rng(seed)
     out = np.full((n + 5, 10), np.nan, np.float32)
     rows = rng.choice(n + 5, hi - lo, replace=False)
-    reader.scatter(chunk, lo, hi, out, rows)
+    saved = chunks_mod.SCATTER_BYTES
+    chunks_mod.SCATTER_BYTES = span_blocks * block  # spans of 1, 2, 3 blocks: rows carried across calls
+    try:
+        reader.scatter(chunk, lo, hi, out, rows)
+    finally:
+        chunks_mod.SCATTER_BYTES = saved
     want = np.full_like(out, np.nan)
     want[rows] = data[chunk * 30 + lo : chunk * 30 + hi]
     np.testing.assert_array_equal(out, want)
 
 
 def test_without_blosc_getitem_chunks_are_decoded_whole_with_the_same_result(multiblock, monkeypatch):
-    reader, data = multiblock
+    readers, data = multiblock
+    reader = readers[400]
     monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", None)
     out = np.zeros((30, 10), np.float32)
     rows = np.random.default_rng(1).permutation(30)
