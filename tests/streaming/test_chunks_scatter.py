@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import zarr
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from zarr.codecs import BloscCodec, ZstdCodec
 
@@ -15,6 +15,30 @@ from pipeline.storage import write
 from pipeline.storage.store import open_store_group
 from pipeline.streaming import chunks as chunks_mod
 from pipeline.streaming.chunks import ChunkReader, MapCache, _check_block_starts
+
+
+@pytest.fixture(autouse=True)
+def blockwise_always(monkeypatch):
+    """The block path for chunks of any size (by default only for chunks of more than
+    16 MiB, which these tests do not need to write)."""
+    monkeypatch.setattr(chunks_mod, "BLOCKWISE_ABOVE", 0)
+
+
+def test_small_chunks_are_decoded_whole_by_default(tmp_path, monkeypatch):
+    monkeypatch.setattr(chunks_mod, "BLOCKWISE_ABOVE", 16 * 2**20)
+    calls = _count_getitem(monkeypatch)
+    x = np.random.default_rng(0).standard_normal((300, 64, 32)).astype(np.float32)  # one chunk of 2.3 MiB
+    path = write(tmp_path / "w.zarr", {"x": x, "y": np.arange(300)}, chunk_samples=300, progress=False)
+    reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"))
+    assert reader.n_chunks == 1
+    out = np.zeros_like(x)
+    reader.scatter(0, 0, 300, out, np.arange(300)[::-1])
+    np.testing.assert_array_equal(out[::-1], x)
+    assert calls[0] == 0
+    monkeypatch.setattr(chunks_mod, "BLOCKWISE_ABOVE", 2**20)  # the chunk is then large
+    reader.scatter(0, 0, 300, out, np.arange(300))
+    np.testing.assert_array_equal(out, x)
+    assert calls[0] > 0
 
 
 def _count_getitem(monkeypatch):
@@ -152,7 +176,7 @@ def multiblock(tmp_path_factory):
     return readers, data
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(chunk=st.integers(0, 2), bounds=st.tuples(st.integers(0, 30), st.integers(0, 30)), seed=st.integers(0, 2**16),
        block=st.sampled_from([400, 256]), span_blocks=st.sampled_from([1, 2, 3, 8192]))
 def test_any_row_range_scattered_anywhere_equals_the_decoded_chunk(multiblock, chunk, bounds, seed, block, span_blocks):
