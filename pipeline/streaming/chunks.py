@@ -12,9 +12,9 @@ encodings, chunks or shards split along other axes) falls back to zarr's own rea
 is always correct.
 
 :meth:`ChunkReader.scatter` decodes rows straight to scattered places (the streamer's
-mixed order). For large blosc chunks, a few blocks at a time (:data:`SCATTER_BYTES`, decoded into a
-buffer that stays in cache) with c-blosc's own ``blosc_getitem``, then their rows are
-copied to their places: every sample is written to memory once, where decoding a whole
+mixed order). For large blosc chunks, a few blocks at a time into a buffer that stays in
+cache, with c-blosc's own ``blosc_getitem`` (:mod:`~pipeline.streaming.blosc`), then
+their rows are copied to their places: every sample is written to memory once, where decoding a whole
 chunk and then mixing writes it twice and reads it once more. Measured on 2 cores,
 decoding and mixing this way ran 1.15-1.35x as fast as decoding chunks and then
 gathering batches from them.
@@ -22,11 +22,9 @@ gathering batches from them.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import threading
-from collections import OrderedDict
 from typing import Any
 
 import numcodecs
@@ -34,8 +32,10 @@ import numpy as np
 import zarr
 
 from pipeline.errors import CorruptChunkError
+from pipeline.streaming import blosc
+from pipeline.streaming.maps import MapCache
 
-__all__ = ["BLOSC_GETITEM", "ArrayPool", "ChunkReader", "MapCache", "default_map_budget"]
+__all__ = ["ArrayPool", "ChunkReader"]
 
 #: Offset and length of an inner chunk that was never written (zarr's sharding spec).
 _EMPTY = 2**64 - 1
@@ -43,122 +43,6 @@ _EMPTY = 2**64 - 1
 _MAX_SCRATCH = 64 * 2**20
 #: Read buffers kept between reads: one per read thread is enough.
 _MAX_FREE_SCRATCH = 8
-#: Decoded chunk size above which ChunkReader.scatter decodes blosc chunks a span of
-#: blocks at a time. A smaller chunk is decoded whole into a reused buffer that stays in
-#: cache while its rows are copied out, which costs less than the calls (and the copy
-#: blosc_getitem makes of each block). Measured on 2 cores (32 MB of L3), decoding
-#: whole against by spans: 4 MB chunks 1.04x and 1.18x (highly compressible), 16 MB
-#: 0.99x, 32 MB 0.87-0.89x.
-BLOCKWISE_ABOVE = 16 * 2**20
-#: Bytes decoded per blosc_getitem call by ChunkReader.scatter (whole blocks). Each call
-#: and each copy of its rows to their places is a round of the GIL between the read
-#: threads and the loop; measured on 2 cores with 512 KB blocks: 2 MB per call streamed
-#: 1.06-1.12x as fast as one block per call (fewer rounds), 8 MB 0.93x (out of cache).
-SCATTER_BYTES = 2 * 1024 * 1024
-#: Blosc header flag: the chunk is stored uncompressed, without block starts.
-_BLOSC_MEMCPYED = 0x2
-
-
-def _load_blosc_getitem() -> Any:
-    """c-blosc's ``blosc_getitem`` from the library numcodecs bundles, or None.
-
-    It decodes a range of items of a blosc frame, one block at a time, into a given
-    buffer. numcodecs does not wrap it, but its extension exports the C symbol (checked
-    by the tests); where a build hides it, :meth:`ChunkReader.scatter` decodes whole
-    chunks instead. ctypes releases the GIL for the call, as numcodecs does for decode.
-    """
-    try:
-        import numcodecs.blosc as nb
-
-        fn = ctypes.CDLL(nb.__file__).blosc_getitem
-    except (ImportError, OSError, AttributeError):  # pragma: no cover - depends on the build
-        return None
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-#: None where numcodecs' build does not export it (or to force whole-chunk decoding).
-BLOSC_GETITEM = _load_blosc_getitem()
-
-
-def default_map_budget() -> int:
-    """Bytes of chunk files a stream keeps mapped: a quarter of physical memory, at most
-    16 GiB. Mapped file pages are the page cache's own (nothing is copied), so the
-    budget bounds address space and page tables, not memory taken from the machine."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - not on Linux
-        physical = 8 << 30
-    return int(min(physical // 4, 16 << 30))
-
-
-class MapCache:
-    """Chunk files kept mapped from one read to the next, least recently used unmapped
-    past a budget of bytes.
-
-    Mapping a chunk file for every read and unmapping it after costs a page fault per
-    few pages, every epoch, and an unmap that interrupts the other cores (measured on 2
-    cores: 0.1 core-s of system time per GB read, a fifth of the stream's CPU). A file
-    kept mapped is faulted in once: later epochs read it with no system call at all.
-    Only for stores nothing writes to any more (a file truncated while mapped would end
-    the process with SIGBUS); a store overwritten while streamed is removed and written
-    anew, and the files already mapped keep serving the old bytes until the stream is
-    closed.
-    """
-
-    def __init__(self, budget: int | None = None, max_files: int = 16384):
-        self.budget = default_map_budget() if budget is None else int(budget)
-        # Each mapping is one kernel memory area, and a process may have only so many
-        # (vm.max_map_count, 65530 by default): a store of many small chunk files must
-        # not use them all up.
-        self.max_files = int(max_files)
-        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, path: str) -> mmap.mmap | None:
-        with self._lock:
-            m = self._maps.get(path)
-            if m is not None:
-                self._maps.move_to_end(path)
-            return m
-
-    def add(self, path: str, m: mmap.mmap) -> mmap.mmap:
-        """Keep ``m`` (or the mapping another thread kept first, closing ``m``) and
-        return the one kept."""
-        with self._lock:
-            kept = self._maps.get(path)
-            if kept is None:
-                self._maps[path] = kept = m
-                self._bytes += len(m)
-                while (self._bytes > self.budget or len(self._maps) > self.max_files) and len(self._maps) > 1:
-                    _, old = self._maps.popitem(last=False)
-                    self._bytes -= len(old)
-                    _close_map(old)
-        if kept is not m:
-            _close_map(m)
-        return kept
-
-    @property
-    def mapped_bytes(self) -> int:
-        return self._bytes
-
-    def clear(self) -> None:
-        """Unmap everything (a read in progress keeps its mapping until it is done)."""
-        with self._lock:
-            maps, self._maps, self._bytes = list(self._maps.values()), OrderedDict(), 0
-        for m in maps:
-            _close_map(m)
-
-
-def _close_map(m: mmap.mmap) -> None:
-    try:
-        m.close()
-    except BufferError:  # a read still decodes from it: unmapped once that read lets go
-        pass
-
-
 class ChunkReader:
     """Reads chunk ``i`` (along axis 0) of one zarr array as a numpy array.
 
@@ -409,7 +293,8 @@ class ChunkReader:
 
         The same as ``out[rows] = self.read(i)[lo:hi]`` (row ``lo + k`` goes to
         ``out[rows[k]]``), without a decoded chunk in between where it can be avoided:
-        a blosc chunk of more than :data:`BLOCKWISE_ABOVE` bytes is decoded a few
+        a blosc chunk of more than :data:`~pipeline.streaming.blosc.BLOCKWISE_ABOVE`
+        bytes is decoded a few
         blocks at a time into a small buffer that stays in cache, with c-blosc's
         ``blosc_getitem``, and only the blocks holding rows ``[lo, hi)`` are decoded.
         Other chunks (small enough to stay in cache themselves), and every chunk when
@@ -430,11 +315,17 @@ class ChunkReader:
             return
         try:
             raw = self._fetch(i)
-            if (raw is not None and BLOSC_GETITEM is not None and isinstance(self._decoder, numcodecs.Blosc)
+            if (raw is not None and blosc.BLOSC_GETITEM is not None and isinstance(self._decoder, numcodecs.Blosc)
                     and not self._transposed and self.checksums is None
-                    and self.rows * int(np.prod(self.tail_shape)) * self.dtype.itemsize > BLOCKWISE_ABOVE
-                    and self._scatter_blocks(i, raw, lo, hi, out, rows)):
-                return
+                    and self.rows * int(np.prod(self.tail_shape)) * self.dtype.itemsize > blosc.BLOCKWISE_ABOVE):
+                try:
+                    done = blosc.scatter_blocks(raw, self.rows, self.tail_shape, self.dtype, lo, hi, out, rows,
+                                                self._arrays)
+                except Exception as exc:  # noqa: BLE001 - any decode failure is a corrupt chunk
+                    store, split, name = self.where
+                    raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
+                if done:
+                    return
             chunk = self._arrays.get((self.length(i),) + self.tail_shape, self.dtype)
             try:
                 self._decode(i, raw, chunk)
@@ -444,60 +335,6 @@ class ChunkReader:
                 self._arrays.put(chunk)
         finally:
             self._release_read_buffer()
-
-    def _scatter_blocks(self, i: int, raw: Any, lo: int, hi: int, out: np.ndarray, rows: np.ndarray) -> bool:
-        """:meth:`scatter` from the chunk's bytes ``raw``, a few blosc blocks at a time;
-        False for a frame ``blosc_getitem`` does not read (the caller then decodes the
-        chunk whole).
-
-        Calls cover spans of whole blocks (:data:`SCATTER_BYTES`), so each block is
-        decoded once (``blosc_getitem`` decodes every block it touches). A row that
-        straddles the end of a span is carried: its first bytes are moved to the front
-        of the buffer, and the next call decodes the rest of it behind them.
-        """
-        row_bytes = int(np.prod(self.tail_shape, dtype=np.int64)) * self.dtype.itemsize
-        try:
-            _check_blosc_frame(raw)
-            head = bytes(raw[:16])
-            flags, typesize = head[2], head[3]
-            nbytes, blocksize = int.from_bytes(head[4:8], "little"), int.from_bytes(head[8:12], "little")
-            if nbytes != self.rows * row_bytes:
-                raise ValueError(f"the blosc header says {nbytes} decoded bytes, a chunk of this array holds "
-                                 f"{self.rows * row_bytes}")
-            if head[0] > 2 or blocksize <= 0 or not typesize or row_bytes % typesize or blocksize % typesize:
-                return False  # not the blosc 1 frame blosc_getitem reads, or items split across rows
-            src = np.frombuffer(raw, dtype=np.uint8)
-            _check_block_starts(src, flags, nbytes, blocksize)
-            span = max(blocksize, SCATTER_BYTES // blocksize * blocksize)
-            buf = self._arrays.get((span + row_bytes,), np.dtype(np.uint8))
-            try:
-                pos, end = lo * row_bytes, hi * row_bytes  # bytes of the chunk still to decode
-                carry = 0  # bytes of a row begun by the previous call, at the front of buf
-                done = 0  # rows placed
-                while pos < end:
-                    stop = min(end, (pos // span + 1) * span)
-                    got = BLOSC_GETITEM(src.ctypes.data, pos // typesize, (stop - pos) // typesize,
-                                        buf.ctypes.data + carry)
-                    if got != stop - pos:
-                        raise ValueError(f"blosc could not decode bytes {pos}-{stop} (it returned {got})")
-                    have = carry + stop - pos
-                    whole = have // row_bytes
-                    if whole:
-                        rows_now = buf[: whole * row_bytes].view(self.dtype).reshape((whole,) + self.tail_shape)
-                        out[rows[done : done + whole]] = rows_now
-                        done += whole
-                        carry = have - whole * row_bytes
-                        buf[:carry] = buf[whole * row_bytes : have]  # less than a row: no overlap
-                    else:
-                        carry = have
-                    pos = stop
-            finally:
-                self._arrays.put(buf)
-                del src  # a mapped chunk file can be unmapped once nothing views it
-        except Exception as exc:  # noqa: BLE001 - any decode failure is a corrupt chunk
-            store, split, name = self.where
-            raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
-        return True
 
     def _release_read_buffer(self) -> None:
         scratch = getattr(self._scratch, "buf", None)
@@ -531,7 +368,7 @@ class ChunkReader:
         full = (self.rows,) + self.tail_shape
         try:
             if isinstance(self._decoder, numcodecs.Blosc):
-                _check_blosc_frame(raw)
+                blosc.check_frame(raw)
             if self._transposed:
                 data = raw if isinstance(self._decoder, str) else self._decoder.decode(raw)
                 decoded = np.frombuffer(data, dtype=self.dtype)
@@ -555,24 +392,6 @@ class ChunkReader:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
         return out
-
-
-def _check_block_starts(src: np.ndarray, flags: int, nbytes: int, blocksize: int) -> None:
-    """Refuse a blosc frame whose block offsets point outside it.
-
-    c-blosc follows each block's offset without a bound (the whole-chunk decode does
-    too): a damaged offset would read beyond the frame, here a mapped file.
-    """
-    nblocks = -(-nbytes // blocksize)
-    if flags & _BLOSC_MEMCPYED:
-        if src.size < 16 + nbytes:
-            raise ValueError(f"an uncompressed blosc frame of {nbytes} bytes has only {src.size - 16}")
-        return
-    if src.size < 16 + 4 * nblocks:
-        raise ValueError(f"a blosc frame of {nblocks} blocks is {src.size} bytes, too short for their offsets")
-    starts = np.frombuffer(src, dtype="<i4", count=nblocks, offset=16)
-    if nblocks and (int(starts.min()) < 16 + 4 * nblocks or int(starts.max()) >= src.size):
-        raise ValueError(f"blosc block offsets point outside the frame of {src.size} bytes")
 
 
 class ArrayPool:
@@ -599,15 +418,3 @@ class ArrayPool:
                 self._free = self._free[1:] + [a]
 
 
-def _check_blosc_frame(raw: Any) -> None:
-    """Refuse a blosc frame whose header does not match its length.
-
-    numcodecs' blosc decoder trusts the compressed size in the frame's header and reads
-    that many bytes whatever the buffer holds: a truncated or empty chunk would decode
-    bytes beyond it (another chunk's, left in the read buffer) without an error.
-    """
-    if len(raw) < 16:
-        raise ValueError(f"a blosc frame has a 16-byte header, got {len(raw)} bytes")
-    cbytes = int.from_bytes(bytes(raw[12:16]), "little")
-    if cbytes != len(raw):
-        raise ValueError(f"the blosc header says {cbytes} compressed bytes, the chunk has {len(raw)}")

@@ -13,7 +13,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import IncompleteStoreError, StreamError
-from pipeline.streaming.chunks import ChunkReader, MapCache
+from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.maps import MapCache
 
 __all__ = ["ArraySource", "StoreSource", "read_part"]
 

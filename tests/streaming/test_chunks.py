@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -12,8 +13,8 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from pipeline.errors import CorruptChunkError
 from pipeline.storage import write
 from pipeline.storage.store import open_store_group
-from pipeline.streaming import chunks as chunks_mod
-from pipeline.streaming.chunks import ChunkReader, MapCache
+from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.maps import MapCache
 
 
 CODECS = {
@@ -386,8 +387,8 @@ def test_mapped_files_stay_mapped_from_one_read_to_the_next(tmp_path, monkeypatc
     maps = MapCache(budget=10 * size)
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
     made = []
-    real_mmap = chunks_mod.mmap.mmap
-    monkeypatch.setattr(chunks_mod.mmap, "mmap", lambda *a, **k: made.append(1) or real_mmap(*a, **k))
+    real_mmap = mmap.mmap
+    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: made.append(1) or real_mmap(*a, **k))
     for _ in range(3):
         np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
     assert len(made) == 3 and maps.mapped_bytes == 3 * size
@@ -430,7 +431,7 @@ def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
     def no_more_maps(*a, **k):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(chunks_mod.mmap, "mmap", no_more_maps)
+    monkeypatch.setattr(mmap, "mmap", no_more_maps)
     np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
     assert maps.mapped_bytes == 0
 

@@ -13,19 +13,21 @@ import pipeline
 from pipeline.errors import CorruptChunkError
 from pipeline.storage import write
 from pipeline.storage.store import open_store_group
-from pipeline.streaming import chunks as chunks_mod
-from pipeline.streaming.chunks import ChunkReader, MapCache, _check_block_starts
+from pipeline.streaming import blosc as blosc_mod
+from pipeline.streaming.blosc import check_block_starts
+from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.maps import MapCache
 
 
 @pytest.fixture(autouse=True)
 def blockwise_always(monkeypatch):
     """The block path for chunks of any size (by default only for chunks of more than
     16 MiB, which these tests do not need to write)."""
-    monkeypatch.setattr(chunks_mod, "BLOCKWISE_ABOVE", 0)
+    monkeypatch.setattr(blosc_mod, "BLOCKWISE_ABOVE", 0)
 
 
 def test_small_chunks_are_decoded_whole_by_default(tmp_path, monkeypatch):
-    monkeypatch.setattr(chunks_mod, "BLOCKWISE_ABOVE", 16 * 2**20)
+    monkeypatch.setattr(blosc_mod, "BLOCKWISE_ABOVE", 16 * 2**20)
     calls = _count_getitem(monkeypatch)
     x = np.random.default_rng(0).standard_normal((300, 64, 32)).astype(np.float32)  # one chunk of 2.3 MiB
     path = write(tmp_path / "w.zarr", {"x": x, "y": np.arange(300)}, chunk_samples=300, progress=False)
@@ -35,7 +37,7 @@ def test_small_chunks_are_decoded_whole_by_default(tmp_path, monkeypatch):
     reader.scatter(0, 0, 300, out, np.arange(300)[::-1])
     np.testing.assert_array_equal(out[::-1], x)
     assert calls[0] == 0
-    monkeypatch.setattr(chunks_mod, "BLOCKWISE_ABOVE", 2**20)  # the chunk is then large
+    monkeypatch.setattr(blosc_mod, "BLOCKWISE_ABOVE", 2**20)  # the chunk is then large
     reader.scatter(0, 0, 300, out, np.arange(300))
     np.testing.assert_array_equal(out, x)
     assert calls[0] > 0
@@ -44,13 +46,13 @@ def test_small_chunks_are_decoded_whole_by_default(tmp_path, monkeypatch):
 def _count_getitem(monkeypatch):
     """Calls of blosc_getitem (the block-at-a-time path), counted."""
     calls = [0]
-    real = chunks_mod.BLOSC_GETITEM
+    real = blosc_mod.BLOSC_GETITEM
 
     def counted(*args):
         calls[0] += 1
         return real(*args)
 
-    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", counted)
+    monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", counted)
     return calls
 
 
@@ -79,7 +81,7 @@ def _scatter_equals_zarr(reader, arr, rng, pieces=4):
 def test_numcodecs_exports_blosc_getitem():
     # The fast path depends on it; if a numcodecs release hides the symbol, this says so
     # (the stream then decodes whole chunks, still correct, about 1.2x slower).
-    assert chunks_mod.BLOSC_GETITEM is not None
+    assert blosc_mod.BLOSC_GETITEM is not None
 
 
 # (codec, tail, path): rows tile blocks, blocks tile rows, or neither; "whole": decoded
@@ -120,13 +122,13 @@ def test_scatter_equals_zarr_for_codecs_block_geometries_and_shards(tmp_path, mo
 def _recording_getitem(monkeypatch):
     """The (first item, items) of every blosc_getitem call."""
     calls = []
-    real = chunks_mod.BLOSC_GETITEM
+    real = blosc_mod.BLOSC_GETITEM
 
     def recorded(src, start, nitems, dest):
         calls.append((start, nitems))
         return real(src, start, nitems, dest)
 
-    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", recorded)
+    monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", recorded)
     return calls
 
 
@@ -143,7 +145,7 @@ def test_scatter_decodes_the_rows_asked_for_in_spans_of_whole_blocks(tmp_path, m
     # blocks of 10 rows, rows of 2 blocks, or rows that straddle blocks (252 B rows, 1 KB blocks)
     assert {"lz4-rows-in-blocks": block == 10 * row_bytes, "zstd-blocks-in-rows": row_bytes == 2 * block,
             "rows-straddle-spans": block % row_bytes and row_bytes % block}[geometry]
-    monkeypatch.setattr(chunks_mod, "SCATTER_BYTES", span_blocks * block)
+    monkeypatch.setattr(blosc_mod, "SCATTER_BYTES", span_blocks * block)
     calls = _recording_getitem(monkeypatch)
     reader = ChunkReader(arr, ("a.zarr", "train", "x"))
     out = np.zeros((26,) + tail, np.float32)
@@ -187,12 +189,12 @@ def test_any_row_range_scattered_anywhere_equals_the_decoded_chunk(multiblock, c
     rng = np.random.default_rng(seed)
     out = np.full((n + 5, 10), np.nan, np.float32)
     rows = rng.choice(n + 5, hi - lo, replace=False)
-    saved = chunks_mod.SCATTER_BYTES
-    chunks_mod.SCATTER_BYTES = span_blocks * block  # spans of 1, 2, 3 blocks: rows carried across calls
+    saved = blosc_mod.SCATTER_BYTES
+    blosc_mod.SCATTER_BYTES = span_blocks * block  # spans of 1, 2, 3 blocks: rows carried across calls
     try:
         reader.scatter(chunk, lo, hi, out, rows)
     finally:
-        chunks_mod.SCATTER_BYTES = saved
+        blosc_mod.SCATTER_BYTES = saved
     want = np.full_like(out, np.nan)
     want[rows] = data[chunk * 30 + lo : chunk * 30 + hi]
     np.testing.assert_array_equal(out, want)
@@ -201,7 +203,7 @@ def test_any_row_range_scattered_anywhere_equals_the_decoded_chunk(multiblock, c
 def test_without_blosc_getitem_chunks_are_decoded_whole_with_the_same_result(multiblock, monkeypatch):
     readers, data = multiblock
     reader = readers[400]
-    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", None)
+    monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", None)
     out = np.zeros((30, 10), np.float32)
     rows = np.random.default_rng(1).permutation(30)
     reader.scatter(1, 0, 30, out, rows)
@@ -218,7 +220,7 @@ def test_stream_batches_are_the_same_with_and_without_blosc_getitem(tmp_path, mo
     calls = _count_getitem(monkeypatch)
     fast = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
     assert calls[0] >= 2 * 11  # every chunk of x and y decoded a few blocks at a time
-    monkeypatch.setattr(chunks_mod, "BLOSC_GETITEM", None)
+    monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", None)
     whole = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
     assert len(fast) == len(whole) == 14
     for (xa, ya), (xb, yb) in zip(fast, whole):
@@ -256,15 +258,15 @@ def test_block_offsets_outside_the_frame_are_refused():
     frame = np.zeros(16 + 4 * 3 + 100, np.uint8)
     starts = frame[16:28].view("<i4")
     starts[:] = [28, 60, 90]
-    _check_block_starts(frame, 0, 3 * 64, 64)  # inside: fine
+    check_block_starts(frame, 0, 3 * 64, 64)  # inside: fine
     for bad in ([27, 60, 90], [28, 60, 128], [28, -5, 90]):
         starts[:] = bad
         with pytest.raises(ValueError, match="block offsets point outside"):
-            _check_block_starts(frame, 0, 3 * 64, 64)
+            check_block_starts(frame, 0, 3 * 64, 64)
     with pytest.raises(ValueError, match="too short"):
-        _check_block_starts(frame[:20], 0, 3 * 64, 64)
+        check_block_starts(frame[:20], 0, 3 * 64, 64)
     with pytest.raises(ValueError, match="uncompressed blosc frame"):
-        _check_block_starts(frame[:50], 0x2, 3 * 64, 64)
+        check_block_starts(frame[:50], 0x2, 3 * 64, 64)
 
 
 def test_verified_scatter_catches_a_chunk_that_decodes_to_the_wrong_bytes(tmp_path):
