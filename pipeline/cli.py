@@ -90,13 +90,15 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench",
         help="measure shuffled streaming throughput of a store",
-        description="Stream one epoch of a split with shuffling and print samples/s and GB/s.",
+        description="Stream epochs of a split with shuffling, back to back as a training loop runs them, and "
+        "print samples/s and GB/s per epoch, the median of the epochs after the first (which also allocates "
+        "the stream's buffers and maps its chunk files), and the shuffle quality.",
     )
     bench.add_argument("store", metavar="STORE", help="store path or URL")
     bench.add_argument("--split", default="train", help="split to stream (default train)")
     bench.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     bench.add_argument("--buffer-chunks", type=int, default=4, help="chunks mixed in memory (default 4)")
-    bench.add_argument("--epochs", type=int, default=1, help="epochs to time (default 1)")
+    bench.add_argument("--epochs", type=int, default=3, help="epochs to time (default 3)")
     return parser
 
 
@@ -148,22 +150,36 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    import statistics
+
     from pipeline.streaming import stream
 
-    s = stream(args.store, split=args.split, batch_size=args.batch_size, buffer_chunks=args.buffer_chunks)
-    for epoch in range(args.epochs):
-        s.set_epoch(epoch)
-        n = 0
-        nbytes = 0
-        t0 = time.perf_counter()
-        for batch in s:
-            n += len(batch[0])
-            nbytes += sum(b.nbytes for b in batch)
-        dt = time.perf_counter() - t0
-        print(
-            f"epoch {epoch}: {n:,} samples in {dt:.2f} s: {n / dt:,.0f} samples/s, "
-            f"{nbytes / dt / 1e9:.2f} GB/s decoded"
-        )
+    if args.epochs < 1:
+        print("pipeline bench: --epochs: expected a positive integer", file=sys.stderr)
+        return 2
+    rates: list[tuple[float, float]] = []
+    with stream(args.store, split=args.split, batch_size=args.batch_size, buffer_chunks=args.buffer_chunks) as s:
+        for epoch in range(args.epochs):
+            s.set_epoch(epoch)
+            n = 0
+            nbytes = 0
+            t0 = time.perf_counter()
+            for batch in s:
+                n += len(batch[0])
+                nbytes += sum(b.nbytes for b in batch)
+            dt = time.perf_counter() - t0
+            rates.append((n / dt, nbytes / dt / 1e9))
+            note = " (cold: allocates buffers, maps chunk files)" if epoch == 0 and args.epochs > 1 else ""
+            print(f"epoch {epoch}: {n:,} samples in {dt:.2f} s: {n / dt:,.0f} samples/s, "
+                  f"{nbytes / dt / 1e9:.2f} GB/s{note}")
+        quality = s.quality()
+    if len(rates) > 1:
+        warm = rates[1:]
+        print(f"after the first epoch: median {statistics.median(r for r, _ in warm):,.0f} samples/s, "
+              f"{statistics.median(g for _, g in warm):.2f} GB/s")
+    if quality:
+        print(f"shuffle quality: {quality['mean_distinct_chunks_per_batch']:.2f} distinct chunks per batch, "
+              f"Spearman(position, index) = {quality['spearman_position_vs_index']:+.3f}")
     return 0
 
 

@@ -89,3 +89,36 @@ def test_demo_data_is_seeded_and_time_ordered(tmp_path):
     bid = ta.column("bid_price_1").to_numpy()
     ask = ta.column("ask_price_1").to_numpy()
     assert (ask > bid).all()
+
+
+def test_bench_streams_every_sample_each_epoch_and_reports_the_warm_median(tmp_path):
+    import numpy as np
+
+    from pipeline.storage import write
+
+    n = 3000
+    x = np.random.default_rng(0).standard_normal((n, 8, 4)).astype(np.float32)
+    store = write(tmp_path / "b.zarr", {"x": x, "y": np.arange(n)}, chunk_samples=256, progress=False)
+    result = cli("bench", str(store), "--epochs", "3", "--batch-size", "100")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    epochs = [line for line in lines if line.startswith("epoch ")]
+    assert len(epochs) == 3 and all(f": {n:,} samples in " in line for line in epochs)
+    assert "cold" in epochs[0] and "cold" not in epochs[1]
+    assert any(line.startswith("after the first epoch: median ") for line in lines)
+    assert any(line.startswith("shuffle quality: ") for line in lines)
+
+
+@pytest.mark.parametrize(("args", "status", "message"), [
+    (["--epochs", "0"], 2, "pipeline bench: --epochs: expected a positive integer"),
+    (["--split", "nope"], 1, "no split 'nope'"),
+])
+def test_bench_errors_are_one_line(tmp_path, args, status, message):
+    import numpy as np
+
+    from pipeline.storage import write
+
+    store = write(tmp_path / "b.zarr", {"x": np.zeros((10, 2), np.float32), "y": np.arange(10)}, progress=False)
+    result = cli("bench", str(store), *args)
+    assert result.returncode == status
+    assert "Traceback" not in result.stderr and message in result.stderr.strip().splitlines()[-1]
