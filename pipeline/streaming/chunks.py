@@ -294,12 +294,11 @@ class ChunkReader:
         The same as ``out[rows] = self.read(i)[lo:hi]`` (row ``lo + k`` goes to
         ``out[rows[k]]``), without a decoded chunk in between where it can be avoided:
         a blosc chunk of more than :data:`~pipeline.streaming.blosc.BLOCKWISE_ABOVE`
-        bytes is decoded a few
-        blocks at a time into a small buffer that stays in cache, with c-blosc's
-        ``blosc_getitem``, and only the blocks holding rows ``[lo, hi)`` are decoded.
-        Other chunks (small enough to stay in cache themselves), and every chunk when
-        checksums are verified (they are over the whole decoded chunk), are decoded
-        whole into a reused buffer first.
+        bytes is decoded a few blocks at a time into a small buffer that stays in
+        cache, with c-blosc's ``blosc_getitem``, and only the blocks holding rows
+        ``[lo, hi)`` are decoded. Other chunks (small enough to stay in cache
+        themselves), and every chunk when checksums are verified (they are over the
+        whole decoded chunk), are decoded whole into a reused buffer first.
 
         Raises
         ------
