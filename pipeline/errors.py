@@ -18,6 +18,7 @@ __all__ = [
     "FormatMismatchError",
     "IncompleteStoreError",
     "InvalidValueError",
+    "KeptBatchesWarning",
     "LoaderError",
     "MissingColumnError",
     "MissingDependencyError",
@@ -185,3 +186,18 @@ class CorruptChunkError(StoreError):
 
 class StreamError(PipelineError):
     """A stream was configured inconsistently (arrays of different lengths, bad rank)."""
+
+
+class KeptBatchesWarning(UserWarning):
+    """Batches the training loop keeps hold more group buffers than a stream reuses.
+
+    A batch is a view of its group's buffer (no copy), so a kept batch keeps the whole
+    buffer from being reused, and the stream makes new ones meanwhile.
+    """
+
+    def __init__(self, buffers: int, nbytes: int):
+        super().__init__(
+            f"the stream has made {buffers} group buffers ({nbytes / 2**20:,.1f} MiB): batches kept by the "
+            "training loop hold them (a batch is a view of its group's buffer); copy the batches you keep "
+            "(np.copy(batch), tensor.clone()) to hold only their own samples"
+        )

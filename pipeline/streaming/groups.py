@@ -23,12 +23,14 @@ from __future__ import annotations
 import os
 import sys
 import threading
+import warnings
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
+from pipeline.errors import KeptBatchesWarning
 from pipeline.streaming.batches import unviewed
 from pipeline.streaming.plan import WorkerPlan, group_permutation
 from pipeline.streaming.sources import read_part
@@ -68,7 +70,8 @@ class BufferPool:
     buffer (no copy), so a buffer given back is handed out again only once no view of
     it is alive anywhere: a batch still queued for the training loop, or kept by it (in
     a list, as a torch tensor sharing its memory), keeps its buffer out of use, and a
-    new buffer is made meanwhile. Nothing a caller holds is ever overwritten.
+    new buffer is made meanwhile. Nothing a caller holds is ever overwritten. Past
+    twice ``keep`` buffers a :class:`~pipeline.errors.KeptBatchesWarning` says so, once.
 
     Parameters
     ----------
@@ -102,6 +105,9 @@ class BufferPool:
             tail, dtype = self.source.sample_shape(n)
             out[n] = np.empty((self.capacity,) + tuple(tail), dtype=dtype)
         self.made += 1
+        if self.made == 2 * self.keep + 1:  # once: the loop keeps batches, not the stream
+            warnings.warn(KeptBatchesWarning(self.made, self.made * sum(a.nbytes for a in out.values())),
+                          stacklevel=2)
         return out
 
     def put(self, buffers: dict[str, np.ndarray]) -> None:

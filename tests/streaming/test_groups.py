@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import threading
+import warnings
 
 import numpy as np
 import pytest
 
 import pipeline
-from pipeline.errors import CorruptChunkError, StreamError
+from pipeline.errors import CorruptChunkError, KeptBatchesWarning, StreamError
 from pipeline.streaming.groups import GroupLoader
 
 
@@ -187,9 +188,10 @@ def test_batches_held_by_the_loop_are_never_overwritten(tmp_path):
     path = make_store(tmp_path / "h.zarr", n=1000, chunk=64)
     s = pipeline.stream(path, batch_size=50, seed=4, buffer_chunks=2, prefetch=1)
     held = []
-    for epoch in range(3):  # later epochs would reuse the buffers if views did not hold them
-        s.set_epoch(epoch)
-        held += list(s)
+    with pytest.warns(KeptBatchesWarning, match=r"group buffers \(.* MiB\): batches kept by the training loop"):
+        for epoch in range(3):  # later epochs would reuse the buffers if views did not hold them
+            s.set_epoch(epoch)
+            held += list(s)
     assert len(held) == 3 * len(s)
     for xb, yb in held:  # x[i] = i in every cell: each batch still holds its own samples
         np.testing.assert_array_equal(xb, np.broadcast_to(yb[:, None, None].astype(np.float32), xb.shape))
@@ -215,10 +217,12 @@ def test_a_batch_kept_as_a_torch_tensor_keeps_its_buffer_out_of_use(store):
 
 def test_batches_dropped_by_the_loop_recycle_a_few_group_buffers(store):
     s = pipeline.stream(store, batch_size=50, seed=4, buffer_chunks=2, prefetch=2)
-    for epoch in range(4):
-        s.set_epoch(epoch)
-        for _ in s:
-            pass
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", KeptBatchesWarning)  # nothing kept: no warning
+        for epoch in range(4):
+            s.set_epoch(epoch)
+            for _ in s:
+                pass
     # the group served, the one before it (its last batches still queued), two loading
     # ahead and the next epoch's first: made once, then reused every epoch
     assert s._pool.made <= s.prefetch + 3

@@ -135,6 +135,7 @@ def odd_store(tmp_path_factory):
     return make_store(tmp_path_factory.mktemp("odd") / "o.zarr", n=1003, chunk=37)
 
 
+@pytest.mark.filterwarnings("ignore::pipeline.errors.KeptBatchesWarning")  # keeps every batch, on purpose
 @pytest.mark.parametrize("batch, buffer, prefetch", [(1 + 0, 1, 1), (29, 1, 0), (37, 2, 1), (64, 7, 2), (2000, 3, 1)])
 def test_odd_sizes_serve_every_sample_once_in_the_promised_batch_sizes(odd_store, batch, buffer, prefetch):
     s = pipeline.stream(odd_store, batch_size=batch, seed=11, buffer_chunks=buffer, prefetch=prefetch, threads=2)

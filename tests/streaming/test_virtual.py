@@ -79,6 +79,7 @@ def test_exactly_once_over_ranks_and_workers(stores):
     assert sum(counts.values()) == n
 
 
+@pytest.mark.filterwarnings("ignore::pipeline.errors.KeptBatchesWarning")  # keeps every batch, on purpose
 def test_resume_mid_epoch(stores):
     full = [y for _, y in pipeline.stream(stores[False], batch_size=50, seed=2)]
     s = pipeline.stream(stores[False], batch_size=50, seed=2)
