@@ -197,7 +197,7 @@ class KeptBatchesWarning(UserWarning):
 
     def __init__(self, buffers: int, nbytes: int):
         super().__init__(
-            f"the stream has made {buffers} group buffers ({nbytes / 2**20:,.1f} MiB): batches kept by the "
-            "training loop hold them (a batch is a view of its group's buffer); copy the batches you keep "
-            "(np.copy(batch), tensor.clone()) to hold only their own samples"
+            f"{buffers} group buffers ({nbytes / 2**20:,.1f} MiB) are held by batches kept by the training loop "
+            "(a batch is a view of its group's buffer), and the stream makes new ones; copy the batches you "
+            "keep (np.copy(batch), tensor.clone()) to hold only their own samples"
         )

@@ -86,6 +86,11 @@ class ChunkReader:
         self._scratch_lock = threading.Lock()
         self._arrays = ArrayPool()  # decoded chunks and blocks on their way to scatter()'s places
         self._decoder, self._root = self._plan()
+        self._chunk_bytes = self.rows * int(np.prod(self.tail_shape, dtype=np.int64)) * self.dtype.itemsize
+        # scatter() decodes blosc chunks by blocks when nothing needs the whole chunk:
+        # checksums cover whole chunks, and a transposed chunk is rows only once whole.
+        self._blockwise = isinstance(self._decoder, numcodecs.Blosc) and not self._transposed \
+            and self.checksums is None
 
     @property
     def n_chunks(self) -> int:
@@ -305,18 +310,10 @@ class ChunkReader:
         CorruptChunkError
             Naming the store, split, array and chunk, when the chunk cannot be decoded.
         """
-        if self._decoder is None:  # zarr's own read
-            chunk = self._arrays.get((self.length(i),) + self.tail_shape, self.dtype)
-            try:
-                out[rows] = self.read(i, chunk)[lo:hi]
-            finally:
-                self._arrays.put(chunk)
-            return
         try:
-            raw = self._fetch(i)
-            if (raw is not None and blosc.BLOSC_GETITEM is not None and isinstance(self._decoder, numcodecs.Blosc)
-                    and not self._transposed and self.checksums is None
-                    and self.rows * int(np.prod(self.tail_shape)) * self.dtype.itemsize > blosc.BLOCKWISE_ABOVE):
+            raw = None if self._decoder is None else self._fetch(i)
+            if (raw is not None and blosc.BLOSC_GETITEM is not None and self._blockwise
+                    and self._chunk_bytes > blosc.BLOCKWISE_ABOVE):
                 try:
                     done = blosc.scatter_blocks(raw, self.rows, self.tail_shape, self.dtype, lo, hi, out, rows,
                                                 self._arrays)
@@ -327,7 +324,10 @@ class ChunkReader:
                     return
             chunk = self._arrays.get((self.length(i),) + self.tail_shape, self.dtype)
             try:
-                self._decode(i, raw, chunk)
+                if self._decoder is None:  # zarr's own read
+                    self._read(i, chunk)
+                else:
+                    self._decode(i, raw, chunk)
                 self._verify(i, chunk)
                 out[rows] = chunk[lo:hi]
             finally:

@@ -70,8 +70,9 @@ class BufferPool:
     buffer (no copy), so a buffer given back is handed out again only once no view of
     it is alive anywhere: a batch still queued for the training loop, or kept by it (in
     a list, as a torch tensor sharing its memory), keeps its buffer out of use, and a
-    new buffer is made meanwhile. Nothing a caller holds is ever overwritten. Past
-    twice ``keep`` buffers a :class:`~pipeline.errors.KeptBatchesWarning` says so, once.
+    new buffer is made meanwhile. Nothing a caller holds is ever overwritten. When more
+    than ``keep`` buffers given back are still viewed, a
+    :class:`~pipeline.errors.KeptBatchesWarning` says so, once.
 
     Parameters
     ----------
@@ -93,6 +94,7 @@ class BufferPool:
         self._free: list[dict[str, np.ndarray]] = []
         self._lock = threading.Lock()
         self.made = 0  # buffers allocated so far (for tests and diagnostics)
+        self._warned = False
 
     def get(self) -> dict[str, np.ndarray]:
         """A buffer given back that nothing views any more, or a new one."""
@@ -100,14 +102,16 @@ class BufferPool:
             for k, buffers in enumerate(self._free):
                 if unviewed(buffers.values()):
                     return self._free.pop(k)
+            pinned = len(self._free)  # given back, every one still viewed by a batch
         out = {}
         for n in self.names:
             tail, dtype = self.source.sample_shape(n)
             out[n] = np.empty((self.capacity,) + tuple(tail), dtype=dtype)
         self.made += 1
-        if self.made == 2 * self.keep + 1:  # once: the loop keeps batches, not the stream
-            warnings.warn(KeptBatchesWarning(self.made, self.made * sum(a.nbytes for a in out.values())),
-                          stacklevel=2)
+        # The batch queue pins a group or two; more than ``keep`` is the loop keeping batches.
+        if pinned > self.keep and not self._warned:
+            self._warned = True
+            warnings.warn(KeptBatchesWarning(pinned, pinned * sum(a.nbytes for a in out.values())), stacklevel=2)
         return out
 
     def put(self, buffers: dict[str, np.ndarray]) -> None:

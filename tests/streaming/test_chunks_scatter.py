@@ -28,7 +28,7 @@ def blockwise_always(monkeypatch):
 
 def test_small_chunks_are_decoded_whole_by_default(tmp_path, monkeypatch):
     monkeypatch.setattr(blosc_mod, "BLOCKWISE_ABOVE", 16 * 2**20)
-    calls = _count_getitem(monkeypatch)
+    calls = _recording_getitem(monkeypatch)
     x = np.random.default_rng(0).standard_normal((300, 64, 32)).astype(np.float32)  # one chunk of 2.3 MiB
     path = write(tmp_path / "w.zarr", {"x": x, "y": np.arange(300)}, chunk_samples=300, progress=False)
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"))
@@ -36,23 +36,23 @@ def test_small_chunks_are_decoded_whole_by_default(tmp_path, monkeypatch):
     out = np.zeros_like(x)
     reader.scatter(0, 0, 300, out, np.arange(300)[::-1])
     np.testing.assert_array_equal(out[::-1], x)
-    assert calls[0] == 0
+    assert not calls
     monkeypatch.setattr(blosc_mod, "BLOCKWISE_ABOVE", 2**20)  # the chunk is then large
     reader.scatter(0, 0, 300, out, np.arange(300))
     np.testing.assert_array_equal(out, x)
-    assert calls[0] > 0
+    assert calls
 
 
-def _count_getitem(monkeypatch):
-    """Calls of blosc_getitem (the block-at-a-time path), counted."""
-    calls = [0]
+def _recording_getitem(monkeypatch):
+    """The (first item, items) of every blosc_getitem call (the block-span path)."""
+    calls = []
     real = blosc_mod.BLOSC_GETITEM
 
-    def counted(*args):
-        calls[0] += 1
-        return real(*args)
+    def recorded(src, start, nitems, dest):
+        calls.append((start, nitems))
+        return real(src, start, nitems, dest)
 
-    monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", counted)
+    monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", recorded)
     return calls
 
 
@@ -113,23 +113,10 @@ def test_scatter_equals_zarr_for_codecs_block_geometries_and_shards(tmp_path, mo
                             shards=(60,) + tail if shards else None, dtype="float32",
                             compressors=[codec] if codec is not None else [])
     arr[:] = data
-    calls = _count_getitem(monkeypatch)
+    calls = _recording_getitem(monkeypatch)
     reader = ChunkReader(arr, ("a.zarr", "train", "x"), maps=MapCache() if mapped else None)
     _scatter_equals_zarr(reader, arr, rng)
-    assert (calls[0] > 0) == (path == "blocks")
-
-
-def _recording_getitem(monkeypatch):
-    """The (first item, items) of every blosc_getitem call."""
-    calls = []
-    real = blosc_mod.BLOSC_GETITEM
-
-    def recorded(src, start, nitems, dest):
-        calls.append((start, nitems))
-        return real(src, start, nitems, dest)
-
-    monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", recorded)
-    return calls
+    assert bool(calls) == (path == "blocks")
 
 
 @pytest.mark.parametrize("geometry", ["lz4-rows-in-blocks", "zstd-blocks-in-rows", "rows-straddle-spans"])
@@ -217,9 +204,9 @@ def test_stream_batches_are_the_same_with_and_without_blosc_getitem(tmp_path, mo
     x = rng.standard_normal((700, 8, 4)).astype(np.float32)
     path = write(tmp_path / name, {"x": x, "y": np.arange(700)}, chunk_samples=64, shard_chunks=shard_chunks,
                  progress=False)
-    calls = _count_getitem(monkeypatch)
+    calls = _recording_getitem(monkeypatch)
     fast = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
-    assert calls[0] >= 2 * 11  # every chunk of x and y decoded a few blocks at a time
+    assert len(calls) >= 2 * 11  # every chunk of x and y decoded a few blocks at a time
     monkeypatch.setattr(blosc_mod, "BLOSC_GETITEM", None)
     whole = [(xb.copy(), yb.copy()) for xb, yb in pipeline.stream(path, batch_size=50, seed=3, buffer_chunks=3)]
     assert len(fast) == len(whole) == 14

@@ -188,7 +188,7 @@ def test_batches_held_by_the_loop_are_never_overwritten(tmp_path):
     path = make_store(tmp_path / "h.zarr", n=1000, chunk=64)
     s = pipeline.stream(path, batch_size=50, seed=4, buffer_chunks=2, prefetch=1)
     held = []
-    with pytest.warns(KeptBatchesWarning, match=r"group buffers \(.* MiB\): batches kept by the training loop"):
+    with pytest.warns(KeptBatchesWarning, match=r"group buffers \(.* MiB\) are held by batches kept by the training"):
         for epoch in range(3):  # later epochs would reuse the buffers if views did not hold them
             s.set_epoch(epoch)
             held += list(s)

@@ -419,6 +419,7 @@ def test_an_abandoned_dask_epoch_leaves_nothing_stale():
         assert sorted(np.concatenate([yb for _, yb in got]).tolist()) == list(range(400))
 
 
+@pytest.mark.filterwarnings("ignore::pipeline.errors.KeptBatchesWarning")  # keeps every batch, on purpose
 @pytest.mark.parametrize("world, workers, drop_last", [(1, 1, False), (2, 3, False), (3, 2, True)])
 def test_the_quality_report_describes_the_order_actually_served(odd_store, world, workers, drop_last):
     from pipeline.streaming.plan import served_order
