@@ -68,14 +68,27 @@ class SourceConfig:
     on_error: Literal["raise", "skip"] = "raise"
     chunk_rows: int | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
+    #: CSV only: whether the first line is a header; ``names`` names the columns of a
+    #: headerless file (``header: false``).
+    header: bool = True
+    names: tuple[str, ...] | None = None
+    #: ``{canonical: source_name}``: feeds with their own column names
+    #: (``bid_price_1: "bids[0].price"``).
+    rename: dict[str, str] = field(default_factory=dict)
+    #: :class:`pipeline.features.sessions.SessionSpec`, or ``None``: ``file`` when there
+    #: are several files.
+    sessions: Any = None
+    #: :class:`pipeline.features.sessions.InstrumentSpec` or ``None`` (one instrument).
+    instrument: Any = None
 
 
 @dataclass(frozen=True, slots=True)
 class FeaturesConfig:
     """Per-step features, their normalization and the policy for NaN windows."""
 
-    steps: tuple[Any, ...] = ("mid_price", "spread", "log_return")
-    normalize: Literal["global", "window", "none"] = "global"
+    steps: tuple[Any, ...] = ()  # parsed FeatureSpecs; the defaults come from DEFAULT_STEPS
+    #: :class:`pipeline.features.splits.NormalizeSpec`.
+    normalize: Any = "global"
     nan: Literal["raise", "drop", "fill"] = "drop"
     fill_value: float = 0.0
 
@@ -97,7 +110,10 @@ class OutputConfig:
     """The zarr store: location, splits, chunking and compression."""
 
     path: str
-    splits: dict[str, float] = field(default_factory=lambda: {"train": 1.0})
+    #: Fractions by time (``{train: 0.8, val: 0.2}``) or dates (``{train: {until: ...}}``).
+    splits: dict[str, Any] = field(default_factory=lambda: {"train": 1.0})
+    #: :class:`pipeline.features.splits.FoldSpec`: walk-forward folds over sessions.
+    folds: Any = None
     codec: Any = "blosc-lz4"
     chunk_samples: int | None = None
     target_chunk_mb: float = 4.0
@@ -249,6 +265,10 @@ def _build(cls: type, value: Any, path: str, special: Mapping[str, Any] | None =
 # -- sections with their own validators ----------------------------------------------------
 
 
+#: The per-step features of a config without ``features.steps``.
+DEFAULT_STEPS = ("mid_price", "spread", "log_return")
+
+
 def _feature_steps(value: Any, path: str) -> tuple[Any, ...]:
     from pipeline.features import FeatureSpec
 
@@ -269,20 +289,45 @@ def _codec(value: Any, path: str) -> Any:
     return CodecSpec.from_mapping(value, path)
 
 
-def _splits(value: Any, path: str) -> dict[str, float]:
-    if not isinstance(value, Mapping) or not value:
-        raise ConfigError(path, "a mapping of split name to fraction", value)
-    out: dict[str, float] = {}
-    for name, frac in value.items():
-        if not isinstance(name, str) or not name.isidentifier():
-            raise ConfigError(f"{path}.{name}", "a split name made of letters, digits and _", name)
-        if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
-            raise ConfigError(f"{path}.{name}", "a fraction in (0, 1]", frac)
-        out[name] = float(frac)
-    total = sum(out.values())
-    if total > 1.0 + 1e-9:
-        raise ConfigError(path, "fractions that sum to at most 1", f"a sum of {total:g}")
-    return out
+def _splits(value: Any, path: str) -> dict[str, Any]:
+    from pipeline.features.splits import parse_splits
+
+    return parse_splits(value, path)
+
+
+def _folds(value: Any, path: str) -> Any:
+    from pipeline.features.splits import FoldSpec
+
+    return FoldSpec.from_value(value, path)
+
+
+def _normalize(value: Any, path: str) -> Any:
+    from pipeline.features.splits import NormalizeSpec
+
+    return NormalizeSpec.from_value(value, path)
+
+
+def _sessions(value: Any, path: str) -> Any:
+    from pipeline.features.sessions import SessionSpec
+
+    return SessionSpec.from_value(value, path)
+
+
+def _instrument(value: Any, path: str) -> Any:
+    from pipeline.features.sessions import InstrumentSpec
+
+    return InstrumentSpec.from_value(value, path)
+
+
+def _rename(value: Any, path: str) -> dict[str, str]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) and v
+                                                 for k, v in value.items()):
+        raise ConfigError(path, "a mapping of canonical column name to the source's column name", value)
+    if len(set(value.values())) != len(value):
+        raise ConfigError(path, "distinct source column names", value)
+    return dict(value)
 
 
 def _scales(value: Any, path: str) -> tuple[int, ...]:
@@ -292,6 +337,17 @@ def _scales(value: Any, path: str) -> tuple[int, ...]:
     if len(set(scales)) != len(scales):
         raise ConfigError(path, "distinct scales", value)
     return scales
+
+
+def _features(value: Any, path: str) -> FeaturesConfig:
+    """The features section; defaults (steps, normalize) are parsed like given values, so
+    a config that leaves them out gets the same typed objects."""
+    if value is None:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(path, "a mapping", value)
+    value = {"steps": list(DEFAULT_STEPS), "normalize": "global", **value}
+    return _build(FeaturesConfig, value, path, {"steps": _feature_steps, "normalize": _normalize})
 
 
 def parse_config(data: Any) -> Config:
@@ -315,11 +371,12 @@ def parse_config(data: Any) -> Config:
         raise ConfigError("<root>", "a mapping of sections", data)
     sections = {
         "cluster": lambda v, p: _build(ClusterConfig, v, p),
-        "source": lambda v, p: _build(SourceConfig, v, p),
-        "features": lambda v, p: _build(FeaturesConfig, v, p, {"steps": _feature_steps}),
+        "source": lambda v, p: _build(SourceConfig, v, p, {"sessions": _sessions, "instrument": _instrument,
+                                                           "rename": _rename}),
+        "features": _features,
         "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),
         "labels": _labels,
-        "output": lambda v, p: _build(OutputConfig, v, p, {"splits": _splits, "codec": _codec}),
+        "output": lambda v, p: _build(OutputConfig, v, p, {"splits": _splits, "codec": _codec, "folds": _folds}),
         "stream": lambda v, p: _build(StreamConfig, v, p),
     }
     for key in data:
@@ -337,7 +394,7 @@ def parse_config(data: Any) -> Config:
             continue
         kwargs[name] = build(data[name], name)
     if "features" not in kwargs:
-        kwargs["features"] = _build(FeaturesConfig, {}, "features", {"steps": _feature_steps})
+        kwargs["features"] = _features({}, "features")
     raw = yaml.safe_dump(_plain(data), sort_keys=False)
     return Config(**kwargs, raw_yaml=raw)
 

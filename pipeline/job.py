@@ -63,6 +63,26 @@ def _cluster_kwargs(config: Config) -> dict[str, Any]:
     }
 
 
+def _source_kwargs(config: Config) -> dict[str, Any]:
+    """Loader options from the source section (header options only when set, so that
+    formats without them are not handed options they do not take)."""
+    src = config.source
+    kwargs: dict[str, Any] = {
+        "format": src.format,
+        "combine": src.combine,
+        "columns": src.columns,
+        "timestamp": src.timestamp,
+        "nan": src.nan,
+        "on_error": src.on_error,
+        "chunk_rows": src.chunk_rows,
+    }
+    if not src.header or src.names:
+        kwargs.update(header=src.header, names=src.names)
+    if src.rename:
+        kwargs["rename"] = src.rename
+    return kwargs
+
+
 def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = True) -> RunSummary:
     """Run a whole config on its cluster and write its store.
 
@@ -81,7 +101,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     """
     from pipeline.cluster import cluster
     from pipeline.features import build_training_set
-    from pipeline.loaders import open_source
+    from pipeline.loaders.segments import open_segmented
     from pipeline.storage import open as open_store
     from pipeline.storage import write
     from pipeline.storage.layout import chunk_samples_for, task_block, unit_samples
@@ -94,19 +114,17 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     src_cfg = config.source
     out = config.output
     with cluster(**_cluster_kwargs(config), log=log):
-        source = open_source(
+        source = open_segmented(
             src_cfg.paths,
-            format=src_cfg.format,
-            combine=src_cfg.combine,
-            columns=src_cfg.columns,
-            timestamp=src_cfg.timestamp,
-            nan=src_cfg.nan,
-            on_error=src_cfg.on_error,
-            chunk_rows=src_cfg.chunk_rows,
+            sessions=src_cfg.sessions,
+            instrument=src_cfg.instrument,
             storage_options=src_cfg.storage_options or None,
+            **_source_kwargs(config),
         )
         rows = int(source.array.shape[0])
-        say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns")
+        segs = source.segments
+        say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns, "
+            f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.session_mode})")
         tset = build_training_set(
             source.array,
             columns=source.columns,
@@ -125,6 +143,9 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             block_windows=lambda window_bytes: task_block(
                 unit_samples(window_bytes, out.chunk_samples, out.shard_chunks, int(out.target_chunk_mb * 2**20)),
                 window_bytes),
+            segments=segs,
+            timestamps=source.timestamps,
+            folds=out.folds,
         )
         attrs = dict(tset.attrs)
         attrs.update(
@@ -158,6 +179,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             overwrite=out.overwrite,
             storage_options=out.storage_options or None,
             progress=progress,
+            **({"folds": tset.folds, "fold_base": next(iter(tset.splits))} if tset.folds else {}),
         )
     ds = open_store(out.path, storage_options=out.storage_options or None)
     samples = {name: int(ds[name]["y"].shape[0]) for name in ds.splits}

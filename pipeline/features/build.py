@@ -1,14 +1,17 @@
 """From a raw order-book table to per-split windows and labels, lazily.
 
-The steps, in order: per-step features (halo = lookback) -> drop the first ``lookback``
-steps (incomplete history) -> window geometry and leakage-free split ranges (pure
-arithmetic) -> normalization statistics from the train split's steps only (one
-reduction) -> windows and labels -> NaN policy. Only the small reductions run here; the
-windows themselves stay lazy until the writer stores them.
+The steps, in order: per-step features (halo = lookback) -> where windows fit: inside one
+segment (instrument x session) with their history and label (pure arithmetic,
+:mod:`pipeline.features.sessions`) -> which split each window falls in, by the time its
+reach covers (:mod:`pipeline.features.splits`) -> normalization statistics from the
+train split's steps only, or per session from the sessions before it -> windows, labels,
+timestamps, session and instrument of each window -> NaN policy. Only small reductions
+run here; the windows stay lazy until the writer stores them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -16,18 +19,16 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
-from pipeline.features.geometry import (
-    aligned_window_chunks,
-    halo,
-    split_gap_windows,
-    split_ranges,
-    window_count,
-    window_ends,
-)
+from pipeline.features.geometry import halo, split_gap_windows
+from pipeline.features.labels import class_balance, finalize_labels, label_steps
+from pipeline.features.normalize import apply_normalization, fit_normalization
+from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
+from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, fraction_cuts, is_dated
 from pipeline.features.steps import compute_features
-from pipeline.features.windows import windows
+from pipeline.features.windows import gather_rows, windows_at
 from pipeline.progress import compute
+from pipeline.storage.layout import unit_chunks
 
 __all__ = ["TrainingSet", "build_training_set"]
 
@@ -40,6 +41,8 @@ class TrainingSet:
     attrs: dict[str, Any] = field(default_factory=dict)
     #: Arrays every split points into: ``{"features": (T, F)}`` for virtual windows.
     shared: dict[str, da.Array] = field(default_factory=dict)
+    #: Walk-forward folds: ``{"fold0/train": sample indices into the first split, ...}``.
+    folds: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def _window_zscore(block: np.ndarray) -> np.ndarray:
@@ -47,6 +50,69 @@ def _window_zscore(block: np.ndarray) -> np.ndarray:
     std = block.std(axis=1, keepdims=True, dtype=np.float64)
     std[std == 0] = 1.0
     return ((block - mean) / std).astype(np.float32)
+
+
+def _mask_heads(f: da.Array, segments: SegmentTable, lookback: int) -> da.Array:
+    """NaN in the first ``lookback`` rows of every segment but the first (whose rows
+    are NaN already): their features borrowed history from another session."""
+    if lookback == 0 or len(segments) == 1:
+        return f
+    starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+
+    def mask(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+        lo = int(starts[block_id[0]])
+        heads = segments.head_mask(lo, lo + block.shape[0], lookback)
+        if not heads.any():
+            return block
+        out = block.copy()
+        out[heads] = np.nan
+        return out
+
+    return f.map_blocks(mask, dtype=f.dtype, token="mask-session-heads")
+
+
+def _per_window(values: np.ndarray, runs: WindowRuns, out_chunks: Sequence[int], dtype: Any) -> da.Array:
+    """A value per segment, repeated for each window of ``runs``, computed in each block
+    from the runs (the graph holds the runs, not a value per window)."""
+    bounds = np.concatenate([[0], np.cumsum(out_chunks)]).astype(np.int64)
+
+    def block(b: np.ndarray, block_id: tuple[int, ...] = (0,)) -> np.ndarray:
+        j = block_id[0]
+        return values[runs.segments_of(int(bounds[j]), int(bounds[j + 1]))].astype(dtype)
+
+    return da.map_blocks(block, da.empty(runs.n, chunks=(tuple(out_chunks),), dtype=np.int8), dtype=dtype,
+                         token="per-window")
+
+
+def _ends(runs: WindowRuns, out_chunks: Sequence[int], dtype: Any) -> da.Array:
+    bounds = np.concatenate([[0], np.cumsum(out_chunks)]).astype(np.int64)
+
+    def block(b: np.ndarray, block_id: tuple[int, ...] = (0,)) -> np.ndarray:
+        j = block_id[0]
+        return runs.ends(int(bounds[j]), int(bounds[j + 1])).astype(dtype)
+
+    return da.map_blocks(block, da.empty(runs.n, chunks=(tuple(out_chunks),), dtype=np.int8), dtype=dtype,
+                         token="window-ends")
+
+
+def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | None, need_time: bool,
+                progress: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, str]:
+    """Each window's reach ``[lo, hi]`` and end, as timestamps (ns) or as rows.
+
+    Rows serve when there is one instrument and no date to compare with: one
+    instrument's rows are in time order, and rows need no pass over the data.
+    """
+    ends = runs.ends()
+    if not need_time:
+        return ends - back, ends + fwd, ends, "row"
+    if timestamps is None:
+        raise WindowError("splits: date splits, and time splits of several instruments, need timestamps; "
+                          "set source.timestamp to the timestamp column")
+    shifted = [WindowRuns(runs.first + d, runs.count, runs.segment, runs.stride) for d in (-back, fwd, 0)]
+    chunks = (max(1, 1 << 20),) * (runs.n >> 20) + ((runs.n % (1 << 20),) if runs.n % (1 << 20) else ())
+    lo, hi, end = compute(*(gather_rows(timestamps, r, chunks) for r in shifted),
+                          desc="window times", progress=progress)
+    return np.asarray(lo), np.asarray(hi), np.asarray(end), "time"
 
 
 def build_training_set(
@@ -58,179 +124,315 @@ def build_training_set(
     stride: int = 1,
     scales: Sequence[int] = (1,),
     label: LabelSpec = LabelSpec(),
-    splits: Mapping[str, float] | None = None,
-    normalize: Literal["global", "window", "none"] = "global",
+    splits: Mapping[str, Any] | None = None,
+    normalize: NormalizeSpec | Literal["global", "window", "none"] = "global",
     nan: Literal["raise", "drop", "fill"] = "drop",
     fill_value: float = 0.0,
     progress: bool = False,
     materialize: bool = True,
     block_windows: int | Callable[[int], int] | None = None,
+    segments: SegmentTable | None = None,
+    timestamps: da.Array | None = None,
+    folds: FoldSpec | None = None,
 ) -> TrainingSet:
-    """Windows and labels per time split, with no step shared between splits.
+    """Windows and labels per split, with no step shared between splits, sessions or
+    instruments.
 
     Parameters
     ----------
     x
-        ``(T, C)`` raw table (time along axis 0) with the order-book columns.
+        ``(T, C)`` raw table (time along axis 0 within each segment).
     columns
         Column names of ``x``.
     features
         Per-step features, in output order.
     size, stride, scales
-        Window geometry (see :func:`pipeline.features.windows.windows`).
+        Window geometry (see :func:`pipeline.features.windows.windows`); ends are
+        counted from each segment's first usable row.
     label
-        Label definition; windows whose label would reach past the data are dropped.
+        Label definition; a window whose label would reach past its segment is not made.
     splits
-        Fractions by time, in order (default ``{"train": 1.0}``). Between consecutive
-        splits, :func:`~pipeline.features.geometry.split_gap_windows` windows are left
-        out so no window, label or feature history of one split touches a step of
-        another.
+        Fractions by time (default ``{"train": 1.0}``) or date bounds
+        (``{"train": {"until": ns}, "test": {"until": None}}``, see
+        :func:`~pipeline.features.splits.parse_splits`). A window goes to the split whose
+        time interval holds its whole reach (history, steps and label); windows that
+        straddle a cut go nowhere. Every instrument is cut at the same time.
     normalize
-        ``global``: z-score with mean and std of each feature over the first split's
-        steps (no look-ahead into later splits); ``window``: per window and feature;
-        ``none``.
+        ``global``: z-score with each feature's mean and std over the first split's
+        steps (with folds, the first fold's training steps); ``trailing``: each session
+        with the statistics of the sessions of its instrument before it; ``window``:
+        per window and feature; ``none``.
     nan
-        Windows or labels containing NaN/inf: ``drop`` them (counted in ``attrs``),
-        ``fill`` NaN features with ``fill_value`` (labels cannot be filled: their windows
-        are dropped), or ``raise``.
+        Windows or labels holding NaN/inf: ``drop`` them (counted in ``attrs``), ``fill``
+        NaN features with ``fill_value`` (labels cannot be filled: their windows are
+        dropped), or ``raise``.
     progress
-        Show a progress bar for the reductions computed here (statistics, NaN checks).
+        Show a progress bar for the reductions computed here.
     materialize
-        ``False`` returns, per split, the window end steps (``ends``) and labels instead
-        of the windows, and the normalized per-step features in ``shared``: the streamer
+        ``False`` returns, per split, the window end rows (``ends``) instead of the
+        windows, and the normalized per-step features in ``shared``: the streamer
         assembles the same windows from them (see :mod:`pipeline.streaming.virtual`).
     block_windows
-        Windows per block of ``x``, counted from each split's start: the writer's unit
-        (a count, or a function of one window's bytes). Each unit's windows are then
-        made by one task, which the unit's write task reads whole: no rechunk, and no
-        large block held in a worker while its pieces are written (default: blocks of
-        up to 64 MiB, rechunked by the writer).
+        Windows per block, counted from each split's start: the writer's unit (a count,
+        or a function of one window's bytes), so the writer rechunks nothing.
+    segments
+        The source's segments (instrument x session); default one segment.
+    timestamps
+        ``(T,)`` int64 ns: stored as each window's end time ``t``, and needed for date
+        splits and for splits of several instruments.
+    folds
+        Walk-forward folds over the sessions of the first split: stored as sample
+        indices into it.
 
     Returns
     -------
     TrainingSet
     """
     splits = dict(splits or {"train": 1.0})
+    norm = NormalizeSpec.from_value(normalize, "normalize")
     scales = tuple(scales)
-    frame = compute_features(x, columns=columns, specs=features)
-    mid_frame = compute_features(x, columns=columns, specs=(FeatureSpec("mid_price"),), dtype="float64")
-    L = frame.lookback
-    f = frame.array[L:]
-    logmid = da.log(mid_frame.array[L:, 0])
-    T = int(f.shape[0])
-    h = label.horizon
-    n = window_count(T - h, size, stride, scales)
-    if n == 0:
-        raise WindowError(
-            f"windows: {x.shape[0]} steps leave {T - h} usable steps after the feature lookback "
-            f"({L}) and the label horizon ({h}); a window of size={size} at scales={scales} "
-            f"needs {halo(size, scales) + 1}"
-        )
-    gap = split_gap_windows(size, scales, stride, h, L)
-    ranges = split_ranges(n, splits, gap)
-    ends = window_ends(n, size, stride, scales)
-    H = halo(size, scales)
-
-    if not materialize and normalize == "window":
-        raise FeatureError("windows.materialize: false needs normalize: global or none (per-window "
+    T = int(x.shape[0])
+    segs = segments if segments is not None else SegmentTable.single(T)
+    if segs.rows != T:
+        raise WindowError(f"sessions: segments of {segs.rows} rows for a source of {T} rows")
+    if not materialize and norm.kind == "window":
+        raise FeatureError("windows.materialize: false needs normalize: global, trailing or none (per-window "
                            "statistics depend on the assembled window)")
-    first_name = next(iter(ranges))
-    a, b = ranges[first_name]
-    f_used = f
+    frame = compute_features(x, columns=columns, specs=features)
+    L = frame.lookback
+    H = halo(size, scales)
+    label_back, fwd = label.reach
+    back = max(H + L, label_back)
+    runs = window_runs(segs, size=size, stride=stride, scales=scales, back=back, fwd=fwd)
+    if norm.kind == "trailing":
+        runs = runs.subset(np.repeat(segs.session[runs.segment] >= _first_sessions(segs, norm.sessions)[runs.segment],
+                                     runs.count))
+    if runs.n == 0:
+        longest = int((segs.stops - segs.starts).max())
+        raise WindowError(
+            f"windows: no session leaves room for a window: the longest has {longest} steps, and a window of "
+            f"size={size} at scales={scales} with a feature lookback of {L} and a label reaching {fwd} ahead "
+            f"needs {back + fwd + 1}" + (f" (and trailing normalization skips the first {norm.sessions} sessions)"
+                                         if norm.kind == "trailing" else ""))
+
+    # -- which split each window falls in ---------------------------------------------
+    names = list(splits)
+    several = len(np.unique(segs.instrument)) > 1
+    dated = is_dated(splits)
+    lo_key, hi_key, end_key, key_kind = _reach_keys(runs, back, fwd, timestamps, dated or (several and len(names) > 1),
+                                                    progress)
+    gap = split_gap_windows(size, scales, stride, fwd, back - H)
+    if dated:
+        cuts = [splits[k]["until"] for k in names]
+        if cuts[-1] is None:
+            cuts = cuts[:-1]
+    elif len(names) > 1:
+        order = np.argsort(end_key, kind="stable")
+        cuts = fraction_cuts(lo_key, order, splits, gap)
+    else:
+        cuts = []
+    where = assign_splits(lo_key, hi_key, cuts, names)
+    if not dated and len(names) > 1 and sum(splits.values()) < 1.0 - 1e-9:
+        # Fractions summing below 1 leave the latest windows out, as the count of the
+        # last split says.
+        order = np.argsort(end_key, kind="stable")
+        from pipeline.features.geometry import split_ranges
+
+        last_hi = list(split_ranges(runs.n, splits, gap).values())[-1][1]
+        if last_hi < runs.n:
+            where[order[last_hi:]] = -1
+    fold_sets = _folds(segs, runs, where, folds) if folds is not None else None
+
+    # -- normalization, fitted without look-ahead --------------------------------------
+    f = _mask_heads(frame.array, segs, L)
     if nan == "fill":
-        f_used = da.where(da.isfinite(f_used), f_used, np.float32(fill_value))
-    ret = (logmid[h:] - logmid[:-h]) * label.scale
-    # A strided slice, not ret[ends]: a fancy index would embed the whole index array
-    # (megabytes) in the graph.
-    ret_w = ret[H : H + stride * (n - 1) + 1 : stride]
+        f = da.where(da.isfinite(f), f, np.float32(fill_value))
+    fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
+    labels_steps = label_steps(x, columns=columns, spec=label)
+    bad_rows = _bad_rows(f, segs, L)
+    y_raw = gather_rows(labels_steps, runs, _chunks(runs.n))
+    reductions = [bad_rows.sum(), ~da.isfinite(y_raw).all(axis=1)]
+    if timestamps is not None:
+        # Each segment's first and last time, for the session table.
+        reductions.append(timestamps[np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)])
+    stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, H, L)
+    results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
+    bad_steps_n, bad = int(results[0]), np.asarray(results[1], dtype=bool).copy()
+    seg_times = np.asarray(results[2]).reshape(-1, 2) if timestamps is not None else None
+    stats = finish(results[len(reductions):])
+    if norm.kind == "global":
+        stats["fit_on"] = names[0] if fold_sets is None else "fold0/train"
+        stats["features"] = list(frame.names)
+    f = apply_normalization(f, norm, stats, segs)
 
-    # One pass over the features for everything computed before the write: the train
-    # statistics, and whether any step or label is non-finite (normalizing with finite
-    # statistics does not change that). Each pass re-reads and re-derives the features.
-    reductions = [(~da.isfinite(f_used[: T - h])).any(axis=1).sum(), ~da.isfinite(ret_w)]
-    if normalize == "global":
-        rows = f_used[int(ends[a]) - H : int(ends[b - 1]) + 1]
-        finite = da.where(da.isfinite(rows), rows, np.nan).astype(np.float64)
-        reductions += [da.nanmean(finite, axis=0), da.nanstd(finite, axis=0)]
-    results = compute(*reductions, desc="statistics and NaN check", progress=progress)
-    bad_steps_n, bad_labels = int(results[0]), np.asarray(results[1], dtype=bool).copy()
-    if normalize == "global":
-        mean = np.nan_to_num(results[2])
-        std = np.where(np.isfinite(results[3]) & (results[3] > 0), results[3], 1.0)
-        f_used = ((f_used - mean.astype(np.float32)) / std.astype(np.float32)).astype(np.float32)
-        stats: dict[str, Any] = {"kind": "global", "fit_on": first_name, "mean": mean.tolist(),
-                                 "std": std.tolist(), "features": list(frame.names)}
-    else:
-        stats = {"kind": normalize}
-
-    out_chunks = None
-    if block_windows is not None and materialize:
-        itemsize = 4 if normalize == "window" else f_used.dtype.itemsize  # as the writer sizes x
-        window_bytes = size * int(f_used.shape[1]) * len(scales) * itemsize
-        unit = block_windows(window_bytes) if callable(block_windows) else int(block_windows)
-        out_chunks = aligned_window_chunks(n, ranges, unit)
-    w = windows(f_used[: T - h], size=size, stride=stride, scales=scales, out_chunks=out_chunks)
-    if normalize == "window":
-        w = w.map_blocks(_window_zscore, dtype=np.float32)
-    y_all = ret_w
-    if label.kind == "class":
-        thresholds = np.asarray(label.thresholds)
-        y_all = y_all.map_blocks(lambda r: np.digitize(r, thresholds).astype(np.int64), dtype=np.int64)
-    else:
-        y_all = y_all.astype(np.float32)
-    if out_chunks is not None:
-        y_all = y_all.rechunk({0: w.chunks[0]})  # labels in the windows' blocks: one write unit each
-
-    # Which windows hold a non-finite value? Only pay for a windowed pass when any exist.
-    bad = bad_labels
     if bad_steps_n:
-        flags = (~da.isfinite(f_used[: T - h])).any(axis=1, keepdims=True).astype(np.uint8)
-        (flagged,) = compute(windows(flags, size=size, stride=stride, scales=scales).max(axis=(1, 2)),
+        flags = bad_rows.astype(np.uint8)[:, None]
+        (flagged,) = compute(windows_at(flags, runs, size=size, scales=scales).max(axis=(1, 2)),
                              desc="locating NaN windows", progress=progress)
         bad |= np.asarray(flagged, dtype=bool)
     if bad.any() and nan == "raise":
         i = int(np.flatnonzero(bad)[0])
+        e = int(runs.ends(i, i + 1)[0])
         raise InvalidValueError(
-            "features", f"window {i} (steps {int(ends[i]) - H + L}..{int(ends[i]) + L} of the source) "
-            f"holds NaN or inf in its features or label; set features.nan: drop or fill"
-        )
+            "features", f"window {i} (steps {e - H}..{e} of the source, label to step {e + fwd}) holds NaN or inf "
+            f"in its features or label; set features.nan: drop or fill")
 
+    # -- the arrays of each split --------------------------------------------------------
+    width = len(frame.names) * len(scales)
+    itemsize = 4 if norm.kind == "window" else f.dtype.itemsize
+    window_bytes = size * width * itemsize
+    unit = None
+    if block_windows is not None:
+        unit = block_windows(window_bytes) if callable(block_windows) else int(block_windows)
     out: dict[str, dict[str, da.Array]] = {}
     counts: dict[str, int] = {}
     dropped: dict[str, int] = {}
-    for name, (lo, hi) in ranges.items():
-        keep = np.flatnonzero(~bad[lo:hi]) + lo
-        dropped[name] = int((hi - lo) - keep.size)
-        if keep.size == 0:
-            raise WindowError(f"split {name!r}: every window holds NaN or inf; nothing to write")
-        if keep.size == hi - lo:
-            xs, ys = w[lo:hi], y_all[lo:hi]
-        else:
-            xs, ys = w[keep], y_all[keep]
+    balance: dict[str, Any] = {}
+    steps: dict[str, list[int]] = {}
+    split_runs: dict[str, WindowRuns] = {}
+    for k, name in enumerate(names):
+        mine = where == k
+        dropped[name] = int((mine & bad).sum())
+        r = runs.subset(mine & ~bad)
+        if r.n == 0:
+            raise WindowError(
+                f"split {name!r}: no window left ({runs.n} windows in all, {int(mine.sum())} in this split before "
+                f"NaN windows were dropped, splits {_describe_splits(splits)}); use more data, another split "
+                "point, or a smaller window, horizon or stride")
+        split_runs[name] = r
+        chunks = unit_chunks(r.n, unit) if unit else _chunks(r.n, max(1, (64 << 20) // max(1, window_bytes)))
         if materialize:
-            out[name] = {"x": xs, "y": ys}
+            xs = windows_at(f, r, size=size, scales=scales, out_chunks=chunks)
+            if norm.kind == "window":
+                xs = xs.map_blocks(_window_zscore, dtype=np.float32)
+            chunks = xs.chunks[0]
+            arrays = {"x": xs}
         else:
-            # int32 halves the index on disk; series past 2**31 steps keep int64.
-            itype = np.int32 if T < 2**31 else np.int64
-            idx = (da.arange(H + stride * lo, H + stride * hi, stride, chunks=1 << 20, dtype=itype)
-                   if keep.size == hi - lo else da.from_array(ends[keep].astype(itype), chunks=1 << 20))
-            out[name] = {"ends": idx, "y": ys}
-        counts[name] = int(keep.size)
+            arrays = {"ends": _ends(r, chunks, np.int32 if T < 2**31 else np.int64)}
+        y = gather_rows(labels_steps, r, chunks).map_blocks(finalize_labels, spec=label, dtype=label.out_dtype,
+                                                           drop_axis=[] if label.multi else [1])
+        arrays["y"] = y
+        if timestamps is not None:
+            arrays["t"] = gather_rows(timestamps, r, chunks)
+        arrays["session"] = _per_window(segs.session, r, chunks, np.int32)
+        if len(segs.instruments) > 1 or segs.instruments != ("",):
+            arrays["instrument"] = _per_window(segs.instrument, r, chunks, np.int32)
+        out[name] = arrays
+        counts[name] = r.n
+        e = r.ends()
+        steps[name] = [int(e[0]) - H, int(e[-1]) + fwd]
+    if label.class_names is not None:
+        ys = compute(*(out[n]["y"] for n in names), desc="class balance", progress=progress)
+        balance = {n: class_balance(np.asarray(v), label) for n, v in zip(names, ys)}
 
-    attrs = {
+    attrs: dict[str, Any] = {
         "features": list(frame.names),
         "lookback": L,
-        "windows": {"size": size, "stride": stride, "scales": list(scales), "halo": H},
-        "labels": {"kind": label.kind, "horizon": h, "thresholds": list(label.thresholds), "scale": label.scale},
+        "windows": {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd},
+        "labels": _label_attrs(label),
         "normalization": stats,
-        "split_windows": {k: list(v) for k, v in ranges.items()},
+        "split_key": key_kind,
+        "split_cuts": [int(c) for c in cuts],
         "split_gap_windows": gap,
-        "split_steps": {k: [int(ends[lo]) - H + L, int(ends[hi - 1]) + h + L] for k, (lo, hi) in ranges.items()},
+        "split_steps": steps,
         "nan_windows_dropped": dropped,
         "window_counts": counts,
+        "instruments": list(segs.instruments),
+        "sessions": segs.describe(windows=_windows_per_segment(split_runs, len(segs)), times=seg_times),
     }
+    if label.class_names is not None:
+        attrs["class_balance"] = balance
     shared: dict[str, da.Array] = {}
     if not materialize:
-        shared = {"features": f_used[: T - h]}
+        shared = {"features": f}
         attrs["virtual"] = {"size": size, "stride": stride, "scales": list(scales), "halo": H}
-    return TrainingSet(splits=out, attrs=attrs, shared=shared)
+    fold_index: dict[str, np.ndarray] = {}
+    if fold_sets is not None:
+        fold_index, attrs["folds"] = _fold_index(fold_sets[0], fold_sets[1], where, bad, folds)
+    return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _chunks(n: int, per: int = 1 << 20) -> tuple[int, ...]:
+    per = max(1, int(per))
+    return (per,) * (n // per) + ((n % per,) if n % per else ()) or (0,)
+
+
+def _describe_splits(splits: Mapping[str, Any]) -> str:
+    parts = []
+    for k, v in splits.items():
+        if isinstance(v, Mapping):
+            u = v.get("until")
+            parts.append(f"{k} until {np.datetime64(int(u), 'ns')}" if u is not None else f"{k} the rest")
+        else:
+            parts.append(f"{k} {v:g}")
+    return ", ".join(parts)
+
+
+def _bad_rows(f: da.Array, segs: SegmentTable, lookback: int) -> da.Array:
+    """Rows a window may use that hold NaN or inf (rows of a segment's lookback head,
+    which no window uses as a step, are not counted)."""
+    starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+
+    def flag(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+        lo = int(starts[block_id[0]])
+        bad = ~np.isfinite(block).all(axis=1)
+        return bad & ~segs.head_mask(lo, lo + block.shape[0], lookback)
+
+    return f.map_blocks(flag, dtype=bool, drop_axis=1, token="bad-rows")
+
+
+def _first_sessions(segs: SegmentTable, n: int) -> np.ndarray:
+    """Per segment, the session number from which its instrument's windows are made
+    under trailing normalization: its ``n``-th session (counted in time order)."""
+    out = np.zeros(len(segs), dtype=np.int64)
+    for code in np.unique(segs.instrument):
+        mine = np.flatnonzero(segs.instrument == code)
+        order = np.sort(segs.session[mine])
+        out[mine] = order[n] if n < order.size else np.iinfo(np.int64).max
+    return out
+
+
+def _windows_per_segment(split_runs: Mapping[str, WindowRuns], n_segments: int) -> np.ndarray:
+    total = np.zeros(n_segments, dtype=np.int64)
+    for r in split_runs.values():
+        total += r.per_segment(n_segments)
+    return total
+
+
+def _label_attrs(label: LabelSpec) -> dict[str, Any]:
+    out = {f.name: getattr(label, f.name) for f in dataclasses.fields(label)}
+    out = {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+    out["reach"] = list(label.reach)
+    if label.class_names is not None:
+        out["classes"] = list(label.class_names)
+    return out
+
+
+def _folds(segs: SegmentTable, runs: WindowRuns, where: np.ndarray,
+           spec: FoldSpec) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[tuple[list[int], list[int]]]]:
+    """Per fold, which windows of the first split train and test (a boolean per window),
+    and the session numbers of each."""
+    in_base = where == 0
+    window_period = np.repeat(segs.session[runs.segment], runs.count)
+    periods = np.unique(window_period[in_base])
+    masks, sessions = [], []
+    for train_p, test_p in fold_sessions(int(periods.size), spec):
+        masks.append((np.isin(window_period, periods[train_p]) & in_base,
+                      np.isin(window_period, periods[test_p]) & in_base))
+        sessions.append((periods[train_p].tolist(), periods[test_p].tolist()))
+    return masks, sessions
+
+
+def _fold_index(sets: list[tuple[np.ndarray, np.ndarray]], sessions: list[tuple[list[int], list[int]]],
+                where: np.ndarray, bad: np.ndarray, spec: FoldSpec) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Sample indices into the first split (its windows left after dropping NaN ones)."""
+    kept = (where == 0) & ~bad
+    position = np.cumsum(kept) - 1  # sample number of each kept window in the first split
+    out: dict[str, np.ndarray] = {}
+    for i, (train, test) in enumerate(sets):
+        out[f"fold{i}/train"] = position[train & kept].astype(np.int64)
+        out[f"fold{i}/test"] = position[test & kept].astype(np.int64)
+    info = {"kind": spec.kind, "test_sessions": spec.test_sessions, "min_train_sessions": spec.min_train_sessions,
+            "train_sessions": spec.train_sessions, "count": len(sets),
+            "sessions": {f"fold{i}": {"train": tr, "test": te} for i, (tr, te) in enumerate(sessions)}}
+    return out, info

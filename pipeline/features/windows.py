@@ -17,6 +17,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import WindowError
+from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.geometry import (
     block_window_counts,
     halo,
@@ -26,7 +27,7 @@ from pipeline.features.geometry import (
     window_count,
 )
 
-__all__ = ["check_window_ends", "row_offsets", "windows", "windows_numpy_block"]
+__all__ = ["check_window_ends", "row_offsets", "windows", "windows_at", "windows_numpy_block"]
 
 
 def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
@@ -133,6 +134,7 @@ def windows(
     scales: Sequence[int] = (1,),
     max_block_bytes: int = MAX_BLOCK_BYTES,
     out_chunks: Sequence[int] | None = None,
+    sessions: Sequence[int] | None = None,
 ) -> da.Array:
     """Windows of a ``(T, F)`` series: ``(n, size, F * len(scales))``, lazily.
 
@@ -156,6 +158,10 @@ def windows(
         Windows per output block, instead of ``max_block_bytes`` (for example the
         writer's units: see :func:`~pipeline.features.geometry.aligned_window_chunks`).
         A chunk whose steps are fewer than the halo is merged with a neighbour.
+    sessions
+        Rows per session (summing to ``T``): windows are then made within each session
+        only, with ends counted from each session's start, and sessions too short for
+        a window make none. ``None``: one session.
 
     Returns
     -------
@@ -174,6 +180,18 @@ def windows(
         raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
     T, F = x.shape
     h = halo(size, scales)
+    if sessions is not None:
+        lengths = [int(v) for v in sessions]
+        if sum(lengths) != T:
+            raise WindowError(f"windows: sessions of {sum(lengths)} rows in all for a series of {T} steps")
+        runs = window_runs(SegmentTable.from_lengths(lengths), size=size, stride=stride, scales=scales, back=h, fwd=0)
+        if runs.n == 0:
+            raise WindowError(f"windows: no session of {max(lengths)} steps or fewer fits a window of "
+                              f"size={size} at scales={scales} ({h + 1} steps)")
+        out = windows_at(x, runs, size=size, scales=scales, out_chunks=out_chunks, max_block_bytes=max_block_bytes)
+        out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h),
+                                 "sessions": lengths}}
+        return out
     n = window_count(T, size, stride, scales)
     if n == 0:
         raise WindowError(
@@ -206,7 +224,7 @@ def windows(
         ends = h + stride * (first + np.arange(counts[j], dtype=np.int64))
         return windows_numpy_block(block, ends - (start - left), size, scales)
 
-    return da.map_blocks(
+    out = da.map_blocks(
         block_fn,
         overlapped,
         dtype=x.dtype,
@@ -215,3 +233,97 @@ def windows(
         token="windows",
         meta=np.empty((0, 0, 0), dtype=x.dtype),
     )
+    # The geometry travels with the array, so that pipeline.write can leave the
+    # leakage-free gap between time splits by itself.
+    out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h)}}
+    return out
+
+
+def _block_starts(runs: WindowRuns, out_chunks: Sequence[int], h: int, rows: int) -> tuple[list[int], list[int]]:
+    """Input row boundaries and window boundaries of the blocks that make ``out_chunks``.
+
+    The block making windows ``[a, b)`` starts at window ``a``'s end row and borrows
+    ``h`` rows from its left neighbour; a block shorter than ``h`` rows is merged into
+    the next (``dask.array.overlap`` borrows from one neighbour only).
+    """
+    bounds = np.cumsum([0] + [int(c) for c in out_chunks if c > 0])
+    row_starts = [0]
+    win_starts = [0]
+    for a in bounds[1:-1]:
+        row = int(runs.ends(int(a), int(a) + 1)[0])
+        if row - row_starts[-1] < max(h, 1):
+            continue  # too short to lend a halo: its windows join the next block
+        row_starts.append(row)
+        win_starts.append(int(a))
+    if len(row_starts) > 1 and rows - row_starts[-1] < h:
+        row_starts.pop()
+        win_starts.pop()
+    return row_starts + [rows], win_starts + [int(bounds[-1])]
+
+
+def windows_at(
+    x: da.Array,
+    runs: WindowRuns,
+    *,
+    size: int,
+    scales: Sequence[int] = (1,),
+    out_chunks: Sequence[int] | None = None,
+    max_block_bytes: int = MAX_BLOCK_BYTES,
+) -> da.Array:
+    """Windows ending at the rows ``runs`` describes: ``(runs.n, size, F * len(scales))``.
+
+    The general form of :func:`windows`: ends need not be evenly spaced over the whole
+    series (sessions, instruments, splits, dropped windows), and the graph holds only
+    the runs (a few integers per session), never an index per window.
+
+    Parameters
+    ----------
+    x
+        ``(T, F)`` dask array.
+    runs
+        The windows' end rows, in increasing order.
+    size, scales
+        Window geometry.
+    out_chunks
+        Windows per output block (the writer's units); by default blocks of up to
+        ``max_block_bytes``. Blocks that would span fewer rows than the halo are merged
+        with the next one.
+    """
+    scales = tuple(int(s) for s in scales)
+    T, F = (int(v) for v in x.shape)
+    h = halo(size, scales)
+    n = runs.n
+    width = F * len(scales)
+    if out_chunks is None:
+        per = max(1, max_block_bytes // max(1, size * width * x.dtype.itemsize))
+        out_chunks = (per,) * (n // per) + ((n % per,) if n % per else ())
+    if sum(out_chunks) != n:
+        raise WindowError(f"windows: blocks of {sum(out_chunks)} windows for {n} windows")
+    if n == 0:
+        return da.zeros((0, size, width), dtype=x.dtype, chunks=((0,), (size,), (width,)))
+    row_bounds, win_bounds = _block_starts(runs, out_chunks, h, T)
+    x = x.rechunk({0: tuple(np.diff(row_bounds).tolist()), 1: -1})
+    counts = tuple(np.diff(win_bounds).tolist())
+    starts = row_bounds[:-1]
+    overlapped = da.overlap.overlap(x, depth={0: (h, 0), 1: 0}, boundary="none") if h > 0 else x
+
+    def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+        j = block_id[0]
+        if counts[j] == 0:
+            return np.empty((0, size, width), dtype=block.dtype)
+        start = int(starts[j])
+        left = min(h, start)
+        ends = runs.ends(win_bounds[j], win_bounds[j + 1]) - (start - left)
+        return windows_numpy_block(block, ends, size, scales)
+
+    return da.map_blocks(block_fn, overlapped, dtype=x.dtype, chunks=(counts, (size,), (width,)), new_axis=2,
+                         token="windows-at", meta=np.empty((0, 0, 0), dtype=x.dtype))
+
+
+def gather_rows(x: da.Array, runs: WindowRuns, out_chunks: Sequence[int]) -> da.Array:
+    """Row ``e`` of ``x`` (``(T,)`` or ``(T, k)``) for every window end ``e`` of ``runs``,
+    in blocks of ``out_chunks``: labels and timestamps of the windows."""
+    flat = x.ndim == 1
+    x2 = x[:, None] if flat else x
+    out = windows_at(x2, runs, size=1, scales=(1,), out_chunks=out_chunks)[:, 0, :]
+    return out[:, 0] if flat else out

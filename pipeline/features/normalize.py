@@ -1,0 +1,144 @@
+"""Normalization statistics fitted without look-ahead, and their application blockwise.
+
+- ``global``: each feature's mean and std over the steps of the windows it is fitted on
+  (the first split, or the first fold's training sessions): later splits never inform it.
+- ``trailing``: each session z-scored with the pooled statistics of the ``N`` sessions of
+  its instrument before it. Per-session moments (count, mean, sum of squared deviations)
+  are computed once per block and combined exactly (Chan et al.), in float64: prices
+  far from zero lose no digits, as a sum of squares would.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import dask
+import dask.array as da
+import numpy as np
+
+from pipeline.features.sessions import SegmentTable, WindowRuns
+from pipeline.features.splits import NormalizeSpec
+
+__all__ = ["apply_normalization", "combine_moments", "fit_normalization", "segment_moments"]
+
+
+def _intervals(runs: WindowRuns, halo: int) -> list[tuple[int, int]]:
+    """Row intervals covered by the windows of ``runs`` (their steps), merged."""
+    out: list[list[int]] = []
+    for first, count in zip(runs.first.tolist(), runs.count.tolist()):
+        lo, hi = first - halo, first + (count - 1) * runs.stride + 1
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return [(a, b) for a, b in out]
+
+
+def segment_moments(block: np.ndarray, lo: int, segments: SegmentTable, lookback: int) -> list[tuple]:
+    """``(segment, count, mean, m2)`` per feature for each segment's usable rows in a block
+    that starts at row ``lo``; non-finite values are left out."""
+    hi = lo + block.shape[0]
+    out = []
+    first = int(np.searchsorted(segments.stops, lo, side="right"))
+    for s in range(first, len(segments)):
+        a = max(lo, int(segments.starts[s]) + lookback)
+        b = min(hi, int(segments.stops[s]))
+        if int(segments.starts[s]) >= hi:
+            break
+        if b <= a:
+            continue
+        rows = block[a - lo : b - lo].astype(np.float64)
+        finite = np.isfinite(rows)
+        n = finite.sum(axis=0)
+        vals = np.where(finite, rows, 0.0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = vals.sum(axis=0) / n
+            m2 = (np.where(finite, rows - mean, 0.0) ** 2).sum(axis=0)
+        out.append((s, n.astype(np.float64), np.nan_to_num(mean), m2))
+    return out
+
+
+def combine_moments(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], width: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pooled ``(count, mean, m2)`` of several parts (Chan et al.'s parallel update)."""
+    n = np.zeros(width)
+    mean = np.zeros(width)
+    m2 = np.zeros(width)
+    for nb, mb, m2b in parts:
+        total = n + nb
+        with np.errstate(invalid="ignore", divide="ignore"):
+            delta = mb - mean
+            mean = np.where(total > 0, mean + delta * nb / total, 0.0)
+            m2 = np.where(total > 0, m2 + m2b + delta**2 * n * nb / total, 0.0)
+        n = total
+    return n, mean, m2
+
+
+def fit_normalization(f: da.Array, spec: NormalizeSpec, segments: SegmentTable, fit_runs: WindowRuns,
+                      halo: int, lookback: int = 0) -> tuple[list[Any], Callable[[Sequence[Any]], dict[str, Any]]]:
+    """The dask objects that compute ``spec``'s statistics, and a function that turns
+    their results into the statistics recorded in the store's metadata.
+
+    The caller computes them together with its other reductions: one pass over the data.
+    """
+    if spec.kind == "global":
+        intervals = _intervals(fit_runs, halo)
+        rows = da.concatenate([f[a:b] for a, b in intervals]) if len(intervals) > 1 else f[slice(*intervals[0])]
+        finite = da.where(da.isfinite(rows), rows, np.nan).astype(np.float64)
+
+        def finish_global(res: Sequence[Any]) -> dict[str, Any]:
+            mean = np.nan_to_num(res[0])
+            std = np.where(np.isfinite(res[1]) & (res[1] > 0), res[1], 1.0)
+            return {"kind": "global", "mean": mean.tolist(), "std": std.tolist()}
+
+        return [da.nanmean(finite, axis=0), da.nanstd(finite, axis=0)], finish_global
+    if spec.kind == "trailing":
+        starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+        blocks = f.to_delayed().ravel()
+        tasks = [dask.delayed(segment_moments)(b, int(starts[i]), segments, lookback) for i, b in enumerate(blocks)]
+        width = int(f.shape[1])
+
+        def finish_trailing(res: Sequence[Any]) -> dict[str, Any]:
+            per: dict[int, list] = {}
+            for parts in res:
+                for s, n, m, m2 in parts:
+                    per.setdefault(s, []).append((n, m, m2))
+            moments = [combine_moments(per.get(s, []), width) for s in range(len(segments))]
+            mean = np.zeros((len(segments), width))
+            std = np.ones((len(segments), width))
+            for s in range(len(segments)):
+                mine = np.flatnonzero(segments.instrument == segments.instrument[s])
+                before = mine[segments.session[mine] < segments.session[s]]
+                before = before[np.argsort(segments.session[before])][-spec.sessions:]
+                if before.size < spec.sessions:
+                    continue  # makes no window: it only serves as history
+                n, m, m2 = combine_moments([moments[b] for b in before], width)
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    sd = np.sqrt(m2 / n)
+                mean[s] = np.nan_to_num(m)
+                std[s] = np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
+            return {"kind": "trailing", "sessions": spec.sessions, "mean": mean.tolist(), "std": std.tolist()}
+
+        return tasks, finish_trailing
+    return [], lambda res: {"kind": spec.kind}
+
+
+def apply_normalization(f: da.Array, spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> da.Array:
+    """``f`` z-scored with ``stats`` (global: one mean and std; trailing: per segment)."""
+    if spec.kind == "global":
+        mean = np.asarray(stats["mean"]).astype(np.float32)
+        std = np.asarray(stats["std"]).astype(np.float32)
+        return ((f - mean) / std).astype(np.float32)
+    if spec.kind == "trailing":
+        mean = np.asarray(stats["mean"]).astype(np.float32)
+        std = np.asarray(stats["std"]).astype(np.float32)
+        starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+
+        def block(b: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+            lo = int(starts[block_id[0]])
+            seg = np.searchsorted(segments.stops, np.arange(lo, lo + b.shape[0]), side="right")
+            seg = np.minimum(seg, len(segments) - 1)
+            return ((b - mean[seg]) / std[seg]).astype(np.float32)
+
+        return f.map_blocks(block, dtype=np.float32, token="trailing-zscore")
+    return f

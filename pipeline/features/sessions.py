@@ -1,0 +1,336 @@
+"""Sessions and instruments: which rows form one continuous series, and where windows fit.
+
+A source may hold several instruments and, per instrument, several sessions (trading
+days, or periods between gaps in time). Each (instrument, session) is a *segment*: a
+contiguous run of rows of the source array. A window, its features' lookback and its
+label are made from one segment only: nothing spans the overnight gap or mixes two
+instruments.
+
+Pure arithmetic, no dask and no I/O (tested with hypothesis):
+
+- :class:`SegmentTable`: the segments of a source, in array order;
+- :class:`WindowRuns`: window end rows as runs of a fixed stride, one or more per segment,
+  so that a split, a fold or the windows left after dropping NaN are all described by a
+  few integers per segment instead of an index per window (which would be embedded in
+  every task graph).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.errors import ConfigError, WindowError
+
+__all__ = [
+    "InstrumentSpec",
+    "SegmentTable",
+    "SessionSpec",
+    "WindowRuns",
+    "parse_duration",
+    "window_runs",
+]
+
+_UNITS_NS = {
+    "ns": 1, "us": 10**3, "ms": 10**6, "s": 10**9, "sec": 10**9, "min": 60 * 10**9, "m": 60 * 10**9,
+    "h": 3600 * 10**9, "hour": 3600 * 10**9, "hours": 3600 * 10**9, "d": 86400 * 10**9,
+    "day": 86400 * 10**9, "days": 86400 * 10**9,
+}  # fmt: skip
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+
+
+def parse_duration(value: object, path: str) -> int:
+    """``"30min"``, ``"1h"``, ``"90s"``, ``"500ms"`` -> nanoseconds (a positive int)."""
+    m = _DURATION.match(value) if isinstance(value, str) else None
+    if m is None or m.group(2) not in _UNITS_NS:
+        raise ConfigError(path, "a duration such as '30min', '1h', '90s' or '500ms'", value)
+    ns = int(round(float(m.group(1)) * _UNITS_NS[m.group(2)]))
+    if ns <= 0:
+        raise ConfigError(path, "a positive duration", value)
+    return ns
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """How the rows of each instrument divide into sessions (``source.sessions``).
+
+    Attributes
+    ----------
+    mode
+        ``file``: each file is a session (the default when there are several files);
+        ``date``: a new session whenever the timestamp's calendar date changes;
+        ``gap``: a new session wherever consecutive timestamps are more than ``gap_ns``
+        apart; ``none``: one continuous series per instrument.
+    gap_ns
+        The gap, in nanoseconds, for ``mode="gap"``.
+    """
+
+    mode: Literal["file", "date", "gap", "none"] = "file"
+    gap_ns: int = 0
+
+    @classmethod
+    def from_value(cls, value: Any, path: str) -> "SessionSpec | None":
+        """Parse ``file | date | none | {gap: 30min}``; ``None`` stays ``None`` (default)."""
+        if value is None:
+            return None
+        if isinstance(value, str) and value in ("file", "date", "none"):
+            return cls(mode=value)
+        if isinstance(value, Mapping):
+            unknown = [k for k in value if k != "gap"]
+            if unknown or "gap" not in value:
+                raise ConfigError(path, "file, date, none or {gap: <duration>}", dict(value))
+            return cls(mode="gap", gap_ns=parse_duration(value["gap"], f"{path}.gap"))
+        raise ConfigError(path, "file, date, none or {gap: <duration>}", value)
+
+    @property
+    def needs_timestamps(self) -> bool:
+        return self.mode in ("date", "gap")
+
+
+@dataclass(frozen=True, slots=True)
+class InstrumentSpec:
+    """Where each row's instrument comes from (``source.instrument``).
+
+    Attributes
+    ----------
+    column
+        A table column holding the instrument (a name or a code) of each row.
+    path
+        A path pattern with ``{instrument}`` in it (``data/{instrument}/*.parquet``):
+        the instrument of each file. ``*`` matches within one path component, ``**``
+        across components.
+    """
+
+    column: str | None = None
+    path: str | None = None
+
+    @classmethod
+    def from_value(cls, value: Any, path: str) -> "InstrumentSpec | None":
+        if value is None:
+            return None
+        expected = "{column: NAME} or {path: PATTERN with {instrument}}"
+        if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in ("column", "path"):
+            raise ConfigError(path, expected, value)
+        key, text = next(iter(value.items()))
+        if not isinstance(text, str) or not text:
+            raise ConfigError(f"{path}.{key}", "a non-empty string", text)
+        if key == "path" and text.count("{instrument}") != 1:
+            raise ConfigError(f"{path}.path", "a pattern with {instrument} in it once", text)
+        return cls(**{key: text})
+
+    def path_regex(self) -> re.Pattern[str]:
+        """The ``path`` pattern as a regular expression with an ``instrument`` group."""
+        text = self.path or ""
+        out = []
+        i = 0
+        while i < len(text):
+            if text.startswith("{instrument}", i):
+                out.append(r"(?P<instrument>[^/]+?)")
+                i += len("{instrument}")
+            elif text.startswith("**", i):
+                out.append(".*")
+                i += 2
+            elif text[i] == "*":
+                out.append("[^/]*")
+                i += 1
+            elif text[i] == "?":
+                out.append("[^/]")
+                i += 1
+            else:
+                out.append(re.escape(text[i]))
+                i += 1
+        return re.compile("(?:^|.*/)" + "".join(out) + "$")
+
+    def instrument_of(self, file: str) -> str | None:
+        """The instrument named in ``file``'s path, or ``None`` when it does not match."""
+        m = self.path_regex().match(file.replace("\\", "/"))
+        return m.group("instrument") if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentTable:
+    """Contiguous row ranges of a source, one per (instrument, session), in array order.
+
+    Attributes
+    ----------
+    starts, stops
+        Row range ``[start, stop)`` of each segment; segments tile the rows in order.
+    instrument
+        Instrument code of each segment (an index into ``instruments``).
+    session
+        Session number of each segment, counted in time order within its instrument.
+    instruments
+        Instrument names (``("",)`` when the source has one unnamed instrument).
+    labels
+        A label per segment for people (the file, or the date), for the session table.
+    """
+
+    starts: np.ndarray
+    stops: np.ndarray
+    instrument: np.ndarray
+    session: np.ndarray
+    instruments: tuple[str, ...] = ("",)
+    labels: tuple[str, ...] = ()
+
+    @classmethod
+    def single(cls, rows: int) -> "SegmentTable":
+        """One segment over all ``rows`` rows (one instrument, one session)."""
+        return cls.from_lengths([rows])
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[int], instrument: Sequence[int] | None = None,
+                     session: Sequence[int] | None = None, instruments: Sequence[str] = ("",),
+                     labels: Sequence[str] = ()) -> "SegmentTable":
+        """Segments of the given row counts, one after another from row 0.
+
+        By default every segment is a session of instrument 0, numbered in order.
+        """
+        lengths = np.asarray(lengths, dtype=np.int64).reshape(-1)
+        if lengths.size == 0 or (lengths < 0).any():
+            raise WindowError(f"sessions: expected non-negative row counts, got {lengths.tolist()[:8]}")
+        stops = np.cumsum(lengths)
+        starts = stops - lengths
+        k = lengths.size
+        inst = np.zeros(k, np.int32) if instrument is None else np.asarray(instrument, np.int32)
+        if session is None:
+            sess = np.zeros(k, np.int32)
+            for code in np.unique(inst):
+                where = np.flatnonzero(inst == code)
+                sess[where] = np.arange(where.size, dtype=np.int32)
+        else:
+            sess = np.asarray(session, np.int32)
+        return cls(starts, stops, inst, sess, tuple(instruments), tuple(labels))
+
+    def __len__(self) -> int:
+        return int(self.starts.size)
+
+    @property
+    def rows(self) -> int:
+        return int(self.stops[-1]) if len(self) else 0
+
+    def head_mask(self, lo: int, hi: int, lookback: int) -> np.ndarray:
+        """Rows ``[lo, hi)`` that lie in the first ``lookback`` rows of their segment:
+        their features would borrow history from the segment before."""
+        rows = np.arange(lo, hi, dtype=np.int64)
+        seg = np.searchsorted(self.stops, rows, side="right")
+        seg = np.minimum(seg, len(self) - 1)
+        return rows < self.starts[seg] + lookback
+
+    def describe(self, windows: np.ndarray | None = None, times: np.ndarray | None = None) -> list[dict]:
+        """The session table: per segment its instrument, session, rows and windows,
+        with its first and last timestamp when ``times`` (``(k, 2)`` ns) are given."""
+        out = []
+        for k in range(len(self)):
+            row: dict[str, Any] = {
+                "instrument": self.instruments[int(self.instrument[k])],
+                "session": int(self.session[k]),
+                "rows": [int(self.starts[k]), int(self.stops[k])],
+            }
+            if self.labels:
+                row["label"] = self.labels[k]
+            if times is not None:
+                row["start"] = str(np.datetime64(int(times[k, 0]), "ns"))
+                row["end"] = str(np.datetime64(int(times[k, 1]), "ns"))
+            if windows is not None:
+                row["windows"] = int(windows[k])
+            out.append(row)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRuns:
+    """Window end rows as runs: run ``r`` holds ``count[r]`` windows ending at
+    ``first[r], first[r] + stride, ...``, all inside segment ``segment[r]``.
+
+    Windows are numbered in run order; runs are in row order.
+    """
+
+    first: np.ndarray
+    count: np.ndarray
+    segment: np.ndarray
+    stride: int
+
+    @property
+    def n(self) -> int:
+        return int(self.count.sum())
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """Index of each run's first window, and the total at the end."""
+        return np.concatenate([[0], np.cumsum(self.count)]).astype(np.int64)
+
+    def locate(self, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Run and position in the run of each window index."""
+        index = np.asarray(index, dtype=np.int64)
+        run = np.searchsorted(self.offsets, index, side="right") - 1
+        return run, index - self.offsets[run]
+
+    def ends(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """End rows of windows ``[lo, hi)`` (int64)."""
+        hi = self.n if hi is None else hi
+        run, pos = self.locate(np.arange(lo, hi, dtype=np.int64))
+        return self.first[run] + pos * self.stride
+
+    def segments_of(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """Segment of windows ``[lo, hi)``."""
+        hi = self.n if hi is None else hi
+        run, _ = self.locate(np.arange(lo, hi, dtype=np.int64))
+        return self.segment[run]
+
+    def per_segment(self, n_segments: int) -> np.ndarray:
+        """Windows per segment."""
+        return np.bincount(self.segment, weights=self.count, minlength=n_segments).astype(np.int64)
+
+    def subset(self, keep: np.ndarray) -> "WindowRuns":
+        """The windows where ``keep`` (a boolean per window) is true, as runs."""
+        keep = np.asarray(keep, dtype=bool)
+        if keep.size != self.n:
+            raise WindowError(f"windows: a mask of {keep.size} for {self.n} windows")
+        idx = np.flatnonzero(keep)
+        if idx.size == 0:
+            return WindowRuns(*(np.zeros(0, np.int64),) * 2, np.zeros(0, np.int32), self.stride)
+        run, pos = self.locate(idx)
+        # A new run starts where the run changes or a window was left out before it.
+        brk = np.ones(idx.size, dtype=bool)
+        brk[1:] = (run[1:] != run[:-1]) | (pos[1:] != pos[:-1] + 1)
+        starts = np.flatnonzero(brk)
+        counts = np.diff(np.append(starts, idx.size))
+        return WindowRuns(self.first[run[starts]] + pos[starts] * self.stride, counts.astype(np.int64),
+                          self.segment[run[starts]], self.stride)
+
+    def take(self, index: np.ndarray) -> "WindowRuns":
+        """The windows at sorted ``index`` (window numbers), as runs."""
+        keep = np.zeros(self.n, dtype=bool)
+        keep[np.asarray(index, dtype=np.int64)] = True
+        return self.subset(keep)
+
+    def to_attrs(self) -> dict[str, list[int]]:
+        return {"first": self.first.tolist(), "count": self.count.tolist(), "segment": self.segment.tolist(),
+                "stride": self.stride}
+
+
+def window_runs(segments: SegmentTable, *, size: int, stride: int, scales: Sequence[int], back: int,
+                fwd: int) -> WindowRuns:
+    """Every window that fits inside one segment, with its history and label.
+
+    In a segment of rows ``[a, b)`` the windows end at ``a + back, a + back + stride,
+    ...`` up to ``b - 1 - fwd``, where ``back`` is how far a window reaches before its end
+    row (its steps and their features' lookback, or the label's history if longer) and
+    ``fwd`` how far its label reaches after. Segments too short for one window have
+    none. With one segment starting at row 0 this is the unsegmented geometry
+    (``back = (size - 1) * max(scales) + lookback``).
+
+    ``size`` and ``scales`` are not needed beyond ``back``; they are taken to check that
+    ``back`` covers the window's own steps.
+    """
+    halo = (size - 1) * max(scales)
+    if back < halo:
+        raise WindowError(f"windows: a reach of {back} steps back does not cover the window's {halo}")
+    first = segments.starts + back
+    last = segments.stops - 1 - fwd
+    count = np.where(last >= first, (last - first) // stride + 1, 0).astype(np.int64)
+    keep = count > 0
+    return WindowRuns(first[keep].astype(np.int64), count[keep], np.flatnonzero(keep).astype(np.int32), int(stride))

@@ -1,0 +1,228 @@
+"""Splits and walk-forward folds: which windows go where, with no time step shared.
+
+Every window reaches from ``e - back`` (its oldest step's feature history, or its
+label's history) to ``e + fwd`` (its label's last step). A split is an interval of time
+``[lo, hi)``; a window belongs to it when its whole reach lies inside. A window that
+straddles a cut belongs to no split: that is the leakage gap. Where a cut falls on a
+session boundary no window straddles it (windows never span sessions), so date splits
+on daily sessions lose nothing.
+
+"Time" is the timestamp where there is one and the row number otherwise (one
+instrument's rows are in time order). Pure arithmetic: no dask, no I/O.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Literal, Mapping
+
+import numpy as np
+
+from pipeline.errors import ConfigError, WindowError
+
+__all__ = [
+    "FoldSpec",
+    "NormalizeSpec",
+    "assign_splits",
+    "fold_sessions",
+    "fraction_cuts",
+    "parse_splits",
+    "to_ns",
+]
+
+
+def to_ns(value: Any, path: str) -> int:
+    """A date or datetime (``2026-01-08``, ``2026-01-08T12:00``) as int64 ns since the epoch."""
+    if isinstance(value, _dt.datetime):
+        value = value.replace(tzinfo=None).isoformat()
+    elif isinstance(value, _dt.date):
+        value = value.isoformat()
+    if not isinstance(value, str):
+        raise ConfigError(path, "a date such as '2026-01-08' or a datetime '2026-01-08T12:00'", value)
+    try:
+        return int(np.datetime64(value.strip().replace(" ", "T"), "ns").astype(np.int64))
+    except ValueError:
+        raise ConfigError(path, "a date such as '2026-01-08' or a datetime '2026-01-08T12:00'", value) from None
+
+
+def parse_splits(value: Any, path: str) -> dict[str, Any]:
+    """``{train: 0.8, val: 0.2}`` (fractions by time) or ``{train: {until: "2026-01-08"},
+    test: {}}`` (dates; ``until`` exclusive; the last split may omit it and take the rest).
+
+    Returns the mapping with fractions as floats, or date bounds as ``{"until": ns}``
+    (``None`` for an open end).
+    """
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError(path, "a mapping of split name to fraction or to {until: date}", value)
+    for name in value:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ConfigError(f"{path}.{name}", "a split name made of letters, digits and _", name)
+    dated = [isinstance(v, Mapping) or v is None for v in value.values()]
+    if any(dated) and not all(dated):
+        raise ConfigError(path, "fractions for every split, or {until: date} for every split", dict(value))
+    if not all(dated):
+        out: dict[str, Any] = {}
+        for name, frac in value.items():
+            if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 < frac <= 1:
+                raise ConfigError(f"{path}.{name}", "a fraction in (0, 1]", frac)
+            out[name] = float(frac)
+        total = sum(out.values())
+        if total > 1.0 + 1e-9:
+            raise ConfigError(path, "fractions that sum to at most 1", f"a sum of {total:g}")
+        return out
+    out = {}
+    names = list(value)
+    previous = None
+    for i, name in enumerate(names):
+        bound = value[name] or {}
+        unknown = [k for k in bound if k != "until"]
+        if unknown:
+            raise ConfigError(f"{path}.{name}.{unknown[0]}", "", detail="unknown key (expected: until)")
+        if "until" not in bound or bound["until"] is None:
+            if i != len(names) - 1:
+                raise ConfigError(f"{path}.{name}.until", "", detail="missing: every split but the last needs until")
+            out[name] = {"until": None}
+            continue
+        ns = to_ns(bound["until"], f"{path}.{name}.until")
+        if previous is not None and ns <= previous:
+            raise ConfigError(f"{path}.{name}.until", "a date after the previous split's", bound["until"])
+        previous = ns
+        out[name] = {"until": ns}
+    return out
+
+
+def is_dated(splits: Mapping[str, Any]) -> bool:
+    return any(isinstance(v, Mapping) for v in splits.values())
+
+
+@dataclass(frozen=True, slots=True)
+class NormalizeSpec:
+    """Feature normalization (``features.normalize``).
+
+    ``global``: z-score with the train split's statistics; ``window``: per window and
+    feature; ``none``; ``trailing``: each session z-scored with the statistics of the
+    ``sessions`` sessions of its instrument before it (no look-ahead). The first
+    ``sessions`` sessions of each instrument have no such history: they make no window
+    and serve only as history for the ones after.
+    """
+
+    kind: Literal["global", "window", "none", "trailing"] = "global"
+    sessions: int = 0
+
+    @classmethod
+    def from_value(cls, value: Any, path: str) -> "NormalizeSpec":
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, str) and value in ("global", "window", "none"):
+            return cls(kind=value)
+        if isinstance(value, Mapping) and value.get("kind") == "trailing":
+            unknown = [k for k in value if k not in ("kind", "sessions")]
+            if unknown:
+                raise ConfigError(f"{path}.{unknown[0]}", "", detail="unknown key (expected: kind, sessions)")
+            n = value.get("sessions")
+            if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
+                raise ConfigError(f"{path}.sessions", "a positive integer", n)
+            return cls(kind="trailing", sessions=n)
+        raise ConfigError(path, "global, window, none or {kind: trailing, sessions: N}", value)
+
+
+@dataclass(frozen=True, slots=True)
+class FoldSpec:
+    """Walk-forward folds over sessions (``output.folds``).
+
+    Fold ``k`` tests on ``test_sessions`` sessions and trains on the sessions before
+    them: all of them (``anchored``) or the last ``train_sessions`` (``rolling``,
+    default ``min_train_sessions``). The first fold has ``min_train_sessions`` sessions
+    to train on; folds step forward by ``test_sessions``.
+    """
+
+    kind: Literal["anchored", "rolling"] = "anchored"
+    test_sessions: int = 1
+    min_train_sessions: int = 1
+    train_sessions: int | None = None
+
+    @classmethod
+    def from_value(cls, value: Any, path: str) -> "FoldSpec | None":
+        if value is None:
+            return None
+        if not isinstance(value, Mapping):
+            raise ConfigError(path, "a mapping {kind, test_sessions, min_train_sessions}", value)
+        allowed = ("kind", "test_sessions", "min_train_sessions", "train_sessions")
+        for key in value:
+            if key not in allowed:
+                raise ConfigError(f"{path}.{key}", "", detail=f"unknown key (expected one of: {', '.join(allowed)})")
+        kind = value.get("kind", "anchored")
+        if kind not in ("anchored", "rolling"):
+            raise ConfigError(f"{path}.kind", "one of 'anchored', 'rolling'", kind)
+        ints = {}
+        for key, default in (("test_sessions", 1), ("min_train_sessions", 1), ("train_sessions", None)):
+            v = value.get(key, default)
+            if v is None:
+                ints[key] = None
+                continue
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"{path}.{key}", "a positive integer", v)
+            ints[key] = v
+        return cls(kind=kind, **ints)
+
+
+def fraction_cuts(keys_lo: np.ndarray, order: np.ndarray, fractions: Mapping[str, float], gap: int) -> list[int]:
+    """Cut points between fraction splits, in the units of ``keys_lo``.
+
+    Windows are counted in time order (``order`` sorts them by end time); split ``k``
+    gets ``fractions[k]`` of them as :func:`~pipeline.features.geometry.split_ranges`
+    counts them with ``gap`` windows between splits, and the cut before split ``k + 1``
+    is the reach start of its first window. Returns one cut per boundary.
+    """
+    from pipeline.features.geometry import split_ranges
+
+    ranges = list(split_ranges(int(order.size), fractions, gap).values())
+    return [int(keys_lo[order[lo]]) for lo, _ in ranges[1:]]
+
+
+def assign_splits(keys_lo: np.ndarray, keys_hi: np.ndarray, cuts: list[int | None],
+                  names: list[str]) -> np.ndarray:
+    """Split of each window (``-1``: none, it straddles a cut), given its reach
+    ``[keys_lo, keys_hi]`` and the cuts between consecutive splits (``len(names) - 1``
+    of them, increasing; a last ``until`` may follow, past which windows are left out).
+
+    Split ``k`` holds the windows with ``cut[k-1] <= keys_lo`` and ``keys_hi < cut[k]``.
+    """
+    bounds = [None, *cuts]
+    if len(bounds) == len(names):
+        bounds.append(None)
+    out = np.full(keys_lo.shape, -1, dtype=np.int32)
+    for k in range(len(names)):
+        lo, hi = bounds[k], bounds[k + 1]
+        inside = np.ones(keys_lo.shape, dtype=bool)
+        if lo is not None:
+            inside &= keys_lo >= lo
+        if hi is not None:
+            inside &= keys_hi < hi
+        out[inside & (out < 0)] = k
+    return out
+
+
+def fold_sessions(periods: int, spec: FoldSpec) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Train and test periods (session numbers in time order) of every fold.
+
+    Raises
+    ------
+    WindowError
+        When there are too few sessions for one fold.
+    """
+    out = []
+    test_start = spec.min_train_sessions
+    train_len = spec.train_sessions or spec.min_train_sessions
+    while test_start + spec.test_sessions <= periods:
+        test = np.arange(test_start, test_start + spec.test_sessions)
+        lo = 0 if spec.kind == "anchored" else max(0, test_start - train_len)
+        out.append((np.arange(lo, test_start), test))
+        test_start += spec.test_sessions
+    if not out:
+        raise WindowError(
+            f"folds: {periods} sessions are too few for one fold of {spec.min_train_sessions} train and "
+            f"{spec.test_sessions} test sessions; use more data or smaller folds"
+        )
+    return out

@@ -1,0 +1,252 @@
+"""A source split into instruments and sessions: rows in segment order, and the segment table.
+
+Rows are arranged instrument after instrument (in name order), each instrument's rows
+in time order; within an instrument, sessions follow each other. The table of segments
+(:class:`~pipeline.features.sessions.SegmentTable`) then tells the feature stage where
+no window, feature lookback or label may cross.
+
+Instruments come from the path (``data/{instrument}/*.parquet``: each instrument's files
+are opened as a source of their own, so time order is checked per instrument) or from a
+column (rows are picked out of every chunk by their instrument code, one task per chunk
+and instrument, after one pass that counts them). Sessions come from files (known from
+the file list), from calendar dates or from gaps in time (one pass over the timestamps,
+each chunk compared with its neighbour for the breaks between chunks).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import dask
+import dask.array as da
+import numpy as np
+
+from pipeline.errors import ConfigError, LoaderError
+from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec
+from pipeline.loaders import Source, expand_paths, open_source
+
+__all__ = ["SegmentedSource", "open_segmented"]
+
+_DAY_NS = 86_400 * 10**9
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentedSource:
+    """Rows of every instrument and session, with the table that delimits them."""
+
+    array: da.Array
+    columns: tuple[str, ...]
+    timestamps: da.Array | None
+    segments: SegmentTable
+    sources: tuple[Source, ...]
+    session_mode: str = "none"
+    skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    @property
+    def files(self) -> tuple[Any, ...]:
+        return tuple(f for s in self.sources for f in s.files)
+
+    def metadata(self) -> dict[str, Any]:
+        """Provenance of every file, the instruments and the session mode."""
+        parts = [s.metadata() for s in self.sources]
+        out = dict(parts[0])
+        out["files"] = [f for p in parts for f in p["files"]]
+        out["skipped"] = [s for p in parts for s in p["skipped"]]
+        out["shape"] = list(self.array.shape)
+        out["instruments"] = list(self.segments.instruments)
+        out["sessions"] = self.session_mode
+        return out
+
+
+def _file_rows(src: Source) -> list[int]:
+    """Rows of each file of a source, from how its chunks map to files."""
+    chunks = [int(c) for c in src.array.chunks[0]]
+    per_file = getattr(src, "file_chunks", None)
+    if per_file is None and len(chunks) == len(src.files):
+        per_file = (1,) * len(chunks)
+    if per_file is not None:
+        edges = np.concatenate([[0], np.cumsum(chunks)])
+        idx = np.concatenate([[0], np.cumsum(per_file)])
+        return [int(edges[b] - edges[a]) for a, b in zip(idx, idx[1:])]
+    rows = [int(f.rows or 0) for f in src.files]
+    if sum(rows) != sum(chunks):
+        raise LoaderError(src.files[0].path, "cannot tell which rows belong to which file (rows were dropped); "
+                          "use source.sessions: date or a gap instead of file")
+    return rows
+
+
+def _breaks(ts: da.Array, mode: str, gap_ns: int) -> np.ndarray:
+    """Rows (of ``ts``) where a new session starts, row 0 excluded."""
+    if ts.shape[0] == 0:
+        return np.zeros(0, np.int64)
+
+    def block(b: np.ndarray) -> tuple[int, int, np.ndarray]:
+        b = np.asarray(b, dtype=np.int64)
+        if b.size == 0:
+            return 0, 0, np.zeros(0, np.int64)
+        if mode == "date":
+            key = np.floor_divide(b, _DAY_NS)
+            inner = np.flatnonzero(key[1:] != key[:-1]) + 1
+        else:
+            inner = np.flatnonzero(np.diff(b) > gap_ns) + 1
+        return int(b[0]), int(b[-1]), inner
+
+    parts = dask.compute(*(dask.delayed(block)(b) for b in ts.to_delayed().ravel()))
+    starts = np.concatenate([[0], np.cumsum(ts.chunks[0])]).astype(np.int64)
+    out: list[np.ndarray] = []
+    prev_last = None
+    for i, (first, last, inner) in enumerate(parts):
+        if starts[i + 1] == starts[i]:
+            continue
+        if prev_last is not None:
+            split = (first // _DAY_NS != prev_last // _DAY_NS) if mode == "date" else (first - prev_last > gap_ns)
+            if split:
+                out.append(np.array([starts[i]]))
+        out.append(inner + starts[i])
+        prev_last = last
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _day_label(ns: int) -> str:
+    return str(np.datetime64(int(ns), "ns").astype("datetime64[D]"))
+
+
+def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, files: Sequence[str],
+                  file_rows: Sequence[int], strip: re.Pattern[str] | None) -> tuple[list[int], list[str]]:
+    """Row counts of one instrument's sessions and a key per session (equal keys across
+    instruments are the same period: the same file name or date)."""
+    if spec.mode == "none":
+        return [rows], [""]
+    if spec.mode == "file":
+        keys = []
+        for f in files:
+            name = f.replace("\\", "/")
+            m = strip.match(name) if strip is not None else None
+            keys.append(name[: m.start("instrument")] + "{instrument}" + name[m.end("instrument"):] if m else name)
+        return list(file_rows), keys
+    if ts is None:
+        raise ConfigError("source.sessions", "", detail=f"{spec.mode} sessions need timestamps; set source.timestamp")
+    cuts = _breaks(ts, spec.mode, spec.gap_ns).tolist()
+    bounds = [0, *cuts, rows]
+    lengths = [b - a for a, b in zip(bounds, bounds[1:])]
+    if spec.mode == "date":
+        firsts = dask.compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0] if rows else np.zeros(0, np.int64)
+        return lengths, [_day_label(int(v)) for v in firsts]
+    return lengths, [f"#{i}" for i in range(len(lengths))]
+
+
+def _by_code(src: Source) -> list[tuple[str, da.Array, da.Array | None, list[int]]]:
+    """Each instrument's rows of a source whose rows carry instrument codes."""
+    codes = src.instrument_codes
+    names = src.instruments
+    x = src.array.rechunk({1: -1})
+    c2 = codes.rechunk((x.chunks[0],))[:, None]
+
+    def count(b: np.ndarray) -> np.ndarray:
+        return np.bincount(np.asarray(b).ravel(), minlength=len(names))
+
+    counts = np.stack(dask.compute(*(dask.delayed(count)(b) for b in c2.to_delayed().ravel())))
+    chunk_file = np.repeat(np.arange(len(src.files)), _chunks_per_file(src))
+    out = []
+    for k, name in enumerate(names):
+        kc = tuple(int(v) for v in counts[:, k])
+
+        def pick(b: np.ndarray, c: np.ndarray, k: int = k) -> np.ndarray:
+            return b[c[:, 0] == k]
+
+        xk = da.map_blocks(pick, x, c2, dtype=x.dtype, chunks=(kc, x.chunks[1]), token=f"instrument-{k}")
+        tk = None
+        if src.timestamps is not None:
+            t2 = src.timestamps.rechunk((x.chunks[0],))[:, None]
+            tk = da.map_blocks(pick, t2, c2, dtype=t2.dtype, chunks=(kc, (1,)), token=f"instrument-t-{k}")[:, 0]
+        per_file = np.bincount(chunk_file, weights=counts[:, k], minlength=len(src.files)).astype(int).tolist()
+        out.append((str(name), xk, tk, per_file))
+    return out
+
+
+def _chunks_per_file(src: Source) -> Sequence[int]:
+    per_file = getattr(src, "file_chunks", None)
+    if per_file is not None:
+        return per_file
+    if len(src.array.chunks[0]) == len(src.files):
+        return (1,) * len(src.files)
+    rows = np.cumsum([int(f.rows or 0) for f in src.files])
+    edges = np.cumsum(src.array.chunks[0])
+    idx = np.searchsorted(edges, rows, side="left") + 1
+    return np.diff(np.concatenate([[0], idx])).tolist()
+
+
+def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
+                   storage_options: dict | None = None, **options: Any) -> SegmentedSource:
+    """Open a table source and divide it into instruments and sessions.
+
+    Parameters
+    ----------
+    paths
+        As for :func:`pipeline.loaders.open_source`.
+    sessions
+        How rows divide into sessions (default: ``file`` when there are several files,
+        else one session).
+    instrument
+        Where each row's instrument comes from (default: one instrument).
+    storage_options, options
+        Passed to :func:`pipeline.loaders.open_source`.
+    """
+    so = storage_options
+    files = expand_paths(paths, so)
+    spec = sessions or SessionSpec(mode="file" if len(files) > 1 else "none")
+    strip = instrument.path_regex() if instrument is not None and instrument.path else None
+    groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str]]] = []
+    sources: list[Source] = []
+    if strip is not None:
+        by_name: dict[str, list[str]] = {}
+        for f in files:
+            name = instrument.instrument_of(f)
+            if name is None:
+                raise LoaderError(f, f"does not match source.instrument.path {instrument.path!r}")
+            by_name.setdefault(name, []).append(f)
+        for name in sorted(by_name):
+            src = open_source(by_name[name], storage_options=so, **options)
+            sources.append(src)
+            groups.append((name, src.array, src.timestamps, _file_rows(src), [f.path for f in src.files]))
+        cols = {s.columns for s in sources}
+        if len(cols) > 1:
+            a, b = sources[0], next(s for s in sources if s.columns != sources[0].columns)
+            raise LoaderError(b.files[0].path, f"has columns {list(b.columns)}, but {a.files[0].path} has "
+                              f"{list(a.columns)}; every instrument needs the same columns")
+    elif instrument is not None and instrument.column:
+        src = open_source(files, storage_options=so, instrument_column=instrument.column, **options)
+        sources.append(src)
+        for name, xk, tk, per_file in _by_code(src):
+            groups.append((name, xk, tk, per_file, [f.path for f in src.files]))
+    else:
+        src = open_source(files, storage_options=so, **options)
+        sources.append(src)
+        groups.append(("", src.array, src.timestamps, _file_rows(src), [f.path for f in src.files]))
+
+    lengths: list[int] = []
+    inst: list[int] = []
+    keys: list[str] = []
+    for k, (_, xk, tk, per_file, fnames) in enumerate(groups):
+        rows, ks = _session_runs(int(xk.shape[0]), tk, spec, fnames, per_file, strip)
+        lengths += rows
+        inst += [k] * len(rows)
+        keys += ks
+    if spec.mode == "gap":
+        session = np.concatenate([np.arange(np.sum(np.asarray(inst) == k)) for k in range(len(groups))])
+    else:
+        _, session = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
+    labels = [k.replace("{instrument}", groups[i][0]) for k, i in zip(keys, inst)]
+    table = SegmentTable.from_lengths(lengths, instrument=inst, session=session,
+                                      instruments=[g[0] for g in groups], labels=labels)
+    array = groups[0][1] if len(groups) == 1 else da.concatenate([g[1] for g in groups])
+    stamps = [g[2] for g in groups]
+    timestamps = None
+    if all(t is not None for t in stamps):
+        timestamps = stamps[0] if len(stamps) == 1 else da.concatenate(stamps)
+    return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
+                           segments=table, sources=tuple(sources), session_mode=spec.mode,
+                           skipped=tuple(s for src in sources for s in src.skipped))

@@ -1,0 +1,227 @@
+"""Sessions and instruments: windows, features, labels and normalization never span a
+segment, against a plain-numpy reference that computes each segment on its own."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import ConfigError, WindowError
+from pipeline.features import FeatureSpec, LabelSpec, build_training_set, windows
+from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, WindowRuns, window_runs
+from pipeline.features.splits import NormalizeSpec
+from tests.features.test_steps import COLS, book, reference
+from tests.features.test_windows import reference as windows_ref
+
+SPECS = [FeatureSpec.from_mapping(v, "f") for v in
+         ["mid_price", {"name": "imbalance", "levels": 2}, {"name": "rolling_std", "window": 4}]]
+L = max(s.lookback_steps for s in SPECS)
+
+
+def segment_reference(x: np.ndarray, size: int, stride: int, scales: tuple[int, ...], horizon: int,
+                      scale: float = 1.0):
+    """Windows and return labels of one segment computed on its own (ends counted from
+    the segment's first usable row)."""
+    if len(x) == 0:
+        width = len(SPECS) * len(scales)
+        return np.empty((0, size, width), np.float32), np.empty(0, np.float32), np.empty(0, np.int64)
+    feats = np.stack([reference(x, s) for s in SPECS], axis=1).astype(np.float32)
+    mid = (x[:, COLS.index("bid_price_1")].astype(np.float64) + x[:, COLS.index("ask_price_1")]) / 2
+    logmid = np.log(mid)
+    f = feats[L:]
+    w = windows_ref(f[: max(0, len(f) - horizon)], size, stride, scales)
+    halo = (size - 1) * max(scales)
+    ends = np.arange(halo, halo + stride * len(w), stride)[: len(w)] + L
+    y = ((logmid[ends + horizon] - logmid[ends]) * scale).astype(np.float32)
+    return w, y, ends
+
+
+def concat_reference(x, lengths, size, stride, scales, horizon, scale=1.0):
+    ws, ys, sess = [], [], []
+    start = 0
+    for k, n in enumerate(lengths):
+        w, y, _ = segment_reference(x[start : start + n], size, stride, scales, horizon, scale)
+        ws.append(w)
+        ys.append(y)
+        sess.append(np.full(len(w), k, np.int32))
+        start += n
+    return np.concatenate(ws), np.concatenate(ys), np.concatenate(sess)
+
+
+# -- pure arithmetic -----------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=6), stride=st.integers(1, 4),
+       back=st.integers(0, 9), fwd=st.integers(0, 5), data=st.data())
+def test_window_runs_equal_a_loop_over_segments(lengths, stride, back, fwd, data):
+    table = SegmentTable.from_lengths(lengths)
+    runs = window_runs(table, size=1, stride=stride, scales=(1,), back=back, fwd=fwd)
+    expect, seg = [], []
+    for k, (a, b) in enumerate(zip(table.starts, table.stops)):
+        e = a + back
+        while e + fwd <= b - 1:
+            expect.append(e)
+            seg.append(k)
+            e += stride
+    np.testing.assert_array_equal(runs.ends(), np.asarray(expect, dtype=np.int64))
+    np.testing.assert_array_equal(runs.segments_of(), np.asarray(seg, dtype=np.int64))
+    assert runs.n == len(expect)
+    if runs.n:
+        keep = np.asarray(data.draw(st.lists(st.booleans(), min_size=runs.n, max_size=runs.n)))
+        sub = runs.subset(keep)
+        np.testing.assert_array_equal(sub.ends(), np.asarray(expect)[keep])
+        np.testing.assert_array_equal(sub.segments_of(), np.asarray(seg)[keep])
+        lo = data.draw(st.integers(0, runs.n))
+        hi = data.draw(st.integers(lo, runs.n))
+        np.testing.assert_array_equal(runs.ends(lo, hi), np.asarray(expect[lo:hi], dtype=np.int64))
+
+
+def test_head_mask_marks_the_first_lookback_rows_of_each_segment():
+    table = SegmentTable.from_lengths([5, 2, 6])
+    np.testing.assert_array_equal(table.head_mask(0, 13, 3),
+                                  [1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 0, 0, 0])
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 60), min_size=1, max_size=5), stride=st.integers(1, 3),
+       size=st.integers(1, 5), scales=st.lists(st.integers(1, 3), min_size=1, max_size=2, unique=True),
+       chunk=st.integers(1, 50))
+def test_public_windows_per_session_equal_each_session_on_its_own(lengths, stride, size, scales, chunk):
+    x = np.random.default_rng(0).standard_normal((sum(lengths), 3)).astype(np.float32)
+    scales = tuple(scales)
+    parts, start = [], 0
+    for n in lengths:
+        parts.append(windows_ref(x[start : start + n], size, stride, scales))
+        start += n
+    expect = np.concatenate(parts)
+    if len(expect) == 0:
+        with pytest.raises(WindowError, match="no session"):
+            windows(da.from_array(x, chunks=(chunk, -1)), size=size, stride=stride, scales=scales, sessions=lengths)
+        return
+    got = windows(da.from_array(x, chunks=(chunk, -1)), size=size, stride=stride, scales=scales, sessions=lengths)
+    np.testing.assert_array_equal(got.compute(), expect)
+    assert got.attrs["windows"]["sessions"] == lengths
+
+
+def test_session_and_instrument_specs_parse_and_refuse():
+    assert SessionSpec.from_value({"gap": "30min"}, "s").gap_ns == 30 * 60 * 10**9
+    assert SessionSpec.from_value("date", "s").mode == "date"
+    for bad in ("daily", {"gap": "soon"}, {"gap": "-1s"}, {"every": "1h"}, 3):
+        with pytest.raises(ConfigError, match=r"^s"):
+            SessionSpec.from_value(bad, "s")
+    spec = InstrumentSpec.from_value({"path": "data/{instrument}/*.parquet"}, "i")
+    assert spec.instrument_of("/tmp/x/data/AAPL/2026-01-05.parquet") == "AAPL"
+    assert spec.instrument_of("/tmp/x/other/AAPL/2026-01-05.csv") is None
+    with pytest.raises(ConfigError, match="i.path"):
+        InstrumentSpec.from_value({"path": "data/*.parquet"}, "i")
+    with pytest.raises(ConfigError, match="^i:"):
+        InstrumentSpec.from_value({"column": "sym", "path": "x/{instrument}"}, "i")
+
+
+# -- the whole feature stage ---------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(lengths=st.lists(st.integers(0, 90), min_size=1, max_size=4), chunk=st.integers(3, 70),
+       stride=st.integers(1, 3), size=st.integers(2, 5), horizon=st.integers(1, 4),
+       instruments=st.integers(1, 2), data=st.data())
+def test_build_equals_each_segment_computed_on_its_own(lengths, chunk, stride, size, horizon, instruments, data):
+    """Any chunking, sessions shorter than a window, chunk edges on session edges
+    (chunks drawn from the session lengths too), several instruments."""
+    assume(sum(lengths) > 0)
+    scales = (1, 2)
+    x = book(sum(lengths) + 1, seed=7)[: sum(lengths)]
+    inst = sorted(data.draw(st.lists(st.integers(0, instruments - 1), min_size=len(lengths), max_size=len(lengths))))
+    table = SegmentTable.from_lengths(lengths, instrument=inst, instruments=[f"i{k}" for k in range(instruments)])
+    ref_x, ref_y, ref_s = concat_reference(x, lengths, size, stride, scales, horizon, scale=1e4)
+    if data.draw(st.booleans()):
+        chunks = tuple(n for n in lengths if n) or (1,)
+    else:
+        chunks = chunk
+    kw = dict(columns=COLS, features=SPECS, size=size, stride=stride, scales=scales, normalize="none",
+              label=LabelSpec(horizon=horizon, scale=1e4), segments=table)
+    if len(ref_x) == 0:
+        with pytest.raises(WindowError):
+            build_training_set(da.from_array(x, chunks=(chunks, -1)), **kw)
+        return
+    ts = build_training_set(da.from_array(x, chunks=(chunks, -1)), **kw)
+    got = ts.splits["train"]
+    np.testing.assert_allclose(got["x"].compute(), ref_x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got["y"].compute(), ref_y, rtol=1e-5, atol=1e-4)
+    np.testing.assert_array_equal(got["session"].compute(), table.session[ref_s])
+    if instruments > 1:
+        np.testing.assert_array_equal(got["instrument"].compute(), table.instrument[ref_s])
+    windows_per = [row["windows"] for row in ts.attrs["sessions"]]
+    assert windows_per == np.bincount(ref_s, minlength=len(lengths)).tolist()
+
+
+def test_trailing_normalization_uses_only_the_sessions_before():
+    lengths = [120, 100, 130, 110]
+    x = book(sum(lengths), seed=11)
+    table = SegmentTable.from_lengths(lengths)
+    ts = build_training_set(da.from_array(x, chunks=(77, -1)), columns=COLS, features=SPECS, size=4, stride=3,
+                            scales=(1,), label=LabelSpec(horizon=2), segments=table,
+                            normalize=NormalizeSpec(kind="trailing", sessions=2))
+    raw = build_training_set(da.from_array(x, chunks=(77, -1)), columns=COLS, features=SPECS, size=4, stride=3,
+                             scales=(1,), label=LabelSpec(horizon=2), segments=table, normalize="none")
+    sess = ts.splits["train"]["session"].compute()
+    assert sorted(set(sess.tolist())) == [2, 3]  # the first two sessions only serve as history
+    keep = np.isin(raw.splits["train"]["session"].compute(), [2, 3])
+    xr = raw.splits["train"]["x"].compute()[keep]
+    xt = ts.splits["train"]["x"].compute()
+    start = np.concatenate([[0], np.cumsum(lengths)])
+    for s in (2, 3):
+        rows = []
+        for p in (s - 2, s - 1):
+            seg = x[start[p] : start[p + 1]]
+            rows.append(np.stack([reference(seg, spec) for spec in SPECS], axis=1)[L:])
+        pooled = np.concatenate(rows)
+        mean, std = np.nanmean(pooled, axis=0), np.nanstd(pooled, axis=0)
+        expect = (xr[sess == s] - mean.astype(np.float32)) / std.astype(np.float32)
+        np.testing.assert_allclose(xt[sess == s], expect, rtol=1e-4, atol=1e-4)
+    assert np.asarray(ts.attrs["normalization"]["mean"]).shape == (4, len(SPECS))
+
+
+def _times(lengths: list[int], days: list[int]) -> np.ndarray:
+    """One timestamp per row: session k on day ``days[k]``, rows a second apart from 09:30."""
+    out = []
+    for n, d in zip(lengths, days):
+        base = np.datetime64("2026-01-05T09:30") + np.timedelta64(d, "D")
+        out.append((base + np.arange(n).astype("timedelta64[s]")).astype("datetime64[ns]").astype(np.int64))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("materialize", [True, False])
+def test_date_splits_and_several_instruments_share_no_time(materialize):
+    """Two instruments on the same four days; train until day 2, val day 2, test the
+    rest. Every window's whole reach (history to label) lies in its split's dates."""
+    lengths = [80, 90, 70, 85, 95, 75, 60, 100]
+    days = [0, 1, 2, 3, 0, 1, 2, 3]
+    inst = [0, 0, 0, 0, 1, 1, 1, 1]
+    x = book(sum(lengths), seed=5)
+    t = _times(lengths, days)
+    table = SegmentTable.from_lengths(lengths, instrument=inst, session=days, instruments=["A", "B"])
+    day = lambda d: int(np.datetime64("2026-01-05", "ns").astype(np.int64)) + d * 86_400 * 10**9  # noqa: E731
+    splits = {"train": {"until": day(2)}, "val": {"until": day(3)}, "test": {"until": None}}
+    ts = build_training_set(da.from_array(x, chunks=(64, -1)), columns=COLS, features=SPECS, size=5, stride=2,
+                            scales=(1, 2), label=LabelSpec(horizon=3), segments=table, splits=splits,
+                            timestamps=da.from_array(t, chunks=50), materialize=materialize)
+    back, fwd = ts.attrs["windows"]["back"], ts.attrs["windows"]["fwd"]
+    bounds = {"train": (None, day(2)), "val": (day(2), day(3)), "test": (day(3), None)}
+    for name, (lo, hi) in bounds.items():
+        got = ts.splits[name]
+        tt = got["t"].compute()
+        assert set(got["instrument"].compute().tolist()) == {0, 1}
+        if not materialize:
+            ends = got["ends"].compute().astype(np.int64)
+            np.testing.assert_array_equal(t[ends], tt)
+            first, last = t[ends - back], t[ends + fwd]
+            assert lo is None or first.min() >= lo
+            assert hi is None or last.max() < hi
+    # Cuts fall on session (day) boundaries: no window is lost to the gap.
+    every = sum(max(0, (n - 1 - fwd - back) // 2 + 1) for n in lengths)
+    assert sum(ts.attrs["window_counts"].values()) == every
