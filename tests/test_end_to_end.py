@@ -41,17 +41,14 @@ def config_dict(raw_dir: Path, out: Path) -> dict:
     }
 
 
-def reference(raw_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Plain numpy: features per step, all windows, labels, and each window's end step."""
-    table = np.concatenate(
-        [
-            np.stack([pq.read_table(p).column(c).to_numpy().astype(np.float32) for c in cols], axis=1)
-            for p in sorted(raw_dir.glob("*.parquet"))
-            for cols in [[f"{s}_{k}_{i}" for s in ("bid", "ask") for k in ("price", "size") for i in range(1, 11)]]
-        ]
-    )
-    col = {f"{s}_{k}_{i}": j for j, (s, k, i) in enumerate(
-        (s, k, i) for s in ("bid", "ask") for k in ("price", "size") for i in range(1, 11))}
+def day_reference(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Plain numpy over one file (one session): features per step, windows, labels, each
+    window's end row in the file and its timestamp."""
+    names = [f"{s}_{k}_{i}" for s in ("bid", "ask") for k in ("price", "size") for i in range(1, 11)]
+    raw = pq.read_table(path)
+    table = np.stack([raw.column(c).to_numpy().astype(np.float32) for c in names], axis=1)
+    stamps = raw.column("timestamp").cast("int64").to_numpy()
+    col = {c: j for j, c in enumerate(names)}
     bid1, ask1 = table[:, col["bid_price_1"]], table[:, col["ask_price_1"]]
     mid = (bid1 + ask1) / np.float32(2)
     mid64 = (bid1.astype(np.float64) + ask1.astype(np.float64)) / 2
@@ -71,7 +68,18 @@ def reference(raw_dir: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         [np.concatenate([feats[e - s * np.arange(SIZE - 1, -1, -1)] for s in SCALES], axis=1) for e in ends]
     )
     y = logmid[ends + HORIZON] - logmid[ends]
-    return x, y, ends
+    return x, y, ends + 1, stamps[ends + 1]
+
+
+def reference(raw_dir: Path) -> tuple[np.ndarray, ...]:
+    """Each day (file) computed on its own, concatenated: windows never span the night.
+    Ends are rows of the concatenated files."""
+    parts, offset = [], 0
+    for k, path in enumerate(sorted(raw_dir.glob("*.parquet"))):
+        x, y, ends, t = day_reference(path)
+        parts.append((x, y, ends + offset, t, np.full(len(x), k)))
+        offset += pq.ParquetFile(path).metadata.num_rows
+    return tuple(np.concatenate(p) for p in zip(*parts))
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +91,7 @@ def store(raw_dir, tmp_path_factory) -> Path:
 
 
 def test_stored_windows_and_labels_equal_plain_numpy(store, raw_dir):
-    x_ref, y_ref, ends = reference(raw_dir)
+    x_ref, y_ref, ends, t_ref, day_ref = reference(raw_dir)
     ds = pipeline.open(store)
     assert list(ds.splits) == ["train", "val"]
     offsets = {}
@@ -95,14 +103,20 @@ def test_stored_windows_and_labels_equal_plain_numpy(store, raw_dir):
         start = int(np.flatnonzero(np.all(np.isclose(x_ref, x[0], rtol=1e-5, atol=1e-6), axis=(1, 2)))[0])
         np.testing.assert_allclose(x, x_ref[start : start + len(x)], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(y, y_ref[start : start + len(y)], rtol=1e-4, atol=1e-7)
+        np.testing.assert_array_equal(ds[name]["t"][:], t_ref[start : start + len(x)])
+        np.testing.assert_array_equal(ds[name]["session"][:], day_ref[start : start + len(x)])
         offsets[name] = (start, start + len(x))
     (t0, t1), (v0, v1) = offsets["train"], offsets["val"]
     assert t0 == 0 and v1 == len(x_ref)  # nothing lost at the ends
     assert abs((t1 - t0) / len(x_ref) - 0.7) < 0.05
-    # Leakage: the last step any train label touches is before the first step any val window reads.
+    # Leakage: the last step any train label touches is before the first step any val window
+    # reads, its features' lookback (one step, for the return) included.
     last_train_step = ends[t1 - 1] + HORIZON
-    first_val_step = ends[v0] - (SIZE - 1) * max(SCALES)
+    first_val_step = ends[v0] - (SIZE - 1) * max(SCALES) - 1
     assert last_train_step < first_val_step
+    # The session table: one session per file, with its windows.
+    table = ds.attrs["sessions"]
+    assert [row["windows"] for row in table] == np.bincount(day_ref, minlength=3).tolist()
 
 
 def test_one_epoch_streams_every_sample_exactly_once_aligned(store):

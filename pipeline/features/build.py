@@ -251,13 +251,16 @@ def build_training_set(
     labels_steps = label_steps(x, columns=columns, spec=label)
     bad_rows = _bad_rows(f, segs, L)
     y_raw = gather_rows(labels_steps, runs, _chunks(runs.n))
-    reductions = [bad_rows.sum(), ~da.isfinite(y_raw).all(axis=1)]
+    # The label values themselves (a few numbers per window) rather than only whether
+    # they are finite: the class balance then needs no second pass over the data.
+    reductions = [bad_rows.sum(), y_raw]
     if timestamps is not None:
         # Each segment's first and last time, for the session table.
         reductions.append(timestamps[np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)])
     stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, H, L)
     results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
-    bad_steps_n, bad = int(results[0]), np.asarray(results[1], dtype=bool).copy()
+    bad_steps_n, y_values = int(results[0]), np.asarray(results[1])
+    bad = ~np.isfinite(y_values).all(axis=1)
     seg_times = np.asarray(results[2]).reshape(-1, 2) if timestamps is not None else None
     stats = finish(results[len(reductions):])
     if norm.kind == "global":
@@ -322,8 +325,8 @@ def build_training_set(
         e = r.ends()
         steps[name] = [int(e[0]) - H, int(e[-1]) + fwd]
     if label.class_names is not None:
-        ys = compute(*(out[n]["y"] for n in names), desc="class balance", progress=progress)
-        balance = {n: class_balance(np.asarray(v), label) for n, v in zip(names, ys)}
+        balance = {n: class_balance(finalize_labels(y_values[(where == k) & ~bad], label), label)
+                   for k, n in enumerate(names)}
 
     attrs: dict[str, Any] = {
         "features": list(frame.names),

@@ -1,0 +1,156 @@
+"""Splits and folds: no window of one split shares a step, a lookback step or a label
+step with another split; date cuts on session boundaries lose nothing; folds walk
+forward."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.errors import ConfigError, WindowError
+from pipeline.features import LabelSpec, build_training_set
+from pipeline.features.sessions import SegmentTable
+from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, parse_splits, to_ns
+from tests.features.test_sessions import SPECS, _times
+from tests.features.test_steps import COLS, book
+
+
+def reach_rows(ts, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """Rows each window of a virtual split reaches: from its oldest step's lookback to its
+    label's last step."""
+    ends = ts.splits[name]["ends"].compute().astype(np.int64)
+    return ends - ts.attrs["windows"]["back"], ends + ts.attrs["windows"]["fwd"]
+
+
+@settings(max_examples=100, deadline=None)
+@given(lo=st.lists(st.integers(0, 1000), min_size=1, max_size=60), width=st.integers(0, 30),
+       cuts=st.lists(st.integers(0, 1030), min_size=0, max_size=3, unique=True))
+def test_assign_splits_never_puts_a_straddling_window_in_a_split(lo, width, cuts):
+    lo = np.asarray(lo)
+    hi = lo + width
+    cuts = sorted(cuts)
+    names = [f"s{i}" for i in range(len(cuts) + 1)]
+    where = assign_splits(lo, hi, cuts, names)
+    bounds = [-np.inf, *cuts, np.inf]
+    for i in range(lo.size):
+        inside = [k for k in range(len(names)) if bounds[k] <= lo[i] and hi[i] < bounds[k + 1]]
+        assert where[i] == (inside[0] if inside else -1)
+
+
+@pytest.mark.parametrize("lengths", [[900], [300, 250, 350]])
+def test_fraction_splits_share_no_step(lengths):
+    x = book(sum(lengths), seed=2)
+    ts = build_training_set(da.from_array(x, chunks=(101, -1)), columns=COLS, features=SPECS, size=6, stride=2,
+                            scales=(1, 3), label=LabelSpec(horizon=4), segments=SegmentTable.from_lengths(lengths),
+                            splits={"train": 0.6, "val": 0.2, "test": 0.2}, materialize=False)
+    spans = [reach_rows(ts, name) for name in ("train", "val", "test")]
+    for (a_lo, a_hi), (b_lo, b_hi) in zip(spans, spans[1:]):
+        assert a_hi.max() < b_lo.min()
+    counts = ts.attrs["window_counts"]
+    total = sum(counts.values())
+    assert abs(counts["train"] / total - 0.6) < 0.05
+
+
+def test_fraction_splits_of_several_instruments_cut_every_one_at_the_same_time():
+    lengths = [150, 160, 140, 155, 165, 145]
+    days = [0, 1, 2, 0, 1, 2]
+    x = book(sum(lengths), seed=9)
+    t = _times(lengths, days)
+    table = SegmentTable.from_lengths(lengths, instrument=[0, 0, 0, 1, 1, 1], session=days, instruments=["A", "B"])
+    kw = dict(columns=COLS, features=SPECS, size=5, stride=1, scales=(1,), label=LabelSpec(horizon=3),
+              segments=table, splits={"train": 0.5, "test": 0.5}, materialize=False)
+    with pytest.raises(WindowError, match="timestamps"):
+        build_training_set(da.from_array(x, chunks=(100, -1)), **kw)
+    ts = build_training_set(da.from_array(x, chunks=(100, -1)), timestamps=da.from_array(t, chunks=90), **kw)
+    (tr_lo, tr_hi), (te_lo, te_hi) = reach_rows(ts, "train"), reach_rows(ts, "test")
+    assert t[tr_hi].max() < t[te_lo].min()  # in time, across both instruments
+    for name in ("train", "test"):
+        assert set(ts.splits[name]["instrument"].compute().tolist()) == {0, 1}
+
+
+def test_date_splits_without_timestamps_are_refused_with_the_fix():
+    x = book(300, seed=1)
+    with pytest.raises(WindowError, match="source.timestamp"):
+        build_training_set(da.from_array(x, chunks=(100, -1)), columns=COLS, features=SPECS, size=4,
+                           label=LabelSpec(horizon=2), splits={"train": {"until": to_ns("2026-01-06", "u")},
+                                                               "test": {"until": None}})
+
+
+def test_date_splits_inside_one_session_leave_the_straddling_windows_out():
+    lengths = [400]
+    x = book(400, seed=4)
+    t = _times(lengths, [0])
+    cut = int(t[200])
+    ts = build_training_set(da.from_array(x, chunks=(64, -1)), columns=COLS, features=SPECS, size=4, stride=1,
+                            scales=(1,), label=LabelSpec(horizon=5), segments=SegmentTable.from_lengths(lengths),
+                            splits={"train": {"until": cut}, "test": {"until": None}},
+                            timestamps=da.from_array(t, chunks=100), materialize=False)
+    (a_lo, a_hi), (b_lo, b_hi) = reach_rows(ts, "train"), reach_rows(ts, "test")
+    assert t[a_hi].max() < cut <= t[b_lo].min()
+    assert a_hi.max() == 199 and b_lo.min() == 200  # every window that fits on either side is kept
+
+
+@pytest.mark.parametrize("kind", ["anchored", "rolling"])
+def test_folds_walk_forward_over_sessions_and_share_no_step(kind):
+    lengths = [120, 130, 110, 125, 140, 115]
+    x = book(sum(lengths), seed=6)
+    spec = FoldSpec(kind=kind, test_sessions=1, min_train_sessions=2)
+    ts = build_training_set(da.from_array(x, chunks=(90, -1)), columns=COLS, features=SPECS, size=4, stride=2,
+                            scales=(1, 2), label=LabelSpec(horizon=3), segments=SegmentTable.from_lengths(lengths),
+                            folds=spec, materialize=False)
+    lo, hi = reach_rows(ts, "train")
+    session = ts.splits["train"]["session"].compute()
+    assert ts.attrs["folds"]["count"] == 4
+    for k in range(4):
+        train, test = ts.folds[f"fold{k}/train"], ts.folds[f"fold{k}/test"]
+        assert set(session[test].tolist()) == {k + 2}
+        want = set(range(0, k + 2)) if kind == "anchored" else {k, k + 1}
+        assert set(session[train].tolist()) == want
+        assert hi[train].max() < lo[test].min()
+        assert np.all(np.diff(train) > 0) and np.all(np.diff(test) > 0)
+    # Global statistics come from the first fold's training sessions only.
+    assert ts.attrs["normalization"]["fit_on"] == "fold0/train"
+
+
+@settings(max_examples=100, deadline=None)
+@given(periods=st.integers(0, 30), test=st.integers(1, 4), min_train=st.integers(1, 6),
+       train=st.one_of(st.none(), st.integers(1, 6)), kind=st.sampled_from(["anchored", "rolling"]))
+def test_fold_sessions_arithmetic(periods, test, min_train, train, kind):
+    spec = FoldSpec(kind=kind, test_sessions=test, min_train_sessions=min_train, train_sessions=train)
+    if periods < min_train + test:
+        with pytest.raises(WindowError, match="too few"):
+            fold_sessions(periods, spec)
+        return
+    folds = fold_sessions(periods, spec)
+    assert len(folds) == (periods - min_train) // test
+    for i, (tr, te) in enumerate(folds):
+        assert te.tolist() == list(range(min_train + i * test, min_train + (i + 1) * test))
+        assert tr.max() == te.min() - 1
+        assert tr.min() == 0 if kind == "anchored" else tr.size == min(te.min(), train or min_train)
+
+
+def test_split_and_fold_specs_refuse_bad_values():
+    assert parse_splits({"a": 0.5, "b": 0.5}, "s") == {"a": 0.5, "b": 0.5}
+    dated = parse_splits({"a": {"until": "2026-01-08"}, "b": {}}, "s")
+    assert dated["a"]["until"] == int(np.datetime64("2026-01-08", "ns").astype(np.int64))
+    bad = [
+        ({"a": 0.5, "b": {"until": "2026-01-08"}}, "s"),
+        ({"a": {}, "b": {"until": "2026-01-08"}}, "s.a.until"),
+        ({"a": {"until": "2026-01-09"}, "b": {"until": "2026-01-08"}}, "s.b.until"),
+        ({"a": {"until": "tomorrow"}, "b": {}}, "s.a.until"),
+        ({"a": {"from": "2026-01-01"}}, "s.a.from"),
+        ({"a": 0.7, "b": 0.7}, "s"),
+    ]
+    for value, path in bad:
+        with pytest.raises(ConfigError, match=rf"^{path}"):
+            parse_splits(value, "s")
+    assert NormalizeSpec.from_value({"kind": "trailing", "sessions": 3}, "n").sessions == 3
+    for value in ("zscore", {"kind": "trailing"}, {"kind": "trailing", "sessions": 0}):
+        with pytest.raises(ConfigError, match="^n"):
+            NormalizeSpec.from_value(value, "n")
+    for value in ({"kind": "expanding"}, {"test_sessions": 0}, {"every": 1}, 3):
+        with pytest.raises(ConfigError, match="^f"):
+            FoldSpec.from_value(value, "f")
