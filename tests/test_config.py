@@ -55,6 +55,12 @@ def test_example_config_parses_into_frozen_dataclasses():
         (lambda d: d["windows"].update(scales=[]), "windows.scales: expected a non-empty list"),
         # A key with a control character is shown escaped: the error stays one line.
         (lambda d: d["labels"].update({"\n": None}), "labels.\\n: unknown key"),
+        (lambda d: d["labels"].update(kind="smoothed", alpha=-1),
+         "labels.alpha: expected a non-negative number, got -1"),
+        (lambda d: d["labels"].update(horizons=[10, 20]), "labels.horizons: give either horizon (one) or horizons"),
+        (lambda d: d.update(labels={"kind": "column"}), "labels.column: missing required key for kind: column"),
+        (lambda d: d["features"].update(steps=[{"name": "book", "levels": -1}]),
+         "features.steps.0.levels: expected a positive integer, got -1"),
         (lambda d: d.update({"a\tb": {}}), "a\\tb: unknown section"),
     ],
 )
@@ -65,6 +71,18 @@ def test_errors_name_the_key_path_what_was_expected_and_what_arrived(mutate, mes
         parse_config(data)
     assert str(err.value).startswith(message), str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_deeplob_setup_parses():
+    """DeepLOB's setup: the raw book of 10 levels, smoothed labels at several horizons."""
+    data = base()
+    data["features"]["steps"] = [{"name": "book", "levels": 10}]
+    data["labels"] = {"kind": "smoothed", "horizons": [10, 20, 50, 100], "reference": "past_mean", "alpha": 0.002}
+    cfg = parse_config(data)
+    (book,) = cfg.features.steps
+    assert book.width == 40 and book.labels[:4] == ("ask_price_1", "ask_size_1", "bid_price_1", "bid_size_1")
+    assert cfg.labels.horizon_list == (10, 20, 50, 100) and cfg.labels.multi
+    assert cfg.labels.reach == (99, 100) and cfg.labels.class_names == ("down", "stationary", "up")
 
 
 def test_overrides_parse_values_as_yaml_and_reach_any_key():

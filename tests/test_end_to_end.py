@@ -139,3 +139,31 @@ def test_store_records_provenance(store):
     assert yaml.safe_load(attrs["config"])["windows"]["size"] == SIZE
     assert len(attrs["config_hash"]) >= 8
     assert attrs["splits"]["train"] > 0
+
+
+def test_the_smallest_valid_config_runs(raw_dir, tmp_path):
+    """Every section with defaults may be left out: features, labels, cluster, stream."""
+    out = tmp_path / "small.zarr"
+    config = parse_config({"source": {"paths": str(raw_dir / "*.parquet")}, "windows": {"size": 4},
+                           "output": {"path": str(out)}})
+    summary = run(config, log=None, progress=False)
+    ds = pipeline.open(out)
+    assert ds.attrs["complete"] and ds.attrs["features"] == ["mid_price", "spread", "log_return"]
+    assert summary.samples["train"] == ds["train"]["x"].shape[0] > 0
+    assert len(ds.attrs["sessions"]) == 3  # one per file by default
+
+
+def test_virtual_windows_over_sessions_stream_the_materialized_bytes(raw_dir, tmp_path):
+    stores = {}
+    for materialize in (True, False):
+        cfg = config_dict(raw_dir, tmp_path / f"{materialize}.zarr")
+        cfg["windows"]["materialize"] = materialize
+        cfg["output"]["splits"] = {"train": 1.0}
+        run(parse_config(cfg), log=None, progress=False)
+        stores[materialize] = tmp_path / f"{materialize}.zarr"
+    seen = {}
+    for materialize, path in stores.items():
+        s = pipeline.stream(str(path), split="train", batch_size=64, seed=1, arrays=("x", "y", "session"))
+        seen[materialize] = collections.Counter(
+            (bytes(x.tobytes()), float(y), int(d)) for xb, yb, db in s for x, y, d in zip(xb, yb, db))
+    assert seen[True] == seen[False] and len(seen[True]) > 0

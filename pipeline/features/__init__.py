@@ -8,6 +8,7 @@ from pipeline.features.geometry import (
     window_count,
     window_ends,
 )
+from pipeline.features.labels import class_balance, finalize_labels, label_steps
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.steps import FeatureFrame, compute_features
 from pipeline.features.windows import windows
@@ -18,8 +19,11 @@ __all__ = [
     "LabelSpec",
     "TrainingSet",
     "build_training_set",
+    "class_balance",
     "compute_features",
+    "finalize_labels",
     "halo",
+    "label_steps",
     "split_gap_windows",
     "split_ranges",
     "window_count",

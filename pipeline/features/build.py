@@ -403,11 +403,8 @@ def _windows_per_segment(split_runs: Mapping[str, WindowRuns], n_segments: int) 
 
 
 def _label_attrs(label: LabelSpec) -> dict[str, Any]:
-    out = {f.name: getattr(label, f.name) for f in dataclasses.fields(label)}
-    out = {k: list(v) if isinstance(v, tuple) else v for k, v in out.items()}
+    out = label.describe()
     out["reach"] = list(label.reach)
-    if label.class_names is not None:
-        out["classes"] = list(label.class_names)
     return out
 
 

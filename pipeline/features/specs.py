@@ -6,17 +6,21 @@ mistake is reported as ``features.steps.2.window: expected a positive integer, g
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping
 
+import numpy as np
+
 from pipeline.errors import ConfigError
 
-__all__ = ["FEATURE_NAMES", "FeatureSpec", "LabelSpec"]
+__all__ = ["BOOK_FIELDS", "FEATURE_NAMES", "LABEL_KINDS", "FeatureSpec", "LabelSpec"]
 
 #: Built-in per-step features and the parameters each accepts.
 FEATURE_NAMES: dict[str, tuple[str, ...]] = {
     "mid_price": (),
     "spread": (),
+    "book": ("levels",),
     "imbalance": ("levels",),
     "log_return": (),
     "rolling_mean": ("window", "of"),
@@ -25,6 +29,10 @@ FEATURE_NAMES: dict[str, tuple[str, ...]] = {
     "custom": ("function", "lookback"),
 }
 _ROLLABLE = ("mid_price", "spread", "imbalance", "log_return")
+#: ``levels`` of a feature that does not give it: DeepLOB's 10 levels for ``book``.
+_DEFAULT_LEVELS = {"book": 10}
+#: Column order of the ``book`` feature within each level, as DeepLOB stacks them.
+BOOK_FIELDS = ("ask_price", "ask_size", "bid_price", "bid_size")
 
 
 def _positive_int(value: Any, path: str) -> int:
@@ -42,7 +50,10 @@ class FeatureSpec:
     name
         One of :data:`FEATURE_NAMES`.
     levels
-        Book levels summed by ``imbalance`` (top ``levels`` of each side).
+        Book levels summed by ``imbalance`` (top ``levels`` of each side), or given raw
+        by ``book``: ``ask_price_i, ask_size_i, bid_price_i, bid_size_i`` for
+        ``i = 1 .. levels`` (DeepLOB's order), ``4 * levels`` output columns. ``0``
+        stands for the feature's default: 10 for ``book``, 1 otherwise.
     window
         Lookback of ``rolling_mean`` / ``rolling_std``, in steps, current step included.
     of
@@ -59,7 +70,7 @@ class FeatureSpec:
     """
 
     name: str
-    levels: int = 1
+    levels: int = 0
     window: int = 1
     of: str = "log_return"
     column: str = ""
@@ -74,7 +85,7 @@ class FeatureSpec:
         if not isinstance(value, Mapping):
             raise ConfigError(path, "a feature name or a mapping with a name", value)
         name = value.get("name")
-        if name not in FEATURE_NAMES:
+        if not isinstance(name, str) or name not in FEATURE_NAMES:
             raise ConfigError(f"{path}.name", "one of " + ", ".join(FEATURE_NAMES), name)
         allowed = FEATURE_NAMES[name]
         for key in value:
@@ -108,9 +119,18 @@ class FeatureSpec:
             kwargs["lookback"] = lb
         return cls(**kwargs)
 
+    def __post_init__(self) -> None:
+        if self.levels == 0:
+            # A frozen dataclass: the resolved default is set once, at construction, so
+            # FeatureSpec("book") and the parsed ``{name: book}`` compare equal.
+            object.__setattr__(self, "levels", _DEFAULT_LEVELS.get(self.name, 1))
+
     @property
     def label(self) -> str:
-        """Column name of this feature in the output."""
+        """Name of this feature: its output column's name, or ``book_<levels>`` for the
+        ``book`` feature, whose columns are :attr:`labels`."""
+        if self.name == "book":
+            return f"book_{self.levels}"
         if self.name == "imbalance":
             return f"imbalance_{self.levels}"
         if self.name.startswith("rolling_"):
@@ -120,6 +140,19 @@ class FeatureSpec:
         if self.name == "custom":
             return self.function.rsplit(":", 1)[1]
         return self.name
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        """Names of this feature's output columns, in output order (one for every feature
+        but ``book``)."""
+        if self.name == "book":
+            return tuple(f"{field}_{i}" for i in range(1, self.levels + 1) for field in BOOK_FIELDS)
+        return (self.label,)
+
+    @property
+    def width(self) -> int:
+        """Number of output columns: ``len(self.labels)``."""
+        return 4 * self.levels if self.name == "book" else 1
 
     @property
     def lookback_steps(self) -> int:
@@ -133,47 +166,229 @@ class FeatureSpec:
         return 0
 
 
+#: Label kinds and the keys each accepts besides ``kind``.
+LABEL_KINDS: dict[str, tuple[str, ...]] = {
+    "return": ("horizon", "horizons", "scale"),
+    "class": ("horizon", "horizons", "thresholds", "scale"),
+    "smoothed": ("horizon", "horizons", "reference", "alpha", "scale"),
+    "column": ("column", "dtype"),
+}
+_LABEL_KEYS = ("kind",) + tuple(sorted({k for keys in LABEL_KINDS.values() for k in keys}))
+
+
+def _number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _bound(t: float) -> str:
+    """A threshold as written in a config: ``2`` rather than ``2.0``."""
+    text = repr(float(t))
+    return text[:-2] if text.endswith(".0") else text
+
+
 @dataclass(frozen=True, slots=True)
 class LabelSpec:
-    """What each window is labelled with.
+    """What each window is labelled with; ``e`` is the window's last step.
 
-    ``kind: return`` is the future log return of the mid price over ``horizon`` steps
-    after the window's end; ``kind: class`` bins that return by ``thresholds``
-    (ascending), giving classes ``0 .. len(thresholds)``. ``scale`` multiplies the return
-    before thresholds apply (``10000`` gives basis points, which keeps regression targets
-    near unit scale; log returns over a few steps are around 1e-4).
+    Kinds
+    -----
+    ``return``
+        Future log return of the mid price ``p`` (``(bid_price_1 + ask_price_1) / 2``,
+        in float64) over ``k`` steps: ``log(p[e+k]) - log(p[e])``, times ``scale``,
+        float32. ``scale`` is applied before ``thresholds`` (``10000`` gives basis
+        points, which keeps regression targets near unit scale; log returns over a few
+        steps are around 1e-4).
+    ``class``
+        That scaled return binned by ascending ``thresholds`` ``t_0 < ... < t_m-1``:
+        class 0 is ``< t_0``, class ``j`` is ``[t_j-1, t_j)``, class ``m`` is ``>= t_m-1``
+        (``numpy.digitize``), int64.
+    ``smoothed``
+        The smoothed mid-price label of FI-2010 and DeepLOB. With ``m_plus`` the mean of
+        the next ``k`` mid prices (steps ``e+1 .. e+k``): ``reference: current`` gives
+        ``l = (m_plus - p[e]) / p[e]`` (FI-2010); ``reference: past_mean`` gives
+        ``l = (m_plus - m_minus) / m_minus`` with ``m_minus`` the mean of the ``k`` mid
+        prices up to and including the current one (steps ``e-k+1 .. e``). DeepLOB's
+        printed formula for ``m_minus`` sums ``k+1`` terms (``i = 0 .. k``) and divides
+        by ``k``; the common implementations average ``k`` terms, as done here. ``l`` is
+        multiplied by ``scale`` (default 1). Without ``alpha`` the label is that value,
+        float32; with ``alpha`` it is one of three classes, int64, in ascending order
+        like ``class``: 0 = down (``l < -alpha``), 1 = stationary, 2 = up
+        (``l > alpha``). ``alpha`` applies to the scaled value, as ``thresholds`` do.
+        FI-2010 numbers the same classes 1 = up, 2 = stationary, 3 = down.
+    ``column``
+        The value of source column ``column`` at step ``e``, cast to ``dtype``
+        (``float32`` or ``int64``; an int64 column should hold whole numbers). No
+        horizon.
+
+    ``horizon`` (one ``k``, labels of shape ``(n,)``) or ``horizons`` (several, labels
+    of shape ``(n, len(horizons))``, one column per horizon in the order given) set the
+    horizons of the mid-price kinds. With ``horizons``, ``horizon`` is their largest;
+    for ``column`` it is 0.
     """
 
-    kind: Literal["return", "class"] = "return"
+    kind: Literal["return", "class", "smoothed", "column"] = "return"
     horizon: int = 1
     thresholds: tuple[float, ...] = ()
     scale: float = 1.0
+    horizons: tuple[int, ...] = ()
+    reference: Literal["current", "past_mean"] = "current"
+    alpha: float | None = None
+    column: str = ""
+    dtype: Literal["float32", "int64"] = "float32"
+
+    def __post_init__(self) -> None:
+        # Normalized once at construction (frozen): a list of horizons becomes a hashable
+        # tuple, and ``horizon`` always holds the furthest step a label looks ahead.
+        horizons = tuple(int(k) for k in self.horizons)
+        object.__setattr__(self, "horizons", horizons)
+        object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
+        if self.kind == "column":
+            object.__setattr__(self, "horizon", 0)
+        elif horizons:
+            object.__setattr__(self, "horizon", max(horizons))
 
     @classmethod
     def from_mapping(cls, value: object, path: str) -> "LabelSpec":
-        """Parse the ``labels`` section."""
+        """Parse the ``labels`` section.
+
+        Examples: ``{kind: return, horizon: 20, scale: 10000}``, ``{kind: class,
+        horizons: [10, 50], thresholds: [-2, 2], scale: 10000}``, ``{kind: smoothed,
+        horizons: [10, 20, 50, 100], reference: past_mean, alpha: 0.002}``, ``{kind:
+        column, column: label, dtype: int64}``.
+        """
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
             raise ConfigError(path, "a mapping", value)
         for key in value:
-            if key not in ("kind", "horizon", "thresholds", "scale"):
-                raise ConfigError(f"{path}.{key}", "", detail="unknown key (expected one of: horizon, kind, scale, thresholds)")
+            if key not in _LABEL_KEYS:
+                raise ConfigError(f"{path}.{key}", "",
+                                  detail=f"unknown key (expected one of: {', '.join(_LABEL_KEYS)})")
         kind = value.get("kind", "return")
-        if kind not in ("return", "class"):
-            raise ConfigError(f"{path}.kind", "one of 'return', 'class'", kind)
-        horizon = _positive_int(value.get("horizon", 1), f"{path}.horizon")
-        raw = value.get("thresholds", [])
-        if not isinstance(raw, (list, tuple)) or any(
-            isinstance(t, bool) or not isinstance(t, (int, float)) for t in raw
-        ):
-            raise ConfigError(f"{path}.thresholds", "a list of numbers", raw)
-        thresholds = tuple(float(t) for t in raw)
-        if list(thresholds) != sorted(set(thresholds)):
-            raise ConfigError(f"{path}.thresholds", "strictly ascending numbers", raw)
-        if kind == "class" and not thresholds:
-            raise ConfigError(f"{path}.thresholds", "", detail="missing required key for kind: class (a list of numbers)")
+        if not isinstance(kind, str) or kind not in LABEL_KINDS:
+            raise ConfigError(f"{path}.kind", "one of " + ", ".join(repr(k) for k in LABEL_KINDS), kind)
+        allowed = LABEL_KINDS[kind]
+        for key in value:
+            if key != "kind" and key not in allowed:
+                raise ConfigError(f"{path}.{key}", "",
+                                  detail=f"not used by kind: {kind} (its keys: {', '.join(allowed)})")
+        if kind == "column":
+            col = value.get("column")
+            if col is None:
+                raise ConfigError(f"{path}.column", "", detail="missing required key for kind: column (a column name)")
+            if not isinstance(col, str) or not col:
+                raise ConfigError(f"{path}.column", "a column name", col)
+            dtype = value.get("dtype", "float32")
+            if dtype not in ("float32", "int64"):
+                raise ConfigError(f"{path}.dtype", "one of 'float32', 'int64'", dtype)
+            return cls(kind="column", column=col, dtype=dtype)
+
+        kwargs: dict[str, Any] = {"kind": kind}
+        if "horizon" in value and "horizons" in value:
+            raise ConfigError(f"{path}.horizons", "", detail="give either horizon (one) or horizons (a list), not both")
+        if "horizons" in value:
+            raw = value["horizons"]
+            if isinstance(raw, (str, bytes)) or not isinstance(raw, (list, tuple)) or not raw:
+                raise ConfigError(f"{path}.horizons", "a non-empty list of positive integers", raw)
+            ks = tuple(_positive_int(k, f"{path}.horizons.{i}") for i, k in enumerate(raw))
+            if len(set(ks)) != len(ks):
+                raise ConfigError(f"{path}.horizons", "distinct positive integers", raw)
+            kwargs["horizons"] = ks
+        else:
+            kwargs["horizon"] = _positive_int(value.get("horizon", 1), f"{path}.horizon")
         scale = value.get("scale", 1.0)
-        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
+        if not _number(scale) or not scale > 0:
             raise ConfigError(f"{path}.scale", "a positive number", scale)
-        return cls(kind=kind, horizon=horizon, thresholds=thresholds, scale=float(scale))
+        kwargs["scale"] = float(scale)
+        if kind == "class":
+            if "thresholds" not in value:
+                raise ConfigError(f"{path}.thresholds", "",
+                                  detail="missing required key for kind: class (a list of numbers)")
+            raw = value["thresholds"]
+            if not isinstance(raw, (list, tuple)) or not all(_number(t) for t in raw):
+                raise ConfigError(f"{path}.thresholds", "a list of numbers", raw)
+            thresholds = tuple(float(t) for t in raw)
+            if not thresholds:
+                raise ConfigError(f"{path}.thresholds", "a non-empty list of numbers", raw)
+            if list(thresholds) != sorted(set(thresholds)):
+                raise ConfigError(f"{path}.thresholds", "strictly ascending numbers", raw)
+            kwargs["thresholds"] = thresholds
+        if kind == "smoothed":
+            reference = value.get("reference", "current")
+            if reference not in ("current", "past_mean"):
+                raise ConfigError(f"{path}.reference", "one of 'current', 'past_mean'", reference)
+            kwargs["reference"] = reference
+            if "alpha" in value:
+                alpha = value["alpha"]
+                if not _number(alpha) or alpha < 0:
+                    raise ConfigError(f"{path}.alpha", "a non-negative number", alpha)
+                kwargs["alpha"] = float(alpha)
+        return cls(**kwargs)
+
+    @property
+    def horizon_list(self) -> tuple[int, ...]:
+        """The horizons ``k``, in output order; ``()`` for ``column``."""
+        if self.kind == "column":
+            return ()
+        return self.horizons or (self.horizon,)
+
+    @property
+    def multi(self) -> bool:
+        """Whether labels are 2-D, ``(n, len(horizons))``: ``horizons`` was given."""
+        return self.kind != "column" and bool(self.horizons)
+
+    @property
+    def reach(self) -> tuple[int, int]:
+        """``(back, fwd)``: steps a label reads before and after the window's end step."""
+        if self.kind == "column":
+            return (0, 0)
+        k = max(self.horizon_list)
+        if self.kind == "smoothed" and self.reference == "past_mean":
+            return (k - 1, k)
+        return (0, k)
+
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """Source columns the label reads."""
+        if self.kind == "column":
+            return (self.column,)
+        return ("bid_price_1", "ask_price_1")
+
+    @property
+    def class_names(self) -> tuple[str, ...] | None:
+        """Names of the classes, by class number, for class-valued labels; else None."""
+        if self.kind == "class":
+            t = [_bound(v) for v in self.thresholds]
+            if not t:  # only a directly built spec: from_mapping requires thresholds
+                return ("all",)
+            middle = [f"[{a}, {b})" for a, b in zip(t, t[1:])]
+            return (f"< {t[0]}", *middle, f">= {t[-1]}")
+        if self.kind == "smoothed" and self.alpha is not None:
+            return ("down", "stationary", "up")
+        return None
+
+    @property
+    def out_dtype(self) -> np.dtype:
+        """dtype of the finalized labels."""
+        if self.class_names is not None:
+            return np.dtype(np.int64)
+        if self.kind == "column":
+            return np.dtype(self.dtype)
+        return np.dtype(np.float32)
+
+    def describe(self) -> dict[str, Any]:
+        """The label definition as plain JSON values, for a store's metadata."""
+        if self.kind == "column":
+            return {"kind": "column", "column": self.column, "dtype": self.dtype}
+        out: dict[str, Any] = {"kind": self.kind, "horizon": self.horizon}
+        if self.multi:
+            out["horizons"] = list(self.horizons)
+        if self.kind in ("return", "class"):
+            out["thresholds"] = list(self.thresholds)
+        out["scale"] = self.scale
+        if self.kind == "smoothed":
+            out["reference"] = self.reference
+            out["alpha"] = self.alpha
+        if self.class_names is not None:
+            out["classes"] = list(self.class_names)
+        return out

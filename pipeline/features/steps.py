@@ -43,6 +43,9 @@ def _col(columns: Sequence[str], name: str) -> int:
 def _required_columns(spec: FeatureSpec) -> list[str]:
     if spec.name == "column":
         return [spec.column]
+    if spec.name == "book":
+        # The book's output columns are its source columns, under the same names.
+        return list(spec.labels)
     if spec.name == "custom":
         return []
     if spec.name == "imbalance" or (spec.name.startswith("rolling_") and spec.of == "imbalance"):
@@ -86,7 +89,23 @@ def _load_custom(function: str) -> Callable[..., np.ndarray]:
 def features_numpy(
     block: np.ndarray, columns: Sequence[str], specs: Sequence[FeatureSpec]
 ) -> np.ndarray:
-    """All features of one block, ``(t, len(specs))`` float64, NaN where history is short."""
+    """All features of one block, NaN where history is short.
+
+    Parameters
+    ----------
+    block
+        ``(t, C)`` rows of the raw table.
+    columns
+        Names of ``block``'s columns.
+    specs
+        The features, in output order.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(t, sum(spec.width for spec in specs))`` float64: each feature's
+        :attr:`~pipeline.features.specs.FeatureSpec.labels` columns, in order.
+    """
     b = block.astype(np.float64, copy=False)
     cols = list(columns)
 
@@ -118,8 +137,14 @@ def features_numpy(
         cache[key] = v
         return v
 
-    out = np.empty((b.shape[0], len(specs)), dtype=np.float64)
-    for j, spec in enumerate(specs):
+    out = np.empty((b.shape[0], sum(spec.width for spec in specs)), dtype=np.float64)
+    j = 0
+    for spec in specs:
+        if spec.name == "book":
+            for k, name in enumerate(spec.labels):
+                out[:, j + k] = c(name)
+            j += spec.width
+            continue
         if spec.name in ("mid_price", "spread", "log_return"):
             out[:, j] = base(spec.name)
         elif spec.name == "imbalance":
@@ -137,6 +162,7 @@ def features_numpy(
                 )
             out[:, j] = result
             out[: spec.lookback, j] = np.nan
+        j += 1
     return out
 
 
@@ -159,6 +185,14 @@ def compute_features(
     Returns
     -------
     FeatureFrame
+        ``array`` has ``sum(spec.width)`` columns, named by the specs' concatenated
+        :attr:`~pipeline.features.specs.FeatureSpec.labels`.
+
+    Raises
+    ------
+    FeatureError
+        Before anything is computed, when a source column a feature reads is missing or
+        a custom feature's function cannot be imported.
     """
     specs = tuple(specs)
     if not specs:
@@ -174,6 +208,9 @@ def compute_features(
         chunks = merge_short_chunks(x.chunks[0], lookback)
         if chunks != x.chunks[0]:
             x = x.rechunk({0: chunks})
+    # A lone chunk borrows nothing (and dask refuses a depth longer than the array).
+    overlapped = lookback > 0 and len(x.chunks[0]) > 1
+    if overlapped:
         padded = da.overlap.overlap(x, depth={0: (lookback, 0), 1: 0}, boundary="none")
     else:
         padded = x
@@ -182,15 +219,15 @@ def compute_features(
     out_dtype = np.dtype(dtype)
 
     def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-        left = min(lookback, int(starts[block_id[0]]))
+        left = min(lookback, int(starts[block_id[0]])) if overlapped else 0
         return features_numpy(block, cols, specs)[left:].astype(out_dtype)
 
     arr = da.map_blocks(
         block_fn,
         padded,
         dtype=out_dtype,
-        chunks=(x.chunks[0], (len(specs),)),
+        chunks=(x.chunks[0], (sum(s.width for s in specs),)),
         token="features",
         meta=np.empty((0, 0), dtype=out_dtype),
     )
-    return FeatureFrame(array=arr, names=tuple(s.label for s in specs), lookback=lookback)
+    return FeatureFrame(array=arr, names=tuple(name for s in specs for name in s.labels), lookback=lookback)

@@ -106,6 +106,7 @@ def test_missing_column_and_bad_hook_fail_before_computing():
         ({"name": "imbalance", "levels": "x"}, "f.levels: expected a positive integer, got 'x'"),
         ({"name": "spread", "window": 3}, "f.window: unknown key for spread"),
         ({"name": "bogus"}, "f.name: expected one of"),
+        ({"name": ["mid_price"]}, "f.name: expected one of"),
         ({"name": "custom", "function": "nocolon"}, "f.function: expected 'module:function'"),
         (3, "f: expected a feature name or a mapping"),
     ],
@@ -147,3 +148,45 @@ def test_rolling_statistics_are_the_same_in_pieces(monkeypatch):
         ref = trailing(v, 13, np.mean if stat == "mean" else np.std)
         np.testing.assert_allclose(got, ref, rtol=1e-12)
     assert np.isnan(whole["std"][[12 - 1, 10, 22, 513]]).all() and np.isfinite(whole["std"][23:500]).all()
+
+
+def test_book_gives_deeplob_order_under_the_source_names():
+    x = book(60)
+    spec = FeatureSpec.from_mapping({"name": "book", "levels": 2}, "f")
+    order = ["ask_price_1", "ask_size_1", "bid_price_1", "bid_size_1",
+             "ask_price_2", "ask_size_2", "bid_price_2", "bid_size_2"]
+    assert spec.labels == tuple(order) and spec.width == 8 and spec.lookback_steps == 0
+    frame = compute_features(da.from_array(x, chunks=(13, -1)), columns=COLS,
+                             specs=[FeatureSpec("mid_price"), spec, FeatureSpec("log_return")])
+    assert frame.names == ("mid_price", *order, "log_return") and frame.lookback == 1
+    got = frame.array.compute(scheduler="sync")
+    assert got.shape == (60, 10) and got.dtype == np.float32
+    np.testing.assert_array_equal(got[:, 1:9], x[:, [COLS.index(c) for c in order]])
+    np.testing.assert_allclose(got[:, 0], reference(x, FeatureSpec("mid_price")), rtol=1e-6)
+    np.testing.assert_allclose(got[1:, 9], reference(x, FeatureSpec("log_return"))[1:], rtol=2e-5, atol=1e-6)
+
+
+def test_book_defaults_to_ten_levels():
+    spec = FeatureSpec.from_mapping("book", "f")
+    assert spec == FeatureSpec("book") and spec.levels == 10 and spec.width == 40
+    assert spec.labels[-4:] == ("ask_price_10", "ask_size_10", "bid_price_10", "bid_size_10")
+    assert FeatureSpec("imbalance").levels == 1 and FeatureSpec("imbalance").labels == ("imbalance_1",)
+    frame = compute_features(da.from_array(book(20), chunks=(7, -1)), columns=COLS, specs=[spec])
+    assert frame.array.shape == (20, 40) and frame.names == spec.labels
+
+
+def test_book_missing_column_fails_before_computing():
+    cols = orderbook_columns(1)
+    x = da.zeros((10, len(cols)), chunks=5)
+    with pytest.raises(FeatureError, match="column 'ask_price_2' is not in the source"):
+        compute_features(x, columns=cols, specs=[FeatureSpec("book", levels=2)])
+    with pytest.raises(ConfigError, match=r"^f\.levels: expected a positive integer, got 0"):
+        FeatureSpec.from_mapping({"name": "book", "levels": 0}, "f")
+    with pytest.raises(ConfigError, match=r"^f\.window: unknown key for book \(expected levels\)"):
+        FeatureSpec.from_mapping({"name": "book", "window": 3}, "f")
+
+
+def test_a_series_shorter_than_the_lookback_is_all_nan():
+    frame = compute_features(da.from_array(book(5), chunks=(5, -1)), columns=COLS,
+                             specs=[FeatureSpec("rolling_mean", window=12)])
+    assert np.isnan(frame.array.compute()).all()

@@ -1,0 +1,245 @@
+"""Labels of every step of a ``(T, C)`` order-book table, and their final form.
+
+Labels are made in two stages. :func:`label_steps` gives, for every step ``e`` of the
+series, the *unfinalized* value of the label of a window ending at ``e`` (a log return,
+a smoothed relative change, or a column's value) in float64, one column per horizon,
+NaN where the label's reach leaves the series. The caller picks the windows' rows and
+drops those that are not finite; :func:`finalize_labels` then applies ``scale``, the
+classes and the output dtype. Keeping the unscaled float64 values until then lets a
+non-finite label be seen before it becomes an arbitrary class number.
+
+Every value depends on steps ``e - back .. e + fwd`` only (``LabelSpec.reach``); each
+block borrows that many steps from its neighbours and sums in a fixed order, so the
+values are bit-identical whatever the chunking.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import dask.array as da
+import numpy as np
+
+from pipeline.errors import FeatureError
+from pipeline.features.geometry import merge_short_chunks
+from pipeline.features.specs import LabelSpec
+
+__all__ = ["class_balance", "finalize_labels", "label_steps", "label_steps_numpy"]
+
+
+def _col(columns: Sequence[str], name: str) -> int:
+    try:
+        return list(columns).index(name)
+    except ValueError:
+        raise FeatureError(
+            f"labels: column {name!r} is not in the source (columns: {', '.join(map(str, columns))})"
+        ) from None
+
+
+def _ahead(values: np.ndarray, k: int) -> np.ndarray:
+    """``values[e + k]`` at row ``e``; NaN where ``e + k`` is past the end."""
+    out = np.full(values.shape, np.nan)
+    if k < values.size:
+        out[: values.size - k] = values[k:]
+    return out
+
+
+def _window_mean(values: np.ndarray, first: int, k: int) -> np.ndarray:
+    """Mean of ``values[e + first .. e + first + k - 1]`` at row ``e``; NaN where any of
+    those rows is outside ``values``.
+
+    The sum runs term by term in one fixed order, so a row's value does not depend on
+    where the block starts (a cumulative sum, or numpy's pairwise reduction over a
+    sliding view, could round differently in another block).
+    """
+    n = values.size
+    out = np.full(n, np.nan)
+    lo = max(0, -first)  # first row whose window starts inside the block
+    hi = n - (first + k - 1)  # one past the last row whose window ends inside it
+    if hi <= lo:
+        return out
+    acc = values[lo + first : hi + first].copy()
+    for j in range(1, k):
+        acc += values[lo + first + j : hi + first + j]
+    out[lo:hi] = acc / k
+    return out
+
+
+def label_steps_numpy(block: np.ndarray, columns: Sequence[str], spec: LabelSpec) -> np.ndarray:
+    """Unfinalized label value of every step of one block.
+
+    Parameters
+    ----------
+    block
+        ``(rows, C)`` consecutive steps of the raw table.
+    columns
+        Names of ``block``'s columns.
+    spec
+        The label.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, max(1, len(spec.horizon_list)))`` float64, one column per horizon: for
+        ``return`` and ``class`` ``log(p[e+k]) - log(p[e])`` (not scaled); for
+        ``smoothed`` ``l`` (not scaled); for ``column`` the column's value. NaN where
+        the block does not hold the steps the label reads (its first ``back`` and last
+        ``fwd`` rows, per horizon).
+    """
+    b = np.asarray(block)
+    idx = [_col(columns, name) for name in spec.required_columns]
+    if spec.kind == "column":
+        return b[:, idx[0]].astype(np.float64).reshape(-1, 1)
+    # Prices are summed in float64 exactly as the mid_price feature does.
+    mid = (b[:, idx[0]].astype(np.float64) + b[:, idx[1]].astype(np.float64)) / 2.0
+    ks = spec.horizon_list
+    out = np.empty((b.shape[0], len(ks)), dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        if spec.kind in ("return", "class"):
+            logmid = np.log(mid)
+            for j, k in enumerate(ks):
+                # Difference of logs: the arithmetic of the stored labels of earlier
+                # versions, kept so the same config gives bit-identical values.
+                out[:, j] = _ahead(logmid, k) - logmid
+        else:
+            for j, k in enumerate(ks):
+                m_plus = _window_mean(mid, 1, k)
+                ref = mid if spec.reference == "current" else _window_mean(mid, -(k - 1), k)
+                out[:, j] = (m_plus - ref) / ref
+    return out
+
+
+def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.Array:
+    """Unfinalized label value of every step of the series, blockwise.
+
+    Parameters
+    ----------
+    x
+        ``(T, C)`` raw table, time along axis 0.
+    columns
+        Names of ``x``'s columns.
+    spec
+        The label.
+
+    Returns
+    -------
+    dask.array.Array
+        ``(T, max(1, len(spec.horizon_list)))`` float64, chunked like ``x`` along time
+        (merged where a chunk is shorter than the label's reach), equal to
+        :func:`label_steps_numpy` over the whole series: steps whose reach leaves the
+        series are NaN. The series is taken as one: a label that reaches across a
+        session or instrument boundary is the caller's to leave out.
+
+    Raises
+    ------
+    FeatureError
+        Before anything is computed, when a column the label reads is missing.
+    """
+    cols = tuple(columns)
+    idx = [_col(cols, name) for name in spec.required_columns]
+    back, fwd = spec.reach
+    width = max(1, len(spec.horizon_list))
+    # Only the columns the label reads travel through the overlap.
+    x = x[:, idx].rechunk({1: -1})
+    needed = spec.required_columns
+    depth = max(back, fwd)
+    if depth > 0:
+        chunks = merge_short_chunks(x.chunks[0], depth)
+        if chunks != x.chunks[0]:
+            x = x.rechunk({0: chunks})
+    # A lone chunk borrows nothing (and dask refuses a depth longer than the array).
+    overlapped = depth > 0 and len(x.chunks[0]) > 1
+    if overlapped:
+        # boundary="none": the first and last blocks get no padding, so labels reaching
+        # past the series come out NaN, as in one block.
+        padded = da.overlap.overlap(x, depth={0: (back, fwd), 1: 0}, boundary="none", allow_rechunk=False)
+    else:
+        padded = x
+    sizes = np.asarray(x.chunks[0], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+
+    def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+        i = block_id[0]
+        left = min(back, int(starts[i])) if overlapped else 0
+        return label_steps_numpy(block, needed, spec)[left : left + int(sizes[i])]
+
+    return da.map_blocks(
+        block_fn,
+        padded,
+        dtype=np.float64,
+        chunks=(x.chunks[0], (width,)),
+        token="label-steps",
+        meta=np.empty((0, 0), dtype=np.float64),
+    )
+
+
+def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
+    """Labels in their stored form, from the values of :func:`label_steps`.
+
+    Parameters
+    ----------
+    values
+        ``(n, max(1, len(spec.horizon_list)))`` float64 (a 1-D ``(n,)`` is taken as one
+        column), the rows of the labelled windows.
+    spec
+        The label.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(n, H)`` when ``spec.multi``, else ``(n,)``, of ``spec.out_dtype``: ``return``
+        and ``smoothed`` without ``alpha`` are the value times ``scale`` as float32 (NaN
+        stays NaN); ``class`` is ``numpy.digitize`` of the scaled value by
+        ``thresholds``; ``smoothed`` with ``alpha`` is 0 = down (scaled value
+        ``< -alpha``), 1 = stationary, 2 = up (``> alpha``); ``column`` is the value
+        cast to its ``dtype``. Class numbers of non-finite values are arbitrary: drop
+        those rows first.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    if v.ndim == 1:
+        v = v[:, None]
+    width = max(1, len(spec.horizon_list))
+    if v.ndim != 2 or (v.shape[0] and v.shape[1] != width):
+        raise FeatureError(
+            f"labels: expected values of shape (n, {width}) for {len(spec.horizon_list)} horizons, got {v.shape}"
+        )
+    if spec.kind == "column":
+        with np.errstate(invalid="ignore"):
+            out = v.astype(spec.out_dtype)
+    else:
+        scaled = v * spec.scale
+        if spec.kind == "class":
+            out = np.digitize(scaled, np.asarray(spec.thresholds)).astype(np.int64)
+        elif spec.kind == "smoothed" and spec.alpha is not None:
+            out = np.ones(scaled.shape, dtype=np.int64)
+            out[scaled < -spec.alpha] = 0
+            out[scaled > spec.alpha] = 2
+        else:
+            out = scaled.astype(np.float32)
+    return out if spec.multi else out.reshape(-1)
+
+
+def class_balance(y: np.ndarray, spec: LabelSpec) -> list:
+    """Number of labels of each class, for a store's metadata.
+
+    Parameters
+    ----------
+    y
+        Finalized labels (:func:`finalize_labels`).
+    spec
+        The label.
+
+    Returns
+    -------
+    list
+        ``[count of class 0, class 1, ...]`` as ints (classes named by
+        ``spec.class_names``); with ``spec.multi`` one such list per horizon, in
+        horizon order. ``[]`` for labels that are not classes.
+    """
+    names = spec.class_names
+    if names is None:
+        return []
+    y = np.asarray(y)
+    per_column = y.reshape(y.shape[0], -1) if spec.multi else y.reshape(-1, 1)
+    counts = [np.bincount(per_column[:, j], minlength=len(names)).tolist() for j in range(per_column.shape[1])]
+    return counts if spec.multi else counts[0]
