@@ -75,16 +75,30 @@ def _parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo-data",
-        help="generate a seeded synthetic Level-2 order-book data set (Parquet and CSV)",
-        description="Write one file per trading day of timestamped bid/ask prices and sizes.",
+        help="generate a seeded synthetic Level-2 order-book data set (Parquet, CSV or LOBSTER)",
+        description="Write one file per trading day of timestamped bid/ask prices and sizes "
+        "(YYYY-MM-DD.parquet, YYYY-MM-DD.csv), or with --format lobster one headerless LOBSTER pair per "
+        "instrument and day (TICKER_YYYY-MM-DD_34200000_END_orderbook_L.csv and ..._message_L.csv; "
+        "see pipeline.demo for the layout).",
     )
     demo.add_argument("directory", metavar="DIR", help="output directory")
-    demo.add_argument("--days", type=int, default=5, help="number of daily files (default 5)")
-    demo.add_argument("--rows-per-day", type=int, default=400_000, help="snapshots per day (default 400000)")
+    demo.add_argument("--days", type=int, default=5, help="number of days (default 5)")
+    demo.add_argument("--rows-per-day", type=int, default=400_000,
+                      help="snapshots per day (per instrument for lobster; default 400000)")
     demo.add_argument("--levels", type=int, default=10, help="book levels per side (default 10)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument(
-        "--formats", default="parquet,csv", help="comma-separated: parquet, csv (default both)"
+        "--formats", "--format", dest="formats", default="parquet,csv",
+        help="comma-separated: parquet, csv, lobster (default parquet,csv)",
+    )
+    demo.add_argument(
+        "--instruments", default="AAA,BBB",
+        help="lobster: comma-separated tickers, one file pair per ticker and day (default AAA,BBB)",
+    )
+    demo.add_argument(
+        "--empty-level-rate", type=float, default=0.0, metavar="FRACTION",
+        help="lobster: fraction of rows whose deepest level is empty on one side, written with LOBSTER's "
+        "dummy prices (default 0: every row complete, so nan: raise works)",
     )
 
     bench = sub.add_parser(
@@ -131,21 +145,36 @@ def _cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo_data(args: argparse.Namespace) -> int:
+    import re
+
     from pipeline.demo import DemoSpec, write_demo_data
 
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
+    instruments = tuple(t.strip() for t in args.instruments.split(",") if t.strip())
     for name, value in (("--days", args.days), ("--rows-per-day", args.rows_per_day), ("--levels", args.levels)):
         if value <= 0:
             raise ConfigError(name, "a positive integer", value)
-    if not formats or set(formats) - {"parquet", "csv"}:
-        raise ConfigError("--formats", "parquet and/or csv", args.formats)
+    if not formats or set(formats) - {"parquet", "csv", "lobster"}:
+        raise ConfigError("--format", "parquet, csv and/or lobster", args.formats)
+    # A ticker starts each file name: keep it to characters every file system takes.
+    if not instruments or len(set(instruments)) != len(instruments) or not all(
+            re.fullmatch(r"[A-Za-z0-9._\-]+", t) for t in instruments):
+        raise ConfigError("--instruments", "distinct comma-separated tickers of letters, digits, '.', '_' or '-'",
+                          args.instruments)
+    if not 0.0 <= args.empty_level_rate <= 1.0:
+        raise ConfigError("--empty-level-rate", "a fraction in [0, 1]", args.empty_level_rate)
     spec = DemoSpec(
-        days=args.days, rows_per_day=args.rows_per_day, levels=args.levels, seed=args.seed, formats=formats
+        days=args.days, rows_per_day=args.rows_per_day, levels=args.levels, seed=args.seed, formats=formats,
+        instruments=instruments, empty_level_rate=args.empty_level_rate,
     )
     t0 = time.perf_counter()
     paths = write_demo_data(args.directory, spec)
     rows = spec.days * spec.rows_per_day
-    print(f"wrote {len(paths)} files ({rows:,} rows per format) to {args.directory} in {time.perf_counter() - t0:.1f} s")
+    lobster = ""
+    if "lobster" in formats:
+        lobster = f"; lobster: {rows * len(instruments):,} rows over {len(instruments)} instruments"
+    print(f"wrote {len(paths)} files ({rows:,} rows per format{lobster}) to {args.directory} "
+          f"in {time.perf_counter() - t0:.1f} s")
     return 0
 
 

@@ -122,3 +122,50 @@ def test_bench_errors_are_one_line(tmp_path, args, status, message):
     result = cli("bench", str(store), *args)
     assert result.returncode == status
     assert "Traceback" not in result.stderr and message in result.stderr.strip().splitlines()[-1]
+
+
+def test_demo_data_lobster_pairs_are_seeded_headerless_and_load(tmp_path):
+    import numpy as np
+
+    from pipeline.loaders import open_source
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        result = cli("demo-data", str(d), "--format", "lobster", "--days", "2", "--rows-per-day", "3000",
+                     "--levels", "3", "--instruments", "AAA,BBB", "--empty-level-rate", "0.05", "--seed", "7")
+        assert result.returncode == 0, result.stderr
+    names = sorted(p.name for p in a.iterdir())
+    assert names == [f"{t}_{day}_34200000_57600000_{kind}_3.csv" for t in ("AAA", "BBB")
+                     for day in ("2026-01-05", "2026-01-06") for kind in ("message", "orderbook")]
+    assert all((a / n).read_bytes() == (b / n).read_bytes() for n in names)
+    book = (a / names[1]).read_text().splitlines()
+    message = (a / names[0]).read_text().splitlines()
+    assert len(book) == len(message) == 3000
+    assert len(book[0].split(",")) == 12 and all(f.lstrip("-").isdigit() for f in book[0].split(","))
+    fields = message[0].split(",")
+    assert len(fields) == 6 and len(fields[0].split(".")[1]) == 9 and 34200 <= float(fields[0]) < 57600
+
+    src = open_source(str(a / "*_orderbook_3.csv"), format="lobster", nan="drop")
+    assert src.instruments == ("AAA", "BBB") and src.columns[:4] == ("ask_price_1", "ask_size_1", "bid_price_1",
+                                                                      "bid_size_1")
+    x, ts, codes = src.array.compute(), src.timestamps.compute(), src.instrument_codes.compute()
+    assert 0.9 * 12000 < len(x) < 12000  # about 5% of the rows have an empty deepest level
+    assert (x[:, 0] > x[:, 2]).all()  # ask above bid
+    for code in (0, 1):  # per instrument: its two days in order, each from 09:30 on
+        t = ts[codes == code].astype("datetime64[ns]")
+        assert (np.diff(t) > np.timedelta64(0)).all()
+        assert np.datetime64("2026-01-05T09:30") < t[0] < np.datetime64("2026-01-05T09:31") < np.datetime64(
+            "2026-01-06T09:30") < t[-1] < np.datetime64("2026-01-06T16:00")
+    mids = [((x[:, 0] + x[:, 2]) / 2)[codes == c].mean() for c in (0, 1)]
+    assert abs(mids[0] / mids[1] - 1) > 0.2  # the two instruments trade at different price levels
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--format", "lobstr"], "--format: expected parquet, csv and/or lobster, got 'lobstr'"),
+    (["--format", "lobster", "--instruments", "A/B"], "--instruments: expected distinct comma-separated tickers"),
+    (["--format", "lobster", "--empty-level-rate", "1.5"], "--empty-level-rate: expected a fraction in [0, 1]"),
+])
+def test_demo_data_lobster_option_errors(tmp_path, args, message):
+    result = cli("demo-data", str(tmp_path / "d"), "--days", "1", "--rows-per-day", "10", *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert message in result.stderr.strip().splitlines()[-1]

@@ -114,9 +114,13 @@ def test_stored_windows_and_labels_equal_plain_numpy(store, raw_dir):
     last_train_step = ends[t1 - 1] + HORIZON
     first_val_step = ends[v0] - (SIZE - 1) * max(SCALES) - 1
     assert last_train_step < first_val_step
-    # The session table: one session per file, with its windows.
+    # The session table: one session per file, with the windows stored from it (the split
+    # gap falls inside the third day), its rows and its times.
     table = ds.attrs["sessions"]
-    assert [row["windows"] for row in table] == np.bincount(day_ref, minlength=3).tolist()
+    stored = np.concatenate([ds[name]["session"][:] for name in ds.splits])
+    assert [row["windows"] for row in table] == np.bincount(stored, minlength=3).tolist()
+    assert [row["rows"][1] - row["rows"][0] for row in table] == [4000] * 3
+    assert table[0]["start"].startswith("2026-01-05T09:30") and table[2]["end"].startswith("2026-01-07")
 
 
 def test_one_epoch_streams_every_sample_exactly_once_aligned(store):

@@ -1,8 +1,10 @@
 """Loaders: raw files -> one lazy dask array, probing headers only.
 
-Formats are chosen by suffix or ``format=``. Building the array reads only metadata
-(Parquet footers, npy headers), in parallel threads, and makes one blockwise graph
-layer over the file list, whatever the number of files.
+Formats are chosen by suffix or ``format=`` (``lobster`` only by name). Building the
+array reads only metadata (Parquet footers, npy headers, CSV newline counts), in
+parallel threads, and makes one blockwise graph layer over the file list, whatever the
+number of files. Tables may also give per-row timestamps and instrument codes, each a
+layer of its own with the array's chunks.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import glob
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal, Sequence
+from typing import Any, Literal, Mapping, Sequence
 
 import dask.array as da
 import fsspec
@@ -23,18 +25,50 @@ __all__ = ["FileInfo", "Source", "expand_paths", "load", "open_source"]
 
 @dataclass(frozen=True, slots=True)
 class FileInfo:
-    """One input file as found when the array was built."""
+    """One input file as found when the array was built.
+
+    ``companion`` is a second file read with this one (LOBSTER: the message file).
+    """
 
     path: str
     size: int
     mtime: float
     rows: int | None = None
     shape: tuple[int, ...] | None = None
+    companion: "FileInfo | None" = None
+
+    def metadata(self) -> dict[str, Any]:
+        """JSON-able provenance of the file (and of its companion, when it has one)."""
+        out: dict[str, Any] = {"path": self.path, "size": self.size, "mtime": self.mtime, "rows": self.rows,
+                               "shape": list(self.shape) if self.shape else None}
+        if self.companion is not None:
+            out["companion"] = self.companion.metadata()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class Source:
-    """A lazy array and what it was built from."""
+    """A lazy array and what it was built from.
+
+    Attributes
+    ----------
+    array
+        ``(T, F)`` for tables, ``(N, ...)`` for stacked files.
+    columns
+        Table column names (canonical, after ``rename``), or ``None``.
+    files
+        The files read, in array order.
+    timestamps
+        Tables with a timestamp column, and LOBSTER: ``(T,)`` int64 nanoseconds since
+        the epoch, chunked like ``array`` (the same rows kept under ``nan="drop"``).
+    labels, classes
+        Class labels of stacked samples and their names.
+    skipped
+        ``(path, why)`` of the files left out by ``on_error="skip"``.
+    instrument_codes, instruments
+        With an instrument column (or LOBSTER's tickers): ``(T,)`` int32 codes chunked
+        like ``array``, each an index into ``instruments``, the sorted distinct names.
+    """
 
     array: da.Array
     columns: tuple[str, ...] | None
@@ -43,18 +77,25 @@ class Source:
     labels: da.Array | None = None
     classes: tuple[str, ...] | None = None
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    instrument_codes: da.Array | None = None
+    instruments: tuple[str, ...] | None = None
+    #: Tables: how many chunks of ``array`` each file makes (Parquet: its row groups),
+    #: so that rows can be told apart by file even after ``nan="drop"``.
+    file_chunks: tuple[int, ...] | None = None
 
     def metadata(self) -> dict[str, Any]:
         """JSON-able provenance: files with sizes and modification times, columns, skips."""
-        return {
-            "files": [{"path": f.path, "size": f.size, "mtime": f.mtime, "rows": f.rows,
-                       "shape": list(f.shape) if f.shape else None} for f in self.files],
+        out = {
+            "files": [f.metadata() for f in self.files],
             "columns": list(self.columns) if self.columns else None,
             "classes": list(self.classes) if self.classes else None,
             "skipped": [list(s) for s in self.skipped],
             "shape": list(self.array.shape),
             "dtype": str(self.array.dtype),
         }
+        if self.instruments is not None:
+            out["instruments"] = list(self.instruments)
+        return out
 
 
 def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options: dict | None = None) -> list[str]:
@@ -131,6 +172,10 @@ def open_source(
     chunk_rows: int | None = None,
     files_per_chunk: int | None = None,
     storage_options: dict | None = None,
+    header: bool = True,
+    names: Sequence[str] | None = None,
+    rename: Mapping[str, str] | None = None,
+    instrument_column: str | None = None,
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -141,13 +186,21 @@ def open_source(
         manifest (``labels=`` a CSV/Parquet path) it may be left out.
     format
         Force a format (``npy``, ``npz``, ``image``, ``hdf5``, ``csv``, ``parquet``)
-        instead of the suffix.
+        instead of the suffix; ``lobster`` (by name only) reads LOBSTER orderbook files
+        (``paths`` match the ``*_orderbook_<L>.csv`` files) with their message files:
+        see :mod:`pipeline.loaders.lobster` for its columns, empty levels and times.
     combine
         ``stack``: one sample per file (the default for arrays); ``concat``: join along
         axis 0 (the default, and only choice, for tables).
-    columns, timestamp
-        Table columns to read (default every column but the timestamp) and the timestamp
-        column used to check the files join in time order.
+    columns
+        Table columns to read (default every column but the timestamp and the
+        instrument column).
+    timestamp
+        The timestamp column: it checks that Parquet files join in time order and
+        becomes ``Source.timestamps``, int64 nanoseconds since the epoch. Timestamp and
+        date types are cast to nanoseconds (an aware one keeps its UTC instant);
+        strings are parsed as ISO-8601; integers are taken as nanoseconds, and floats
+        as seconds, since the epoch. LOBSTER derives its own (leave it unset).
     dtype
         Output dtype; default float32 for tables, the files' own for arrays.
     shape, mode
@@ -171,6 +224,26 @@ def open_source(
         Samples per chunk when stacking (default: about 16 MiB per chunk).
     storage_options
         fsspec options for URLs.
+    header, names
+        CSV: ``header=True`` reads the column names from the first line, and refuses a
+        first line whose every field is a number (data, not a header: nothing is
+        silently eaten). ``header=False`` reads every line as data and needs ``names``,
+        one per field. ``names`` with a header replaces the header's names.
+    rename
+        ``{canonical: source_name}`` (CSV, Parquet): the file's column ``source_name``
+        appears as ``canonical`` (``{"bid_price_1": "bids[0].price"}``). Every other
+        option (``columns``, ``timestamp``, ``instrument_column``) uses canonical names.
+    instrument_column
+        A table column naming each row's instrument: gives ``Source.instruments`` (the
+        sorted distinct values, as strings, found by one pass over that column) and
+        ``Source.instrument_codes`` (int32 indices into it). LOBSTER takes the
+        instrument from the ticker in each file name instead.
+
+    Returns
+    -------
+    Source
+        The lazy array, its provenance, and per-row timestamps, instrument codes or
+        labels when the input has them.
     """
     from pipeline.loaders import labels as labels_mod
     from pipeline.loaders import tables
@@ -198,11 +271,18 @@ def open_source(
     opts = {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key}
     skipped: list[tuple[str, str]] = []
 
+    companions: dict[str, FileInfo] = {}
+
     def probe(path: str) -> Any:
         try:
             size, mtime = _stat(path, so)
             if kind == "table":
-                return path, size, mtime, tables.probe_table(path, fmts[path], timestamp, so)
+                parts = tables.probe_table(path, fmts[path], timestamp, so, header=header, names=names,
+                                           rename=rename)
+                if parts and parts[0].companion:
+                    companions[path] = FileInfo(parts[0].companion, *_stat(parts[0].companion, so),
+                                                rows=parts[0].rows)
+                return path, size, mtime, parts
             fmt = FORMATS[kind]
             return path, size, mtime, fmt.probe(path, so, **{k: opts[k] for k in fmt.options})
         except LoaderError as exc:
@@ -231,15 +311,13 @@ def open_source(
         if combine == "stack":
             raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
         parts = [part for _, _, _, ps in probed for part in ps]
-        cols = tables.check_columns(parts, columns, timestamp)
-        tables.check_time_order(parts)
-        arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so)
-        if nan == "drop":
-            arr = arr.map_blocks(lambda b: b[np.isfinite(b).all(axis=1)], dtype=arr.dtype,
-                                 chunks=((np.nan,) * arr.numblocks[0], arr.chunks[1]))
-            arr = arr.compute_chunk_sizes()  # one pass: later stages need known lengths
-        infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps)) for p, s, m, ps in probed)
-        return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, skipped=tuple(skipped))
+        arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
+                                                       fill_value, so)
+        infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
+                      for p, s, m, ps in probed)
+        return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
+                      skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
+                      file_chunks=tuple(len(ps) for _, _, _, ps in probed))
 
     fmt = FORMATS[kind]
     fmt_opts = {k: opts[k] for k in fmt.options}
@@ -279,6 +357,47 @@ def open_source(
         label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
     return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
                   classes=classes, skipped=tuple(skipped))
+
+
+def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
+           names: Sequence[str] | None, nan: str, fill_value: float, so: dict) -> tuple:
+    """The values, columns, timestamps, instrument codes and names of joined table parts."""
+    import dask
+
+    from pipeline.loaders import columns as side
+    from pipeline.loaders import tables
+
+    first = parts[0]
+    if first.fmt == "lobster":
+        if timestamp not in (None, "timestamp"):
+            raise FormatMismatchError(first.path, f"LOBSTER timestamps come from the message files; leave "
+                                      f"source.timestamp unset (got {timestamp!r})")
+        if instrument_column is not None:
+            raise FormatMismatchError(first.path, "LOBSTER files name their instrument (the ticker in the file "
+                                      "name); leave source.instrument_column unset")
+        timestamp = None
+    if names is not None and first.fmt != "csv":
+        raise FormatMismatchError(first.path, f"source.names applies to headerless CSV files; {first.fmt} files "
+                                  "name their own columns (source.rename changes them)")
+    cols = tables.check_columns(parts, columns, timestamp, instrument_column)
+    tables.check_time_order(parts)
+    arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so)
+    times = side.timestamp_array(parts, timestamp, so) if timestamp or first.fmt == "lobster" else None
+    codes = instruments = None
+    if instrument_column is not None or first.fmt == "lobster":
+        instruments = side.instrument_names(parts, instrument_column, so)
+        codes = side.instrument_array(parts, instrument_column, instruments, so)
+    if nan == "drop":
+        keep = side.keep_mask(arr)
+        # One pass for the kept rows per block: later stages need known lengths.
+        counts = keep.map_blocks(lambda k: np.array([int(k.sum())]), dtype=np.int64,
+                                 chunks=((1,) * keep.numblocks[0],))
+        (kept,) = dask.compute(counts)
+        kept = tuple(int(c) for c in kept)
+        arr = side.drop_rows(arr, keep, kept)
+        times = side.drop_rows(times, keep, kept) if times is not None else None
+        codes = side.drop_rows(codes, keep, kept) if codes is not None else None
+    return arr, cols, times, codes, instruments
 
 
 def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = None,

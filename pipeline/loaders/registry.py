@@ -8,7 +8,7 @@ from typing import Callable
 
 from pipeline.errors import FormatMismatchError
 
-__all__ = ["FORMATS", "SUFFIXES", "ArrayFormat", "format_of"]
+__all__ = ["FORMATS", "NAMED", "SUFFIXES", "TABLES", "ArrayFormat", "format_of"]
 
 #: Suffix -> format name. ``format:`` in the config overrides it.
 SUFFIXES = {
@@ -26,7 +26,10 @@ SUFFIXES = {
     ".hdf5": "hdf5",
 }
 
-TABLES = ("csv", "parquet")
+#: Formats chosen by name only (``format: lobster``): their files share a suffix with others.
+NAMED = ("lobster",)
+
+TABLES = ("csv", "parquet", "lobster")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +67,9 @@ FORMATS: dict[str, ArrayFormat] = _Lazy()
 def format_of(path: str, fmt: str | None) -> str:
     """The format of ``path``: ``fmt`` if given, else from its suffix."""
     if fmt:
-        if fmt not in set(SUFFIXES.values()):
-            raise FormatMismatchError(path, f"unknown format {fmt!r}; expected one of {sorted(set(SUFFIXES.values()))}")
+        known = set(SUFFIXES.values()) | set(NAMED)
+        if fmt not in known:
+            raise FormatMismatchError(path, f"unknown format {fmt!r}; expected one of {sorted(known)}")
         return fmt
     suffix = os.path.splitext(path)[1].lower()
     if suffix not in SUFFIXES:

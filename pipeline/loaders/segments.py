@@ -64,7 +64,7 @@ class SegmentedSource:
 def _file_rows(src: Source) -> list[int]:
     """Rows of each file of a source, from how its chunks map to files."""
     chunks = [int(c) for c in src.array.chunks[0]]
-    per_file = getattr(src, "file_chunks", None)
+    per_file = src.file_chunks
     if per_file is None and len(chunks) == len(src.files):
         per_file = (1,) * len(chunks)
     if per_file is not None:
@@ -168,9 +168,8 @@ def _by_code(src: Source) -> list[tuple[str, da.Array, da.Array | None, list[int
 
 
 def _chunks_per_file(src: Source) -> Sequence[int]:
-    per_file = getattr(src, "file_chunks", None)
-    if per_file is not None:
-        return per_file
+    if src.file_chunks is not None:
+        return src.file_chunks
     if len(src.array.chunks[0]) == len(src.files):
         return (1,) * len(src.files)
     rows = np.cumsum([int(f.rows or 0) for f in src.files])
@@ -197,6 +196,9 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     """
     so = storage_options
     files = expand_paths(paths, so)
+    if instrument is None and options.get("format") == "lobster":
+        # LOBSTER names the instrument: the ticker before the file name's first "_".
+        instrument = InstrumentSpec(path="{instrument}_*_orderbook_*.csv")
     spec = sessions or SessionSpec(mode="file" if len(files) > 1 else "none")
     strip = instrument.path_regex() if instrument is not None and instrument.path else None
     groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str]]] = []

@@ -1,26 +1,40 @@
-"""CSV and Parquet tables joined along time into one lazy ``(rows, columns)`` float32 array.
+"""CSV, Parquet and LOBSTER tables joined along time into one lazy ``(rows, columns)`` float32 array.
 
 Parquet row counts and column names come from the file footer (no data read); each row
 group becomes one dask chunk. CSV has no footer: the cheapest correct row count is a
 newline count of the raw bytes (one sequential read per file, parallel across files,
 about 1-2 GB/s per core), and each file becomes one chunk.
+
+Column names are the *canonical* names every other option uses (``columns``,
+``timestamp``, ``instrument_column``, the features): a file's own names, the ``names``
+of a headerless CSV, or LOBSTER's generated names, after ``rename``
+(``{canonical: source_name}``). A :class:`TablePart` keeps both, so readers ask the file
+for its own names.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import dask.array as da
 import fsspec
 import numpy as np
 
-from pipeline.errors import FormatMismatchError, InvalidValueError, LoaderError, MissingColumnError, MissingDependencyError
+from pipeline.errors import (
+    FormatMismatchError,
+    InvalidValueError,
+    LoaderError,
+    MissingColumnError,
+    MissingDependencyError,
+)
 
-__all__ = ["TablePart", "probe_table", "table_array"]
+__all__ = ["TablePart", "check_columns", "check_time_order", "count_lines", "is_number", "part_specs", "probe_table",
+           "read_columns", "require_pyarrow", "split_fields", "table_array"]
 
 
-def _pyarrow() -> Any:
+def require_pyarrow() -> Any:
+    """The pyarrow module, or an install hint."""
     try:
         import pyarrow  # noqa: F401
     except ImportError:  # pragma: no cover
@@ -30,7 +44,24 @@ def _pyarrow() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class TablePart:
-    """One chunk of the joined table: rows ``[lo, hi)`` of row group / file ``path``."""
+    """One chunk of the joined table: row group ``group`` (Parquet) or the whole file.
+
+    Attributes
+    ----------
+    columns
+        Canonical column names (after ``rename``).
+    sources
+        The file's own name of each of ``columns``, in the same order.
+    header, names
+        CSV: whether the first line is a header, and the names given for the fields
+        (``None``: the header's own).
+    companion
+        A second file read with this one (LOBSTER: the message file).
+    day_ns
+        LOBSTER: midnight of the file's date, in nanoseconds since the epoch.
+    instrument
+        LOBSTER: the ticker in the file name.
+    """
 
     path: str
     fmt: str
@@ -39,10 +70,40 @@ class TablePart:
     columns: tuple[str, ...]
     first_ts: Any = None
     last_ts: Any = None
+    sources: tuple[str, ...] = ()
+    header: bool = True
+    names: tuple[str, ...] | None = None
+    companion: str | None = None
+    day_ns: int = 0
+    instrument: str | None = None
+    #: Parquet: the file's own names of columns that do not hold numbers (timestamps,
+    #: text), left out of the default columns.
+    non_numeric: tuple[str, ...] = ()
+
+    def source_of(self, column: str) -> str:
+        """The file's own name of canonical ``column``."""
+        return dict(zip(self.columns, self.sources)).get(column, column)
 
 
-def _parquet_parts(path: str, timestamp: str | None, so: dict) -> list[TablePart]:
-    _pyarrow()
+def _renamed(path: str, file_columns: tuple[str, ...], rename: Mapping[str, str]) -> tuple[str, ...]:
+    """Canonical names of ``file_columns`` under ``rename`` (``{canonical: source}``)."""
+    missing = {canon: src for canon, src in rename.items() if src not in file_columns}
+    if missing:
+        raise MissingColumnError(
+            path, f"rename maps {', '.join(f'{c!r} to source column {s!r}' for c, s in missing.items())}, "
+            f"which the file lacks; the file has {list(file_columns)}")
+    inverse = {src: canon for canon, src in rename.items()}
+    out = tuple(inverse.get(c, c) for c in file_columns)
+    dupes = sorted({c for c in out if out.count(c) > 1})
+    if dupes:
+        raise LoaderError(
+            path, f"rename {dict(rename)} gives two columns the name(s) {dupes}: the file already has a column "
+            "of that name; rename it too or choose another canonical name")
+    return out
+
+
+def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[TablePart]:
+    require_pyarrow()
     import pyarrow.parquet as pq
 
     try:
@@ -52,7 +113,11 @@ def _parquet_parts(path: str, timestamp: str | None, so: dict) -> list[TablePart
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files
         raise FormatMismatchError(path, f"expected a Parquet file, could not read its footer ({exc})") from None
     cols = tuple(schema.names)
-    ts_idx = cols.index(timestamp) if timestamp in cols else None
+    import pyarrow as pa
+
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean)
+    text = tuple(f.name for f in schema if not any(test(f.type) for test in numeric))
+    ts_idx = cols.index(timestamp_source) if timestamp_source in cols else None
     parts = []
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
@@ -61,16 +126,36 @@ def _parquet_parts(path: str, timestamp: str | None, so: dict) -> list[TablePart
             st = rg.column(ts_idx).statistics
             if st is not None and st.has_min_max:
                 first, last = st.min, st.max
-        parts.append(TablePart(path, "parquet", g, rg.num_rows, cols, first, last))
+        parts.append(TablePart(path, "parquet", g, rg.num_rows, cols, first, last, sources=cols, non_numeric=text))
     return parts
 
 
-def _csv_parts(path: str, so: dict) -> list[TablePart]:
+def is_number(field: str) -> bool:
+    """Whether a CSV field parses as a number (tells a data line from a header)."""
+    try:
+        float(field)
+    except ValueError:
+        return False
+    return True
+
+
+def split_fields(line: bytes, path: str) -> list[str]:
+    """The comma-separated fields of one CSV line, unquoted (for header probes only)."""
+    try:
+        text = line.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError:
+        raise FormatMismatchError(path, "expected UTF-8 CSV text, found undecodable bytes in its first line") from None
+    return [c.strip().strip('"') for c in text.split(",")]
+
+
+def count_lines(path: str, so: dict) -> tuple[bytes, int]:
+    """The first line of a text file and its number of lines (a last line without a
+    newline counts), from one sequential read."""
     try:
         with fsspec.open(path, "rb", **so) as fh:
-            header = fh.readline()
-            count = 0
-            last = header
+            first = fh.readline()
+            count = 1 if first.endswith(b"\n") else 0
+            last = first
             while True:
                 block = fh.read(1 << 24)
                 if not block:
@@ -79,74 +164,139 @@ def _csv_parts(path: str, so: dict) -> list[TablePart]:
                 last = block
             if last and not last.endswith(b"\n"):
                 count += 1  # a final line without a newline
+    except FileNotFoundError:
+        raise LoaderError(path, "no such file") from None
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
-    try:
-        cols = tuple(c.strip().strip('"') for c in header.decode("utf-8").rstrip("\r\n").split(","))
-    except UnicodeDecodeError:
-        raise FormatMismatchError(path, "expected UTF-8 CSV text, found undecodable bytes in the header") from None
-    if not header.strip():
-        raise FormatMismatchError(path, "expected a CSV header line, found an empty file")
-    return [TablePart(path, "csv", 0, count, cols)]
+    return first, count
 
 
-def probe_table(path: str, fmt: str, timestamp: str | None, so: dict) -> list[TablePart]:
+def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None) -> list[TablePart]:
+    first, lines = count_lines(path, so)
+    fields = split_fields(first, path)
+    if not first.strip():
+        raise FormatMismatchError(path, f"expected a CSV {'header' if header else 'data'} line, found an empty file")
+    if header and all(is_number(f) for f in fields):
+        shown = first.decode("utf-8", "replace").rstrip("\r\n")
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise FormatMismatchError(
+            path, f"its first line {shown!r} looks like data, not a header (every field is a number); if the file "
+            f"has no header, set source.header: false and source.names: [...] ({len(fields)} names)")
+    if not header and names is None:
+        raise FormatMismatchError(
+            path, f"source.header is false but no column names were given; set source.names: [...] "
+            f"({len(fields)} names, one per field of the first line)")
+    if names is not None and len(names) != len(fields):
+        raise FormatMismatchError(
+            path, f"expected {len(names)} fields per line (one per name in source.names), found {len(fields)} "
+            "in its first line")
+    cols = tuple(names) if names is not None else tuple(fields)
+    rows = lines - 1 if header else lines
+    return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header,
+                      names=tuple(names) if names is not None else None)]
+
+
+def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header: bool = True,
+                names: Sequence[str] | None = None, rename: Mapping[str, str] | None = None) -> list[TablePart]:
     """Row counts and column names of one file, from metadata only (Parquet) or a
-    newline count (CSV)."""
-    return _parquet_parts(path, timestamp, so) if fmt == "parquet" else _csv_parts(path, so)
+    newline count (CSV, LOBSTER), with canonical names after ``rename``."""
+    rename = dict(rename or {})
+    if fmt == "parquet":
+        parts = _parquet_parts(path, rename.get(timestamp, timestamp) if timestamp else None, so)
+    elif fmt == "lobster":
+        from pipeline.loaders.lobster import probe_lobster
+
+        parts = probe_lobster(path, so)
+    else:
+        parts = _csv_parts(path, so, header, names)
+    if not rename or not parts:
+        return parts
+    from dataclasses import replace
+
+    cols = _renamed(path, parts[0].sources, rename)
+    return [replace(p, columns=cols) for p in parts]
 
 
-def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None, nan: str,
-               fill_value: float, so: dict) -> np.ndarray:
-    pa = _pyarrow()
-    import pyarrow.compute as pc
-
+def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str, Any]:
+    """Canonical ``columns`` of one CSV or Parquet part, as pyarrow arrays by canonical name."""
+    require_pyarrow()
+    sources = [part.source_of(c) for c in columns]
     try:
         if part.fmt == "parquet":
             import pyarrow.parquet as pq
 
             with fsspec.open(part.path, "rb", **so) as fh:
-                table = pq.ParquetFile(fh).read_row_group(part.group, columns=list(columns))
+                table = pq.ParquetFile(fh).read_row_group(part.group, columns=sources)
         else:
             import pyarrow.csv as pacsv
 
+            read = pacsv.ReadOptions()
+            if part.names is not None:  # names given: the header, if any, is skipped, not read
+                read = pacsv.ReadOptions(column_names=list(part.names), skip_rows=1 if part.header else 0)
             with fsspec.open(part.path, "rb", **so) as fh:
-                table = pacsv.read_csv(fh, convert_options=pacsv.ConvertOptions(include_columns=list(columns)))
+                table = pacsv.read_csv(fh, read_options=read,
+                                       convert_options=pacsv.ConvertOptions(include_columns=sources))
     except Exception as exc:  # noqa: BLE001
         raise LoaderError(part.path, f"cannot read {part.fmt} data ({exc})") from None
     if table.num_rows != part.rows:
         raise LoaderError(part.path, f"expected {part.rows} rows from its metadata, read {table.num_rows}")
-    out = np.empty((table.num_rows, len(columns)), dtype=np.float32)
+    return {c: table.column(s) for c, s in zip(columns, sources)}
+
+
+def _read_values(part: TablePart, columns: tuple[str, ...], so: dict) -> np.ndarray:
+    """``(rows, len(columns))`` float32 values of one part, NaN kept."""
+    if part.fmt == "lobster":
+        from pipeline.loaders.lobster import read_book
+
+        return read_book(part, [part.source_of(c) for c in columns], so).astype(np.float32)
+    pa = require_pyarrow()
+    import pyarrow.compute as pc
+
+    table = read_columns(part, columns, so)
+    out = np.empty((part.rows, len(columns)), dtype=np.float32)
     for j, name in enumerate(columns):
-        col = table.column(name)
+        col = table[name]
         try:
             out[:, j] = pc.cast(col, pa.float32()).to_numpy(zero_copy_only=False)
         except Exception as exc:  # noqa: BLE001
             raise LoaderError(part.path, f"column {name!r}: expected numbers, got {col.type} ({exc})") from None
+    return out
+
+
+def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None, nan: str,
+               fill_value: float, so: dict) -> np.ndarray:
+    out = _read_values(part, columns, so)
     if nan != "drop":
         bad = ~np.isfinite(out)
         if bad.any():
             if nan == "raise":
                 r, c = np.argwhere(bad)[0]
+                where = "row group " + str(part.group) if part.fmt == "parquet" else "the file"
+                why = " (LOBSTER's dummy price of an empty level)" if part.fmt == "lobster" else ""
                 raise InvalidValueError(
-                    part.path, f"NaN or inf in column {columns[c]!r} at row {int(r)} of "
-                    f"{'row group ' + str(part.group) if part.fmt == 'parquet' else 'the file'}; "
+                    part.path, f"NaN or inf{why} in column {columns[c]!r} at row {int(r)} of {where}; "
                     "set source.nan: drop or fill")
             out[bad] = fill_value
     return out
 
 
-def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp: str | None, nan: str,
-                fill_value: float, so: dict) -> da.Array:
-    """One blockwise layer over the parts: each part is one chunk of the joined table."""
+def part_specs(parts: Sequence[TablePart], name: str) -> da.Array:
+    """The parts as a 1-D object dask array, one part per chunk, named by content."""
+    from dask.base import tokenize
+
     specs = np.empty(len(parts), dtype=object)
     for i, p in enumerate(parts):
         specs[i] = p
     # Name the layer by its content: a fixed name would make two sources share keys.
+    return da.from_array(specs, chunks=1, name=f"{name}-{tokenize(list(parts))}")
+
+
+def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp: str | None, nan: str,
+                fill_value: float, so: dict) -> da.Array:
+    """One blockwise layer over the parts: each part is one chunk of the joined table."""
     from dask.base import tokenize
 
-    token = tokenize([(p.path, p.group, p.rows) for p in parts], columns, nan, fill_value)
-    files = da.from_array(specs, chunks=1, name=f"table-parts-{token}")
+    files = part_specs(parts, "table-parts")
 
     def read(block: np.ndarray) -> np.ndarray:
         return _read_part(block[0], columns, timestamp, nan, fill_value, so)
@@ -156,22 +306,25 @@ def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp:
         dtype=np.float32,
         chunks=(tuple(p.rows for p in parts), (len(columns),)),
         new_axis=1,
-        token="read-table",
+        name=f"read-table-{tokenize(files.name, columns, nan, fill_value)}",
         meta=np.empty((0, 0), dtype=np.float32),
     )
 
 
-def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, timestamp: str | None) -> tuple[str, ...]:
+def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, timestamp: str | None,
+                  instrument: str | None = None) -> tuple[str, ...]:
     """The columns to read: the requested ones (each present in every file) or every
-    column but the timestamp."""
+    column but the timestamp and the instrument column."""
     first = parts[0]
-    wanted = tuple(columns) if columns else tuple(c for c in first.columns if c != timestamp)
+    wanted = tuple(columns) if columns else tuple(
+        c for c in first.columns if c not in (timestamp, instrument) and first.source_of(c) not in first.non_numeric)
     for p in parts:
         missing = [c for c in wanted if c not in p.columns]
         if missing:
             raise MissingColumnError(p.path, f"missing column(s) {missing}; the file has {list(p.columns)}")
-        if timestamp and timestamp not in p.columns:
-            raise MissingColumnError(p.path, f"missing timestamp column {timestamp!r}; the file has {list(p.columns)}")
+        for what, name in (("timestamp", timestamp), ("instrument", instrument)):
+            if name and name not in p.columns:
+                raise MissingColumnError(p.path, f"missing {what} column {name!r}; the file has {list(p.columns)}")
     return wanted
 
 

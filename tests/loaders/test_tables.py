@@ -121,3 +121,186 @@ def test_on_error_skip_records_each_bad_file(tmp_path):
     assert src.array.shape == (100, 3)
     assert len(src.skipped) == 1 and src.skipped[0][0].endswith("z_broken.parquet")
     assert "Parquet" in src.skipped[0][1]
+
+
+# -- header, names, rename ----------------------------------------------------------------
+
+
+def test_a_headerless_file_is_refused_with_the_fix(tmp_path):
+    p = tmp_path / "book.csv"
+    p.write_text("5859400,200,5853300,18\n5859300,100,5853200,10\n")
+    with pytest.raises(FormatMismatchError, match=r"book\.csv: its first line '5859400,200,5853300,18' looks like "
+                                                  r"data, not a header .*set source\.header: false and "
+                                                  r"source\.names: \[\.\.\.\]"):
+        open_source(str(p))
+
+
+def test_headerless_csv_with_names_counts_the_first_line_as_data(tmp_path):
+    p = tmp_path / "book.csv"
+    p.write_text("5859400,200,5853300\n5859300,100,5853200\n5859200,50,5853100")  # no final newline
+    src = open_source(str(p), header=False, names=["ask", "size", "bid"])
+    assert src.columns == ("ask", "size", "bid") and src.array.shape == (3, 3) and src.files[0].rows == 3
+    np.testing.assert_array_equal(src.array.compute(), np.array(
+        [[5859400, 200, 5853300], [5859300, 100, 5853200], [5859200, 50, 5853100]], np.float32))
+    cols = open_source(str(p), header=False, names=["ask", "size", "bid"], columns=["bid"]).array.compute()
+    assert cols[:, 0].tolist() == [5853300, 5853200, 5853100]
+
+
+def test_names_replace_a_header(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("x,y\n1,2\n3,4\n")
+    src = open_source(str(p), names=["a", "b"])
+    assert src.columns == ("a", "b") and src.array.compute().tolist() == [[1, 2], [3, 4]]
+
+
+def test_headerless_needs_names_of_the_right_count(tmp_path):
+    p = tmp_path / "book.csv"
+    p.write_text("1,2,3,4\n5,6,7,8\n")
+    with pytest.raises(FormatMismatchError, match=r"book\.csv: source\.header is false but no column names .*"
+                                                  r"source\.names: \[\.\.\.\] \(4 names"):
+        open_source(str(p), header=False)
+    with pytest.raises(FormatMismatchError, match=r"book\.csv: expected 3 fields per line .*found 4"):
+        open_source(str(p), header=False, names=["a", "b", "c"])
+    pq.write_table(table(0), tmp_path / "t.parquet")
+    with pytest.raises(FormatMismatchError, match=r"t\.parquet: source\.names applies to headerless CSV"):
+        open_source(str(tmp_path / "t.parquet"), names=["a"])
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_rename_exposes_source_columns_under_canonical_names(tmp_path, fmt):
+    t = pa.table({"ts_event": table(0).column("timestamp"), "bids[0].price": np.arange(50.0),
+                  "asks[0].price": np.arange(50.0) + 0.5, "other": np.ones(50)})
+    p = tmp_path / f"feed.{fmt}"
+    (pq.write_table(t, p, row_group_size=20) if fmt == "parquet" else pacsv.write_csv(t, p))
+    rename = {"bid_price_1": "bids[0].price", "ask_price_1": "asks[0].price", "timestamp": "ts_event"}
+    src = open_source(str(p), rename=rename, timestamp="timestamp")
+    assert src.columns == ("bid_price_1", "ask_price_1", "other")
+    np.testing.assert_array_equal(src.array.compute(), np.stack([np.arange(50.0), np.arange(50.0) + 0.5,
+                                                                 np.ones(50)], 1).astype(np.float32))
+    expected_ns = t.column("ts_event").to_numpy().astype("datetime64[ns]").astype(np.int64)
+    np.testing.assert_array_equal(src.timestamps.compute(), expected_ns)
+    picked = open_source(str(p), rename=rename, timestamp="timestamp", columns=["ask_price_1"]).array.compute()
+    np.testing.assert_array_equal(picked[:, 0], np.arange(50.0, dtype=np.float32) + 0.5)
+    with pytest.raises(MissingColumnError, match=r"feed\.%s: rename maps 'bid_price_2' to source column "
+                                                 r"'bids\[1\]\.price', which the file lacks" % fmt):
+        open_source(str(p), rename={**rename, "bid_price_2": "bids[1].price"})
+    with pytest.raises(LoaderError, match=r"feed\.%s: rename .* gives two columns the name\(s\) \['other'\]" % fmt):
+        open_source(str(p), rename={"other": "bids[0].price"})
+
+
+# -- timestamps -----------------------------------------------------------------------------
+
+
+def _ns(values) -> list[int]:
+    """ISO strings or datetimes as integer ns since the epoch, computed by numpy, not pyarrow."""
+    return [int(np.datetime64(v, "ns").astype(np.int64)) for v in values]
+
+
+def test_timestamps_from_parquet_timestamp_types(tmp_path):
+    ts = np.datetime64("2026-01-05T09:30:00") + np.arange(40).astype("timedelta64[ms]") * 1500
+    for unit in ("s", "ms", "us", "ns"):
+        typ = pa.timestamp(unit, tz="UTC" if unit == "us" else None)
+        t = pa.table({"t": pa.array(ts.astype(f"datetime64[{unit}]"), typ), "v": np.arange(40.0)})
+        pq.write_table(t, tmp_path / f"{unit}.parquet", row_group_size=16)
+        src = open_source(str(tmp_path / f"{unit}.parquet"), timestamp="t")
+        assert src.timestamps.dtype == np.int64 and src.timestamps.chunks == src.array.chunks[:1] == ((16, 16, 8),)
+        expected = ts.astype(f"datetime64[{unit}]").astype("datetime64[ns]").astype(np.int64)
+        np.testing.assert_array_equal(src.timestamps.compute(), expected)
+    assert open_source(str(tmp_path / "ns.parquet")).timestamps is None
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_timestamps_from_iso_strings_integers_and_float_seconds(tmp_path, fmt):
+    iso = ["2026-01-05T09:30:00.123456789", "2026-01-05T09:30:01", "2026-01-05T10:00:00.5"]
+    cases = {
+        "iso": (pa.array(iso), _ns(iso)),
+        "utc": (pa.array(["2026-01-05T09:30:00Z", "2026-01-05T10:30:00+01:00", "2026-01-05T09:30:02.25Z"]),
+                _ns(["2026-01-05T09:30:00", "2026-01-05T09:30:00", "2026-01-05T09:30:02.25"])),
+        "int_ns": (pa.array([1_767_605_400_000_000_001, 1_767_605_400_000_000_002, 1_767_605_401_000_000_000]),
+                   [1_767_605_400_000_000_001, 1_767_605_400_000_000_002, 1_767_605_401_000_000_000]),
+        "float_s": (pa.array([1_767_605_400.25, 1_767_605_400.5, 1_767_605_401.0]),
+                    [1_767_605_400_250_000_000, 1_767_605_400_500_000_000, 1_767_605_401_000_000_000]),
+    }
+    for name, (col, expected) in cases.items():
+        t = pa.table({"when": col, "v": [1.0, 2.0, 3.0]})
+        p = tmp_path / f"{name}.{fmt}"
+        (pq.write_table(t, p) if fmt == "parquet" else pacsv.write_csv(t, p))
+        src = open_source(str(p), timestamp="when")
+        assert src.columns == ("v",), name
+        assert src.timestamps.compute().tolist() == expected, name
+
+
+def test_timestamps_follow_the_rows_that_nan_drop_keeps(tmp_path):
+    tables_ = write_days(tmp_path, "parquet", days=3)
+    frames = []
+    for i, t in enumerate(tables_):
+        a = t.column("a").to_numpy().copy()
+        a[[3 + i, 20, 21 + i]] = np.nan  # rows dropped in different row groups of each file
+        frames.append(t.set_column(1, "a", pa.array(a)))
+        pq.write_table(frames[-1], tmp_path / f"day{i}.parquet", row_group_size=20)
+    src = open_source(str(tmp_path / "*.parquet"), timestamp="timestamp", nan="drop")
+    a = np.concatenate([f.column("a").to_numpy() for f in frames])
+    ts = np.concatenate([f.column("timestamp").to_numpy().astype("datetime64[ns]").astype(np.int64) for f in frames])
+    keep = np.isfinite(a)
+    assert src.array.shape[0] == keep.sum() == 150 - 9
+    assert src.timestamps.chunks == src.array.chunks[:1]
+    np.testing.assert_array_equal(src.timestamps.compute(), ts[keep])
+    np.testing.assert_array_equal(src.array.compute()[:, 0], a[keep].astype(np.float32))
+
+
+def test_timestamps_are_their_own_layer(tmp_path, monkeypatch):
+    write_days(tmp_path, "parquet", days=2)
+    import pipeline.loaders.tables as tables
+
+    calls = []
+    original = tables._read_part
+    monkeypatch.setattr(tables, "_read_part", lambda *a, **k: calls.append(1) or original(*a, **k))
+    src = open_source(str(tmp_path / "*.parquet"), timestamp="timestamp")
+    src.timestamps.compute(scheduler="sync")
+    assert calls == []  # the values were not read to get the times
+
+
+def test_bad_timestamp_values_name_the_file(tmp_path):
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"when": pa.array([1.0, None, 3.0]), "v": [1.0, 2.0, 3.0]}), p)
+    with pytest.raises(LoaderError, match=r"t\.parquet: timestamp column 'when': missing value at row 1"):
+        open_source(str(p), timestamp="when").timestamps.compute()
+    pq.write_table(pa.table({"when": ["not a time", "x", "y"], "v": [1.0, 2.0, 3.0]}), p)
+    with pytest.raises(LoaderError, match=r"t\.parquet: timestamp column 'when': cannot read string values"):
+        open_source(str(p), timestamp="when").timestamps.compute()
+
+
+# -- instruments ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_instrument_codes_and_names(tmp_path, fmt):
+    names = [np.array(["MSFT", "AAPL", "MSFT", "ZZ", "AAPL"] * 6), np.array(["MSFT", "IBM", "MSFT"] * 10)]
+    values = []
+    for i, inst in enumerate(names):
+        v = np.arange(30.0) + 100 * i
+        v[[2, 7]] = np.nan
+        values.append(v)
+        t = pa.table({"sym": inst, "timestamp": table(i, 30).column("timestamp"), "v": v, "w": v * 2})
+        p = tmp_path / f"d{i}.{fmt}"
+        (pq.write_table(t, p, row_group_size=10) if fmt == "parquet" else pacsv.write_csv(t, p))
+    src = open_source(str(tmp_path / f"*.{fmt}"), timestamp="timestamp", instrument_column="sym", nan="drop")
+    assert src.columns == ("v", "w")  # neither the instrument nor the timestamp column
+    assert src.instruments == ("AAPL", "IBM", "MSFT", "ZZ")
+    assert src.instrument_codes.dtype == np.int32 and src.instrument_codes.chunks == src.array.chunks[:1]
+    v = np.concatenate(values)
+    keep = np.isfinite(v)
+    codes = src.instrument_codes.compute()
+    assert [src.instruments[c] for c in codes] == np.concatenate(names)[keep].tolist()
+    np.testing.assert_array_equal(src.array.compute()[:, 0], v[keep].astype(np.float32))
+    assert src.metadata()["instruments"] == ["AAPL", "IBM", "MSFT", "ZZ"]
+
+
+def test_integer_instrument_column_gives_string_names(tmp_path):
+    p = tmp_path / "t.parquet"
+    pq.write_table(pa.table({"inst": np.array([10, 9, 10, 2], np.int64), "v": np.arange(4.0)}), p)
+    src = open_source(str(p), instrument_column="inst")
+    assert src.instruments == ("10", "2", "9") and src.columns == ("v",)
+    assert src.instrument_codes.compute().tolist() == [0, 2, 0, 1]
+    with pytest.raises(MissingColumnError, match=r"t\.parquet: missing instrument column 'sym'"):
+        open_source(str(p), instrument_column="sym")

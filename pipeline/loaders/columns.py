@@ -1,0 +1,168 @@
+"""Per-row side arrays of a table: timestamps and instrument codes.
+
+Each is its own blockwise layer over the same parts as the values (so its chunks equal
+the values' chunks), reading one column per part: cheap in Parquet, a single converted
+column in CSV. Under ``nan="drop"`` the values' kept rows are applied to them with the
+same per-block mask, so row ``i`` of every array describes the same snapshot.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.base import tokenize
+
+from pipeline.errors import LoaderError
+from pipeline.loaders.tables import TablePart, part_specs, read_columns
+
+__all__ = ["drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array", "to_ns"]
+
+
+def _first_null(col: Any) -> int:
+    import pyarrow.compute as pc
+
+    return int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
+
+
+def to_ns(col: Any, path: str, name: str) -> np.ndarray:
+    """A pyarrow column as int64 nanoseconds since the epoch.
+
+    Timestamp and date types are cast to nanoseconds (time-zone-aware ones keep their
+    UTC instant); strings are parsed as ISO-8601 (with or without a UTC offset, one
+    kind per column); integers are taken as nanoseconds and floats as seconds since the
+    epoch (rounded to the nearest nanosecond of the float's value: a float64 of today's
+    epoch seconds resolves about 0.2 microseconds).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if col.null_count:
+        raise LoaderError(path, f"timestamp column {name!r}: missing value at row {_first_null(col)}")
+    t = col.type
+    try:
+        if pa.types.is_timestamp(t):
+            ns = pc.cast(col, pa.timestamp("ns", tz=t.tz))
+        elif pa.types.is_date(t):
+            ns = pc.cast(col, pa.timestamp("ns"))
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            try:
+                ns = pc.cast(col, pa.timestamp("ns"))
+            except pa.ArrowInvalid:  # strings with a UTC offset ("Z", "+01:00") parse only as aware
+                ns = pc.cast(col, pa.timestamp("ns", tz="UTC"))
+        elif pa.types.is_integer(t):
+            ns = pc.cast(col, pa.int64())
+        elif pa.types.is_floating(t):
+            sec = np.asarray(col.to_numpy(), dtype=np.float64)
+            if not np.isfinite(sec).all():
+                raise LoaderError(path, f"timestamp column {name!r}: NaN or inf at row "
+                                  f"{int(np.flatnonzero(~np.isfinite(sec))[0])}")
+            # seconds * 1e9 would round to 256 ns at today's epoch seconds: scale only the
+            # fraction (exact: sec - floor(sec) loses nothing), so each float becomes the
+            # nanosecond nearest its exact value.
+            whole = np.floor(sec)
+            return whole.astype(np.int64) * 1_000_000_000 + np.rint((sec - whole) * 1e9).astype(np.int64)
+        else:
+            raise LoaderError(path, f"timestamp column {name!r}: expected a timestamp, ISO-8601 strings, integer "
+                              f"nanoseconds or float seconds since the epoch, got {t}")
+    except pa.ArrowException as exc:
+        raise LoaderError(path, f"timestamp column {name!r}: cannot read {t} values as times ({exc})") from None
+    return pc.cast(ns, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def _read_timestamps(part: TablePart, timestamp: str | None, so: dict) -> np.ndarray:
+    if part.fmt == "lobster":
+        from pipeline.loaders.lobster import read_timestamps
+
+        return read_timestamps(part, so)
+    return to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp)
+
+
+def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict) -> da.Array:
+    """``(rows,)`` int64 nanoseconds since the epoch, one chunk per part."""
+    specs = part_specs(parts, "table-parts")
+
+    def read(block: np.ndarray) -> np.ndarray:
+        return _read_timestamps(block[0], timestamp, so)
+
+    return specs.map_blocks(read, dtype=np.int64, chunks=(tuple(p.rows for p in parts),),
+                            name=f"read-timestamps-{tokenize(specs.name, timestamp)}",
+                            meta=np.empty((0,), dtype=np.int64))
+
+
+def _labels(part: TablePart, column: str | None, so: dict) -> Any:
+    """The instrument of each row of ``part`` as a pyarrow string array."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if part.instrument is not None:  # a format that names the instrument per file
+        return pa.repeat(pa.scalar(part.instrument, pa.string()), part.rows)
+    col = read_columns(part, [column], so)[column]
+    if col.null_count:
+        raise LoaderError(part.path, f"instrument column {column!r}: missing value at row {_first_null(col)}")
+    try:
+        return pc.cast(col, pa.string())
+    except pa.ArrowException as exc:
+        raise LoaderError(part.path, f"instrument column {column!r}: cannot read {col.type} values as names "
+                          f"({exc})") from None
+
+
+def instrument_names(parts: Sequence[TablePart], column: str | None, so: dict) -> tuple[str, ...]:
+    """The sorted distinct instruments: one small pass over the instrument column, on the
+    active dask client when there is one."""
+    if all(p.instrument is not None for p in parts):
+        return tuple(sorted({p.instrument for p in parts}))  # from file names: nothing to read
+    specs = part_specs(parts, "table-parts")
+
+    def distinct(block: np.ndarray) -> np.ndarray:
+        import pyarrow.compute as pc
+
+        values = pc.unique(_labels(block[0], column, so))
+        return np.asarray(values.to_pylist(), dtype=object)
+
+    uniques = specs.map_blocks(distinct, dtype=object, chunks=((np.nan,) * len(parts),),
+                               name=f"distinct-instruments-{tokenize(specs.name, column)}",
+                               meta=np.empty((0,), dtype=object))
+    (values,) = dask.compute(uniques)
+    return tuple(sorted(set(values.tolist())))
+
+
+def instrument_array(parts: Sequence[TablePart], column: str | None, names: Sequence[str], so: dict) -> da.Array:
+    """``(rows,)`` int32 codes: each row's index into ``names``."""
+    specs = part_specs(parts, "table-parts")
+    names = tuple(names)
+
+    def codes(block: np.ndarray) -> np.ndarray:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        part = block[0]
+        if part.instrument is not None:  # one instrument per file: no column to read
+            return np.full(part.rows, names.index(part.instrument), dtype=np.int32)
+        found = pc.index_in(_labels(part, column, so), value_set=pa.array(names, pa.string()))
+        if found.null_count:  # a value that the distinct pass did not see: the file changed since
+            row = _first_null(found)
+            raise LoaderError(part.path, f"instrument at row {row} is not one of {list(names)} found when the "
+                              "source was opened; did the file change?")
+        return found.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+
+    return specs.map_blocks(codes, dtype=np.int32, chunks=(tuple(p.rows for p in parts),),
+                            name=f"instrument-codes-{tokenize(specs.name, column, names)}",
+                            meta=np.empty((0,), dtype=np.int32))
+
+
+def keep_mask(values: da.Array) -> da.Array:
+    """``(rows,)`` bool: the rows of ``values`` without NaN or inf (the rows ``nan="drop"`` keeps)."""
+    return values.map_blocks(lambda b: np.isfinite(b).all(axis=1), drop_axis=1, dtype=bool,
+                             name=f"keep-rows-{tokenize(values.name)}", meta=np.empty((0,), dtype=bool))
+
+
+def drop_rows(arr: da.Array, keep: da.Array, kept: tuple[int, ...]) -> da.Array:
+    """The rows of ``arr`` (1-D or 2-D, chunked like ``keep`` along rows) where ``keep``
+    holds; ``kept`` is each block's count of kept rows."""
+    index = "ij"[: arr.ndim]
+    return da.blockwise(lambda a, k: a[k], index, arr, index, keep, "i", dtype=arr.dtype,
+                        adjust_chunks={"i": tuple(kept)}, name=f"drop-rows-{tokenize(arr.name, keep.name)}",
+                        meta=np.empty((0,) * arr.ndim, dtype=arr.dtype))
