@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pipeline.storage.store import open_store_group, store_root_attrs
+from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
 
-__all__ = ["ArrayReport", "StoreReport", "format_report", "inspect_store", "plot_store", "verify_store"]
+__all__ = ["ArrayReport", "StoreReport", "fold_lines", "format_report", "inspect_store", "plot_store", "verify_store"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +55,8 @@ def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str
     arrays = []
     for split, sub in sorted(group.groups(), key=lambda kv: list(attrs.get("splits", {})).index(kv[0])
                              if kv[0] in attrs.get("splits", {}) else 1 << 30):
+        if split == FOLDS and "_written" not in sub:  # fold indices: see fold_lines
+            continue
         for name, arr in sorted(sub.arrays()):
             if name.startswith("_"):  # bookkeeping (write markers), not data
                 continue
@@ -86,6 +88,7 @@ def format_report(report: StoreReport) -> str:
         rr = r.nbytes / r.stored_bytes if r.stored_bytes else float("nan")
         lines.append(f"  {r.split}/{r.name}: {r.shape} {r.dtype}, chunks {r.chunks}{shard}, "
                      f"{r.codecs}, {_mib(r.stored_bytes)} ({rr:.2f}x)")
+    lines += fold_lines(a)
     if a.get("fingerprint"):
         lines.append(f"fingerprint: {a['fingerprint']}")
     for key in ("created", "rows_read", "lookback", "split_gap_windows"):
@@ -114,6 +117,17 @@ def format_report(report: StoreReport) -> str:
         cfg = yaml.safe_load(a["config"]) or {}
         lines.append(f"config sections: {', '.join(cfg)}")
     return "\n".join(lines)
+
+
+def fold_lines(attrs: dict[str, Any]) -> list[str]:
+    """The folds a store holds, one line each with its sample count (none without folds)."""
+    info = attrs.get("folds")
+    if not isinstance(info, dict) or not info.get("names"):
+        return []
+    counts = info.get("counts") or {}
+    lines = [f"folds: {len(info['names'])}, sample indices into split {info.get('base', '?')!r}"]
+    lines += [f"  {name}: {counts[name]:,} samples" if name in counts else f"  {name}" for name in info["names"]]
+    return lines
 
 
 def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4,

@@ -5,16 +5,86 @@ from __future__ import annotations
 import os
 from typing import Any, Iterator, Mapping
 
+import numpy as np
 import zarr
 
 from pipeline.errors import IncompleteStoreError, StoreError
-from pipeline.storage.store import open_store_group, store_root_attrs
+from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
 
-__all__ = ["Dataset", "open"]
+__all__ = ["Dataset", "Fold", "FoldArray", "open"]
 
 
-class Dataset(Mapping[str, zarr.Group]):
-    """A read-only view of a store: ``ds["train"]["x"]`` is a ``zarr.Array``."""
+class FoldArray:
+    """One array of a fold's base split, seen through the fold's sample indices.
+
+    Nothing is read until indexed: ``a[i]``, ``a[lo:hi]``, ``a[[...]]`` read the fold's
+    samples ``i``... from the base split's array, ``np.asarray(a)`` all of them.
+    """
+
+    def __init__(self, array: zarr.Array, index: np.ndarray):
+        self.array, self.index = array, index
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (int(self.index.size),) + tuple(self.array.shape[1:])
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(self.array.dtype)
+
+    def __len__(self) -> int:
+        return int(self.index.size)
+
+    def __getitem__(self, key: Any) -> np.ndarray:
+        rows = self.index[key]
+        if np.ndim(rows) == 0:
+            return np.asarray(self.array[int(rows)])
+        return np.asarray(self.array.get_orthogonal_selection(np.asarray(rows)))
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        out = self[:]
+        return out if dtype is None else out.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"<pipeline.FoldArray {self.shape} {self.dtype}>"
+
+
+class Fold(Mapping[str, FoldArray]):
+    """A fold of a store: ``fold["y"]`` is the base split's ``y`` at the fold's samples.
+
+    For analysis and checks (a few samples, labels); to train on a fold, stream it:
+    ``pipeline.stream(store, split=name)`` reads it chunk by chunk.
+
+    Attributes
+    ----------
+    name, base
+        The fold's name and the split its indices point into.
+    index
+        The fold's sorted sample indices into ``base`` (int64).
+    """
+
+    def __init__(self, name: str, base: str, group: zarr.Group, index: np.ndarray):
+        self.name, self.base, self.group, self.index = name, base, group, index
+
+    def __getitem__(self, array: str) -> FoldArray:
+        if array.startswith("_") or array not in self.group:
+            raise KeyError(f"fold {self.name!r}: split {self.base!r} has no array {array!r} "
+                           f"(arrays: {', '.join(self)})")
+        return FoldArray(self.group[array], self.index)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(name for name, _ in self.group.arrays() if not name.startswith("_")))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __repr__(self) -> str:
+        return f"<pipeline.Fold {self.name} of {self.base}: {self.index.size} samples>"
+
+
+class Dataset(Mapping[str, "zarr.Group | Fold"]):
+    """A read-only view of a store: ``ds["train"]["x"]`` is a ``zarr.Array``;
+    ``ds["fold0/train"]`` is a :class:`Fold` of the folds listed in ``ds.folds``."""
 
     def __init__(self, group: zarr.Group, location: str):
         self.group = group
@@ -25,13 +95,43 @@ class Dataset(Mapping[str, zarr.Group]):
     def splits(self) -> tuple[str, ...]:
         """Split names in the order they were written."""
         names = list(self.attrs.get("splits", {}))
-        present = {name for name, _ in self.group.groups() if not name.startswith("_")}
+        # The group of fold indices is no split (a split of that name has "_written").
+        present = {name for name, sub in self.group.groups()
+                   if not name.startswith("_") and (name != FOLDS or "_written" in sub)}
         return tuple(n for n in names if n in present) or tuple(sorted(present))
 
-    def __getitem__(self, split: str) -> zarr.Group:
+    @property
+    def folds(self) -> tuple[str, ...]:
+        """Fold names, sorted (empty for a store written without folds)."""
+        info = self.attrs.get("folds")
+        return tuple(info.get("names") or ()) if isinstance(info, Mapping) else ()
+
+    def __getitem__(self, split: str) -> zarr.Group | Fold:
+        if split in self.folds:
+            return self.fold(split)
         if split not in self.splits:
-            raise KeyError(f"{self.location}: no split {split!r} (splits: {', '.join(self.splits)})")
+            raise KeyError(f"{self.location}: no split {split!r} (splits: {', '.join(self.splits)}; "
+                           f"folds: {', '.join(self.folds) or 'none'})")
         return self.group[split]
+
+    def fold(self, name: str) -> Fold:
+        """Fold ``name``: its base split's arrays at its sample indices.
+
+        Raises
+        ------
+        KeyError
+            When the store has no fold of that name.
+        StoreError
+            When its index array is missing.
+        """
+        if name not in self.folds:
+            raise KeyError(f"{self.location}: no fold {name!r} (folds: {', '.join(self.folds) or 'none'})")
+        base = self.attrs["folds"]["base"]
+        try:
+            index = np.asarray(self.group[f"{FOLDS}/{name}"][:], dtype=np.int64)
+        except KeyError as exc:
+            raise StoreError(f"{self.location}: fold {name!r} is listed, but {FOLDS}/{name} is missing") from exc
+        return Fold(name, base, self.group[base], index)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.splits)

@@ -14,10 +14,12 @@ import zarr.storage
 
 from pipeline.errors import StoreError
 
-__all__ = ["ATTRS_KEY", "is_remote", "is_zip", "open_store_group", "store_root_attrs"]
+__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "open_store_group", "store_root_attrs"]
 
 #: Key under which the package keeps its metadata in the root group's attributes.
 ATTRS_KEY = "pipeline"
+#: Group at a store's root holding the fold index arrays (``folds/fold0/train``).
+FOLDS = "folds"
 
 
 def is_zip(location: str) -> bool:

@@ -8,8 +8,12 @@ Rules this module enforces (DESIGN.md, "Rules that protect data"):
 - a write unit is recorded as done (a small marker holding the CRC32 of each array's
   decoded block) only after all its arrays are written; zarr's local store does not
   write chunk files atomically, so a unit without its marker is rewritten on resume;
-- the root's ``complete`` flag is set only after every marker is present; readers refuse
-  an incomplete store;
+- the root's ``complete`` flag is set only after every marker is present and the fold
+  index arrays (``folds/<name>``, rewritten whole by a resumed write) are written;
+  readers refuse an incomplete store;
+- time splits leave a gap between them that no window, lookback or label crosses:
+  given, or derived from the windows' geometry; a gap it cannot know is refused, never
+  taken as 0;
 - a store written from a different fingerprint (config hash) is refused before anything
   is written.
 """
@@ -19,6 +23,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 import shutil
 import uuid
 import zipfile
@@ -44,9 +49,9 @@ from pipeline.storage.layout import (
     task_block,
     unit_samples,
 )
-from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip, open_store_group, store_root_attrs
+from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
 
-__all__ = ["SHARED", "WRITTEN", "write", "written_units"]
+__all__ = ["SHARED", "WRITTEN", "split_gap_from_arrays", "write", "written_units"]
 
 FORMAT_VERSION = 1
 #: Per split, one row per write unit: ``[1, crc32 of each array's block...]`` once the
@@ -54,6 +59,10 @@ FORMAT_VERSION = 1
 WRITTEN = "_written"
 #: Group of arrays shared by all splits (the per-step features of virtual windows).
 SHARED = "_shared"
+#: Sample indices per chunk of a fold's index array (8 MiB of int64).
+FOLD_CHUNK = 2**20
+#: One part of a fold's name (``fold0/train`` has two): a zarr node name of its own.
+_FOLD_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 def _versions() -> dict[str, str]:
@@ -68,6 +77,134 @@ def _versions() -> dict[str, str]:
 
 def _as_dask(a: Any) -> da.Array:
     return a if isinstance(a, da.Array) else da.from_array(np.asarray(a), chunks=-1)
+
+
+def split_gap_from_arrays(arrays: Mapping[str, Any]) -> int | None:
+    """Samples to leave between time splits so that no two splits share a step, from
+    the window geometry the arrays carry, or None when none carries it.
+
+    :func:`pipeline.windows` sets ``x.attrs["windows"] = {"size", "stride", "scales",
+    "halo"}``: windows ``i < j`` share a step when ``(j - i) * stride <= halo``, so
+    ``halo // stride`` windows are left out, plus the label horizon and the features'
+    lookback when the attributes give them (``"horizon"``, ``"lookback"``, in the
+    geometry or beside it), see
+    :func:`~pipeline.features.geometry.split_gap_windows`. Attributes are read from the
+    arrays as passed: dask drops them on slicing and rechunking.
+    """
+    from pipeline.features.geometry import split_gap_windows
+
+    gaps = []
+    reach = {"horizon": 0, "lookback": 0}
+    for name, a in arrays.items():
+        attrs = getattr(a, "attrs", None)
+        if not isinstance(attrs, Mapping):
+            continue
+        geometry = attrs.get("windows")
+        geometry = geometry if isinstance(geometry, Mapping) else {}
+        for key in reach:
+            value = geometry.get(key, attrs.get(key))
+            if value is not None:
+                reach[key] = max(reach[key], int(value))
+        if geometry:
+            try:
+                gaps.append((int(geometry["size"]), tuple(int(v) for v in geometry["scales"]),
+                             int(geometry["stride"])))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise StoreError(f"write: array {name!r}: attrs['windows'] = {dict(geometry)} lacks a window "
+                                 f"geometry (expected integer 'size', 'stride' and 'scales'; {exc!r})") from None
+    if not gaps:
+        return None
+    return max(split_gap_windows(size, scales, stride, reach["horizon"], reach["lookback"])
+               for size, scales, stride in gaps)
+
+
+def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
+               gap: int | None) -> int | None:
+    """The gap in samples between time splits: ``gap`` if given, else from the arrays'
+    window geometry; None when nothing is split by time."""
+    if splits is None or split_by == "random" or (arrays and isinstance(next(iter(arrays.values())), Mapping)):
+        return None
+    if gap is not None:
+        if isinstance(gap, bool) or not isinstance(gap, (int, np.integer)) or gap < 0:
+            raise StoreError(f"write: gap must be a number of samples, 0 or more, got {gap!r}")
+        return int(gap)
+    derived = split_gap_from_arrays(arrays)
+    if derived is None:
+        raise StoreError(
+            f"write: splits={dict(splits)} split by time, but the gap between splits cannot be known: no array "
+            "carries window geometry (x.attrs['windows'], set by pipeline.windows); pass gap= (samples left out "
+            "between splits; gap=0 when samples share no time step)"
+        )
+    return derived
+
+
+def _check_folds(folds: Mapping[str, Any] | None, base: str, groups: Mapping[str, Mapping[str, da.Array]],
+                 attrs: Mapping[str, Any] | None) -> dict[str, np.ndarray]:
+    """Fold index arrays, checked before anything is written.
+
+    Raises
+    ------
+    StoreError
+        Naming the fold: a name that is no path of parts, a base that is not among the
+        splits written, indices that are not sorted, unique integers inside the base.
+    """
+    if not folds:
+        return {}
+    splits = [k for k in groups if k != SHARED]
+    if base not in splits:
+        raise StoreError(f"write: fold_base {base!r} is not among the splits written ({', '.join(splits)})")
+    if FOLDS in splits:
+        raise StoreError(f"write: a split named {FOLDS!r} cannot be written with folds (their group has that name)")
+    if attrs is not None and "folds" in attrs and not isinstance(attrs["folds"], Mapping):
+        raise StoreError(f"write: attrs['folds'] must be a mapping to merge the folds into, "
+                         f"got {type(attrs['folds']).__name__}")
+    n = int(next(iter(groups[base].values())).shape[0])
+    out: dict[str, np.ndarray] = {}
+    for name, index in folds.items():
+        where = f"write: fold {name!r}"
+        if not isinstance(name, str) or not all(_FOLD_PART.fullmatch(p) for p in name.split("/")):
+            raise StoreError(f"{where}: expected a name of parts such as 'fold0/train' (letters, digits, "
+                             "'_', '.', '-'), separated by '/'")
+        if name in splits:
+            raise StoreError(f"{where}: a split has the same name; streams would not know which to serve")
+        a = np.asarray(index)
+        if a.ndim != 1 or a.dtype.kind not in "iu":
+            raise StoreError(f"{where}: expected a 1-D array of integer sample indices into split {base!r}, "
+                             f"got {a.dtype} of shape {a.shape}")
+        if a.size == 0:
+            raise StoreError(f"{where}: holds no sample")
+        if int(a.min()) < 0 or int(a.max()) >= n:
+            raise StoreError(f"{where}: sample indices must lie in 0..{n - 1} (split {base!r} holds {n}), "
+                             f"got {int(a.min())}..{int(a.max())}")
+        bad = np.flatnonzero(np.diff(a) <= 0)
+        if bad.size:
+            k = int(bad[0])
+            raise StoreError(f"{where}: sample indices must be sorted and unique, got {int(a[k])} then "
+                             f"{int(a[k + 1])} at positions {k}, {k + 1}")
+        out[name] = a.astype(np.int64)
+    for name in out:
+        if any(other.startswith(name + "/") for other in out):
+            raise StoreError(f"write: fold {name!r} is also the folder of other folds; name it {name}/all, say")
+    return out
+
+
+def _write_folds(group: zarr.Group, folds: Mapping[str, np.ndarray], codec: CodecSpec) -> None:
+    """Write the fold index arrays under ``folds/``, replacing any a previous attempt
+    left (a resumed write rewrites them whole)."""
+    if FOLDS in group and WRITTEN not in group[FOLDS]:  # never a split of that name
+        del group[FOLDS]
+    if not folds:
+        return
+    root = group.require_group(FOLDS)
+    compressors = _codec_for(codec, 1, shared=False).zarr_compressors()
+    for name, index in sorted(folds.items()):
+        *parents, leaf = name.split("/")
+        node = root
+        for part in parents:
+            node = node.require_group(part)
+        arr = node.create_array(leaf, shape=index.shape, dtype="int64", chunks=(min(index.size, FOLD_CHUNK),),
+                                compressors=compressors, fill_value=0)
+        arr[:] = index
 
 
 def _normalize(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
@@ -207,7 +344,7 @@ def write(
     *,
     splits: Mapping[str, float] | None = None,
     split_by: Literal["time", "random"] = "time",
-    gap: int = 0,
+    gap: int | None = None,
     seed: int = 0,
     chunk_samples: int | None = None,
     target_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -220,6 +357,8 @@ def write(
     progress: bool = True,
     shared: Mapping[str, Any] | None = None,
     shared_chunk_rows: int | None = None,
+    folds: Mapping[str, np.ndarray] | None = None,
+    fold_base: str = "all",
 ) -> str:
     """Write arrays, per split, into a zarr 3 store; resume an interrupted write.
 
@@ -235,6 +374,14 @@ def write(
         ``None`` writes one split named ``train``; fractions split by time in the given
         order with ``gap`` samples left between splits, or by a seeded permutation with
         ``split_by="random"``.
+    gap
+        Samples left out between consecutive time splits, so that no two splits share
+        a time step through a window, its features' lookback or its label. ``None``:
+        derived from the window geometry an array carries (``x.attrs["windows"]`` from
+        :func:`pipeline.windows`, see :func:`split_gap_from_arrays`); without one, time
+        splits are refused: pass ``gap=0`` when samples share no time step. The gap
+        used is recorded as ``split_gap_samples``. Not used by random splits or
+        ``splits=None``.
     chunk_samples
         Samples per chunk; by default derived from ``target_chunk_bytes`` of ``x`` (or of
         the first array).
@@ -258,17 +405,40 @@ def write(
         Rows per chunk of the shared arrays (default: from ``target_chunk_bytes``). For
         virtual windows, the steps one chunk of windows spans: a shuffled chunk of
         windows then decodes one or two small feature chunks, not a large one.
+    folds
+        Walk-forward folds: ``{"fold0/train": idx, "fold0/test": idx, ...}``, each the
+        sorted, unique sample indices of the fold in split ``fold_base`` (windows are not
+        copied). Stored as ``folds/<name>`` before the store is marked complete, listed
+        in the attributes as ``folds = {"base", "names", "counts"}`` (merged into what
+        ``attrs["folds"]`` holds), and streamed by name:
+        ``pipeline.stream(store, split="fold0/train")``.
+    fold_base
+        The split the fold indices point into; it must be among the splits written.
 
     Returns
     -------
     str
         The store location.
+
+    Raises
+    ------
+    StoreError
+        Before anything is written: time splits whose gap cannot be known, folds whose
+        base or indices do not fit (naming the fold), arrays of different lengths.
     """
     location = os.fspath(target)
     codec = CodecSpec.from_mapping(codec, "codec")
-    groups = _normalize(arrays, splits, split_by, gap, seed)
+    used_gap = _split_gap(arrays, splits, split_by, gap)
+    groups = _normalize(arrays, splits, split_by, used_gap or 0, seed)
     if shared:
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
+    fold_index = _check_folds(folds, fold_base, groups, attrs)
+    attrs = dict(attrs or {})
+    if used_gap is not None:
+        attrs["split_gap_samples"] = used_gap
+    if fold_index:
+        attrs["folds"] = {**dict(attrs.get("folds") or {}), "base": fold_base, "names": sorted(fold_index),
+                          "counts": {name: int(idx.size) for name, idx in sorted(fold_index.items())}}
     if is_zip(location):
         if is_remote(location):
             raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
@@ -285,14 +455,14 @@ def write(
             return location
         with write_lock(location):
             _write_dir(staging, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                       fingerprint, overwrite, None, progress, shared_chunk_rows)
+                       fingerprint, overwrite, None, progress, shared_chunk_rows, fold_index)
             _pack_zip(staging, location)
             shutil.rmtree(staging)
         return location
     try:
         with write_lock(location):
             _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                       fingerprint, overwrite, storage_options, progress, shared_chunk_rows)
+                       fingerprint, overwrite, storage_options, progress, shared_chunk_rows, fold_index)
     except OSError as exc:  # creating the store or its lock: read-only, full, no permission
         raise StoreError(f"{location}: cannot write ({exc.strerror or exc})") from exc
     return location
@@ -310,7 +480,7 @@ def _pack_zip(directory: str, target: str) -> None:
 
 
 def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-               fingerprint, overwrite, storage_options, progress, shared_chunk_rows=None) -> None:
+               fingerprint, overwrite, storage_options, progress, shared_chunk_rows=None, folds=None) -> None:
     fs, root = _fs_and_root(location, storage_options)
     exists = fs.exists(f"{root}/zarr.json")
     if exists and overwrite:
@@ -406,6 +576,9 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             raise StoreError(f"{location}: split {split!r}: write units {missing[:5]} were not written")
         if split != SHARED:
             counts[split] = n
+    # Before the store is marked complete: a crash leaves it incomplete, and the
+    # resumed write comes here again and rewrites them.
+    _write_folds(group, folds or {}, codec)
     meta = dict(store_root_attrs(group))
     meta.update(dict(attrs or {}))
     meta.update({

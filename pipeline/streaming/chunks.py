@@ -25,7 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import numcodecs
 import numpy as np
@@ -35,7 +35,7 @@ from pipeline.errors import CorruptChunkError
 from pipeline.streaming import blosc
 from pipeline.streaming.maps import MapCache
 
-__all__ = ["ArrayPool", "ChunkReader"]
+__all__ = ["BLOCKWISE_RUNS", "ArrayPool", "ChunkReader", "runs_index"]
 
 #: Offset and length of an inner chunk that was never written (zarr's sharding spec).
 _EMPTY = 2**64 - 1
@@ -43,6 +43,21 @@ _EMPTY = 2**64 - 1
 _MAX_SCRATCH = 64 * 2**20
 #: Read buffers kept between reads: one per read thread is enough.
 _MAX_FREE_SCRATCH = 8
+#: Most runs of one chunk that :meth:`ChunkReader.scatter_runs` decodes by blocks, run by
+#: run: each run boundary may decode one span of blocks twice, so beyond a few runs
+#: decoding the chunk once costs less.
+BLOCKWISE_RUNS = 4
+
+
+def runs_index(starts: Sequence[int], stops: Sequence[int]) -> np.ndarray:
+    """The offsets of the runs ``[starts[k], stops[k])``, concatenated, as int64."""
+    starts = np.asarray(starts, dtype=np.int64)
+    lengths = np.asarray(stops, dtype=np.int64) - starts
+    # Each offset is its run's start plus its place in the run.
+    before = np.cumsum(lengths) - lengths
+    return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 class ChunkReader:
     """Reads chunk ``i`` (along axis 0) of one zarr array as a numpy array.
 
@@ -310,13 +325,37 @@ class ChunkReader:
         CorruptChunkError
             Naming the store, split, array and chunk, when the chunk cannot be decoded.
         """
+        self.scatter_runs(i, (lo,), (hi,), out, rows)
+
+    def scatter_runs(self, i: int, starts: Sequence[int], stops: Sequence[int], out: np.ndarray,
+                     rows: np.ndarray) -> None:
+        """Rows of the runs ``[starts[k], stops[k])`` of chunk ``i``, in order, decoded to
+        ``out[rows]``: :meth:`scatter` for a subset of a chunk (a fold's samples).
+
+        Runs are increasing and disjoint. Up to :data:`BLOCKWISE_RUNS` runs of a large
+        blosc chunk are decoded by blocks, run by run (a block two runs share is decoded
+        twice, which costs less than the whole chunk while runs are few); more runs, and
+        every other chunk, are decoded whole once and gathered with one fancy index.
+
+        Raises
+        ------
+        CorruptChunkError
+            Naming the store, split, array and chunk, when the chunk cannot be decoded.
+        """
         try:
             raw = None if self._decoder is None else self._fetch(i)
             if (raw is not None and blosc.BLOSC_GETITEM is not None and self._blockwise
-                    and self._chunk_bytes > blosc.BLOCKWISE_ABOVE):
+                    and self._chunk_bytes > blosc.BLOCKWISE_ABOVE and len(starts) <= BLOCKWISE_RUNS):
                 try:
-                    done = blosc.scatter_blocks(raw, self.rows, self.tail_shape, self.dtype, lo, hi, out, rows,
-                                                self._arrays)
+                    pos, done = 0, False
+                    for lo, hi in zip(starts, stops):
+                        # False only from the frame's header: then for the first run,
+                        # before anything is written.
+                        done = blosc.scatter_blocks(raw, self.rows, self.tail_shape, self.dtype, int(lo), int(hi),
+                                                    out, rows[pos : pos + hi - lo], self._arrays)
+                        if not done:
+                            break
+                        pos += hi - lo
                 except Exception as exc:  # noqa: BLE001 - any decode failure is a corrupt chunk
                     store, split, name = self.where
                     raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
@@ -329,7 +368,10 @@ class ChunkReader:
                 else:
                     self._decode(i, raw, chunk)
                 self._verify(i, chunk)
-                out[rows] = chunk[lo:hi]
+                if len(starts) == 1:
+                    out[rows] = chunk[starts[0] : stops[0]]
+                else:
+                    out[rows] = chunk[runs_index(starts, stops)]
             finally:
                 self._arrays.put(chunk)
         finally:

@@ -13,13 +13,32 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import IncompleteStoreError, StreamError
+from pipeline.storage.store import FOLDS
 from pipeline.streaming.chunks import ChunkReader
 from pipeline.streaming.maps import MapCache
 
-__all__ = ["ArraySource", "StoreSource", "read_part"]
+__all__ = ["ArraySource", "StoreSource", "available_splits", "is_split_group", "read_part"]
 
 DEFAULT_ARRAY_CHUNK = 4096
 _REOPEN_LOCK = threading.Lock()
+
+
+def is_split_group(name: str, node: Any) -> bool:
+    """Whether ``name`` at a store's root is a split: a group, and not the ``folds``
+    group of fold indices (a split of that name has the writer's ``_written`` table)."""
+    import zarr
+
+    return isinstance(node, zarr.Group) and (name != FOLDS or "_written" in node)
+
+
+def available_splits(group: Any, meta: Mapping[str, Any]) -> str:
+    """What a store offers to stream, for error messages: its splits and its folds."""
+    order = list(meta.get("splits") or {})
+    present = [name for name, sub in group.groups() if not name.startswith("_") and is_split_group(name, sub)]
+    splits = sorted(present, key=lambda n: (order.index(n) if n in order else len(order), n))
+    info = meta.get("folds")
+    folds = list(info.get("names") or []) if isinstance(info, Mapping) else []
+    return f"splits: {', '.join(splits) or 'none'}; folds: {', '.join(folds) or 'none'}"
 
 
 class StoreSource:
@@ -36,8 +55,8 @@ class StoreSource:
         label = location if isinstance(location, (str, os.PathLike)) else "<group>"
         if not meta.get("complete") and not partial:
             raise IncompleteStoreError(str(label))
-        if split not in group:
-            raise StreamError(f"{label}: no split {split!r}")
+        if split not in group or not is_split_group(split, group[split]):
+            raise StreamError(f"{label}: no split {split!r}; {available_splits(group, meta)}")
         arrays = {}
         virtual = meta.get("virtual")
         for n in self.names:
@@ -93,6 +112,14 @@ class StoreSource:
             self._reopen()
         self.readers[name].scatter(piece.chunk, piece.lo, piece.hi, out, rows)
 
+    def scatter_runs(self, name: str, chunk: int, starts: Any, stops: Any, out: np.ndarray, rows: np.ndarray
+                     ) -> None:
+        """The runs ``[starts[k], stops[k])`` of chunk ``chunk``, in order, to
+        ``out[rows]`` (see :meth:`~pipeline.streaming.chunks.ChunkReader.scatter_runs`)."""
+        if self._pid != os.getpid():
+            self._reopen()
+        self.readers[name].scatter_runs(chunk, starts, stops, out, rows)
+
     def release(self) -> None:
         """Unmap the chunk files kept mapped (they are mapped again when read again)."""
         if self.maps is not None:
@@ -108,6 +135,13 @@ class StoreSource:
         if self._pid != os.getpid():
             self._reopen()
         return self.readers[name].window_rows(chunk, lo, hi)
+
+    def read_rows_runs(self, name: str, chunk: int, starts: Any, stops: Any) -> Any:
+        """The runs ``[starts[k], stops[k])`` of chunk ``chunk`` of an assembled array,
+        in order, as a :class:`~pipeline.streaming.virtual.WindowRows`."""
+        if self._pid != os.getpid():
+            self._reopen()
+        return self.readers[name].window_rows_runs(chunk, starts, stops)
 
     def _reopen(self) -> None:
         """After a fork (a DataLoader worker), open the store again: a forked child shares

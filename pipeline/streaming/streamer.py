@@ -34,7 +34,8 @@ equal priority one core idled 10-15% of the time; with the reads at niceness 5, 
 instead of 1.75 cores were busy.
 
 Where the pieces live: :mod:`~pipeline.streaming.plan` computes who serves what,
-:mod:`~pipeline.streaming.sources` reads chunks, :mod:`~pipeline.streaming.groups` loads
+:mod:`~pipeline.streaming.sources` reads chunks (:mod:`~pipeline.streaming.subsets`
+those of a fold, from its base split), :mod:`~pipeline.streaming.groups` loads
 and recycles group buffers, :mod:`~pipeline.streaming.batches` recycles the memory of
 batches that span two groups or are assembled;
 this module runs the epoch and hands batches to the training loop.
@@ -55,7 +56,8 @@ from pipeline.errors import StreamError
 from pipeline.streaming.batches import BatchSlabs
 from pipeline.streaming.groups import BufferPool, Group, GroupLoader
 from pipeline.streaming.plan import WorkerPlan, batches_per_rank, served_order, shuffle_quality, worker_plan
-from pipeline.streaming.sources import ArraySource, StoreSource
+from pipeline.streaming.sources import ArraySource
+from pipeline.streaming.subsets import open_store_source
 
 __all__ = ["Stream", "stream"]
 
@@ -522,7 +524,9 @@ def stream(
         ``zarr.Group``, or a mapping / tuple of numpy or dask arrays (dask chunks are
         computed in background threads, on the active cluster if there is one).
     split
-        Split of a store to read.
+        Split of a store to read, or a fold written with the store (``"fold2/train"``,
+        see :func:`pipeline.storage.write`): exactly the fold's samples are served, read
+        from its base split's chunks (:mod:`~pipeline.streaming.subsets`).
     arrays
         Names of the arrays to yield, in order (ignored names for a tuple source).
     batch_size
@@ -571,7 +575,7 @@ def stream(
     import zarr
 
     if isinstance(source, (str, os.PathLike, zarr.Group)):
-        src: Any = StoreSource(source, split, arrays, partial, storage_options, verify)
+        src: Any = open_store_source(source, split, arrays, partial, storage_options, verify)
     elif isinstance(source, Mapping):
         src = ArraySource(source, arrays)
     elif isinstance(source, (tuple, list)):

@@ -26,7 +26,7 @@ from pipeline.features.windows import (
     row_offsets,
     windows_numpy_block,
 )
-from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.chunks import ChunkReader, runs_index
 
 __all__ = ["MixedWindows", "VirtualWindowReader", "WindowRows"]
 
@@ -142,7 +142,15 @@ class VirtualWindowReader:
 
     def window_rows(self, i: int, lo: int = 0, hi: int | None = None) -> WindowRows:
         """Samples ``[lo, hi)`` of chunk ``i``, to be assembled on demand."""
-        ends = self.ends.read(i)[lo:hi].astype(np.int64)
+        return self._window_rows(self.ends.read(i)[lo:hi].astype(np.int64))
+
+    def window_rows_runs(self, i: int, starts: Sequence[int], stops: Sequence[int]) -> WindowRows:
+        """Samples of the runs ``[starts[k], stops[k])`` of chunk ``i``, in order (a
+        fold's samples): the feature rows from the first window's lookback to the last
+        window's end, as for a whole chunk."""
+        return self._window_rows(self.ends.read(i)[runs_index(starts, stops)].astype(np.int64))
+
+    def _window_rows(self, ends: np.ndarray) -> WindowRows:
         if ends.size == 0:
             return WindowRows(np.empty((0, self.features.tail_shape[0]), self.dtype), ends, self.size, self.scales)
         first, last = int(ends.min()) - self.halo, int(ends.max()) + 1

@@ -225,3 +225,37 @@ def test_date_splits_and_several_instruments_share_no_time(materialize):
     # Cuts fall on session (day) boundaries: no window is lost to the gap.
     every = sum(max(0, (n - 1 - fwd - back) // 2 + 1) for n in lengths)
     assert sum(ts.attrs["window_counts"].values()) == every
+
+
+@pytest.mark.parametrize("reference_kind", ["current", "past_mean"])
+def test_smoothed_labels_at_several_horizons_stay_inside_each_session(reference_kind):
+    """DeepLOB-style labels: the mean of the next k mids against the current mid or the
+    mean of the previous k; neither side may reach into another session."""
+    lengths = [150, 40, 170]
+    horizons = (3, 10, 25)
+    x = book(sum(lengths), seed=3)
+    label = LabelSpec.from_mapping({"kind": "smoothed", "horizons": list(horizons), "reference": reference_kind,
+                                    "alpha": 2e-5}, "labels")
+    ts = build_training_set(da.from_array(x, chunks=(33, -1)), columns=COLS, features=SPECS, size=4, stride=1,
+                            scales=(1,), label=label, normalize="none",
+                            segments=SegmentTable.from_lengths(lengths), materialize=False)
+    ends = ts.splits["train"]["ends"].compute().astype(np.int64)
+    y = ts.splits["train"]["y"].compute()
+    assert y.shape == (len(ends), len(horizons)) and y.dtype == np.int64
+    mid = (x[:, COLS.index("bid_price_1")].astype(np.float64) + x[:, COLS.index("ask_price_1")]) / 2
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    k_max = max(horizons)
+    expect_ends = []
+    for a, b in zip(starts, starts[1:]):
+        back = max(3 + L, k_max - 1 if reference_kind == "past_mean" else 0)
+        expect_ends += list(range(a + back, b - k_max))
+    np.testing.assert_array_equal(ends, expect_ends)
+    for i, e in enumerate(ends):
+        for j, k in enumerate(horizons):
+            plus = mid[e + 1 : e + k + 1].mean()
+            ref = mid[e] if reference_kind == "current" else mid[e - k + 1 : e + 1].mean()
+            value = (plus - ref) / ref
+            expect = 0 if value < -2e-5 else 2 if value > 2e-5 else 1
+            assert y[i, j] == expect, (i, j)
+    balance = ts.attrs["class_balance"]["train"]
+    assert [sum(c) for c in balance] == [len(ends)] * len(horizons)

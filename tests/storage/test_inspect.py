@@ -12,7 +12,7 @@ from pipeline.storage import format_report, inspect_store, write
 
 def test_report_lists_splits_chunks_codec_ratio_and_completeness(tmp_path):
     x = np.repeat(np.arange(256, dtype=np.float32), 32).reshape(256, 8, 4)
-    write(tmp_path / "s.zarr", {"x": x, "y": np.arange(256)}, splits={"train": .5, "val": .5}, chunk_samples=32,
+    write(tmp_path / "s.zarr", {"x": x, "y": np.arange(256)}, splits={"train": .5, "val": .5}, gap=0, chunk_samples=32,
           attrs={"features": ["a", "b", "c", "d"], "windows": {"size": 8, "scales": [1]}}, progress=False)
     report = inspect_store(tmp_path / "s.zarr")
     assert report.complete and [a.split for a in report.arrays] == ["train", "train", "val", "val"]

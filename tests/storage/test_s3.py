@@ -17,7 +17,7 @@ def test_write_resume_and_read_back_on_s3(s3, monkeypatch):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     x = np.random.default_rng(0).standard_normal((400, 5, 2)).astype(np.float32)
     url = "s3://training/sets/ob.zarr"
-    write(url, {"x": x, "y": np.arange(400)}, splits={"train": .75, "val": .25}, chunk_samples=50,
+    write(url, {"x": x, "y": np.arange(400)}, splits={"train": .75, "val": .25}, gap=0, chunk_samples=50,
           fingerprint="s3test", storage_options=s3, progress=False)
     ds = pipeline.open(url, storage_options=s3)
     np.testing.assert_array_equal(ds["train"]["x"][:], x[:300])
@@ -33,7 +33,7 @@ def test_write_resume_and_read_back_on_s3(s3, monkeypatch):
     group["train/x"][100:150] = 0  # the torn unit's data
     with pytest.raises(IncompleteStoreError):
         pipeline.open(url, storage_options=s3)
-    write(url, {"x": x, "y": np.arange(400)}, splits={"train": .75, "val": .25}, chunk_samples=50,
+    write(url, {"x": x, "y": np.arange(400)}, splits={"train": .75, "val": .25}, gap=0, chunk_samples=50,
           fingerprint="s3test", storage_options=s3, progress=False)
     ds = pipeline.open(url, storage_options=s3)
     assert written_units(ds.group, "train").all()

@@ -97,6 +97,62 @@ def test_time_and_random_splits(tmp_path):
     assert sorted(both.tolist()) == list(range(100)) and not (r["a"]["y"][:] == np.arange(50)).all()
 
 
+def _steps_per_split(path, features):
+    """The time steps every split's windows hold (column 0 of each scale holds the step)."""
+    ds = pipeline.open(path)
+    return {name: set(np.unique(ds[name]["x"][:][:, :, ::features]).astype(int).tolist()) for name in ds.splits}
+
+
+@pytest.mark.parametrize("size, stride, scales", [(8, 2, (1, 3)), (5, 1, (1,)), (4, 3, (2, 4)), (6, 7, (1,))])
+def test_windows_split_by_time_share_no_step_without_a_gap_argument(tmp_path, size, stride, scales):
+    steps = np.arange(300, dtype=np.float32)
+    series = np.c_[steps, -steps]
+    w = pipeline.windows(series, size=size, stride=stride, scales=scales)
+    y = np.arange(w.shape[0])
+    splits = {"train": .6, "val": .2, "test": .2}
+    path = write(tmp_path / "w.zarr", {"x": w, "y": y}, splits=splits, chunk_samples=16, progress=False)
+    halo = (size - 1) * max(scales)
+    assert pipeline.open(path).attrs["split_gap_samples"] == halo // stride
+    seen = _steps_per_split(path, 2)
+    assert not seen["train"] & seen["val"] and not seen["val"] & seen["test"]
+    # The same windows without the gap share steps whenever windows overlap: the check above can fail.
+    leaky = write(tmp_path / "leaky.zarr", {"x": w, "y": y}, splits=splits, gap=0, chunk_samples=16, progress=False)
+    assert pipeline.open(leaky).attrs["split_gap_samples"] == 0
+    seen = _steps_per_split(leaky, 2)
+    assert bool(seen["train"] & seen["val"]) == (halo >= stride)
+
+
+def test_gap_adds_the_label_horizon_and_feature_lookback_the_attrs_give(tmp_path):
+    w = pipeline.windows(np.zeros((200, 2), np.float32), size=4, stride=2, scales=(1, 2))  # halo 6
+    w.attrs["windows"]["horizon"] = 5
+    y = da.zeros(w.shape[0], chunks=20)
+    y.attrs = {"lookback": 4}
+    path = write(tmp_path / "g.zarr", {"x": w, "y": y}, splits={"train": .5, "val": .5}, progress=False)
+    assert pipeline.open(path).attrs["split_gap_samples"] == (6 + 5 + 4) // 2
+    n = w.shape[0]
+    ds = pipeline.open(path)
+    assert ds["train"]["y"].shape[0] + ds["val"]["y"].shape[0] == n - 7
+
+
+def test_time_splits_without_geometry_or_gap_are_refused_before_writing(tmp_path):
+    x = np.arange(100, dtype=np.float32)[:, None]
+    w = pipeline.windows(np.zeros((100, 2), np.float32), size=4)
+    for arrays in ({"x": x, "y": x[:, 0]}, {"x": w[:50], "y": np.arange(50)}):  # a slice loses the geometry
+        with pytest.raises(StoreError, match=r"gap between splits cannot be known.*pass gap=.*gap=0 when samples"):
+            write(tmp_path / "t.zarr", arrays, splits={"train": .8, "val": .2}, progress=False)
+        assert not (tmp_path / "t.zarr").exists()
+    with pytest.raises(StoreError, match="gap must be a number of samples, 0 or more, got -1"):
+        write(tmp_path / "t.zarr", {"x": x}, splits={"train": .8, "val": .2}, gap=-1, progress=False)
+    # Explicit gap=0, random splits and one split need no geometry; only time splits record a gap.
+    write(tmp_path / "z.zarr", {"x": x}, splits={"train": .8, "val": .2}, gap=0, progress=False)
+    assert pipeline.open(tmp_path / "z.zarr").attrs["split_gap_samples"] == 0
+    np.testing.assert_array_equal(pipeline.open(tmp_path / "z.zarr")["val"]["x"][:, 0], np.arange(80, 100))
+    write(tmp_path / "r.zarr", {"x": x}, splits={"a": .5, "b": .5}, split_by="random", progress=False)
+    write(tmp_path / "one.zarr", {"x": x}, progress=False)
+    for name in ("r.zarr", "one.zarr"):
+        assert "split_gap_samples" not in pipeline.open(tmp_path / name).attrs
+
+
 @pytest.mark.parametrize(
     ("codec", "name"),
     [("blosc-lz4", "blosc"), ("zstd", "zstd"), ("none", None), ({"name": "blosc", "cname": "zstd", "shuffle": "bitshuffle"}, "blosc")],
@@ -208,7 +264,7 @@ def test_sigkill_halfway_then_rerun_equals_an_uninterrupted_write(tmp_path):
 def test_zip_target_holds_each_key_once_and_reads_back(tmp_path):
     x = np.random.default_rng(2).standard_normal((300, 4)).astype(np.float32)
     path = write(tmp_path / "one.zarr.zip", {"x": x, "y": np.arange(300)}, splits={"train": .5, "val": .5},
-                 chunk_samples=64, progress=False)
+                 gap=0, chunk_samples=64, progress=False)
     names = zipfile.ZipFile(path).namelist()
     assert len(names) == len(set(names)) and "zarr.json" in names
     assert not os.path.exists(str(path) + ".partial.zarr")
