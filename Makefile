@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/pipeline demo-data data/raw
+	$(BIN)/pipeline demo-data data/raw --per-instrument --rows-per-day 200000
 	$(BIN)/pipeline run configs/orderbook.yaml --set output.overwrite=true
 	$(BIN)/python examples/train_keras.py data/orderbook.zarr
 	$(BIN)/python examples/train_torch.py data/orderbook.zarr

@@ -66,6 +66,7 @@ def main() -> None:
         write_demo_data(work / "raw", spec)
         base = yaml.safe_load(Path("configs/orderbook.yaml").read_text())
         base["source"]["paths"] = str(work / "raw" / "*.parquet")
+        base["source"].pop("instrument", None)  # one instrument's files, flat in raw/
         base["windows"]["stride"] = args.stride
         size = base["windows"]["size"]
         built = {}

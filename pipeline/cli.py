@@ -96,6 +96,10 @@ def _parser() -> argparse.ArgumentParser:
         help="lobster: comma-separated tickers, one file pair per ticker and day (default AAA,BBB)",
     )
     demo.add_argument(
+        "--per-instrument", action="store_true",
+        help="parquet/csv: one folder per instrument of --instruments (DIR/TICKER/YYYY-MM-DD.parquet)",
+    )
+    demo.add_argument(
         "--empty-level-rate", type=float, default=0.0, metavar="FRACTION",
         help="lobster: fraction of rows whose deepest level is empty on one side, written with LOBSTER's "
         "dummy prices (default 0: every row complete, so nan: raise works)",
@@ -165,11 +169,11 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
         raise ConfigError("--empty-level-rate", "a fraction in [0, 1]", args.empty_level_rate)
     spec = DemoSpec(
         days=args.days, rows_per_day=args.rows_per_day, levels=args.levels, seed=args.seed, formats=formats,
-        instruments=instruments, empty_level_rate=args.empty_level_rate,
+        instruments=instruments, empty_level_rate=args.empty_level_rate, per_instrument=args.per_instrument,
     )
     t0 = time.perf_counter()
     paths = write_demo_data(args.directory, spec)
-    rows = spec.days * spec.rows_per_day
+    rows = spec.days * spec.rows_per_day * (len(instruments) if args.per_instrument else 1)
     lobster = ""
     if "lobster" in formats:
         lobster = f"; lobster: {rows * len(instruments):,} rows over {len(instruments)} instruments"

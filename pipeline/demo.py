@@ -54,6 +54,9 @@ class DemoSpec:
     formats: tuple[str, ...] = ("parquet", "csv")
     #: LOBSTER files: one pair per instrument and day.
     instruments: tuple[str, ...] = ("AAA", "BBB")
+    #: Parquet and CSV: one folder per instrument of ``instruments``
+    #: (``DIR/TICKER/YYYY-MM-DD.parquet``) instead of one instrument's files in ``DIR``.
+    per_instrument: bool = False
     #: LOBSTER files: the fraction of rows whose deepest level is empty on one side (0
     #: keeps every row complete, so a demo runs with ``nan: raise``).
     empty_level_rate: float = 0.0
@@ -157,7 +160,7 @@ def write_demo_data(directory: str | os.PathLike[str], spec: DemoSpec = DemoSpec
     """Write ``spec.days`` daily files per format into ``directory``.
 
     Parquet and CSV files are named ``YYYY-MM-DD.parquet`` / ``YYYY-MM-DD.csv`` so a
-    sorted glob is in time order; LOBSTER pairs as the module docstring describes.
+    sorted glob is in time order (in a folder per instrument with ``per_instrument``); LOBSTER pairs as the module docstring describes.
     Existing files with the same name are replaced.
 
     Returns
@@ -179,18 +182,24 @@ def write_demo_data(directory: str | os.PathLike[str], spec: DemoSpec = DemoSpec
     os.makedirs(directory, exist_ok=True)
     written: list[str] = []
     first = _dt.date.fromisoformat(spec.start)
+    tables = [(None, os.fspath(directory))]
+    if spec.per_instrument:
+        tables = [(t, os.path.join(os.fspath(directory), t)) for t in spec.instruments]
     for day in range(spec.days):
         date = (first + _dt.timedelta(days=day)).isoformat()
-        stem = os.path.join(os.fspath(directory), date)
-        if "parquet" in spec.formats or "csv" in spec.formats:
-            table = pa.table(generate_day(day, spec))
-        if "parquet" in spec.formats:
-            # Row groups of 128k rows: the loader maps each to a dask chunk of ~20 MB.
-            pq.write_table(table, stem + ".parquet", row_group_size=131_072, compression="zstd")
-            written.append(stem + ".parquet")
-        if "csv" in spec.formats:
-            pacsv.write_csv(table, stem + ".csv")
-            written.append(stem + ".csv")
+        for ticker, folder in tables:
+            if "parquet" not in spec.formats and "csv" not in spec.formats:
+                break
+            os.makedirs(folder, exist_ok=True)
+            stem = os.path.join(folder, date)
+            table = pa.table(generate_day(day, spec, instrument=ticker))
+            if "parquet" in spec.formats:
+                # Row groups of 128k rows: the loader maps each to a dask chunk of ~20 MB.
+                pq.write_table(table, stem + ".parquet", row_group_size=131_072, compression="zstd")
+                written.append(stem + ".parquet")
+            if "csv" in spec.formats:
+                pacsv.write_csv(table, stem + ".csv")
+                written.append(stem + ".csv")
         if "lobster" in spec.formats:
             for ticker in spec.instruments:
                 written += _write_lobster_day(os.fspath(directory), ticker, day, date, spec)

@@ -88,6 +88,8 @@ def format_report(report: StoreReport) -> str:
         rr = r.nbytes / r.stored_bytes if r.stored_bytes else float("nan")
         lines.append(f"  {r.split}/{r.name}: {r.shape} {r.dtype}, chunks {r.chunks}{shard}, "
                      f"{r.codecs}, {_mib(r.stored_bytes)} ({rr:.2f}x)")
+    lines += session_lines(a)
+    lines += balance_lines(a)
     lines += fold_lines(a)
     if a.get("fingerprint"):
         lines.append(f"fingerprint: {a['fingerprint']}")
@@ -117,6 +119,43 @@ def format_report(report: StoreReport) -> str:
         cfg = yaml.safe_load(a["config"]) or {}
         lines.append(f"config sections: {', '.join(cfg)}")
     return "\n".join(lines)
+
+
+def session_lines(attrs: dict[str, Any], limit: int = 40) -> list[str]:
+    """The session table: per instrument and session its time span, rows and windows
+    (the first ``limit`` sessions, then a count of the rest)."""
+    table = attrs.get("sessions")
+    if not isinstance(table, list) or not table:
+        return []
+    names = [n for n in attrs.get("instruments", []) if n]
+    head = f"sessions: {len(table)}" + (f" over {len(names)} instruments ({', '.join(names)})" if names else "")
+    lines = [head, "  instrument  session  start                          end                            "
+                   "rows        windows"]
+    for row in table[:limit]:
+        lo, hi = row.get("rows", [0, 0])
+        lines.append(f"  {row.get('instrument') or '-':<10}  {row.get('session', 0):>7}  {row.get('start', '-'):<29}  "
+                     f"{row.get('end', '-'):<29}  {hi - lo:>10,}  {row.get('windows', 0):>9,}")
+    if len(table) > limit:
+        lines.append(f"  ... {len(table) - limit} more sessions")
+    return lines
+
+
+def balance_lines(attrs: dict[str, Any]) -> list[str]:
+    """Class balance per split (and per horizon) for class-valued labels."""
+    balance = attrs.get("class_balance")
+    labels = attrs.get("labels") or {}
+    if not isinstance(balance, dict) or not balance:
+        return []
+    classes = labels.get("classes") or []
+    horizons = labels.get("horizons") or [labels.get("horizon")]
+    lines = ["class balance" + (f" ({', '.join(map(str, classes))})" if classes else "") + ":"]
+    for split, counts in balance.items():
+        per = counts if counts and isinstance(counts[0], list) else [counts]
+        for h, row in zip(horizons, per):
+            total = sum(row) or 1
+            shares = ", ".join(f"{c:,} ({c / total:.0%})" for c in row)
+            lines.append(f"  {split}" + (f" k={h}" if len(per) > 1 else "") + f": {shares}")
+    return lines
 
 
 def fold_lines(attrs: dict[str, Any]) -> list[str]:

@@ -54,3 +54,25 @@ def test_verify_names_every_corrupt_chunk(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(path), "--verify"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and "CORRUPT train/x chunk 1: checksum mismatch" in result.stdout
+
+
+def test_session_table_and_class_balance_lines():
+    from pipeline.storage.inspect import balance_lines, session_lines
+
+    attrs = {
+        "instruments": ["AAA", "BBB"],
+        "sessions": [{"instrument": "AAA", "session": 0, "rows": [0, 100], "start": "2026-01-05T09:30:00",
+                      "end": "2026-01-05T16:00:00", "windows": 0},
+                     {"instrument": "BBB", "session": 1, "rows": [100, 350], "start": "2026-01-06T09:30:00",
+                      "end": "2026-01-06T16:00:00", "windows": 1234}],
+        "labels": {"kind": "smoothed", "horizons": [10, 20], "classes": ["down", "stationary", "up"]},
+        "class_balance": {"train": [[1, 2, 1], [2, 0, 2]]},
+    }
+    text = "\n".join(session_lines(attrs))
+    assert "sessions: 2 over 2 instruments (AAA, BBB)" in text
+    row = [line for line in text.splitlines() if line.strip().startswith("BBB")][0].split()
+    assert row[1] == "1" and row[-2] == "250" and row[-1] == "1,234"
+    balance = balance_lines(attrs)
+    assert balance[0] == "class balance (down, stationary, up):"
+    assert balance[1] == "  train k=10: 1 (25%), 2 (50%), 1 (25%)" and balance[2].startswith("  train k=20: 2 (50%)")
+    assert session_lines({}) == [] and balance_lines({}) == []
