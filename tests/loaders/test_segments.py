@@ -1,0 +1,149 @@
+"""A source divided into instruments and sessions: rows in segment order and the table
+that delimits them, against what the files say (read back with pyarrow)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.demo import DemoSpec, write_demo_data
+from pipeline.errors import ConfigError, LoaderError
+from pipeline.features.sessions import InstrumentSpec, SessionSpec
+from pipeline.loaders.segments import open_segmented
+
+NS = 10**9
+
+
+def _rows(path: Path, columns: list[str]) -> np.ndarray:
+    t = pq.read_table(path)
+    return np.stack([t.column(c).to_numpy().astype(np.float32) for c in columns], axis=1)
+
+
+def test_path_instruments_with_file_sessions(tmp_path):
+    write_demo_data(tmp_path / "raw", DemoSpec(days=2, rows_per_day=500, levels=2, formats=("parquet",),
+                                               per_instrument=True, instruments=("BBB", "AAA")))
+    src = open_segmented(str(tmp_path / "raw" / "*" / "*.parquet"), timestamp="timestamp",
+                         instrument=InstrumentSpec(path="raw/{instrument}/*.parquet"))
+    seg = src.segments
+    assert seg.instruments == ("AAA", "BBB")
+    assert seg.instrument.tolist() == [0, 0, 1, 1]
+    assert seg.session.tolist() == [0, 1, 0, 1]  # the same day is the same session number
+    assert (seg.stops - seg.starts).tolist() == [500] * 4
+    files = [tmp_path / "raw" / i / f"2026-01-0{d}.parquet" for i in ("AAA", "BBB") for d in (5, 6)]
+    cols = list(src.columns)
+    np.testing.assert_array_equal(src.array.compute(), np.concatenate([_rows(f, cols) for f in files]))
+    stamps = np.concatenate([pq.read_table(f).column("timestamp").cast("int64").to_numpy() for f in files])
+    np.testing.assert_array_equal(src.timestamps.compute(), stamps)
+    assert seg.labels[2].endswith("raw/BBB/2026-01-05.parquet")
+
+
+def test_a_file_outside_the_instrument_pattern_is_named(tmp_path):
+    write_demo_data(tmp_path / "raw", DemoSpec(days=1, rows_per_day=50, levels=1, formats=("parquet",)))
+    with pytest.raises(LoaderError, match=r"2026-01-05.parquet: does not match source.instrument.path"):
+        open_segmented(str(tmp_path / "raw" / "*.parquet"), instrument=InstrumentSpec(path="x/{instrument}/*.parquet"))
+
+
+def _interleaved(tmp_path: Path, days: int = 2, n: int = 300) -> list[Path]:
+    """Files per day with two symbols interleaved at random, timestamps increasing."""
+    rng = np.random.default_rng(1)
+    paths = []
+    for d in range(days):
+        t0 = np.datetime64("2026-01-05T09:30", "ns").astype(np.int64) + d * 86_400 * NS
+        sym = rng.choice(["ES", "NQ"], size=n)
+        table = pa.table({
+            "timestamp": pa.array(t0 + np.arange(n) * NS, pa.timestamp("ns")),
+            "symbol": sym,
+            "bid_price_1": rng.normal(100, 1, n), "ask_price_1": rng.normal(101, 1, n),
+        })
+        path = tmp_path / f"2026-01-0{5 + d}.parquet"
+        pq.write_table(table, path, row_group_size=70)  # chunks cut across both symbols
+        paths.append(path)
+    return paths
+
+
+def test_column_instruments_pick_each_instruments_rows_in_time_order(tmp_path):
+    paths = _interleaved(tmp_path)
+    src = open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", instrument=InstrumentSpec(column="symbol"))
+    seg = src.segments
+    assert seg.instruments == ("ES", "NQ")
+    tables = [pq.read_table(p) for p in paths]
+    expect_x, expect_t, lengths = [], [], []
+    for name in ("ES", "NQ"):
+        for t in tables:
+            mask = t.column("symbol").to_numpy(zero_copy_only=False) == name
+            expect_x.append(np.stack([t.column(c).to_numpy()[mask] for c in src.columns], axis=1))
+            expect_t.append(t.column("timestamp").cast("int64").to_numpy()[mask])
+            lengths.append(int(mask.sum()))
+    assert list(src.columns) == ["bid_price_1", "ask_price_1"]
+    np.testing.assert_allclose(src.array.compute(), np.concatenate(expect_x).astype(np.float32))
+    np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate(expect_t))
+    assert (seg.stops - seg.starts).tolist() == lengths
+    assert seg.instrument.tolist() == [0, 0, 1, 1] and seg.session.tolist() == [0, 1, 0, 1]
+
+
+def _one_file(tmp_path: Path, stamps: np.ndarray) -> Path:
+    n = stamps.size
+    table = pa.table({"timestamp": pa.array(stamps, pa.timestamp("ns")), "bid_price_1": np.arange(n, dtype=float),
+                      "ask_price_1": np.arange(n, dtype=float) + 1})
+    path = tmp_path / "all.parquet"
+    pq.write_table(table, path, row_group_size=7)
+    return path
+
+
+def test_date_sessions_break_where_the_calendar_date_changes(tmp_path):
+    base = np.datetime64("2026-01-05T22:00", "ns").astype(np.int64)
+    # 3 days: rows every 37 minutes from 22:00 on the 5th: midnight falls inside row groups
+    # and, once, exactly on a row group boundary.
+    stamps = base + np.arange(80) * 37 * 60 * NS
+    _one_file(tmp_path, stamps)
+    src = open_segmented(str(tmp_path / "all.parquet"), timestamp="timestamp", sessions=SessionSpec(mode="date"))
+    days = stamps // (86_400 * NS)
+    expect = np.bincount(days - days[0]).tolist()
+    assert (src.segments.stops - src.segments.starts).tolist() == expect
+    assert src.segments.labels[0] == "2026-01-05" and src.segments.session.tolist() == list(range(len(expect)))
+
+
+def test_gap_sessions_break_where_time_jumps(tmp_path):
+    base = np.datetime64("2026-01-05T09:30", "ns").astype(np.int64)
+    steps = np.full(60, 60 * NS)
+    steps[[13, 14, 40]] = 3 * 3600 * NS  # two breaks in a row, one later
+    stamps = base + np.cumsum(steps)
+    _one_file(tmp_path, stamps)
+    src = open_segmented(str(tmp_path / "all.parquet"), timestamp="timestamp",
+                         sessions=SessionSpec(mode="gap", gap_ns=30 * 60 * NS))
+    assert (src.segments.stops - src.segments.starts).tolist() == [13, 1, 26, 20]
+
+
+def test_time_sessions_without_timestamps_are_refused(tmp_path):
+    _one_file(tmp_path, np.arange(10) * NS)
+    with pytest.raises(ConfigError, match="source.sessions: date sessions need timestamps; set source.timestamp"):
+        open_segmented(str(tmp_path / "all.parquet"), columns=["bid_price_1"], sessions=SessionSpec(mode="date"))
+
+
+def test_file_sessions_after_dropped_rows_follow_the_files(tmp_path):
+    """Parquet row groups are chunks: after ``nan: drop`` each file's rows are still told
+    apart by the chunks it made."""
+    for d, bad in ((5, [3, 20]), (6, [0])):
+        n = 30
+        bid = np.arange(n, dtype=float)
+        bid[bad] = np.nan
+        table = pa.table({"timestamp": pa.array(np.arange(n) * NS + d * 86_400 * NS, pa.timestamp("ns")),
+                          "bid_price_1": bid, "ask_price_1": bid + 1})
+        pq.write_table(table, tmp_path / f"2026-01-0{d}.parquet", row_group_size=8)
+    src = open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", nan="drop")
+    assert (src.segments.stops - src.segments.starts).tolist() == [28, 29]
+    assert src.session_mode == "file"
+
+
+def test_lobster_files_take_their_ticker_as_instrument(tmp_path):
+    write_demo_data(tmp_path, DemoSpec(days=2, rows_per_day=200, levels=2, formats=("lobster",),
+                                       instruments=("XYZ", "ABC")))
+    src = open_segmented(str(tmp_path / "*_orderbook_2.csv"), format="lobster")
+    seg = src.segments
+    assert seg.instruments == ("ABC", "XYZ") and seg.instrument.tolist() == [0, 0, 1, 1]
+    assert seg.session.tolist() == [0, 1, 0, 1]  # the same day, whatever the ticker
+    assert src.timestamps is not None and int(src.array.shape[0]) == 800
