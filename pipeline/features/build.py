@@ -11,7 +11,6 @@ run here; the windows stay lazy until the writer stores them.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -19,7 +18,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
-from pipeline.features.geometry import halo, split_gap_windows
+from pipeline.features.geometry import halo, split_gap_windows, split_ranges
 from pipeline.features.labels import class_balance, finalize_labels, label_steps
 from pipeline.features.normalize import apply_normalization, fit_normalization
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
@@ -140,49 +139,39 @@ def build_training_set(
 
     Parameters
     ----------
-    x
-        ``(T, C)`` raw table (time along axis 0 within each segment).
-    columns
-        Column names of ``x``.
-    features
-        Per-step features, in output order.
+    x, columns
+        ``(T, C)`` raw table (time along axis 0 within each segment) and its column names.
+    features, label
+        Per-step features in output order; the label (a window whose label would reach
+        past its segment is not made).
     size, stride, scales
         Window geometry (see :func:`pipeline.features.windows.windows`); ends are
         counted from each segment's first usable row.
-    label
-        Label definition; a window whose label would reach past its segment is not made.
     splits
-        Fractions by time (default ``{"train": 1.0}``) or date bounds
-        (``{"train": {"until": ns}, "test": {"until": None}}``, see
+        Fractions by time (default ``{"train": 1.0}``) or date bounds (see
         :func:`~pipeline.features.splits.parse_splits`). A window goes to the split whose
         time interval holds its whole reach (history, steps and label); windows that
         straddle a cut go nowhere. Every instrument is cut at the same time.
     normalize
-        ``global``: z-score with each feature's mean and std over the first split's
-        steps (with folds, the first fold's training steps); ``trailing``: each session
-        with the statistics of the sessions of its instrument before it; ``window``:
-        per window and feature; ``none``.
-    nan
+        ``global`` (the first split's steps, or the first fold's training steps),
+        ``trailing`` (each session by the sessions of its instrument before it),
+        ``window`` (per window and feature) or ``none``.
+    nan, fill_value
         Windows or labels holding NaN/inf: ``drop`` them (counted in ``attrs``), ``fill``
-        NaN features with ``fill_value`` (labels cannot be filled: their windows are
-        dropped), or ``raise``.
+        NaN features with ``fill_value`` (labels cannot be filled), or ``raise``.
     progress
         Show a progress bar for the reductions computed here.
     materialize
-        ``False`` returns, per split, the window end rows (``ends``) instead of the
-        windows, and the normalized per-step features in ``shared``: the streamer
-        assembles the same windows from them (see :mod:`pipeline.streaming.virtual`).
+        ``False``: per split the window end rows (``ends``) instead of the windows, and
+        the normalized features in ``shared`` (see :mod:`pipeline.streaming.virtual`).
     block_windows
-        Windows per block, counted from each split's start: the writer's unit (a count,
-        or a function of one window's bytes), so the writer rechunks nothing.
-    segments
-        The source's segments (instrument x session); default one segment.
-    timestamps
-        ``(T,)`` int64 ns: stored as each window's end time ``t``, and needed for date
-        splits and for splits of several instruments.
+        Windows per block from each split's start: the writer's unit (a count, or a
+        function of one window's bytes), so the writer rechunks nothing.
+    segments, timestamps
+        The source's segments (default one); ``(T,)`` int64 ns times, stored as each
+        window's end time ``t`` and needed by date splits and splits of instruments.
     folds
-        Walk-forward folds over the sessions of the first split: stored as sample
-        indices into it.
+        Walk-forward folds over the first split's sessions, as sample indices into it.
 
     Returns
     -------
@@ -203,76 +192,25 @@ def build_training_set(
     H = halo(size, scales)
     label_back, fwd = label.reach
     back = max(H + L, label_back)
-    runs = window_runs(segs, size=size, stride=stride, scales=scales, back=back, fwd=fwd)
-    if norm.kind == "trailing":
-        runs = runs.subset(np.repeat(segs.session[runs.segment] >= _first_sessions(segs, norm.sessions)[runs.segment],
-                                     runs.count))
-    if runs.n == 0:
-        longest = int((segs.stops - segs.starts).max())
-        raise WindowError(
-            f"windows: no session leaves room for a window: the longest has {longest} steps, and a window of "
-            f"size={size} at scales={scales} with a feature lookback of {L} and a label reaching {fwd} ahead "
-            f"needs {back + fwd + 1}" + (f" (and trailing normalization skips the first {norm.sessions} sessions)"
-                                         if norm.kind == "trailing" else ""))
+    runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L)
 
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
-    several = len(np.unique(segs.instrument)) > 1
-    dated = is_dated(splits)
-    lo_key, hi_key, end_key, key_kind = _reach_keys(runs, back, fwd, timestamps, dated or (several and len(names) > 1),
-                                                    progress)
-    gap = split_gap_windows(size, scales, stride, fwd, back - H)
-    if dated:
-        cuts = [splits[k]["until"] for k in names]
-        if cuts[-1] is None:
-            cuts = cuts[:-1]
-    elif len(names) > 1:
-        order = np.argsort(end_key, kind="stable")
-        cuts = fraction_cuts(lo_key, order, splits, gap)
-    else:
-        cuts = []
-    where = assign_splits(lo_key, hi_key, cuts, names)
-    if not dated and len(names) > 1 and sum(splits.values()) < 1.0 - 1e-9:
-        # Fractions summing below 1 leave the latest windows out, as the count of the
-        # last split says.
-        order = np.argsort(end_key, kind="stable")
-        from pipeline.features.geometry import split_ranges
-
-        last_hi = list(split_ranges(runs.n, splits, gap).values())[-1][1]
-        if last_hi < runs.n:
-            where[order[last_hi:]] = -1
+    where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
+        size, scales, stride, fwd, back - H), progress=progress)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None else None
 
-    # -- normalization, fitted without look-ahead --------------------------------------
+    # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
     f = _mask_heads(frame.array, segs, L)
     if nan == "fill":
         f = da.where(da.isfinite(f), f, np.float32(fill_value))
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
     labels_steps = label_steps(x, columns=columns, spec=label)
-    bad_rows = _bad_rows(f, segs, L)
-    y_raw = gather_rows(labels_steps, runs, _chunks(runs.n))
-    # The label values themselves (a few numbers per window) rather than only whether
-    # they are finite: the class balance then needs no second pass over the data.
-    reductions = [bad_rows.sum(), y_raw]
-    if timestamps is not None:
-        # Each segment's first and last time, for the session table.
-        reductions.append(timestamps[np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)])
-    stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, H, L)
-    results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
-    bad_steps_n, y_values = int(results[0]), np.asarray(results[1])
-    bad = ~np.isfinite(y_values).all(axis=1)
-    seg_times = np.asarray(results[2]).reshape(-1, 2) if timestamps is not None else None
-    stats = finish(results[len(reductions):])
+    f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,
+                                                        size=size, scales=scales, lookback=L, progress=progress)
     if norm.kind == "global":
         stats["fit_on"] = names[0] if fold_sets is None else "fold0/train"
         stats["features"] = list(frame.names)
-    f = apply_normalization(f, norm, stats, segs)
-
-    if bad_steps_n:
-        flags = bad_rows.astype(np.uint8)[:, None]
-        (flagged,) = compute(windows_at(flags, runs, size=size, scales=scales).max(axis=(1, 2)),
-                             desc="locating NaN windows", progress=progress)
-        bad |= np.asarray(flagged, dtype=bool)
     if bad.any() and nan == "raise":
         i = int(np.flatnonzero(bad)[0])
         e = int(runs.ends(i, i + 1)[0])
@@ -281,70 +219,19 @@ def build_training_set(
             f"in its features or label; set features.nan: drop or fill")
 
     # -- the arrays of each split --------------------------------------------------------
-    width = len(frame.names) * len(scales)
-    itemsize = 4 if norm.kind == "window" else f.dtype.itemsize
-    window_bytes = size * width * itemsize
-    unit = None
-    if block_windows is not None:
-        unit = block_windows(window_bytes) if callable(block_windows) else int(block_windows)
-    out: dict[str, dict[str, da.Array]] = {}
-    counts: dict[str, int] = {}
-    dropped: dict[str, int] = {}
-    balance: dict[str, Any] = {}
-    steps: dict[str, list[int]] = {}
-    split_runs: dict[str, WindowRuns] = {}
-    for k, name in enumerate(names):
-        mine = where == k
-        dropped[name] = int((mine & bad).sum())
-        r = runs.subset(mine & ~bad)
-        if r.n == 0:
-            raise WindowError(
-                f"split {name!r}: no window left ({runs.n} windows in all, {int(mine.sum())} in this split before "
-                f"NaN windows were dropped, splits {_describe_splits(splits)}); use more data, another split "
-                "point, or a smaller window, horizon or stride")
-        split_runs[name] = r
-        chunks = unit_chunks(r.n, unit) if unit else _chunks(r.n, max(1, (64 << 20) // max(1, window_bytes)))
-        if materialize:
-            xs = windows_at(f, r, size=size, scales=scales, out_chunks=chunks)
-            if norm.kind == "window":
-                xs = xs.map_blocks(_window_zscore, dtype=np.float32)
-            chunks = xs.chunks[0]
-            arrays = {"x": xs}
-        else:
-            arrays = {"ends": _ends(r, chunks, np.int32 if T < 2**31 else np.int64)}
-        y = gather_rows(labels_steps, r, chunks).map_blocks(finalize_labels, spec=label, dtype=label.out_dtype,
-                                                           drop_axis=[] if label.multi else [1])
-        arrays["y"] = y
-        if timestamps is not None:
-            arrays["t"] = gather_rows(timestamps, r, chunks)
-        arrays["session"] = _per_window(segs.session, r, chunks, np.int32)
-        if len(segs.instruments) > 1 or segs.instruments != ("",):
-            arrays["instrument"] = _per_window(segs.instrument, r, chunks, np.int32)
-        out[name] = arrays
-        counts[name] = r.n
-        e = r.ends()
-        steps[name] = [int(e[0]) - H, int(e[-1]) + fwd]
-    if label.class_names is not None:
-        balance = {n: class_balance(finalize_labels(y_values[(where == k) & ~bad], label), label)
-                   for k, n in enumerate(names)}
-
-    attrs: dict[str, Any] = {
-        "features": list(frame.names),
-        "lookback": L,
-        "windows": {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd},
-        "labels": _label_attrs(label),
-        "normalization": stats,
-        "split_key": key_kind,
-        "split_cuts": [int(c) for c in cuts],
-        "split_gap_windows": gap,
-        "split_steps": steps,
-        "nan_windows_dropped": dropped,
-        "window_counts": counts,
-        "instruments": list(segs.instruments),
-        "sessions": segs.describe(windows=_windows_per_segment(split_runs, len(segs)), times=seg_times),
-    }
-    if label.class_names is not None:
-        attrs["class_balance"] = balance
+    window_bytes = size * len(frame.names) * len(scales) * (4 if norm.kind == "window" else f.dtype.itemsize)
+    unit = block_windows(window_bytes) if callable(block_windows) else block_windows
+    per_split = _split_runs(runs, where, bad, splits)
+    out = {name: _split_arrays(f, r, unit_chunks(r.n, int(unit)) if unit else _chunks(r.n, (64 << 20) // window_bytes),
+                               labels_steps, timestamps, segs, label=label, size=size, scales=scales,
+                               zscore=norm.kind == "window", materialize=materialize)
+           for name, r in per_split.items()}
+    steps = {name: [int(r.ends(0, 1)[0]) - H, int(r.ends(r.n - 1, r.n)[0]) + fwd] for name, r in per_split.items()}
+    attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
+                      windows={"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back,
+                               "fwd": fwd},
+                      splits={"split_key": key_kind, "split_cuts": [int(c) for c in cuts], "split_gap_windows": gap,
+                              "split_steps": steps})
     shared: dict[str, da.Array] = {}
     if not materialize:
         shared = {"features": f}
@@ -353,6 +240,160 @@ def build_training_set(
     if fold_sets is not None:
         fold_index, attrs["folds"] = _fold_index(fold_sets[0], fold_sets[1], where, bad, folds)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _metadata(features: Sequence[str], lookback: int, label: LabelSpec, stats: dict[str, Any], segs: SegmentTable,
+              per_split: Mapping[str, WindowRuns], where: np.ndarray, bad: np.ndarray, y_values: np.ndarray,
+              seg_times: np.ndarray | None, *, windows: dict[str, Any], splits: dict[str, Any]) -> dict[str, Any]:
+    """What the store records about how its windows were made: geometry, labels and their
+    class balance, normalization, the splits, and the session table."""
+    names = list(per_split)
+    attrs: dict[str, Any] = {
+        "features": list(features),
+        "lookback": lookback,
+        "windows": windows,
+        "labels": _label_attrs(label),
+        "normalization": stats,
+        **splits,
+        "nan_windows_dropped": {name: int(((where == k) & bad).sum()) for k, name in enumerate(names)},
+        "window_counts": {name: r.n for name, r in per_split.items()},
+        "instruments": list(segs.instruments),
+        "sessions": segs.describe(windows=_windows_per_segment(per_split, len(segs)), times=seg_times),
+    }
+    if label.class_names is not None:
+        attrs["class_balance"] = {n: class_balance(finalize_labels(y_values[(where == k) & ~bad], label), label)
+                                  for k, n in enumerate(names)}
+    return attrs
+
+
+def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, stride: int, scales: Sequence[int],
+                      back: int, fwd: int, lookback: int) -> WindowRuns:
+    """Every window that fits in a segment with its reach; under trailing normalization,
+    none from each instrument's first sessions (they have no history to be scaled by).
+
+    Raises
+    ------
+    WindowError
+        When no window fits anywhere.
+    """
+    runs = window_runs(segs, size=size, stride=stride, scales=scales, back=back, fwd=fwd)
+    if norm.kind == "trailing":
+        first = _first_sessions(segs, norm.sessions)[runs.segment]
+        runs = runs.subset(np.repeat(segs.session[runs.segment] >= first, runs.count))
+    if runs.n == 0:
+        longest = int((segs.stops - segs.starts).max())
+        raise WindowError(
+            f"windows: no session leaves room for a window: the longest has {longest} steps, and a window of "
+            f"size={size} at scales={tuple(scales)} with a feature lookback of {lookback} and a label reaching "
+            f"{fwd} ahead needs {back + fwd + 1}"
+            + (f" (and trailing normalization skips the first {norm.sessions} sessions)"
+               if norm.kind == "trailing" else ""))
+    return runs
+
+
+def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
+                splits: Mapping[str, Any]) -> dict[str, WindowRuns]:
+    """The windows of each split, NaN ones left out.
+
+    Raises
+    ------
+    WindowError
+        When a split gets no window.
+    """
+    out = {}
+    for k, name in enumerate(splits):
+        mine = where == k
+        out[name] = runs.subset(mine & ~bad)
+        if out[name].n == 0:
+            raise WindowError(
+                f"split {name!r}: no window left ({runs.n} windows in all, {int(mine.sum())} in this split before "
+                f"NaN windows were dropped, splits {_describe_splits(splits)}); use more data, another split "
+                "point, or a smaller window, horizon or stride")
+    return out
+
+
+def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_steps: da.Array,
+                   timestamps: da.Array | None, segs: SegmentTable, norm: NormalizeSpec, *, size: int,
+                   scales: Sequence[int], lookback: int, progress: bool
+                   ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
+    """One pass over the data for everything needed before the write: the normalization
+    statistics, every window's label values and whether any row a window uses is not
+    finite, and each segment's first and last time. Returns the normalized features,
+    the statistics, which windows hold NaN or inf, the label values and the times."""
+    bad_rows = _bad_rows(f, segs, lookback)
+    # The label values themselves (a few numbers per window) rather than only whether
+    # they are finite: the class balance then needs no second pass over the data.
+    reductions = [bad_rows.sum(), gather_rows(labels_steps, runs, _chunks(runs.n))]
+    if timestamps is not None:
+        reductions.append(timestamps[np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)])
+    stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, halo(size, scales), lookback)
+    results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
+    bad_steps_n, y_values = int(results[0]), np.asarray(results[1])
+    bad = ~np.isfinite(y_values).all(axis=1)
+    seg_times = np.asarray(results[2]).reshape(-1, 2) if timestamps is not None else None
+    stats = finish(results[len(reductions):])
+    if bad_steps_n:
+        # Only now pay for a windowed pass: which windows hold one of the bad rows.
+        flags = bad_rows.astype(np.uint8)[:, None]
+        (flagged,) = compute(windows_at(flags, runs, size=size, scales=scales).max(axis=(1, 2)),
+                             desc="locating NaN windows", progress=progress)
+        bad |= np.asarray(flagged, dtype=bool)
+    return apply_normalization(f, norm, stats, segs), stats, bad, y_values, seg_times
+
+
+def _split_arrays(f: da.Array, runs: WindowRuns, chunks: Sequence[int], labels_steps: da.Array,
+                  timestamps: da.Array | None, segs: SegmentTable, *, label: LabelSpec, size: int,
+                  scales: Sequence[int], zscore: bool, materialize: bool) -> dict[str, da.Array]:
+    """The arrays of one split, in blocks of ``chunks`` windows: the windows (or their
+    end rows, for virtual windows), labels, end times, sessions and instruments."""
+    if materialize:
+        xs = windows_at(f, runs, size=size, scales=scales, out_chunks=chunks)
+        if zscore:
+            xs = xs.map_blocks(_window_zscore, dtype=np.float32)
+        chunks = xs.chunks[0]  # blocks too short to lend a halo were merged
+        arrays = {"x": xs}
+    else:
+        arrays = {"ends": _ends(runs, chunks, np.int32 if f.shape[0] < 2**31 else np.int64)}
+    arrays["y"] = gather_rows(labels_steps, runs, chunks).map_blocks(
+        finalize_labels, spec=label, dtype=label.out_dtype, drop_axis=[] if label.multi else [1])
+    if timestamps is not None:
+        arrays["t"] = gather_rows(timestamps, runs, chunks)
+    arrays["session"] = _per_window(segs.session, runs, chunks, np.int32)
+    if segs.instruments != ("",):
+        arrays["instrument"] = _per_window(segs.instrument, runs, chunks, np.int32)
+    return arrays
+
+
+def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], timestamps: da.Array | None, *,
+           back: int, fwd: int, gap: int, progress: bool) -> tuple[np.ndarray, list[int], str, int]:
+    """The split of every window (``-1``: none), the cuts between splits, and whether
+    they are times or rows.
+
+    Fraction cuts are placed where :func:`~pipeline.features.geometry.split_ranges`
+    would start each split among the windows in time order (with the gap of one
+    series), then every window is placed by its reach, so a cut that falls inside a
+    session leaves out exactly the windows that straddle it.
+    """
+    names = list(splits)
+    dated = is_dated(splits)
+    several = len(np.unique(segs.instrument)) > 1
+    lo_key, hi_key, end_key, key_kind = _reach_keys(runs, back, fwd, timestamps, dated or (several and len(names) > 1),
+                                                    progress)
+    order = np.argsort(end_key, kind="stable")
+    if dated:
+        cuts = [splits[k]["until"] for k in names]
+        cuts = cuts[:-1] if cuts[-1] is None else cuts
+    elif len(names) > 1:
+        cuts = fraction_cuts(lo_key, order, splits, gap)
+    else:
+        cuts = []
+    where = assign_splits(lo_key, hi_key, cuts, names)
+    if not dated and len(names) > 1 and sum(splits.values()) < 1.0 - 1e-9:
+        # Fractions summing below 1 leave the latest windows out, as the count of the
+        # last split says.
+        last_hi = list(split_ranges(runs.n, splits, gap).values())[-1][1]
+        where[order[last_hi:]] = -1
+    return where, cuts, key_kind, gap
 
 
 def _chunks(n: int, per: int = 1 << 20) -> tuple[int, ...]:

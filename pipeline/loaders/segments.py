@@ -15,7 +15,6 @@ each chunk compared with its neighbour for the breaks between chunks).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
