@@ -180,13 +180,8 @@ def build_training_set(
     splits = dict(splits or {"train": 1.0})
     norm = NormalizeSpec.from_value(normalize, "normalize")
     scales = tuple(scales)
-    T = int(x.shape[0])
-    segs = segments if segments is not None else SegmentTable.single(T)
-    if segs.rows != T:
-        raise WindowError(f"sessions: segments of {segs.rows} rows for a source of {T} rows")
-    if not materialize and norm.kind == "window":
-        raise FeatureError("windows.materialize: false needs normalize: global, trailing or none (per-window "
-                           "statistics depend on the assembled window)")
+    segs = segments if segments is not None else SegmentTable.single(int(x.shape[0]))
+    _check_inputs(x, segs, norm, materialize)
     frame = compute_features(x, columns=columns, specs=features)
     L = frame.lookback
     H = halo(size, scales)
@@ -264,6 +259,14 @@ def _metadata(features: Sequence[str], lookback: int, label: LabelSpec, stats: d
         attrs["class_balance"] = {n: class_balance(finalize_labels(y_values[(where == k) & ~bad], label), label)
                                   for k, n in enumerate(names)}
     return attrs
+
+
+def _check_inputs(x: da.Array, segs: SegmentTable, norm: NormalizeSpec, materialize: bool) -> None:
+    if segs.rows != int(x.shape[0]):
+        raise WindowError(f"sessions: segments of {segs.rows} rows for a source of {int(x.shape[0])} rows")
+    if not materialize and norm.kind == "window":
+        raise FeatureError("windows.materialize: false needs normalize: global, trailing or none (per-window "
+                           "statistics depend on the assembled window)")
 
 
 def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, stride: int, scales: Sequence[int],
