@@ -246,8 +246,6 @@ def open_source(
         labels when the input has them.
     """
     from pipeline.loaders import labels as labels_mod
-    from pipeline.loaders import tables
-    from pipeline.loaders.blocks import concat_array, stack_array
     from pipeline.loaders.registry import FORMATS, TABLES, format_of
 
     so = dict(storage_options or {})
@@ -269,8 +267,49 @@ def open_source(
                                   + ", ".join(f"{k} ({p})" for k, p in sorted(by_kind.items())))
     kind = kinds.pop()
     opts = {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key}
-    skipped: list[tuple[str, str]] = []
+    results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
+                                                names=names, rename=rename, on_error=on_error)
+    keep = [i for i, r in enumerate(results) if r is not None]
+    probed = [results[i] for i in keep]
+    if not probed:
+        raise EmptyInputError(str(paths or labels), "no readable file left after skipping bad ones")
+    if label_values is not None:
+        label_values = label_values[keep]
+    elif labels == "folder":
+        classes, label_values = labels_mod.folder_labels([p for p, *_ in probed])
 
+    if kind == "table":
+        if combine == "stack":
+            raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
+        parts = [part for _, _, _, ps in probed for part in ps]
+        arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
+                                                       fill_value, so)
+        infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
+                      for p, s, m, ps in probed)
+        return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
+                      skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
+                      file_chunks=tuple(len(ps) for _, _, _, ps in probed))
+
+    arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
+                                chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
+    infos = tuple(FileInfo(p, s, m, shape=tuple(sh)) for p, s, m, (sh, _) in probed)
+    label_arr = None
+    if label_values is not None:
+        label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
+    return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
+                  classes=classes, skipped=tuple(skipped))
+
+
+def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, so: dict, *,
+                 timestamp: str | None, header: bool, names: Sequence[str] | None, rename: Mapping[str, str] | None,
+                 on_error: str) -> tuple[list, list[tuple[str, str]], dict[str, FileInfo]]:
+    """Every file's header (``None`` for a file skipped with ``on_error="skip"``), the
+    skipped files with their reasons, and the companion files read with tables (LOBSTER's
+    message files)."""
+    from pipeline.loaders import tables
+    from pipeline.loaders.registry import FORMATS
+
+    skipped: list[tuple[str, str]] = []
     companions: dict[str, FileInfo] = {}
 
     def probe(path: str) -> Any:
@@ -295,31 +334,17 @@ def open_source(
     # few microseconds of Python each, where threads only add GIL contention.
     if any("://" in p and not p.startswith("file://") for p in files):
         with ThreadPoolExecutor(max_workers=32) as pool:
-            results = list(pool.map(probe, files))
-    else:
-        results = [probe(p) for p in files]
-    keep = [i for i, r in enumerate(results) if r is not None]
-    probed = [results[i] for i in keep]
-    if not probed:
-        raise EmptyInputError(str(paths or labels), "no readable file left after skipping bad ones")
-    if label_values is not None:
-        label_values = label_values[keep]
-    elif labels == "folder":
-        classes, label_values = labels_mod.folder_labels([p for p, *_ in probed])
+            return list(pool.map(probe, files)), skipped, companions
+    return [probe(p) for p in files], skipped, companions
 
-    if kind == "table":
-        if combine == "stack":
-            raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
-        parts = [part for _, _, _, ps in probed for part in ps]
-        arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                       fill_value, so)
-        infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
-                      for p, s, m, ps in probed)
-        return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
-                      skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
-                      file_chunks=tuple(len(ps) for _, _, _, ps in probed))
 
-    fmt = FORMATS[kind]
+def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str | None, on_mismatch: str,
+                 chunk_rows: int | None, files_per_chunk: int | None) -> tuple[da.Array, str]:
+    """One lazy array over files of an array format (npy, npz, images, HDF5): stacked,
+    one sample per file, or concatenated along axis 0. Returns it and the combine used."""
+    from pipeline.loaders.blocks import concat_array, stack_array
+
+    kind = fmt.name
     fmt_opts = {k: opts[k] for k in fmt.options}
     shapes = {p: (tuple(sh), np.dtype(dt)) for p, _, _, (sh, dt) in probed}
     first_path = probed[0][0]
@@ -339,24 +364,18 @@ def open_source(
 
         arr = concat_array([p for p, *_ in probed], [shapes[p][0][0] for p, *_ in probed], tail, ref_dtype,
                            read_rows, rows_per_chunk=chunk_rows)
-    else:
-        target = ref_shape
-        bad = [(p, s) for p, (s, _) in shapes.items() if s != target]
-        if bad and on_mismatch == "raise":
-            listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
-            raise ShapeMismatchError(
-                first_path, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); set "
-                "on_mismatch: pad, crop or resize to make them fit")
-        dtypes = {d for _, d in shapes.values()}
-        out_dtype = np.result_type(*dtypes)
-        arr = stack_array([p for p, *_ in probed], target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
-                          files_per_chunk=files_per_chunk, on_mismatch=on_mismatch)
-    infos = tuple(FileInfo(p, s, m, shape=tuple(sh)) for p, s, m, (sh, _) in probed)
-    label_arr = None
-    if label_values is not None:
-        label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
-    return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
-                  classes=classes, skipped=tuple(skipped))
+        return arr, combine
+    target = ref_shape
+    bad = [(p, s) for p, (s, _) in shapes.items() if s != target]
+    if bad and on_mismatch == "raise":
+        listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
+        raise ShapeMismatchError(
+            first_path, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); set "
+            "on_mismatch: pad, crop or resize to make them fit")
+    out_dtype = np.result_type(*{d for _, d in shapes.values()})
+    arr = stack_array([p for p, *_ in probed], target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
+                      files_per_chunk=files_per_chunk, on_mismatch=on_mismatch)
+    return arr, combine
 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
