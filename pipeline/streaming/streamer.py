@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -590,6 +591,10 @@ def stream(
 
 
 def _distributed_rank() -> tuple[int, int]:
+    # A process whose torch.distributed group is initialized has imported torch: asking
+    # only then keeps a numpy loop, or Keras on JAX, from paying seconds to import it.
+    if "torch" not in sys.modules:
+        return 0, 1
     try:
         import torch.distributed as dist
 

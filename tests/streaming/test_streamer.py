@@ -561,3 +561,17 @@ def test_a_stream_with_a_read_ahead_pending_forks_into_dataloader_workers(store)
     loader = DataLoader(s.torch(), batch_size=None, num_workers=2, multiprocessing_context="fork")
     ids = [yb.numpy() for _, yb in loader]
     assert sorted(np.concatenate(ids).tolist()) == list(range(1000))
+
+
+def test_opening_a_stream_imports_no_deep_learning_framework(store):
+    """A numpy loop, or Keras on JAX, must not pay for importing torch (seconds) just to
+    learn the rank: torch.distributed is asked only when torch is already imported."""
+    import subprocess
+    import sys
+
+    code = ("import sys, pipeline\n"
+            f"s = pipeline.stream({str(store)!r}, split='train', batch_size=64)\n"
+            "xb, yb = next(iter(s))\n"
+            "print(len(xb), sorted(m for m in ('torch', 'keras', 'jax', 'tensorflow') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["64", "[]"]
