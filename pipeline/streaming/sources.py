@@ -46,14 +46,17 @@ class StoreSource:
 
     def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False):
-        from pipeline.storage.store import open_store_group, store_root_attrs
+        from pipeline.storage.store import ATTRS_KEY, open_store_group, store_root_attrs
 
         self.location, self.split, self.names = location, split, tuple(names)
         self.partial, self.storage_options, self.verify = partial, storage_options, verify
         group = open_store_group(location, mode="r", storage_options=storage_options)
         meta = store_root_attrs(group)
         label = location if isinstance(location, (str, os.PathLike)) else "<group>"
-        if not meta.get("complete") and not partial:
+        # A group another tool wrote makes no completeness claim and streams as it is; a
+        # store this package writes is refused until its writer marks it complete.
+        foreign = ATTRS_KEY not in group.attrs
+        if not foreign and not meta.get("complete") and not partial:
             raise IncompleteStoreError(str(label))
         if split not in group or not is_split_group(split, group[split]):
             raise StreamError(f"{label}: no split {split!r}; {available_splits(group, meta)}")
@@ -71,8 +74,9 @@ class StoreSource:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
         sums = group[f"{split}/_written"][:] if verify and "_written" in group[split] else None
         # A store marked complete is no longer written: its chunk files can be mapped,
-        # and stay mapped from one epoch to the next.
-        self.maps = MapCache() if not partial else None
+        # and stay mapped from one epoch to the next. Files of a foreign group may still
+        # be rewritten by their tool (a mapped file truncated under us faults): read them.
+        self.maps = MapCache() if meta.get("complete") and not partial else None
         self.readers = {n: ChunkReader(a, (str(label), split, n), sums, maps=self.maps)
                         for n, a in arrays.items()}
         self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read

@@ -347,9 +347,9 @@ def test_incomplete_store_written_directly_with_zarr(tmp_path):
     root.attrs["pipeline"] = {"complete": True, "splits": {"train": n}}
     ids = np.concatenate(epoch_ids(pipeline.stream(path, batch_size=10)))
     assert sorted(ids.tolist()) == list(range(n))
-    del root.attrs["pipeline"]  # no pipeline metadata at all: not known to be complete
-    with pytest.raises(IncompleteStoreError):
-        pipeline.stream(path, batch_size=10)
+    del root.attrs["pipeline"]  # no pipeline metadata at all: a group another tool wrote
+    ids = np.concatenate(epoch_ids(pipeline.stream(path, batch_size=10)))
+    assert sorted(ids.tolist()) == list(range(n))
 
 
 def test_more_bad_arguments(store):
@@ -575,3 +575,20 @@ def test_opening_a_stream_imports_no_deep_learning_framework(store):
             "print(len(xb), sorted(m for m in ('torch', 'keras', 'jax', 'tensorflow') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["64", "[]"]
+
+
+@pytest.mark.parametrize("as_group", [False, True])
+def test_a_group_another_tool_wrote_streams_as_it_is(tmp_path, as_group):
+    """No pipeline metadata: no completeness claim, no ``partial`` needed; every sample
+    once. A pipeline store that is incomplete is still refused (test above)."""
+    path = tmp_path / "foreign.zarr"
+    g = zarr.open_group(path, mode="w")
+    x = np.random.default_rng(0).standard_normal((1000, 4, 3)).astype(np.float32)
+    g.create_array("train/x", data=x, chunks=(128, 4, 3))
+    g.create_array("train/y", data=np.arange(1000, dtype=np.int64), chunks=(128,))
+    source = zarr.open_group(path, mode="r") if as_group else str(path)
+    s = pipeline.stream(source, split="train", batch_size=64, seed=1)
+    seen = np.concatenate([yb for _, yb in s])
+    np.testing.assert_array_equal(np.sort(seen), np.arange(1000))
+    xb, yb = next(iter(pipeline.stream(source, split="train", batch_size=64, seed=1)))
+    np.testing.assert_array_equal(xb, x[yb])
