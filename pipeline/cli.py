@@ -12,6 +12,7 @@ import sys
 import time
 from typing import Sequence
 
+from pipeline import __version__
 from pipeline.errors import ConfigError, PipelineError
 
 __all__ = ["main"]
@@ -25,6 +26,9 @@ def _parser() -> argparse.ArgumentParser:
             "dask cluster -> chunked, compressed zarr -> shuffled batches for Keras/PyTorch."
         ),
     )
+    # The package's own version, which the installed distribution's metadata repeats.
+    parser.add_argument("--version", action="version", version=f"pipeline {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     run = sub.add_parser(
@@ -217,7 +221,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``pipeline`` console script."""
+    """Entry point of the ``pipeline`` console script and of ``python -m pipeline``.
+
+    Returns
+    -------
+    int
+        The exit status: 0, 1 for errors of the input, 2 for configuration errors, 130
+        when interrupted (``--help`` and ``--version`` exit 0 through argparse).
+    """
     args = _parser().parse_args(argv)
     handlers = {
         "run": _cmd_run,

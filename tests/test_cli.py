@@ -169,3 +169,51 @@ def test_demo_data_lobster_option_errors(tmp_path, args, message):
     result = cli("demo-data", str(tmp_path / "d"), "--days", "1", "--rows-per-day", "10", *args)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert message in result.stderr.strip().splitlines()[-1]
+
+
+def test_python_dash_m_pipeline_is_the_same_command(tmp_path):
+    import numpy as np
+
+    from pipeline.storage import write
+
+    store = write(tmp_path / "s.zarr", {"x": np.zeros((40, 4, 2), np.float32), "y": np.arange(40)}, progress=False)
+    module = subprocess.run([sys.executable, "-m", "pipeline", "inspect", store], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert module.returncode == 0, module.stderr
+    assert module.stdout == cli("inspect", store).stdout  # the console script's entry point, cli.main
+    assert "complete: yes" in module.stdout and "train/x: (40, 4, 2) float32" in module.stdout
+    helped = subprocess.run([sys.executable, "-m", "pipeline", "--help"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert helped.returncode == 0 and helped.stdout.startswith("usage: pipeline ")
+    for command in ("run", "inspect", "demo-data", "bench", "--version"):
+        assert command in helped.stdout
+    # Its exit status is the command's: a missing store is status 1, a bad config value 2.
+    missing = subprocess.run([sys.executable, "-m", "pipeline", "inspect", str(tmp_path / "nope.zarr")], cwd=ROOT,
+                             capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 1 and "nope.zarr" in missing.stderr
+    bad = subprocess.run([sys.executable, "-m", "pipeline", "run", str(EXAMPLE), "--set", "windows.size=abc"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "windows.size" in bad.stderr
+
+
+def test_version_prints_the_installed_distribution_version():
+    from importlib.metadata import version
+
+    import pipeline
+
+    assert pipeline.__version__ == version("pipeline")  # the package and its metadata agree
+    for module in ("pipeline", "pipeline.cli"):
+        command = [sys.executable, "-m", module, "--version"]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"pipeline {pipeline.__version__}\n"
+
+
+def test_the_installed_console_script_prints_the_same_version():
+    import pipeline
+
+    script = Path(sys.executable).with_name("pipeline")
+    if not script.exists():
+        pytest.skip(f"no console script beside {sys.executable}: the project is not installed in this environment")
+    result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == f"pipeline {pipeline.__version__}\n"

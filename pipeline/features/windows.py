@@ -135,6 +135,7 @@ def windows(
     max_block_bytes: int = MAX_BLOCK_BYTES,
     out_chunks: Sequence[int] | None = None,
     sessions: Sequence[int] | None = None,
+    names: Sequence[str] | None = None,
 ) -> da.Array:
     """Windows of a ``(T, F)`` series: ``(n, size, F * len(scales))``, lazily.
 
@@ -162,16 +163,24 @@ def windows(
         Rows per session (summing to ``T``): windows are then made within each session
         only, with ends counted from each session's start, and sessions too short for
         a window make none. ``None``: one session.
+    names
+        One name per column of ``x`` (``["mid", "spread", ...]``), recorded in
+        ``attrs["windows"]["features"]``, from where :func:`pipeline.write` stores them.
+        With several scales the windows' last axis holds these columns once per scale,
+        in the order of ``scales``; the names are recorded once, beside the scales.
 
     Returns
     -------
     dask.array.Array
-        Chunked along windows: one chunk per input block (possibly empty).
+        Chunked along windows: one chunk per input block (possibly empty). Its
+        ``attrs["windows"]`` holds the geometry (``size``, ``stride``, ``scales``,
+        ``halo``) and, when given, the feature names.
 
     Raises
     ------
     WindowError
-        When ``x`` is not 2-D, or no window fits in ``T`` steps.
+        When ``x`` is not 2-D, no window fits in ``T`` steps, or ``names`` are not one
+        string per column of ``x``.
     """
     scales = _validate(size, stride, scales)
     if not isinstance(x, da.Array):
@@ -179,6 +188,7 @@ def windows(
     if x.ndim != 2:
         raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
     T, F = x.shape
+    features = _feature_names(names, F)
     h = halo(size, scales)
     if sessions is not None:
         lengths = [int(v) for v in sessions]
@@ -190,7 +200,7 @@ def windows(
                               f"size={size} at scales={scales} ({h + 1} steps)")
         out = windows_at(x, runs, size=size, scales=scales, out_chunks=out_chunks, max_block_bytes=max_block_bytes)
         out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h),
-                                 "sessions": lengths}}
+                                 "sessions": lengths, **features}}
         return out
     n = window_count(T, size, stride, scales)
     if n == 0:
@@ -235,8 +245,33 @@ def windows(
     )
     # The geometry travels with the array, so that pipeline.write can leave the
     # leakage-free gap between time splits by itself.
-    out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h)}}
+    out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h),
+                             **features}}
     return out
+
+
+def _feature_names(names: Sequence[str] | None, width: int) -> dict[str, list[str]]:
+    """``{"features": [...]}`` for the windows' attrs, or ``{}`` without names.
+
+    Raises
+    ------
+    WindowError
+        When ``names`` is not one string per column.
+    """
+    if names is None:
+        return {}
+    # A single string would pass as a sequence of one-letter names.
+    if isinstance(names, (str, bytes)):
+        raise WindowError(f"windows: names must be a sequence of {width} strings, one per column of x, "
+                          f"got the single string {names!r}")
+    names = list(names)
+    if len(names) != width:
+        raise WindowError(f"windows: expected {width} names, one per column of x (shape (T, {width})), "
+                          f"got {len(names)}: {names!r}")
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise WindowError(f"windows: names must be strings, got {bad[0]!r} ({type(bad[0]).__name__})")
+    return {"features": names}
 
 
 def _block_starts(runs: WindowRuns, out_chunks: Sequence[int], h: int, rows: int) -> tuple[list[int], list[int]]:

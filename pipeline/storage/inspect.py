@@ -1,4 +1,5 @@
-"""`pipeline inspect`: what a store holds, how it is chunked and compressed, where it came from."""
+"""`pipeline inspect`: what a store holds, how it is chunked and compressed, where it came
+from; with ``--plot``, sample windows, feature histograms and label distributions."""
 
 from __future__ import annotations
 
@@ -9,9 +10,22 @@ from typing import Any
 import numpy as np
 import yaml
 
+from pipeline.storage.plot import PlotSample, feature_labels, plot_sample, plot_store, spread_chunks
 from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
 
-__all__ = ["ArrayReport", "StoreReport", "fold_lines", "format_report", "inspect_store", "plot_store", "verify_store"]
+__all__ = [
+    "ArrayReport",
+    "PlotSample",
+    "StoreReport",
+    "feature_labels",
+    "fold_lines",
+    "format_report",
+    "inspect_store",
+    "plot_sample",
+    "plot_store",
+    "spread_chunks",
+    "verify_store",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,42 +181,6 @@ def fold_lines(attrs: dict[str, Any]) -> list[str]:
     lines = [f"folds: {len(info['names'])}, sample indices into split {info.get('base', '?')!r}"]
     lines += [f"  {name}: {counts[name]:,} samples" if name in counts else f"  {name}" for name in info["names"]]
     return lines
-
-
-def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4,
-               storage_options: dict[str, Any] | None = None) -> str:
-    """Draw a few sample windows and per-feature histograms of the first split to a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    group = open_store_group(os.fspath(location), mode="r", storage_options=storage_options)
-    attrs = store_root_attrs(group)
-    split = next(iter(attrs.get("splits", {})), None) or next(name for name, _ in group.groups())
-    x = group[f"{split}/x"]
-    chunk = x[: min(x.shape[0], x.chunks[0])]
-    names = attrs.get("features") or [f"f{i}" for i in range(x.shape[-1])]
-    scales = (attrs.get("windows") or {}).get("scales", [1])
-    width = x.shape[-1]
-    picks = np.linspace(0, len(chunk) - 1, num=min(n_windows, len(chunk))).astype(int)
-    fig, axes = plt.subplots(2, max(len(picks), 1), figsize=(4 * max(len(picks), 1), 7), squeeze=False)
-    for ax, i in zip(axes[0], picks):
-        ax.plot(chunk[i], linewidth=0.8)
-        ax.set_title(f"{split} window {i}")
-        ax.set_xlabel("step in window")
-    hist_ax = axes[1]
-    per = max(1, width // len(hist_ax))
-    for k, ax in enumerate(hist_ax):
-        for j in range(k * per, min(width, (k + 1) * per)):
-            label = names[j % len(names)] + (f" @s{scales[j // len(names)]}" if len(scales) > 1 and len(names) * len(scales) == width else "")
-            ax.hist(chunk[:, -1, j].ravel(), bins=50, histtype="step", label=label)
-        ax.legend(fontsize=6)
-        ax.set_title("last-step values")
-    fig.tight_layout()
-    fig.savefig(png, dpi=90)
-    plt.close(fig)
-    return png
 
 
 def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> list[str]:

@@ -29,7 +29,7 @@ import uuid
 import zipfile
 import zlib
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import dask
 import dask.array as da
@@ -136,6 +136,66 @@ def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, sp
             "between splits; gap=0 when samples share no time step)"
         )
     return derived
+
+
+def _window_geometry(arrays: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The name and ``attrs["windows"]`` of the first array (as passed, split or not)
+    that carries one; ``("", {})`` when none does."""
+    for name, a in arrays.items():
+        if isinstance(a, Mapping):
+            found_name, found = _window_geometry(a)
+        else:
+            attrs = getattr(a, "attrs", None)
+            found_name, found = str(name), attrs.get("windows") if isinstance(attrs, Mapping) else None
+        if isinstance(found, Mapping) and found:
+            return found_name, dict(found)
+    return "", {}
+
+
+def _feature_names(features: Sequence[str] | None, arrays: Mapping[str, Any],
+                   groups: Mapping[str, Mapping[str, da.Array]], attrs: Mapping[str, Any]
+                   ) -> tuple[list[str] | None, dict[str, Any]]:
+    """The feature names to store (``None``: none given nor carried) and the window
+    geometry they come with, checked against the features ``x`` holds.
+
+    Raises
+    ------
+    StoreError
+        When the names are not one string per feature: ``x``'s last axis divided by
+        the number of window scales, or the columns of the shared per-step features.
+    """
+    carrier, geometry = _window_geometry(arrays)
+    where = "write: features"
+    if features is None:
+        features = geometry.get("features")
+        if features is None:
+            return None, {}
+        where = f"write: the feature names array {carrier!r} carries (attrs['windows']['features'])"
+    if isinstance(features, (str, bytes)):
+        raise StoreError(f"{where}: expected a sequence of names, got the single string {features!r}")
+    names = list(features)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise StoreError(f"{where}: expected strings, got {bad[0]!r} ({type(bad[0]).__name__})")
+    geometry.pop("features", None)
+    given = [attrs.get(key) for key in ("windows", "virtual")]
+    scales = next((list(g["scales"]) for g in (geometry, *given) if isinstance(g, Mapping) and g.get("scales")), [1])
+    split = next((g for k, g in groups.items() if k != SHARED and "x" in g), None)
+    if split is not None:
+        x = split["x"]
+        width = int(x.shape[-1]) if x.ndim > 1 else 1
+        if width % len(scales):
+            raise StoreError(f"{where}: x's last axis of {width} cannot hold features once per scale of "
+                             f"{list(scales)}, so no {len(names)} names fit it")
+        if width // len(scales) != len(names):
+            raise StoreError(f"{where}: expected {width // len(scales)} names (x's last axis of {width} holds the "
+                             f"features once per scale, scales {list(scales)}), got {len(names)}")
+    elif SHARED in groups and "features" in groups[SHARED]:
+        width = int(groups[SHARED]["features"].shape[-1])
+        if width != len(names):
+            raise StoreError(f"{where}: expected {width} names, one per column of shared['features'] (shape "
+                             f"{tuple(groups[SHARED]['features'].shape)}), got {len(names)}")
+    return names, geometry
 
 
 def _check_folds(folds: Mapping[str, Any] | None, base: str, groups: Mapping[str, Mapping[str, da.Array]],
@@ -359,6 +419,7 @@ def write(
     shared_chunk_rows: int | None = None,
     folds: Mapping[str, np.ndarray] | None = None,
     fold_base: str = "all",
+    features: Sequence[str] | None = None,
 ) -> str:
     """Write arrays, per split, into a zarr 3 store; resume an interrupted write.
 
@@ -414,6 +475,15 @@ def write(
         ``pipeline.stream(store, split="fold0/train")``.
     fold_base
         The split the fold indices point into; it must be among the splits written.
+    features
+        Feature names, one per feature of ``x``: ``x``'s last axis holds them once per
+        window scale (``x.attrs["windows"]["scales"]``, else ``attrs["windows"]``),
+        or, for virtual windows, the columns of ``shared["features"]``. Stored as the
+        ``features`` attribute (and the window geometry ``x`` carries as ``windows``,
+        when ``attrs`` gives none), which ``pipeline inspect`` names features by.
+        ``None``: the names an array carries from ``pipeline.windows(..., names=...)``
+        (``attrs["windows"]["features"]``), if any; else ``attrs["features"]`` is left
+        as ``attrs`` gives it.
 
     Returns
     -------
@@ -424,7 +494,8 @@ def write(
     ------
     StoreError
         Before anything is written: time splits whose gap cannot be known, folds whose
-        base or indices do not fit (naming the fold), arrays of different lengths.
+        base or indices do not fit (naming the fold), arrays of different lengths,
+        feature names that are not one string per feature.
     """
     location = os.fspath(target)
     codec = CodecSpec.from_mapping(codec, "codec")
@@ -434,6 +505,11 @@ def write(
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
     fold_index = _check_folds(folds, fold_base, groups, attrs)
     attrs = dict(attrs or {})
+    names, geometry = _feature_names(features, arrays, groups, attrs)
+    if names is not None:
+        attrs["features"] = names
+        if geometry and "windows" not in attrs:
+            attrs["windows"] = geometry
     if used_gap is not None:
         attrs["split_gap_samples"] = used_gap
     if fold_index:

@@ -116,6 +116,33 @@ def test_bad_window_parameters_are_clear_errors(kwargs, message):
         windows(np.zeros((20, 2), np.float32), **kwargs)
 
 
+def test_feature_names_travel_in_the_attrs_once_beside_the_scales():
+    x = np.arange(60, dtype=np.float32).reshape(20, 3)
+    w = windows(x, size=3, scales=(2, 1), names=["mid", "spread", "imbalance"])
+    assert w.attrs["windows"]["features"] == ["mid", "spread", "imbalance"]
+    assert w.attrs["windows"]["scales"] == [2, 1] and w.shape[-1] == 6  # names once, columns once per scale
+    np.testing.assert_array_equal(w.compute(), reference(x, 3, 1, (2, 1)))  # names change no value
+    split = windows(x, size=3, sessions=[10, 10], names=("a", "b", "c"))
+    assert split.attrs["windows"]["features"] == ["a", "b", "c"] and split.attrs["windows"]["sessions"] == [10, 10]
+    assert "features" not in windows(x, size=3).attrs["windows"]
+
+
+@pytest.mark.parametrize(
+    ("names", "message"),
+    [
+        (["mid", "spread"], r"expected 3 names, one per column of x \(shape \(T, 3\)\), got 2"),
+        (["a", "b", "c", "d"], "expected 3 names.*got 4"),
+        ("abc", "sequence of 3 strings.*got the single string 'abc'"),
+        (["a", 2, "c"], "names must be strings, got 2"),
+    ],
+)
+def test_feature_names_of_the_wrong_count_or_type_are_refused(names, message):
+    with pytest.raises(WindowError, match=message):
+        windows(np.zeros((20, 3), np.float32), size=3, names=names)
+    with pytest.raises(WindowError, match=message):
+        windows(np.zeros((20, 3), np.float32), size=3, sessions=[20], names=names)
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     chunks=st.lists(st.integers(1, 30), min_size=1, max_size=12),

@@ -5,9 +5,15 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import matplotlib.image
 import numpy as np
+import pytest
 
-from pipeline.storage import format_report, inspect_store, write
+import pipeline
+from pipeline.errors import StoreError
+from pipeline.features.windows import windows_numpy_block
+from pipeline.storage import format_report, inspect_store, plot_store, write
+from pipeline.storage.inspect import PlotSample, feature_labels, plot_sample, spread_chunks
 
 
 def test_report_lists_splits_chunks_codec_ratio_and_completeness(tmp_path):
@@ -31,8 +37,10 @@ def test_cli_inspect_with_plot_writes_a_png(tmp_path):
     result = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(tmp_path / "s.zarr"), "--plot",
                              str(png)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert "train/x" in result.stdout
+    assert "train/x" in result.stdout and f"plot: {png}" in result.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    height, width = matplotlib.image.imread(png).shape[:2]
+    assert width >= 1000 and height >= 600
 
 
 def test_verify_names_every_corrupt_chunk(tmp_path):
@@ -76,3 +84,126 @@ def test_session_table_and_class_balance_lines():
     assert balance[0] == "class balance (down, stationary, up):"
     assert balance[1] == "  train k=10: 1 (25%), 2 (50%), 1 (25%)" and balance[2].startswith("  train k=20: 2 (50%)")
     assert session_lines({}) == [] and balance_lines({}) == []
+
+
+# -- the plot ----------------------------------------------------------------------------
+
+
+def test_histogram_chunks_are_spread_evenly_over_the_split_first_and_last_included():
+    assert spread_chunks([10] * 100, 16) == tuple(round(i * 99 / 15) for i in range(16))
+    picks = spread_chunks([10] * 100, 16)
+    assert picks[0] == 0 and picks[-1] == 99 and len(set(picks)) == 16
+    assert max(np.diff(picks)) - min(np.diff(picks)) <= 1  # even steps, up to rounding
+    assert spread_chunks([5, 0, 5, 0, 5], 16) == (0, 2, 4)  # empty chunks hold nothing to count
+    assert spread_chunks([5, 0, 5, 0, 5], 2) == (0, 4)
+    assert spread_chunks([0, 0], 4) == () and spread_chunks([3], 0) == ()
+
+
+def test_sample_windows_come_one_from_each_stretch_of_the_split_and_follow_the_seed():
+    lengths = [100] * 40 + [0] + [37]  # 4,037 samples, an empty chunk, a short last chunk
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    a = plot_sample(lengths, n_windows=4, seed=7)
+    assert a == plot_sample(lengths, n_windows=4, seed=7)  # deterministic
+    assert a.windows != plot_sample(lengths, n_windows=4, seed=8).windows  # and seeded
+    assert a.chunks == spread_chunks(lengths, 16)
+    total = sum(lengths)
+    for k, (chunk, row, index) in enumerate(a.windows):
+        assert starts[chunk] + row == index and 0 <= row < lengths[chunk]  # a real sample of that chunk
+        assert k * total // 4 <= index < (k + 1) * total // 4  # one in each quarter of the split
+    # Over many seeds the draws reach every part of the split, not its first chunk only.
+    chunks = {c for seed in range(50) for c, _, _ in plot_sample(lengths, n_windows=4, seed=seed).windows}
+    assert len(chunks) > 30 and max(chunks) == 41 and 40 not in chunks
+    assert len(plot_sample([2, 1], n_windows=8).windows) == 3  # never more than the split holds
+    assert plot_sample([], n_windows=4) == plot_sample([0, 0], n_windows=4) == PlotSample(windows=(), chunks=())
+
+
+def test_feature_labels_name_every_column_once_per_scale():
+    attrs = {"features": ["mid", "spread"], "windows": {"scales": [1, 4]}}
+    assert feature_labels(attrs, 4) == (["mid@1", "spread@1", "mid@4", "spread@4"], ["mid", "spread"])
+    assert feature_labels({"features": ["a", "b"], "virtual": {"scales": [2, 3]}}, 4)[0] == ["a@2", "b@2", "a@3", "b@3"]
+    assert feature_labels({"features": ["a", "b", "c"]}, 3) == (["a", "b", "c"], ["a", "b", "c"])
+    assert feature_labels({"features": ["a"]}, 2)[0] == ["f0", "f1"]  # names that do not fit are not guessed
+    assert feature_labels({"windows": {"scales": [1, 2]}}, 4)[0] == ["f0@1", "f1@1", "f0@2", "f1@2"]
+
+
+def _series(T=6000, seed=0):
+    rng = np.random.default_rng(seed)
+    return np.c_[100 + np.cumsum(rng.standard_normal(T)) * 0.1, rng.exponential(1, T),
+                 rng.standard_normal((T, 2))].astype(np.float32)
+
+
+NAMES = ["mid", "spread", "imbalance", "ret"]
+SIZE, SCALES = 16, (1, 4)
+HALO = (SIZE - 1) * max(SCALES)
+
+
+@pytest.fixture(scope="module")
+def plotted(tmp_path_factory):
+    """The same windows, materialized and virtual, with class labels for two horizons."""
+    d = tmp_path_factory.mktemp("plot")
+    f = _series()
+    ends = np.arange(HALO, len(f))
+    y = np.random.default_rng(1).integers(0, 3, size=(ends.size, 2))
+    labels = {"kind": "smoothed", "horizons": [10, 50], "classes": ["down", "stationary", "up"]}
+    w = pipeline.windows(f, size=SIZE, scales=SCALES, names=NAMES)
+    mat = write(d / "m.zarr", {"x": w, "y": y}, splits={"train": .8, "val": .2}, chunk_samples=200,
+                attrs={"labels": labels}, progress=False)
+    n = int(ends.size * .8)
+    virt = write(d / "v.zarr", {"train": {"ends": ends[:n], "y": y[:n]}, "val": {"ends": ends[n + HALO:],
+                                "y": y[n + HALO:]}}, shared={"features": f}, shared_chunk_rows=300, chunk_samples=200,
+                 features=NAMES, attrs={"labels": labels, "class_balance": {"train": [[5, 6, 7], [7, 6, 5]]},
+                                        "virtual": {"size": SIZE, "stride": 1, "scales": list(SCALES), "halo": HALO}},
+                 progress=False)
+    return {"materialized": mat, "virtual": virt, "features": f, "ends": ends}
+
+
+@pytest.mark.parametrize("kind", ["materialized", "virtual"])
+def test_plot_of_a_store_is_one_readable_png(plotted, kind, tmp_path):
+    png = tmp_path / f"{kind}.png"
+    assert plot_store(plotted[kind], str(png)) == str(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    image = matplotlib.image.imread(png)  # decodes: a whole, valid PNG
+    height, width = image.shape[:2]
+    assert 1000 <= width <= 4000 and 800 <= height <= 4000
+    assert 30_000 < png.stat().st_size < 5_000_000
+    assert image[..., :3].std() > 0.05  # something is drawn, not a blank page
+
+
+@pytest.mark.parametrize("kind", ["materialized", "virtual"])
+def test_plot_reads_windows_and_histograms_from_across_the_split(plotted, kind, tmp_path, monkeypatch):
+    from pipeline.streaming.sources import StoreSource
+
+    reads: list[tuple[str, str, int]] = []
+    lengths: list[tuple[int, ...]] = []
+    original = StoreSource.read
+
+    def spy(self, name, chunk, out=None):
+        block = original(self, name, chunk, out)
+        reads.append((self.split, name, chunk))
+        if name == "x" and self.split == "train":
+            lengths.append(self.lengths)
+            # The windows drawn are the split's windows, assembled as a stream does.
+            lo = sum(self.lengths[:chunk])
+            e = plotted["ends"][lo : lo + len(block)]
+            np.testing.assert_array_equal(block, windows_numpy_block(plotted["features"], e, SIZE, SCALES))
+        return block
+
+    monkeypatch.setattr(StoreSource, "read", spy)
+    plot_store(plotted[kind], str(tmp_path / "p.png"), seed=3)
+    x_chunks = sorted({c for split, name, c in reads if (split, name) == ("train", "x")})
+    n_chunks = len(lengths[0])
+    assert n_chunks > 16 and set(spread_chunks(lengths[0], 16)) <= set(x_chunks)  # 16 chunks from first to last
+    assert x_chunks[0] == 0 and x_chunks[-1] == n_chunks - 1 and len(x_chunks) <= 16 + 4
+    assert {c for c, _, _ in plot_sample(lengths[0], n_windows=4, seed=3).windows} <= set(x_chunks)
+    assert all(split == "train" for split, name, _ in reads if name == "x")
+    y_splits = {split for split, name, _ in reads if name == "y"}
+    # Recorded class balance is used as it is; a split without one is counted from its chunks.
+    assert y_splits == ({"val"} if kind == "virtual" else {"train", "val"})
+
+
+def test_plot_of_an_unknown_split_names_the_splits_there(plotted, tmp_path):
+    with pytest.raises(StoreError, match=r"no split 'nope' to plot; splits: train, val"):
+        plot_store(plotted["materialized"], str(tmp_path / "p.png"), split="nope")
+    assert not (tmp_path / "p.png").exists()
+    png = plot_store(plotted["materialized"], str(tmp_path / "val.png"), split="val", n_windows=2)
+    assert matplotlib.image.imread(png).shape[1] >= 1000

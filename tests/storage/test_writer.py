@@ -302,3 +302,69 @@ def test_a_second_writer_fails_naming_the_lock_holder(tmp_path):
     # The holder is gone (as after a SIGKILL): its stale lock is taken over.
     write(tmp_path / "l.zarr", {"x": x, "y": x[:, 0]}, progress=False)
     assert pipeline.open(tmp_path / "l.zarr").attrs["complete"] and not (tmp_path / "l.zarr.lock").exists()
+
+
+def test_feature_names_are_stored_given_or_carried_by_the_windows(tmp_path):
+    f = np.arange(120, dtype=np.float32).reshape(40, 3)
+    w = pipeline.windows(f, size=4, scales=(1, 2), names=["mid", "spread", "imbalance"])
+    write(tmp_path / "carried.zarr", {"x": w, "y": np.arange(w.shape[0])}, progress=False)
+    attrs = pipeline.open(tmp_path / "carried.zarr").attrs
+    assert attrs["features"] == ["mid", "spread", "imbalance"]
+    # The scales the names repeat over come with them, so readers can name every column.
+    assert attrs["windows"]["scales"] == [1, 2] and "features" not in attrs["windows"]
+    write(tmp_path / "given.zarr", {"x": w, "y": np.arange(w.shape[0])}, features=["a", "b", "c"],
+          attrs={"windows": {"size": 4, "scales": [1, 2], "note": "kept"}}, progress=False)
+    attrs = pipeline.open(tmp_path / "given.zarr").attrs
+    assert attrs["features"] == ["a", "b", "c"] and attrs["windows"]["note"] == "kept"  # given wins, attrs kept
+    rows = np.zeros((10, 2), np.float32)
+    write(tmp_path / "rows.zarr", {"x": rows}, features=("bid", "ask"), progress=False)
+    assert pipeline.open(tmp_path / "rows.zarr").attrs["features"] == ["bid", "ask"]
+
+
+def test_feature_names_in_attrs_are_kept_when_none_are_given(tmp_path):
+    x = np.zeros((10, 2), np.float32)
+    write(tmp_path / "job.zarr", {"x": x}, attrs={"features": ["p", "q"]}, progress=False)  # as the job writes
+    assert pipeline.open(tmp_path / "job.zarr").attrs["features"] == ["p", "q"]
+    write(tmp_path / "none.zarr", {"x": x}, progress=False)
+    assert "features" not in pipeline.open(tmp_path / "none.zarr").attrs
+    # Virtual windows: the names count the shared per-step features' columns.
+    feats = np.zeros((50, 3), np.float32)
+    virtual = {"virtual": {"size": 4, "stride": 1, "scales": [1, 2], "halo": 6}}
+    write(tmp_path / "v.zarr", {"train": {"ends": np.arange(6, 50), "y": np.zeros(44)}}, shared={"features": feats},
+          features=["a", "b", "c"], attrs=virtual, progress=False)
+    assert pipeline.open(tmp_path / "v.zarr").attrs["features"] == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(
+    ("case", "names", "message"),
+    [
+        ("rows", ["a", "b", "c"], r"write: features: expected 2 names \(x's last axis of 2 holds the features once "
+                                  r"per scale, scales \[1\]\), got 3"),
+        ("scales", ["a", "b", "c", "d", "e", "f"], r"expected 3 names \(x's last axis of 6 .*scales \[1, 2\]\), got 6"),
+        ("odd", ["a", "b", "c"], r"x's last axis of 3 cannot hold features once per scale of \[1, 2\]"),
+        ("virtual", ["a", "b"], r"expected 3 names, one per column of shared\['features'\] \(shape \(50, 3\)\), got 2"),
+        ("rows", "ab", "expected a sequence of names, got the single string 'ab'"),
+        ("rows", ["a", None], "expected strings, got None"),
+    ],
+)
+def test_feature_names_that_do_not_fit_are_refused_before_writing(tmp_path, case, names, message):
+    f = np.zeros((40, 3), np.float32)
+    virtual = {"virtual": {"size": 4, "stride": 1, "scales": [1, 2], "halo": 6}}
+    kwargs = {
+        "rows": {"arrays": {"x": np.zeros((10, 2), np.float32)}},
+        "scales": {"arrays": {"x": pipeline.windows(f, size=4, scales=(1, 2))}},
+        "odd": {"arrays": {"x": np.zeros((10, 4, 3), np.float32)}, "attrs": {"windows": {"scales": [1, 2]}}},
+        "virtual": {"arrays": {"train": {"ends": np.arange(6, 50), "y": np.zeros(44)}},
+                    "shared": {"features": np.zeros((50, 3), np.float32)}, "attrs": virtual},
+    }[case]
+    with pytest.raises(StoreError, match=message):
+        write(tmp_path / "s.zarr", kwargs.pop("arrays"), features=names, progress=False, **kwargs)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_carried_feature_names_that_do_not_fit_x_are_refused(tmp_path):
+    names = pipeline.windows(np.zeros((20, 2), np.float32), size=3, names=["a", "b"])
+    x = np.zeros((names.shape[0], 3, 4), np.float32)  # another x, beside the windows that carry names
+    with pytest.raises(StoreError, match=r"the feature names array 'w' carries .* expected 4 names .*got 2"):
+        write(tmp_path / "s.zarr", {"x": x, "w": names}, progress=False)
+    assert not (tmp_path / "s.zarr").exists()

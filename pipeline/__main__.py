@@ -1,0 +1,11 @@
+"""``python -m pipeline``: the ``pipeline`` command, for environments whose scripts
+directory is not on ``PATH`` (or to pick the interpreter explicitly)."""
+
+from __future__ import annotations
+
+import sys
+
+from pipeline.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())
