@@ -21,7 +21,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import FeatureError
-from pipeline.features.geometry import merge_short_chunks
+from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import LabelSpec
 
 __all__ = ["class_balance", "finalize_labels", "label_steps", "label_steps_numpy"]
@@ -138,39 +138,10 @@ def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.A
     cols = tuple(columns)
     idx = [_col(cols, name) for name in spec.required_columns]
     back, fwd = spec.reach
-    width = max(1, len(spec.horizon_list))
-    # Only the columns the label reads travel through the overlap.
-    x = x[:, idx].rechunk({1: -1})
     needed = spec.required_columns
-    depth = max(back, fwd)
-    if depth > 0:
-        chunks = merge_short_chunks(x.chunks[0], depth)
-        if chunks != x.chunks[0]:
-            x = x.rechunk({0: chunks})
-    # A lone chunk borrows nothing (and dask refuses a depth longer than the array).
-    overlapped = depth > 0 and len(x.chunks[0]) > 1
-    if overlapped:
-        # boundary="none": the first and last blocks get no padding, so labels reaching
-        # past the series come out NaN, as in one block.
-        padded = da.overlap.overlap(x, depth={0: (back, fwd), 1: 0}, boundary="none", allow_rechunk=False)
-    else:
-        padded = x
-    sizes = np.asarray(x.chunks[0], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-
-    def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-        i = block_id[0]
-        left = min(back, int(starts[i])) if overlapped else 0
-        return label_steps_numpy(block, needed, spec)[left : left + int(sizes[i])]
-
-    return da.map_blocks(
-        block_fn,
-        padded,
-        dtype=np.float64,
-        chunks=(x.chunks[0], (width,)),
-        token="label-steps",
-        meta=np.empty((0, 0), dtype=np.float64),
-    )
+    # Only the columns the label reads travel through the overlap.
+    return map_with_halo(x[:, idx], lambda block: label_steps_numpy(block, needed, spec), back=back, fwd=fwd,
+                         width=max(1, len(spec.horizon_list)), dtype=np.float64, token="label-steps")
 
 
 def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:

@@ -16,7 +16,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import FeatureError
-from pipeline.features.geometry import merge_short_chunks
+from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import FeatureSpec
 
 __all__ = ["FeatureFrame", "compute_features", "features_numpy"]
@@ -203,31 +203,7 @@ def compute_features(
         if spec.name == "custom":
             _load_custom(spec.function)  # fail before any computation, naming the hook
     lookback = max(s.lookback_steps for s in specs)
-    x = x.rechunk({1: -1})
-    if lookback > 0:
-        chunks = merge_short_chunks(x.chunks[0], lookback)
-        if chunks != x.chunks[0]:
-            x = x.rechunk({0: chunks})
-    # A lone chunk borrows nothing (and dask refuses a depth longer than the array).
-    overlapped = lookback > 0 and len(x.chunks[0]) > 1
-    if overlapped:
-        padded = da.overlap.overlap(x, depth={0: (lookback, 0), 1: 0}, boundary="none")
-    else:
-        padded = x
-    starts = np.concatenate([[0], np.cumsum(x.chunks[0])[:-1]])
     cols = tuple(columns)
-    out_dtype = np.dtype(dtype)
-
-    def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-        left = min(lookback, int(starts[block_id[0]])) if overlapped else 0
-        return features_numpy(block, cols, specs)[left:].astype(out_dtype)
-
-    arr = da.map_blocks(
-        block_fn,
-        padded,
-        dtype=out_dtype,
-        chunks=(x.chunks[0], (sum(s.width for s in specs),)),
-        token="features",
-        meta=np.empty((0, 0), dtype=out_dtype),
-    )
+    arr = map_with_halo(x, lambda block: features_numpy(block, cols, specs), back=lookback, fwd=0,
+                        width=sum(s.width for s in specs), dtype=dtype, token="features")
     return FeatureFrame(array=arr, names=tuple(name for s in specs for name in s.labels), lookback=lookback)
