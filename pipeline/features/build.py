@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import dask.array as da
+from dask.base import tokenize
 import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
@@ -70,28 +71,29 @@ def _mask_heads(f: da.Array, segments: SegmentTable, lookback: int) -> da.Array:
     return f.map_blocks(mask, dtype=f.dtype, token="mask-session-heads")
 
 
-def _per_window(values: np.ndarray, runs: WindowRuns, out_chunks: Sequence[int], dtype: Any) -> da.Array:
-    """A value per segment, repeated for each window of ``runs``, computed in each block
-    from the runs (the graph holds the runs, not a value per window)."""
+def _runs_blocks(runs: WindowRuns, out_chunks: Sequence[int], values: np.ndarray | None = None) -> da.Array:
+    """Per block of ``out_chunks`` windows, its own runs (and each run's ``values`` of
+    its segment), as a 1-D object array of one element per block: each task carries only
+    its own few integers, not every session's."""
     bounds = np.concatenate([[0], np.cumsum(out_chunks)]).astype(np.int64)
+    parts = np.empty(len(out_chunks), dtype=object)
+    for j in range(len(out_chunks)):
+        sub = runs.slice(int(bounds[j]), int(bounds[j + 1]))
+        parts[j] = (sub, None if values is None else values[sub.segment])
+    return da.from_array(parts, chunks=1, name=f"runs-{tokenize(runs, tuple(out_chunks), values)}")
 
-    def block(b: np.ndarray, block_id: tuple[int, ...] = (0,)) -> np.ndarray:
-        j = block_id[0]
-        return values[runs.segments_of(int(bounds[j]), int(bounds[j + 1]))].astype(dtype)
 
-    return da.map_blocks(block, da.empty(runs.n, chunks=(tuple(out_chunks),), dtype=np.int8), dtype=dtype,
-                         token="per-window")
+def _per_window(values: np.ndarray, runs: WindowRuns, out_chunks: Sequence[int], dtype: Any) -> da.Array:
+    """A value per segment, repeated for each window of ``runs``."""
+    return _runs_blocks(runs, out_chunks, values).map_blocks(
+        lambda b: np.repeat(b[0][1], b[0][0].count).astype(dtype), dtype=dtype, chunks=(tuple(out_chunks),),
+        token="per-window")
 
 
 def _ends(runs: WindowRuns, out_chunks: Sequence[int], dtype: Any) -> da.Array:
-    bounds = np.concatenate([[0], np.cumsum(out_chunks)]).astype(np.int64)
-
-    def block(b: np.ndarray, block_id: tuple[int, ...] = (0,)) -> np.ndarray:
-        j = block_id[0]
-        return runs.ends(int(bounds[j]), int(bounds[j + 1])).astype(dtype)
-
-    return da.map_blocks(block, da.empty(runs.n, chunks=(tuple(out_chunks),), dtype=np.int8), dtype=dtype,
-                         token="window-ends")
+    """The end row of each window of ``runs``."""
+    return _runs_blocks(runs, out_chunks).map_blocks(lambda b: b[0][0].ends().astype(dtype), dtype=dtype,
+                                                     chunks=(tuple(out_chunks),), token="window-ends")
 
 
 def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | None, need_time: bool,

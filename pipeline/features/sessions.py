@@ -301,6 +301,25 @@ class WindowRuns:
         return WindowRuns(self.first[run[starts]] + pos[starts] * self.stride, counts.astype(np.int64),
                           self.segment[run[starts]], self.stride)
 
+    def slice(self, lo: int, hi: int) -> "WindowRuns":
+        """Windows ``[lo, hi)`` as runs of their own."""
+        off = self.offsets
+        r0 = int(np.searchsorted(off, lo, side="right")) - 1
+        r1 = int(np.searchsorted(off, hi, side="left"))
+        first = self.first[r0:r1].copy()
+        count = self.count[r0:r1].copy()
+        if count.size:
+            skip = lo - int(off[r0])
+            first[0] += skip * self.stride
+            count[0] -= skip
+            count[-1] -= int(off[r1]) - hi
+        keep = count > 0
+        return WindowRuns(first[keep], count[keep], self.segment[r0:r1][keep], self.stride)
+
+    def shifted(self, rows: int) -> "WindowRuns":
+        """The same windows with their end rows moved by ``rows``."""
+        return WindowRuns(self.first + rows, self.count, self.segment, self.stride)
+
     def take(self, index: np.ndarray) -> "WindowRuns":
         """The windows at sorted ``index`` (window numbers), as runs."""
         keep = np.zeros(self.n, dtype=bool)

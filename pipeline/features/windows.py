@@ -14,6 +14,7 @@ import functools
 from typing import Sequence
 
 import dask.array as da
+from dask.base import tokenize
 import numpy as np
 
 from pipeline.errors import WindowError
@@ -339,20 +340,24 @@ def windows_at(
     row_bounds, win_bounds = _block_starts(runs, out_chunks, h, T)
     x = x.rechunk({0: tuple(np.diff(row_bounds).tolist()), 1: -1})
     counts = tuple(np.diff(win_bounds).tolist())
-    starts = row_bounds[:-1]
     overlapped = da.overlap.overlap(x, depth={0: (h, 0), 1: 0}, boundary="none") if h > 0 else x
+    # Each task gets the end rows of its own windows, relative to its block, as a small
+    # object of its own: a function closing over every session's runs would be
+    # serialized with every task.
+    per_block = np.empty((len(counts), 1), dtype=object)
+    for j, start in enumerate(row_bounds[:-1]):
+        sub = runs.slice(win_bounds[j], win_bounds[j + 1])
+        per_block[j, 0] = sub.shifted(-(int(start) - min(h, int(start))))
+    ends_blocks = da.from_array(per_block, chunks=1, name=f"window-runs-{tokenize(runs, out_chunks, h, T)}")
 
-    def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-        j = block_id[0]
-        if counts[j] == 0:
+    def block_fn(block: np.ndarray, local: np.ndarray) -> np.ndarray:
+        r = local[0, 0]
+        if r.n == 0:
             return np.empty((0, size, width), dtype=block.dtype)
-        start = int(starts[j])
-        left = min(h, start)
-        ends = runs.ends(win_bounds[j], win_bounds[j + 1]) - (start - left)
-        return windows_numpy_block(block, ends, size, scales)
+        return windows_numpy_block(block, r.ends(), size, scales)
 
-    return da.map_blocks(block_fn, overlapped, dtype=x.dtype, chunks=(counts, (size,), (width,)), new_axis=2,
-                         token="windows-at", meta=np.empty((0, 0, 0), dtype=x.dtype))
+    return da.map_blocks(block_fn, overlapped, ends_blocks, dtype=x.dtype, chunks=(counts, (size,), (width,)),
+                         new_axis=2, token="windows-at", meta=np.empty((0, 0, 0), dtype=x.dtype))
 
 
 def gather_rows(x: da.Array, runs: WindowRuns, out_chunks: Sequence[int]) -> da.Array:

@@ -259,3 +259,15 @@ def test_smoothed_labels_at_several_horizons_stay_inside_each_session(reference_
             assert y[i, j] == expect, (i, j)
     balance = ts.attrs["class_balance"]["train"]
     assert [sum(c) for c in balance] == [len(ends)] * len(horizons)
+
+
+@settings(max_examples=200, deadline=None)
+@given(lengths=st.lists(st.integers(0, 30), min_size=1, max_size=6), stride=st.integers(1, 3), data=st.data())
+def test_runs_slice_and_shift_equal_the_ends_they_cut(lengths, stride, data):
+    runs = window_runs(SegmentTable.from_lengths(lengths), size=1, stride=stride, scales=(1,), back=2, fwd=1)
+    lo = data.draw(st.integers(0, runs.n))
+    hi = data.draw(st.integers(lo, runs.n))
+    part = runs.slice(lo, hi)
+    np.testing.assert_array_equal(part.ends(), runs.ends(lo, hi))
+    np.testing.assert_array_equal(part.segments_of(), runs.segments_of(lo, hi))
+    np.testing.assert_array_equal(part.shifted(-5).ends(), runs.ends(lo, hi) - 5)
