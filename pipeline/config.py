@@ -65,6 +65,8 @@ class SourceConfig:
     columns: tuple[str, ...] | None = None
     timestamp: str | None = None
     nan: Literal["raise", "drop", "fill"] = "raise"
+    #: The value ``nan: fill`` writes (LOBSTER's empty levels: 0 gives back its size of 0).
+    fill_value: float = 0.0
     on_error: Literal["raise", "skip"] = "raise"
     chunk_rows: int | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)

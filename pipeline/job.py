@@ -73,6 +73,7 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
         "columns": src.columns,
         "timestamp": src.timestamp,
         "nan": src.nan,
+        "fill_value": src.fill_value,
         "on_error": src.on_error,
         "chunk_rows": src.chunk_rows,
     }
@@ -207,6 +208,8 @@ def config_as_yaml(config: Config) -> str:
     """The validated config as YAML, with defaults filled in (for ``--print-config``)."""
 
     def plain(value: Any) -> Any:
+        if hasattr(value, "to_value"):  # specs parsed from YAML values render as those values
+            return plain(value.to_value())
         if dataclasses.is_dataclass(value):
             return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value) if f.name != "raw_yaml"}
         if isinstance(value, (list, tuple)):
@@ -215,4 +218,8 @@ def config_as_yaml(config: Config) -> str:
             return {k: plain(v) for k, v in value.items()}
         return value
 
-    return yaml.safe_dump(plain(config), sort_keys=False)
+    from pipeline.features.splits import splits_value
+
+    data = plain(config)
+    data["output"]["splits"] = splits_value(config.output.splits)
+    return yaml.safe_dump(data, sort_keys=False)

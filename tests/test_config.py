@@ -159,3 +159,23 @@ def test_any_single_bad_value_gives_a_config_error_or_a_valid_config(section, ke
         assert str(exc).startswith(section), str(exc)
     else:
         assert isinstance(cfg, Config)
+
+
+def test_print_config_output_parses_back_to_the_same_config():
+    """``--print-config`` shows every default; fed back to ``pipeline run`` it is the same
+    config (specs render as the YAML values they were parsed from)."""
+    import dataclasses
+
+    from pipeline.job import config_as_yaml
+
+    overrides = ["output.splits={train: {until: 2026-01-08}, val: {until: 2026-01-09}, test: {}}",
+                 "source.sessions={gap: 90min}", "source.instrument={column: symbol}",
+                 "features.normalize={kind: trailing, sessions: 2}", "output.folds={kind: rolling, train_sessions: 4}",
+                 "labels={kind: smoothed, horizons: [10, 20], alpha: 0.001, reference: past_mean}",
+                 "features.steps=[{name: book, levels: 3}, mid_price, {name: rolling_std, window: 5, of: spread}]"]
+    config = load_config(EXAMPLE, overrides=overrides)
+    again = parse_config(yaml.safe_load(config_as_yaml(config)))
+    for f in dataclasses.fields(config):
+        if f.name != "raw_yaml":
+            assert getattr(again, f.name) == getattr(config, f.name), f.name
+    assert yaml.safe_load(config_as_yaml(config))["source"]["sessions"] == {"gap": "90min"}

@@ -85,6 +85,13 @@ class SessionSpec:
             return cls(mode="gap", gap_ns=parse_duration(value["gap"], f"{path}.gap"))
         raise ConfigError(path, "file, date, none or {gap: <duration>}", value)
 
+    def to_value(self) -> Any:
+        """The ``source.sessions`` value that parses back to this spec."""
+        if self.mode != "gap":
+            return self.mode
+        unit = next(u for u in ("d", "h", "min", "s", "ms", "us", "ns") if self.gap_ns % _UNITS_NS[u] == 0)
+        return {"gap": f"{self.gap_ns // _UNITS_NS[unit]}{unit}"}
+
     @property
     def needs_timestamps(self) -> bool:
         return self.mode in ("date", "gap")
@@ -120,6 +127,10 @@ class InstrumentSpec:
         if key == "path" and text.count("{instrument}") != 1:
             raise ConfigError(f"{path}.path", "a pattern with {instrument} in it once", text)
         return cls(**{key: text})
+
+    def to_value(self) -> dict[str, str]:
+        """The ``source.instrument`` value that parses back to this spec."""
+        return {"column": self.column} if self.column else {"path": self.path or ""}
 
     def path_regex(self) -> re.Pattern[str]:
         """The ``path`` pattern as a regular expression with an ``instrument`` group."""

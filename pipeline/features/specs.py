@@ -125,6 +125,11 @@ class FeatureSpec:
             # FeatureSpec("book") and the parsed ``{name: book}`` compare equal.
             object.__setattr__(self, "levels", _DEFAULT_LEVELS.get(self.name, 1))
 
+    def to_value(self) -> Any:
+        """The YAML value that parses back to this spec (``--print-config``)."""
+        params = {k: getattr(self, k) for k in FEATURE_NAMES[self.name]}
+        return {"name": self.name, **params} if params else self.name
+
     @property
     def label(self) -> str:
         """Name of this feature: its output column's name, or ``book_<levels>`` for the
@@ -375,6 +380,15 @@ class LabelSpec:
         if self.kind == "column":
             return np.dtype(self.dtype)
         return np.dtype(np.float32)
+
+    def to_value(self) -> dict[str, Any]:
+        """The ``labels`` section that parses back to this spec (``--print-config``)."""
+        out = {k: v for k, v in self.describe().items() if v is not None and k != "classes"}
+        if "horizons" in out:
+            out.pop("horizon")
+        if self.kind != "class":
+            out.pop("thresholds", None)
+        return out
 
     def describe(self) -> dict[str, Any]:
         """The label definition as plain JSON values, for a store's metadata."""

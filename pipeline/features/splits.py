@@ -92,6 +92,14 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
     return out
 
 
+def splits_value(splits: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``output.splits`` value that parses back to ``splits`` (dates as ISO text)."""
+    def until(ns: int | None) -> dict[str, str]:
+        return {} if ns is None else {"until": str(np.datetime64(int(ns), "ns"))}
+
+    return {k: until(v["until"]) if isinstance(v, Mapping) else v for k, v in splits.items()}
+
+
 def is_dated(splits: Mapping[str, Any]) -> bool:
     return any(isinstance(v, Mapping) for v in splits.values())
 
@@ -109,6 +117,10 @@ class NormalizeSpec:
 
     kind: Literal["global", "window", "none", "trailing"] = "global"
     sessions: int = 0
+
+    def to_value(self) -> Any:
+        """The ``features.normalize`` value that parses back to this spec."""
+        return {"kind": "trailing", "sessions": self.sessions} if self.kind == "trailing" else self.kind
 
     @classmethod
     def from_value(cls, value: Any, path: str) -> "NormalizeSpec":
@@ -141,6 +153,11 @@ class FoldSpec:
     test_sessions: int = 1
     min_train_sessions: int = 1
     train_sessions: int | None = None
+
+    def to_value(self) -> dict[str, Any]:
+        """The ``output.folds`` value that parses back to this spec."""
+        out = {"kind": self.kind, "test_sessions": self.test_sessions, "min_train_sessions": self.min_train_sessions}
+        return out if self.train_sessions is None else {**out, "train_sessions": self.train_sessions}
 
     @classmethod
     def from_value(cls, value: Any, path: str) -> "FoldSpec | None":

@@ -178,7 +178,8 @@ def fold_lines(attrs: dict[str, Any]) -> list[str]:
     if not isinstance(info, dict) or not info.get("names"):
         return []
     counts = info.get("counts") or {}
-    lines = [f"folds: {len(info['names'])}, sample indices into split {info.get('base', '?')!r}"]
+    folds = len({name.split("/")[0] for name in info["names"]})
+    lines = [f"folds: {folds}, sample indices into split {info.get('base', '?')!r}"]
     lines += [f"  {name}: {counts[name]:,} samples" if name in counts else f"  {name}" for name in info["names"]]
     return lines
 

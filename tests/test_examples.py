@@ -1,0 +1,62 @@
+"""The example scripts run end to end on tiny data (in a subprocess, as a user runs them)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import pipeline
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_deeplob_prepares_lobster_data_and_trains(tmp_path: Path):
+    data, store = tmp_path / "lobster", tmp_path / "deeplob.zarr"
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    # Four days: the first only feeds the trailing normalization, then train, val, test.
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "deeplob.py"), "--data", str(data), "--out", str(store),
+         "--days", "4", "--rows-per-day", "2000", "--epochs", "1"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = done.stdout
+    assert len(list(data.glob("AAA_*_orderbook_10.csv"))) == 4
+    assert len(list(data.glob("BBB_*_message_10.csv"))) == 4
+    assert "splits: train until 2026-01-07, val until 2026-01-08, test the rest" in out
+    assert "sessions: 8 over 2 instruments (AAA, BBB)" in out
+    assert "class balance (down, stationary, up):" in out
+    for split in ("train", "val", "test"):
+        assert re.search(rf"^  {split} k=100: ", out, re.MULTILINE), out
+    assert re.search(r"^keras epoch 1: loss \d", out, re.MULTILINE), out
+    for k in (10, 20, 50, 100):
+        assert re.search(rf"^  k={k} +accuracy 0\.\d{{3}}  \(majority class '\w+': 0\.\d{{3}}\)$", out,
+                         re.MULTILINE), out
+
+    ds = pipeline.open(store)
+    assert tuple(ds.splits) == ("train", "val", "test")
+    for split in ds.splits:
+        y = ds[split]["y"]
+        assert y.ndim == 2 and y.shape[1] == 4 and y.shape[0] > 0
+    # Sessions by file: each instrument-day after the first makes its own windows.
+    windows = [row["windows"] for row in ds.attrs["sessions"]]
+    assert windows.count(0) == 2 and len(windows) == 8
+    assert ds.attrs["labels"]["horizons"] == [10, 20, 50, 100]
+
+
+def test_deeplob_refuses_too_few_days(tmp_path: Path):
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "deeplob.py"), "--data", str(tmp_path / "lobster"),
+         "--out", str(tmp_path / "s.zarr"), "--days", "3", "--rows-per-day", "500"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode != 0
+    assert "need at least 4 days" in done.stderr
+    assert not (tmp_path / "s.zarr").exists()
