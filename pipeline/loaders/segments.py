@@ -177,6 +177,37 @@ def _chunks_per_file(src: Source) -> Sequence[int]:
     return np.diff(np.concatenate([[0], idx])).tolist()
 
 
+def _session_numbers(keys: Sequence[str], inst: Sequence[int], lengths: Sequence[int], timestamps: da.Array | None,
+                     spec: SessionSpec) -> np.ndarray:
+    """Session numbers in time order, equal for the same period of different instruments.
+
+    With timestamps a session's period is the calendar day it starts on and its rank
+    among its instrument's sessions of that day: file names need not agree across
+    instruments (LOBSTER's carry each ticker's own end time), and gap sessions have no
+    name at all. Without timestamps, the file name with the instrument left out.
+    """
+    inst = np.asarray(inst)
+    if timestamps is None or spec.mode == "none":
+        if spec.mode == "gap":
+            return np.concatenate([np.arange(np.sum(inst == k)) for k in np.unique(inst)])
+        return np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1]
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    rows = starts[lengths > 0]
+    firsts = np.asarray(dask.compute(timestamps[rows])[0]) if rows.size else np.zeros(0, np.int64)
+    day = np.zeros(lengths.size, dtype=np.int64)
+    day[lengths > 0] = np.floor_divide(firsts, _DAY_NS)
+    for k in range(1, lengths.size):  # an empty session (every row dropped) keeps its place
+        if lengths[k] == 0 and inst[k] == inst[k - 1]:
+            day[k] = day[k - 1]
+    ordinal = np.zeros(lengths.size, dtype=np.int64)
+    for k in range(1, lengths.size):
+        if inst[k] == inst[k - 1] and day[k] == day[k - 1]:
+            ordinal[k] = ordinal[k - 1] + 1
+    period = np.stack([day, ordinal], axis=1)
+    return np.unique(period, axis=0, return_inverse=True)[1].reshape(-1)
+
+
 def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
     """Open a table source and divide it into instruments and sessions.
@@ -236,18 +267,15 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         lengths += rows
         inst += [k] * len(rows)
         keys += ks
-    if spec.mode == "gap":
-        session = np.concatenate([np.arange(np.sum(np.asarray(inst) == k)) for k in range(len(groups))])
-    else:
-        _, session = np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)
-    labels = [k.replace("{instrument}", groups[i][0]) for k, i in zip(keys, inst)]
-    table = SegmentTable.from_lengths(lengths, instrument=inst, session=session,
-                                      instruments=[g[0] for g in groups], labels=labels)
-    array = groups[0][1] if len(groups) == 1 else da.concatenate([g[1] for g in groups])
     stamps = [g[2] for g in groups]
     timestamps = None
     if all(t is not None for t in stamps):
         timestamps = stamps[0] if len(stamps) == 1 else da.concatenate(stamps)
+    session = _session_numbers(keys, inst, lengths, timestamps, spec)
+    labels = [k.replace("{instrument}", groups[i][0]) for k, i in zip(keys, inst)]
+    table = SegmentTable.from_lengths(lengths, instrument=inst, session=session,
+                                      instruments=[g[0] for g in groups], labels=labels)
+    array = groups[0][1] if len(groups) == 1 else da.concatenate([g[1] for g in groups])
     return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
                            segments=table, sources=tuple(sources), session_mode=spec.mode,
                            skipped=tuple(s for src in sources for s in src.skipped))

@@ -147,3 +147,36 @@ def test_lobster_files_take_their_ticker_as_instrument(tmp_path):
     assert seg.instruments == ("ABC", "XYZ") and seg.instrument.tolist() == [0, 0, 1, 1]
     assert seg.session.tolist() == [0, 1, 0, 1]  # the same day, whatever the ticker
     assert src.timestamps is not None and int(src.array.shape[0]) == 800
+
+
+def test_sessions_of_instruments_align_by_day_whatever_their_file_names(tmp_path):
+    """LOBSTER names carry each ticker's own end time: the same day must still be the
+    same session number (walk-forward folds test one period on every instrument)."""
+    write_demo_data(tmp_path, DemoSpec(days=3, rows_per_day=100, levels=1, formats=("lobster",),
+                                       instruments=("AAA", "BBB")))
+    for kind in ("orderbook", "message"):
+        old = tmp_path / f"BBB_2026-01-06_34200000_57600000_{kind}_1.csv"
+        old.rename(tmp_path / f"BBB_2026-01-06_34200000_57612345_{kind}_1.csv")
+    src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster")
+    assert src.segments.instrument.tolist() == [0, 0, 0, 1, 1, 1]
+    assert src.segments.session.tolist() == [0, 1, 2, 0, 1, 2]
+
+
+def test_gap_sessions_of_two_instruments_are_numbered_by_day_and_order(tmp_path):
+    day = 86_400 * NS
+    base = np.datetime64("2026-01-05T09:30", "ns").astype(np.int64)
+    rows = []
+    # A: two sessions on day 0 (a lunch break), one on day 1; B: one on day 0, one on day 1.
+    for sym, offsets in (("A", [0, 4 * 3600 * NS, day]), ("B", [0, day])):
+        for off in offsets:
+            rows += [(base + off + i * NS, sym) for i in range(5)]
+    rows.sort()
+    table = pa.table({"timestamp": pa.array(np.array([r[0] for r in rows], dtype="datetime64[ns]")),
+                      "symbol": [r[1] for r in rows], "bid_price_1": np.ones(len(rows)),
+                      "ask_price_1": np.ones(len(rows)) + 1})
+    pq.write_table(table, tmp_path / "all.parquet")
+    src = open_segmented(str(tmp_path / "all.parquet"), timestamp="timestamp",
+                         sessions=SessionSpec(mode="gap", gap_ns=3600 * NS), instrument=InstrumentSpec(column="symbol"))
+    assert src.segments.instrument.tolist() == [0, 0, 0, 1, 1]
+    # periods: (day 0, 1st), (day 0, 2nd), (day 1, 1st) -> 0, 1, 2; B's day-1 session is A's.
+    assert src.segments.session.tolist() == [0, 1, 2, 0, 2]
