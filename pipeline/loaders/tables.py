@@ -29,7 +29,8 @@ from pipeline.errors import (
     MissingDependencyError,
 )
 
-__all__ = ["TablePart", "check_columns", "check_time_order", "count_lines", "is_number", "part_specs", "probe_table",
+__all__ = ["TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number", "looks_like_data",
+           "part_specs", "probe_table",
            "read_columns", "require_pyarrow", "split_fields", "table_array"]
 
 
@@ -139,6 +140,30 @@ def is_number(field: str) -> bool:
     return True
 
 
+def is_datum(field: str) -> bool:
+    """Whether a CSV field is a value rather than a name: a number, or a date or time
+    (``2026-01-05``, ``2026-01-05 09:30:00.123``, ``09:30:00``)."""
+    if is_number(field):
+        return True
+    text = field.strip()
+    if len(text) >= 8 and text[:1].isdigit():
+        try:
+            np.datetime64(text.replace(" ", "T").rstrip("Z"))
+            return True
+        except ValueError:
+            pass
+        parts = text.split(":")
+        return len(parts) == 3 and all(is_number(p) for p in parts)
+    return False
+
+
+def looks_like_data(fields: Sequence[str]) -> bool:
+    """A first line most of whose fields are values (numbers, dates, times) is data: a
+    header names columns, and column names are rarely numbers."""
+    values = sum(is_datum(f) for f in fields)
+    return values > 0 and values * 2 > len(fields)
+
+
 def split_fields(line: bytes, path: str) -> list[str]:
     """The comma-separated fields of one CSV line, unquoted (for header probes only)."""
     try:
@@ -176,11 +201,11 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None) -
     fields = split_fields(first, path)
     if not first.strip():
         raise FormatMismatchError(path, f"expected a CSV {'header' if header else 'data'} line, found an empty file")
-    if header and all(is_number(f) for f in fields):
+    if header and looks_like_data(fields):
         shown = first.decode("utf-8", "replace").rstrip("\r\n")
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise FormatMismatchError(
-            path, f"its first line {shown!r} looks like data, not a header (every field is a number); if the file "
+            path, f"its first line {shown!r} looks like data, not a header (most fields are numbers or times); if the file "
             f"has no header, set source.header: false and source.names: [...] ({len(fields)} names)")
     if not header and names is None:
         raise FormatMismatchError(

@@ -304,3 +304,21 @@ def test_integer_instrument_column_gives_string_names(tmp_path):
     assert src.instrument_codes.compute().tolist() == [0, 2, 0, 1]
     with pytest.raises(MissingColumnError, match=r"t\.parquet: missing instrument column 'sym'"):
         open_source(str(p), instrument_column="sym")
+
+
+@pytest.mark.parametrize("first", ["2026-01-05 09:30:00.123,390.98,12,391.02", "09:30:00.5,390.98,12,391.02",
+                                   "2026-01-05T09:30:00Z,390.98,12,x"])
+def test_a_headerless_file_starting_with_a_time_is_refused_too(tmp_path, first):
+    """A text timestamp first: the line is still data (most fields are values)."""
+    p = tmp_path / "feed.csv"
+    p.write_text(first + "\n" + first + "\n")
+    with pytest.raises(FormatMismatchError, match=r"feed\.csv: its first line .* looks like data"):
+        open_source(str(p))
+
+
+def test_a_header_naming_columns_with_digits_is_a_header(tmp_path):
+    p = tmp_path / "ok.csv"
+    p.write_text("timestamp,bid_price_1,ask_price_1,2\n2026-01-05T09:30:00,1.5,2.5,3\n")
+    src = open_source(str(p), timestamp="timestamp")
+    assert src.columns == ("bid_price_1", "ask_price_1", "2")
+    np.testing.assert_allclose(src.array.compute(), [[1.5, 2.5, 3.0]])
