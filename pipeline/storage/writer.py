@@ -79,7 +79,7 @@ def _as_dask(a: Any) -> da.Array:
     return a if isinstance(a, da.Array) else da.from_array(np.asarray(a), chunks=-1)
 
 
-def split_gap_from_arrays(arrays: Mapping[str, Any]) -> int | None:
+def split_gap_from_arrays(arrays: Mapping[str, Any], horizon: int | None = None) -> int | None:
     """Samples to leave between time splits so that no two splits share a step, from
     the window geometry the arrays carry, or None when none carries it.
 
@@ -94,7 +94,7 @@ def split_gap_from_arrays(arrays: Mapping[str, Any]) -> int | None:
     from pipeline.features.geometry import split_gap_windows
 
     gaps = []
-    reach = {"horizon": 0, "lookback": 0}
+    reach: dict[str, int | None] = {"horizon": horizon, "lookback": 0}
     for name, a in arrays.items():
         attrs = getattr(a, "attrs", None)
         if not isinstance(attrs, Mapping):
@@ -103,8 +103,8 @@ def split_gap_from_arrays(arrays: Mapping[str, Any]) -> int | None:
         geometry = geometry if isinstance(geometry, Mapping) else {}
         for key in reach:
             value = geometry.get(key, attrs.get(key))
-            if value is not None:
-                reach[key] = max(reach[key], int(value))
+            if value is not None and not (key == "horizon" and horizon is not None):
+                reach[key] = max(reach[key] or 0, int(value))
         if geometry:
             try:
                 gaps.append((int(geometry["size"]), tuple(int(v) for v in geometry["scales"]),
@@ -114,12 +114,18 @@ def split_gap_from_arrays(arrays: Mapping[str, Any]) -> int | None:
                                  f"geometry (expected integer 'size', 'stride' and 'scales'; {exc!r})") from None
     if not gaps:
         return None
-    return max(split_gap_windows(size, scales, stride, reach["horizon"], reach["lookback"])
+    if reach["horizon"] is None:
+        overlap = max(split_gap_windows(size, scales, stride, 0, 0) for size, scales, stride in gaps)
+        raise StoreError(
+            f"write: the windows' geometry gives their overlap ({overlap} windows between splits), but not how "
+            "many steps the labels read after a window's last step; pass horizon= (0 when a label reads "
+            "nothing after its window) or gap=")
+    return max(split_gap_windows(size, scales, stride, int(reach["horizon"]), int(reach["lookback"] or 0))
                for size, scales, stride in gaps)
 
 
 def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
-               gap: int | None) -> int | None:
+               gap: int | None, horizon: int | None = None) -> int | None:
     """The gap in samples between time splits: ``gap`` if given, else from the arrays'
     window geometry; None when nothing is split by time."""
     if splits is None or split_by == "random" or (arrays and isinstance(next(iter(arrays.values())), Mapping)):
@@ -128,7 +134,7 @@ def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, sp
         if isinstance(gap, bool) or not isinstance(gap, (int, np.integer)) or gap < 0:
             raise StoreError(f"write: gap must be a number of samples, 0 or more, got {gap!r}")
         return int(gap)
-    derived = split_gap_from_arrays(arrays)
+    derived = split_gap_from_arrays(arrays, horizon)
     if derived is None:
         raise StoreError(
             f"write: splits={dict(splits)} split by time, but the gap between splits cannot be known: no array "
@@ -405,6 +411,7 @@ def write(
     splits: Mapping[str, float] | None = None,
     split_by: Literal["time", "random"] = "time",
     gap: int | None = None,
+    horizon: int | None = None,
     seed: int = 0,
     chunk_samples: int | None = None,
     target_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -443,6 +450,10 @@ def write(
         splits are refused: pass ``gap=0`` when samples share no time step. The gap
         used is recorded as ``split_gap_samples``. Not used by random splits or
         ``splits=None``.
+    horizon
+        Steps a label reads after its window's last step (a return over 20 steps: 20),
+        for the derived gap; an array's ``attrs["horizon"]`` gives it too. With window
+        geometry but no horizon, time splits are refused rather than assumed safe.
     chunk_samples
         Samples per chunk; by default derived from ``target_chunk_bytes`` of ``x`` (or of
         the first array).
@@ -499,7 +510,7 @@ def write(
     """
     location = os.fspath(target)
     codec = CodecSpec.from_mapping(codec, "codec")
-    used_gap = _split_gap(arrays, splits, split_by, gap)
+    used_gap = _split_gap(arrays, splits, split_by, gap, horizon)
     groups = _normalize(arrays, splits, split_by, used_gap or 0, seed)
     if shared:
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}

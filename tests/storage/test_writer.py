@@ -108,9 +108,13 @@ def test_windows_split_by_time_share_no_step_without_a_gap_argument(tmp_path, si
     steps = np.arange(300, dtype=np.float32)
     series = np.c_[steps, -steps]
     w = pipeline.windows(series, size=size, stride=stride, scales=scales)
-    y = np.arange(w.shape[0])
+    y = np.arange(w.shape[0])  # labels of the windows themselves: they read nothing after a window
     splits = {"train": .6, "val": .2, "test": .2}
-    path = write(tmp_path / "w.zarr", {"x": w, "y": y}, splits=splits, chunk_samples=16, progress=False)
+    with pytest.raises(StoreError, match=r"not how many steps the labels read after a window's last step; pass "
+                                         r"horizon="):
+        write(tmp_path / "unknown.zarr", {"x": w, "y": y}, splits=splits, progress=False)
+    assert not (tmp_path / "unknown.zarr").exists()
+    path = write(tmp_path / "w.zarr", {"x": w, "y": y}, splits=splits, horizon=0, chunk_samples=16, progress=False)
     halo = (size - 1) * max(scales)
     assert pipeline.open(path).attrs["split_gap_samples"] == halo // stride
     seen = _steps_per_split(path, 2)
@@ -132,6 +136,9 @@ def test_gap_adds_the_label_horizon_and_feature_lookback_the_attrs_give(tmp_path
     n = w.shape[0]
     ds = pipeline.open(path)
     assert ds["train"]["y"].shape[0] + ds["val"]["y"].shape[0] == n - 7
+    # horizon= given to write takes the place of the attrs' horizon.
+    again = write(tmp_path / "h.zarr", {"x": w, "y": y}, splits={"train": .5, "val": .5}, horizon=9, progress=False)
+    assert pipeline.open(again).attrs["split_gap_samples"] == (6 + 9 + 4) // 2
 
 
 def test_time_splits_without_geometry_or_gap_are_refused_before_writing(tmp_path):
