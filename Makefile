@@ -27,6 +27,7 @@ demo: $(STAMP)
 	$(BIN)/pipeline run configs/orderbook.yaml --set output.overwrite=true
 	$(BIN)/python examples/train_keras.py data/orderbook.zarr
 	$(BIN)/python examples/train_torch.py data/orderbook.zarr
+	$(BIN)/python examples/deeplob.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
