@@ -26,9 +26,9 @@ class CodecSpec:
 
     The default does *not* shuffle bytes. Materialized windows repeat every step
     ``size`` times at shifting offsets, and lz4 finds those repeats in the raw bytes; a
-    byte shuffle scatters them. Measured on the demo windows (4096 x 32 x 18 float32,
-    one core): noshuffle 2.5x at 4.0 GB/s decode, shuffle 1.6x at 1.1 GB/s, bitshuffle
-    1.1x. Use ``shuffle`` for smooth, non-repeating numeric data (per-step features).
+    byte shuffle scatters them (``benchmarks/bench_storage.py`` prints the ratios and
+    speeds of each codec on the demo windows). Use ``shuffle`` for smooth, non-repeating
+    numeric data (per-step features).
     """
 
     name: Literal["blosc", "zstd", "none"] = "blosc"

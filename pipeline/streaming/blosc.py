@@ -20,14 +20,13 @@ __all__ = ["BLOCKWISE_ABOVE", "BLOSC_GETITEM", "SCATTER_BYTES", "check_block_sta
 #: Decoded chunk size above which ``ChunkReader.scatter`` decodes blosc chunks a span of
 #: blocks at a time. A smaller chunk is decoded whole into a reused buffer that stays in
 #: cache while its rows are copied out, which costs less than the calls (and the copy
-#: blosc_getitem makes of each block). Measured on 2 cores (32 MB of L3), decoding
-#: whole against by spans: 4 MB chunks 1.04x and 1.18x (highly compressible), 16 MB
-#: 0.99x, 32 MB 0.87-0.89x.
+#: blosc_getitem makes of each block); past a cache's worth, spans win. The
+#: measurements by chunk size are in ``benchmarks/README.md`` (streaming).
 BLOCKWISE_ABOVE = 16 * 2**20
 #: Bytes decoded per ``blosc_getitem`` call by :func:`scatter_blocks` (whole blocks). Each call
 #: and each copy of its rows to their places is a round of the GIL between the read
-#: threads and the loop; measured on 2 cores with 512 KB blocks: 2 MB per call streamed
-#: 1.06-1.12x as fast as one block per call (fewer rounds), 8 MB 0.93x (out of cache).
+#: threads and the loop, so fewer, larger calls win until a call's output leaves the
+#: cache (measurements in ``benchmarks/README.md``, streaming).
 SCATTER_BYTES = 2 * 1024 * 1024
 #: Blosc header flag: the chunk is stored uncompressed, without block starts.
 _MEMCPYED = 0x2

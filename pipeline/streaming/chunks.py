@@ -15,9 +15,8 @@ is always correct.
 mixed order). For large blosc chunks, a few blocks at a time into a buffer that stays in
 cache, with c-blosc's own ``blosc_getitem`` (:mod:`~pipeline.streaming.blosc`), then
 their rows are copied to their places: every sample is written to memory once, where decoding a whole
-chunk and then mixing writes it twice and reads it once more. Measured on 2 cores,
-decoding and mixing this way ran 1.15-1.35x as fast as decoding chunks and then
-gathering batches from them.
+chunk and then mixing writes it twice and reads it once more (``benchmarks/README.md``
+has the comparison).
 """
 
 from __future__ import annotations

@@ -9,29 +9,27 @@ Why batches cost no copy: a group's mixing is known before it is read, so each r
 decodes its samples straight to their mixed places in the group's buffer
 (:meth:`~pipeline.streaming.chunks.ChunkReader.scatter`), and a batch is a run of that
 buffer, handed out as a view. Decoding chunks in order and then gathering each batch
-from them wrote every sample twice and read it once more: measured on 2 cores, the
-stream went from 0.79-0.87x of the raw decode limit to 0.97-1.00x.
+from them wrote every sample twice and read it once more (``benchmarks/bench_streaming.py``
+prints the stream against the raw decode limit; its history is in
+``benchmarks/README.md``).
 
 The ``buffer_chunks`` trade-off: a batch drawn from a buffer of ``k`` chunks mixes
 samples of up to ``k`` chunks, so larger buffers decorrelate batches better (the quality
 report's mean distinct chunks per batch grows with ``k``), at the price of
 ``(3 + prefetch) * k`` chunks in memory (the group being served, the one before it
 while its last batches wait in the queue to the training loop, ``prefetch`` groups being
-read, and near an epoch's end the next epoch's first). With 4 MiB chunks and the
-default ``prefetch=2``, ``buffer_chunks=8`` costs about 128 MiB.
+read, and near an epoch's end the next epoch's first): with the default ``prefetch=2``,
+``5 * buffer_chunks`` chunks (40 chunks of 4 MiB for ``buffer_chunks=8``).
 
 Why two groups ahead: the read threads then always have the next group's chunks queued
-behind the current group's, and never wait for a group's slowest chunk. On the 2-core
-machine measured, one group ahead left a core idle about a tenth of the time and
-streamed 0.72x the raw decode limit; two ahead, 0.83x (9 side-by-side runs; since
-batches are views, one ahead streams 0.95x as fast as two).
+behind the current group's, and never wait for a group's slowest chunk; with one group
+ahead a core sat idle part of the time (the comparison is in ``benchmarks/README.md``).
 
 Why the read threads run nicer than the rest (``read_niceness=5``): reading ahead is
 background work, and the training loop (and the thread that hands it batches, and
-assembles virtual windows) must get a core as soon as it wants one. Measured on 2
-cores when batches were still gathered by that thread: with three busy threads at
-equal priority one core idled 10-15% of the time; with the reads at niceness 5, 1.87
-instead of 1.75 cores were busy.
+assembles virtual windows) must get a core as soon as it wants one: at equal priority,
+three busy threads on 2 cores left one core idle part of the time (see
+``benchmarks/README.md``).
 
 Where the pieces live: :mod:`~pipeline.streaming.plan` computes who serves what,
 :mod:`~pipeline.streaming.sources` reads chunks (:mod:`~pipeline.streaming.subsets`
