@@ -146,7 +146,7 @@ def plotted(tmp_path_factory):
     y = np.random.default_rng(1).integers(0, 3, size=(ends.size, 2))
     labels = {"kind": "smoothed", "horizons": [10, 50], "classes": ["down", "stationary", "up"]}
     w = pipeline.windows(f, size=SIZE, scales=SCALES, names=NAMES)
-    mat = write(d / "m.zarr", {"x": w, "y": y}, splits={"train": .8, "val": .2}, chunk_samples=200,
+    mat = write(d / "m.zarr", {"x": w, "y": y}, splits={"train": .8, "val": .2}, horizon=0, chunk_samples=200,
                 attrs={"labels": labels}, progress=False)
     n = int(ends.size * .8)
     virt = write(d / "v.zarr", {"train": {"ends": ends[:n], "y": y[:n]}, "val": {"ends": ends[n + HALO:],
