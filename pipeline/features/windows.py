@@ -148,12 +148,9 @@ def windows(
     ----------
     x
         A 2-D dask or numpy array, time along axis 0.
-    size
-        Steps per window.
-    stride
-        Steps between consecutive window ends.
-    scales
-        Sampling intervals, one block of ``F`` columns each.
+    size, stride, scales
+        Steps per window; steps between consecutive window ends; sampling intervals,
+        one block of ``F`` columns each.
     max_block_bytes
         Input chunks are split so that no output block exceeds this.
     out_chunks

@@ -404,6 +404,25 @@ def written_units(group: zarr.Group, split: str) -> np.ndarray:
         return out
 
 
+def _write_attrs(attrs: Mapping[str, Any] | None, features: Sequence[str] | None, arrays: Mapping[str, Any],
+                 groups: Mapping[str, Any], used_gap: int | None, fold_index: Mapping[str, np.ndarray],
+                 fold_base: str) -> dict[str, Any]:
+    """The caller's attributes with what this write records: feature names (given, or
+    carried by the windows), the split gap used and the folds."""
+    attrs = dict(attrs or {})
+    names, geometry = _feature_names(features, arrays, groups, attrs)
+    if names is not None:
+        attrs["features"] = names
+        if geometry and "windows" not in attrs:
+            attrs["windows"] = geometry
+    if used_gap is not None:
+        attrs["split_gap_samples"] = used_gap
+    if fold_index:
+        attrs["folds"] = {**dict(attrs.get("folds") or {}), "base": fold_base, "names": sorted(fold_index),
+                          "counts": {name: int(idx.size) for name, idx in sorted(fold_index.items())}}
+    return attrs
+
+
 def write(
     target: str | os.PathLike[str],
     arrays: Mapping[str, Any],
@@ -515,17 +534,7 @@ def write(
     if shared:
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
     fold_index = _check_folds(folds, fold_base, groups, attrs)
-    attrs = dict(attrs or {})
-    names, geometry = _feature_names(features, arrays, groups, attrs)
-    if names is not None:
-        attrs["features"] = names
-        if geometry and "windows" not in attrs:
-            attrs["windows"] = geometry
-    if used_gap is not None:
-        attrs["split_gap_samples"] = used_gap
-    if fold_index:
-        attrs["folds"] = {**dict(attrs.get("folds") or {}), "base": fold_base, "names": sorted(fold_index),
-                          "counts": {name: int(idx.size) for name, idx in sorted(fold_index.items())}}
+    attrs = _write_attrs(attrs, features, arrays, groups, used_gap, fold_index, fold_base)
     if is_zip(location):
         if is_remote(location):
             raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
