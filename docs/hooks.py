@@ -217,9 +217,7 @@ def _cell(text: str) -> str:
 
 
 def _accepts(describe: Callable[[Any, str], str], tp: Any, name: str) -> str:
-    # ConfigError's wording says "a list of a strings" for tuple[str, ...]: the reference
-    # says "a list of strings".
-    return re.sub(r"a list of an? (\w+)", r"a list of \1", describe(tp, name))
+    return describe(tp, name)  # ConfigError's own wording
 
 
 def _field_rows(section: str, cls: type, notes: dict[str, str], specs: dict[str, type]) -> list[str]:

@@ -8,6 +8,7 @@ the others.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Sequence
@@ -244,6 +245,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipelineError as exc:
         print(f"pipeline {args.command}: {exc}", file=sys.stderr)
         return 1
+    except BrokenPipeError:
+        # The reader went away (`pipeline inspect STORE | head`): nothing left to say.
+        # Point stdout at /dev/null so that the interpreter's final flush stays quiet.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

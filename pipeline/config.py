@@ -170,7 +170,11 @@ def _describe(tp: Any, name: str) -> str:
     if origin is Literal:
         return "one of " + ", ".join(repr(a) for a in args)
     if origin is tuple:
-        return f"a list of {_describe(args[0], name)}s" if args else "a list"
+        if not args:
+            return "a list"
+        item = _describe(args[0], name)
+        # "a string" -> "a list of strings"; "one of 'a', 'b'" -> "a list, each one of 'a', 'b'"
+        return f"a list of {item.split(' ', 1)[1]}s" if item.startswith(("a ", "an ")) else f"a list, each {item}"
     if origin is dict or tp is dict:
         return "a mapping"
     if tp is int:

@@ -179,3 +179,8 @@ def test_print_config_output_parses_back_to_the_same_config():
         if f.name != "raw_yaml":
             assert getattr(again, f.name) == getattr(config, f.name), f.name
     assert yaml.safe_load(config_as_yaml(config))["source"]["sessions"] == {"gap": "90min"}
+
+
+def test_a_list_of_the_wrong_type_is_named_in_plain_words():
+    with pytest.raises(ConfigError, match=r"^source\.names: expected a list of strings or null, got 3$"):
+        parse_config({"source": {"paths": "x", "names": 3}, "windows": {"size": 2}, "output": {"path": "o"}})
