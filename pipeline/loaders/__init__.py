@@ -160,20 +160,15 @@ def open_source(
     columns: Sequence[str] | None = None,
     timestamp: str | None = None,
     dtype: str | None = None,
-    shape: Sequence[int] | None = None,
-    mode: str | None = None,
-    dataset: str | None = None,
-    key: str | None = None,
+    shape: Sequence[int] | None = None, mode: str | None = None,
+    dataset: str | None = None, key: str | None = None,
     labels: str | None = None,
     on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
-    nan: Literal["raise", "drop", "fill"] = "raise",
-    fill_value: float = 0.0,
+    nan: Literal["raise", "drop", "fill"] = "raise", fill_value: float = 0.0,
     on_error: Literal["raise", "skip"] = "raise",
-    chunk_rows: int | None = None,
-    files_per_chunk: int | None = None,
+    chunk_rows: int | None = None, files_per_chunk: int | None = None,
     storage_options: dict | None = None,
-    header: bool = True,
-    names: Sequence[str] | None = None,
+    header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None,
     instrument_column: str | None = None,
 ) -> Source:
@@ -182,68 +177,48 @@ def open_source(
     Parameters
     ----------
     paths
-        A glob (``**`` recursive), a list of paths, or fsspec URLs (``s3://...``); with a
-        manifest (``labels=`` a CSV/Parquet path) it may be left out.
-    format
-        Force a format (``npy``, ``npz``, ``image``, ``hdf5``, ``csv``, ``parquet``)
-        instead of the suffix; ``lobster`` (by name only) reads LOBSTER orderbook files
-        (``paths`` match the ``*_orderbook_<L>.csv`` files) with their message files:
-        see :mod:`pipeline.loaders.lobster` for its columns, empty levels and times.
-    combine
-        ``stack``: one sample per file (the default for arrays); ``concat``: join along
-        axis 0 (the default, and only choice, for tables).
-    columns
-        Table columns to read (default every column but the timestamp and the
-        instrument column).
-    timestamp
-        The timestamp column: it checks that Parquet files join in time order and
-        becomes ``Source.timestamps``, int64 nanoseconds since the epoch. Timestamp and
-        date types are cast to nanoseconds (an aware one keeps its UTC instant);
-        strings are parsed as ISO-8601; integers are taken as nanoseconds, and floats
-        as seconds, since the epoch. LOBSTER derives its own (leave it unset).
-    dtype
-        Output dtype; default float32 for tables, the files' own for arrays.
-    shape, mode
-        Images: resize to ``shape`` (``(H, W)``) and convert to ``mode`` (``L``, ``RGB``).
-    dataset, key
-        The HDF5 dataset path, or the ``.npz`` member, to read from each file.
-    labels
-        ``"folder"``: class labels from each file's parent folder; or a manifest path
-        (CSV or Parquet with ``path`` and ``label`` columns) giving files and labels.
-    on_mismatch
-        Stacked files whose shapes differ: ``raise`` (listing the first offenders), or
-        ``pad``, ``crop`` or ``resize`` them to the first file's shape (or ``shape``).
-    nan, fill_value
-        NaN/inf in tables: ``raise`` (naming file, column and row), ``fill``, or ``drop``.
-    on_error
-        ``skip`` leaves out files that fail their header probe and records why.
-    chunk_rows
-        Rows per chunk for concatenated npy/HDF5 arrays (Parquet: one chunk per row
-        group; CSV: one per file).
-    files_per_chunk
-        Samples per chunk when stacking (default: about 16 MiB per chunk).
-    storage_options
+        A glob (``**`` recursive), paths, or fsspec URLs; may be left out with a manifest.
+    format, combine
+        Force a format (``npy``, ``npz``, ``image``, ``hdf5``, ``csv``, ``parquet``, or by
+        name only ``lobster``: see :mod:`pipeline.loaders.lobster`) instead of the
+        suffix. ``stack``: one sample per file (arrays' default); ``concat``: join along
+        axis 0 (the only choice for tables).
+    columns, timestamp
+        Table columns to read (default every numeric column but the timestamp and the
+        instrument column); the timestamp column, which checks that Parquet files join
+        in time order and becomes ``Source.timestamps`` (int64 ns since the epoch; the
+        conversions are in :mod:`pipeline.loaders.columns`; LOBSTER derives its own).
+    dtype, shape, mode, dataset, key
+        Output dtype (default float32 for tables, the files' own for arrays). Images:
+        resize to ``shape`` (``(H, W)``), convert to ``mode`` (``L``, ``RGB``). The HDF5
+        dataset path, or the ``.npz`` member, read from each file.
+    labels, on_mismatch
+        ``"folder"`` (each file's parent folder) or a manifest (CSV/Parquet with ``path``
+        and ``label`` columns). Stacked files whose shapes differ: ``raise`` (naming the
+        first offenders), or ``pad``, ``crop``, ``resize`` to the first one's shape.
+    nan, fill_value, on_error
+        NaN/inf in tables: ``raise`` (naming file, column, row), ``fill`` or ``drop``.
+        ``on_error="skip"`` leaves out files whose header probe fails, recording why.
+    chunk_rows, files_per_chunk, storage_options
+        Rows per chunk of concatenated npy/HDF5 arrays (Parquet: a chunk per row group;
+        CSV: one per file); samples per chunk when stacking (default about 16 MiB);
         fsspec options for URLs.
     header, names
-        CSV: ``header=True`` reads the column names from the first line, and refuses a
-        first line whose every field is a number (data, not a header: nothing is
-        silently eaten). ``header=False`` reads every line as data and needs ``names``,
-        one per field. ``names`` with a header replaces the header's names.
+        CSV: ``header=True`` reads the names from the first line and refuses one that
+        looks like data (nothing is silently eaten); ``header=False`` reads every line
+        as data, named by ``names`` (with a header, ``names`` replace its names).
     rename
-        ``{canonical: source_name}`` (CSV, Parquet): the file's column ``source_name``
-        appears as ``canonical`` (``{"bid_price_1": "bids[0].price"}``). Every other
-        option (``columns``, ``timestamp``, ``instrument_column``) uses canonical names.
+        ``{canonical: source_name}`` (CSV, Parquet), e.g. ``{"bid_price_1":
+        "bids[0].price"}``; every other option uses the canonical names.
     instrument_column
-        A table column naming each row's instrument: gives ``Source.instruments`` (the
-        sorted distinct values, as strings, found by one pass over that column) and
-        ``Source.instrument_codes`` (int32 indices into it). LOBSTER takes the
-        instrument from the ticker in each file name instead.
+        A column naming each row's instrument: ``Source.instruments`` (its sorted
+        distinct values, one pass) and ``Source.instrument_codes`` (int32 indices into
+        it). LOBSTER takes the ticker in each file name instead.
 
     Returns
     -------
     Source
-        The lazy array, its provenance, and per-row timestamps, instrument codes or
-        labels when the input has them.
+        The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
     """
     from pipeline.loaders import labels as labels_mod
     from pipeline.loaders.registry import FORMATS, TABLES, format_of

@@ -4,6 +4,10 @@ Each is its own blockwise layer over the same parts as the values (so its chunks
 the values' chunks), reading one column per part: cheap in Parquet, a single converted
 column in CSV. Under ``nan="drop"`` the values' kept rows are applied to them with the
 same per-block mask, so row ``i`` of every array describes the same snapshot.
+
+Timestamps become int64 nanoseconds since the epoch: timestamp and date types are cast
+(an aware one keeps its UTC instant), strings are parsed as ISO-8601, integers are taken
+as nanoseconds and floats as seconds since the epoch.
 """
 
 from __future__ import annotations

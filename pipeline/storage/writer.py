@@ -461,59 +461,38 @@ def write(
         ``None`` writes one split named ``train``; fractions split by time in the given
         order with ``gap`` samples left between splits, or by a seeded permutation with
         ``split_by="random"``.
-    gap
-        Samples left out between consecutive time splits, so that no two splits share
-        a time step through a window, its features' lookback or its label. ``None``:
-        derived from the window geometry an array carries (``x.attrs["windows"]`` from
-        :func:`pipeline.windows`, see :func:`split_gap_from_arrays`); without one, time
-        splits are refused: pass ``gap=0`` when samples share no time step. The gap
-        used is recorded as ``split_gap_samples``. Not used by random splits or
-        ``splits=None``.
-    horizon
-        Steps a label reads after its window's last step (a return over 20 steps: 20),
-        for the derived gap; an array's ``attrs["horizon"]`` gives it too. With window
-        geometry but no horizon, time splits are refused rather than assumed safe.
-    chunk_samples
-        Samples per chunk; by default derived from ``target_chunk_bytes`` of ``x`` (or of
-        the first array).
-    shard_chunks
-        Chunks per shard along the sample axis (fewer, larger files); ``None`` for none.
+    gap, horizon
+        Samples left out between consecutive time splits, so that no two splits share a
+        step through a window, its lookback or its label (recorded as
+        ``split_gap_samples``). ``None``: derived from the window geometry an array
+        carries (from :func:`pipeline.windows`) and ``horizon``, the steps a label reads
+        after its window (or an array's ``attrs["horizon"]``); what cannot be known is
+        refused, not assumed (see :func:`split_gap_from_arrays`).
+    chunk_samples, shard_chunks
+        Samples per chunk (default from ``target_chunk_bytes`` of ``x``, or of the first
+        array); chunks per shard along the sample axis (``None``: no sharding).
     codec
         Compression: a :class:`CodecSpec`, ``"blosc-lz4"``, ``"zstd"``, ``"none"``...
-    attrs
-        Extra provenance merged into the store's ``pipeline`` attributes.
-    fingerprint
-        Identity of what is written (the config hash). An existing store with another
-        fingerprint is refused; with the same one, the write resumes.
-    overwrite
-        Delete an existing store first.
-    progress
-        Show a progress bar.
-    shared
-        Arrays that belong to no split, stored in the ``_shared`` group (the per-step
-        feature matrix of virtual windows, which every split's window index points into).
-    shared_chunk_rows
-        Rows per chunk of the shared arrays (default: from ``target_chunk_bytes``). For
-        virtual windows, the steps one chunk of windows spans: a shuffled chunk of
-        windows then decodes one or two small feature chunks, not a large one.
-    folds
-        Walk-forward folds: ``{"fold0/train": idx, "fold0/test": idx, ...}``, each the
-        sorted, unique sample indices of the fold in split ``fold_base`` (windows are not
-        copied). Stored as ``folds/<name>`` before the store is marked complete, listed
-        in the attributes as ``folds = {"base", "names", "counts"}`` (merged into what
-        ``attrs["folds"]`` holds), and streamed by name:
-        ``pipeline.stream(store, split="fold0/train")``.
-    fold_base
-        The split the fold indices point into; it must be among the splits written.
+    attrs, fingerprint
+        Extra provenance merged into the store's ``pipeline`` attributes; the identity of
+        what is written (the config hash): a store with another is refused, with the
+        same one the write resumes.
+    overwrite, progress
+        Delete an existing store first; show a progress bar.
+    shared, shared_chunk_rows
+        Arrays of no split, in the ``_shared`` group (the per-step features of virtual
+        windows), and their rows per chunk: for virtual windows the steps one chunk of
+        windows spans, so a shuffled chunk decodes one or two small feature chunks.
+    folds, fold_base
+        Walk-forward folds ``{"fold0/train": idx, ...}``: sorted, unique sample indices
+        into split ``fold_base``, stored as ``folds/<name>`` before the store is marked
+        complete, listed in ``attrs["folds"]`` and streamed by name
+        (``pipeline.stream(store, split="fold0/train")``).
     features
-        Feature names, one per feature of ``x``: ``x``'s last axis holds them once per
-        window scale (``x.attrs["windows"]["scales"]``, else ``attrs["windows"]``),
-        or, for virtual windows, the columns of ``shared["features"]``. Stored as the
-        ``features`` attribute (and the window geometry ``x`` carries as ``windows``,
-        when ``attrs`` gives none), which ``pipeline inspect`` names features by.
-        ``None``: the names an array carries from ``pipeline.windows(..., names=...)``
-        (``attrs["windows"]["features"]``), if any; else ``attrs["features"]`` is left
-        as ``attrs`` gives it.
+        One name per feature of ``x`` (its last axis holds them once per window scale;
+        for virtual windows, the columns of ``shared["features"]``), stored as the
+        ``features`` attribute. ``None``: the names an array carries from
+        ``pipeline.windows(..., names=...)``, if any.
 
     Returns
     -------
