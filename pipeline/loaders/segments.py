@@ -1,9 +1,10 @@
 """A source split into instruments and sessions: rows in segment order, and the segment table.
 
-Rows are arranged instrument after instrument (in name order), each instrument's rows
-in time order; within an instrument, sessions follow each other. The table of segments
-(:class:`~pipeline.features.sessions.SegmentTable`) then tells the feature stage where
-no window, feature lookback or label may cross.
+Rows are arranged session after session (in time order), and within a session instrument
+after instrument (in name order): the windows of a store are then in time order, so the
+sessions of a new day come after every stored one and an append only adds at the end.
+The table of segments (:class:`~pipeline.features.sessions.SegmentTable`) then tells the
+feature stage where no window, feature lookback or label may cross.
 
 Instruments come from the path (``data/{instrument}/*.parquet``: each instrument's files
 are opened as a source of their own, so time order is checked per instrument) or from a
@@ -27,7 +28,7 @@ from pipeline.errors import ConfigError, LoaderError
 from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec
 from pipeline.loaders import Source, expand_paths, open_source
 
-__all__ = ["SegmentedSource", "open_segmented"]
+__all__ = ["SegmentedSource", "open_segmented", "session_major_order"]
 
 _DAY_NS = 86_400 * 10**9
 
@@ -208,6 +209,32 @@ def _session_numbers(keys: Sequence[str], inst: Sequence[int], lengths: Sequence
     return np.unique(period, axis=0, return_inverse=True)[1].reshape(-1)
 
 
+def session_major_order(session: Sequence[int], instrument: Sequence[int]) -> np.ndarray:
+    """The order of segments by session, then instrument (a stable sort): time order
+    across instruments, each instrument's own sessions keeping their order."""
+    return np.lexsort((np.asarray(instrument), np.asarray(session))).astype(np.int64)
+
+
+def _rows_in_order(arrays: Sequence[da.Array], lengths: Sequence[int], inst: Sequence[int],
+                   order: np.ndarray) -> da.Array:
+    """The rows of every instrument's segments (``arrays[k]`` holds instrument ``k``'s
+    segments one after another) concatenated in ``order``.
+
+    Segments start on chunk edges when they are files, so the slices are whole chunks
+    and the graph only relabels them; the order already is identity for one instrument.
+    """
+    if len(arrays) == 1 and np.array_equal(order, np.arange(order.size)):
+        return arrays[0]
+    lengths = np.asarray(lengths, dtype=np.int64)
+    inst = np.asarray(inst)
+    local = np.zeros(lengths.size, dtype=np.int64)
+    for k in np.unique(inst):
+        mine = np.flatnonzero(inst == k)
+        local[mine] = np.concatenate([[0], np.cumsum(lengths[mine])[:-1]])
+    parts = [arrays[int(inst[s])][int(local[s]): int(local[s] + lengths[s])] for s in order if lengths[s] > 0]
+    return parts[0] if len(parts) == 1 else da.concatenate(parts) if parts else arrays[0][:0]
+
+
 def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
     """Open a table source and divide it into instruments and sessions.
@@ -273,9 +300,13 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         timestamps = stamps[0] if len(stamps) == 1 else da.concatenate(stamps)
     session = _session_numbers(keys, inst, lengths, timestamps, spec)
     labels = [k.replace("{instrument}", groups[i][0]) for k, i in zip(keys, inst)]
-    table = SegmentTable.from_lengths(lengths, instrument=inst, session=session,
-                                      instruments=[g[0] for g in groups], labels=labels)
-    array = groups[0][1] if len(groups) == 1 else da.concatenate([g[1] for g in groups])
+    order = session_major_order(session, inst)
+    array = _rows_in_order([g[1] for g in groups], lengths, inst, order)
+    if timestamps is not None:
+        timestamps = _rows_in_order(stamps, lengths, inst, order)
+    table = SegmentTable.from_lengths(np.asarray(lengths)[order], instrument=np.asarray(inst)[order],
+                                      session=np.asarray(session)[order], instruments=[g[0] for g in groups],
+                                      labels=[labels[i] for i in order])
     return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
                            segments=table, sources=tuple(sources), session_mode=spec.mode,
                            skipped=tuple(s for src in sources for s in src.skipped))

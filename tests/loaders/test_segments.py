@@ -30,15 +30,16 @@ def test_path_instruments_with_file_sessions(tmp_path):
                          instrument=InstrumentSpec(path="raw/{instrument}/*.parquet"))
     seg = src.segments
     assert seg.instruments == ("AAA", "BBB")
-    assert seg.instrument.tolist() == [0, 0, 1, 1]
-    assert seg.session.tolist() == [0, 1, 0, 1]  # the same day is the same session number
+    # Session after session (time order), instrument after instrument within one.
+    assert seg.instrument.tolist() == [0, 1, 0, 1]
+    assert seg.session.tolist() == [0, 0, 1, 1]  # the same day is the same session number
     assert (seg.stops - seg.starts).tolist() == [500] * 4
-    files = [tmp_path / "raw" / i / f"2026-01-0{d}.parquet" for i in ("AAA", "BBB") for d in (5, 6)]
+    files = [tmp_path / "raw" / i / f"2026-01-0{d}.parquet" for d in (5, 6) for i in ("AAA", "BBB")]
     cols = list(src.columns)
     np.testing.assert_array_equal(src.array.compute(), np.concatenate([_rows(f, cols) for f in files]))
     stamps = np.concatenate([pq.read_table(f).column("timestamp").cast("int64").to_numpy() for f in files])
     np.testing.assert_array_equal(src.timestamps.compute(), stamps)
-    assert seg.labels[2].endswith("raw/BBB/2026-01-05.parquet")
+    assert seg.labels[1].endswith("raw/BBB/2026-01-05.parquet")
 
 
 def test_a_file_outside_the_instrument_pattern_is_named(tmp_path):
@@ -72,8 +73,8 @@ def test_column_instruments_pick_each_instruments_rows_in_time_order(tmp_path):
     assert seg.instruments == ("ES", "NQ")
     tables = [pq.read_table(p) for p in paths]
     expect_x, expect_t, lengths = [], [], []
-    for name in ("ES", "NQ"):
-        for t in tables:
+    for t in tables:
+        for name in ("ES", "NQ"):
             mask = t.column("symbol").to_numpy(zero_copy_only=False) == name
             expect_x.append(np.stack([t.column(c).to_numpy()[mask] for c in src.columns], axis=1))
             expect_t.append(t.column("timestamp").cast("int64").to_numpy()[mask])
@@ -82,7 +83,7 @@ def test_column_instruments_pick_each_instruments_rows_in_time_order(tmp_path):
     np.testing.assert_allclose(src.array.compute(), np.concatenate(expect_x).astype(np.float32))
     np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate(expect_t))
     assert (seg.stops - seg.starts).tolist() == lengths
-    assert seg.instrument.tolist() == [0, 0, 1, 1] and seg.session.tolist() == [0, 1, 0, 1]
+    assert seg.instrument.tolist() == [0, 1, 0, 1] and seg.session.tolist() == [0, 0, 1, 1]
 
 
 def _one_file(tmp_path: Path, stamps: np.ndarray) -> Path:
@@ -144,8 +145,8 @@ def test_lobster_files_take_their_ticker_as_instrument(tmp_path):
                                        instruments=("XYZ", "ABC")))
     src = open_segmented(str(tmp_path / "*_orderbook_2.csv"), format="lobster")
     seg = src.segments
-    assert seg.instruments == ("ABC", "XYZ") and seg.instrument.tolist() == [0, 0, 1, 1]
-    assert seg.session.tolist() == [0, 1, 0, 1]  # the same day, whatever the ticker
+    assert seg.instruments == ("ABC", "XYZ") and seg.instrument.tolist() == [0, 1, 0, 1]
+    assert seg.session.tolist() == [0, 0, 1, 1]  # the same day, whatever the ticker
     assert src.timestamps is not None and int(src.array.shape[0]) == 800
 
 
@@ -158,8 +159,8 @@ def test_sessions_of_instruments_align_by_day_whatever_their_file_names(tmp_path
         old = tmp_path / f"BBB_2026-01-06_34200000_57600000_{kind}_1.csv"
         old.rename(tmp_path / f"BBB_2026-01-06_34200000_57612345_{kind}_1.csv")
     src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster")
-    assert src.segments.instrument.tolist() == [0, 0, 0, 1, 1, 1]
-    assert src.segments.session.tolist() == [0, 1, 2, 0, 1, 2]
+    assert src.segments.instrument.tolist() == [0, 1, 0, 1, 0, 1]
+    assert src.segments.session.tolist() == [0, 0, 1, 1, 2, 2]
 
 
 def test_gap_sessions_of_two_instruments_are_numbered_by_day_and_order(tmp_path):
@@ -177,6 +178,6 @@ def test_gap_sessions_of_two_instruments_are_numbered_by_day_and_order(tmp_path)
     pq.write_table(table, tmp_path / "all.parquet")
     src = open_segmented(str(tmp_path / "all.parquet"), timestamp="timestamp",
                          sessions=SessionSpec(mode="gap", gap_ns=3600 * NS), instrument=InstrumentSpec(column="symbol"))
-    assert src.segments.instrument.tolist() == [0, 0, 0, 1, 1]
     # periods: (day 0, 1st), (day 0, 2nd), (day 1, 1st) -> 0, 1, 2; B's day-1 session is A's.
-    assert src.segments.session.tolist() == [0, 1, 2, 0, 2]
+    assert src.segments.instrument.tolist() == [0, 1, 0, 0, 1]
+    assert src.segments.session.tolist() == [0, 0, 1, 2, 2]
