@@ -39,7 +39,8 @@ def _parser() -> argparse.ArgumentParser:
             "Load the raw files, compute features and windows on the configured dask cluster "
             "(a LocalCluster unless cluster.address or --scheduler is set) and write the "
             "zarr store named by output.path. Rerunning the same config resumes an "
-            "interrupted store."
+            "interrupted store; once the store is complete, a rerun whose files now include "
+            "new sessions appends them as a new version of the store."
         ),
     )
     run.add_argument("config", metavar="CONFIG", help="path of the YAML config file")
@@ -58,6 +59,12 @@ def _parser() -> argparse.ArgumentParser:
         "(e.g. --set windows.size=128 --set output.splits='{train: .9, val: .1}'); repeatable",
     )
     run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    again = run.add_mutually_exclusive_group()
+    again.add_argument("--rebuild", action="store_true",
+                       help="build the whole store again from every file, replacing it (after a refused append)")
+    again.add_argument("--refit", action="store_true",
+                       help="build the whole store again, normalization statistics refitted on today's splits "
+                       "(an append keeps the first build's)")
     run.add_argument(
         "--print-config",
         action="store_true",
@@ -133,7 +140,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if args.print_config:
         print(config_as_yaml(config), end="")
         return 0
-    summary = run(config, progress=not args.no_progress)
+    mode = "rebuild" if args.rebuild else "refit" if args.refit else "auto"
+    summary = run(config, progress=not args.no_progress, mode=mode)
     print(summary.format())
     return 0
 

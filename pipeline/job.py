@@ -10,7 +10,7 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 import yaml
 
@@ -29,6 +29,10 @@ class RunSummary:
     bytes_written: int
     uncompressed_bytes: int
     seconds: float
+    version: int = 0
+    #: What the run did: "build", "append" (``added`` sessions) or "up to date".
+    action: str = "build"
+    added: int = 0
 
     def format(self) -> str:
         """A few human-readable lines."""
@@ -36,9 +40,10 @@ class RunSummary:
         mb = self.uncompressed_bytes / 2**20
         rate = mb / self.seconds if self.seconds > 0 else float("nan")
         ratio = self.uncompressed_bytes / self.bytes_written if self.bytes_written else float("nan")
+        did = {"append": f"appended {self.added} session(s)", "up to date": "up to date: no new file"}
         return "\n".join(
             [
-                f"store: {self.store}",
+                f"store: {self.store} (version {self.version}: {did.get(self.action, self.action)})",
                 f"rows read: {self.rows_read:,}",
                 f"windows per split: {splits}",
                 f"written: {self.bytes_written / 2**20:,.1f} MiB on disk "
@@ -84,8 +89,9 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
     return kwargs
 
 
-def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = True) -> RunSummary:
-    """Run a whole config on its cluster and write its store.
+def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = True,
+        mode: Literal["auto", "refit", "rebuild"] = "auto") -> RunSummary:
+    """Run a whole config on its cluster and write its store, or append to it.
 
     Parameters
     ----------
@@ -95,6 +101,11 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         Where to print the dashboard address and stage messages; ``None`` for silence.
     progress
         Show a progress bar while chunks are written.
+    mode
+        ``auto``: build the store, resume an interrupted build, or, when the store holds
+        a build of this config and the config now matches new files, append their
+        sessions as a new version (:mod:`pipeline.update`). ``refit`` and ``rebuild``
+        build everything again, statistics included, replacing the store.
 
     Returns
     -------
@@ -102,8 +113,9 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     """
     from pipeline.cluster import cluster
     from pipeline.features import build_training_set
+    from pipeline import update
+    from pipeline.loaders.provenance import with_hashes
     from pipeline.loaders.segments import open_segmented
-    from pipeline.storage import open as open_store
     from pipeline.storage import write
     from pipeline.storage.layout import chunk_samples_for, task_block, unit_samples
 
@@ -114,7 +126,25 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     t0 = time.perf_counter()
     src_cfg = config.source
     out = config.output
+    if mode != "auto":
+        config = dataclasses.replace(config, output=dataclasses.replace(out, overwrite=True))
+        out = config.output
+    stored = update.stored_build(config) if mode == "auto" and not out.overwrite else None
+    files = update.new_files(config, stored) if stored is not None else []
+    if stored is not None and not files:
+        say(f"{out.path}: up to date (every file the config matches is in the store)")
+        return _summary(config, 0, t0, "up to date")
+
+    def block_windows(window_bytes: int) -> int:
+        # Windows made in the blocks the writer's tasks write: see build_training_set.
+        return task_block(unit_samples(window_bytes, out.chunk_samples, out.shard_chunks,
+                                       int(out.target_chunk_mb * 2**20)), window_bytes)
+
     with cluster(**_cluster_kwargs(config), log=log):
+        if stored is not None:
+            done = update.build_append(config, stored, files, say=say, progress=progress,
+                                       source_kwargs=_source_kwargs(config), block_windows=block_windows)
+            return _summary(config, done["rows"], t0, "append", done["added"])
         source = open_segmented(
             src_cfg.paths,
             sessions=src_cfg.sessions,
@@ -140,10 +170,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             fill_value=config.features.fill_value,
             progress=progress,
             materialize=config.windows.materialize,
-            # Windows made in the blocks the writer's tasks write: see build_training_set.
-            block_windows=lambda window_bytes: task_block(
-                unit_samples(window_bytes, out.chunk_samples, out.shard_chunks, int(out.target_chunk_mb * 2**20)),
-                window_bytes),
+            block_windows=block_windows,
             segments=segs,
             timestamps=source.timestamps,
             folds=out.folds,
@@ -153,11 +180,14 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             {
                 "config": config.raw_yaml,
                 "config_hash": config_fingerprint(config),
-                "sources": source.metadata(),
+                # Content hashes let an append tell a touched file from a changed one.
+                "sources": with_hashes(source.metadata(), src_cfg.storage_options or None),
                 "skipped": [list(s) for s in source.skipped],
                 "rows_read": rows,
             }
         )
+        if source.timestamps is None:  # what orders new sessions after these in an append
+            attrs["session_keys"] = list(source.session_keys)
         say("writing " + ", ".join(f"{k}: {next(iter(v.values())).shape[0]:,} windows" for k, v in tset.splits.items())
             + ("" if config.windows.materialize else " (virtual: features stored once)"))
         chunk_samples = out.chunk_samples
@@ -182,6 +212,14 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             progress=progress,
             **({"folds": tset.folds, "fold_base": next(iter(tset.splits))} if tset.folds else {}),
         )
+    return _summary(config, rows, t0, "build")
+
+
+def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) -> RunSummary:
+    """What the store holds after a run (its newest version), and what the run did."""
+    from pipeline.storage import open as open_store
+
+    out = config.output
     ds = open_store(out.path, storage_options=out.storage_options or None)
     samples = {name: int(ds[name]["y"].shape[0]) for name in ds.splits}
     stored = 0
@@ -201,6 +239,9 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         bytes_written=stored,
         uncompressed_bytes=raw,
         seconds=time.perf_counter() - t0,
+        version=ds.version.number,
+        action=action,
+        added=added,
     )
 
 

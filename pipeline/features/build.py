@@ -20,6 +20,7 @@ import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
 from pipeline.features.geometry import halo, split_gap_windows, split_ranges
+from pipeline.features.history import Prior, continue_folds
 from pipeline.features.labels import class_balance, finalize_labels, label_steps
 from pipeline.features.normalize import apply_normalization, fit_normalization
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
@@ -135,6 +136,7 @@ def build_training_set(
     segments: SegmentTable | None = None,
     timestamps: da.Array | None = None,
     folds: FoldSpec | None = None,
+    prior: Prior | None = None,
 ) -> TrainingSet:
     """Windows and labels per split, with no step shared between splits, sessions or
     instruments.
@@ -174,6 +176,14 @@ def build_training_set(
         window's end time ``t`` and needed by date splits and splits of instruments.
     folds
         Walk-forward folds over the first split's sessions, as sample indices into it.
+    prior
+        Append: ``x`` holds only new sessions, after the stored build ``prior``
+        describes (``segments`` numbered to continue its sessions). The windows made are
+        the new sessions' only; normalization statistics are the stored ones (trailing:
+        each new session scaled by the stored moments of the sessions before it); folds
+        are every fold over the stored and new samples of the first split. A split may
+        get no new window. ``attrs`` hold the new sessions' figures, to merge with
+        :func:`~pipeline.features.history.merge_attrs`.
 
     Returns
     -------
@@ -189,13 +199,14 @@ def build_training_set(
     H = halo(size, scales)
     label_back, fwd = label.reach
     back = max(H + L, label_back)
-    runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L)
+    runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
+                             prior=None if prior is None else prior.segments)
 
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
     where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
         size, scales, stride, fwd, back - H), progress=progress)
-    fold_sets = _folds(segs, runs, where, folds) if folds is not None else None
+    fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
 
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
     f = _mask_heads(frame.array, segs, L)
@@ -204,8 +215,9 @@ def build_training_set(
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
     labels_steps = label_steps(x, columns=columns, spec=label)
     f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,
-                                                        size=size, scales=scales, lookback=L, progress=progress)
-    if norm.kind == "global":
+                                                        size=size, scales=scales, lookback=L, progress=progress,
+                                                        prior=prior)
+    if norm.kind == "global" and prior is None:
         stats["fit_on"] = names[0] if fold_sets is None else "fold0/train"
         stats["features"] = list(frame.names)
     if bad.any() and nan == "raise":
@@ -218,12 +230,18 @@ def build_training_set(
     # -- the arrays of each split --------------------------------------------------------
     window_bytes = size * len(frame.names) * len(scales) * (4 if norm.kind == "window" else f.dtype.itemsize)
     unit = block_windows(window_bytes) if callable(block_windows) else block_windows
-    per_split = _split_runs(runs, where, bad, splits)
-    out = {name: _split_arrays(f, r, unit_chunks(r.n, int(unit)) if unit else _chunks(r.n, (64 << 20) // window_bytes),
-                               labels_steps, timestamps, segs, label=label, size=size, scales=scales,
-                               zscore=norm.kind == "window", materialize=materialize)
+    per_split = _split_runs(runs, where, bad, splits, empty_ok=prior is not None)
+    first_block = {name: 0 for name in per_split}
+    if prior is not None and unit:
+        # Blocks continue the stored ones: the first new block ends on a unit edge.
+        first_block = {name: (-prior.samples.get(name, 0)) % int(unit) for name in per_split}
+    out = {name: _split_arrays(f, r, _continued_chunks(r.n, int(unit), first_block[name]) if unit
+                               else _chunks(r.n, (64 << 20) // window_bytes), labels_steps, timestamps, segs,
+                               label=label, size=size, scales=scales, zscore=norm.kind == "window",
+                               materialize=materialize, row_offset=0 if prior is None else prior.rows)
            for name, r in per_split.items()}
-    steps = {name: [int(r.ends(0, 1)[0]) - H, int(r.ends(r.n - 1, r.n)[0]) + fwd] for name, r in per_split.items()}
+    steps = {name: [int(r.ends(0, 1)[0]) - H, int(r.ends(r.n - 1, r.n)[0]) + fwd] for name, r in per_split.items()
+             if r.n}
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
                       windows={"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back,
                                "fwd": fwd},
@@ -236,7 +254,19 @@ def build_training_set(
     fold_index: dict[str, np.ndarray] = {}
     if fold_sets is not None:
         fold_index, attrs["folds"] = _fold_index(fold_sets[0], fold_sets[1], where, bad, folds)
+    elif folds is not None and prior is not None:
+        first = next(iter(per_split))
+        new_sessions = segs.session[per_split[first].segments_of()] if per_split[first].n else np.zeros(0, np.int64)
+        fold_index, attrs["folds"] = continue_folds(np.concatenate([prior.base_sessions, new_sessions]), folds)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _continued_chunks(n: int, unit: int, first: int) -> tuple[int, ...]:
+    """Blocks of ``unit`` windows, the first ``first`` long when ``first`` is not 0 (an
+    append's windows after a stored write unit that they complete)."""
+    if first <= 0 or n <= first:
+        return unit_chunks(n, unit) if first <= 0 else (n,)
+    return (first,) + unit_chunks(n - first, unit)
 
 
 def _metadata(features: Sequence[str], lookback: int, label: LabelSpec, stats: dict[str, Any], segs: SegmentTable,
@@ -272,7 +302,7 @@ def _check_inputs(x: da.Array, segs: SegmentTable, norm: NormalizeSpec, material
 
 
 def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, stride: int, scales: Sequence[int],
-                      back: int, fwd: int, lookback: int) -> WindowRuns:
+                      back: int, fwd: int, lookback: int, prior: SegmentTable | None = None) -> WindowRuns:
     """Every window that fits in a segment with its reach; under trailing normalization,
     none from each instrument's first sessions (they have no history to be scaled by).
 
@@ -283,9 +313,9 @@ def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, str
     """
     runs = window_runs(segs, size=size, stride=stride, scales=scales, back=back, fwd=fwd)
     if norm.kind == "trailing":
-        first = _first_sessions(segs, norm.sessions)[runs.segment]
+        first = _first_sessions(segs, norm.sessions, prior)[runs.segment]
         runs = runs.subset(np.repeat(segs.session[runs.segment] >= first, runs.count))
-    if runs.n == 0:
+    if runs.n == 0 and prior is None:
         longest = int((segs.stops - segs.starts).max())
         raise WindowError(
             f"windows: no session leaves room for a window: the longest has {longest} steps, and a window of "
@@ -297,19 +327,19 @@ def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, str
 
 
 def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
-                splits: Mapping[str, Any]) -> dict[str, WindowRuns]:
+                splits: Mapping[str, Any], empty_ok: bool = False) -> dict[str, WindowRuns]:
     """The windows of each split, NaN ones left out.
 
     Raises
     ------
     WindowError
-        When a split gets no window.
+        When a split gets no window (unless ``empty_ok``: an append's new sessions).
     """
     out = {}
     for k, name in enumerate(splits):
         mine = where == k
         out[name] = runs.subset(mine & ~bad)
-        if out[name].n == 0:
+        if out[name].n == 0 and not empty_ok:
             raise WindowError(
                 f"split {name!r}: no window left ({runs.n} windows in all, {int(mine.sum())} in this split before "
                 f"NaN windows were dropped, splits {_describe_splits(splits)}); use more data, another split "
@@ -319,7 +349,7 @@ def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
 
 def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_steps: da.Array,
                    timestamps: da.Array | None, segs: SegmentTable, norm: NormalizeSpec, *, size: int,
-                   scales: Sequence[int], lookback: int, progress: bool
+                   scales: Sequence[int], lookback: int, progress: bool, prior: Prior | None = None
                    ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
     """One pass over the data for everything needed before the write: the normalization
     statistics, every window's label values and whether any row a window uses is not
@@ -331,7 +361,12 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
     reductions = [bad_rows.sum(), gather_rows(labels_steps, runs, _chunks(runs.n))]
     if timestamps is not None:
         reductions.append(timestamps[np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)])
-    stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, halo(size, scales), lookback)
+    if prior is not None and norm.kind == "global":
+        # Frozen at the first build: an append scales new sessions as the stored ones.
+        stats_tasks, finish = [], lambda res: dict(prior.stats)
+    else:
+        stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, halo(size, scales), lookback,
+                                                prior=None if prior is None else (prior.segments, prior.moments()))
     results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
     bad_steps_n, y_values = int(results[0]), np.asarray(results[1])
     bad = ~np.isfinite(y_values).all(axis=1)
@@ -348,9 +383,10 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
 
 def _split_arrays(f: da.Array, runs: WindowRuns, chunks: Sequence[int], labels_steps: da.Array,
                   timestamps: da.Array | None, segs: SegmentTable, *, label: LabelSpec, size: int,
-                  scales: Sequence[int], zscore: bool, materialize: bool) -> dict[str, da.Array]:
+                  scales: Sequence[int], zscore: bool, materialize: bool, row_offset: int = 0) -> dict[str, da.Array]:
     """The arrays of one split, in blocks of ``chunks`` windows: the windows (or their
-    end rows, for virtual windows), labels, end times, sessions and instruments."""
+    end rows, counted from ``row_offset``, for virtual windows), labels, end times,
+    sessions and instruments."""
     if materialize:
         xs = windows_at(f, runs, size=size, scales=scales, out_chunks=chunks)
         if zscore:
@@ -358,7 +394,8 @@ def _split_arrays(f: da.Array, runs: WindowRuns, chunks: Sequence[int], labels_s
         chunks = xs.chunks[0]  # blocks too short to lend a halo were merged
         arrays = {"x": xs}
     else:
-        arrays = {"ends": _ends(runs, chunks, np.int32 if f.shape[0] < 2**31 else np.int64)}
+        ends_dtype = np.int32 if f.shape[0] + row_offset < 2**31 else np.int64
+        arrays = {"ends": _ends(runs.shifted(row_offset), chunks, ends_dtype)}
     arrays["y"] = gather_rows(labels_steps, runs, chunks).map_blocks(
         finalize_labels, spec=label, dtype=label.out_dtype, drop_axis=[] if label.multi else [1])
     if timestamps is not None:
@@ -430,13 +467,15 @@ def _bad_rows(f: da.Array, segs: SegmentTable, lookback: int) -> da.Array:
     return f.map_blocks(flag, dtype=bool, drop_axis=1, token="bad-rows")
 
 
-def _first_sessions(segs: SegmentTable, n: int) -> np.ndarray:
+def _first_sessions(segs: SegmentTable, n: int, prior: SegmentTable | None = None) -> np.ndarray:
     """Per segment, the session number from which its instrument's windows are made
-    under trailing normalization: its ``n``-th session (counted in time order)."""
+    under trailing normalization: its ``n``-th session (counted in time order, the
+    stored sessions of ``prior`` first)."""
     out = np.zeros(len(segs), dtype=np.int64)
     for code in np.unique(segs.instrument):
         mine = np.flatnonzero(segs.instrument == code)
-        order = np.sort(segs.session[mine])
+        before = np.zeros(0, np.int64) if prior is None else prior.session[prior.instrument == code]
+        order = np.sort(np.concatenate([before, segs.session[mine]]))
         out[mine] = order[n] if n < order.size else np.iinfo(np.int64).max
     return out
 

@@ -75,11 +75,16 @@ def combine_moments(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], 
 
 
 def fit_normalization(f: da.Array, spec: NormalizeSpec, segments: SegmentTable, fit_runs: WindowRuns,
-                      halo: int, lookback: int = 0) -> tuple[list[Any], Callable[[Sequence[Any]], dict[str, Any]]]:
+                      halo: int, lookback: int = 0, prior: tuple[SegmentTable, Sequence[Any]] | None = None
+                      ) -> tuple[list[Any], Callable[[Sequence[Any]], dict[str, Any]]]:
     """The dask objects that compute ``spec``'s statistics, and a function that turns
     their results into the statistics recorded in the store's metadata.
 
     The caller computes them together with its other reductions: one pass over the data.
+    Trailing statistics record each segment's moments too (``moments``), so that an
+    append scales its new sessions by the stored ones before them: ``prior`` is the
+    stored segment table and its moments, and the statistics returned are then the new
+    segments' only.
     """
     if spec.kind == "global":
         intervals = _intervals(fit_runs, halo)
@@ -104,23 +109,40 @@ def fit_normalization(f: da.Array, spec: NormalizeSpec, segments: SegmentTable, 
                 for s, n, m, m2 in parts:
                     per.setdefault(s, []).append((n, m, m2))
             moments = [combine_moments(per.get(s, []), width) for s in range(len(segments))]
-            mean = np.zeros((len(segments), width))
-            std = np.ones((len(segments), width))
-            for s in range(len(segments)):
-                mine = np.flatnonzero(segments.instrument == segments.instrument[s])
-                before = mine[segments.session[mine] < segments.session[s]]
-                before = before[np.argsort(segments.session[before])][-spec.sessions:]
-                if before.size < spec.sessions:
-                    continue  # makes no window: it only serves as history
-                n, m, m2 = combine_moments([moments[b] for b in before], width)
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    sd = np.sqrt(m2 / n)
-                mean[s] = np.nan_to_num(m)
-                std[s] = np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
-            return {"kind": "trailing", "sessions": spec.sessions, "mean": mean.tolist(), "std": std.tolist()}
+            mean, std = _trailing(segments, moments, spec.sessions, width, prior)
+            return {"kind": "trailing", "sessions": spec.sessions, "mean": mean.tolist(), "std": std.tolist(),
+                    "moments": {k: [m[i].tolist() for m in moments] for i, k in enumerate(("count", "mean", "m2"))}}
 
         return tasks, finish_trailing
     return [], lambda res: {"kind": spec.kind}
+
+
+def _trailing(segments: SegmentTable, moments: Sequence[Any], sessions: int, width: int,
+              prior: tuple[SegmentTable, Sequence[Any]] | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per segment, the mean and std pooled over the ``sessions`` sessions of its
+    instrument before it (stored ones of ``prior`` included); 0 and 1 for a segment
+    with fewer before it, which makes no window."""
+    inst, sess, pool = segments.instrument, segments.session, list(moments)
+    if prior is not None:
+        inst = np.concatenate([prior[0].instrument, inst])
+        sess = np.concatenate([prior[0].session, sess])
+        pool = list(prior[1]) + pool
+    skip = len(pool) - len(segments)
+    mean = np.zeros((len(segments), width))
+    std = np.ones((len(segments), width))
+    for s in range(len(segments)):
+        k = skip + s
+        mine = np.flatnonzero(inst == inst[k])
+        before = mine[sess[mine] < sess[k]]
+        before = before[np.argsort(sess[before], kind="stable")][-sessions:]
+        if before.size < sessions:
+            continue  # makes no window: it only serves as history
+        n, m, m2 = combine_moments([pool[b] for b in before], width)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            sd = np.sqrt(m2 / n)
+        mean[s] = np.nan_to_num(m)
+        std[s] = np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
+    return mean, std
 
 
 def apply_normalization(f: da.Array, spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> da.Array:

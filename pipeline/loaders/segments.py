@@ -44,6 +44,9 @@ class SegmentedSource:
     sources: tuple[Source, ...]
     session_mode: str = "none"
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: Per segment, what orders sessions without timestamps: the file name with the
+    #: instrument left out (or the date, or ``""``).
+    session_keys: tuple[str, ...] = ()
 
     @property
     def files(self) -> tuple[Any, ...]:
@@ -309,4 +312,5 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
                                       labels=[labels[i] for i in order])
     return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
                            segments=table, sources=tuple(sources), session_mode=spec.mode,
+                           session_keys=tuple(keys[i] for i in order),
                            skipped=tuple(s for src in sources for s in src.skipped))

@@ -10,8 +10,51 @@ import zarr
 
 from pipeline.errors import IncompleteStoreError, StoreError
 from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
+from pipeline.storage.versions import Version, attrs_at, pinned_array, select_version, versions_of
 
-__all__ = ["Dataset", "Fold", "FoldArray", "open"]
+__all__ = ["Dataset", "Fold", "FoldArray", "SplitGroup", "open"]
+
+
+class SplitGroup(Mapping[str, zarr.Array]):
+    """The arrays of one split at a store's version: ``split["x"]`` is a ``zarr.Array``
+    holding exactly that version's samples, however many were appended since.
+
+    Attributes
+    ----------
+    group
+        The split's ``zarr.Group`` (its arrays as they are now, appends included).
+    samples
+        The version's sample count.
+    """
+
+    def __init__(self, group: zarr.Group, samples: int):
+        self.group, self.samples = group, int(samples)
+
+    def __getitem__(self, name: str) -> zarr.Array:
+        node = self.group[name]
+        if not isinstance(node, zarr.Array):
+            raise KeyError(name)
+        return pinned_array(node, self.samples) if not name.startswith("_") else node
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(name for name, _ in self.group.arrays()))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name in self.group and isinstance(self.group[name], zarr.Array)
+
+    def arrays(self) -> Iterator[tuple[str, zarr.Array]]:
+        """``(name, array)`` pairs, as ``zarr.Group.arrays`` gives them."""
+        return ((name, self[name]) for name in self)
+
+    @property
+    def attrs(self) -> Any:
+        return self.group.attrs
+
+    def __repr__(self) -> str:
+        return f"<pipeline.SplitGroup {self.group.path}: {self.samples} samples>"
 
 
 class FoldArray:
@@ -22,7 +65,7 @@ class FoldArray:
     """
 
     def __init__(self, array: zarr.Array, index: np.ndarray):
-        self.array, self.index = array, index
+        self.array, self.index = array, index  # the base split's array, pinned to its version
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -63,7 +106,7 @@ class Fold(Mapping[str, FoldArray]):
         The fold's sorted sample indices into ``base`` (int64).
     """
 
-    def __init__(self, name: str, base: str, group: zarr.Group, index: np.ndarray):
+    def __init__(self, name: str, base: str, group: "SplitGroup", index: np.ndarray):
         self.name, self.base, self.group, self.index = name, base, group, index
 
     def __getitem__(self, array: str) -> FoldArray:
@@ -73,7 +116,7 @@ class Fold(Mapping[str, FoldArray]):
         return FoldArray(self.group[array], self.index)
 
     def __iter__(self) -> Iterator[str]:
-        return iter(sorted(name for name, _ in self.group.arrays() if not name.startswith("_")))
+        return iter(sorted(name for name in self.group if not name.startswith("_")))
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
@@ -82,14 +125,28 @@ class Fold(Mapping[str, FoldArray]):
         return f"<pipeline.Fold {self.name} of {self.base}: {self.index.size} samples>"
 
 
-class Dataset(Mapping[str, "zarr.Group | Fold"]):
-    """A read-only view of a store: ``ds["train"]["x"]`` is a ``zarr.Array``;
-    ``ds["fold0/train"]`` is a :class:`Fold` of the folds listed in ``ds.folds``."""
+class Dataset(Mapping[str, "SplitGroup | Fold"]):
+    """A read-only view of one version of a store: ``ds["train"]["x"]`` is a
+    ``zarr.Array`` of that version's samples; ``ds["fold0/train"]`` is a :class:`Fold`
+    of the folds listed in ``ds.folds``.
 
-    def __init__(self, group: zarr.Group, location: str):
+    Attributes
+    ----------
+    version
+        The :class:`~pipeline.storage.versions.Version` it shows.
+    versions
+        Every version of the store, oldest first.
+    attrs
+        The store's attributes as of ``version``.
+    """
+
+    def __init__(self, group: zarr.Group, location: str, version: int | None = None):
         self.group = group
         self.location = location
-        self.attrs: dict[str, Any] = store_root_attrs(group)
+        meta = store_root_attrs(group)
+        self.versions: list[Version] = versions_of(meta)
+        self.version: Version = select_version(meta, version, location)
+        self.attrs: dict[str, Any] = attrs_at(meta, self.version)
 
     @property
     def splits(self) -> tuple[str, ...]:
@@ -106,13 +163,21 @@ class Dataset(Mapping[str, "zarr.Group | Fold"]):
         info = self.attrs.get("folds")
         return tuple(info.get("names") or ()) if isinstance(info, Mapping) else ()
 
-    def __getitem__(self, split: str) -> zarr.Group | Fold:
+    def __getitem__(self, split: str) -> SplitGroup | Fold:
         if split in self.folds:
             return self.fold(split)
         if split not in self.splits:
             raise KeyError(f"{self.location}: no split {split!r} (splits: {', '.join(self.splits)}; "
                            f"folds: {', '.join(self.folds) or 'none'})")
-        return self.group[split]
+        return self._split(split)
+
+    def _split(self, split: str) -> SplitGroup:
+        group = self.group[split]
+        samples = self.version.samples.get(split)
+        if samples is None:  # a store written before versions: its arrays as they are
+            first = next((a for name, a in group.arrays() if not name.startswith("_")), None)
+            samples = 0 if first is None else int(first.shape[0])
+        return SplitGroup(group, samples)
 
     def fold(self, name: str) -> Fold:
         """Fold ``name``: its base split's arrays at its sample indices.
@@ -131,7 +196,7 @@ class Dataset(Mapping[str, "zarr.Group | Fold"]):
             index = np.asarray(self.group[f"{FOLDS}/{name}"][:], dtype=np.int64)
         except KeyError as exc:
             raise StoreError(f"{self.location}: fold {name!r} is listed, but {FOLDS}/{name} is missing") from exc
-        return Fold(name, base, self.group[base], index)
+        return Fold(name, base, self._split(base), index)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.splits)
@@ -140,8 +205,8 @@ class Dataset(Mapping[str, "zarr.Group | Fold"]):
         return len(self.splits)
 
     def __repr__(self) -> str:
-        parts = ", ".join(f"{s}: {self.group[s]['x'].shape}" for s in self.splits if "x" in self.group[s])
-        return f"<pipeline.Dataset {self.location} {parts}>"
+        parts = ", ".join(f"{s}: {self[s]['x'].shape}" for s in self.splits if "x" in self.group[s])
+        return f"<pipeline.Dataset {self.location} v{self.version.number} {parts}>"
 
 
 def open(
@@ -149,13 +214,18 @@ def open(
     *,
     partial: bool = False,
     storage_options: dict[str, Any] | None = None,
+    version: int | None = None,
 ) -> Dataset:
-    """Open a store written by :func:`pipeline.write` or ``pipeline run``.
+    """Open a version of a store written by :func:`pipeline.write` or ``pipeline run``.
 
     Parameters
     ----------
     location
         Directory, ``.zarr.zip`` file or fsspec URL.
+    version
+        The version to show (``ds.versions`` lists them; negative counts from the
+        newest). ``None``: the newest when opening. Either way the dataset keeps that
+        version while later appends add others.
     partial
         Allow reading a store whose writer has not finished (its unwritten chunks read
         as zeros).
@@ -166,6 +236,8 @@ def open(
     ------
     IncompleteStoreError
         When the store is not marked complete and ``partial`` is false.
+    StoreError
+        When the store has no such version.
     """
     loc = os.fspath(location)
     group = open_store_group(loc, mode="r", storage_options=storage_options)
@@ -174,4 +246,4 @@ def open(
         raise StoreError(f"{loc}: not a pipeline store (no '{'pipeline'}' attributes)")
     if not meta.get("complete") and not partial:
         raise IncompleteStoreError(loc)
-    return Dataset(group, loc)
+    return Dataset(group, loc, version)

@@ -50,6 +50,7 @@ from pipeline.storage.layout import (
     unit_samples,
 )
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
+from pipeline.storage.versions import HISTORY, record
 
 __all__ = ["SHARED", "WRITTEN", "split_gap_from_arrays", "write", "written_units"]
 
@@ -667,4 +668,6 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "complete": True,
     })
+    shared_rows = int(next(iter(groups[SHARED].values())).shape[0]) if SHARED in groups else None
+    meta[HISTORY] = record(meta, kind="build", samples=counts, shared_rows=shared_rows)
     group.attrs[ATTRS_KEY] = json.loads(json.dumps(meta, default=str))

@@ -42,11 +42,15 @@ def available_splits(group: Any, meta: Mapping[str, Any]) -> str:
 
 
 class StoreSource:
-    """Chunks of the arrays of one split of a zarr store."""
+    """Chunks of the arrays of one split of a zarr store, at one version of the store
+    (``version``: the newest when opened, kept however many appends follow)."""
 
     def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
-                 storage_options: dict | None, verify: bool = False):
+                 storage_options: dict | None, verify: bool = False, version: int | None = None,
+                 cache: Any = None):
         from pipeline.storage.store import ATTRS_KEY, open_store_group, store_root_attrs
+        from pipeline.streaming.cache import open_remote_cache
+        from pipeline.storage.versions import pinned_array, select_version
 
         self.location, self.split, self.names = location, split, tuple(names)
         self.partial, self.storage_options, self.verify = partial, storage_options, verify
@@ -58,6 +62,11 @@ class StoreSource:
         foreign = ATTRS_KEY not in group.attrs
         if not foreign and not meta.get("complete") and not partial:
             raise IncompleteStoreError(str(label))
+        # The version is resolved to its number here, so that DataLoader workers, which
+        # reopen the store, read the same one whatever was appended meanwhile.
+        pinned = None if foreign else select_version(meta, version, str(label))
+        self.version = None if pinned is None else pinned.number
+        samples = None if pinned is None else pinned.samples.get(split)
         if split not in group or not is_split_group(split, group[split]):
             raise StreamError(f"{label}: no split {split!r}; {available_splits(group, meta)}")
         arrays = {}
@@ -69,6 +78,8 @@ class StoreSource:
             if n not in group[split]:
                 raise StreamError(f"{label}: split {split!r} has no array {n!r}")
             arrays[n] = group[f"{split}/{n}"]
+        if samples is not None:
+            arrays = {n: pinned_array(a, samples) for n, a in arrays.items()}
         shapes = {n: (a.shape[0], a.chunks[0]) for n, a in arrays.items()}
         if len(set(shapes.values())) != 1:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
@@ -77,7 +88,9 @@ class StoreSource:
         # and stay mapped from one epoch to the next. Files of a foreign group may still
         # be rewritten by their tool (a mapped file truncated under us faults): read them.
         self.maps = MapCache() if meta.get("complete") and not partial else None
-        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, maps=self.maps)
+        # A remote store's chunk objects go through a node-local cache when one is asked for.
+        self.cache_spec, self.cache = cache, open_remote_cache(cache, group, location, storage_options, meta)
+        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, maps=self.maps, cache=self.cache)
                         for n, a in arrays.items()}
         self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
@@ -85,8 +98,11 @@ class StoreSource:
             from pipeline.streaming.virtual import VirtualWindowReader
 
             shared_sums = group["_shared/_written"][:] if verify else None
-            feats = ChunkReader(group["_shared/features"], (str(label), "_shared", "features"), shared_sums,
-                                maps=self.maps)
+            features = group["_shared/features"]
+            if pinned is not None and pinned.shared_rows is not None:
+                features = pinned_array(features, pinned.shared_rows)
+            feats = ChunkReader(features, (str(label), "_shared", "features"), shared_sums,
+                                maps=self.maps, cache=self.cache)
             self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))
@@ -98,11 +114,17 @@ class StoreSource:
         if not isinstance(self.location, (str, os.PathLike)):
             raise StreamError("a stream over an open zarr group cannot be sent to worker processes; pass its path")
         return {"location": self.location, "split": self.split, "names": self.names,
-                "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify}
+                "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify,
+                "version": self.version, "cache": self.cache_spec}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["location"], state["split"], state["names"], state["partial"], state["storage_options"],
-                      state.get("verify", False))
+                      state.get("verify", False), state.get("version"), cache=state.get("cache"))
+
+    def at_version(self, version: int | None) -> "StoreSource":
+        """The same split at another version of the store (``None``: the newest)."""
+        return StoreSource(self.location, self.split, self.names, self.partial, self.storage_options, self.verify,
+                           version, cache=self.cache_spec)
 
     def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         if self._pid != os.getpid():
@@ -128,6 +150,13 @@ class StoreSource:
         """Unmap the chunk files kept mapped (they are mapped again when read again)."""
         if self.maps is not None:
             self.maps.clear()
+        if self.cache is not None:
+            self.cache.release()
+
+    def will_read(self, chunks: Sequence[int], epoch: int) -> None:
+        """The chunks an epoch reads next, in order: a remote store's cache fetches them ahead."""
+        if self.cache is not None:
+            self.cache.will_read(list(self.readers.values()), chunks, epoch)
 
     def assembled(self, name: str) -> bool:
         """Whether ``name`` is assembled from stored rows (virtual windows) rather than read."""
@@ -154,7 +183,7 @@ class StoreSource:
         with _REOPEN_LOCK:
             if self._pid != os.getpid():
                 self.__init__(self.location, self.split, self.names, self.partial, self.storage_options,
-                              self.verify)
+                              self.verify, cache=self.cache_spec)
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         r = self.readers[name]

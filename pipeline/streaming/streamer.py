@@ -53,6 +53,7 @@ import numpy as np
 
 from pipeline.errors import StreamError
 from pipeline.streaming.batches import BatchSlabs
+from pipeline.streaming.cache import CacheStats, cache_spec
 from pipeline.streaming.groups import BufferPool, Group, GroupLoader
 from pipeline.streaming.plan import WorkerPlan, batches_per_rank, served_order, shuffle_quality, worker_plan
 from pipeline.streaming.sources import ArraySource
@@ -71,8 +72,9 @@ class Stream:
 
     def __init__(self, source: Any, *, names: Sequence[str], batch_size: int, shuffle: bool, seed: int,
                  buffer_chunks: int, drop_last: bool, rank: int, world_size: int, prefetch: int,
-                 threads: int | None, read_niceness: int = 5):
+                 threads: int | None, read_niceness: int = 5, follow: bool = False):
         self.source = source
+        self.follow = follow
         self.names = tuple(names)
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -165,24 +167,56 @@ class Stream:
     def __len__(self) -> int:
         return batches_per_rank(self.n_samples, self.world_size, self.batch_size, self.drop_last)
 
+    @property
+    def version(self) -> int | None:
+        """The store version served (``None`` for arrays and foreign zarr groups)."""
+        return getattr(self.source, "version", None)
+
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch whose order the next iteration follows."""
+        """Choose the epoch whose order the next iteration follows; with ``follow``, a
+        new epoch also moves to the store's newest version."""
         if epoch != self.epoch:
             self._served = 0
+            if self.follow and hasattr(self.source, "at_version"):
+                self._switch(self.source.at_version(None))
         self.epoch = int(epoch)
 
+    def _switch(self, source: Any) -> None:
+        """Serve ``source`` (the same split at another version) from the next iteration."""
+        if source.version == self.version:
+            return
+        n = int(sum(source.lengths))
+        if n < self.world_size:
+            raise StreamError(f"{n} samples cannot be shared among {self.world_size} ranks")
+        self.close()  # the next epoch's early read was of the old version
+        self.source, self.n_samples = source, n
+
     def state_dict(self) -> dict[str, int]:
-        """Where this stream is: enough integers to resume mid-epoch."""
-        return {"epoch": self.epoch, "batches_served": self._served, "seed": self.seed,
-                "rank": self.rank, "world_size": self.world_size}
+        """Where this stream is: enough integers to resume mid-epoch (and the store
+        version it serves, which a resumed stream serves too)."""
+        state = {"epoch": self.epoch, "batches_served": self._served, "seed": self.seed,
+                 "rank": self.rank, "world_size": self.world_size}
+        if self.version is not None:
+            state["version"] = self.version
+        return state
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resume: the next iteration yields exactly the batches not yet served."""
+        """Resume: the next iteration yields exactly the batches not yet served, of the
+        store version the state was saved on."""
         for key in ("seed", "rank", "world_size"):
             if key in state and int(state[key]) != getattr(self, key):
                 raise StreamError(f"state_dict was saved with {key}={state[key]}, this stream has {getattr(self, key)}")
+        if state.get("version") is not None and hasattr(self.source, "at_version"):
+            self._switch(self.source.at_version(int(state["version"])))
         self.epoch = int(state["epoch"])
         self._served = int(state["batches_served"])
+
+    def cache_stats(self, epoch: int | None = None) -> CacheStats | None:
+        """What ``epoch`` (default: the current one) read through the remote store's
+        cache in this process: hit rate and bytes fetched; print it for a one-line
+        report. None without a cache. DataLoader workers each count their own reads."""
+        cache = getattr(getattr(self.source, "base", self.source), "cache", None)
+        return None if cache is None else cache.stats(self.epoch if epoch is None else epoch)
 
     def quality(self) -> dict[str, float]:
         """Shuffle quality of the last epoch served whole by this stream's own iterator.
@@ -513,6 +547,10 @@ def stream(
     threads: int | None = None,
     verify: bool = False,
     read_niceness: int = 5,
+    version: int | None = None,
+    follow: bool = False,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | None = None,
 ) -> Stream:
     """Stream shuffled, aligned batches of a split.
 
@@ -555,6 +593,21 @@ def stream(
         keeps them at the process's priority). Reading ahead is background work: at
         equal priority the decoding threads made the thread that mixes batches, and the
         training loop, wait for a core (on 2 cores: 1.75 instead of 1.87 cores busy).
+    version, follow
+        The store version to serve (``None``: the newest when the stream opens; see
+        :func:`pipeline.open`). The stream keeps it while appends add others, so an
+        epoch never changes under the training loop; with ``follow=True`` each new epoch
+        (``set_epoch``) moves to the newest version. ``state_dict`` records the version,
+        and a resumed stream serves it.
+    cache_dir, cache_bytes
+        For a remote store (``s3://`` and other fsspec URLs): keep its chunk objects in
+        ``cache_dir`` on local disk, at most ``cache_bytes`` bytes of them (least
+        recently used evicted), so that later epochs read local files; each worker
+        fetches its epoch's chunks ahead of need, with many requests in flight. Every
+        rank and DataLoader worker of a node may share the directory (see
+        :mod:`~pipeline.streaming.cache`); the files go to its subfolder
+        ``pipeline-chunk-cache``. ``Stream.cache_stats(epoch)`` reports hits and bytes
+        fetched. Stores on local disk and arrays ignore both.
 
     Returns
     -------
@@ -574,7 +627,8 @@ def stream(
     import zarr
 
     if isinstance(source, (str, os.PathLike, zarr.Group)):
-        src: Any = open_store_source(source, split, arrays, partial, storage_options, verify)
+        src: Any = open_store_source(source, split, arrays, partial, storage_options, verify, version,
+                                     cache=cache_spec(cache_dir, cache_bytes))
     elif isinstance(source, Mapping):
         src = ArraySource(source, arrays)
     elif isinstance(source, (tuple, list)):
@@ -585,7 +639,7 @@ def stream(
         raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or arrays")
     return Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
                   buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
-                  prefetch=prefetch, threads=threads, read_niceness=read_niceness)
+                  prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow)
 
 
 def _distributed_rank() -> tuple[int, int]:

@@ -183,6 +183,12 @@ class SubsetSource:
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         return self.base.sample_shape(name)
 
+    def will_read(self, chunks: Sequence[int], epoch: int) -> None:
+        """The base chunks an epoch reads next, in order (see ``StoreSource.will_read``)."""
+        will_read = getattr(self.base, "will_read", None)
+        if will_read is not None:
+            will_read([int(self.layout.chunks[c]) for c in chunks], epoch)
+
     def release(self) -> None:
         """Give back what the base source keeps between epochs (mapped chunk files)."""
         release = getattr(self.base, "release", None)
@@ -217,21 +223,29 @@ class FoldSource(SubsetSource):
     """
 
     def __init__(self, location: Any, fold: str, names: Sequence[str], partial: bool,
-                 storage_options: dict | None, verify: bool = False):
+                 storage_options: dict | None, verify: bool = False, version: int | None = None,
+                 cache: Any = None):
         from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
+        from pipeline.storage.versions import attrs_at, select_version
         from pipeline.streaming.sources import StoreSource
 
         self.location, self.fold, self.partial = location, fold, partial
         self.storage_options, self.verify = storage_options, verify
         group = open_store_group(location, mode="r", storage_options=storage_options)
-        info = store_root_attrs(group)["folds"]
+        meta = store_root_attrs(group)
         label = location if isinstance(location, (str, os.PathLike)) else "<group>"
+        self.version = select_version(meta, version, str(label)).number
+        info = attrs_at(meta, select_version(meta, self.version, str(label)))["folds"]
+        if fold not in (info.get("names") or ()):
+            raise StreamError(f"{label}: version {self.version} has no fold {fold!r} (it was appended later); "
+                              f"folds: {', '.join(info.get('names') or ()) or 'none'}")
         where = f"{label}: fold {fold!r} ({FOLDS}/{fold})"
         try:
             index = group[f"{FOLDS}/{fold}"][:]
         except KeyError as exc:
             raise StoreError(f"{where}: listed in the store's attributes, but its index array is missing") from exc
-        base = StoreSource(location, info["base"], names, partial, storage_options, verify)
+        base = StoreSource(location, info["base"], names, partial, storage_options, verify, self.version,
+                           cache=cache)
         expected = (info.get("counts") or {}).get(fold)
         if expected is not None and int(index.size) != int(expected):
             raise StoreError(f"{where}: {index.size} sample indices stored, {expected} recorded")
@@ -240,19 +254,26 @@ class FoldSource(SubsetSource):
         except StreamError as exc:
             raise StoreError(f"{exc} (the store is damaged: write it again)") from None
 
+    def at_version(self, version: int | None) -> "FoldSource":
+        """The same fold at another version of the store (``None``: the newest)."""
+        return FoldSource(self.location, self.fold, self.names, self.partial, self.storage_options, self.verify,
+                          version, cache=self.base.cache_spec)
+
     def __getstate__(self) -> dict:
         if not isinstance(self.location, (str, os.PathLike)):
             raise StreamError("a stream over an open zarr group cannot be sent to worker processes; pass its path")
         return {"location": self.location, "fold": self.fold, "names": self.names, "partial": self.partial,
-                "storage_options": self.storage_options, "verify": self.verify}
+                "storage_options": self.storage_options, "verify": self.verify, "version": self.version,
+                "cache": self.base.cache_spec}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["location"], state["fold"], state["names"], state["partial"], state["storage_options"],
-                      state["verify"])
+                      state["verify"], state.get("version"), cache=state.get("cache"))
 
 
 def open_store_source(location: Any, split: str, names: Sequence[str], partial: bool,
-                      storage_options: dict | None, verify: bool = False) -> Any:
+                      storage_options: dict | None, verify: bool = False, version: int | None = None,
+                      cache: Any = None) -> Any:
     """The source of ``split`` of a store: a split, or a fold named in its attributes.
 
     Raises
@@ -265,5 +286,5 @@ def open_store_source(location: Any, split: str, names: Sequence[str], partial: 
 
     meta = store_root_attrs(open_store_group(location, mode="r", storage_options=storage_options))
     if split in fold_names(meta):
-        return FoldSource(location, split, names, partial, storage_options, verify)
-    return StoreSource(location, split, names, partial, storage_options, verify)
+        return FoldSource(location, split, names, partial, storage_options, verify, version, cache=cache)
+    return StoreSource(location, split, names, partial, storage_options, verify, version, cache=cache)

@@ -1,0 +1,243 @@
+"""What a stored build fixes for an append, and how an append's figures join the stored ones.
+
+An append computes only the new sessions: their windows, labels, placement and folds.
+Everything else is the stored build's, read from the store's attributes, never from the
+old raw files: the segment table (so new session numbers and row offsets continue it),
+the normalization statistics (frozen at the first build; trailing normalization also
+keeps every session's moments, so a new session is scaled by the sessions before it
+without reading them), the sample counts, and the session of every sample of the first
+split (walk-forward folds gain the new ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.errors import WindowError
+from pipeline.features.sessions import SegmentTable
+
+__all__ = ["Prior", "continue_folds", "continue_sessions", "merge_attrs", "prior_from_attrs", "stored_segments"]
+
+#: Attributes an append adds its new figures to, key by key.
+_SUMMED = ("window_counts", "nan_windows_dropped")
+
+
+@dataclass(frozen=True, slots=True)
+class Prior:
+    """The stored build an append continues.
+
+    Attributes
+    ----------
+    samples
+        Stored samples per split, in split order.
+    rows
+        Stored source rows: the first new row's number (virtual windows' ends count
+        from the first stored row).
+    segments
+        The stored segment table.
+    stats
+        The normalization statistics as stored (frozen).
+    base_sessions
+        Session number of each stored sample of the first split (folds only).
+    attrs
+        Every stored attribute.
+    """
+
+    samples: dict[str, int]
+    rows: int
+    segments: SegmentTable
+    stats: dict[str, Any]
+    base_sessions: np.ndarray | None = None
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    def moments(self) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per stored segment, the ``(count, mean, m2)`` of its usable rows (trailing
+        normalization only)."""
+        m = self.stats.get("moments")
+        if not isinstance(m, Mapping):
+            raise WindowError("append: the store's trailing normalization has no per-session moments (it was "
+                              "written by an older version); rebuild it once with --rebuild")
+        return [(np.asarray(c, float), np.asarray(a, float), np.asarray(b, float))
+                for c, a, b in zip(m["count"], m["mean"], m["m2"])]
+
+
+def stored_segments(attrs: Mapping[str, Any]) -> SegmentTable:
+    """The segment table of a store's ``sessions`` attribute.
+
+    Raises
+    ------
+    WindowError
+        When the store records no session table (written before sessions were).
+    """
+    rows = attrs.get("sessions")
+    if not isinstance(rows, list) or not rows:
+        raise WindowError("append: the store records no session table; rebuild it once with --rebuild")
+    names = tuple(attrs.get("instruments") or ("",))
+    code = {n: i for i, n in enumerate(names)}
+    starts = np.array([r["rows"][0] for r in rows], dtype=np.int64)
+    stops = np.array([r["rows"][1] for r in rows], dtype=np.int64)
+    return SegmentTable(starts, stops, np.array([code[r["instrument"]] for r in rows], dtype=np.int32),
+                        np.array([r["session"] for r in rows], dtype=np.int32), names,
+                        tuple(str(r.get("label", "")) for r in rows))
+
+
+def prior_from_attrs(attrs: Mapping[str, Any], samples: Mapping[str, int],
+                     base_sessions: np.ndarray | None = None) -> Prior:
+    """The :class:`Prior` of a store, from its attributes and its version's counts."""
+    segs = stored_segments(attrs)
+    return Prior(samples=dict(samples), rows=segs.rows, segments=segs, stats=dict(attrs.get("normalization") or {}),
+                 base_sessions=base_sessions, attrs=dict(attrs))
+
+
+def merge_attrs(prior: Prior, new: Mapping[str, Any]) -> dict[str, Any]:
+    """The attributes of the store after an append: the stored ones with the new
+    sessions' rows, counts, statistics and folds joined in.
+
+    ``new`` holds what the append computed (its session table counts rows from the
+    first new row).
+    """
+    out = dict(prior.attrs)
+    sessions = []
+    for row in new.get("sessions") or []:
+        row = dict(row)
+        row["rows"] = [int(v) + prior.rows for v in row["rows"]]
+        sessions.append(row)
+    out["sessions"] = list(prior.attrs.get("sessions") or []) + sessions
+    for key in _SUMMED:
+        merged = dict(prior.attrs.get(key) or {})
+        for k, v in dict(new.get(key) or {}).items():
+            merged[k] = int(merged.get(k, 0)) + int(v)
+        out[key] = merged
+    if "class_balance" in new:
+        old = dict(prior.attrs.get("class_balance") or {})
+        out["class_balance"] = {k: (np.asarray(old[k]) + np.asarray(v)).tolist() if k in old and len(old[k]) else v
+                                for k, v in new["class_balance"].items()}
+    steps = {k: list(v) for k, v in dict(prior.attrs.get("split_steps") or {}).items()}
+    for k, (lo, hi) in dict(new.get("split_steps") or {}).items():
+        lo, hi = int(lo) + prior.rows, int(hi) + prior.rows
+        steps[k] = [steps[k][0], hi] if k in steps else [lo, hi]
+    out["split_steps"] = steps
+    stats = new.get("normalization") or {}
+    if stats.get("kind") == "trailing":
+        old = prior.stats
+        joined = {k: list(old.get(k) or []) + list(stats.get(k) or []) for k in ("mean", "std")}
+        moments = {k: list((old.get("moments") or {}).get(k) or []) + list(stats["moments"][k])
+                   for k in ("count", "mean", "m2")}
+        out["normalization"] = {**old, **joined, "moments": moments}
+    if "folds" in new:
+        out["folds"] = new["folds"]
+    return out
+
+
+def continue_folds(base_sessions: Sequence[int], spec: Any) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Every fold over a first split whose samples have the sessions ``base_sessions``
+    (stored ones then new ones), as sample indices, and the folds' description.
+
+    Folds only grow at the end as sessions are added (each fold is a fixed set of the
+    sessions before its test sessions), so the stored folds come out the same."""
+    from pipeline.features.splits import fold_sessions
+
+    base_sessions = np.asarray(base_sessions, dtype=np.int64)
+    periods = np.unique(base_sessions)
+    index: dict[str, np.ndarray] = {}
+    described = {}
+    for i, (train_p, test_p) in enumerate(fold_sessions(int(periods.size), spec)):
+        index[f"fold{i}/train"] = np.flatnonzero(np.isin(base_sessions, periods[train_p])).astype(np.int64)
+        index[f"fold{i}/test"] = np.flatnonzero(np.isin(base_sessions, periods[test_p])).astype(np.int64)
+        described[f"fold{i}"] = {"train": periods[train_p].tolist(), "test": periods[test_p].tolist()}
+    info = {"kind": spec.kind, "test_sessions": spec.test_sessions, "min_train_sessions": spec.min_train_sessions,
+            "train_sessions": spec.train_sessions, "count": len(described), "sessions": described}
+    return index, info
+
+
+_DAY_NS = 86_400 * 10**9
+
+
+def _stored_times(attrs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """First and last timestamp (ns) of every stored segment, or None without times."""
+    rows = attrs.get("sessions") or []
+    if not rows or any("start" not in r for r in rows):
+        return None
+    first = np.array([np.datetime64(r["start"], "ns").astype(np.int64) for r in rows], dtype=np.int64)
+    last = np.array([np.datetime64(r["end"], "ns").astype(np.int64) for r in rows], dtype=np.int64)
+    return first, last
+
+
+def _periods(instrument: np.ndarray, first_ns: np.ndarray, start: Mapping[tuple[int, int], int] | None = None
+             ) -> np.ndarray:
+    """``(day, rank that day)`` of each segment (in segment order), ranks counted per
+    instrument after ``start`` (the stored segments' count per instrument and day)."""
+    counts = dict(start or {})
+    out = np.zeros((instrument.size, 2), dtype=np.int64)
+    for k in range(instrument.size):
+        key = (int(instrument[k]), int(first_ns[k] // _DAY_NS))
+        out[k] = key[1], counts.get(key, 0)
+        counts[key] = counts.get(key, 0) + 1
+    return out
+
+
+def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None,
+                      mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None) -> np.ndarray:
+    """Session numbers for an append's new segments that continue the stored ones as a
+    build of every file would number them.
+
+    Parameters
+    ----------
+    prior
+        The stored build.
+    instrument, labels
+        Per new segment (in segment order): the stored code of its instrument, and its
+        label (file or date) for messages.
+    first_ns
+        Per new segment, its first timestamp (``None`` without timestamps: sessions are
+        then ordered by ``keys``, the file names with the instrument left out, whose
+        stored counterparts are ``prior``'s ``keys`` attribute).
+    mode, gap_ns
+        The session mode and, for ``gap``, the gap.
+
+    Raises
+    ------
+    WindowError
+        Naming the segment: one that falls before or among the stored sessions, or
+        that would continue a stored session (the same date, or within the gap).
+    """
+    stored = prior.segments
+    top = int(stored.session.max())
+    times = _stored_times(prior.attrs)
+    if first_ns is None or times is None:
+        old_keys = list(prior.attrs.get("session_keys") or [])
+        if keys is None or len(old_keys) != len(stored):
+            raise WindowError("append: new sessions cannot be placed after the stored ones without timestamps or "
+                              "the stored session keys; set source.timestamp, or rebuild with --rebuild")
+        last = max(old_keys)
+        for key, label in zip(keys, labels):
+            if key <= last:
+                raise WindowError(f"append: {label} falls before or among the stored sessions (the last stored is "
+                                  f"{last}); new files must come after every stored one, or rebuild with --rebuild")
+        return top + 1 + np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
+    first, last = times
+    seen: dict[tuple[int, int], int] = {}
+    for code, day in zip(stored.instrument.tolist(), (first // _DAY_NS).tolist()):
+        seen[(code, day)] = seen.get((code, day), 0) + 1
+    old = _periods(stored.instrument, first)
+    new = _periods(np.asarray(instrument), np.asarray(first_ns), seen)
+    newest = max(map(tuple, old.tolist()))
+    for k, label in enumerate(labels):
+        code = int(instrument[k])
+        mine = np.flatnonzero(stored.instrument == code)
+        if mine.size:
+            end = int(last[mine].max())
+            joins = (mode == "date" and int(first_ns[k]) // _DAY_NS == end // _DAY_NS) or (
+                mode == "gap" and int(first_ns[k]) - end <= gap_ns)
+            if joins:
+                raise WindowError(f"append: {label} continues the stored session that ends at "
+                                  f"{np.datetime64(end, 'ns')}; an append adds whole new sessions: rebuild with "
+                                  "--rebuild")
+        if tuple(new[k].tolist()) <= newest:
+            raise WindowError(f"append: {label} (from {np.datetime64(int(first_ns[k]), 'ns')}) falls before or among "
+                              "the stored sessions; new data must come after every stored session, or rebuild with "
+                              "--rebuild")
+    return top + 1 + np.unique(new, axis=0, return_inverse=True)[1].reshape(-1)
