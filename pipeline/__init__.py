@@ -25,6 +25,7 @@ __all__ = [
     "cluster",
     "load",
     "load_config",
+    "mix",
     "open",
     "open_source",
     "run",
@@ -38,6 +39,7 @@ _LAZY = {
     "cluster": ("pipeline.cluster", "cluster"),
     "load": ("pipeline.loaders", "load"),
     "load_config": ("pipeline.config", "load_config"),
+    "mix": ("pipeline.streaming.mix", "mix"),
     "open": ("pipeline.storage", "open"),
     "open_source": ("pipeline.loaders", "open_source"),
     "run": ("pipeline.job", "run"),
@@ -54,6 +56,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from pipeline.loaders import load, open_source
     from pipeline.storage import open, write
     from pipeline.streaming import stream
+    from pipeline.streaming.mix import mix
 
 
 def __getattr__(name: str) -> Any:

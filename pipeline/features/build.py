@@ -54,9 +54,11 @@ def _window_zscore(block: np.ndarray) -> np.ndarray:
 
 
 def _mask_heads(f: da.Array, segments: SegmentTable, lookback: int) -> da.Array:
-    """NaN in the first ``lookback`` rows of every segment but the first (whose rows
-    are NaN already): their features borrowed history from another session."""
-    if lookback == 0 or len(segments) == 1:
+    """NaN in the first ``lookback`` rows of every segment: their features borrowed
+    history from another session, or lacked some (the first segment's), so the shared
+    features of virtual windows are the same whichever segments a build starts with
+    (an append starts with its new sessions)."""
+    if lookback == 0:
         return f
     starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
 
@@ -366,7 +368,8 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
         stats_tasks, finish = [], lambda res: dict(prior.stats)
     else:
         stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, halo(size, scales), lookback,
-                                                prior=None if prior is None else (prior.segments, prior.moments()))
+                                                prior=None if prior is None or norm.kind != "trailing"
+                                                else (prior.segments, prior.moments()))
     results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
     bad_steps_n, y_values = int(results[0]), np.asarray(results[1])
     bad = ~np.isfinite(y_values).all(axis=1)

@@ -70,9 +70,10 @@ def open_store_group(
             store = zarr.storage.ZipStore(loc, mode="r")
             return zarr.open_group(store, mode="r")
         if is_remote(loc):
-            store = zarr.storage.FsspecStore.from_url(
-                loc, storage_options=storage_options or {}, read_only=(mode == "r")
-            )
+            # No listings cache: a store another process (or a worker of this one) has
+            # appended to must show its new chunks, not a listing cached before them.
+            options = {"use_listings_cache": False, **(storage_options or {})}
+            store = zarr.storage.FsspecStore.from_url(loc, storage_options=options, read_only=(mode == "r"))
             return zarr.open_group(store, mode=mode)
         if mode == "r" and not os.path.exists(loc):
             raise StoreError(f"{loc}: no such store")

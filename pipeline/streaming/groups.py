@@ -167,6 +167,7 @@ class GroupLoader:
         self._reads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pipeline-read",
                                          initializer=lower_thread_priority, initargs=(niceness,))
         self._futures: dict[int, Future] = {}
+        self._announced = False
 
     def want(self, g: int, count: int | None = None) -> None:
         """Start loading groups ``g`` to ``g + count - 1`` (``count`` defaults to ``prefetch``)."""
@@ -203,6 +204,14 @@ class GroupLoader:
         all of them are done."""
         a, b = self.plan.groups[g]
         pieces = self.plan.pieces[a:b]
+        if not self._announced:
+            # A source over the network (a remote store's cache) fetches the rest of the
+            # plan ahead of the reads, in order, from the first group read (a resumed
+            # epoch skips the groups before it).
+            self._announced = True
+            will_read = getattr(self.source, "will_read", None)
+            if will_read is not None:
+                will_read([p.chunk for p in self.plan.pieces[a:]], self._mix["epoch"])
         offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
         # The mixing is known before anything is read: each read puts its samples
         # straight into their mixed places, and a batch is then a run of the buffer.

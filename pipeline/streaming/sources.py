@@ -155,6 +155,8 @@ class StoreSource:
 
     def will_read(self, chunks: Sequence[int], epoch: int) -> None:
         """The chunks an epoch reads next, in order: a remote store's cache fetches them ahead."""
+        if self._pid != os.getpid():
+            self._reopen()
         if self.cache is not None:
             self.cache.will_read(list(self.readers.values()), chunks, epoch)
 

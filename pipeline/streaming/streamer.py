@@ -549,6 +549,7 @@ def stream(
     read_niceness: int = 5,
     version: int | None = None,
     follow: bool = False,
+    weights: Sequence[float] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
 ) -> Stream:
@@ -593,6 +594,10 @@ def stream(
         keeps them at the process's priority). Reading ahead is background work: at
         equal priority the decoding threads made the thread that mixes batches, and the
         training loop, wait for a core (on 2 cores: 1.75 instead of 1.87 cores busy).
+    weights
+        With a list of sources (stores, ``(store, split)`` pairs or streams): draw
+        whole batches from each in these proportions, as :func:`pipeline.mix` does
+        (the other arguments apply to every source).
     version, follow
         The store version to serve (``None``: the newest when the stream opens; see
         :func:`pipeline.open`). The stream keeps it while appends add others, so an
@@ -612,7 +617,16 @@ def stream(
     Returns
     -------
     Stream
+        (a :class:`~pipeline.streaming.mix.Mix` with ``weights``)
     """
+    if weights is not None:
+        # Imported here: the mix module builds on this one.
+        from pipeline.streaming.mix import mix
+
+        return mix(source, weights=weights, split=split, arrays=arrays, batch_size=batch_size, shuffle=shuffle,
+                   seed=seed, buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
+                   partial=partial, storage_options=storage_options, prefetch=prefetch, threads=threads,
+                   verify=verify, read_niceness=read_niceness, version=version, follow=follow)
     for name, value in (("batch_size", batch_size), ("buffer_chunks", buffer_chunks)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise StreamError(f"stream: {name} must be a positive integer, got {value!r}")

@@ -28,7 +28,8 @@ __all__ = ["TorchDataset"]
 
 
 class TorchDataset(IterableDataset):
-    """One epoch of a stream per iteration, as tuples of tensors."""
+    """One epoch of a stream (or of a :class:`~pipeline.streaming.mix.Mix`) per
+    iteration, as tuples of tensors."""
 
     def __init__(self, stream: Any, *, pin_memory: bool = False):
         if torch is None:
@@ -47,12 +48,14 @@ class TorchDataset(IterableDataset):
             import numcodecs
 
             numcodecs.blosc.use_threads = False  # our threads decode; blosc's would oversubscribe
-            self.stream.threads = 2
-            # A forked worker shares the parent's open files (a zip store's handle and
-            # offset): open the store again before any reader thread starts.
-            reopen = getattr(self.stream.source, "_reopen", None)
-            if reopen is not None:
-                reopen()
+            # A mix (pipeline.streaming.mix) serves the batches of several streams.
+            for stream in getattr(self.stream, "streams", (self.stream,)):
+                stream.threads = 2
+                # A forked worker shares the parent's open files (a zip store's handle and
+                # offset): open the store again before any reader thread starts.
+                reopen = getattr(stream.source, "_reopen", None)
+                if reopen is not None:
+                    reopen()
         pin = self.pin_memory and torch.cuda.is_available() and info is None
         # Resuming (Stream.load_state_dict): the DataLoader took batches from the workers
         # in turn, so each worker skips the share it had already delivered.

@@ -1,0 +1,286 @@
+"""Appending new sessions (`pipeline run` on a config whose files grew): the store equals a
+build of every file, bit for bit, and what would make it differ is refused first."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from distributed import LocalCluster
+from hypothesis import HealthCheck, Phase, event, given, settings
+from hypothesis import strategies as st
+
+import pipeline
+from pipeline.config import load_config
+from pipeline.errors import PipelineError, StoreError
+from pipeline.job import run
+from pipeline.storage.versions import pinned_array
+
+NS = 10**9
+DAY = 86_400 * NS
+#: Attributes that say when or from which files a store was written, not what it holds.
+VOLATILE = {"created", "history", "versions", "sources", "rows_read", "config", "fingerprint", "config_hash", "version"}
+
+
+@pytest.fixture(scope="module")
+def address():
+    """One in-process cluster for every run of this module (a LocalCluster per run
+    would cost seconds each)."""
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c:
+        yield c.scheduler_address
+
+
+def _day(path: Path, day: int, rows: int, seed: int) -> None:
+    """One session of a one-level book: prices a random walk, sizes positive."""
+    rng = np.random.default_rng(seed)
+    mid = 100 + np.cumsum(rng.normal(0, 0.01, rows))
+    t0 = np.datetime64("2026-01-05T09:30", "ns").astype(np.int64) + day * DAY
+    table = pa.table({
+        "timestamp": pa.array(t0 + np.arange(rows) * NS // 10, pa.timestamp("ns")),
+        "bid_price_1": mid - 0.01, "ask_price_1": mid + 0.01,
+        "bid_size_1": rng.integers(1, 100, rows).astype(float), "ask_size_1": rng.integers(1, 100, rows).astype(float),
+    })
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def _config(tmp_path: Path, address: str, out: str, **over) -> Path:
+    cfg = {
+        "cluster": {"address": address},
+        "source": {"paths": str(tmp_path / "raw" / "*" / "*.parquet"), "timestamp": "timestamp",
+                   "instrument": {"path": str(tmp_path / "raw" / "{instrument}" / "*.parquet")}, "sessions": "file",
+                   "chunk_rows": over.pop("chunk_rows", None)},
+        "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 1}, "log_return",
+                               {"name": "rolling_mean", "window": 5}],
+                     "normalize": over.pop("normalize", "global")},
+        "windows": {"size": 8, "stride": over.pop("stride", 3), "scales": [1, 2],
+                    "materialize": over.pop("materialize", True)},
+        "labels": {"kind": "return", "horizon": 4},
+        "output": {"path": str(tmp_path / out), "chunk_samples": over.pop("chunk_samples", 64),
+                   "splits": over.pop("splits", {"train": {"until": "2026-01-07"}, "test": {}})},
+    }
+    for key, value in over.items():
+        cfg["output"][key] = value
+    path = tmp_path / f"{out}.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))  # split order is time order
+    return path
+
+
+def _run(path: Path, mode: str = "auto"):
+    return run(load_config(path), log=None, progress=False, mode=mode)
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    """Every array of every split, the shared features and the folds hold the same bytes;
+    the attributes are equal but for when and from which files they were written."""
+    da_, db = pipeline.open(a), pipeline.open(b)
+    assert da_.splits == db.splits
+    for split in db.splits:
+        assert sorted(da_[split]) == sorted(db[split])
+        for name in db[split]:
+            if name.startswith("_"):
+                continue
+            x, y = da_[split][name], db[split][name]
+            assert x.shape == y.shape and x.dtype == y.dtype, (split, name)
+            assert np.asarray(x[:]).tobytes() == np.asarray(y[:]).tobytes(), (split, name)
+    if "_shared" in db.group:
+        x = pinned_array(da_.group["_shared/features"], da_.version.shared_rows)[:]
+        assert x.tobytes() == db.group["_shared/features"][:].tobytes()
+    assert da_.folds == db.folds
+    for fold in db.folds:
+        np.testing.assert_array_equal(da_.fold(fold).index, db.fold(fold).index)
+    keys = (set(da_.attrs) | set(db.attrs)) - VOLATILE
+    assert {k: da_.attrs.get(k) for k in keys} == {k: db.attrs.get(k) for k in keys}
+
+
+def _write_days(tmp_path: Path, lengths: list[list[int]]) -> list[list[Path]]:
+    """Files per instrument (AAA, BBB...) and day with the given row counts."""
+    out = []
+    for i, per_day in enumerate(lengths):
+        name = "AB"[i] * 3
+        out.append([tmp_path / "raw" / name / f"2026-01-{5 + d:02d}.parquet" for d in range(len(per_day))])
+        for d, rows in enumerate(per_day):
+            _day(out[-1][d], d, rows, seed=100 * i + d)
+    return out
+
+
+def _hold_back(tmp_path: Path, files: list[list[Path]], new: int) -> list[tuple[Path, Path]]:
+    """Move each instrument's last ``new`` days aside; returns (held, home) pairs."""
+    moved = []
+    for per in files:
+        for f in per[len(per) - new:]:
+            held = tmp_path / "held" / f.parent.name / f.name
+            held.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(f, held)
+            moved.append((held, f))
+    return moved
+
+
+# No shrinking: each example builds three stores; a failure is reported as drawn.
+@settings(max_examples=14, deadline=None, phases=[Phase.explicit, Phase.reuse, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    instruments=st.integers(1, 2),
+    days=st.integers(4, 6),
+    new=st.integers(1, 2),
+    rows=st.lists(st.integers(30, 400), min_size=12, max_size=12),
+    chunk_rows=st.sampled_from([None, 37, 128]),
+    chunk_samples=st.sampled_from([16, 64, 500]),
+    materialize=st.booleans(),
+    normalize=st.sampled_from(["global", "none", {"kind": "trailing", "sessions": 2}]),
+    folds=st.booleans(),
+)
+def test_an_append_equals_a_build_of_every_file(tmp_path_factory, address, instruments, days, new, rows, chunk_rows,
+                                                  chunk_samples, materialize, normalize, folds):
+    tmp_path = tmp_path_factory.mktemp("append")
+    lengths = [rows[i * 6: i * 6 + days] for i in range(instruments)]
+    files = _write_days(tmp_path, lengths)
+    opts = dict(chunk_rows=chunk_rows, chunk_samples=chunk_samples, materialize=materialize, normalize=normalize)
+    if folds:
+        opts.update(splits={"all": {}}, folds={"kind": "anchored", "test_sessions": 1, "min_train_sessions": 1})
+    moved = _hold_back(tmp_path, files, new)
+    grown = _config(tmp_path, address, "grown.zarr", **opts)
+    try:
+        first = _run(grown)
+    except PipelineError as exc:
+        event(f"no first build: {type(exc).__name__}")
+        return  # too little data for a window in some split: nothing to append to
+    for held, home in moved:
+        shutil.move(held, home)
+    appended = _run(grown)
+    event("appended")
+    assert (first.version, appended.version, appended.action) == (0, 1, "append")
+    full = _config(tmp_path, address, "full.zarr", **opts)
+    _run(full)
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+    # The first version is still there, as it was.
+    v0 = pipeline.open(tmp_path / "grown.zarr", version=0)
+    assert v0.attrs["splits"] == first.samples
+
+
+@pytest.fixture()
+def grown(tmp_path, address):
+    """A store of 2 instruments x 4 days, and the config, with a fifth day written
+    afterwards (returned as the files to add)."""
+    files = _write_days(tmp_path, [[200] * 5, [150] * 5])
+    moved = _hold_back(tmp_path, files, 1)
+    path = _config(tmp_path, address, "grown.zarr")
+    _run(path)
+    return path, moved
+
+
+def _store_bytes(store: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+def _refused(path: Path, match: str) -> None:
+    store = Path(load_config(path).output.path)
+    before = _store_bytes(store)
+    with pytest.raises(PipelineError, match=match):
+        _run(path)
+    assert _store_bytes(store) == before  # refused before anything was written
+
+
+def test_a_rerun_without_new_files_is_up_to_date(grown):
+    path, _ = grown
+    summary = _run(path)
+    assert (summary.action, summary.version) == ("up to date", 0)
+
+
+def test_a_changed_stored_file_is_refused_naming_it_and_rebuild_starts_over(grown, tmp_path):
+    path, moved = grown
+    for held, home in moved:
+        shutil.move(held, home)
+    old = tmp_path / "raw" / "AAA" / "2026-01-06.parquet"
+    _day(old, 1, 210, seed=7)  # another size
+    _refused(path, r"AAA/2026-01-06.parquet: changed since the store was built \(its size is .*--rebuild")
+    summary = _run(path, mode="rebuild")
+    assert (summary.action, summary.version) == ("build", 0)
+    _run(_config(tmp_path, load_config(path).cluster.address, "full.zarr"))
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+
+
+def test_a_touched_file_with_the_same_bytes_is_not_a_change(grown, tmp_path):
+    path, moved = grown
+    old = tmp_path / "raw" / "BBB" / "2026-01-05.parquet"
+    os.utime(old, (1e9, 1e9))
+    assert _run(path).action == "up to date"
+    data = bytearray(old.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, other bytes, another time: changed
+    old.write_bytes(bytes(data))
+    _refused(path, r"BBB/2026-01-05.parquet: changed since the store was built \(it was modified")
+
+
+def test_a_missing_stored_file_is_refused(grown, tmp_path):
+    path, _ = grown
+    (tmp_path / "raw" / "BBB" / "2026-01-07.parquet").unlink()
+    _refused(path, r"BBB/2026-01-07.parquet: read by the store's build, but no longer there")
+
+
+def test_a_session_among_the_stored_ones_is_refused_naming_it(grown, tmp_path):
+    path, moved = grown
+    early = tmp_path / "raw" / "AAA" / "2026-01-04.parquet"
+    _day(early, -1, 100, seed=3)
+    _refused(path, r"AAA/2026-01-04.parquet \(from 2026-01-04.*falls before or among the stored sessions")
+
+
+def test_fraction_splits_and_new_instruments_are_refused(tmp_path, address):
+    files = _write_days(tmp_path, [[200] * 4, [150] * 4])
+    moved = _hold_back(tmp_path, files, 1)
+    path = _config(tmp_path, address, "frac.zarr", splits={"train": 0.7, "test": 0.3})
+    _run(path)
+    for held, home in moved:
+        shutil.move(held, home)
+    _refused(path, r"fraction splits would move stored samples from one split to another")
+    dated = _config(tmp_path, address, "dated.zarr")
+    for _, home in moved:
+        home.unlink()
+    _run(dated)
+    _day(tmp_path / "raw" / "CCC" / "2026-01-08.parquet", 3, 100, seed=5)
+    _refused(dated, r"instrument 'CCC' is not in the store")
+
+
+def test_an_append_to_a_zip_store_swaps_the_file_and_old_readers_keep_theirs(tmp_path, address):
+    files = _write_days(tmp_path, [[200] * 5])
+    moved = _hold_back(tmp_path, files, 1)
+    path = _config(tmp_path, address, "set.zarr.zip")
+    _run(path)
+    before = pipeline.open(tmp_path / "set.zarr.zip")
+    y_before = before["test"]["y"][:]
+    for held, home in moved:
+        shutil.move(held, home)
+    assert _run(path).action == "append"
+    # The reader opened before still reads the old file, whole.
+    np.testing.assert_array_equal(before["test"]["y"][:], y_before)
+    full = _config(tmp_path, address, "full.zarr.zip")
+    _run(full)
+    assert_bitwise_equal(tmp_path / "set.zarr.zip", tmp_path / "full.zarr.zip")
+    assert not list(tmp_path.glob("*.append.zarr"))  # the unpacked copy is gone
+
+
+def test_an_append_to_s3_equals_a_local_build(tmp_path, address, s3):
+    files = _write_days(tmp_path, [[200] * 5])
+    moved = _hold_back(tmp_path, files, 1)
+    url = f"s3://training/append-{tmp_path.name}.zarr"
+    path = _config(tmp_path, address, "remote", storage_options=s3)
+    cfg = yaml.safe_load(path.read_text())
+    cfg["output"]["path"] = url
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    _run(path)
+    for held, home in moved:
+        shutil.move(held, home)
+    assert _run(path).version == 1
+    local = _config(tmp_path, address, "full.zarr")
+    _run(local)
+    remote = pipeline.open(url, storage_options=s3)
+    full = pipeline.open(tmp_path / "full.zarr")
+    for split in full.splits:
+        for name in full[split]:
+            if not name.startswith("_"):
+                assert remote[split][name][:].tobytes() == full[split][name][:].tobytes()
