@@ -12,6 +12,7 @@ import yaml
 
 from pipeline.storage.plot import PlotSample, feature_labels, plot_sample, plot_store, spread_chunks
 from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
+from pipeline.storage.versions import PENDING, pinned_array, versions_of
 
 __all__ = [
     "ArrayReport",
@@ -62,10 +63,12 @@ class StoreReport:
 
 
 def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> StoreReport:
-    """Describe a store without reading its chunks (sizes come from the store listing)."""
+    """Describe a store's newest version without reading its chunks (sizes come from the
+    store listing)."""
     loc = os.fspath(location)
     group = open_store_group(loc, mode="r", storage_options=storage_options)
     attrs = store_root_attrs(group)
+    newest = versions_of(attrs)[-1]
     arrays = []
     for split, sub in sorted(group.groups(), key=lambda kv: list(attrs.get("splits", {})).index(kv[0])
                              if kv[0] in attrs.get("splits", {}) else 1 << 30):
@@ -74,6 +77,8 @@ def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str
         for name, arr in sorted(sub.arrays()):
             if name.startswith("_"):  # bookkeeping (write markers), not data
                 continue
+            if split in newest.samples and attrs.get("complete"):
+                arr = pinned_array(arr, newest.samples[split])  # not an append in progress
             codecs = ", ".join(type(c).__name__.removesuffix("Codec").lower() for c in arr.compressors) or "none"
             arrays.append(ArrayReport(
                 split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),
@@ -127,8 +132,14 @@ def format_report(report: StoreReport) -> str:
     if a.get("skipped"):
         lines.append(f"skipped files: {len(a['skipped'])}")
         lines += [f"  {p}: {why}" for p, why in a["skipped"][:10]]
+    if a.get("history"):
+        lines.append("store versions (pipeline.open(store, version=k)):")
+        lines += [f"  {v.describe()}" for v in versions_of(a)]
+    if isinstance(a.get(PENDING), dict):
+        lines.append(f"append in progress (or interrupted) to version {a[PENDING].get('version')}: readers see "
+                     "the versions above; rerun the same pipeline run to finish it")
     if a.get("versions"):
-        lines.append("versions: " + ", ".join(f"{k} {v}" for k, v in a["versions"].items()))
+        lines.append("software: " + ", ".join(f"{k} {v}" for k, v in a["versions"].items()))
     if a.get("config"):
         cfg = yaml.safe_load(a["config"]) or {}
         lines.append(f"config sections: {', '.join(cfg)}")
