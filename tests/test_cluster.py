@@ -122,3 +122,37 @@ def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
     for split in reference.splits:
         for name in ("x", "y"):
             np.testing.assert_array_equal(with_kill[split][name][:], reference[split][name][:])
+
+
+def test_an_append_on_a_remote_cluster_equals_a_local_build(remote, tmp_path):
+    """Build on a LocalCluster, append the next day with --scheduler on the real
+    scheduler and workers: the store equals a local build of every file."""
+    address, _ = remote
+    raw = tmp_path / "raw"
+    write_demo_data(raw, DemoSpec(days=4, rows_per_day=3000, seed=4, formats=("parquet",), per_instrument=True))
+    held = {f: tmp_path / "held" / f.relative_to(raw) for f in raw.glob("*/2026-01-08.parquet")}
+    for f, h in held.items():
+        h.parent.mkdir(parents=True, exist_ok=True)
+        f.rename(h)
+    cfg = {
+        "cluster": {"n_workers": 1},
+        "source": {"paths": str(raw / "*" / "*.parquet"), "timestamp": "timestamp",
+                   "instrument": {"path": str(raw / "{instrument}" / "*.parquet")}, "sessions": "file"},
+        "features": {"steps": ["mid_price", {"name": "imbalance", "levels": 5}, "log_return"]},
+        "windows": {"size": 16, "stride": 4},
+        "labels": {"kind": "return", "horizon": 8},
+        "output": {"path": str(tmp_path / "grown.zarr"), "chunk_samples": 128,
+                   "splits": {"train": {"until": "2026-01-07"}, "test": {}}},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    assert run_cli("run", str(path), "--no-progress").returncode == 0
+    for f, h in held.items():
+        h.rename(f)
+    appended = run_cli("run", str(path), "--no-progress", "--scheduler", address)
+    assert appended.returncode == 0, appended.stderr
+    assert "version 1: appended 2 session(s)" in appended.stdout
+    full = run_cli("run", str(path), "--no-progress", "--set", f"output.path={tmp_path / 'full.zarr'}")
+    assert full.returncode == 0, full.stderr
+    assert_same_store(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+    assert pipeline.open(tmp_path / "grown.zarr").versions[-1].kind == "append"
