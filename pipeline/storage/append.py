@@ -231,6 +231,10 @@ def _grow(group: Any, location: str, storage_options: dict[str, Any] | None, spl
     blocks = {k: a.rechunk({0: chunks, **{i: -1 for i in range(1, a.ndim)}}).to_delayed().ravel()
               for k, a in data.items()}
     done = written_units(group, split)
+    if start < n0:
+        # The unit holding the last stored samples: its marker may still be the stored
+        # version's (an attempt stopped before clearing it), so every attempt rewrites it.
+        done[u0] = False
     tasks = []
     for b, (lo, hi) in enumerate(zip(edges, edges[1:])):
         todo = [(u, max(lo, u * unit), min(hi, (u + 1) * unit)) for u in range(lo // unit, -(-hi // unit))

@@ -145,7 +145,8 @@ def attrs_at(meta: Mapping[str, Any], version: Version) -> dict[str, Any]:
         keep = set(version.folds)
         out["folds"] = {**folds, "names": [n for n in folds["names"] if n in keep],
                         "counts": {k: v for k, v in dict(folds.get("counts") or {}).items() if k in keep}}
-        out["folds"]["count"] = len({n.split("/")[0] for n in out["folds"]["names"]})
+        if "count" in folds:
+            out["folds"]["count"] = len({n.split("/")[0] for n in out["folds"]["names"]})
     out["version"] = version.number
     return out
 
