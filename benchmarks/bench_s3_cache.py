@@ -1,7 +1,8 @@
 """Streaming a store on S3 through the node-local chunk cache, against the same store on local disk.
 
-    python benchmarks/bench_s3_cache.py            # a 1.07 GB store, chunks of 4096 x 64 x 32 float32
-    python benchmarks/bench_s3_cache.py --quick    # a 268 MB store, fewer turns: about a minute
+    python benchmarks/bench_s3_cache.py                # a 1.07 GB store, chunks of 4096 x 64 x 32 float32
+    python benchmarks/bench_s3_cache.py --quick        # a 268 MB store, 2 turns: about a minute
+    python benchmarks/bench_s3_cache.py --chunk 256    # chunks of 2 MiB: the requests' latency weighs more
 
 The store (bench_streaming.py's: blosc lz4 with byte shuffle) is written to local disk
 and copied to an S3-protocol server on loopback (moto, in a process of its own), which
@@ -9,15 +10,21 @@ the streams reach through a TCP proxy (also a process of its own) that holds eve
 request back ``--latency-ms`` (20 ms) before passing it on, as a network to an object
 store in another building would.
 
-Settings, each a fresh stream timed epoch by epoch, 3 epochs back to back (``set_epoch``,
-as a training loop runs them), in turns with the same stream on local disk:
-  local     the store on local disk (the reference: its epoch k against theirs)
-  cached    ``cache_dir`` with a budget larger than the store, an empty cache at the start:
-            epoch 0 fetches everything, later epochs read the cache
+Settings, each a fresh stream timed epoch by epoch (``set_epoch``, epochs back to back
+as a training loop runs them), each run right after the same stream on local disk with
+the store in the page cache (the reference: their epoch k against its epoch k):
+  cached    ``cache_dir`` with a budget larger than the store, empty at the start: epoch
+            0 fetches everything, later epochs read the cache (3 epochs)
   budget    the same with a budget of half the store's bytes: evictions all along
   uncached  S3 with no cache (one epoch: every epoch costs the same)
-Ratios are medians of the ratios of runs made side by side. GB/s counts the batches'
-decoded bytes.
+  cold      the store on local disk, its files dropped from the page cache first
+  fetch     the fetch limit: every chunk object fetched once through the proxy, 16
+            requests in flight, nothing decoded or cached (GB/s of the decoded store)
+The S3 server, the proxy and the stream share this machine's cores: on a small machine
+the server's and the proxy's work (and the S3 client's) bound the first epoch, which
+the fetch limit shows. One untimed epoch first pays the S3 client's first use. Ratios
+are medians of the ratios of runs made side by side. GB/s counts the batches' decoded
+bytes.
 """
 
 from __future__ import annotations
@@ -51,8 +58,6 @@ import functools, logging, sys, time
 logging.getLogger("werkzeug").setLevel(logging.ERROR)
 from moto import backends
 backends.list_of_moto_modules = functools.lru_cache(maxsize=None)(backends.list_of_moto_modules)
-import moto.moto_server.werkzeug_app as app
-app.backends.list_of_moto_modules = backends.list_of_moto_modules
 from moto.server import ThreadedMotoServer
 ThreadedMotoServer(ip_address="127.0.0.1", port=int(sys.argv[1]), verbose=False).start()
 while True:
@@ -139,10 +144,53 @@ def epochs(s: "pipeline.Stream", n: int) -> list[float]:
     return out
 
 
-def measure(args: argparse.Namespace, work: Path, local: Path, url: str, opts: dict, store_bytes: int) -> dict:
-    """Every setting, each run right after a run of the local reference:
-    ``{setting: [(run, local run)]}``, a run being a list of ``(GB/s, stats or None)``
-    per epoch."""
+def drop_from_page_cache(path: Path) -> None:
+    """Evict the store's files (only them) from the page cache, so that they are read from disk."""
+    for f in path.rglob("*"):
+        if f.is_file():
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def fetch_limit(url: str, opts: dict, keys: list[str], decoded: int) -> float:
+    """Every chunk object fetched once through the proxy, as many requests in flight as
+    the cache keeps, nothing decoded or written: the fastest any stream of the store
+    could go over this network, in decoded GB/s."""
+    import asyncio
+
+    import zarr
+    from zarr.core.sync import _get_loop
+
+    from pipeline.streaming.cache import FETCH_REQUESTS
+
+    fs = zarr.storage.FsspecStore.from_url(url, storage_options=opts).fs
+
+    async def run() -> None:
+        gate = asyncio.Semaphore(FETCH_REQUESTS)
+
+        async def one(key: str) -> None:
+            async with gate:
+                await fs._cat_file(key)
+
+        await asyncio.gather(*(one(k) for k in keys))
+
+    t0 = time.perf_counter()
+    asyncio.run_coroutine_threadsafe(run(), _get_loop()).result()
+    return decoded / (time.perf_counter() - t0) / 1e9
+
+
+LABELS = {"cached": "cache, budget > store", "budget": "cache, budget = store / 2", "uncached": "no cache",
+          "fetch": "fetch limit: GETs only, 16 in flight", "cold": "local disk, page cache dropped"}
+
+
+def measure(args: argparse.Namespace, work: Path, local: Path, url: str, opts: dict, store_bytes: int,
+            keys: list[str]) -> dict:
+    """Every setting, each run right after a run of the local reference (page cache
+    warm): ``{setting: [(run, local run)]}``, a run being a list of ``(GB/s, stats or
+    None)`` per epoch."""
     kw = dict(batch_size=args.batch, buffer_chunks=args.buffer_chunks, seed=0)
 
     def remote(budget: int | None, n: int) -> list:
@@ -155,22 +203,26 @@ def measure(args: argparse.Namespace, work: Path, local: Path, url: str, opts: d
         s.close()
         return list(zip(rates, stats))
 
-    def reference(n: int) -> list:
+    def reference(n: int, cold: bool = False) -> list:
+        if cold:
+            drop_from_page_cache(local)
         s = pipeline.stream(str(local), **kw)
         out = [(r, None) for r in epochs(s, n)]
         s.close()
         return out
 
+    decoded = sum(int(np.prod(a.shape)) * a.dtype.itemsize for a in zarr_arrays(local))
     settings = {"cached": lambda: remote(4 * store_bytes, args.epochs),
                 "budget": lambda: remote(store_bytes // 2, args.epochs),
-                "uncached": lambda: remote(None, 1)}
-    turns = {"cached": args.turns, "budget": args.turns, "uncached": 1}
+                "uncached": lambda: remote(None, 1),
+                "cold": lambda: reference(1, cold=True),
+                "fetch": lambda: [(fetch_limit(url, opts, keys, decoded), None)]}
+    remote(4 * store_bytes, 1)  # untimed: the S3 client's first use (sessions, connections)
     out: dict[str, list] = {k: [] for k in settings}
     for turn in range(args.turns):
         # The order turns round every other time: a run slows whatever runs next a little.
-        names = [k for k in settings if turn < turns[k]]
-        for name in names if turn % 2 == 0 else names[::-1]:
-            ref = reference(1 if name == "uncached" else args.epochs)
+        for name in list(settings) if turn % 2 == 0 else list(settings)[::-1]:
+            ref = reference(args.epochs if name in ("cached", "budget") else 1)
             run = settings[name]()
             out[name].append((run, ref))
             print(f"  turn {turn}: {name:8s} " + "  ".join(f"{r:.2f}" for r, _ in run)
@@ -178,22 +230,34 @@ def measure(args: argparse.Namespace, work: Path, local: Path, url: str, opts: d
     return out
 
 
-def table(runs: dict, epochs_n: int) -> list[tuple]:
-    """Rows of (setting, GB/s, ratio to local disk, the ratios, hit rate, bytes fetched)."""
+def zarr_arrays(local: Path) -> list:
+    import zarr
+
+    group = zarr.open_group(str(local), mode="r")
+    return [group["train/x"], group["train/y"]]
+
+
+def table(runs: dict) -> list[tuple]:
+    """Rows of (setting, GB/s, ratio to local disk, the ratios, ratio to local disk with
+    the page cache dropped (the run of the same turn), hit rate, bytes fetched)."""
     rows = []
-    labels = {"cached": "cache, budget > store", "budget": "cache, budget = store / 2", "uncached": "no cache"}
-    for name, label in labels.items():
+    cold = [run[0][0] for run, _ in runs["cold"]]
+    for name, label in LABELS.items():
         pairs = runs[name]
         for e in range(len(pairs[0][0])):
             ratios = [run[e][0] / ref[e][0] for run, ref in pairs]
+            to_cold = float(np.median([run[e][0] / c for (run, _), c in zip(pairs, cold)]))
             stats = [run[e][1] for run, _ in pairs]
-            hit = float(np.median([st.hit_rate for st in stats])) if stats[0] is not None else float("nan")
-            fetched = float(np.median([st.bytes_fetched for st in stats])) if stats[0] is not None else float("nan")
-            rows.append((f"{label}, epoch {e}", float(np.median([run[e][0] for run, _ in pairs])),
-                         float(np.median(ratios)), ratios, hit, fetched))
-    refs = [ref for pairs in runs.values() for _, ref in pairs if len(ref) == epochs_n]
-    for e in range(epochs_n):
-        rows.append((f"local disk, epoch {e}", float(np.median([ref[e][0] for ref in refs])), 1.0, [],
+            known = stats[0] is not None
+            hit = float(np.median([st.hit_rate for st in stats])) if known else float("nan")
+            fetched = float(np.median([st.bytes_fetched for st in stats])) if known else float("nan")
+            epoch = f", epoch {e}" if name in ("cached", "budget") else ""
+            rows.append((label + epoch, float(np.median([run[e][0] for run, _ in pairs])),
+                         float(np.median(ratios)), ratios, to_cold, hit, fetched))
+    refs = [ref for pairs in runs.values() for _, ref in pairs]
+    for e in range(max(len(r) for r in refs)):
+        rows.append((f"local disk, page cache warm, epoch {e}",
+                     float(np.median([ref[e][0] for ref in refs if len(ref) > e])), 1.0, [], float("nan"),
                      float("nan"), float("nan")))
     return rows
 
@@ -201,7 +265,8 @@ def table(runs: dict, epochs_n: int) -> list[tuple]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a 268 MB store and 2 turns: about a minute")
-    parser.add_argument("--chunks", type=int, default=32, help="chunks of 4096 samples (32 = 1.07 GB)")
+    parser.add_argument("--samples", type=int, default=32 * 4096, help="samples of 64 x 32 float32 (1.07 GB)")
+    parser.add_argument("--chunk", type=int, default=4096, help="samples per chunk")
     parser.add_argument("--turns", type=int, default=3, help="runs of each cached setting (medians reported)")
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--batch", type=int, default=256)
@@ -210,7 +275,7 @@ def main() -> None:
     parser.add_argument("--store", default=None, help="stream this local pipeline store instead of writing one")
     args = parser.parse_args()
     if args.quick:
-        args.chunks, args.turns = 8, 2
+        args.samples, args.turns = 8 * 4096, 2
 
     import multiprocessing
 
@@ -222,7 +287,7 @@ def main() -> None:
     try:
         local = Path(args.store) if args.store else work / "set.zarr"
         if not args.store:
-            make_store(local, args.chunks, 4096, 64, 32)
+            make_store(local, args.samples // args.chunk, args.chunk, 64, 32)
         store_bytes = sum(f.stat().st_size for f in local.rglob("*") if f.is_file())
         os.sync()
         s3_port, proxy_port = free_port(), free_port()
@@ -240,11 +305,13 @@ def main() -> None:
         wait_for_port(proxy_port)
         opts = {"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy_port}"}}
         url = f"s3://{BUCKET}/set.zarr"
-        shape = "" if args.store else f" ({args.chunks} chunks of 4096 x 64 x 32 float32, blosc lz4 + shuffle)"
+        shape = "" if args.store else (f" ({args.samples // args.chunk} chunks of {args.chunk} x 64 x 32 float32, "
+                                       "blosc lz4 + shuffle)")
         print(f"store: {store_bytes / 1e9:.2f} GB on disk{shape}, {args.latency_ms:g} ms added to every request; "
               f"batch {args.batch}, "
               f"buffer_chunks {args.buffer_chunks}; {os.cpu_count()} cores", flush=True)
-        print_table(table(measure(args, work, local, url, opts, store_bytes), args.epochs))
+        keys = [k for k in fs.find(f"{BUCKET}/set.zarr") if "/c/" in k and "/_" not in k]
+        print_table(table(measure(args, work, local, url, opts, store_bytes, keys)))
     finally:
         if proxy is not None:
             proxy.terminate()
@@ -256,13 +323,14 @@ def main() -> None:
 
 def print_table(rows: list[tuple]) -> None:
     print()
-    print("| setting | GB/s | ratio to local disk | hit rate | bytes fetched |")
-    print("|---|---|---|---|---|")
-    for name, rate, ratio, ratios, hit, fetched in rows:
+    print("| setting | GB/s | ratio to local disk | to local disk, page cache dropped | hit rate | bytes fetched |")
+    print("|---|---|---|---|---|---|")
+    for name, rate, ratio, ratios, to_cold, hit, fetched in rows:
         runs = f" (runs {', '.join(f'{r:.2f}' for r in ratios)})" if ratios else ""
+        cold_s = "" if np.isnan(to_cold) else f"{to_cold:.2f}x"
         hit_s = "" if np.isnan(hit) else f"{hit:.1%}"
         fetched_s = "" if np.isnan(fetched) else f"{fetched / 1e9:.2f} GB"
-        print(f"| {name} | {rate:.2f} | {ratio:.2f}x{runs} | {hit_s} | {fetched_s} |")
+        print(f"| {name} | {rate:.2f} | {ratio:.2f}x{runs} | {cold_s} | {hit_s} | {fetched_s} |")
 
 
 if __name__ == "__main__":

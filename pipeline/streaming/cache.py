@@ -6,21 +6,14 @@ cache_dir=..., cache_bytes=...)`` every chunk object read is kept in a directory
 local disk, so later epochs read local files (mapped, as a local store's are), and the
 first epoch fetches with many requests in flight: the epoch's chunk order is known
 before it starts (:mod:`~pipeline.streaming.plan`), so each worker announces its plan
-(:meth:`RemoteCache.will_read`) and a fetch thread keeps up to
-:data:`FETCH_REQUESTS` requests running a window ahead of the reads.
+(:meth:`RemoteCache.will_read`) and a fetch thread fetches it in order, a window ahead
+of the reads, with up to :data:`FETCH_REQUESTS` requests (and :data:`FETCH_BYTES`) in
+flight. Each process counts what its epochs found in the cache and fetched
+(:class:`CacheStats`, ``Stream.cache_stats``).
 
-Sharing: every rank and DataLoader worker of a node may use the same directory at
-once. A file appears only by a rename of a complete temporary file, so a reader never
-sees a torn one; inserting and evicting run under an exclusive ``flock`` of the
-directory's lock file, which also holds the running count of cached bytes.
-A file deleted while another process reads or maps it stays readable to that process.
-Least recently used files are evicted past the budget (a read touches its file's
-modification time, which every process sees), down to :func:`eviction_target`.
-
-Safety of other people's files: the cache works only in its own subfolder
-(:data:`SUBDIR`) of the directory given, marked by a file of its own, and refuses a
-subfolder holding anything it did not write. It deletes only files named as its chunk
-files or its temporary files.
+Sharing and safety: every rank and DataLoader worker of a node may use the same
+directory at once, never sees a torn file, and the cache deletes nothing but its own
+files, in its own subfolder (:mod:`~pipeline.streaming.diskcache`).
 
 Staleness: an object is cached under the store's URL, endpoint and identity (a pipeline
 store's ``created`` time and fingerprint, so a store rebuilt at the same URL is a new
@@ -34,41 +27,30 @@ needs its cache files removed (or another ``cache_dir``).
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import hashlib
 import mmap
 import os
-import re
-import secrets
 import threading
-import time
 import warnings
-from collections import OrderedDict, deque
-from contextlib import contextmanager
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Collection, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from pipeline.errors import StoreError, StreamError
+from pipeline.streaming.diskcache import DiskCache, MappedFiles
 
-__all__ = ["FETCH_REQUESTS", "SUBDIR", "CacheSpec", "CacheStats", "CachedFile", "DiskCache", "RemoteCache",
-           "cache_spec", "eviction_target", "lru_victims", "open_remote_cache"]
+__all__ = ["FETCH_BYTES", "FETCH_REQUESTS", "CacheSpec", "CacheStats", "RemoteCache", "cache_spec",
+           "open_remote_cache"]
 
-#: The cache's own subfolder of the directory a user names.
-SUBDIR = "pipeline-chunk-cache"
-#: The file that marks :data:`SUBDIR` as the cache's.
-MARKER = "PIPELINE-CHUNK-CACHE"
-_MARKER_TEXT = ("pipeline chunk cache, format 1: every file here is written and deleted by "
-                "pipeline.stream(cache_dir=...); put nothing else here\n")
-#: The lock file, which also holds the running count of cached bytes.
-_LOCK = "lock"
-_CHUNK = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{32}\.chunk$")
-_TEMP = re.compile(r"^\.[0-9a-f]{16}-[0-9a-f]{32}\.chunk\.\d+\.[0-9a-f]{8}\.tmp$")
-#: Requests a stream's fetch thread keeps in flight.
+#: Most requests a stream's fetch thread keeps in flight.
 FETCH_REQUESTS = 16
+#: Most bytes (decoded size, a bound on the size fetched) it keeps in flight. Transfers in
+#: flight share the network: with all of an epoch's requests sent at once, the first
+#: chunk would arrive with the last, and nothing could be decoded meanwhile. Enough to
+#: cover a request's latency at the bandwidth (20 ms at 1 GB/s is 20 MB), in order.
+FETCH_BYTES = 64 << 20
 #: Most bytes a process fetches ahead of its reads (and at most a quarter of the budget).
 AHEAD_BYTES = 1 << 30
-#: A temporary file this old was left by a process that died while writing it.
-_STALE_TEMP_S = 3600.0
 #: The fetch thread ends after this long without work (it starts again when needed).
 _IDLE_S = 10.0
 #: Plans (announced epochs) tracked at once: the epoch being read, the next one read
@@ -103,40 +85,6 @@ def cache_spec(cache_dir: Any, cache_bytes: Any) -> CacheSpec | None:
         raise StreamError(f"stream: cache_dir needs cache_bytes, the most bytes the cache may hold on disk "
                           f"(a positive integer), got {cache_bytes!r}")
     return CacheSpec(os.path.abspath(os.fspath(cache_dir)), int(cache_bytes))
-
-
-# -- eviction arithmetic ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class CachedFile:
-    """One cache file: its name, size in bytes and last use (modification time, ns)."""
-
-    name: str
-    size: int
-    used_ns: int
-
-
-def eviction_target(budget: int) -> int:
-    """Bytes an eviction leaves: a sixteenth below the budget, so that a directory
-    listing (what an eviction costs) is paid once per many inserts, not per insert."""
-    return budget - budget // 16
-
-
-def lru_victims(files: Sequence[CachedFile], target: int, keep: Collection[str] = ()) -> list[CachedFile]:
-    """The files to delete, least recently used first (ties by name), until the rest
-    hold at most ``target`` bytes. Files named in ``keep`` are never chosen: with them
-    alone above ``target``, the rest is all chosen and the total stays above it."""
-    total = sum(f.size for f in files)
-    out: list[CachedFile] = []
-    for f in sorted(files, key=lambda f: (f.used_ns, f.name)):
-        if total <= target:
-            break
-        if f.name in keep:
-            continue
-        out.append(f)
-        total -= f.size
-    return out
 
 
 # -- statistics ---------------------------------------------------------------------------
@@ -208,205 +156,12 @@ class _EpochCounts:
             self.hits -= 1
 
 
-# -- the directory ------------------------------------------------------------------------
-
-
-class DiskCache:
-    """The cache directory shared by the processes of a node.
-
-    Parameters
-    ----------
-    directory
-        Where to cache; the files go to its subfolder :data:`SUBDIR`, made if needed.
-    budget
-        Most bytes of cache files kept; a process inserting past it evicts the least
-        recently used files (every process should pass the same budget).
-
-    Raises
-    ------
-    StreamError
-        When the subfolder holds files the cache did not write, or cannot be made.
-    """
-
-    def __init__(self, directory: str, budget: int):
-        self.root = os.path.join(directory, SUBDIR)
-        self.budget = int(budget)
-        try:
-            os.makedirs(self.root, exist_ok=True)
-            names = os.listdir(self.root)
-        except OSError as exc:
-            raise StreamError(f"{self.root}: cannot use as a chunk cache ({exc})") from exc
-        foreign = sorted(n for n in names if n not in (MARKER, _LOCK) and not _CHUNK.match(n)
-                         and not _TEMP.match(n))
-        if foreign or (names and MARKER not in names):
-            shown = ", ".join(foreign[:5]) or ", ".join(sorted(names)[:5])
-            raise StreamError(f"{self.root}: expected a folder written only by pipeline's chunk cache (marked by "
-                              f"{MARKER}), found files it did not write ({shown}); name another cache_dir")
-        with open(os.path.join(self.root, MARKER), "a", encoding="utf-8") as fh:
-            if fh.tell() == 0:
-                fh.write(_MARKER_TEXT)
-        self._lock_fd = os.open(os.path.join(self.root, _LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        self._thread_lock = threading.Lock()  # flock excludes processes, not threads sharing its descriptor
-        self.evictions = 0  # files this process deleted (for tests and diagnostics)
-        with self._locked():
-            self._write_usage(self._scan_total(clean=True))
-
-    def path(self, name: str) -> str:
-        return os.path.join(self.root, name)
-
-    def touch(self, name: str) -> bool:
-        """Mark ``name`` as used now; False when it is not in the cache."""
-        try:
-            os.utime(os.path.join(self.root, name))
-            return True
-        except FileNotFoundError:
-            return False
-
-    def files(self) -> list[CachedFile]:
-        """The cache files there are now."""
-        out = []
-        with os.scandir(self.root) as it:
-            for entry in it:
-                if _CHUNK.match(entry.name):
-                    try:
-                        st = entry.stat(follow_symlinks=False)
-                    except FileNotFoundError:
-                        continue  # evicted meanwhile
-                    if entry.is_file(follow_symlinks=False):
-                        out.append(CachedFile(entry.name, int(st.st_size), int(st.st_mtime_ns)))
-        return out
-
-    def usage(self) -> int:
-        """Bytes of cache files, as the running count says."""
-        with self._locked():
-            return self._read_usage()
-
-    def put(self, name: str, data: Any) -> bool:
-        """Store ``data`` as ``name`` (atomically), evicting past the budget; False when
-        it is larger than the whole budget and is not kept."""
-        size = len(data)
-        if size > self.budget:
-            return False
-        tmp = os.path.join(self.root, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            view, done = memoryview(data).cast("B"), 0
-            while done < size:
-                done += os.write(fd, view[done:])
-        except BaseException:
-            os.close(fd)
-            os.unlink(tmp)
-            raise
-        os.close(fd)
-        with self._locked():
-            final = os.path.join(self.root, name)
-            if os.path.exists(final):  # another process stored it first: the same bytes
-                os.unlink(tmp)
-                os.utime(final)
-                return True
-            os.rename(tmp, final)
-            used = self._read_usage() + size
-            if used > self.budget:
-                used = self._evict(keep={name})
-            self._write_usage(used)
-        return True
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._thread_lock:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    def _evict(self, keep: Collection[str]) -> int:
-        """Delete least recently used files down to the target; the bytes left. Under the lock."""
-        files = self.files()
-        total = sum(f.size for f in files)
-        for f in lru_victims(files, eviction_target(self.budget), keep):
-            try:
-                os.unlink(os.path.join(self.root, f.name))
-                self.evictions += 1
-            except FileNotFoundError:
-                pass
-            total -= f.size
-        return total
-
-    def _scan_total(self, clean: bool = False) -> int:
-        """The bytes of cache files, from a listing; with ``clean``, temporary files left
-        by dead writers go. Under the lock."""
-        if clean:
-            now = time.time()
-            with os.scandir(self.root) as it:
-                for entry in it:
-                    if _TEMP.match(entry.name):
-                        try:
-                            if now - entry.stat(follow_symlinks=False).st_mtime > _STALE_TEMP_S:
-                                os.unlink(entry.path)
-                        except FileNotFoundError:
-                            pass
-        total = sum(f.size for f in self.files())
-        return self._evict(keep=()) if total > self.budget else total
-
-    def _read_usage(self) -> int:
-        try:
-            return int(os.pread(self._lock_fd, 32, 0).decode("ascii").strip() or "x")
-        except (ValueError, UnicodeDecodeError):  # never written, or a writer died mid-write: count again
-            return self._scan_total()
-
-    def _write_usage(self, used: int) -> None:
-        # The count lives in the lock file: one descriptor, no extra open per insert.
-        text = f"{int(used)}\n".encode("ascii")
-        os.pwrite(self._lock_fd, text, 0)
-        os.ftruncate(self._lock_fd, len(text))
-
-
-class _Mapped:
-    """Cache files kept mapped between reads (as a local store's chunk files are, see
-    :class:`~pipeline.streaming.maps.MapCache`), forgotten when their file is evicted."""
-
-    def __init__(self, budget: int):
-        self.budget = budget
-        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, path: str) -> mmap.mmap | None:
-        m = self._maps.get(path)
-        if m is not None:
-            self._maps.move_to_end(path)
-        return m
-
-    def add(self, path: str, m: mmap.mmap) -> mmap.mmap:
-        self._maps[path] = m
-        self._bytes += len(m)
-        while self._bytes > self.budget and len(self._maps) > 1:
-            self._drop(next(iter(self._maps)))
-        return m
-
-    def discard(self, path: str) -> None:
-        if path in self._maps:
-            self._drop(path)
-
-    def clear(self) -> None:
-        for path in list(self._maps):
-            self._drop(path)
-
-    def _drop(self, path: str) -> None:
-        m = self._maps.pop(path)
-        self._bytes -= len(m)
-        try:
-            m.close()
-        except BufferError:  # a decode still reads it: unmapped once it lets go
-            pass
-
-
 @dataclass(slots=True)
 class _Plan:
     """The objects one worker reads in one epoch, in order, and how far it got."""
 
     epoch: int
-    entries: list[tuple[str, str]]  # (cache name, remote path)
+    entries: list[tuple[str, str, int]]  # (cache name, remote path, expected bytes)
     index: dict[str, int]
     window: int
     read: set[str]
@@ -443,10 +198,11 @@ class RemoteCache:
         self._lock = threading.RLock()  # RLock: a fetch done already runs its callback at once
         self._wake = threading.Condition(self._lock)
         self._inflight: dict[str, Any] = {}
+        self._flying: dict[str, int] = {}  # expected bytes of the fetch thread's requests in flight
         self._plans: deque[_Plan] = deque()
         self._epochs: dict[int, _EpochCounts] = {}
-        self._last_epoch = 0
-        self._maps = _Mapped(min(disk.budget, _map_budget()))
+        self._last_epoch: int | None = None  # of the last read a plan announced
+        self._maps = MappedFiles(min(disk.budget, _map_budget()))
         self._thread: threading.Thread | None = None
         self._warned = False
         self._pid = os.getpid()
@@ -465,8 +221,11 @@ class RemoteCache:
         :class:`~pipeline.streaming.chunks.ChunkReader`), ahead of their reads, a
         window of about :attr:`ahead_bytes` ahead. Counted as reads of ``epoch``."""
         self._check_process()
+        # Virtual windows: their window ends follow the plan's chunks (the features they
+        # read are fetched when read).
+        readers = [getattr(r, "ends", r) for r in readers]
         readers = [r for r in readers if getattr(r, "cache", None) is self]
-        entries: list[tuple[str, str]] = []
+        entries: list[tuple[str, str, int]] = []
         index: dict[str, int] = {}
         for c in chunks:
             for r in readers:
@@ -474,7 +233,7 @@ class RemoteCache:
                 name = self.name(path, tag)
                 if name not in index:
                     index[name] = len(entries)
-                    entries.append((name, path))
+                    entries.append((name, path, int(r.object_bytes)))
         object_bytes = sum(r.object_bytes for r in readers) / max(1, len(readers))
         if not entries or max((r.object_bytes for r in readers), default=0) > self.disk.budget:
             return  # objects the cache cannot hold are fetched when read, not twice
@@ -484,42 +243,48 @@ class RemoteCache:
             while len(self._plans) > _PLANS:
                 self._plans.popleft()
             self._counts(int(epoch))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="pipeline-fetch", daemon=True)
-                self._thread.start()
-            self._wake.notify_all()
+            self._wake_fetcher()
+
+    def _wake_fetcher(self) -> None:
+        """Start the fetch thread, or wake it: there may be work. Under the lock."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="pipeline-fetch", daemon=True)
+            self._thread.start()
+        self._wake.notify_all()
 
     def _run(self) -> None:
-        """The fetch thread: resolves the plans' entries in order, within their windows."""
+        """The fetch thread: resolves the plans' entries in order, within their windows.
+        It ends when it found nothing to do for a while (a plan waiting for reads that
+        may never come, of an abandoned epoch, keeps nothing alive); a read that moves a
+        window on starts it again."""
         while True:
             with self._wake:
                 job = self._next_job()
                 while job is None:
-                    self._wake.wait(_IDLE_S)
+                    if not self._wake.wait(_IDLE_S):
+                        job = self._next_job()
+                        if job is None:
+                            self._thread = None
+                            return
                     job = self._next_job()
-                    if job is None and not self._has_work():
-                        self._thread = None
-                        return
-                plan, name, path = job
+                plan, name, path, nbytes = job
                 if self.disk.touch(name):  # cached: touched, so that it stays until read
                     self._counts(plan.epoch).record(name, True)
                 else:
                     self._submit(path, name, plan.epoch)
+                    self._flying[name] = nbytes
 
-    def _next_job(self) -> tuple[_Plan, str, str] | None:
-        if len(self._inflight) >= FETCH_REQUESTS:
+    def _next_job(self) -> tuple[_Plan, str, str, int] | None:
+        if len(self._inflight) >= FETCH_REQUESTS or (self._flying and sum(self._flying.values()) >= FETCH_BYTES):
             return None
         for plan in self._plans:
             limit = min(len(plan.entries), plan.read_to + plan.window)
             while plan.next < limit:
-                name, path = plan.entries[plan.next]
+                name, path, nbytes = plan.entries[plan.next]
                 plan.next += 1
                 if name not in plan.read and name not in self._inflight:
-                    return plan, name, path
+                    return plan, name, path, nbytes
         return None
-
-    def _has_work(self) -> bool:
-        return bool(self._inflight) or any(p.next < len(p.entries) for p in self._plans)
 
     # -- reads --------------------------------------------------------------------------
 
@@ -570,10 +335,13 @@ class RemoteCache:
                 plan.read.add(name)
                 if pos + 1 > plan.read_to:
                     plan.read_to = pos + 1
-                    self._wake.notify_all()
+                    self._wake_fetcher()
                 self._last_epoch = plan.epoch
                 return plan.epoch
-        return self._plans[-1].epoch if self._plans else self._last_epoch
+        # Not announced (a virtual window's features): the epoch of the last read that was.
+        if self._last_epoch is not None:
+            return self._last_epoch
+        return self._plans[0].epoch if self._plans else 0
 
     def _open(self, name: str) -> Any:
         """The cache file ``name``, mapped (and touched), or None when it is not cached."""
@@ -606,7 +374,9 @@ class RemoteCache:
         with self._wake:
             if self._inflight.get(name) is fut:
                 del self._inflight[name]
-            self._wake.notify_all()
+                self._flying.pop(name, None)
+            if self._plans:  # a request is free for the next entry
+                self._wake_fetcher()
 
     async def _fetch(self, path: str, name: str, epoch: int) -> bytes | None:
         remote = f"{self.root}/{path}" if self.root else path

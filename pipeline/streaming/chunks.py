@@ -11,6 +11,10 @@ the GIL, so a few threads decode in parallel. Anything else (other codecs or key
 encodings, chunks or shards split along other axes) falls back to zarr's own read, which
 is always correct.
 
+A remote store's objects (a chunk, or a whole shard) are read through a node-local disk
+cache when the stream has one (:mod:`~pipeline.streaming.cache`): fetched ahead of need,
+then read from local files, mapped like a local store's.
+
 :meth:`ChunkReader.scatter` decodes rows straight to scattered places (the streamer's
 mixed order). For large blosc chunks, a few blocks at a time into a buffer that stays in
 cache, with c-blosc's own ``blosc_getitem`` (:mod:`~pipeline.streaming.blosc`), then
