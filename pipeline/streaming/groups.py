@@ -215,7 +215,10 @@ class GroupLoader:
         offsets = np.concatenate([[0], np.cumsum([p.hi - p.lo for p in pieces])]).astype(np.int64)
         # The mixing is known before anything is read: each read puts its samples
         # straight into their mixed places, and a batch is then a run of the buffer.
-        perm = group_permutation(self.group_sizes[g], group=g, **self._mix)
+        # A plan that lays out its groups itself (an elastic plan, step after step) gives
+        # the order; otherwise the group is permuted from the seed.
+        perm = group_permutation(self.group_sizes[g], group=g, orders=self.plan if hasattr(self.plan, "order") else None,
+                                 **self._mix)
         places = None
         if self._mix["shuffle"]:
             places = np.empty_like(perm)

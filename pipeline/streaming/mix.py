@@ -40,7 +40,11 @@ contiguous range of each source's batches.
 
 **Resuming.** ``state_dict()`` is ``(epoch, batches_served)``; every source's position
 is recomputed from the schedule, and the rest of the epoch is served exactly as in an
-uninterrupted run.
+uninterrupted run. When every source is a stream with ``global_batch_size``
+(:mod:`~pipeline.streaming.elastic`), a source's steps per epoch, and so the schedule,
+do not depend on the world size, and each source's batch at a position holds the same
+samples on every world size: a state then resumes on any world size the sources allow.
+The DataLoader workers must be as many as those that served the state.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import StreamError
+from pipeline.streaming.plan import round_robin_consumed
 from pipeline.streaming.streamer import Stream, stream
 
 __all__ = ["Mix", "MixPlan", "apportion", "epoch_steps", "mix", "quota_schedule", "shares"]
@@ -185,7 +190,13 @@ class Mix:
         self.counts = apportion(self.steps, self.shares)
         self.epoch = 0
         self._served = 0
+        self._served_workers: int | None = None  # DataLoader workers that served _served
         self._schedules: dict[int, np.ndarray] = {}
+
+    @property
+    def elastic(self) -> bool:
+        """Whether every source has a world-size independent order (``global_batch_size``)."""
+        return all(getattr(s, "global_batch_size", None) is not None for s in self.streams)
 
     def __len__(self) -> int:
         return self.steps
@@ -194,17 +205,31 @@ class Mix:
         """Choose the epoch whose schedule (and sources' positions) the next iteration follows."""
         if epoch != self.epoch:
             self._served = 0
+            self._served_workers = None
         self.epoch = int(epoch)
 
-    def state_dict(self) -> dict[str, int]:
-        """Where this mix is: enough integers to resume mid-epoch."""
-        return {"epoch": self.epoch, "batches_served": self._served, "seed": self.seed, "rank": self.rank,
-                "world_size": self.world_size, "steps_per_epoch": self.steps}
+    def state_dict(self, *, batches_served: int | None = None, num_workers: int | None = None) -> dict[str, int]:
+        """Where this mix is: enough integers to resume mid-epoch.
+
+        Parameters
+        ----------
+        batches_served, num_workers
+            For a loop over a DataLoader: the batches it consumed this epoch and the
+            loader's ``num_workers`` (by default what this mix's own iteration counted).
+        """
+        state = {"epoch": self.epoch, "batches_served": self._served if batches_served is None else int(batches_served),
+                 "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "steps_per_epoch": self.steps}
+        if num_workers is not None:
+            state["num_workers"] = max(1, int(num_workers))
+        return state
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
-        """Resume: the next iteration yields exactly the batches not yet served."""
-        for key, have in (("seed", self.seed), ("rank", self.rank), ("world_size", self.world_size),
-                          ("steps_per_epoch", self.steps)):
+        """Resume: the next iteration yields exactly the batches not yet served (on any
+        world size when :attr:`elastic`)."""
+        keys = [("seed", self.seed), ("steps_per_epoch", self.steps)]
+        if not self.elastic:
+            keys += [("rank", self.rank), ("world_size", self.world_size)]
+        for key, have in keys:
             if key in state and int(state[key]) != have:
                 raise StreamError(f"mix: state_dict was saved with {key}={state[key]}, this mix has {have}")
         served = int(state["batches_served"])
@@ -212,6 +237,8 @@ class Mix:
             raise StreamError(f"mix: batches_served must be 0 to {self.steps}, got {served}")
         self.epoch = int(state["epoch"])
         self._served = served
+        workers = state.get("num_workers")
+        self._served_workers = None if workers is None else max(1, int(workers))
 
     @property
     def threads(self) -> int:
@@ -262,10 +289,33 @@ class Mix:
         return MixPlan(sources=tuple(sched[lo:hi].tolist()), positions=tuple(positions), batch_sizes=tuple(sizes))
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
-        for batch in self.iter_worker(0, 1, skip_batches=self._served, read_ahead=True):
+        for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
+            self._served_workers = 1
             yield batch
         self._served = 0
+        self._served_workers = None
+
+    def iter_resumed(self, worker: int, num_workers: int, *, read_ahead: bool = False
+                     ) -> Iterator[tuple[np.ndarray, ...]]:
+        """One DataLoader worker's share of what is left of the epoch after
+        :meth:`load_state_dict`.
+
+        Raises
+        ------
+        StreamError
+            When the state was saved with another number of DataLoader workers.
+        """
+        num_workers = max(1, num_workers)
+        skip = 0
+        if self._served:
+            if self._served_workers not in (None, num_workers):
+                raise StreamError(f"mix: state_dict was saved while {self._served_workers} DataLoader workers "
+                                  f"served, this loader has {num_workers}; resume a mix on as many workers")
+            # The DataLoader took batches from the workers in turn: each skips its share.
+            counts = [hi - lo for lo, hi in (self._range(k, num_workers) for k in range(num_workers))]
+            skip = round_robin_consumed(counts, self._served)[worker]
+        return self.iter_worker(worker, num_workers, skip_batches=skip, read_ahead=read_ahead)
 
     def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0, read_ahead: bool = False
                     ) -> Iterator[tuple[np.ndarray, ...]]:
@@ -346,8 +396,8 @@ def _open_source(i: int, item: Any, batch_size: int | None, seed: int, rank: int
     kwargs = dict(stream_kwargs)
     if isinstance(item, tuple) and len(item) == 2 and isinstance(item[1], str):
         item, kwargs["split"] = item
-    if batch_size is None:
-        raise StreamError(f"mix: batch_size is needed to open source {i} ({item!r}); got None")
+    if batch_size is None and kwargs.get("global_batch_size") is None:
+        raise StreamError(f"mix: batch_size or global_batch_size is needed to open source {i} ({item!r}); got None")
     return stream(item, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, **kwargs)
 
 
@@ -378,7 +428,8 @@ def mix(
         A source of weight 0 is never drawn.
     batch_size
         Samples per batch of the sources opened here (not needed when every source is a
-        stream).
+        stream, or with ``global_batch_size=`` among ``stream_kwargs``: an order that
+        does not depend on the world size, see :mod:`pipeline.streaming.mix`).
     seed
         Seeds the schedule's tie order and the shuffles of the sources opened here.
     rank, world_size

@@ -14,7 +14,7 @@ Each worker mixes its samples within groups of ``buffer_chunks`` chunk pieces.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -156,24 +156,39 @@ def round_robin_consumed(counts: Sequence[int], served: int) -> list[int]:
     A DataLoader takes batches from its workers in turn (0, 1, ..., k-1, 0, ...),
     skipping workers that are done; ``counts`` are the workers' batch counts.
     """
-    taken = [0] * len(counts)
-    left = int(served)
-    while left > 0:
-        progressed = False
-        for k, c in enumerate(counts):
-            if left == 0:
-                break
-            if taken[k] < c:
-                taken[k] += 1
-                left -= 1
-                progressed = True
-        if not progressed:
-            raise StreamError(f"{served} batches served, but the workers only have {sum(counts)}")
+    served = int(served)
+    if not 0 <= served <= sum(counts):
+        raise StreamError(f"{served} batches served, but the workers only have {sum(counts)}")
+    # After r whole turns worker k has delivered min(c_k, r): find the most turns that
+    # fit, then the next turn goes to the workers still going, in worker order.
+    lo, hi = 0, max(counts, default=0)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if sum(min(c, mid) for c in counts) <= served:
+            lo = mid
+        else:
+            hi = mid - 1
+    taken = [min(int(c), lo) for c in counts]
+    left = served - sum(taken)
+    for k, c in enumerate(counts):
+        if left and c > lo:
+            taken[k] += 1
+            left -= 1
     return taken
 
 
-def group_permutation(n: int, *, seed: int, epoch: int, rank: int, worker: int, group: int, shuffle: bool) -> np.ndarray:
-    """How the samples of one buffer group are mixed."""
+def group_permutation(n: int, *, seed: int, epoch: int, rank: int, worker: int, group: int, shuffle: bool,
+                      orders: Any = None) -> np.ndarray:
+    """How the samples of one buffer group are mixed.
+
+    ``orders``: a plan that fixes its groups' mixing itself (an
+    :class:`~pipeline.streaming.elastic.ElasticPlan`, whose ``order(group)`` is used).
+    """
+    if orders is not None:
+        perm = orders.order(group)
+        if perm.size != n:
+            raise StreamError(f"group {group}: the plan orders {perm.size} samples, its pieces hold {n}")
+        return perm
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     return np.random.default_rng([seed, epoch, rank, worker, group, 0xB0F]).permutation(n).astype(np.int64)

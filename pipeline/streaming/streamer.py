@@ -54,8 +54,28 @@ import numpy as np
 from pipeline.errors import StreamError
 from pipeline.streaming.batches import BatchSlabs
 from pipeline.streaming.cache import CacheStats, cache_spec
+from pipeline.streaming.elastic import (
+    ElasticPlan,
+    Lanes,
+    consumed_steps,
+    elastic_plan,
+    elastic_served_order,
+    epoch_lanes,
+    per_rank_batch,
+    remaining_steps,
+    step_intervals,
+    worker_steps,
+)
 from pipeline.streaming.groups import BufferPool, Group, GroupLoader
-from pipeline.streaming.plan import WorkerPlan, batches_per_rank, served_order, shuffle_quality, worker_plan
+from pipeline.streaming.shared import SharedChunks
+from pipeline.streaming.plan import (
+    WorkerPlan,
+    batches_per_rank,
+    round_robin_consumed,
+    served_order,
+    shuffle_quality,
+    worker_plan,
+)
 from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.subsets import open_store_source
 
@@ -67,12 +87,15 @@ class Stream:
 
     Use :func:`stream` to make one. ``len(s)`` is this rank's batches per epoch; every
     rank yields the same number, and across ranks and DataLoader workers every sample is
-    served exactly once per epoch (with ``drop_last=False``).
+    served exactly once per epoch (with ``drop_last=False``). With ``global_batch_size``
+    the epoch is a sequence of global steps that does not depend on the world size
+    (:mod:`~pipeline.streaming.elastic`), and a state resumes on any world size.
     """
 
     def __init__(self, source: Any, *, names: Sequence[str], batch_size: int, shuffle: bool, seed: int,
                  buffer_chunks: int, drop_last: bool, rank: int, world_size: int, prefetch: int,
-                 threads: int | None, read_niceness: int = 5, follow: bool = False):
+                 threads: int | None, read_niceness: int = 5, follow: bool = False,
+                 global_batch_size: int | None = None):
         self.source = source
         self.follow = follow
         self.names = tuple(names)
@@ -89,10 +112,18 @@ class Stream:
         self.prefetch_batches = 4
         self.epoch = 0
         self._served = 0  # batches served in the current epoch, for state_dict
+        # Elastic order (global_batch_size): the steps done before the iteration in
+        # progress, as [start, stop) runs, and how many DataLoader workers serve the
+        # batches counted beyond them (None: those of the next iteration).
+        self.global_batch_size = global_batch_size
+        self._done: list[list[int]] = []
+        self._served_workers: int | None = None
+        self._lanes_cache: tuple[tuple[int, int], Lanes] | None = None
         self._quality_epoch: int | None = None  # the last epoch served whole, from its start
         self.n_samples = int(sum(source.lengths))
         if self.n_samples < world_size:
             raise StreamError(f"{self.n_samples} samples cannot be shared among {world_size} ranks")
+        self._lanes()  # an impossible elastic split is reported now, not at the first batch
         self._init_process_state()
 
     def _init_process_state(self) -> None:
@@ -165,7 +196,24 @@ class Stream:
         return {n: self.source.sample_shape(n) for n in self.names}
 
     def __len__(self) -> int:
+        lanes = self._lanes()
+        if lanes is not None:
+            return lanes.steps
         return batches_per_rank(self.n_samples, self.world_size, self.batch_size, self.drop_last)
+
+    def _lanes(self) -> Lanes | None:
+        """The elastic order's lanes and steps (None without ``global_batch_size``); they
+        follow the source, whose lengths a new version changes."""
+        if self.global_batch_size is None:
+            return None
+        key = (self.n_samples, max(self.source.lengths, default=0))
+        cached = self._lanes_cache
+        if cached is None or cached[0] != key:
+            lanes = epoch_lanes(self.n_samples, global_batch_size=self.global_batch_size, drop_last=self.drop_last,
+                                longest_chunk=key[1], buffer_chunks=self.buffer_chunks)
+            lanes.check_world_size(self.world_size)
+            cached = self._lanes_cache = (key, lanes)
+        return cached[1]
 
     @property
     def version(self) -> int | None:
@@ -177,6 +225,7 @@ class Stream:
         new epoch also moves to the store's newest version."""
         if epoch != self.epoch:
             self._served = 0
+            self._done, self._served_workers = [], None
             if self.follow and hasattr(self.source, "at_version"):
                 self._switch(self.source.at_version(None))
         self.epoch = int(epoch)
@@ -191,25 +240,110 @@ class Stream:
         self.close()  # the next epoch's early read was of the old version
         self.source, self.n_samples = source, n
 
-    def state_dict(self) -> dict[str, int]:
-        """Where this stream is: enough integers to resume mid-epoch (and the store
-        version it serves, which a resumed stream serves too)."""
-        state = {"epoch": self.epoch, "batches_served": self._served, "seed": self.seed,
-                 "rank": self.rank, "world_size": self.world_size}
+    def state_dict(self, *, batches_served: int | None = None, num_workers: int | None = None) -> dict[str, Any]:
+        """Where this stream is: enough to resume mid-epoch (and the store version it
+        serves, which a resumed stream serves too).
+
+        Parameters
+        ----------
+        batches_served, num_workers
+            For a loop over a DataLoader, whose workers iterate copies of the stream:
+            the batches the loop consumed this epoch, and the loader's ``num_workers``.
+            By default, what this stream's own iteration counted.
+
+        Returns
+        -------
+        dict
+            ``epoch``, ``batches_served``, ``seed``, ``rank``, ``world_size`` (and
+            ``version``). With ``global_batch_size`` also ``global_batch_size``,
+            ``buffer_chunks``, ``steps_per_epoch`` (checked on loading), ``done``, the
+            global steps served before the iteration in progress as ``[start, stop)``
+            runs, and ``num_workers``, the DataLoader workers that served the batches
+            counted beyond them (known only once given or iterated); ``rank`` and
+            ``world_size`` are then for information, not checked.
+        """
+        served = self._served if batches_served is None else int(batches_served)
+        state: dict[str, Any] = {"epoch": self.epoch, "batches_served": served, "seed": self.seed,
+                                 "rank": self.rank, "world_size": self.world_size}
+        if self.global_batch_size is not None:
+            done, workers = self._done, self._served_workers
+            if num_workers is not None:
+                workers = max(1, int(num_workers))
+                left = self._remaining(workers)  # the loader's iteration began with these steps left
+                done = step_intervals(np.setdiff1d(np.arange(len(self)), left, assume_unique=True))
+                if served < len(self) - left.size:
+                    raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
+                                      f"{len(self) - left.size} served before this iteration began; got {served}")
+            state.update(global_batch_size=self.global_batch_size, buffer_chunks=self.buffer_chunks,
+                         steps_per_epoch=len(self), done=[list(p) for p in done])
+            if workers is not None:
+                state["num_workers"] = workers
+        elif num_workers is not None:
+            state["num_workers"] = max(1, int(num_workers))
         if self.version is not None:
             state["version"] = self.version
         return state
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields exactly the batches not yet served, of the
-        store version the state was saved on."""
-        for key in ("seed", "rank", "world_size"):
-            if key in state and int(state[key]) != getattr(self, key):
-                raise StreamError(f"state_dict was saved with {key}={state[key]}, this stream has {getattr(self, key)}")
+        store version the state was saved on.
+
+        Without ``global_batch_size`` the state must come from the same rank and world
+        size, and a DataLoader must have as many workers as the one that served it. With
+        it, a state saved by any rank resumes any rank, on any world size the global
+        batch allows and any number of workers.
+        """
+        self._check_identity(state)
         if state.get("version") is not None and hasattr(self.source, "at_version"):
             self._switch(self.source.at_version(int(state["version"])))
-        self.epoch = int(state["epoch"])
-        self._served = int(state["batches_served"])
+        served = int(state["batches_served"])
+        workers = state.get("num_workers")
+        workers = None if workers is None else max(1, int(workers))
+        if self.global_batch_size is not None:
+            if "steps_per_epoch" in state and int(state["steps_per_epoch"]) != len(self):
+                raise StreamError(f"state_dict was saved with steps_per_epoch={state['steps_per_epoch']}, this "
+                                  f"stream has {len(self)} (another store version, drop_last or global batch)")
+            done = [[int(a), int(b)] for a, b in state.get("done", ())]
+            left = remaining_steps(len(self), done)
+            if not len(self) - left.size <= served <= len(self):
+                raise StreamError(f"state_dict: batches_served={served}, but {len(self) - left.size} steps are "
+                                  f"done and {left.size} left")
+            self.epoch, self._served, self._done, self._served_workers = int(state["epoch"]), served, done, workers
+            if workers is not None:  # known now: record the steps the loop took
+                self._done = step_intervals(np.setdiff1d(np.arange(len(self)), self._remaining(workers),
+                                                         assume_unique=True))
+                self._served_workers = None
+            return
+        if not 0 <= served <= len(self):
+            raise StreamError(f"state_dict: batches_served must be 0 to {len(self)}, got {served}")
+        self.epoch, self._served, self._served_workers = int(state["epoch"]), served, workers
+
+    def _check_identity(self, state: Mapping[str, Any]) -> None:
+        """Refuse a state saved by a stream whose order differs from this one's."""
+        elastic = self.global_batch_size is not None
+        keys = ("seed", "global_batch_size", "buffer_chunks") if elastic else ("seed", "rank", "world_size")
+        for key in keys:
+            if key in state and int(state[key]) != getattr(self, key):
+                raise StreamError(f"state_dict was saved with {key}={state[key]}, this stream has {getattr(self, key)}")
+        if not int(state.get("batches_served", 0)):
+            return  # nothing served: any epoch start is the same
+        if elastic and "global_batch_size" not in state and ("world_size" in state or "rank" in state):
+            raise StreamError("state_dict was saved by a stream without global_batch_size, whose order depends on "
+                              "its rank and world size; resume it with a stream like the one that saved it")
+        if not elastic and "global_batch_size" in state:
+            raise StreamError(f"state_dict was saved by a stream with global_batch_size={state['global_batch_size']}"
+                              "; this stream has none: pass the same global_batch_size to resume it")
+
+    def _remaining(self, num_workers: int) -> np.ndarray:
+        """The global steps left at the start of an iteration by ``num_workers`` DataLoader
+        workers: the steps not done, less those the batches counted beyond them took
+        (served by ``_served_workers`` workers, or by these when not known)."""
+        left = remaining_steps(len(self), self._done)
+        pending = self._served - (len(self) - left.size)
+        if pending:
+            taken = consumed_steps(left, pending, self._served_workers or num_workers, self._lanes().group_steps)
+            left = np.setdiff1d(left, taken, assume_unique=True)
+        return left
 
     def cache_stats(self, epoch: int | None = None) -> CacheStats | None:
         """What ``epoch`` (default: the current one) read through the remote store's
@@ -230,35 +364,84 @@ class Stream:
         if self._quality_epoch is None:
             return {}
         plan = self.plan(epoch=self._quality_epoch)
-        chunks, index = served_order(plan, self.source.lengths, seed=self.seed, epoch=self._quality_epoch,
-                                     rank=self.rank, worker=0, shuffle=self.shuffle)
+        if isinstance(plan, ElasticPlan):
+            chunks, index = elastic_served_order(plan, self.source.lengths)
+        else:
+            chunks, index = served_order(plan, self.source.lengths, seed=self.seed, epoch=self._quality_epoch,
+                                         rank=self.rank, worker=0, shuffle=self.shuffle)
         return shuffle_quality(chunks, index, plan.batch_sizes)
 
     # -- iteration --------------------------------------------------------------------
 
-    def plan(self, worker: int = 0, num_workers: int = 1, *, epoch: int | None = None) -> WorkerPlan:
-        """What one DataLoader worker of this rank serves in ``epoch`` (default: the current one)."""
-        return worker_plan(
-            self.source.lengths, seed=self.seed, epoch=self.epoch if epoch is None else epoch,
-            shuffle=self.shuffle,
-            batch_size=self.batch_size, drop_last=self.drop_last, rank=self.rank,
-            world_size=self.world_size, worker=worker, num_workers=num_workers,
-            buffer_chunks=self.buffer_chunks,
-        )
+    def plan(self, worker: int = 0, num_workers: int = 1, *, epoch: int | None = None,
+             steps: np.ndarray | None = None) -> WorkerPlan | ElasticPlan:
+        """What one DataLoader worker of this rank serves in ``epoch`` (default: the current
+        one). With ``global_batch_size``, an :class:`~pipeline.streaming.elastic.ElasticPlan`
+        of the global ``steps`` given, by default the worker's share of the whole epoch."""
+        e = self.epoch if epoch is None else epoch
+        lanes = self._lanes()
+        if lanes is None:
+            if steps is not None:
+                raise StreamError("Stream.plan: steps are global steps, which only a stream with global_batch_size has")
+            return worker_plan(
+                self.source.lengths, seed=self.seed, epoch=e, shuffle=self.shuffle,
+                batch_size=self.batch_size, drop_last=self.drop_last, rank=self.rank,
+                world_size=self.world_size, worker=worker, num_workers=num_workers,
+                buffer_chunks=self.buffer_chunks,
+            )
+        if steps is None:
+            steps = worker_steps(np.arange(lanes.steps, dtype=np.int64), worker, num_workers, lanes.group_steps)
+        return elastic_plan(self.source.lengths, lanes, steps=steps, seed=self.seed, epoch=e, shuffle=self.shuffle,
+                            rank=self.rank, world_size=self.world_size)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
-        skip = self._served
-        whole = skip == 0
-        for batch in self.iter_worker(0, 1, skip_batches=skip, read_ahead=True):
+        whole = self._served == 0
+        if self.global_batch_size is not None:
+            # This iteration is the one in progress: what came before it is done.
+            left = self._remaining(1)
+            self._done = step_intervals(np.setdiff1d(np.arange(len(self)), left, assume_unique=True))
+            self._served_workers = 1
+        for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
             yield batch
         self._served = 0
+        self._done, self._served_workers = [], None
         if whole:
             self._quality_epoch = self.epoch
 
-    def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0, read_ahead: bool = False
-                    ) -> Iterator[tuple[np.ndarray, ...]]:
-        """Batches of one DataLoader worker's share (all of them for ``0, 1``).
+    def iter_resumed(self, worker: int, num_workers: int, *, read_ahead: bool = False
+                     ) -> Iterator[tuple[np.ndarray, ...]]:
+        """One DataLoader worker's share of what is left of the epoch after
+        :meth:`load_state_dict` (all of the epoch when nothing was served).
+
+        Raises
+        ------
+        StreamError
+            Without ``global_batch_size``, when the state was saved with another number
+            of DataLoader workers.
+        """
+        num_workers = max(1, num_workers)
+        if self.global_batch_size is not None:
+            left = self._remaining(num_workers)
+            steps = None if left.size == len(self) else worker_steps(left, worker, num_workers,
+                                                                     self._lanes().group_steps)
+            return self.iter_worker(worker, num_workers, read_ahead=read_ahead, steps=steps)
+        skip = 0
+        if self._served:
+            if self._served_workers not in (None, num_workers):
+                raise StreamError(f"state_dict was saved while {self._served_workers} DataLoader workers served, "
+                                  f"this loader has {num_workers}; resuming on another number of workers needs "
+                                  "global_batch_size")
+            # The DataLoader took batches from the workers in turn: each skips its share.
+            counts = [len(self.plan(k, num_workers).batch_sizes) for k in range(num_workers)]
+            skip = round_robin_consumed(counts, self._served)[worker]
+        return self.iter_worker(worker, num_workers, skip_batches=skip, read_ahead=read_ahead)
+
+    def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0, read_ahead: bool = False,
+                    steps: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, ...]]:
+        """Batches of one DataLoader worker's share (all of them for ``0, 1``), after
+        skipping its first ``skip_batches``; with ``global_batch_size``, ``steps`` names
+        the global steps to serve instead (ascending).
 
         Batches are cut by a background thread into a short queue, so the consumer's
         ``next()`` only takes a ready batch: waiting for a group's reads, copying the
@@ -268,7 +451,7 @@ class Stream:
         (``epoch + 1``, or the same epoch again when the previous iteration repeated its
         epoch), so the next epoch starts without waiting for its first chunks.
         """
-        produced = self._produce(worker, num_workers, skip_batches=skip_batches, read_ahead=read_ahead)
+        produced = self._produce(worker, num_workers, skip_batches=skip_batches, read_ahead=read_ahead, steps=steps)
         # Two C-level SimpleQueues instead of one bounded queue.Queue: a queue.Queue's
         # get runs its Condition bookkeeping in Python, about 50 us after the consumer
         # wakes from a training step (measured), 1% of a 5 ms step by itself. ``ready``
@@ -324,77 +507,119 @@ class Stream:
             credit.put(1)  # a producer waiting for credit sees the stop at once
             thread.join()
 
-    def _produce(self, worker: int, num_workers: int, *, skip_batches: int = 0, read_ahead: bool = False
-                 ) -> Iterator[tuple[np.ndarray, ...]]:
+    def _produce(self, worker: int, num_workers: int, *, skip_batches: int = 0, read_ahead: bool = False,
+                 steps: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, ...]]:
         self._check_process()
-        plan = self.plan(worker, num_workers)
-        sizes = plan.batch_sizes[skip_batches:]
+        fresh = skip_batches == 0 and steps is None  # the whole share: a loader started early fits
+        if self.global_batch_size is not None and skip_batches:
+            if steps is None:
+                steps = worker_steps(np.arange(len(self), dtype=np.int64), worker, num_workers,
+                                     self._lanes().group_steps)
+            steps, skip_batches = steps[skip_batches:], 0
+        plan = self.plan(worker, num_workers, steps=steps)
         if read_ahead:
             if self._last_epoch is not None and self.epoch - self._last_epoch in (0, 1):
                 self._epoch_step = self.epoch - self._last_epoch
             self._last_epoch = self.epoch
-        loader = self._adopt(self._ahead_key(self.epoch, worker, num_workers) if skip_batches == 0 else None)
+        loader = self._adopt(self._ahead_key(self.epoch, worker, num_workers) if fresh else None)
         if loader is None:
             loader = self._loader(plan, self.epoch, worker)
         try:
-            if not sizes:
+            if len(plan.batch_sizes) <= skip_batches:
                 return
-            skip_samples = int(sum(plan.batch_sizes[:skip_batches]))
-            group_sizes = loader.group_sizes
-            g = 0
-            while g < len(group_sizes) and skip_samples >= group_sizes[g]:  # skip whole groups unread
-                skip_samples -= group_sizes[g]
-                g += 1
-            loader.want(g, 1)
-            cur: Group | None = None
-            pos = skip_samples
-            # Stored arrays need no gather: their batches are runs of a group buffer
-            # already in mixed order. Assembled arrays (virtual windows) are built per
-            # batch: reading their feature rows is cheap and assembling the windows is
-            # the work, so half the threads assemble (on 2 cores, measured: a second
-            # assembling thread made each assembly 2x slower, competing with the first
-            # for the core's cache); numpy's fancy indexing releases the GIL.
-            gather_threads = max(1, self.threads // 2) if self._assembled() else 1
-            gatherer = ThreadPoolExecutor(gather_threads, "pipeline-gather") if gather_threads > 1 else None
-            pending: deque[tuple[Future, list[Group]]] = deque()
-            try:
-                for size in sizes:
-                    # A batch is a run of a mixed group's buffer (two runs, copied, when it
-                    # spans groups).
-                    parts: list[tuple[Group, int, int]] = []  # (group, from, to) of its mixed order
-                    finished: list[Group] = []
-                    start_next: list[int] = []  # groups whose successors start loading after this batch
-                    need = size
-                    while need > 0:
-                        if cur is None:
-                            cur = loader.take(g)
-                            start_next.append(g + 1)
-                        take = min(cur.perm.size - pos, need)
-                        parts.append((cur, pos, pos + take))
-                        pos += take
-                        need -= take
-                        if pos == cur.perm.size:
-                            finished.append(cur)
-                            cur, pos, g = None, 0, g + 1
-                    if gatherer is None:
-                        batch = self._gather(parts)
-                        for done_group in finished:  # its samples are copied out: reuse its memory
-                            loader.pool.put(done_group.buffers)
-                        self._start_next(loader, start_next, read_ahead, worker, num_workers)
-                        yield batch
-                        continue
-                    pending.append((gatherer.submit(self._gather, parts), finished))
-                    self._start_next(loader, start_next, read_ahead, worker, num_workers)
-                    while len(pending) > 2 * gather_threads or (pending and pending[0][0].done()):
-                        yield self._next_gathered(pending, loader.pool)
-                while pending:
-                    yield self._next_gathered(pending, loader.pool)
-            finally:
-                if gatherer is not None:
-                    gatherer.shutdown(wait=True, cancel_futures=True)
+            if isinstance(plan, ElasticPlan):
+                cuts = self._elastic_cuts(plan, loader)
+            else:
+                cuts = self._sequential_cuts(plan, loader, skip_batches)
+            yield from self._cut_batches(cuts, loader, read_ahead, worker, num_workers)
         finally:
             loader.close()
             loader.pool.trim()
+
+    @staticmethod
+    def _sequential_cuts(plan: WorkerPlan, loader: GroupLoader, skip_batches: int) -> Iterator[tuple]:
+        """Each batch as ``(parts, finished, start_next)``: runs ``(group, from, to)`` of
+        the groups' mixed order, the groups it finishes, and the groups whose successors
+        start loading after it. A batch is a run of a group (two runs when it spans groups)."""
+        skip_samples = int(sum(plan.batch_sizes[:skip_batches]))
+        group_sizes = loader.group_sizes
+        g = 0
+        while g < len(group_sizes) and skip_samples >= group_sizes[g]:  # skip whole groups unread
+            skip_samples -= group_sizes[g]
+            g += 1
+        loader.want(g, 1)
+        cur: Group | None = None
+        pos = skip_samples
+        for size in plan.batch_sizes[skip_batches:]:
+            parts: list[tuple[Group, int, int]] = []
+            finished: list[Group] = []
+            start_next: list[int] = []
+            need = size
+            while need > 0:
+                if cur is None:
+                    cur = loader.take(g)
+                    start_next.append(g + 1)
+                take = min(cur.perm.size - pos, need)
+                parts.append((cur, pos, pos + take))
+                pos += take
+                need -= take
+                if pos == cur.perm.size:
+                    finished.append(cur)
+                    cur, pos, g = None, 0, g + 1
+            yield parts, finished, start_next
+
+    @staticmethod
+    def _elastic_cuts(plan: ElasticPlan, loader: GroupLoader) -> Iterator[tuple]:
+        """As :meth:`_sequential_cuts`, for an elastic plan: a group's buffer holds its
+        steps' batches one after another, so a batch is always one run of one group, and
+        a group some of whose steps another worker serves is left part unserved."""
+        loader.want(0, 1)
+        cur: Group | None = None
+        at = -1
+        n = len(plan.batch_sizes)
+        for k in range(n):
+            g = int(plan.batch_group[k])
+            start_next = []
+            if g != at:
+                cur, at = loader.take(g), g
+                start_next.append(g + 1)
+            lo = int(plan.batch_offset[k])
+            last = k + 1 == n or int(plan.batch_group[k + 1]) != g
+            yield [(cur, lo, lo + plan.batch_sizes[k])], [cur] if last else [], start_next
+
+    def _cut_batches(self, cuts: Iterator[tuple], loader: GroupLoader, read_ahead: bool, worker: int,
+                     num_workers: int) -> Iterator[tuple[np.ndarray, ...]]:
+        """The batches of ``cuts`` (see :meth:`_sequential_cuts`), gathered.
+
+        Stored arrays need no gather: their batches are runs of a group buffer already
+        in mixed order. Assembled arrays (virtual windows) are built per batch: reading
+        their feature rows is cheap and assembling the windows is the work, so half the
+        threads assemble (on 2 cores, measured: a second assembling thread made each
+        assembly 2x slower, competing with the first for the core's cache); numpy's
+        fancy indexing releases the GIL.
+        """
+        gather_threads = max(1, self.threads // 2) if self._assembled() else 1
+        gatherer = ThreadPoolExecutor(gather_threads, "pipeline-gather") if gather_threads > 1 else None
+        pending: deque[tuple[Future, list[Group]]] = deque()
+        try:
+            for parts, finished, start_next in cuts:
+                if gatherer is None:
+                    batch = self._gather(parts)
+                    for done_group in finished:  # its samples are copied out: reuse its memory
+                        loader.pool.put(done_group.buffers)
+                    self._start_next(loader, start_next, read_ahead, worker, num_workers)
+                    yield batch
+                    continue
+                pending.append((gatherer.submit(self._gather, parts), finished))
+                self._start_next(loader, start_next, read_ahead, worker, num_workers)
+                while len(pending) > 2 * gather_threads or (pending and pending[0][0].done()):
+                    yield self._next_gathered(pending, loader.pool)
+            while pending:
+                yield self._next_gathered(pending, loader.pool)
+        finally:
+            cuts.close()
+            if gatherer is not None:
+                gatherer.shutdown(wait=True, cancel_futures=True)
 
     # -- group loaders, and the next epoch's read ahead --------------------------------
 
@@ -416,6 +641,9 @@ class Stream:
                 # its buffer, are still queued for the loop while the next group starts
                 # loading), those loading ahead and the next epoch's first.
                 capacity = self.buffer_chunks * max(self.source.lengths, default=0)
+                lanes = self._lanes()
+                if lanes is not None:  # a group of global steps, this rank's share of each
+                    capacity = lanes.group_steps * self.batch_size
                 self._pool = BufferPool(self.source, self.names, capacity, keep=self.prefetch + 3)
             return self._pool
 
@@ -423,20 +651,26 @@ class Stream:
         """Whether an array is assembled from stored rows (virtual windows)."""
         return any(self.source.assembled(n) for n in self.names)
 
-    def _loader(self, plan: WorkerPlan, epoch: int, worker: int) -> GroupLoader:
+    def _loader(self, plan: WorkerPlan | ElasticPlan, epoch: int, worker: int) -> GroupLoader:
         # Reads of virtual windows are small chunks (window ends, per-step features)
         # whose Python overhead weighs more than their decoding: more read threads only
         # fight over the GIL (measured on 2 cores: one read thread streamed 1.15x as
         # fast as two). Half the threads read, the other half assemble.
         threads = max(1, self.threads // 2) if self._assembled() else self.threads
-        return GroupLoader(self.source, self.names, plan, pool=self._buffer_pool(), threads=threads,
-                           prefetch=self.prefetch, seed=self.seed, epoch=epoch, rank=self.rank, worker=worker,
-                           shuffle=self.shuffle, niceness=self.read_niceness)
+        elastic = isinstance(plan, ElasticPlan)
+        source = self.source
+        if elastic:  # a lane's chunk may be cut in pieces for several groups: decode it once
+            source = SharedChunks(self.source, plan.pieces, [n for n in self.names if not self.source.assembled(n)])
+        loader = GroupLoader(source, self.names, plan, pool=self._buffer_pool(), threads=threads,
+                             prefetch=self.prefetch, seed=self.seed, epoch=epoch, rank=self.rank, worker=worker,
+                             shuffle=self.shuffle or elastic, niceness=self.read_niceness)
+        return loader
 
     def _ahead_key(self, epoch: int, worker: int, num_workers: int) -> tuple:
         """Everything a worker plan depends on: a loader started early is used only for
         exactly the plan it was started for."""
-        return (epoch, worker, num_workers, self.seed, self.shuffle, self.batch_size, self.drop_last,
+        return (epoch, worker, num_workers, self.seed, self.shuffle, self.batch_size, self.global_batch_size,
+                self.drop_last,
                 self.rank, self.world_size, self.buffer_chunks, self.prefetch, self.threads, self.read_niceness)
 
     def _adopt(self, key: tuple | None) -> GroupLoader | None:
@@ -534,7 +768,8 @@ def stream(
     *,
     split: str = "train",
     arrays: Sequence[str] = ("x", "y"),
-    batch_size: int,
+    batch_size: int | None = None,
+    global_batch_size: int | None = None,
     shuffle: bool = True,
     seed: int = 0,
     buffer_chunks: int = 4,
@@ -568,7 +803,17 @@ def stream(
     arrays
         Names of the arrays to yield, in order (ignored names for a tuple source).
     batch_size
-        Samples per batch (the last batch of a rank may be smaller unless ``drop_last``).
+        Samples per batch of this rank (the last batch of a rank may be smaller unless
+        ``drop_last``). The epoch's order then depends on the world size, and a state
+        resumes on the same world size and DataLoader workers only.
+    global_batch_size
+        Instead of ``batch_size``: samples per step over all ranks, each rank serving
+        ``global_batch_size / world_size`` of them. Step ``j`` of an epoch then holds
+        the same samples on every world size from 1 to 8 that divides the global batch
+        (any world size dividing its lanes, see :mod:`~pipeline.streaming.elastic`), and
+        a state saved by any rank resumes any rank on any such world size, with any
+        number of DataLoader workers. ``buffer_chunks`` is then the chunks mixed at a
+        time by the whole job: each rank buffers its share of them.
     shuffle, seed
         Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
     buffer_chunks
@@ -626,9 +871,34 @@ def stream(
         return mix(source, weights=weights, split=split, arrays=arrays, batch_size=batch_size, shuffle=shuffle,
                    seed=seed, buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
                    partial=partial, storage_options=storage_options, prefetch=prefetch, threads=threads,
-                   verify=verify, read_niceness=read_niceness, version=version, follow=follow)
-    for name, value in (("batch_size", batch_size), ("buffer_chunks", buffer_chunks)):
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                   verify=verify, read_niceness=read_niceness, version=version, follow=follow,
+                   global_batch_size=global_batch_size)
+    rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,
+                                                 world_size)
+    src = _open_source(source, split, arrays, partial, storage_options, verify, version,
+                       cache_spec(cache_dir, cache_bytes))
+    return Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                  buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
+                  prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
+                  global_batch_size=global_batch_size)
+
+
+def _check_shares(batch_size: int | None, global_batch_size: int | None, buffer_chunks: int, read_niceness: int,
+                  rank: int | None, world_size: int | None) -> tuple[int, int, int]:
+    """``stream``'s sizes checked: this process's rank, the world size and the batch size
+    per rank (from ``global_batch_size`` when given).
+
+    Raises
+    ------
+    StreamError
+        Naming the argument that is missing, out of range or inconsistent.
+    """
+    if batch_size is None and global_batch_size is None:
+        raise StreamError("stream: pass batch_size (samples per batch of each rank) or global_batch_size (samples "
+                          "per step over all ranks)")
+    for name, value in (("batch_size", batch_size), ("global_batch_size", global_batch_size),
+                        ("buffer_chunks", buffer_chunks)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
             raise StreamError(f"stream: {name} must be a positive integer, got {value!r}")
     if isinstance(read_niceness, bool) or not isinstance(read_niceness, int) or not 0 <= read_niceness <= 19:
         raise StreamError(f"stream: read_niceness must be an integer from 0 to 19, got {read_niceness!r}")
@@ -638,22 +908,34 @@ def stream(
         world_size = w if world_size is None else world_size
     if world_size <= 0 or not 0 <= rank < world_size:
         raise StreamError(f"stream: rank {rank} is outside 0..{world_size - 1}")
+    if global_batch_size is not None:
+        per_rank = per_rank_batch(global_batch_size, world_size)
+        if batch_size is not None and batch_size != per_rank:
+            raise StreamError(f"stream: batch_size={batch_size} and global_batch_size={global_batch_size} on "
+                              f"{world_size} ranks disagree (that is {per_rank} per rank); pass only one of them")
+        batch_size = per_rank
+    return rank, world_size, int(batch_size)
+
+
+def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
+                 storage_options: dict[str, Any] | None, verify: bool, version: int | None, cache: Any) -> Any:
+    """The source ``stream`` reads: a store's split or fold, or arrays.
+
+    Raises
+    ------
+    StreamError
+        When ``source`` is none of the kinds ``stream`` takes.
+    """
     import zarr
 
     if isinstance(source, (str, os.PathLike, zarr.Group)):
-        src: Any = open_store_source(source, split, arrays, partial, storage_options, verify, version,
-                                     cache=cache_spec(cache_dir, cache_bytes))
-    elif isinstance(source, Mapping):
-        src = ArraySource(source, arrays)
-    elif isinstance(source, (tuple, list)):
+        return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
+    if isinstance(source, Mapping):
+        return ArraySource(source, arrays)
+    if isinstance(source, (tuple, list)):
         names = tuple(f"a{i}" for i in range(len(source)))
-        src = ArraySource(dict(zip(names, source)), names)
-        arrays = names
-    else:
-        raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or arrays")
-    return Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                  buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
-                  prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow)
+        return ArraySource(dict(zip(names, source)), names)
+    raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or arrays")
 
 
 def _distributed_rank() -> tuple[int, int]:

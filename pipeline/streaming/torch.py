@@ -1,14 +1,17 @@
 """PyTorch adapter: an ``IterableDataset`` that shares chunks among ranks and workers.
 
-To resume mid-epoch, count the batches the loop consumed and, before the next
-``iter(loader)``, call ``stream.load_state_dict({"epoch": e, "batches_served": n})``:
-each worker then skips exactly what it had delivered.
-
 Use it with ``DataLoader(ds, batch_size=None, num_workers=k)``: batches come ready-made.
 Each DataLoader worker serves a contiguous share of its rank's batches, so across all
 ranks and workers every sample appears exactly once per epoch. Only the store location
 is pickled to workers; each opens the store itself after the fork (no zarr, fsspec or
 blosc thread state crosses it), with blosc's internal threads off.
+
+To resume mid-epoch, count the batches the loop consumed this epoch and save
+``stream.state_dict(batches_served=n, num_workers=k)`` (``k`` the loader's
+``num_workers``); before the next ``iter(loader)``, call ``stream.load_state_dict`` with
+it: each worker then serves its share of exactly what is left. Without
+``global_batch_size`` the loader must have the same number of workers (and the stream
+the same rank and world size); with it, any (see :mod:`pipeline.streaming.elastic`).
 """
 
 from __future__ import annotations
@@ -57,16 +60,10 @@ class TorchDataset(IterableDataset):
                 if reopen is not None:
                     reopen()
         pin = self.pin_memory and torch.cuda.is_available() and info is None
-        # Resuming (Stream.load_state_dict): the DataLoader took batches from the workers
-        # in turn, so each worker skips the share it had already delivered.
-        skip = 0
-        if self.stream._served:
-            from pipeline.streaming.plan import round_robin_consumed
-
-            counts = [len(self.stream.plan(k, workers).batch_sizes) for k in range(workers)]
-            skip = round_robin_consumed(counts, self.stream._served)[worker]
+        # Resuming (Stream.load_state_dict): each worker serves its share of what the
+        # loop has not consumed yet.
         # In the main process (num_workers=0) the stream lives on between epochs and can
         # read the next epoch's first chunks early; a worker process ends with its epoch.
-        for batch in self.stream.iter_worker(worker, workers, skip_batches=skip, read_ahead=info is None):
+        for batch in self.stream.iter_resumed(worker, workers, read_ahead=info is None):
             tensors = tuple(torch.from_numpy(b) for b in batch)
             yield tuple(t.pin_memory() for t in tensors) if pin else tensors
