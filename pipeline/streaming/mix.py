@@ -59,7 +59,8 @@ import numpy as np
 
 from pipeline.errors import StreamError
 from pipeline.streaming.plan import round_robin_consumed
-from pipeline.streaming.streamer import Stream, stream
+from pipeline.streaming.api import stream
+from pipeline.streaming.streamer import Stream
 
 __all__ = ["Mix", "MixPlan", "apportion", "epoch_steps", "mix", "quota_schedule", "shares"]
 

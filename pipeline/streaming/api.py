@@ -1,0 +1,210 @@
+""":func:`pipeline.stream`: the arguments checked, the source opened, a :class:`Stream` made.
+
+The streamer itself (:mod:`~pipeline.streaming.streamer`) runs epochs; this module turns
+what a user passes (a store path, a zarr group, arrays, several sources with weights)
+into its source and shares.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Mapping, Sequence
+
+from pipeline.errors import StreamError
+from pipeline.streaming.cache import cache_spec
+from pipeline.streaming.elastic import per_rank_batch
+from pipeline.streaming.sources import ArraySource
+from pipeline.streaming.streamer import Stream
+from pipeline.streaming.subsets import open_store_source
+
+__all__ = ["stream"]
+
+def stream(
+    source: Any,
+    *,
+    split: str = "train",
+    arrays: Sequence[str] = ("x", "y"),
+    batch_size: int | None = None,
+    global_batch_size: int | None = None,
+    shuffle: bool = True,
+    seed: int = 0,
+    buffer_chunks: int = 4,
+    drop_last: bool = False,
+    rank: int | None = None,
+    world_size: int | None = None,
+    partial: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    prefetch: int = 2,
+    threads: int | None = None,
+    verify: bool = False,
+    read_niceness: int = 5,
+    version: int | None = None,
+    follow: bool = False,
+    weights: Sequence[float] | None = None,
+    cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | None = None,
+) -> Stream:
+    """Stream shuffled, aligned batches of a split.
+
+    Parameters
+    ----------
+    source
+        A store path or URL (directory, ``.zarr.zip``, ``s3://...``), an open
+        ``zarr.Group``, or a mapping / tuple of numpy or dask arrays (dask chunks are
+        computed in background threads, on the active cluster if there is one).
+    split
+        Split of a store to read, or a fold written with the store (``"fold2/train"``,
+        see :func:`pipeline.storage.write`): exactly the fold's samples are served, read
+        from its base split's chunks (:mod:`~pipeline.streaming.subsets`).
+    arrays
+        Names of the arrays to yield, in order (ignored names for a tuple source).
+    batch_size
+        Samples per batch of this rank (the last batch of a rank may be smaller unless
+        ``drop_last``). The epoch's order then depends on the world size, and a state
+        resumes on the same world size and DataLoader workers only.
+    global_batch_size
+        Instead of ``batch_size``: samples per step over all ranks, each rank serving
+        ``global_batch_size / world_size`` of them. Step ``j`` of an epoch then holds
+        the same samples on every world size from 1 to 8 that divides the global batch
+        (any world size dividing its lanes, see :mod:`~pipeline.streaming.elastic`), and
+        a state saved by any rank resumes any rank on any such world size, with any
+        number of DataLoader workers. ``buffer_chunks`` is then the chunks mixed at a
+        time by the whole job: each rank buffers its share of them.
+    shuffle, seed
+        Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
+    buffer_chunks
+        Chunks whose samples are mixed together (memory: about
+        ``(3 + prefetch) * buffer_chunks`` chunks).
+    drop_last
+        Drop each rank's incomplete last batch.
+    rank, world_size
+        This process's share; default from ``torch.distributed`` when initialized, else
+        ``0`` of ``1``.
+    partial
+        Read a store that is not marked complete.
+    prefetch
+        Buffer groups read ahead in the background (each ``buffer_chunks`` chunks).
+    threads
+        Threads decoding chunks.
+    verify
+        Check every chunk read against the CRC32 recorded when it was written (stores
+        without sharding). A chunk that fails to decode is always reported; this also
+        catches one that decodes to the wrong bytes, at about a third of the speed.
+    read_niceness
+        How many steps nicer than the process the read threads run, 0 to 19 (Linux; 0
+        keeps them at the process's priority). Reading ahead is background work: at
+        equal priority the decoding threads made the thread that mixes batches, and the
+        training loop, wait for a core (on 2 cores: 1.75 instead of 1.87 cores busy).
+    weights
+        With a list of sources (stores, ``(store, split)`` pairs or streams): draw
+        whole batches from each in these proportions, as :func:`pipeline.mix` does
+        (the other arguments apply to every source).
+    version, follow
+        The store version to serve (``None``: the newest when the stream opens; see
+        :func:`pipeline.open`). The stream keeps it while appends add others, so an
+        epoch never changes under the training loop; with ``follow=True`` each new epoch
+        (``set_epoch``) moves to the newest version. ``state_dict`` records the version,
+        and a resumed stream serves it.
+    cache_dir, cache_bytes
+        For a remote store (``s3://`` and other fsspec URLs): keep its chunk objects in
+        ``cache_dir`` on local disk, at most ``cache_bytes`` bytes of them (least
+        recently used evicted), so that later epochs read local files; each worker
+        fetches its epoch's chunks ahead of need, with many requests in flight. Every
+        rank and DataLoader worker of a node may share the directory (see
+        :mod:`~pipeline.streaming.cache`); the files go to its subfolder
+        ``pipeline-chunk-cache``. ``Stream.cache_stats(epoch)`` reports hits and bytes
+        fetched. Stores on local disk and arrays ignore both.
+
+    Returns
+    -------
+    Stream
+        (a :class:`~pipeline.streaming.mix.Mix` with ``weights``)
+    """
+    if weights is not None:
+        # Imported here: the mix module builds on this one.
+        from pipeline.streaming.mix import mix
+
+        return mix(source, weights=weights, split=split, arrays=arrays, batch_size=batch_size, shuffle=shuffle,
+                   seed=seed, buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
+                   partial=partial, storage_options=storage_options, prefetch=prefetch, threads=threads,
+                   verify=verify, read_niceness=read_niceness, version=version, follow=follow,
+                   global_batch_size=global_batch_size)
+    rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,
+                                                 world_size)
+    src = _open_source(source, split, arrays, partial, storage_options, verify, version,
+                       cache_spec(cache_dir, cache_bytes))
+    return Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
+                  buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
+                  prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
+                  global_batch_size=global_batch_size)
+
+
+def _check_shares(batch_size: int | None, global_batch_size: int | None, buffer_chunks: int, read_niceness: int,
+                  rank: int | None, world_size: int | None) -> tuple[int, int, int]:
+    """``stream``'s sizes checked: this process's rank, the world size and the batch size
+    per rank (from ``global_batch_size`` when given).
+
+    Raises
+    ------
+    StreamError
+        Naming the argument that is missing, out of range or inconsistent.
+    """
+    if batch_size is None and global_batch_size is None:
+        raise StreamError("stream: pass batch_size (samples per batch of each rank) or global_batch_size (samples "
+                          "per step over all ranks)")
+    for name, value in (("batch_size", batch_size), ("global_batch_size", global_batch_size),
+                        ("buffer_chunks", buffer_chunks)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+            raise StreamError(f"stream: {name} must be a positive integer, got {value!r}")
+    if isinstance(read_niceness, bool) or not isinstance(read_niceness, int) or not 0 <= read_niceness <= 19:
+        raise StreamError(f"stream: read_niceness must be an integer from 0 to 19, got {read_niceness!r}")
+    if rank is None or world_size is None:
+        r, w = _distributed_rank()
+        rank = r if rank is None else rank
+        world_size = w if world_size is None else world_size
+    if world_size <= 0 or not 0 <= rank < world_size:
+        raise StreamError(f"stream: rank {rank} is outside 0..{world_size - 1}")
+    if global_batch_size is not None:
+        per_rank = per_rank_batch(global_batch_size, world_size)
+        if batch_size is not None and batch_size != per_rank:
+            raise StreamError(f"stream: batch_size={batch_size} and global_batch_size={global_batch_size} on "
+                              f"{world_size} ranks disagree (that is {per_rank} per rank); pass only one of them")
+        batch_size = per_rank
+    return rank, world_size, int(batch_size)
+
+
+def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
+                 storage_options: dict[str, Any] | None, verify: bool, version: int | None, cache: Any) -> Any:
+    """The source ``stream`` reads: a store's split or fold, or arrays.
+
+    Raises
+    ------
+    StreamError
+        When ``source`` is none of the kinds ``stream`` takes.
+    """
+    import zarr
+
+    if isinstance(source, (str, os.PathLike, zarr.Group)):
+        return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
+    if isinstance(source, Mapping):
+        return ArraySource(source, arrays)
+    if isinstance(source, (tuple, list)):
+        names = tuple(f"a{i}" for i in range(len(source)))
+        return ArraySource(dict(zip(names, source)), names)
+    raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or arrays")
+
+
+def _distributed_rank() -> tuple[int, int]:
+    # A process whose torch.distributed group is initialized has imported torch: asking
+    # only then keeps a numpy loop, or Keras on JAX, from paying seconds to import it.
+    if "torch" not in sys.modules:
+        return 0, 1
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    return 0, 1
