@@ -187,7 +187,8 @@ def _append_dir(location: str, splits: Mapping[str, Mapping[str, Any]], attrs: M
             counts[split] = base[split] + int(next(iter(new.values())).shape[0])
     shared_rows = (base[SHARED] + int(arrays[SHARED]["features"].shape[0])) if SHARED in arrays else latest.shared_rows
     out.update({"splits": counts, "complete": True})
-    out[HISTORY] = record({**meta, **out}, kind="append", samples=counts, shared_rows=shared_rows, added=added)
+    out[HISTORY] = record({**meta, **out}, kind="append", samples=counts, shared_rows=shared_rows, added=added,
+                          group=group)
     out.pop(PENDING, None)
     group.attrs[ATTRS_KEY] = json.loads(json.dumps(out, default=str))
 

@@ -56,6 +56,10 @@ class Version:
         Fold names it holds.
     extra
         Per-version attributes (class balance, window counts...).
+    tails
+        Per split (and ``_shared``), the checksum row of its last write unit when that
+        unit is partly filled: a later append rewrites that unit whole, and a reader of
+        this version verifies its own samples against this row.
     """
 
     number: int
@@ -67,11 +71,12 @@ class Version:
     added: tuple[str, ...] = ()
     folds: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    tails: dict[str, list[int]] = field(default_factory=dict)
 
     def to_attrs(self) -> dict[str, Any]:
         return {"version": self.number, "created": self.created, "kind": self.kind, "samples": dict(self.samples),
                 "shared_rows": self.shared_rows, "sessions": self.sessions, "added": list(self.added),
-                "folds": list(self.folds), "extra": dict(self.extra)}
+                "folds": list(self.folds), "extra": dict(self.extra), "tails": dict(self.tails)}
 
     @classmethod
     def from_attrs(cls, value: Mapping[str, Any]) -> "Version":
@@ -79,7 +84,8 @@ class Version:
                    {str(k): int(v) for k, v in dict(value.get("samples") or {}).items()},
                    None if value.get("shared_rows") is None else int(value["shared_rows"]),
                    None if value.get("sessions") is None else int(value["sessions"]),
-                   tuple(value.get("added") or ()), tuple(value.get("folds") or ()), dict(value.get("extra") or {}))
+                   tuple(value.get("added") or ()), tuple(value.get("folds") or ()), dict(value.get("extra") or {}),
+                   {str(k): [int(x) for x in v] for k, v in dict(value.get("tails") or {}).items()})
 
     def describe(self) -> str:
         """One line for ``pipeline inspect``."""
@@ -89,8 +95,9 @@ class Version:
 
 
 def record(meta: Mapping[str, Any], *, kind: str, samples: Mapping[str, int], shared_rows: int | None,
-           added: Sequence[str] = ()) -> list[dict[str, Any]]:
-    """The history with one more version, for the attributes ``meta`` is about to commit."""
+           added: Sequence[str] = (), group: zarr.Group | None = None) -> list[dict[str, Any]]:
+    """The history with one more version, for the attributes ``meta`` is about to commit
+    (``group``, the store's root, gives the checksums of partly filled last units)."""
     history = [v.to_attrs() for v in versions_of(meta)] if kind == "append" else []
     sessions = meta.get("sessions")
     folds = meta.get("folds")
@@ -99,8 +106,43 @@ def record(meta: Mapping[str, Any], *, kind: str, samples: Mapping[str, int], sh
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), shared_rows=shared_rows,
         sessions=len(sessions) if isinstance(sessions, list) else None, added=tuple(str(a) for a in added),
         folds=tuple(folds.get("names") or ()) if isinstance(folds, Mapping) else (),
-        extra={k: meta[k] for k in _PER_VERSION if k in meta})
+        extra={k: meta[k] for k in _PER_VERSION if k in meta},
+        tails={} if group is None else _tail_sums(group, {**samples, **({SHARED: shared_rows} if shared_rows else {})}))
     return [*history, version.to_attrs()]
+
+
+SHARED = "_shared"
+
+
+def _tail_sums(group: zarr.Group, counts: Mapping[str, int]) -> dict[str, list[int]]:
+    """The ``_written`` row of each group's last unit when ``counts`` leave it partly
+    filled (no row for groups without markers)."""
+    out = {}
+    for split, n in counts.items():
+        if not n or split not in group or "_written" not in group[split]:
+            continue
+        arrays = [a for name, a in group[split].arrays() if not name.startswith("_")]
+        if not arrays:
+            continue
+        unit = int((arrays[0].shards or arrays[0].chunks)[0])
+        if n % unit:
+            out[split] = [int(v) for v in group[f"{split}/_written"][(n - 1) // unit]]
+    return out
+
+
+def verified_sums(group: zarr.Group, split: str, version: Version | None, rows: int | None) -> Any:
+    """The checksum rows a reader of ``version`` verifies ``split``'s units against: the
+    stored rows of its units, with its own row for a last unit a later append rewrote."""
+    table = group[f"{split}/_written"]
+    sums = table[:]
+    if version is None or rows is None:
+        return sums
+    probe = next((a for name, a in group[split].arrays() if not name.startswith("_")), None)
+    unit = int((probe.shards or probe.chunks)[0]) if probe is not None else 1
+    sums = sums[: -(-int(rows) // unit)].copy()
+    if split in version.tails and len(sums):
+        sums[-1] = version.tails[split]
+    return sums
 
 
 def versions_of(meta: Mapping[str, Any]) -> list[Version]:

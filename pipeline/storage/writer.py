@@ -669,5 +669,5 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         "complete": True,
     })
     shared_rows = int(next(iter(groups[SHARED].values())).shape[0]) if SHARED in groups else None
-    meta[HISTORY] = record(meta, kind="build", samples=counts, shared_rows=shared_rows)
+    meta[HISTORY] = record(meta, kind="build", samples=counts, shared_rows=shared_rows, group=group)
     group.attrs[ATTRS_KEY] = json.loads(json.dumps(meta, default=str))

@@ -50,7 +50,7 @@ class StoreSource:
                  cache: Any = None):
         from pipeline.storage.store import ATTRS_KEY, open_store_group, store_root_attrs
         from pipeline.streaming.cache import open_remote_cache
-        from pipeline.storage.versions import pinned_array, select_version
+        from pipeline.storage.versions import pinned_array, select_version, verified_sums
 
         self.location, self.split, self.names = location, split, tuple(names)
         self.partial, self.storage_options, self.verify = partial, storage_options, verify
@@ -83,7 +83,9 @@ class StoreSource:
         shapes = {n: (a.shape[0], a.chunks[0]) for n, a in arrays.items()}
         if len(set(shapes.values())) != 1:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
-        sums = group[f"{split}/_written"][:] if verify and "_written" in group[split] else None
+        sums = None
+        if verify and "_written" in group[split]:
+            sums = verified_sums(group, split, pinned, samples)
         # A store marked complete is no longer written: its chunk files can be mapped,
         # and stay mapped from one epoch to the next. Files of a foreign group may still
         # be rewritten by their tool (a mapped file truncated under us faults): read them.
@@ -97,7 +99,8 @@ class StoreSource:
             self._assembled = frozenset({"x"})
             from pipeline.streaming.virtual import VirtualWindowReader
 
-            shared_sums = group["_shared/_written"][:] if verify else None
+            shared_sums = (verified_sums(group, "_shared", pinned, None if pinned is None else pinned.shared_rows)
+                           if verify else None)
             features = group["_shared/features"]
             if pinned is not None and pinned.shared_rows is not None:
                 features = pinned_array(features, pinned.shared_rows)
