@@ -95,7 +95,7 @@ def stream(
         How many steps nicer than the process the read threads run, 0 to 19 (Linux; 0
         keeps them at the process's priority). Reading ahead is background work: at
         equal priority the decoding threads made the thread that mixes batches, and the
-        training loop, wait for a core (on 2 cores: 1.75 instead of 1.87 cores busy).
+        training loop, wait for a core, and cores sat idle (``bench_streaming.py``).
     weights
         With a list of sources (stores, ``(store, split)`` pairs or streams): draw
         whole batches from each in these proportions, as :func:`pipeline.mix` does

@@ -7,8 +7,8 @@ spanning two groups, and batches of windows assembled while streaming.
 A new batch of a few hundred KB to a few MB per step is filled by the stream's
 producer thread and dropped by the training loop's thread. glibc gives such blocks of a
 thread's own arena back to the kernel when they are freed from another thread's side,
-and the next batch faults them in again: measured, tens of thousands of page faults per
-epoch, and on a virtual machine a page fault can cost more than the copy it serves.
+and the next batch faults them in again: many page faults per epoch, and on a virtual
+machine a page fault can cost more than the copy it serves.
 
 So batches are views of a few slabs kept here. A slab is handed out again only when its
 reference count shows that no view of it is alive anywhere: a batch the caller keeps (in

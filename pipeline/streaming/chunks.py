@@ -75,9 +75,9 @@ class ChunkReader:
     maps
         Map whole chunk files of a local store into memory instead of reading them, and
         keep them mapped here (shared by the readers of one stream): ``read()`` copies
-        the bytes out of the page cache, which on the machines measured cost as much
-        CPU as decoding them (0.4 s of system time per 0.8 GB, against 0.1 s mapped the
-        first time and nothing after). Only for stores nothing writes to any more (see
+        the bytes out of the page cache, which costs about as much CPU as decoding
+        them, while a mapped file costs system time only the first time it is read.
+        Only for stores nothing writes to any more (see
         :class:`MapCache`). Without it, chunk files are read into reused buffers.
     cache
         For a remote store: read its chunk objects through this node-local cache
@@ -276,7 +276,7 @@ class ChunkReader:
         it. The buffer stays with this thread until :meth:`read` returns (callers copy or
         decode out of it before), then goes to a shared free list: the streamer's read
         threads are new every epoch, and buffers kept per thread would be faulted in
-        again each time (measured: about 10,000 faults per epoch per thread).
+        again each time (thousands of page faults per epoch per thread).
         """
         scratch = getattr(self._scratch, "buf", None)
         if scratch is None:

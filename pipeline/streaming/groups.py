@@ -44,10 +44,10 @@ def lower_thread_priority(niceness: int) -> None:
     For the read threads, as their pool's initializer. Reading ahead is background
     work: while decoding keeps every core busy, the thread that mixes batches and the
     training loop that takes them would otherwise wait their turn behind it (the
-    scheduler shares a core equally between the threads that want it). Measured on 2
-    cores: with three busy threads at equal priority, one core idled 10-15% of the
-    time, because the mixing fell behind while two groups were decoded ahead and then
-    ran alone; at niceness 5 the stream kept 1.87 instead of 1.75 cores busy. Reads
+    scheduler shares a core equally between the threads that want it). With three busy
+    threads at equal priority on 2 cores, a core idled part of the time, because the
+    mixing fell behind while two groups were decoded ahead and then ran alone; nicer
+    read threads kept both cores busy (the history is in ``benchmarks/README.md``). Reads
     are not starved: at niceness 5 a thread still gets a third of the share of a
     normal one, and the whole of any core nobody else wants.
 
@@ -182,7 +182,7 @@ class GroupLoader:
         The caller then starts the groups after it with ``want(g + 1)``, once its first
         batch is out: at an epoch's start the consumer waits for that batch, and loads
         started at the same moment would compete with it for the cores and the GIL
-        (measured: 15 ms instead of 0.4 ms for a first batch). At most ``prefetch + 1``
+        (a first batch then took many times longer). At most ``prefetch + 1``
         groups are in memory (plus, near an epoch's end, the next epoch's first).
         """
         self.want(g, 1)

@@ -26,8 +26,8 @@ class MapCache:
     past a budget of bytes.
 
     Mapping a chunk file for every read and unmapping it after costs a page fault per
-    few pages, every epoch, and an unmap that interrupts the other cores (measured on 2
-    cores: 0.1 core-s of system time per GB read, a fifth of the stream's CPU). A file
+    few pages, every epoch, and an unmap that interrupts the other cores (a large share
+    of the stream's CPU went to system time). A file
     kept mapped is faulted in once: later epochs read it with no system call at all.
     Only for stores nothing writes to any more (a file truncated while mapped would end
     the process with SIGBUS); a store overwritten while streamed is removed and written

@@ -449,8 +449,8 @@ class Stream:
         """
         produced = self._produce(worker, num_workers, skip_batches=skip_batches, read_ahead=read_ahead, steps=steps)
         # Two C-level SimpleQueues instead of one bounded queue.Queue: a queue.Queue's
-        # get runs its Condition bookkeeping in Python, about 50 us after the consumer
-        # wakes from a training step (measured), 1% of a 5 ms step by itself. ``ready``
+        # get runs its Condition bookkeeping in Python after the consumer wakes from a
+        # training step, a visible share of a short step by itself. ``ready``
         # carries batches; ``credit`` carries how many more batches the producer may
         # make, so it stays at most ``prefetch_batches`` ahead. The consumer hands
         # credit back for half the queue at a time: waking the producer costs the
@@ -590,8 +590,8 @@ class Stream:
         Stored arrays need no gather: their batches are runs of a group buffer already
         in mixed order. Assembled arrays (virtual windows) are built per batch: reading
         their feature rows is cheap and assembling the windows is the work, so half the
-        threads assemble (on 2 cores, measured: a second assembling thread made each
-        assembly 2x slower, competing with the first for the core's cache); numpy's
+        threads assemble (a second assembling thread per core slowed each assembly,
+        competing with the first for the core's cache); numpy's
         fancy indexing releases the GIL.
         """
         gather_threads = max(1, self.threads // 2) if self._assembled() else 1
@@ -650,8 +650,8 @@ class Stream:
     def _loader(self, plan: WorkerPlan | ElasticPlan, epoch: int, worker: int) -> GroupLoader:
         # Reads of virtual windows are small chunks (window ends, per-step features)
         # whose Python overhead weighs more than their decoding: more read threads only
-        # fight over the GIL (measured on 2 cores: one read thread streamed 1.15x as
-        # fast as two). Half the threads read, the other half assemble.
+        # fight over the GIL (one read thread per two cores streamed faster than two).
+        # Half the threads read, the other half assemble.
         threads = max(1, self.threads // 2) if self._assembled() else self.threads
         elastic = isinstance(plan, ElasticPlan)
         source = self.source
