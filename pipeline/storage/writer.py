@@ -27,11 +27,9 @@ import re
 import shutil
 import uuid
 import zipfile
-import zlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Literal, Mapping, Sequence
 
-import dask
 import dask.array as da
 import fsspec
 import numpy as np
@@ -50,6 +48,7 @@ from pipeline.storage.layout import (
     unit_samples,
 )
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
+from pipeline.storage.units import write_blocks, write_units
 from pipeline.storage.versions import HISTORY, record
 
 __all__ = ["SHARED", "WRITTEN", "split_gap_from_arrays", "write", "written_units"]
@@ -328,17 +327,7 @@ def _write_units(location: str, storage_options: dict | None, split: str, units:
     options = json.dumps(storage_options or {}, sort_keys=True, default=str)
     arrays = {name: _cached_array(location, options, f"{split}/{name}", token) for name in blocks}
     written = _cached_array(location, options, f"{split}/{WRITTEN}", token)
-    for unit, start, stop in units:
-        crcs = []
-        for name, block in blocks.items():
-            arr = arrays[name]
-            part = np.ascontiguousarray(block[start - block_start : stop - block_start], dtype=arr.dtype)
-            arr[start:stop] = part
-            # The contiguous block itself, not a bytes copy of it (measured at 20% of a
-            # unit's time with the copy).
-            crcs.append(zlib.crc32(part.reshape(-1).view(np.uint8)))
-        written[unit] = np.array([1, *crcs], dtype=np.uint64)
-    return len(units)
+    return write_units(arrays, written, units, block_start, blocks)
 
 
 def _codec_for(codec: CodecSpec, ndim: int, *, shared: bool) -> CodecSpec:
@@ -619,19 +608,13 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             continue
         unit = units[split]
         # One task writes a block of whole units: arrays chunked that way already (the
-        # windows of a job are made in these blocks) are not rechunked at all.
+        # windows of a job are made in these blocks) are not rechunked at all, and the
+        # write fuses with the blockwise layers that make them (see storage.units).
         block = task_block(unit, sample_bytes(arrs))
-        aligned = {k: a.rechunk({0: unit_chunks(n, block), **{i: -1 for i in range(1, a.ndim)}})
-                   for k, a in arrs.items()}
-        blocks = {k: a.to_delayed().ravel() for k, a in aligned.items()}
-        done = written_units(group, split)
-        for b, start in enumerate(range(0, n, block)):
-            stop = min(n, start + block)
-            todo = [(u, u * unit, min(stop, (u + 1) * unit)) for u in range(start // unit, -(-stop // unit))
-                    if not done[u]]
-            if todo:
-                tasks.append(dask.delayed(_write_units)(location, storage_options, split, todo, start,
-                                                        {k: blk[b] for k, blk in blocks.items()}, token))
+        writes = write_blocks(_write_units, location, storage_options, split, arrs, unit=unit, block=block,
+                              done=written_units(group, split), token=token)
+        if writes is not None:
+            tasks.append(writes)
     if tasks:
         try:
             compute(*tasks, desc="writing chunks", progress=progress)

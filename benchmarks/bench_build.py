@@ -1,0 +1,499 @@
+"""Build throughput: `pipeline run` of the demo config at stride 1 against the machine's
+encode-and-write limit, measured in the same run, and where a build's time goes.
+
+    python benchmarks/bench_build.py            # demo data: 5 days x 2 instruments x 200k rows
+    python benchmarks/bench_build.py --quick    # 2 days x 2 instruments x 60k rows, about a minute
+
+Every ratio compares two figures measured here, in this run, on the same data and disk:
+
+- the limit: the arrays a run stores (the windows and the per-window arrays beside them),
+  already in memory, encoded with the store's own codecs chunk by chunk on all cores and
+  written as files to the same disk. Virtual stores have their own: the shared features
+  and the per-window arrays, encoded and written;
+- ``pipeline run`` (a subprocess, as a user runs it: imports, LocalCluster, the
+  statistics pass, the write), materialized and virtual, each against its limit;
+- ``pipeline.write`` of the same arrays as existing dask arrays (in memory, dask's
+  threaded scheduler) against the same limit;
+- the fixed start-up of a run: its imports, a LocalCluster started and closed, and
+  ``pipeline run`` of a tiny input;
+- 1 and 2 workers on a 4x larger input;
+- a profiled run (in this process, on a LocalCluster it starts): the workers', the
+  client's and the scheduler's CPU, the workers' peak memory over their idle baseline
+  against a task's block, and the workers' time by component (dask's sampling
+  profiler), each beside its own limit: that component's work done once, alone, on one
+  core, by the fastest library path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import psutil
+
+from pipeline.config import load_config
+from pipeline.demo import DemoSpec, write_demo_data
+
+BIN = Path(sys.executable).parent
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "orderbook.yaml"
+
+
+# -- configs and runs -------------------------------------------------------------------
+
+def overrides(raw: Path, out: Path, *, materialize: bool = True, workers: int = 2) -> list[str]:
+    """``--set`` values: the demo config at stride 1 on ``raw``, written to ``out``."""
+    return [f"source.paths={raw}/*/*.parquet", f"source.instrument={{path: '{raw}/{{instrument}}/*.parquet'}}",
+            "windows.stride=1", f"windows.materialize={str(materialize).lower()}", f"output.path={out}",
+            "output.overwrite=true", f"cluster.n_workers={workers}"]
+
+
+#: CPU seconds of every ``pipeline run`` subprocess (and its workers), by output path:
+#: on a shared machine, wall times swing with the load and CPU times much less.
+CPU: dict[str, float] = {}
+
+
+def cli_run(raw: Path, out: Path, **kwargs: Any) -> float:
+    """Wall time of ``pipeline run`` in a subprocess, from its start to its exit (its
+    CPU time, workers included, goes to :data:`CPU`)."""
+    cmd = [str(BIN / "pipeline"), "run", str(CONFIG), "--no-progress"]
+    for value in overrides(raw, out, **kwargs):
+        cmd += ["--set", value]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if proc.returncode:
+        raise SystemExit(f"pipeline run failed:\n{proc.stderr[-3000:]}")
+    CPU[str(out)] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return dt
+
+
+def load_store(path: Path) -> dict[str, dict[str, tuple[np.ndarray, Any]]]:
+    """Every data array of a store (the ``_written`` markers and fold indices left out),
+    decoded into memory, with its zarr array: ``{group: {name: (values, array)}}``."""
+    import zarr
+
+    root = zarr.open_group(str(path), mode="r")
+    out: dict[str, dict[str, tuple[np.ndarray, Any]]] = {}
+    for split in [k for k in root.group_keys() if k != "folds"]:
+        out[split] = {name: (np.asarray(arr[:]), arr) for name, arr in root[split].arrays() if name != "_written"}
+    return out
+
+
+def stored_chunks(path: Path, arrays: dict[str, dict[str, tuple[np.ndarray, Any]]]
+                  ) -> list[tuple[str, np.ndarray, Any]]:
+    """``(key, chunk, zarr array)`` for every chunk the store holds (zarr stores none
+    for chunks equal to the fill value): views into ``arrays``."""
+    out = []
+    for split, named in arrays.items():
+        for name, (values, arr) in named.items():
+            folder = path / split / name / "c"
+            rows = arr.chunks[0]
+            for i in sorted(int(p.name) for p in folder.iterdir()) if folder.exists() else []:
+                out.append((f"{split}/{name}/{i}", values[i * rows : (i + 1) * rows], arr))
+    return out
+
+
+def _encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
+    """The store's codecs for one array, as numcodecs calls on a numpy chunk."""
+    import numcodecs
+    from zarr.codecs import BloscCodec, TransposeCodec, ZstdCodec
+
+    steps: list[Callable[[np.ndarray], Any]] = []
+    for f in arr.filters:
+        if isinstance(f, TransposeCodec):
+            steps.append(lambda a, order=tuple(f.order): np.ascontiguousarray(a.transpose(order)))
+    for c in arr.compressors:
+        if isinstance(c, BloscCodec):
+            codec = numcodecs.Blosc(cname=c.cname.value, clevel=c.clevel, blocksize=c.blocksize,
+                                    shuffle={"noshuffle": 0, "shuffle": 1, "bitshuffle": 2}[c.shuffle.value])
+        elif isinstance(c, ZstdCodec):
+            codec = numcodecs.Zstd(level=c.level)
+        else:
+            raise SystemExit(f"bench_build: no numcodecs twin for {c!r}")
+        steps.append(codec.encode)
+
+    def encode(chunk: np.ndarray) -> bytes:
+        for step in steps:
+            chunk = step(chunk)
+        return bytes(chunk) if isinstance(chunk, np.ndarray) else chunk
+
+    return encode
+
+
+def limit_seconds(chunks: list[tuple[str, np.ndarray, Any]], target: Path, workers: int) -> float:
+    """Encode every chunk with its store codec and write it as a file under ``target``,
+    on ``workers`` threads (numcodecs releases the GIL): the encode-and-write limit."""
+    encoders = {id(arr): _encoder(arr) for _, _, arr in chunks}
+    for key, _, _ in chunks:
+        (target / key).parent.mkdir(parents=True, exist_ok=True)
+
+    def one(item: tuple[str, np.ndarray, Any]) -> None:
+        key, chunk, arr = item
+        data = encoders[id(arr)](chunk)
+        with open(target / key, "wb") as fh:
+            fh.write(data)
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, chunks))
+    return time.perf_counter() - t0
+
+
+def api_write_seconds(arrays: dict[str, dict[str, tuple[np.ndarray, Any]]], target: Path) -> float:
+    """``pipeline.write`` of a materialized store's split arrays, held in memory as dask
+    arrays in blocks of its write tasks, with its chunking and codec, on dask's threaded
+    scheduler (the Python API, no cluster)."""
+    import dask
+    import dask.array as da
+
+    import pipeline
+    from pipeline.storage.layout import task_block
+
+    chunk = arrays["train"]["x"][1].chunks[0]
+    splits = {}
+    for split, named in arrays.items():
+        block = task_block(chunk, named["x"][0][0].nbytes)
+        splits[split] = {k: da.from_array(v, chunks=(block,) + v.shape[1:]) for k, (v, _) in named.items()}
+    t0 = time.perf_counter()
+    with dask.config.set(scheduler="threads"):
+        pipeline.write(target, splits, chunk_samples=chunk, codec="blosc-lz4", progress=False)
+    return time.perf_counter() - t0
+
+
+# -- start-up, scaling ------------------------------------------------------------------
+
+def startup(work: Path) -> dict[str, float]:
+    """Seconds for a run's imports (a fresh interpreter), a LocalCluster of 2 workers
+    started and closed, and ``pipeline run`` of a tiny input (2 x 3000 rows)."""
+    from pipeline.cluster import cluster
+
+    code = ("import pipeline.cli, pipeline.job, pipeline.cluster, distributed, dask.array, zarr, pyarrow.parquet, "
+            "pipeline.features, pipeline.loaders.segments, pipeline.storage.writer")
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", code], check=True)
+    imports = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with cluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB", log=None):
+        pass
+    local = time.perf_counter() - t0
+    tiny = work / "tiny"
+    write_demo_data(tiny, DemoSpec(days=1, rows_per_day=3000, formats=("parquet",), per_instrument=True))
+    run = cli_run(tiny, work / "tiny.zarr")
+    return {"imports": imports, "cluster": local, "tiny run": run}
+
+
+# -- the profiled run -------------------------------------------------------------------
+
+#: Worker time by component: the deepest frame of a sample that one of these matches.
+COMPONENTS: list[tuple[str, Callable[[dict], bool]]] = [
+    ("Parquet decode", lambda d: d["filename"].endswith(("loaders/tables.py", "loaders/columns.py"))
+     and d["name"] in ("_read_part", "_read_timestamps")),
+    ("feature and label arithmetic", lambda d: d["filename"].endswith(("features/steps.py", "features/labels.py",
+                                                                       "features/normalize.py", "features/build.py"))),
+    ("statistics reductions", lambda d: d["filename"].endswith("dask/array/reductions.py")),
+    ("dask copies (rechunk, overlap)", lambda d: d["filename"].endswith(("dask/array/core.py", "dask/array/_shuffle.py"))
+     and d["name"].startswith(("concatenate", "_getitem"))),
+    ("window copies", lambda d: d["name"] == "windows_numpy_block"),
+    # A write task's own frame, outside zarr's: the CRC32 of each part (the profile
+    # names functions, not lines), in the unit writer or, before it, in the writer.
+    ("CRC32", lambda d: d["name"] == "write_units" and d["filename"].endswith("storage/units.py")
+     or d["name"] == "_write_units" and d["filename"].endswith("storage/writer.py")),
+    ("zarr codecs + store, per write unit", lambda d: "/zarr/" in d["filename"]
+     or d["filename"].endswith("storage/units.py") and d["name"] in ("_store_sync", "_store", "_chunks", "is_fill")),
+]
+
+
+def by_component(profile: dict) -> dict[str, int]:
+    """Samples of the workers' threads by component (``other``: dask's own task
+    execution, serialization and the rest)."""
+    counts = {name: 0 for name, _ in COMPONENTS}
+    counts["other (dask task execution, ...)"] = 0
+
+    def walk(node: dict, current: str) -> None:
+        desc = node.get("description") or {}
+        for name, match in COMPONENTS:
+            if desc and match(desc):
+                current = name
+        children = node.get("children", {}).values()
+        counts[current] += node["count"] - sum(c["count"] for c in children)
+        for child in children:
+            walk(child, current)
+
+    walk(profile, "other (dask task execution, ...)")
+    return counts
+
+
+@contextlib.contextmanager
+def phases() -> Iterator[list[tuple[str, float, float]]]:
+    """``(stage, start, end)`` of each compute a run makes (perf_counter seconds): the
+    wrapped ``compute`` of the feature stage and of the writer."""
+    import pipeline.features.build as build
+    import pipeline.storage.writer as writer
+    from pipeline.progress import compute
+
+    marks: list[tuple[str, float, float]] = []
+    originals = {m: m.compute for m in (build, writer)}
+
+    def timed(*collections: Any, desc: str = "compute", **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return compute(*collections, desc=desc, **kwargs)
+        finally:
+            marks.append((desc, t0, time.perf_counter()))
+
+    for m in originals:
+        m.compute = timed
+    try:
+        yield marks
+    finally:
+        for m, f in originals.items():
+            m.compute = f
+
+
+def _warm() -> int:
+    # What a run's tasks import anyway, so that the baseline holds it.
+    import pyarrow.parquet  # noqa: F401
+
+    import pipeline.features.build  # noqa: F401
+    import pipeline.loaders.segments  # noqa: F401
+    try:
+        import pipeline.storage.units  # noqa: F401
+    except ImportError:  # the writer before it
+        pass
+
+    return psutil.Process().memory_info().rss
+
+
+class PeakRSS:
+    """The largest resident set of each of some processes, sampled every 50 ms while
+    the block runs (``ru_maxrss`` would not do: a spawned worker inherits its parent's
+    peak across ``exec``)."""
+
+    def __init__(self, procs: list[psutil.Process]):
+        self.procs = procs
+        self.peaks = [0] * len(procs)
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            for i, p in enumerate(self.procs):
+                self.peaks[i] = max(self.peaks[i], p.memory_info().rss)
+            time.sleep(0.05)
+
+    def __enter__(self) -> "PeakRSS":
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+def _noop(i: int) -> int:
+    return i
+
+
+def profiled_run(raw: Path, out: Path) -> dict[str, Any]:
+    """One materialized build in this process on a LocalCluster of 2 workers, with its
+    task stream, the workers' sampling profile, CPU times and peak memory."""
+    from distributed import get_task_stream
+
+    from pipeline import job
+    from pipeline.cluster import cluster
+
+    with cluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB", log=None) as client:
+        cfg = load_config(CONFIG, overrides=overrides(raw, out) + [f"cluster.address={client.scheduler.address}"])
+        base = client.run(_warm)
+        pids = client.run(os.getpid)
+        procs = [psutil.Process(pids[a]) for a in base]
+        w0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
+        start = time.time()
+        me0 = time.process_time()
+        t0 = time.perf_counter()
+        with get_task_stream(client=client) as ts, phases() as marks, PeakRSS(procs) as rss:
+            summary = job.run(cfg, log=None, progress=False)
+        wall = time.perf_counter() - t0
+        client_cpu = time.process_time() - me0
+        worker_cpu = sum(p.cpu_times().user + p.cpu_times().system for p in procs) - w0
+        profile = client.profile(start=start)
+        t1 = time.perf_counter()
+        client.gather(client.map(_noop, range(400), pure=False))
+        per_task = (time.perf_counter() - t1) / 400
+    busy = sum(s["stop"] - s["start"] for t in ts.data for s in t["startstops"] if s["action"] == "compute")
+    spill = [s["stop"] - s["start"] for t in ts.data for s in t["startstops"] if s["action"].startswith("disk")]
+    return {"wall": wall, "summary": summary, "client_cpu": client_cpu, "worker_cpu": worker_cpu,
+            "tasks": len(ts.data), "busy": busy, "spill_s": sum(spill), "spills": len(spill),
+            "profile": by_component(profile), "peak_over_base": max(p - b for p, b in zip(rss.peaks, base.values())),
+            "per_task": per_task, "phases": [(name, a - t0, b - t0) for name, a, b in marks]}
+
+
+def component_limits(raw: Path, window_bytes: int, stored_bytes: int) -> dict[str, float]:
+    """Seconds, on one core, for each component's work done once: every file decoded,
+    every session's features computed, the windows' bytes copied and checksummed."""
+    import pyarrow.parquet as pq
+
+    from pipeline.features.steps import features_numpy
+
+    steps = load_config(CONFIG).features.steps
+    out = {"Parquet decode": 0.0, "feature and label arithmetic": 0.0}
+    for path in sorted(raw.glob("*/*.parquet")):
+        t0 = time.perf_counter()
+        table = pq.read_table(path)
+        cols = [c for c in table.column_names if c != "timestamp"]
+        values = np.empty((table.num_rows, len(cols)), dtype=np.float32)
+        for j, c in enumerate(cols):
+            values[:, j] = table.column(c).to_numpy()
+        table.column("timestamp").to_numpy()
+        t1 = time.perf_counter()
+        features_numpy(values, cols, steps)
+        out["Parquet decode"] += t1 - t0
+        out["feature and label arithmetic"] += time.perf_counter() - t1
+    piece = 32 * 2**20
+    src, dst = np.ones(piece // 4, dtype=np.float32), np.empty(piece // 4, dtype=np.float32)
+    t0 = time.perf_counter()
+    for _ in range(max(1, window_bytes // piece)):
+        np.copyto(dst, src)
+    out["window copies"] = (time.perf_counter() - t0) * window_bytes / (max(1, window_bytes // piece) * piece)
+    t0 = time.perf_counter()
+    for _ in range(max(1, stored_bytes // piece)):
+        zlib.crc32(src)
+    out["CRC32"] = (time.perf_counter() - t0) * stored_bytes / (max(1, stored_bytes // piece) * piece)
+    return out
+
+
+# -- main -------------------------------------------------------------------------------
+
+def demo(directory: Path, days: int, rows: int) -> None:
+    write_demo_data(directory, DemoSpec(days=days, rows_per_day=rows, formats=("parquet",), per_instrument=True))
+
+
+def measure_limit(store: Path, target: Path) -> tuple[dict, list, float, float]:
+    """A store's arrays in memory, and the encode-and-write limit on all cores (wall
+    seconds and CPU seconds)."""
+    arrays = load_store(store)
+    chunks = stored_chunks(store, arrays)
+    cpu0 = time.process_time()
+    wall = limit_seconds(chunks, target, os.cpu_count() or 1)
+    return arrays, chunks, wall, time.process_time() - cpu0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="2 days x 2 instruments x 60k rows")
+    parser.add_argument("--keep", action="store_true", help="keep the work directory")
+    args = parser.parse_args()
+    days, rows = (2, 60_000) if args.quick else (5, 200_000)
+    work = Path(tempfile.mkdtemp(prefix="bench_build_", dir=os.environ.get("BENCH_DIR")))
+    try:
+        raw = work / "raw"
+        demo(raw, days, rows)
+        print(f"input: {days} days x 2 instruments x {rows:,} rows (demo order book, Parquet); "
+              f"config {CONFIG.name} at stride 1; {os.cpu_count()} cores; load average {os.getloadavg()[0]:.1f} "
+              "(other processes share the cores: compare ratios, not times, across runs)", flush=True)
+        sizes = materialized(raw, work)
+        virtual(raw, work)
+        say_startup(startup(work))
+        prof = profiled_run(raw, work / "profiled.zarr")
+        limits = component_limits(raw, sizes["window_bytes"], sizes["stored_bytes"])
+        limits["zarr codecs + store, per write unit"] = sizes["limit_cpu"]
+        say_profile(prof, limits, sizes["window_bytes"])
+        # 4x the quick input in both modes: a minute or two per run on 2 cores.
+        big = work / "raw4"
+        demo(big, 4, 120_000)
+        one, two = cli_run(big, work / "w1.zarr", workers=1), cli_run(big, work / "w2.zarr", workers=2)
+        print(f"4x the quick input (4 days x 2 instruments x 120,000 rows): 1 worker {one:.1f} s, 2 workers "
+              f"{two:.1f} s = {one / two:.2f}x (goal >= 1.8x); CPU {CPU[str(work / 'w1.zarr')]:.1f} s and "
+              f"{CPU[str(work / 'w2.zarr')]:.1f} s; load average {os.getloadavg()[0]:.1f}", flush=True)
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def materialized(raw: Path, work: Path) -> dict[str, float]:
+    """``pipeline run`` and ``pipeline.write`` against the limit; the sizes involved."""
+    run_s = cli_run(raw, work / "run.zarr")
+    arrays, chunks, limit_s, limit_cpu = measure_limit(work / "run.zarr", work / "limit")
+    window_bytes = sum(v.nbytes for named in arrays.values() for k, (v, _) in named.items() if k == "x")
+    stored_bytes = sum(c.nbytes for _, c, _ in chunks)
+    del chunks
+    print(f"windows: {window_bytes / 2**30:.2f} GiB; every stored array {stored_bytes / 2**30:.2f} GiB uncompressed")
+    print(f"limit: encoded with the store's codecs and written as files, {os.cpu_count()} threads: {limit_s:.2f} s "
+          f"({stored_bytes / limit_s / 2**20:,.0f} MiB/s; {limit_cpu:.2f} s of CPU)")
+    print(f"pipeline run, materialized: {run_s:6.2f} s = {limit_s / run_s:.2f}x the limit (goal >= 0.5x)")
+    cpu = CPU[str(work / "run.zarr")]
+    print(f"  in CPU time (every process of the run): {cpu:.1f} s against the limit's {limit_cpu:.1f} s = "
+          f"{limit_cpu / cpu:.2f}x", flush=True)
+    api_s = api_write_seconds(arrays, work / "api.zarr")
+    print(f"pipeline.write of the same arrays as dask arrays (threads): {api_s:6.2f} s = {limit_s / api_s:.2f}x "
+          "the limit (goal >= 0.5x)", flush=True)
+    return {"window_bytes": window_bytes, "stored_bytes": stored_bytes, "limit_cpu": limit_cpu}
+
+
+def virtual(raw: Path, work: Path) -> None:
+    """``pipeline run`` with ``windows.materialize: false`` against its own limit."""
+    vrun_s = cli_run(raw, work / "virtual.zarr", materialize=False)
+    _, chunks, vlimit_s, vlimit_cpu = measure_limit(work / "virtual.zarr", work / "vlimit")
+    vbytes = sum(c.nbytes for _, c, _ in chunks)
+    print(f"virtual limit: features and per-window arrays ({vbytes / 2**20:,.0f} MiB) encoded and written: "
+          f"{vlimit_s:.2f} s ({vlimit_cpu:.2f} s of CPU)")
+    print(f"pipeline run, virtual: {vrun_s:6.2f} s = {vlimit_s / vrun_s:.2f}x its limit (goal >= 0.5x)")
+    cpu = CPU[str(work / "virtual.zarr")]
+    print(f"  in CPU time: {cpu:.1f} s against its limit's {vlimit_cpu:.1f} s = {vlimit_cpu / cpu:.2f}x", flush=True)
+
+
+def say_startup(up: dict[str, float]) -> None:
+    fixed = up["imports"] + up["cluster"]
+    print(f"fixed start-up: imports {up['imports']:.2f} s + LocalCluster start and close {up['cluster']:.2f} s = "
+          f"{fixed:.2f} s (goal < 3 s); pipeline run of a tiny input: {up['tiny run']:.2f} s", flush=True)
+
+
+def say_profile(p: dict[str, Any], limits: dict[str, float], window_bytes: int) -> None:
+    """The profiled run: CPU, memory, spilling, tasks, timeline, time by component."""
+    from pipeline.storage.layout import DEFAULT_CHUNK_BYTES, task_block
+
+    window = 32 * 18 * 4  # bytes of one window of the demo config
+    block = task_block(max(1, DEFAULT_CHUNK_BYTES // window), window) * window
+    print(f"profiled run: {p['wall']:.2f} s wall, {p['tasks']} tasks, workers busy {p['busy']:.1f} s")
+    print(f"  client and scheduler CPU {p['client_cpu']:.2f} s = {100 * p['client_cpu'] / p['worker_cpu']:.1f}% of "
+          f"the workers' {p['worker_cpu']:.1f} s (goal < 5%)")
+    print(f"  peak worker memory over its idle baseline: {p['peak_over_base'] / 2**20:,.0f} MiB = "
+          f"{p['peak_over_base'] / block:.1f}x a task's block of {block / 2**20:.0f} MiB (goal <= 4x)")
+    print(f"  spilling: {p['spills']} transfers to or from disk, {p['spill_s']:.2f} s (its limit: none)")
+    print(f"  dask: {p['tasks']} tasks at about {1e3 * p['per_task']:.1f} ms each (an empty task's round trip) "
+          f"= {p['tasks'] * p['per_task']:.1f} s; one task per write block would be "
+          f"{-(-window_bytes // block)} tasks")
+    last = 0.0
+    stages = []
+    for name, a, b in p["phases"]:
+        stages.append(f"client {a - last:.2f} s, {name} {b - a:.2f} s")
+        last = b
+    stages.append(f"client {p['wall'] - last:.2f} s")
+    print("  timeline: " + "; ".join(stages))
+    total = sum(p["profile"].values()) or 1
+    print("  workers' time by component (sampled)   in the run   its own limit (once, 1 core)   run / limit")
+    for name, count in sorted(p["profile"].items(), key=lambda kv: -kv[1]):
+        seconds = p["busy"] * count / total
+        lim = limits.get(name)
+        ratio = f"{seconds / lim:9.1f}x" if lim else "        -"
+        print(f"    {name:38s} {seconds:8.2f} s   {'' if lim is None else f'{lim:8.2f} s':>28s}   {ratio}")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,253 @@
+"""Write units stored through zarr's own codecs and store API, and the dask layer that
+writes each block of a split in the task that computes it.
+
+Per array and unit, ``zarr.Array.__setitem__`` pays, beside the encoding itself, a
+round trip into zarr's event loop, its indexing, a copy of each chunk into a fresh
+buffer and a comparison of every element with the fill value (zarr stores no chunk
+equal to it). For the small arrays beside the windows (labels, times, sessions) that
+overhead is most of a unit's time; for the windows the copy and the comparison are two
+more passes over every byte. Here a task makes at most one round trip for all its
+units, and per unit:
+
+- each chunk is encoded by the array's own codec pipeline (the same codecs, so the same
+  bytes), straight from the block when it is whole, padded with the fill value as zarr
+  pads it when it runs past the array's end;
+- a chunk is empty, and deleted rather than stored, exactly when zarr would find it so
+  (``NDBuffer.all_equal``); a chunk whose first element differs is settled by that one
+  element;
+- the bytes go to the store with its ``set``; the unit's ``_written`` row only after them.
+
+Where every codec of an array has zarr's synchronous method and the store writes without
+the event loop (local and memory stores), there is no round trip at all: the task's
+thread runs the codecs and writes, as zarr's own synchronous pipeline does. Sharded
+arrays (whose codec merges inner chunks into a shard) go through zarr's own ``setitem``. The dask layer is one ``blockwise`` over the block
+plans and the split's arrays, so dask fuses it with the blockwise layers that make the
+arrays (the windows, the labels): a block is written where it is computed, with no
+transfer between workers and no task of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import zlib
+from typing import Any, Callable, Mapping, Sequence
+
+import dask.array as da
+import numpy as np
+import zarr
+from zarr.abc.codec import SupportsSyncCodec
+from zarr.abc.store import SupportsDeleteSync, SupportsSetSync
+from zarr.buffer import default_buffer_prototype
+from zarr.codecs import ShardingCodec
+from zarr.core.sync import sync
+
+from pipeline.storage.layout import unit_chunks
+
+__all__ = ["is_fill", "write_blocks", "write_units"]
+
+
+def is_fill(chunk: Any, fill_value: Any) -> bool:
+    """Whether zarr finds ``chunk`` (an ``NDBuffer``) equal to ``fill_value``, and so
+    stores nothing for it.
+
+    zarr compares every element (``NDBuffer.all_equal``: bit patterns for a float fill of
+    zero, ``np.array_equal`` with NaN equal to NaN otherwise). An element that differs
+    decides it alone, so the first element is compared first: a chunk of data almost
+    always differs there, and the whole comparison (a pass over the chunk) is left for
+    chunks that might be empty.
+    """
+    flat = chunk.as_numpy_array().reshape(-1)
+    if flat.size and not type(chunk).from_numpy_array(flat[:1]).all_equal(fill_value):
+        return False
+    return bool(chunk.all_equal(fill_value))
+
+
+def _fill_value(spec: Any) -> Any:
+    # zarr v3 metadata always holds a fill value; v2's may be null (then the default).
+    return spec.fill_value if spec.fill_value is not None else spec.dtype.default_scalar()
+
+
+def _whole_chunks(arr: Any) -> bool:
+    """Whether an array's chunks are whole rows of a zarr 3 array without shards: the
+    layout :func:`_chunks` encodes (every array the writer creates, but sharded ones)."""
+    md = arr.metadata
+    return (md.zarr_format == 3 and not any(isinstance(c, ShardingCodec) for c in md.codecs)
+            and tuple(md.chunk_grid.chunk_shape[1:]) == tuple(md.shape[1:]))
+
+
+def _chunks(arr: Any, part: np.ndarray, start: int) -> list[tuple[Any, Any, Any]]:
+    """``(store path, chunk or None when empty, chunk spec)`` for the chunks of rows
+    ``start .. start + len(part)`` of an unsharded array (``start`` on a chunk boundary,
+    every other axis one whole chunk)."""
+    md = arr.metadata
+    proto = default_buffer_prototype()
+    rows = int(md.chunk_grid.chunk_shape[0])
+    out = []
+    for a in range(0, part.shape[0], rows):
+        coords = ((start + a) // rows,) + (0,) * (part.ndim - 1)
+        spec = md.get_chunk_spec(coords, arr.config, proto)
+        fill = _fill_value(spec)
+        piece = part[a : a + rows]
+        if piece.shape == tuple(spec.shape):
+            chunk = proto.nd_buffer.from_numpy_array(piece)
+        else:  # past the array's end: zarr stores the whole chunk, the rest fill value
+            chunk = proto.nd_buffer.create(shape=spec.shape, dtype=spec.dtype.to_native_dtype(), order=spec.order,
+                                           fill_value=fill)
+            chunk[: piece.shape[0]] = piece
+        empty = not spec.config.write_empty_chunks and is_fill(chunk, fill)
+        out.append((arr.store_path / md.encode_chunk_key(coords), None if empty else chunk, spec))
+    return out
+
+
+async def _store(arr: Any, part: np.ndarray, start: int) -> None:
+    """Rows ``start ..`` of one array: its chunks encoded and set (empty ones deleted,
+    as zarr does), or, sharded (or chunked along other axes), through zarr's own
+    ``setitem``."""
+    if not _whole_chunks(arr):
+        await arr.setitem(slice(start, start + part.shape[0]), part)
+        return
+    chunks = _chunks(arr, part, start)
+    full = [(chunk, spec) for _, chunk, spec in chunks if chunk is not None]
+    encoded = iter(await arr.codec_pipeline.encode(full) if full else [])
+    writes = []
+    for path, chunk, _ in chunks:
+        data = next(encoded) if chunk is not None else None
+        writes.append(path.delete() if data is None else path.set(data))
+    await asyncio.gather(*writes)
+
+
+async def _store_units(arrays: Mapping[str, Any], written: Any,
+                       plans: Sequence[tuple[int, int, dict[str, np.ndarray], np.ndarray]]) -> None:
+    for unit, start, parts, marker in plans:
+        await asyncio.gather(*(_store(arrays[name], part, start) for name, part in parts.items()))
+        # The marker only once every array of the unit is stored: a unit without one is
+        # rewritten by a resumed write.
+        await _store(written, marker, unit)
+
+
+def _sync_codecs(arr: Any) -> tuple[Any, ...] | None:
+    """An array's codecs in the order its codec pipeline applies them, when every one
+    has zarr's synchronous method (``SupportsSyncCodec``) and its store writes without
+    the event loop (``SupportsSetSync``, ``SupportsDeleteSync``: local and memory
+    stores); ``None`` otherwise."""
+    pipe = arr.codec_pipeline
+    codecs = (*getattr(pipe, "array_array_codecs", ()), getattr(pipe, "array_bytes_codec", None),
+              *getattr(pipe, "bytes_bytes_codecs", ()))
+    store = arr.store_path.store
+    if (not _whole_chunks(arr) or not all(isinstance(c, SupportsSyncCodec) for c in codecs)
+            or not isinstance(store, SupportsSetSync) or not isinstance(store, SupportsDeleteSync)):
+        return None
+    return codecs
+
+
+def _store_sync(arr: Any, codecs: tuple[Any, ...], part: np.ndarray, start: int) -> None:
+    """:func:`_store` without the event loop: each chunk through the synchronous method
+    of each codec, in the order and with the chunk specs of zarr's codec pipeline
+    (``BatchedCodecPipeline.encode_batch``, whose asynchronous methods run these), then
+    the store's ``set_sync`` (``delete_sync`` for an empty chunk, or an encoding of
+    ``None``)."""
+    for path, chunk, spec in _chunks(arr, part, start):
+        data = chunk
+        for codec in codecs:
+            if data is None:
+                break
+            data = codec._encode_sync(data, spec)
+            spec = codec.resolve_metadata(spec)
+        if data is None:
+            path.delete_sync()
+        else:
+            path.set_sync(data)
+
+
+def write_units(arrays: Mapping[str, zarr.Array], written: zarr.Array, units: Sequence[tuple[int, int, int]],
+                block_start: int, blocks: Mapping[str, np.ndarray]) -> int:
+    """Write units of a split's arrays from one block, each followed by its row of
+    ``written``: ``[1, crc32 of each array's part...]``.
+
+    Parameters
+    ----------
+    arrays, written
+        The split's open arrays by name, and its ``_written`` table.
+    units
+        ``(unit, start, stop)`` sample ranges, inside the block, of the units to write.
+    block_start, blocks
+        The block's first sample, and its rows of each array.
+
+    Returns
+    -------
+    int
+        The number of units written.
+    """
+    plans = []
+    for unit, start, stop in units:
+        parts = {}
+        crcs = []
+        for name, block in blocks.items():
+            part = np.ascontiguousarray(block[start - block_start : stop - block_start], dtype=arrays[name].dtype)
+            # The contiguous part itself, not a bytes copy of it.
+            crcs.append(zlib.crc32(part.reshape(-1).view(np.uint8)))
+            parts[name] = part
+        plans.append((unit, start, parts, np.array([[1, *crcs]], dtype=np.uint64)))
+    targets = {k: a.async_array for k, a in arrays.items()}
+    codecs = {k: _sync_codecs(a) for k, a in targets.items()}
+    marker_codecs = _sync_codecs(written.async_array)
+    if marker_codecs is None or any(c is None for c in codecs.values()):
+        sync(_store_units(targets, written.async_array, plans))
+        return len(plans)
+    # Local and memory stores: no event loop at all (zarr's own synchronous codec and
+    # store methods), the worker's thread encodes and writes.
+    for unit, start, parts, marker in plans:
+        for name, part in parts.items():
+            _store_sync(targets[name], codecs[name], part, start)
+        _store_sync(written.async_array, marker_codecs, marker, unit)
+    return len(plans)
+
+
+def _write_block(plan: np.ndarray, *blocks: np.ndarray, write: Callable[..., int], location: str,
+                 storage_options: dict | None, split: str, names: tuple[str, ...], call: str, ndim: int) -> np.ndarray:
+    start, todo = plan[0]
+    count = write(location, storage_options, split, todo, start, dict(zip(names, blocks)), call) if todo else 0
+    return np.full((1,) * ndim, count, dtype=np.int64)
+
+
+def write_blocks(write: Callable[..., int], location: str, storage_options: dict | None, split: str,
+                 arrays: Mapping[str, da.Array], *, unit: int, block: int, done: np.ndarray,
+                 token: str) -> da.Array | None:
+    """The dask array (one count per block) whose computation writes a split's units
+    that ``done`` does not mark, a block of ``block`` samples per task; ``None`` when
+    every unit is written.
+
+    Each array is rechunked to the blocks (a no-op for arrays made in them), and one
+    ``blockwise`` layer calls ``write(location, storage_options, split, todo, start,
+    {name: block}, token)`` per block, so dask fuses it with the blockwise layers that
+    compute the blocks. Blocks with nothing left to write are culled, with what they
+    would have read.
+    """
+    n = int(next(iter(arrays.values())).shape[0])
+    starts = range(0, n, block)
+    plans = np.empty(len(starts), dtype=object)
+    needed = []
+    for b, start in enumerate(starts):
+        stop = min(n, start + block)
+        todo = [(u, u * unit, min(stop, (u + 1) * unit)) for u in range(start // unit, -(-stop // unit))
+                if not done[u]]
+        plans[b] = (start, todo)
+        if todo:
+            needed.append(b)
+    if not needed:
+        return None
+    # Every axis of every array is an axis of the output (one chunk each): dask fuses a
+    # blockwise layer with its inputs' only when it contracts none of their axes.
+    args: list[Any] = [da.from_array(plans, chunks=1, name=f"write-plan-{split}-{token}"), ("i",)]
+    out_ind = ["i"]
+    for k, a in arrays.items():
+        aligned = a.rechunk({0: unit_chunks(n, block), **{i: -1 for i in range(1, a.ndim)}})
+        extra = tuple(f"{k}.{j}" for j in range(1, a.ndim))
+        args += [aligned, ("i", *extra)]
+        out_ind += extra
+    out = da.blockwise(_write_block, tuple(out_ind), *args, write=write, location=location,
+                       storage_options=storage_options, split=split, names=tuple(arrays), call=token,
+                       ndim=len(out_ind), align_arrays=False, adjust_chunks={i: 1 for i in out_ind},
+                       dtype=np.int64, meta=np.empty((0,) * len(out_ind), dtype=np.int64),
+                       name=f"write-units-{split}-{token}")
+    return out if len(needed) == len(starts) else out.blocks[needed]

@@ -1,0 +1,73 @@
+"""The unit writer's pieces: zarr's emptiness rule, blocks culled on resume, and the
+write layer fused with the blockwise layer that computes its blocks."""
+
+from __future__ import annotations
+
+import threading
+
+import dask
+import dask.array as da
+import numpy as np
+from dask.array.optimization import optimize
+from dask.utils import key_split
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from zarr.core.buffer.cpu import NDBuffer
+
+from pipeline.storage.units import is_fill, write_blocks
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.uint64]),
+       shape=st.sampled_from([(1,), (5,), (3, 4), (2, 3, 2)]))
+def test_is_fill_agrees_with_zarr(data, dtype, shape):
+    """Empty exactly when zarr's own comparison says so: -0.0 is not 0.0 (bit patterns),
+    NaN equals a NaN fill."""
+    floats = np.dtype(dtype).kind == "f"
+    values = [0, 1, -0.0, np.nan] if floats else [0, 1]
+    a = data.draw(arrays(dtype, shape, elements=st.sampled_from(values)))
+    fill = data.draw(st.sampled_from(values))
+    chunk = NDBuffer.from_numpy_array(a)
+    assert is_fill(chunk, np.dtype(dtype).type(fill)) == chunk.all_equal(np.dtype(dtype).type(fill))
+
+
+def _recording(n: int, seen: list) -> da.Array:
+    lock = threading.Lock()
+
+    def mark(block: np.ndarray, block_info: dict | None = None) -> np.ndarray:
+        with lock:
+            seen.append(block_info[0]["chunk-location"][0])
+        return block
+
+    return da.from_array(np.arange(n, dtype=np.float32), chunks=20).map_blocks(mark, dtype=np.float32)
+
+
+def test_blocks_with_nothing_left_to_write_are_not_computed():
+    seen: list[int] = []
+    calls: list[tuple] = []
+
+    def write(location, options, split, todo, start, blocks, call):
+        calls.append((todo, start, blocks["x"][:2].tolist()))
+        return len(todo)
+
+    done = np.ones(10, dtype=bool)
+    done[7] = False  # unit 7 (samples 70..79), in the block of samples 60..79
+    out = write_blocks(write, "loc", None, "train", {"x": _recording(100, seen)}, unit=10, block=20, done=done,
+                       token="t")
+    with dask.config.set(scheduler="sync"):
+        counts = out.compute()
+    assert counts.sum() == 1 and calls == [([(7, 70, 80)], 60, [60.0, 61.0])]
+    assert seen == [3]
+    assert write_blocks(write, "loc", None, "train", {"x": _recording(100, seen)}, unit=10, block=20,
+                        done=np.ones(10, dtype=bool), token="t") is None
+
+
+def test_the_write_layer_fuses_with_the_layer_that_makes_its_blocks():
+    x = da.from_array(np.zeros((100, 3, 2), dtype=np.float32), chunks=(20, 3, 2)).map_blocks(np.negative)
+    y = da.from_array(np.zeros(100, dtype=np.int64), chunks=20).map_blocks(np.abs)
+    out = write_blocks(lambda *a: 0, "loc", None, "train", {"x": x, "y": y}, unit=10, block=20,
+                       done=np.zeros(10, dtype=bool), token="t")
+    names = {key_split(k) for k in dict(optimize(out.__dask_graph__(), out.__dask_keys__()))}
+    assert "negative" not in names and "abs" not in names
+    assert len([k for k in dict(optimize(out.__dask_graph__(), out.__dask_keys__())) if "write-units" in str(k)]) == 5
