@@ -114,10 +114,8 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     from pipeline.cluster import cluster
     from pipeline.features import build_training_set
     from pipeline import update
-    from pipeline.loaders.provenance import with_hashes
     from pipeline.loaders.segments import open_segmented
-    from pipeline.storage import write
-    from pipeline.storage.layout import chunk_samples_for, task_block, unit_samples
+    from pipeline.storage.layout import task_block, unit_samples
 
     def say(msg: str) -> None:
         if log is not None:
@@ -175,44 +173,55 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             timestamps=source.timestamps,
             folds=out.folds,
         )
-        attrs = dict(tset.attrs)
-        attrs.update(
-            {
-                "config": config.raw_yaml,
-                "config_hash": config_fingerprint(config),
-                # Content hashes let an append tell a touched file from a changed one.
-                "sources": with_hashes(source.metadata(), src_cfg.storage_options or None),
-                "skipped": [list(s) for s in source.skipped],
-                "rows_read": rows,
-            }
-        )
-        if source.timestamps is None:  # what orders new sessions after these in an append
-            attrs["session_keys"] = list(source.session_keys)
         say("writing " + ", ".join(f"{k}: {next(iter(v.values())).shape[0]:,} windows" for k, v in tset.splits.items())
             + ("" if config.windows.materialize else " (virtual: features stored once)"))
-        chunk_samples = out.chunk_samples
-        if not config.windows.materialize and chunk_samples is None:
-            # Chunk the window index as the windows would be chunked, so streaming a
-            # virtual store serves the same batches as the materialized one.
-            width = len(tset.attrs["features"]) * len(config.windows.scales)
-            chunk_samples = chunk_samples_for(config.windows.size * width * 4, int(out.target_chunk_mb * 2**20))
-        write(
-            out.path,
-            tset.splits,
-            shared=tset.shared or None,
-            shared_chunk_rows=(chunk_samples * config.windows.stride) if tset.shared else None,
-            chunk_samples=chunk_samples,
-            target_chunk_bytes=int(out.target_chunk_mb * 2**20),
-            shard_chunks=out.shard_chunks,
-            codec=out.codec,
-            attrs=attrs,
-            fingerprint=config_fingerprint(config),
-            overwrite=out.overwrite,
-            storage_options=out.storage_options or None,
-            progress=progress,
-            **({"folds": tset.folds, "fold_base": next(iter(tset.splits))} if tset.folds else {}),
-        )
+        _write_build(config, tset, source, progress)
     return _summary(config, rows, t0, "build")
+
+
+def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None:
+    """Write a whole build's training set with its provenance."""
+    from pipeline.loaders.provenance import with_hashes
+    from pipeline.storage import write
+    from pipeline.storage.layout import chunk_samples_for
+
+    out, src_cfg = config.output, config.source
+    rows = int(source.array.shape[0])
+    attrs = dict(tset.attrs)
+    attrs.update(
+        {
+            "config": config.raw_yaml,
+            "config_hash": config_fingerprint(config),
+            # Content hashes let an append tell a touched file from a changed one.
+            "sources": with_hashes(source.metadata(), src_cfg.storage_options or None),
+            "skipped": [list(s) for s in source.skipped],
+            "rows_read": rows,
+        }
+    )
+    if source.timestamps is None:  # what orders new sessions after these in an append
+        attrs["session_keys"] = list(source.session_keys)
+    chunk_samples = out.chunk_samples
+    if not config.windows.materialize and chunk_samples is None:
+        # Chunk the window index as the windows would be chunked, so streaming a
+        # virtual store serves the same batches as the materialized one.
+        width = len(tset.attrs["features"]) * len(config.windows.scales)
+        chunk_samples = chunk_samples_for(config.windows.size * width * 4, int(out.target_chunk_mb * 2**20))
+    write(
+        out.path,
+        tset.splits,
+        shared=tset.shared or None,
+        shared_chunk_rows=(chunk_samples * config.windows.stride) if tset.shared else None,
+        chunk_samples=chunk_samples,
+        target_chunk_bytes=int(out.target_chunk_mb * 2**20),
+        shard_chunks=out.shard_chunks,
+        codec=out.codec,
+        attrs=attrs,
+        fingerprint=config_fingerprint(config),
+        overwrite=out.overwrite,
+        storage_options=out.storage_options or None,
+        progress=progress,
+        **({"folds": tset.folds, "fold_base": next(iter(tset.splits))} if tset.folds else {}),
+    )
 
 
 def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) -> RunSummary:

@@ -148,11 +148,9 @@ def build_training_set(
     x, columns
         ``(T, C)`` raw table (time along axis 0 within each segment) and its column names.
     features, label
-        Per-step features in output order; the label (a window whose label would reach
-        past its segment is not made).
+        Per-step features in output order; the label (none reaches past its segment).
     size, stride, scales
-        Window geometry (see :func:`pipeline.features.windows.windows`); ends are
-        counted from each segment's first usable row.
+        Window geometry (:func:`~pipeline.features.windows.windows`), per segment.
     splits
         Fractions by time (default ``{"train": 1.0}``) or date bounds (see
         :func:`~pipeline.features.splits.parse_splits`). A window goes to the split whose
@@ -177,15 +175,11 @@ def build_training_set(
         The source's segments (default one); ``(T,)`` int64 ns times, stored as each
         window's end time ``t`` and needed by date splits and splits of instruments.
     folds
-        Walk-forward folds over the first split's sessions, as sample indices into it.
+        Walk-forward folds over the first split's sessions (sample indices into it).
     prior
-        Append: ``x`` holds only new sessions, after the stored build ``prior``
-        describes (``segments`` numbered to continue its sessions). The windows made are
-        the new sessions' only; normalization statistics are the stored ones (trailing:
-        each new session scaled by the stored moments of the sessions before it); folds
-        are every fold over the stored and new samples of the first split. A split may
-        get no new window. ``attrs`` hold the new sessions' figures, to merge with
-        :func:`~pipeline.features.history.merge_attrs`.
+        Append: ``x`` holds only new sessions after the stored build ``prior`` (see
+        :mod:`pipeline.features.history`): their windows, with the stored statistics;
+        a split may get none; ``attrs`` to merge with ``merge_attrs``.
 
     Returns
     -------
@@ -220,26 +214,16 @@ def build_training_set(
                                                         size=size, scales=scales, lookback=L, progress=progress,
                                                         prior=prior)
     if norm.kind == "global" and prior is None:
-        stats["fit_on"] = names[0] if fold_sets is None else "fold0/train"
-        stats["features"] = list(frame.names)
+        stats.update(fit_on=names[0] if fold_sets is None else "fold0/train", features=list(frame.names))
     if bad.any() and nan == "raise":
-        i = int(np.flatnonzero(bad)[0])
-        e = int(runs.ends(i, i + 1)[0])
-        raise InvalidValueError(
-            "features", f"window {i} (steps {e - H}..{e} of the source, label to step {e + fwd}) holds NaN or inf "
-            f"in its features or label; set features.nan: drop or fill")
+        _refuse_bad(bad, runs, H, fwd)
 
     # -- the arrays of each split --------------------------------------------------------
     window_bytes = size * len(frame.names) * len(scales) * (4 if norm.kind == "window" else f.dtype.itemsize)
     unit = block_windows(window_bytes) if callable(block_windows) else block_windows
     per_split = _split_runs(runs, where, bad, splits, empty_ok=prior is not None)
-    first_block = {name: 0 for name in per_split}
-    if prior is not None and unit:
-        # Blocks continue the stored ones: the first new block ends on a unit edge.
-        first_block = {name: (-prior.samples.get(name, 0)) % int(unit) for name in per_split}
-    out = {name: _split_arrays(f, r, _continued_chunks(r.n, int(unit), first_block[name]) if unit
-                               else _chunks(r.n, (64 << 20) // window_bytes), labels_steps, timestamps, segs,
-                               label=label, size=size, scales=scales, zscore=norm.kind == "window",
+    out = {name: _split_arrays(f, r, _blocks(r.n, unit, window_bytes, prior, name), labels_steps, timestamps,
+                               segs, label=label, size=size, scales=scales, zscore=norm.kind == "window",
                                materialize=materialize, row_offset=0 if prior is None else prior.rows)
            for name, r in per_split.items()}
     steps = {name: [int(r.ends(0, 1)[0]) - H, int(r.ends(r.n - 1, r.n)[0]) + fwd] for name, r in per_split.items()
@@ -249,18 +233,49 @@ def build_training_set(
                                "fwd": fwd},
                       splits={"split_key": key_kind, "split_cuts": [int(c) for c in cuts], "split_gap_windows": gap,
                               "split_steps": steps})
-    shared: dict[str, da.Array] = {}
+    shared: dict[str, da.Array] = {} if materialize else {"features": f}
     if not materialize:
-        shared = {"features": f}
         attrs["virtual"] = {"size": size, "stride": stride, "scales": list(scales), "halo": H}
     fold_index: dict[str, np.ndarray] = {}
-    if fold_sets is not None:
-        fold_index, attrs["folds"] = _fold_index(fold_sets[0], fold_sets[1], where, bad, folds)
-    elif folds is not None and prior is not None:
-        first = next(iter(per_split))
-        new_sessions = segs.session[per_split[first].segments_of()] if per_split[first].n else np.zeros(0, np.int64)
-        fold_index, attrs["folds"] = continue_folds(np.concatenate([prior.base_sessions, new_sessions]), folds)
+    if folds is not None:
+        fold_index, attrs["folds"] = _fold_output(fold_sets, where, bad, folds, segs, per_split, prior)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _refuse_bad(bad: np.ndarray, runs: WindowRuns, h: int, fwd: int) -> None:
+    """Raise for the first window that holds NaN or inf.
+
+    Raises
+    ------
+    InvalidValueError
+        Naming the window and the steps it covers.
+    """
+    i = int(np.flatnonzero(bad)[0])
+    e = int(runs.ends(i, i + 1)[0])
+    raise InvalidValueError(
+        "features", f"window {i} (steps {e - h}..{e} of the source, label to step {e + fwd}) holds NaN or inf "
+        f"in its features or label; set features.nan: drop or fill")
+
+
+def _blocks(n: int, unit: int | None, window_bytes: int, prior: Prior | None, split: str) -> tuple[int, ...]:
+    """Windows per block of a split: the writer's blocks (``unit``), continuing the
+    stored ones for an append (the first new block ends on a block edge), or blocks
+    of about 64 MiB."""
+    if not unit:
+        return _chunks(n, (64 << 20) // window_bytes)
+    first = 0 if prior is None else (-prior.samples.get(split, 0)) % int(unit)
+    return _continued_chunks(n, int(unit), first)
+
+
+def _fold_output(fold_sets: Any, where: np.ndarray, bad: np.ndarray, spec: FoldSpec, segs: SegmentTable,
+                 per_split: Mapping[str, WindowRuns], prior: Prior | None) -> tuple[dict[str, np.ndarray], dict]:
+    """The folds' sample indices and description: from this build's windows, or, for an
+    append, over the stored samples' sessions and the new ones'."""
+    if prior is None:
+        return _fold_index(fold_sets[0], fold_sets[1], where, bad, spec)
+    first = per_split[next(iter(per_split))]
+    new_sessions = segs.session[first.segments_of()] if first.n else np.zeros(0, np.int64)
+    return continue_folds(np.concatenate([prior.base_sessions, new_sessions]), spec)
 
 
 def _continued_chunks(n: int, unit: int, first: int) -> tuple[int, ...]:
