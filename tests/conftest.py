@@ -189,3 +189,33 @@ def s3():
     server.stop()
 
 
+#: Attributes that say when or from which files a store was written, not what it holds.
+VOLATILE = {"created", "history", "versions", "sources", "rows_read", "config", "fingerprint", "config_hash", "version"}
+
+
+def assert_bitwise_equal(a: Path, b: Path) -> None:
+    """Every array of every split, the shared features and the folds hold the same bytes;
+    the attributes are equal but for when and from which files they were written."""
+    import numpy as np
+
+    import pipeline
+    from pipeline.storage.versions import pinned_array
+
+    da_, db = pipeline.open(a), pipeline.open(b)
+    assert da_.splits == db.splits
+    for split in db.splits:
+        assert sorted(da_[split]) == sorted(db[split])
+        for name in db[split]:
+            if name.startswith("_"):
+                continue
+            x, y = da_[split][name], db[split][name]
+            assert x.shape == y.shape and x.dtype == y.dtype, (split, name)
+            assert np.asarray(x[:]).tobytes() == np.asarray(y[:]).tobytes(), (split, name)
+    if "_shared" in db.group:
+        x = pinned_array(da_.group["_shared/features"], da_.version.shared_rows)[:]
+        assert x.tobytes() == db.group["_shared/features"][:].tobytes()
+    assert da_.folds == db.folds
+    for fold in db.folds:
+        np.testing.assert_array_equal(da_.fold(fold).index, db.fold(fold).index)
+    keys = (set(da_.attrs) | set(db.attrs)) - VOLATILE
+    assert {k: da_.attrs.get(k) for k in keys} == {k: db.attrs.get(k) for k in keys}
