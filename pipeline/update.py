@@ -101,23 +101,6 @@ def _codes(source: Any, meta: dict[str, Any]) -> np.ndarray:
     return np.array([stored.index(names[int(c)]) for c in source.segments.instrument], dtype=np.int32)
 
 
-def _first_times(source: Any) -> np.ndarray | None:
-    """First timestamp of each new segment (an empty one takes its predecessor's)."""
-    if source.timestamps is None:
-        return None
-    import dask
-
-    segs = source.segments
-    rows = segs.starts[segs.stops > segs.starts]
-    firsts = np.asarray(dask.compute(source.timestamps[rows])[0]) if rows.size else np.zeros(0, np.int64)
-    out = np.zeros(len(segs), dtype=np.int64)
-    out[segs.stops > segs.starts] = firsts
-    for k in range(1, len(segs)):
-        if segs.stops[k] == segs.starts[k]:
-            out[k] = out[k - 1]
-    return out
-
-
 def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say: Callable[[str], None],
                  progress: bool, source_kwargs: dict[str, Any], block_windows: Callable[[int], int]) -> dict[str, Any]:
     """Build the new files' sessions after the stored ones and append them.
@@ -157,7 +140,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     prior = prior_from_attrs(stored, latest.samples, base_sessions)
     segs = source.segments
     codes = _codes(source, stored)
-    sessions = continue_sessions(prior, codes, segs.labels, _first_times(source), spec.mode, spec.gap_ns,
+    sessions = continue_sessions(prior, codes, segs.labels, source.first_times, spec.mode, spec.gap_ns,
                                  keys=source.session_keys)
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
                          segs.labels)

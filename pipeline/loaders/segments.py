@@ -47,6 +47,8 @@ class SegmentedSource:
     #: Per segment, what orders sessions without timestamps: the file name with the
     #: instrument left out (or the date, or ``""``).
     session_keys: tuple[str, ...] = ()
+    #: Per segment, its first timestamp (ns), when there are timestamps and sessions.
+    first_times: np.ndarray | None = None
 
     @property
     def files(self) -> tuple[Any, ...]:
@@ -181,7 +183,21 @@ def _chunks_per_file(src: Source) -> Sequence[int]:
     return np.diff(np.concatenate([[0], idx])).tolist()
 
 
-def _session_numbers(keys: Sequence[str], inst: Sequence[int], lengths: Sequence[int], timestamps: da.Array | None,
+def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Array) -> np.ndarray:
+    """The first timestamp (ns) of each segment, one small read per segment; an empty
+    segment (every row dropped) takes its instrument's previous one, keeping its place."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    rows = starts[lengths > 0]
+    out = np.zeros(lengths.size, dtype=np.int64)
+    out[lengths > 0] = np.asarray(dask.compute(timestamps[rows])[0]) if rows.size else np.zeros(0, np.int64)
+    for k in range(1, lengths.size):
+        if lengths[k] == 0 and inst[k] == inst[k - 1]:
+            out[k] = out[k - 1]
+    return out
+
+
+def _session_numbers(keys: Sequence[str], inst: Sequence[int], first_ns: np.ndarray | None,
                      spec: SessionSpec) -> np.ndarray:
     """Session numbers in time order, equal for the same period of different instruments.
 
@@ -189,23 +205,16 @@ def _session_numbers(keys: Sequence[str], inst: Sequence[int], lengths: Sequence
     among its instrument's sessions of that day: file names need not agree across
     instruments (LOBSTER's carry each ticker's own end time), and gap sessions have no
     name at all. Without timestamps, the file name with the instrument left out.
+    ``first_ns``: each segment's first timestamp (:func:`_first_times`), or None.
     """
     inst = np.asarray(inst)
-    if timestamps is None or spec.mode == "none":
+    if first_ns is None or spec.mode == "none":
         if spec.mode == "gap":
             return np.concatenate([np.arange(np.sum(inst == k)) for k in np.unique(inst)])
         return np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1]
-    lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    rows = starts[lengths > 0]
-    firsts = np.asarray(dask.compute(timestamps[rows])[0]) if rows.size else np.zeros(0, np.int64)
-    day = np.zeros(lengths.size, dtype=np.int64)
-    day[lengths > 0] = np.floor_divide(firsts, _DAY_NS)
-    for k in range(1, lengths.size):  # an empty session (every row dropped) keeps its place
-        if lengths[k] == 0 and inst[k] == inst[k - 1]:
-            day[k] = day[k - 1]
-    ordinal = np.zeros(lengths.size, dtype=np.int64)
-    for k in range(1, lengths.size):
+    day = np.floor_divide(first_ns, _DAY_NS)
+    ordinal = np.zeros(day.size, dtype=np.int64)
+    for k in range(1, day.size):
         if inst[k] == inst[k - 1] and day[k] == day[k - 1]:
             ordinal[k] = ordinal[k - 1] + 1
     period = np.stack([day, ordinal], axis=1)
@@ -301,7 +310,8 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     timestamps = None
     if all(t is not None for t in stamps):
         timestamps = stamps[0] if len(stamps) == 1 else da.concatenate(stamps)
-    session = _session_numbers(keys, inst, lengths, timestamps, spec)
+    first_ns = _first_times(lengths, inst, timestamps) if timestamps is not None and spec.mode != "none" else None
+    session = _session_numbers(keys, inst, first_ns, spec)
     labels = [k.replace("{instrument}", groups[i][0]) for k, i in zip(keys, inst)]
     order = session_major_order(session, inst)
     array = _rows_in_order([g[1] for g in groups], lengths, inst, order)
@@ -313,4 +323,5 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
                            segments=table, sources=tuple(sources), session_mode=spec.mode,
                            session_keys=tuple(keys[i] for i in order),
+                           first_times=None if first_ns is None else first_ns[order],
                            skipped=tuple(s for src in sources for s in src.skipped))

@@ -38,7 +38,7 @@ from pipeline.storage.layout import task_block
 from pipeline.storage.lock import write_lock
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
 from pipeline.storage.versions import HISTORY, PENDING, pinned_array, record, versions_of
-from pipeline.storage.writer import FOLD_CHUNK, SHARED, WRITTEN, _pack_zip, _write_units, written_units
+from pipeline.storage.writer import SHARED, WRITTEN, _pack_zip, _write_units, write_fold_arrays, written_units
 
 __all__ = ["append"]
 
@@ -262,16 +262,7 @@ def _add_folds(group: Any, folds: Mapping[str, np.ndarray], meta: Mapping[str, A
     new = {name: idx for name, idx in folds.items() if name not in set(stored)}
     if not new:
         return
-    # The stored folds' codec (1-D integers, as the first build wrote them).
+    # The stored folds' codec (1-D integers, as the first build wrote them). A new
+    # fold left by an interrupted attempt is not listed yet, so no reader uses it.
     like = group[f"{FOLDS}/{stored[0]}"] if stored else group[f"{info.get('base', 'train')}/session"]
-    root = group.require_group(FOLDS)
-    for name, index in sorted(new.items()):
-        *parents, leaf = name.split("/")
-        node = root
-        for part in parents:
-            node = node.require_group(part)
-        if leaf in node:
-            del node[leaf]  # a previous attempt's: not listed yet, so no reader uses it
-        arr = node.create_array(leaf, shape=index.shape, dtype="int64", chunks=(max(1, min(index.size, FOLD_CHUNK)),),
-                                compressors=like.compressors, fill_value=0)
-        arr[:] = index
+    write_fold_arrays(group, new, like.compressors)

@@ -259,16 +259,22 @@ def _write_folds(group: zarr.Group, folds: Mapping[str, np.ndarray], codec: Code
     left (a resumed write rewrites them whole)."""
     if FOLDS in group and WRITTEN not in group[FOLDS]:  # never a split of that name
         del group[FOLDS]
-    if not folds:
-        return
+    if folds:
+        write_fold_arrays(group, folds, _codec_for(codec, 1, shared=False).zarr_compressors())
+
+
+def write_fold_arrays(group: zarr.Group, folds: Mapping[str, np.ndarray], compressors: Any) -> None:
+    """Write each fold's index array at ``folds/<name>``, replacing an array of that
+    name (the first build's writes, and an append's new folds, both go through here)."""
     root = group.require_group(FOLDS)
-    compressors = _codec_for(codec, 1, shared=False).zarr_compressors()
     for name, index in sorted(folds.items()):
         *parents, leaf = name.split("/")
         node = root
         for part in parents:
             node = node.require_group(part)
-        arr = node.create_array(leaf, shape=index.shape, dtype="int64", chunks=(min(index.size, FOLD_CHUNK),),
+        if leaf in node:
+            del node[leaf]
+        arr = node.create_array(leaf, shape=index.shape, dtype="int64", chunks=(max(1, min(index.size, FOLD_CHUNK)),),
                                 compressors=compressors, fill_value=0)
         arr[:] = index
 
