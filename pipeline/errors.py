@@ -165,8 +165,12 @@ class CorruptChunkError(StoreError):
 
     Parameters
     ----------
-    store, split, array
-        Where the chunk lives.
+    store
+        The store's location.
+    split
+        The split (or ``_shared`` group) holding the chunk.
+    array
+        The array's name in the split.
     index
         Chunk index along the sample axis.
     problem

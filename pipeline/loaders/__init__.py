@@ -178,35 +178,54 @@ def open_source(
     ----------
     paths
         A glob (``**`` recursive), paths, or fsspec URLs; may be left out with a manifest.
-    format, combine
+    format
         Force a format (``npy``, ``npz``, ``image``, ``hdf5``, ``csv``, ``parquet``, or by
-        name only ``lobster``: see :mod:`pipeline.loaders.lobster`) instead of the
-        suffix. ``stack``: one sample per file (arrays' default); ``concat``: join along
-        axis 0 (the only choice for tables).
-    columns, timestamp
+        name only ``lobster``: see :mod:`pipeline.loaders.lobster`) instead of the suffix.
+    combine
+        ``stack``: one sample per file (arrays' default); ``concat``: join along axis 0
+        (the only choice for tables).
+    columns
         Table columns to read (default every numeric column but the timestamp and the
-        instrument column); the timestamp column, which checks that Parquet files join
-        in time order and becomes ``Source.timestamps`` (int64 ns since the epoch; the
-        conversions are in :mod:`pipeline.loaders.columns`; LOBSTER derives its own).
-    dtype, shape, mode, dataset, key
-        Output dtype (default float32 for tables, the files' own for arrays). Images:
-        resize to ``shape`` (``(H, W)``), convert to ``mode`` (``L``, ``RGB``). The HDF5
-        dataset path, or the ``.npz`` member, read from each file.
-    labels, on_mismatch
+        instrument column).
+    timestamp
+        The timestamp column, which checks that Parquet files join in time order and
+        becomes ``Source.timestamps`` (int64 ns since the epoch; the conversions are in
+        :mod:`pipeline.loaders.columns`; LOBSTER derives its own).
+    dtype
+        Output dtype (default float32 for tables, the files' own for arrays).
+    shape
+        Images: resize to ``shape`` (``(H, W)``).
+    mode
+        Images: convert to ``mode`` (``L``, ``RGB``).
+    dataset
+        The HDF5 dataset path read from each file.
+    key
+        The ``.npz`` member read from each file.
+    labels
         ``"folder"`` (each file's parent folder) or a manifest (CSV/Parquet with ``path``
-        and ``label`` columns). Stacked files whose shapes differ: ``raise`` (naming the
-        first offenders), or ``pad``, ``crop``, ``resize`` to the first one's shape.
-    nan, fill_value, on_error
+        and ``label`` columns).
+    on_mismatch
+        Stacked files whose shapes differ: ``raise`` (naming the first offenders), or
+        ``pad``, ``crop``, ``resize`` to the first one's shape.
+    nan
         NaN/inf in tables: ``raise`` (naming file, column, row), ``fill`` or ``drop``.
-        ``on_error="skip"`` leaves out files whose header probe fails, recording why.
-    chunk_rows, files_per_chunk, storage_options
+    fill_value
+        The value ``nan="fill"`` writes.
+    on_error
+        ``"skip"`` leaves out files whose header probe fails, recording why.
+    chunk_rows
         Rows per chunk of concatenated npy/HDF5 arrays (Parquet: a chunk per row group;
-        CSV: one per file); samples per chunk when stacking (default about 16 MiB);
+        CSV: one per file).
+    files_per_chunk
+        Samples per chunk when stacking (default about 16 MiB).
+    storage_options
         fsspec options for URLs.
-    header, names
-        CSV: ``header=True`` reads the names from the first line and refuses one that
-        looks like data (nothing is silently eaten); ``header=False`` reads every line
-        as data, named by ``names`` (with a header, ``names`` replace its names).
+    header
+        CSV: ``True`` reads the names from the first line and refuses one that looks like
+        data (nothing is silently eaten); ``False`` reads every line as data, named by
+        ``names``.
+    names
+        CSV column names; with a header, they replace its names.
     rename
         ``{canonical: source_name}`` (CSV, Parquet), e.g. ``{"bid_price_1":
         "bids[0].price"}``; every other option uses the canonical names.
@@ -398,8 +417,21 @@ def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = 
          combine: Literal["stack", "concat"] | None = None, **options: Any) -> da.Array:
     """A lazy dask array over raw files; nothing is read but headers.
 
-    See :func:`open_source` for the options. The returned array carries the source's
-    provenance as ``array.attrs``.
+    Parameters
+    ----------
+    paths
+        A glob (``**`` recursive), paths, or fsspec URLs.
+    format
+        Force a format instead of the suffix (see :func:`open_source`).
+    combine
+        ``stack``: one sample per file; ``concat``: join along axis 0 (tables).
+    **options
+        The other options of :func:`open_source`.
+
+    Returns
+    -------
+    dask.array.Array
+        The lazy array; it carries the source's provenance as ``array.attrs``.
     """
     source = open_source(paths, format=format, combine=combine, **options)
     arr = source.array

@@ -8,8 +8,9 @@ first epoch fetches with many requests in flight: the epoch's chunk order is kno
 before it starts (:mod:`~pipeline.streaming.plan`), so each worker announces its plan
 (:meth:`RemoteCache.will_read`) and a fetch thread fetches it in order, a window ahead
 of the reads, with up to :data:`FETCH_REQUESTS` requests (and :data:`FETCH_BYTES`) in
-flight. Each process counts what its epochs found in the cache and fetched
-(:class:`CacheStats`, ``Stream.cache_stats``).
+flight. Each process counts what its epochs found in the cache and fetched, and
+publishes its counts in the cache directory, so that a stream reports the reads of its
+DataLoader workers with its own (:class:`CacheStats`, ``Stream.cache_stats``).
 
 Sharing and safety: every rank and DataLoader worker of a node may use the same
 directory at once, never sees a torn file, and the cache deletes nothing but its own
@@ -30,7 +31,9 @@ import asyncio
 import hashlib
 import mmap
 import os
+import secrets
 import threading
+import time
 import warnings
 from collections import deque
 from dataclasses import dataclass
@@ -58,14 +61,20 @@ _IDLE_S = 10.0
 _PLANS = 3
 #: Epochs whose per-object outcomes are kept (older epochs keep their counts only).
 _EPOCHS_DETAILED = 4
+#: Seconds between a process's publications of its read counts (and always when it has
+#: read the last object of a plan).
+_PUBLISH_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
 class CacheSpec:
-    """Where a stream caches a remote store's chunks, and the most bytes it may keep there."""
+    """Where a stream caches a remote store's chunks, the most bytes it may keep there,
+    and the stream's id, which its copies in DataLoader workers share: their read counts
+    are reported with the stream's."""
 
     directory: str
     budget: int
+    stream: str = ""
 
 
 def cache_spec(cache_dir: Any, cache_bytes: Any) -> CacheSpec | None:
@@ -84,7 +93,7 @@ def cache_spec(cache_dir: Any, cache_bytes: Any) -> CacheSpec | None:
     if isinstance(cache_bytes, bool) or not isinstance(cache_bytes, int) or cache_bytes <= 0:
         raise StreamError(f"stream: cache_dir needs cache_bytes, the most bytes the cache may hold on disk "
                           f"(a positive integer), got {cache_bytes!r}")
-    return CacheSpec(os.path.abspath(os.fspath(cache_dir)), int(cache_bytes))
+    return CacheSpec(os.path.abspath(os.fspath(cache_dir)), int(cache_bytes), secrets.token_hex(8))
 
 
 # -- statistics ---------------------------------------------------------------------------
@@ -92,7 +101,8 @@ def cache_spec(cache_dir: Any, cache_bytes: Any) -> CacheSpec | None:
 
 @dataclass(frozen=True, slots=True)
 class CacheStats:
-    """What one epoch of a stream read through its cache, in this process.
+    """What one epoch of a stream read through its cache: in this process and in the
+    DataLoader workers that read for it.
 
     Attributes
     ----------
@@ -185,9 +195,12 @@ class RemoteCache:
         cache file's name.
     label
         The store, for error messages.
+    stream
+        The id of the stream whose reads these are (:class:`CacheSpec`); empty: the
+        counts stay in this process.
     """
 
-    def __init__(self, disk: DiskCache, fs: Any, root: str, namespace: str, label: str):
+    def __init__(self, disk: DiskCache, fs: Any, root: str, namespace: str, label: str, stream: str = ""):
         from zarr.core.sync import _get_loop
 
         self.disk, self.fs, self.label = disk, fs, label
@@ -207,6 +220,9 @@ class RemoteCache:
         self._warned = False
         self._pid = os.getpid()
         self.ahead_bytes = min(AHEAD_BYTES, max(1, disk.budget // 4))
+        self._stream, self._process = stream, secrets.token_hex(8)
+        self._published = 0.0  # time.monotonic() of the last publication of the counts
+        self._plan_done = False  # a read finished a plan: publish at once
 
     def name(self, path: str, tag: str = "") -> str:
         """The cache file name of object ``path`` (``tag``: the array length it is valid for)."""
@@ -306,6 +322,7 @@ class RemoteCache:
                 kept = self._open(name)
                 if kept is not None:
                     self._counts(epoch).record(name, True)
+                    self._publish()
                     return kept
                 fut = self._submit(path, name, epoch)
         try:
@@ -319,6 +336,7 @@ class RemoteCache:
             # Read the file just written rather than the bytes: its mapping is then kept
             # for the next epoch, which reads it without mapping it anew.
             kept = self._open(name)
+        self._publish()
         return data if kept is None else kept
 
     def _check_process(self) -> None:
@@ -333,6 +351,7 @@ class RemoteCache:
             pos = plan.index.get(name)
             if pos is not None and name not in plan.read:
                 plan.read.add(name)
+                self._plan_done = self._plan_done or len(plan.read) == len(plan.entries)
                 if pos + 1 > plan.read_to:
                     plan.read_to = pos + 1
                     self._wake_fetcher()
@@ -413,14 +432,34 @@ class RemoteCache:
                 self._epochs[old].outcome = None  # keep the counts, drop the per-object detail
         return counts
 
+    def _publish(self, force: bool = False) -> None:
+        """Write this process's counts where the stream's other processes read them: at
+        most every :data:`_PUBLISH_S`, and at once when a plan was read to its end (a
+        DataLoader worker's epoch ends there, before its last batches are served)."""
+        if not self._stream:
+            return
+        now = time.monotonic()
+        with self._lock:
+            if not (force or self._plan_done or now - self._published >= _PUBLISH_S):
+                return
+            self._plan_done, self._published = False, now
+            counts = {str(e): [c.reads, c.hits, c.bytes, c.requests] for e, c in self._epochs.items()}
+        self.disk.write_stats(self._stream, self._process, counts)
+
     def stats(self, epoch: int) -> CacheStats:
-        """What ``epoch`` read through the cache in this process so far."""
+        """What ``epoch`` read through the cache so far, in this process and in the other
+        processes reading for the same stream (its DataLoader workers)."""
         with self._lock:
             c = self._epochs.get(int(epoch)) or _EpochCounts()
-            return CacheStats(int(epoch), c.reads, c.hits, c.bytes, c.requests)
+            total = [c.reads, c.hits, c.bytes, c.requests]
+        if self._stream:
+            for other in self.disk.read_stats(self._stream, exclude=self._process):
+                total = [a + int(b) for a, b in zip(total, other.get(str(int(epoch)), (0, 0, 0, 0)))]
+        return CacheStats(int(epoch), *total)
 
     def release(self) -> None:
         """Forget the plans (nothing more is fetched ahead) and unmap the cache files."""
+        self._publish(force=True)
         with self._lock:
             self._plans.clear()
             self._maps.clear()
@@ -462,7 +501,8 @@ def open_remote_cache(spec: CacheSpec | None, group: Any, location: Any, storage
     url = f"{_protocols(store.fs)[0] if _protocols(store.fs) else ''}://{store.path}"
     namespace = "\n".join([url, str(endpoint), str(meta.get("created", "")), str(meta.get("fingerprint", ""))])
     label = location if isinstance(location, (str, os.PathLike)) else url
-    return RemoteCache(DiskCache(spec.directory, spec.budget), store.fs, store.path, namespace, str(label))
+    return RemoteCache(DiskCache(spec.directory, spec.budget), store.fs, store.path, namespace, str(label),
+                       spec.stream)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

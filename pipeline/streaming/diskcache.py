@@ -12,12 +12,14 @@ modification time, which every process sees), down to :func:`eviction_target`
 Safety of other people's files: the cache works only in its own subfolder
 (:data:`SUBDIR`) of the directory given, marked by a file of its own, and refuses a
 subfolder holding anything it did not write. It deletes only files named as its chunk
-files or its temporary files.
+files, its temporary files or its read counts (:meth:`DiskCache.write_stats`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
+import json
 import mmap
 import os
 import re
@@ -43,8 +45,19 @@ _MARKER_TEXT = ("pipeline chunk cache, format 1: every file here is written and 
 _LOCK = "lock"
 _CHUNK = re.compile(r"^[0-9a-f]{16}-[0-9a-f]{32}\.chunk$")
 _TEMP = re.compile(r"^\.[0-9a-f]{16}-[0-9a-f]{32}\.chunk\.\d+\.[0-9a-f]{8}\.tmp$")
+#: A process's read counts for one stream (stream id, then the process's own id), and
+#: its temporary file: what lets a stream report the reads of its DataLoader workers.
+_STATS = re.compile(r"^stats-([0-9a-f]{16})-([0-9a-f]{16})\.json$")
+_STATS_TEMP = re.compile(r"^\.stats-[0-9a-f]{16}-[0-9a-f]{16}\.json\.[0-9a-f]{8}\.tmp$")
 #: A temporary file this old was left by a process that died while writing it.
 _STALE_TEMP_S = 3600.0
+#: Read counts this old belong to a stream long gone.
+_STALE_STATS_S = 86400.0
+
+
+def _owned(name: str) -> bool:
+    """Whether ``name`` is a file the cache writes (and may delete)."""
+    return any(p.match(name) for p in (_CHUNK, _TEMP, _STATS, _STATS_TEMP))
 
 
 # -- eviction arithmetic ----------------------------------------------------------------
@@ -109,8 +122,7 @@ class DiskCache:
             names = os.listdir(self.root)
         except OSError as exc:
             raise StreamError(f"{self.root}: cannot use as a chunk cache ({exc})") from exc
-        foreign = sorted(n for n in names if n not in (MARKER, _LOCK) and not _CHUNK.match(n)
-                         and not _TEMP.match(n))
+        foreign = sorted(n for n in names if n not in (MARKER, _LOCK) and not _owned(n))
         if foreign or (names and MARKER not in names):
             shown = ", ".join(foreign[:5]) or ", ".join(sorted(names)[:5])
             raise StreamError(f"{self.root}: expected a folder written only by pipeline's chunk cache (marked by "
@@ -206,16 +218,43 @@ class DiskCache:
             total -= f.size
         return total
 
+    def write_stats(self, stream: str, process: str, counts: dict[str, list[int]]) -> None:
+        """Publish one process's read counts of stream ``stream`` (``{epoch: [reads,
+        hits, bytes, requests]}``), whole: a reader never sees half a file."""
+        final = self.path(f"stats-{stream}-{process}.json")
+        temp = self.path(f".stats-{stream}-{process}.json.{secrets.token_hex(4)}.tmp")
+        try:
+            with open(temp, "w", encoding="utf-8") as fh:
+                json.dump(counts, fh)
+            os.replace(temp, final)
+        except OSError:  # counts are a report: a full disk must not stop the stream
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+
+    def read_stats(self, stream: str, exclude: str) -> list[dict[str, list[int]]]:
+        """The read counts other processes published for stream ``stream``."""
+        out = []
+        with os.scandir(self.root) as it:
+            for entry in it:
+                m = _STATS.match(entry.name)
+                if m and m.group(1) == stream and m.group(2) != exclude:
+                    with contextlib.suppress(OSError, ValueError):
+                        with open(entry.path, encoding="utf-8") as fh:
+                            out.append(json.load(fh))
+        return out
+
     def _scan_total(self, clean: bool = False) -> int:
         """The bytes of cache files, from a listing; with ``clean``, temporary files left
-        by dead writers go. Under the lock."""
+        by dead writers, and read counts of streams long gone, go. Under the lock."""
         if clean:
             now = time.time()
             with os.scandir(self.root) as it:
                 for entry in it:
-                    if _TEMP.match(entry.name):
+                    stale = (_STALE_TEMP_S if _TEMP.match(entry.name) or _STATS_TEMP.match(entry.name)
+                             else _STALE_STATS_S if _STATS.match(entry.name) else None)
+                    if stale is not None:
                         try:
-                            if now - entry.stat(follow_symlinks=False).st_mtime > _STALE_TEMP_S:
+                            if now - entry.stat(follow_symlinks=False).st_mtime > stale:
                                 os.unlink(entry.path)
                         except FileNotFoundError:
                             pass

@@ -433,9 +433,11 @@ def mix(
         does not depend on the world size, see :mod:`pipeline.streaming.mix`).
     seed
         Seeds the schedule's tie order and the shuffles of the sources opened here.
-    rank, world_size
-        This process's share, as in :func:`pipeline.stream` (default from
-        ``torch.distributed`` when initialized, else ``0`` of ``1``).
+    rank
+        This process's rank, as in :func:`pipeline.stream` (default from
+        ``torch.distributed`` when initialized, else ``0``).
+    world_size
+        The number of ranks (default from ``torch.distributed``, else ``1``).
     epoch_length
         Steps per mix epoch; default ``ceil(max_i L_i / p_i)`` (see
         :mod:`pipeline.streaming.mix`).

@@ -114,6 +114,28 @@ def test_dataloader_workers_forked_after_the_parent_streamed(remote, tmp_path):
     assert set(cache_files(tmp_path).values()) == set(store_objects(url, s3).values())
 
 
+def test_stats_count_the_reads_of_dataloader_workers(remote, tmp_path):
+    pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    url, s3 = remote
+    objects = 2 * -(-N // CHUNK)
+    total_bytes = sum(len(v) for v in store_objects(url, s3).values())
+    s = pipeline.stream(url, batch_size=40, seed=4, storage_options=s3, cache_dir=tmp_path, cache_bytes=1 << 30)
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        ids = [yb.numpy() for xb, yb in DataLoader(s.torch(), batch_size=None, num_workers=2, timeout=120)]
+        assert sorted(np.concatenate(ids).tolist()) == list(range(N))
+        stats = s.cache_stats()
+        # Only the workers read; the parent's report is theirs. A chunk both workers'
+        # shares hold is read by each.
+        assert objects <= stats.reads <= objects + 4, stats
+        if epoch == 0:
+            assert stats.hits + stats.requests >= stats.reads and stats.bytes_fetched >= total_bytes, stats
+        else:
+            assert (stats.hit_rate, stats.requests, stats.bytes_fetched) == (1.0, 0, 0), stats
+
+
 def test_the_last_object_is_cached_for_the_length_it_was_read_at(remote, tmp_path):
     url, s3 = remote
     s = pipeline.stream(url, batch_size=50, storage_options=s3, cache_dir=tmp_path, cache_bytes=1 << 30)
