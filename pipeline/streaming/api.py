@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from pipeline.errors import StreamError
 from pipeline.streaming.cache import cache_spec
 from pipeline.streaming.elastic import per_rank_batch
+from pipeline.streaming.foreign import ZarrSource, open_variables
 from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
@@ -44,6 +45,7 @@ def stream(
     weights: Sequence[float] | None = None,
     cache_dir: str | os.PathLike[str] | None = None,
     cache_bytes: int | None = None,
+    dim: str | None = None,
 ) -> Stream:
     """Stream shuffled, aligned batches of a split.
 
@@ -51,14 +53,30 @@ def stream(
     ----------
     source
         A store path or URL (directory, ``.zarr.zip``, ``s3://...``), an open
-        ``zarr.Group``, or a mapping / tuple of numpy or dask arrays (dask chunks are
-        computed in background threads, on the active cluster if there is one).
+        ``zarr.Group``, or a mapping / tuple of arrays: numpy, dask (their chunks are
+        computed in background threads, on the active cluster if there is one), or
+        ``zarr.Array`` (read chunk by chunk like a store's arrays, numpy arrays allowed
+        beside them; arrays chunked differently along axis 0 are read on their common
+        grid, see :mod:`~pipeline.streaming.foreign`). A store another tool wrote (no
+        pipeline metadata) makes no completeness claim and needs no ``partial``: its
+        group ``split`` is read, or, when it has none, the variables at its root (as
+        xarray's ``to_zarr`` writes them, see ``dim``).
     split
         Split of a store to read, or a fold written with the store (``"fold2/train"``,
         see :func:`pipeline.storage.write`): exactly the fold's samples are served, read
-        from its base split's chunks (:mod:`~pipeline.streaming.subsets`).
+        from its base split's chunks (:mod:`~pipeline.streaming.subsets`). Ignored for
+        a store of variables at its root, which has no splits.
     arrays
-        Names of the arrays to yield, in order (ignored names for a tuple source).
+        Names of the arrays to yield, in order: a store's arrays, or an xarray store's
+        variables (ignored for a tuple source, whose arrays are named ``a0, a1, ...``).
+    dim
+        For a store another tool wrote (xarray): the dimension samples run along, which
+        must be the first dimension of every variable streamed (each is then read chunk
+        by chunk); a variable with ``dim`` elsewhere is refused with the transpose that
+        fixes it, and one whose CF encoding (``scale_factor``, ``add_offset``, time
+        ``units``, an encoded ``dtype``, a missing-value marker other than a float NaN)
+        would make its stored numbers wrong is refused naming the attribute. ``None``:
+        axis 0, which must then be one dimension for every variable that names its own.
     batch_size
         Samples per batch of this rank (the last batch of a rank may be smaller unless
         ``drop_last``). The epoch's order then depends on the world size, and a state
@@ -129,11 +147,11 @@ def stream(
                    seed=seed, buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
                    partial=partial, storage_options=storage_options, prefetch=prefetch, threads=threads,
                    verify=verify, read_niceness=read_niceness, version=version, follow=follow,
-                   global_batch_size=global_batch_size)
+                   global_batch_size=global_batch_size, cache_dir=cache_dir, cache_bytes=cache_bytes, dim=dim)
     rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,
                                                  world_size)
     src = _open_source(source, split, arrays, partial, storage_options, verify, version,
-                       cache_spec(cache_dir, cache_bytes))
+                       cache_spec(cache_dir, cache_bytes), dim)
     return Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
                   buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
                   prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
@@ -175,24 +193,73 @@ def _check_shares(batch_size: int | None, global_batch_size: int | None, buffer_
 
 
 def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
-                 storage_options: dict[str, Any] | None, verify: bool, version: int | None, cache: Any) -> Any:
-    """The source ``stream`` reads: a store's split or fold, or arrays.
+                 storage_options: dict[str, Any] | None, verify: bool, version: int | None, cache: Any,
+                 dim: str | None = None) -> Any:
+    """The source ``stream`` reads: a store's split or fold, another tool's variables, or
+    arrays (zarr arrays, alone or with numpy ones, through the fast chunk reader).
 
     Raises
     ------
     StreamError
-        When ``source`` is none of the kinds ``stream`` takes.
+        When ``source`` is none of the kinds ``stream`` takes, or ``dim`` is given for a
+        source it does not apply to.
     """
     import zarr
 
     if isinstance(source, (str, os.PathLike, zarr.Group)):
+        foreign = _foreign_variables(source, split, arrays, storage_options, version, dim)
+        if foreign is not None:
+            return foreign
         return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
-    if isinstance(source, Mapping):
-        return ArraySource(source, arrays)
+    if dim is not None:
+        raise StreamError(f"stream: dim={dim!r} names the samples' dimension of a store's variables; arrays "
+                          "passed directly have their samples along axis 0")
     if isinstance(source, (tuple, list)):
         names = tuple(f"a{i}" for i in range(len(source)))
-        return ArraySource(dict(zip(names, source)), names)
-    raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or arrays")
+        source, arrays = dict(zip(names, source)), names
+    if not isinstance(source, Mapping):
+        raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or "
+                          "arrays")
+    if any(isinstance(source.get(n), zarr.Array) for n in arrays):
+        return ZarrSource(source, arrays)
+    return ArraySource(source, arrays)
+
+
+def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_options: dict[str, Any] | None,
+                       version: int | None, dim: str | None) -> Any:
+    """A :class:`~pipeline.streaming.foreign.ZarrSource` over the variables of a store
+    another tool wrote (those at its root when it has no group ``split``, else those of
+    that group when ``dim`` is given), or None for a store ``open_store_source`` reads.
+
+    Raises
+    ------
+    StreamError
+        For ``dim`` or ``version`` with a store they do not apply to.
+    """
+    import zarr
+
+    from pipeline.storage.store import ATTRS_KEY, open_store_group
+
+    group = open_store_group(source, mode="r", storage_options=storage_options)
+    label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<group>"
+    if ATTRS_KEY in group.attrs:
+        if dim is not None:
+            raise StreamError(f"{label}: dim={dim!r} is for stores another tool wrote (xarray's); this pipeline "
+                              "store's samples run along axis 0 of its splits")
+        return None
+    node = group.get(split) if split else None
+    if isinstance(node, zarr.Group):
+        if dim is None:
+            return None  # a foreign store laid out in splits: read like a pipeline store
+        where = split
+    elif next(iter(group.arrays()), None) is not None:
+        node, where = group, ""  # variables at the root, as xarray writes a Dataset
+    else:
+        return None  # neither: open_store_source names what the store holds
+    if version is not None:
+        raise StreamError(f"{label}: version={version} asked for, but the store has no versions (pipeline did not "
+                          "write it)")
+    return open_variables(source, node, where, arrays, dim)
 
 
 def _distributed_rank() -> tuple[int, int]:

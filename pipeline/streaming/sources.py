@@ -16,6 +16,7 @@ from pipeline.errors import IncompleteStoreError, StreamError
 from pipeline.storage.store import FOLDS
 from pipeline.streaming.chunks import ChunkReader
 from pipeline.streaming.maps import MapCache
+from pipeline.streaming.zarrmeta import cf_problem, chunk_reader
 
 __all__ = ["ArraySource", "StoreSource", "available_splits", "is_split_group", "read_part"]
 
@@ -78,6 +79,11 @@ class StoreSource:
             if n not in group[split]:
                 raise StreamError(f"{label}: split {split!r} has no array {n!r}")
             arrays[n] = group[f"{split}/{n}"]
+            # Another tool's encodings (xarray's scale_factor, time units) would make the
+            # stored numbers wrong: refused by name rather than served.
+            problem = cf_problem(arrays[n]) if foreign else None
+            if problem is not None:
+                raise StreamError(f"{label}: split {split!r}: variable {n!r}: {problem}")
         if samples is not None:
             arrays = {n: pinned_array(a, samples) for n, a in arrays.items()}
         shapes = {n: (a.shape[0], a.chunks[0]) for n, a in arrays.items()}
@@ -92,7 +98,7 @@ class StoreSource:
         self.maps = MapCache() if meta.get("complete") and not partial else None
         # A remote store's chunk objects go through a node-local cache when one is asked for.
         self.cache_spec, self.cache = cache, open_remote_cache(cache, group, location, storage_options, meta)
-        self.readers = {n: ChunkReader(a, (str(label), split, n), sums, maps=self.maps, cache=self.cache)
+        self.readers = {n: chunk_reader(a, (str(label), split, n), checksums=sums, maps=self.maps, cache=self.cache)
                         for n, a in arrays.items()}
         self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):

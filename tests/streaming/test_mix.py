@@ -367,3 +367,23 @@ def test_stream_with_weights_is_the_mix(tmp_path):
     for a, b in zip(via_stream, via_mix):
         for x, y in zip(a, b):
             np.testing.assert_array_equal(x, y)
+
+
+def test_stream_with_weights_passes_every_option_on(tmp_path):
+    import zarr
+
+    paths = []
+    for i, n in enumerate((96, 64)):
+        root = zarr.open_group(tmp_path / f"xr{i}.zarr", mode="w", zarr_format=3)
+        root.create_array("x", data=np.full((n, 3), i, np.float32), chunks=(32, 3), dimension_names=("sample", "f"))
+        root.create_array("y", data=np.arange(n), chunks=(32,), dimension_names=("sample",))
+        paths.append(str(tmp_path / f"xr{i}.zarr"))
+    s = pipeline.stream(paths, weights=[0.5, 0.5], batch_size=16, dim="sample")
+    seen = {0: [], 1: []}
+    for xb, yb in s:
+        seen[int(xb[0, 0])].extend(yb.tolist())
+    assert sorted(seen[0]) == list(range(96)) and set(seen[1]) == set(range(64))
+    with pytest.raises(StreamError, match="nope"):
+        pipeline.stream(paths, weights=[0.5, 0.5], batch_size=16, dim="nope")
+    with pytest.raises(StreamError, match="cache_bytes"):
+        pipeline.stream(paths, weights=[0.5, 0.5], batch_size=16, cache_dir=tmp_path / "cache")

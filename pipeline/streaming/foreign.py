@@ -1,0 +1,276 @@
+"""Zarr arrays this package did not write, streamed through the fast chunk reader.
+
+Two ways in: zarr arrays passed to :func:`pipeline.stream` directly (a tuple, or a
+mapping of names to arrays, with numpy arrays beside them if wanted), and the variables
+of a store another tool wrote at its root (xarray's ``to_zarr``), chosen by name, with
+samples along a named dimension (:func:`open_variables`). Neither makes a completeness
+claim, so neither needs ``partial``.
+
+Every zarr array is read chunk by chunk by a
+:class:`~pipeline.streaming.chunks.ChunkReader` (the path a pipeline store takes). When
+the arrays' chunks along axis 0 differ, the stream's chunks are the coarser grid whose
+boundaries all of them share (:func:`common_rows`), each stream chunk read as the few
+array chunks it holds; a grid far coarser than every array's own chunks is refused
+instead, naming the arrays and the fix (rechunk them alike).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import zarr
+
+from pipeline.errors import StreamError
+from pipeline.streaming.zarrmeta import cf_problem, chunk_reader, dimension_names
+
+__all__ = ["MAX_GRID_RATIO", "ZarrSource", "common_rows", "open_variables"]
+
+#: Largest stream chunk, in multiples of the largest array chunk, that arrays chunked
+#: differently are streamed over: beyond, a stream chunk (and the buffers holding a few of
+#: them) grows past what ``buffer_chunks`` promises, so the arrays must be rechunked.
+MAX_GRID_RATIO = 8
+_REOPEN_LOCK = threading.Lock()
+
+
+def common_rows(rows: Mapping[str, int], length: int, label: str) -> int:
+    """Rows per stream chunk for arrays of ``rows`` rows per chunk along axis 0: the least
+    common multiple, whose boundaries every array's chunks share.
+
+    Raises
+    ------
+    StreamError
+        When that grid is more than :data:`MAX_GRID_RATIO` times the largest chunk (and
+        shorter than the arrays), naming every array's chunking and the fix.
+    """
+    grid = math.lcm(*rows.values()) if rows else length
+    largest = max(rows.values(), default=grid)
+    if min(grid, length) > MAX_GRID_RATIO * largest:
+        shown = ", ".join(f"{n}: {r}" for n, r in rows.items())
+        raise StreamError(f"{label}: arrays are chunked differently along axis 0 ({shown} samples per chunk); "
+                          f"their common grid of {grid} samples is over {MAX_GRID_RATIO} times the largest "
+                          "chunk. Rechunk them alike (zarr: write with the same chunks[0]; xarray: "
+                          "ds.chunk({dim: n}).to_zarr(...); dask: da.rechunk)")
+    return max(1, int(grid))
+
+
+def _store_state(array: zarr.Array, name: str, label: str) -> tuple[Any, ...]:
+    """How a worker process opens ``array`` again (it reads the same files)."""
+    store = array.store_path.store
+    if isinstance(store, zarr.storage.LocalStore):
+        return ("local", str(store.root), array.store_path.path)
+    if isinstance(store, (zarr.storage.FsspecStore, zarr.storage.ZipStore)):
+        return ("store", store, array.store_path.path)  # both pickle as their location
+    raise StreamError(f"{label}: array {name!r} lives in a {type(store).__name__}, which worker processes cannot "
+                      "open; write it to a directory, zip or fsspec store, or stream it without workers")
+
+
+def _reopen_array(state: tuple[Any, ...]) -> zarr.Array:
+    kind, where, path = state
+    store = zarr.storage.LocalStore(where, read_only=True) if kind == "local" else where
+    return zarr.open_array(store, path=path, mode="r")
+
+
+class _Grid:
+    """One array read on the stream's chunk grid: stream chunk ``c`` is the array's
+    rows ``[c * grid, (c + 1) * grid)``, its chunks ``c * k .. c * k + k - 1``."""
+
+    def __init__(self, reader: Any, grid: int, n: int):
+        self.reader, self.grid, self.n = reader, grid, n
+        # A numpy array has no chunks of its own: it is sliced on the grid.
+        self.rows = grid if reader is None else reader.rows
+
+    def _parts(self, c: int, lo: int, hi: int) -> list[tuple[int, int, int]]:
+        """``(own chunk, lo, hi)`` of the array's chunks holding stream rows ``[lo, hi)``."""
+        a, b = c * self.grid + lo, c * self.grid + hi
+        return [(j, max(a, j * self.rows) - j * self.rows, min(b, (j + 1) * self.rows) - j * self.rows)
+                for j in range(a // self.rows, -(-b // self.rows))]
+
+    def read(self, array: Any, c: int, length: int, out: np.ndarray | None) -> np.ndarray:
+        if self.reader is None:
+            data = np.asarray(array[c * self.grid : c * self.grid + length])
+            if out is None:
+                return data
+            out[...] = data
+            return out
+        if self.rows == self.grid:
+            return self.reader.read(c, out)
+        if out is None:
+            out = np.empty((length,) + self.reader.tail_shape, dtype=self.reader.dtype)
+        pos = 0
+        for j, lo, hi in self._parts(c, 0, length):
+            if lo == 0 and hi == self.reader.length(j):
+                self.reader.read(j, out[pos : pos + hi])  # a slice along axis 0: decoded in place
+            else:
+                out[pos : pos + hi - lo] = self.reader.read(j)[lo:hi]
+            pos += hi - lo
+        return out
+
+    def scatter_runs(self, array: Any, c: int, starts: Sequence[int], stops: Sequence[int], out: np.ndarray,
+                     rows: np.ndarray) -> None:
+        if self.reader is None:
+            base, pos = c * self.grid, 0
+            for lo, hi in zip(starts, stops):
+                out[rows[pos : pos + hi - lo]] = array[base + lo : base + hi]
+                pos += hi - lo
+            return
+        if self.rows == self.grid:
+            self.reader.scatter_runs(c, starts, stops, out, rows)
+            return
+        # Each run split at the array's chunk boundaries, then one scatter per own chunk.
+        per: dict[int, tuple[list[int], list[int], list[np.ndarray]]] = {}
+        pos = 0
+        for lo, hi in zip(starts, stops):
+            for j, a, b in self._parts(c, int(lo), int(hi)):
+                entry = per.setdefault(j, ([], [], []))
+                entry[0].append(a)
+                entry[1].append(b)
+                entry[2].append(rows[pos : pos + b - a])
+                pos += b - a
+        for j, (s0, s1, places) in per.items():
+            self.reader.scatter_runs(j, s0, s1, out, np.concatenate(places))
+
+
+class ZarrSource:
+    """Chunks of zarr arrays (and numpy arrays beside them) that this package did not
+    write, read by :class:`~pipeline.streaming.chunks.ChunkReader`.
+
+    Parameters
+    ----------
+    arrays
+        Names to ``zarr.Array`` or numpy arrays, at least one of them a zarr array, all
+        of one length along axis 0 (the samples).
+    names
+        The arrays to stream, in order.
+    label
+        Where they come from, for error messages (a store path, or ``"<zarr arrays>"``).
+    """
+
+    def __init__(self, arrays: Mapping[str, Any], names: Sequence[str], label: str = "<zarr arrays>"):
+        self.names, self.label = tuple(names), label
+        missing = [n for n in self.names if n not in arrays]
+        if missing:
+            raise StreamError(f"{label}: arrays {missing} are not among the given arrays {list(arrays)}")
+        self.arrays = {n: arrays[n] for n in self.names}
+        for n, a in self.arrays.items():
+            if not isinstance(a, (zarr.Array, np.ndarray)):
+                raise StreamError(f"{label}: array {n!r} is a {type(a).__name__}; zarr arrays stream beside zarr "
+                                  "or numpy arrays only (wrap a dask array with da.from_zarr, or compute it)")
+            if a.ndim == 0:
+                raise StreamError(f"{label}: array {n!r} is a scalar; samples run along axis 0")
+            problem = cf_problem(a) if isinstance(a, zarr.Array) else None
+            if problem is not None:
+                raise StreamError(f"{label}: variable {n!r}: {problem}")
+        lens = {n: int(a.shape[0]) for n, a in self.arrays.items()}
+        if len(set(lens.values())) != 1:
+            raise StreamError(f"{label}: arrays must have the same length along the samples' axis, got {lens}")
+        self.n = lens[self.names[0]]
+        # Stores other tools write may still be written to: chunks are read, not mapped.
+        readers = {n: chunk_reader(a, (label, "", n)) for n, a in self.arrays.items() if isinstance(a, zarr.Array)}
+        self.grid = common_rows({n: r.rows for n, r in readers.items()}, self.n, label)
+        self.readers = {n: _Grid(readers.get(n), self.grid, self.n) for n in self.names}
+        full, rest = divmod(self.n, self.grid)
+        self.lengths = (self.grid,) * full + ((rest,) if rest else ())
+        self._pid = os.getpid()  # set last, as in StoreSource
+
+    def __getstate__(self) -> dict:
+        # Zarr arrays travel as their store's location: each worker opens them itself.
+        state = {n: ("zarr", _store_state(a, n, self.label)) if isinstance(a, zarr.Array) else ("numpy", a)
+                 for n, a in self.arrays.items()}
+        return {"arrays": state, "names": self.names, "label": self.label}
+
+    def __setstate__(self, state: dict) -> None:
+        arrays = {n: _reopen_array(v) if kind == "zarr" else v for n, (kind, v) in state["arrays"].items()}
+        self.__init__(arrays, state["names"], state["label"])
+
+    def _check_process(self) -> None:
+        # After a fork (a DataLoader worker) open the stores again: a zip store's file
+        # handle, and its offset, would otherwise be shared with the parent.
+        if self._pid != os.getpid():
+            with _REOPEN_LOCK:
+                if self._pid != os.getpid():
+                    try:
+                        state = self.__getstate__()
+                    except StreamError:  # a store in memory: the fork copied it, nothing is shared
+                        self._pid = os.getpid()
+                        return
+                    self.__setstate__(state)
+
+    def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
+        self._check_process()
+        return self.readers[name].read(self.arrays[name], chunk, self.lengths[chunk], out)
+
+    def scatter(self, name: str, piece: Any, out: np.ndarray, rows: np.ndarray) -> None:
+        """Samples ``[piece.lo, piece.hi)`` of chunk ``piece.chunk`` to ``out[rows]``."""
+        self.scatter_runs(name, piece.chunk, (piece.lo,), (piece.hi,), out, rows)
+
+    def scatter_runs(self, name: str, chunk: int, starts: Any, stops: Any, out: np.ndarray, rows: np.ndarray
+                     ) -> None:
+        """The runs ``[starts[k], stops[k])`` of chunk ``chunk``, in order, to ``out[rows]``."""
+        self._check_process()
+        self.readers[name].scatter_runs(self.arrays[name], chunk, starts, stops, out, rows)
+
+    def assembled(self, name: str) -> bool:
+        return False
+
+    def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
+        a = self.arrays[name]
+        return tuple(int(s) for s in a.shape[1:]), np.dtype(a.dtype)
+
+
+def open_variables(location: Any, group: zarr.Group, where: str, names: Sequence[str], dim: str | None
+                   ) -> ZarrSource:
+    """The variables ``names`` of ``group`` (a store's root, or its group ``where``), as
+    xarray writes them, with samples along dimension ``dim``.
+
+    Parameters
+    ----------
+    location
+        The store's path or URL, or the open group, for error messages.
+    group
+        The group holding the variables.
+    where
+        Its path in the store (``""``: the root).
+    names
+        The variables to stream, in order.
+    dim
+        The samples' dimension: the first of every variable. None: axis 0, which must
+        then be one dimension for all variables that name theirs.
+
+    Raises
+    ------
+    StreamError
+        For a missing variable (listing those present), one without ``dim`` or with
+        ``dim`` not first (naming its dimensions and the fix), or one whose CF encoding
+        would make the stored numbers wrong (naming the attribute).
+    """
+    label = os.fspath(location) if isinstance(location, (str, os.PathLike)) else "<group>"
+    label = f"{label}/{where}" if where else label
+    present = sorted(k for k, _ in group.arrays())
+    arrays = {}
+    for n in names:
+        node = group.get(n)
+        if not isinstance(node, zarr.Array):
+            raise StreamError(f"{label}: no variable {n!r}; variables: {', '.join(present) or 'none'}")
+        arrays[n] = node
+    dims = {n: dimension_names(a) for n, a in arrays.items()}
+    if dim is None:
+        firsts = {n: d[0] for n, d in dims.items() if d}
+        if len(set(firsts.values())) > 1:
+            raise StreamError(f"{label}: variables start with different dimensions {firsts}; pass dim= naming "
+                              "the samples' dimension")
+    for n, d in dims.items() if dim is not None else ():
+        if d is None:
+            raise StreamError(f"{label}: variable {n!r} names no dimensions (zarr 3 dimension_names or xarray's "
+                              f"_ARRAY_DIMENSIONS), so dim={dim!r} cannot be found in it")
+        if dim not in d:
+            raise StreamError(f"{label}: variable {n!r} has dimensions {d}, without {dim!r}")
+        if d[0] != dim:
+            order = ", ".join(repr(x) for x in (dim,) + tuple(x for x in d if x != dim))
+            raise StreamError(f"{label}: variable {n!r} has dimensions {d}: samples along {dim!r} must be its "
+                              f"first dimension, read chunk by chunk. Write it transposed: "
+                              f"ds[{n!r}].transpose({order}) (or ds.transpose({dim!r}, ...)) before to_zarr")
+    return ZarrSource(arrays, names, label)

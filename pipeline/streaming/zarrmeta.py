@@ -1,0 +1,143 @@
+"""What a zarr array that this package did not write says about itself.
+
+Stores written by other tools (plain zarr, xarray's ``to_zarr``) name their dimensions
+(zarr 3 ``dimension_names``, or xarray's ``_ARRAY_DIMENSIONS`` attribute in zarr 2) and
+may carry CF encodings: attributes under which the stored numbers are not the values
+meant (``scale_factor``, ``add_offset``, a time's ``units = "days since ..."``, a
+``dtype`` that xarray restores). Streaming reads the stored numbers, so a variable with
+such an encoding is refused by name (:func:`cf_problem`) rather than served wrong.
+
+:class:`V2ChunkReader` gives zarr 2 arrays (xarray's other format) the fast path of
+:class:`~pipeline.streaming.chunks.ChunkReader`: the same decode, other keys.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import os
+import struct
+from typing import Any
+
+import numcodecs
+import numpy as np
+import zarr
+
+from pipeline.streaming.chunks import ChunkReader
+
+__all__ = ["V2ChunkReader", "cf_problem", "chunk_reader", "dimension_names"]
+
+#: Attributes under which the stored numbers are not the values meant, and why.
+_ENCODINGS = {
+    "scale_factor": "values are stored scaled (value = stored * scale_factor + add_offset)",
+    "add_offset": "values are stored offset (value = stored * scale_factor + add_offset)",
+    "_Unsigned": "the stored integers are reinterpreted with another signedness",
+    "dtype": "the stored numbers decode to another dtype (xarray's encoding of bools or timedeltas)",
+    "calendar": "the stored numbers are times counted from a reference date",
+}
+
+
+def dimension_names(array: zarr.Array) -> tuple[str, ...] | None:
+    """The names of ``array``'s dimensions, or None when it names none."""
+    names = getattr(array.metadata, "dimension_names", None)
+    if names is None:
+        names = array.attrs.get("_ARRAY_DIMENSIONS")
+    if names is None or any(n is None for n in names):
+        return None
+    return tuple(str(n) for n in names)
+
+
+def _cf_fill(value: Any) -> float | None:
+    """A ``_FillValue`` attribute as a number (xarray writes a float's as base64 of a
+    little-endian double for zarr 3); None when it cannot be read."""
+    if isinstance(value, str):
+        if value.lower() in ("nan", "+nan", "-nan"):
+            return math.nan
+        try:
+            raw = base64.standard_b64decode(value)
+            return struct.unpack("<d", raw)[0] if len(raw) == 8 else None
+        except (ValueError, struct.error):
+            return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def cf_problem(array: zarr.Array) -> str | None:
+    """Why streaming ``array``'s stored numbers would serve wrong values, or None.
+
+    A missing-value marker is fine on floats when it is NaN (the stored NaN is the
+    value meant); any other marker means values that a CF reader masks, served here as
+    numbers. Strings are not samples a batch can hold.
+    """
+    attrs = dict(array.attrs)
+    dtype = np.dtype(array.dtype) if isinstance(array.dtype, np.dtype) else None
+    if dtype is None or dtype.kind not in "biufc":
+        return f"dtype {array.dtype} is not numeric or bool; encode it as numbers first"
+    units = attrs.get("units")
+    if isinstance(units, str) and " since " in units:
+        return (f"attribute units={units!r}: the stored numbers are times counted from a reference date; "
+                "write them as numbers of your own (for example seconds as float64) first")
+    for key, why in _ENCODINGS.items():
+        if key in attrs:
+            return f"attribute {key}={attrs[key]!r}: {why}; decode it (xarray: open, then write without the encoding)"
+    fills = {k: attrs[k] for k in ("_FillValue", "missing_value") if k in attrs}
+    if array.metadata.zarr_format == 2 and "_ARRAY_DIMENSIONS" in attrs and array.fill_value is not None:
+        fills.setdefault("_FillValue", array.fill_value)  # xarray keeps a zarr 2 _FillValue there
+    for key, value in fills.items():
+        number = _cf_fill(value.item() if isinstance(value, np.generic) else value)
+        if dtype.kind in "fc" and number is not None and math.isnan(number):
+            continue
+        return (f"attribute {key}={value!r}: values equal to it are missing under CF conventions and would be "
+                "served as that number; fill or drop them, and write the variable without it")
+    return None
+
+
+def chunk_reader(array: zarr.Array, where: tuple[str, str, str], **kwargs: Any) -> ChunkReader:
+    """A :class:`ChunkReader` for ``array``, zarr 2 or 3 (a zarr 2 array's objects are
+    read from the store itself, not through a node-local cache, whose keys are zarr 3's)."""
+    if array.metadata.zarr_format == 2:
+        kwargs.pop("cache", None)
+        return V2ChunkReader(array, where, **kwargs)
+    return ChunkReader(array, where, **kwargs)
+
+
+class V2ChunkReader(ChunkReader):
+    """A :class:`ChunkReader` of a zarr 2 array: keys ``i.0.0`` (or ``i/0/0``), one
+    compressor and no filters, C order, little-endian. Other layouts fall back to
+    zarr's own read, as in the base class."""
+
+    def _plan(self) -> tuple[Any, str | None]:
+        arr = self.array
+        meta = arr.metadata.to_dict()
+        self._transposed = False
+        self._separator = meta.get("dimension_separator") or "."
+        if meta.get("filters") or meta.get("order", "C") != "C" or self._separator not in (".", "/"):
+            return None, None
+        if any(c != arr.shape[k] for k, c in enumerate(arr.chunks) if k > 0):
+            return None, None
+        if self.dtype.itemsize > 1 and self.dtype.byteorder == ">":
+            return None, None
+        compressor = meta.get("compressor")
+        decoder: Any
+        if compressor is None:
+            decoder = "raw"
+        elif compressor.get("id") == "blosc":
+            decoder = numcodecs.Blosc()
+        elif compressor.get("id") == "zstd":
+            decoder = numcodecs.Zstd()
+        else:
+            return None, None
+        store = arr.store_path.store
+        if not isinstance(store, zarr.storage.LocalStore):
+            return decoder, None
+        return decoder, os.path.join(str(store.root), arr.store_path.path)
+
+    def _key(self, i: int) -> str:
+        return self._separator.join([str(i)] + ["0"] * len(self.tail_shape))
+
+    def _decode(self, i: int, raw: Any, out: np.ndarray) -> np.ndarray:
+        if raw is None and self.array.fill_value is None:
+            out[...] = 0  # zarr reads a chunk never written, without a fill value, as zeros
+            return out
+        return super()._decode(i, raw, out)

@@ -1,0 +1,240 @@
+"""Zarr this package did not write: arrays passed directly, stores of plain zarr and of
+xarray. Each streams through the fast chunk reader, every sample once per epoch, with the
+values numpy holds; encodings that would make the stored numbers wrong are refused."""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+
+import dask.array as da
+import numpy as np
+import pytest
+import zarr
+
+import pipeline
+from pipeline.errors import StreamError
+from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.foreign import ZarrSource
+from pipeline.streaming.sources import StoreSource
+
+N = 600
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """``x`` of random values, ``y`` the sample ids: each batch is checked against them."""
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((N, 4, 3)).astype(np.float32), np.arange(N, dtype=np.int64)
+
+
+def check_epochs(s, x, y, epochs=2):
+    """Every sample once per epoch, ``x`` aligned with its id, values as numpy has them."""
+    for e in range(epochs):
+        s.set_epoch(e)
+        xs, ys = zip(*[(xb.copy(), yb.copy()) for xb, yb in s])
+        ids = np.concatenate(ys)
+        order = np.argsort(ids, kind="stable")
+        np.testing.assert_array_equal(ids[order], y)
+        np.testing.assert_array_equal(np.concatenate(xs)[order], x)
+
+
+def fast(source):
+    """Every zarr array of ``source`` is read by a ChunkReader that decodes chunks itself."""
+    assert isinstance(source, ZarrSource)
+    readers = [g.reader for g in source.readers.values() if g.reader is not None]
+    assert readers and all(isinstance(r, ChunkReader) and r._decoder is not None for r in readers)
+    return True
+
+
+def zarr_arrays(tmp_path, x, y, chunks=(100, 100)):
+    zx = zarr.create_array(tmp_path / "x.zarr", data=x, chunks=(chunks[0], 4, 3))
+    zy = zarr.create_array(tmp_path / "y.zarr", data=y, chunks=(chunks[1],))
+    return zx, zy
+
+
+# -- zarr arrays passed directly ---------------------------------------------------------
+
+
+def test_a_tuple_of_zarr_arrays_takes_the_fast_path(tmp_path, reference):
+    x, y = reference
+    s = pipeline.stream(zarr_arrays(tmp_path, x, y), batch_size=64, seed=1, buffer_chunks=2)
+    assert fast(s.source) and s.source.lengths == (100,) * 6
+    check_epochs(s, x, y)
+
+
+def test_a_mapping_with_numpy_beside_and_chunkings_that_differ(tmp_path, reference):
+    """x in chunks of 100, y of 150: streamed on their common grid of 300 samples; a
+    numpy array beside them is sliced on the same grid."""
+    x, y = reference
+    zx, zy = zarr_arrays(tmp_path, x, y, chunks=(100, 150))
+    s = pipeline.stream({"x": zx, "y": zy, "w": -y}, arrays=("x", "y", "w"), batch_size=50, seed=2)
+    assert fast(s.source) and s.source.lengths == (300, 300)
+    for xb, yb, wb in s:
+        np.testing.assert_array_equal(wb, -yb)
+    check_epochs(pipeline.stream({"x": zx, "y": zy}, arrays=("x", "y"), batch_size=50, seed=2), x, y)
+
+
+def test_reads_on_a_common_grid_cross_the_arrays_own_chunks(tmp_path, reference):
+    x, y = reference
+    zx, zy = zarr_arrays(tmp_path, x, y, chunks=(100, 150))
+    source = ZarrSource({"x": zx, "y": zy, "w": x}, ("x", "y", "w"))
+    for name, ref in (("x", x), ("y", y), ("w", x)):
+        np.testing.assert_array_equal(source.read(name, 1), ref[300:600])
+        starts, stops = (10, 95, 190, 290), (20, 160, 230, 300)  # runs across 100, 150, 200
+        rows = np.random.default_rng(1).permutation(sum(b - a for a, b in zip(starts, stops)))
+        out = np.zeros((len(rows),) + ref.shape[1:], ref.dtype)
+        source.scatter_runs(name, 1, starts, stops, out, rows)
+        expected = np.concatenate([ref[300 + a : 300 + b] for a, b in zip(starts, stops)])
+        np.testing.assert_array_equal(out[rows], expected)
+
+
+def test_zarr_arrays_over_ranks_serve_every_sample_once(tmp_path, reference):
+    """Rank boundaries fall inside chunks: their partial reads go through the grid too."""
+    x, y = reference
+    arrays = zarr_arrays(tmp_path, x, y, chunks=(100, 150))
+    ids = [yb for r in range(3) for _, yb in pipeline.stream(arrays, batch_size=32, rank=r, world_size=3)]
+    assert sorted(np.concatenate(ids).tolist()) == list(range(N))
+
+
+def test_arrays_that_cannot_stream_together_are_refused(tmp_path, reference):
+    x, y = reference
+    zx = zarr.create_array(tmp_path / "x.zarr", data=np.zeros((10_000, 2), "f4"), chunks=(13, 2))
+    zy = zarr.create_array(tmp_path / "y.zarr", data=np.arange(10_000), chunks=(1000,))
+    with pytest.raises(StreamError, match=r"a0: 13, a1: 1000.*Rechunk"):
+        pipeline.stream((zx, zy), batch_size=8)
+    with pytest.raises(StreamError, match="same length"):
+        pipeline.stream((zx, y), batch_size=8)
+    with pytest.raises(StreamError, match="'a1' is a Array.*da.from_zarr"):
+        pipeline.stream((zy, da.arange(10_000)), batch_size=8)
+    with pytest.raises(StreamError, match="dim="):
+        pipeline.stream((zx, zy), batch_size=8, dim="sample")
+
+
+def test_dataloader_workers_reopen_zarr_arrays(tmp_path, reference):
+    from torch.utils.data import DataLoader
+
+    x, y = reference
+    s = pipeline.stream(zarr_arrays(tmp_path, x, y), batch_size=50, seed=0)
+    copy = pickle.loads(pickle.dumps(s.source))  # a spawned worker opens the arrays again
+    np.testing.assert_array_equal(copy.read("a1", 3), y[300:400])
+    loader = DataLoader(s.torch(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+    ids = [yb.numpy() for _, yb in loader]
+    assert sorted(np.concatenate(ids).tolist()) == list(range(N))
+
+
+def test_arrays_in_memory_stores_cannot_go_to_spawned_workers(reference):
+    """A spawned worker cannot open a MemoryStore; a forked one has a copy of it."""
+    from torch.utils.data import DataLoader
+
+    x, y = reference
+    zy = zarr.create_array(zarr.storage.MemoryStore(), data=y, chunks=(100,))
+    s = pipeline.stream((zy, zy), batch_size=50)
+    check_epochs(s, y, y, epochs=1)
+    with pytest.raises(StreamError, match="MemoryStore.*directory"):
+        pickle.dumps(s.source)
+    loader = DataLoader(s.torch(), batch_size=None, num_workers=1, multiprocessing_context="fork")
+    assert sorted(np.concatenate([yb.numpy() for _, yb in loader]).tolist()) == list(range(N))
+
+
+# -- stores another tool wrote ---------------------------------------------------------
+
+
+def test_a_plain_zarr_store_streams_its_root_arrays_without_partial(tmp_path, reference):
+    x, y = reference
+    g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
+    g.create_array("x", data=x, chunks=(128, 4, 3))
+    g.create_array("y", data=y, chunks=(128,))
+    s = pipeline.stream(str(tmp_path / "plain.zarr"), arrays=("x", "y"), batch_size=64)
+    assert fast(s.source)
+    check_epochs(s, x, y)
+    with pytest.raises(StreamError, match="no variable 'z'; variables: x, y"):
+        pipeline.stream(str(tmp_path / "plain.zarr"), arrays=("x", "z"), batch_size=64)
+
+
+def test_a_pipeline_store_missing_the_split_is_still_refused(tmp_path, reference):
+    x, y = reference
+    g = zarr.open_group(tmp_path / "p.zarr", mode="w")
+    g.create_array("train/y", data=y, chunks=(100,))
+    g.attrs["pipeline"] = {"complete": True, "splits": {"train": N}}
+    with pytest.raises(StreamError, match="no split 'val'"):
+        pipeline.stream(str(tmp_path / "p.zarr"), split="val", arrays=("y",), batch_size=8)
+    with pytest.raises(StreamError, match="dim='sample' is for stores another tool wrote"):
+        pipeline.stream(str(tmp_path / "p.zarr"), arrays=("y",), batch_size=8, dim="sample")
+
+
+def xarray_dataset(x, y):
+    xr = pytest.importorskip("xarray")
+    return xr.Dataset({"x": (("sample", "row", "col"), x), "y": (("sample",), y),
+                       "other": (("sample",), np.zeros(N, "f4"))},
+                      coords={"sample": np.arange(N) * 10})
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_an_xarray_store_streams_variables_by_name_along_a_dimension(tmp_path, reference, zarr_format):
+    x, y = reference
+    path = str(tmp_path / "ds.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr's note that consolidated metadata is not in the v3 spec
+        xarray_dataset(x, y).chunk({"sample": 120}).to_zarr(path, mode="w", zarr_format=zarr_format)
+    s = pipeline.stream(path, arrays=("x", "y"), dim="sample", batch_size=64, seed=3)
+    assert fast(s.source) and s.source.lengths == (120,) * 5
+    check_epochs(s, x, y)
+    s = pipeline.stream(path, arrays=("y", "x"), batch_size=64)  # dim=None: axis 0, named alike
+    assert [a.shape[1:] for a in next(iter(s))] == [(), (4, 3)]
+
+
+def test_an_xarray_group_of_a_store_is_its_split(tmp_path, reference):
+    x, y = reference
+    path = str(tmp_path / "ds.zarr")
+    xarray_dataset(x, y).to_zarr(path, group="train", mode="w", zarr_format=3, consolidated=False)
+    s = pipeline.stream(path, split="train", arrays=("x", "y"), dim="sample", batch_size=64)
+    assert fast(s.source)
+    check_epochs(s, x, y, epochs=1)
+    assert isinstance(pipeline.stream(path, split="train", batch_size=64).source, StoreSource)
+
+
+def test_samples_along_a_later_dimension_are_refused_with_the_transpose(tmp_path, reference):
+    x, y = reference
+    ds = xarray_dataset(x, y)
+    ds["x"] = ds["x"].transpose("row", "sample", "col")
+    path = str(tmp_path / "t.zarr")
+    ds.to_zarr(path, mode="w", zarr_format=3, consolidated=False)
+    with pytest.raises(StreamError, match=r"'x' has dimensions \('row', 'sample', 'col'\).*transpose\('sample', "
+                                          r"'row', 'col'\)"):
+        pipeline.stream(path, arrays=("x", "y"), dim="sample", batch_size=64)
+    with pytest.raises(StreamError, match="different dimensions.*pass dim="):
+        pipeline.stream(path, arrays=("x", "y"), batch_size=64)
+    with pytest.raises(StreamError, match="'y' has dimensions \\('sample',\\), without 'time'"):
+        pipeline.stream(path, arrays=("y",), dim="time", batch_size=64)
+
+
+@pytest.mark.parametrize("variable, encoding, attribute", [
+    ("other", {"scale_factor": 0.5, "dtype": "int16", "_FillValue": -1}, "scale_factor"),
+    ("other", {"_FillValue": -9999.0}, "_FillValue"),
+    ("y", {"_FillValue": -1}, "_FillValue"),
+    ("when", {}, "units='.* since"),
+])
+@pytest.mark.parametrize("zarr_format", [3, 2])
+def test_cf_encoded_variables_are_refused_by_name(tmp_path, reference, variable, encoding, attribute, zarr_format):
+    x, y = reference
+    ds = xarray_dataset(x, y)
+    ds["when"] = ("sample", np.datetime64("2024-01-01") + np.arange(N).astype("timedelta64[h]"))
+    ds[variable].encoding = encoding
+    path = str(tmp_path / "cf.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ds.to_zarr(path, mode="w", zarr_format=zarr_format, consolidated=False)
+    with pytest.raises(StreamError, match=f"variable '{variable}': attribute {attribute}"):
+        pipeline.stream(path, arrays=(variable,), dim="sample", batch_size=64)
+    pipeline.stream(path, arrays=("x",), dim="sample", batch_size=64)  # NaN _FillValue on floats is fine
+
+
+def test_cf_encoded_variable_of_a_foreign_split_is_refused(tmp_path, reference):
+    x, y = reference
+    ds = xarray_dataset(x, y)
+    ds["other"].encoding = {"add_offset": 1.0}
+    path = str(tmp_path / "cf.zarr")
+    ds.to_zarr(path, group="train", mode="w", zarr_format=3, consolidated=False)
+    with pytest.raises(StreamError, match="split 'train': variable 'other': attribute add_offset"):
+        pipeline.stream(path, arrays=("x", "other"), batch_size=64)
