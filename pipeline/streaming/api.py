@@ -207,7 +207,7 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
     import zarr
 
     if isinstance(source, (str, os.PathLike, zarr.Group)):
-        foreign = _foreign_variables(source, split, arrays, storage_options, version, dim)
+        foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)
         if foreign is not None:
             return foreign
         return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
@@ -221,12 +221,12 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
         raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or "
                           "arrays")
     if any(isinstance(source.get(n), zarr.Array) for n in arrays):
-        return ZarrSource(source, arrays)
+        return ZarrSource(source, arrays, cache=cache)
     return ArraySource(source, arrays)
 
 
 def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_options: dict[str, Any] | None,
-                       version: int | None, dim: str | None) -> Any:
+                       version: int | None, dim: str | None, cache: Any = None) -> Any:
     """A :class:`~pipeline.streaming.foreign.ZarrSource` over the variables of a store
     another tool wrote (those at its root when it has no group ``split``, else those of
     that group when ``dim`` is given), or None for a store ``open_store_source`` reads.
@@ -259,7 +259,7 @@ def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_o
     if version is not None:
         raise StreamError(f"{label}: version={version} asked for, but the store has no versions (pipeline did not "
                           "write it)")
-    return open_variables(source, node, where, arrays, dim)
+    return open_variables(source, node, where, arrays, dim, cache)
 
 
 def _distributed_rank() -> tuple[int, int]:

@@ -496,7 +496,8 @@ def open_remote_cache(spec: CacheSpec | None, group: Any, location: Any, storage
     store = group.store
     if not isinstance(store, zarr.storage.FsspecStore) or "file" in _protocols(store.fs):
         return None
-    opts = dict(storage_options or {})
+    # Arrays opened by the caller come without their options: their file system keeps them.
+    opts = dict(storage_options or getattr(store.fs, "storage_options", None) or {})
     endpoint = opts.get("endpoint_url") or (opts.get("client_kwargs") or {}).get("endpoint_url") or ""
     url = f"{_protocols(store.fs)[0] if _protocols(store.fs) else ''}://{store.path}"
     namespace = "\n".join([url, str(endpoint), str(meta.get("created", "")), str(meta.get("fingerprint", ""))])

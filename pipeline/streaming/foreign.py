@@ -147,10 +147,21 @@ class ZarrSource:
         The arrays to stream, in order.
     label
         Where they come from, for error messages (a store path, or ``"<zarr arrays>"``).
+    cache
+        The stream's node-local cache settings (:class:`~pipeline.streaming.cache.CacheSpec`):
+        zarr arrays of a remote store read their chunk objects through it. Local stores
+        ignore it.
+
+    Raises
+    ------
+    StreamError
+        For arrays of different lengths, a grid too coarse, a CF-encoded variable, or a
+        cache asked for arrays of several remote stores.
     """
 
-    def __init__(self, arrays: Mapping[str, Any], names: Sequence[str], label: str = "<zarr arrays>"):
-        self.names, self.label = tuple(names), label
+    def __init__(self, arrays: Mapping[str, Any], names: Sequence[str], label: str = "<zarr arrays>",
+                 cache: Any = None):
+        self.names, self.label, self.cache_spec = tuple(names), label, cache
         missing = [n for n in self.names if n not in arrays]
         if missing:
             raise StreamError(f"{label}: arrays {missing} are not among the given arrays {list(arrays)}")
@@ -168,8 +179,11 @@ class ZarrSource:
         if len(set(lens.values())) != 1:
             raise StreamError(f"{label}: arrays must have the same length along the samples' axis, got {lens}")
         self.n = lens[self.names[0]]
+        self.cache = _remote_cache(cache, [a for a in self.arrays.values() if isinstance(a, zarr.Array)], label)
         # Stores other tools write may still be written to: chunks are read, not mapped.
-        readers = {n: chunk_reader(a, (label, "", n)) for n, a in self.arrays.items() if isinstance(a, zarr.Array)}
+        readers = {n: chunk_reader(a, (label, "", n), cache=self.cache) for n, a in self.arrays.items()
+                   if isinstance(a, zarr.Array)}
+        self._chunk_readers = list(readers.values())
         self.grid = common_rows({n: r.rows for n, r in readers.items()}, self.n, label)
         self.readers = {n: _Grid(readers.get(n), self.grid, self.n) for n in self.names}
         full, rest = divmod(self.n, self.grid)
@@ -180,11 +194,11 @@ class ZarrSource:
         # Zarr arrays travel as their store's location: each worker opens them itself.
         state = {n: ("zarr", _store_state(a, n, self.label)) if isinstance(a, zarr.Array) else ("numpy", a)
                  for n, a in self.arrays.items()}
-        return {"arrays": state, "names": self.names, "label": self.label}
+        return {"arrays": state, "names": self.names, "label": self.label, "cache": self.cache_spec}
 
     def __setstate__(self, state: dict) -> None:
         arrays = {n: _reopen_array(v) if kind == "zarr" else v for n, (kind, v) in state["arrays"].items()}
-        self.__init__(arrays, state["names"], state["label"])
+        self.__init__(arrays, state["names"], state["label"], cache=state.get("cache"))
 
     def _check_process(self) -> None:
         # After a fork (a DataLoader worker) open the stores again: a zip store's file
@@ -213,6 +227,19 @@ class ZarrSource:
         self._check_process()
         self.readers[name].scatter_runs(self.arrays[name], chunk, starts, stops, out, rows)
 
+    def will_read(self, chunks: Sequence[int], epoch: int) -> None:
+        """The chunks an epoch reads next, in order: a remote store's cache fetches them
+        ahead (arrays chunked on the stream's grid; others are fetched as they are read)."""
+        self._check_process()
+        if self.cache is not None:
+            on_grid = [r for r in self._chunk_readers if r.rows == self.grid]
+            self.cache.will_read(on_grid, chunks, epoch)
+
+    def release(self) -> None:
+        """Forget what the cache was to fetch ahead, and unmap its files."""
+        if self.cache is not None:
+            self.cache.release()
+
     def assembled(self, name: str) -> bool:
         return False
 
@@ -221,8 +248,34 @@ class ZarrSource:
         return tuple(int(s) for s in a.shape[1:]), np.dtype(a.dtype)
 
 
-def open_variables(location: Any, group: zarr.Group, where: str, names: Sequence[str], dim: str | None
-                   ) -> ZarrSource:
+def _remote_cache(spec: Any, arrays: Sequence[zarr.Array], label: str) -> Any:
+    """The node-local cache of the remote store ``arrays`` live in, or None (no cache
+    asked for, or local stores, which need none).
+
+    Raises
+    ------
+    StreamError
+        When a cache is asked for and the arrays live in several remote stores.
+    """
+    from pipeline.streaming.cache import open_remote_cache
+
+    if spec is None:
+        return None
+    remote = {}
+    for a in arrays:
+        store = a.store_path.store
+        if isinstance(store, zarr.storage.FsspecStore):
+            remote.setdefault((str(getattr(store.fs, "protocol", "")), store.path), a)
+    if len(remote) > 1:
+        roots = ", ".join(sorted(path for _, path in remote))
+        raise StreamError(f"{label}: cache_dir= caches the chunks of one remote store, and these arrays live in "
+                          f"{len(remote)} ({roots}); stream them from one store, or without a cache")
+    first = next(iter(remote.values()), None)
+    return None if first is None else open_remote_cache(spec, first, label, None, {})
+
+
+def open_variables(location: Any, group: zarr.Group, where: str, names: Sequence[str], dim: str | None,
+                   cache: Any = None) -> ZarrSource:
     """The variables ``names`` of ``group`` (a store's root, or its group ``where``), as
     xarray writes them, with samples along dimension ``dim``.
 
@@ -239,6 +292,8 @@ def open_variables(location: Any, group: zarr.Group, where: str, names: Sequence
     dim
         The samples' dimension: the first of every variable. None: axis 0, which must
         then be one dimension for all variables that name theirs.
+    cache
+        The stream's node-local cache settings, for a remote store.
 
     Raises
     ------
@@ -273,4 +328,4 @@ def open_variables(location: Any, group: zarr.Group, where: str, names: Sequence
             raise StreamError(f"{label}: variable {n!r} has dimensions {d}: samples along {dim!r} must be its "
                               f"first dimension, read chunk by chunk. Write it transposed: "
                               f"ds[{n!r}].transpose({order}) (or ds.transpose({dim!r}, ...)) before to_zarr")
-    return ZarrSource(arrays, names, label)
+    return ZarrSource(arrays, names, label, cache=cache)

@@ -136,6 +136,34 @@ def test_stats_count_the_reads_of_dataloader_workers(remote, tmp_path):
             assert (stats.hit_rate, stats.requests, stats.bytes_fetched) == (1.0, 0, 0), stats
 
 
+def test_a_store_another_tool_wrote_streams_through_the_cache(s3, tmp_path):
+    import zarr
+
+    url = "s3://training/cache/foreign.zarr"
+    store = zarr.storage.FsspecStore.from_url(url, storage_options=s3)
+    root = zarr.open_group(store, mode="w", zarr_format=3)
+    x_ref = reference_x()
+    root.create_array("x", data=x_ref, chunks=(CHUNK, WIDTH), dimension_names=("sample", "f"))
+    root.create_array("y", data=np.arange(N), chunks=(CHUNK,), dimension_names=("sample",))
+    objects = 2 * -(-N // CHUNK)
+    s = pipeline.stream(url, arrays=("x", "y"), dim="sample", batch_size=50, seed=1, storage_options=s3,
+                        cache_dir=tmp_path, cache_bytes=1 << 30)
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        assert sorted(served(s, x_ref).tolist()) == list(range(N))
+        stats = s.cache_stats()
+        assert (stats.reads, stats.hits, stats.requests) == ((objects, 0, objects) if epoch == 0 else (objects,) * 2 + (0,))
+    # Arrays passed directly take the same cache; arrays of two remote stores cannot share one.
+    arrays = (root["x"], root["y"])
+    t = pipeline.stream(arrays, batch_size=50, cache_dir=tmp_path, cache_bytes=1 << 30)
+    assert sum(len(xb) for xb, _ in t) == N and t.cache_stats().hit_rate == 1.0
+    other = zarr.open_group(zarr.storage.FsspecStore.from_url("s3://training/cache/other.zarr", storage_options=s3),
+                            mode="w", zarr_format=3)
+    other.create_array("y", data=np.arange(N), chunks=(CHUNK,))
+    with pytest.raises(StreamError, match="one remote store"):
+        pipeline.stream((root["x"], other["y"]), batch_size=50, cache_dir=tmp_path, cache_bytes=1 << 30)
+
+
 def test_the_last_object_is_cached_for_the_length_it_was_read_at(remote, tmp_path):
     url, s3 = remote
     s = pipeline.stream(url, batch_size=50, storage_options=s3, cache_dir=tmp_path, cache_bytes=1 << 30)
