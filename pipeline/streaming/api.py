@@ -89,16 +89,21 @@ def stream(
         a state saved by any rank resumes any rank on any such world size, with any
         number of DataLoader workers. ``buffer_chunks`` is then the chunks mixed at a
         time by the whole job: each rank buffers its share of them.
-    shuffle, seed
+    shuffle
+        Permute the chunk order and mix samples in the buffer (``False``: store order).
+    seed
         Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
     buffer_chunks
         Chunks whose samples are mixed together (memory: about
         ``(3 + prefetch) * buffer_chunks`` chunks).
     drop_last
         Drop each rank's incomplete last batch.
-    rank, world_size
-        This process's share; default from ``torch.distributed`` when initialized, else
-        ``0`` of ``1``.
+    rank
+        This process's rank; default from ``torch.distributed`` when initialized, else
+        ``0``.
+    world_size
+        The number of ranks sharing the epoch; default from ``torch.distributed``, else
+        ``1``.
     partial
         Read a store that is not marked complete.
     prefetch
@@ -118,21 +123,24 @@ def stream(
         With a list of sources (stores, ``(store, split)`` pairs or streams): draw
         whole batches from each in these proportions, as :func:`pipeline.mix` does
         (the other arguments apply to every source).
-    version, follow
+    version
         The store version to serve (``None``: the newest when the stream opens; see
         :func:`pipeline.open`). The stream keeps it while appends add others, so an
-        epoch never changes under the training loop; with ``follow=True`` each new epoch
-        (``set_epoch``) moves to the newest version. ``state_dict`` records the version,
+        epoch never changes under the training loop. ``state_dict`` records the version,
         and a resumed stream serves it.
-    cache_dir, cache_bytes
+    follow
+        Move to the newest version at each new epoch (``set_epoch``).
+    cache_dir
         For a remote store (``s3://`` and other fsspec URLs): keep its chunk objects in
-        ``cache_dir`` on local disk, at most ``cache_bytes`` bytes of them (least
-        recently used evicted), so that later epochs read local files; each worker
-        fetches its epoch's chunks ahead of need, with many requests in flight. Every
-        rank and DataLoader worker of a node may share the directory (see
+        this directory on local disk, so that later epochs read local files; each
+        worker fetches its epoch's chunks ahead of need, with many requests in flight.
+        Every rank and DataLoader worker of a node may share the directory (see
         :mod:`~pipeline.streaming.cache`); the files go to its subfolder
         ``pipeline-chunk-cache``. ``Stream.cache_stats(epoch)`` reports hits and bytes
-        fetched. Stores on local disk and arrays ignore both.
+        fetched, the DataLoader workers' included. Stores on local disk ignore it.
+    cache_bytes
+        The most bytes of chunk objects ``cache_dir`` keeps (least recently used
+        evicted); required with ``cache_dir``.
 
     Returns
     -------
