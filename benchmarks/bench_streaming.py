@@ -2,6 +2,8 @@
 
     python benchmarks/bench_streaming.py            # ~1 GB store, chunks of 4096 x 64 x 32 float32
     python benchmarks/bench_streaming.py --quick    # ~270 MB, to check the script (chart in benchmarks/out/)
+    python benchmarks/bench_streaming.py --table [--quick]   # stream / decode limit across settings
+                                                    # (benchmarks/bench_streaming_table.py)
 
 All in one process, on the same data:
   stream   pipeline.stream: shuffled chunk order, 4 chunks mixed in memory, prefetching
@@ -24,6 +26,7 @@ import argparse
 import mmap
 import os
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -275,6 +278,11 @@ def wait_fraction(path: Path, batch: int, step: float, epochs: int = 3) -> dict:
 
 
 def main() -> None:
+    if "--table" in sys.argv[1:]:  # the settings table of bench_streaming_table.py
+        from bench_streaming_table import main as table
+
+        table([a for a in sys.argv[1:] if a != "--table"])
+        return
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--chunks", type=int, default=32, help="chunks of 4096 samples (32 = ~1 GB)")

@@ -36,7 +36,7 @@ import threading
 import time
 import warnings
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from pipeline.errors import StoreError, StreamError
@@ -174,7 +174,8 @@ class _Plan:
     entries: list[tuple[str, str, int]]  # (cache name, remote path, expected bytes)
     index: dict[str, int]
     window: int
-    read: set[str]
+    read: set[str]  # entries whose read started
+    done: set[str] = field(default_factory=set)  # entries whose read returned
     read_to: int = 0  # one past the furthest entry read
     next: int = 0  # the next entry the fetch thread looks at
 
@@ -322,6 +323,7 @@ class RemoteCache:
                 kept = self._open(name)
                 if kept is not None:
                     self._counts(epoch).record(name, True)
+                    self._returned(name)
                     self._publish()
                     return kept
                 fut = self._submit(path, name, epoch)
@@ -336,6 +338,7 @@ class RemoteCache:
             # Read the file just written rather than the bytes: its mapping is then kept
             # for the next epoch, which reads it without mapping it anew.
             kept = self._open(name)
+            self._returned(name)
         self._publish()
         return data if kept is None else kept
 
@@ -345,13 +348,22 @@ class RemoteCache:
             raise StreamError(f"{self.label}: a chunk cache was used in a process forked from the one that made "
                               "it; the store's source opens the store (and its cache) again after a fork")
 
+    def _returned(self, name: str) -> None:
+        """A read of ``name`` returned, its counts recorded. Under the lock. Once every
+        entry of a plan has (not merely started: a read that started may still wait for
+        its fetch, whose bytes are then not yet counted), the counts are published."""
+        for plan in self._plans:
+            if name in plan.index and name not in plan.done:
+                plan.done.add(name)
+                if len(plan.done) == len(plan.entries):
+                    self._plan_done = True
+
     def _note_read(self, name: str) -> int:
         """The epoch a read of ``name`` belongs to; moves its plan's window on."""
         for plan in self._plans:
             pos = plan.index.get(name)
             if pos is not None and name not in plan.read:
                 plan.read.add(name)
-                self._plan_done = self._plan_done or len(plan.read) == len(plan.entries)
                 if pos + 1 > plan.read_to:
                     plan.read_to = pos + 1
                     self._wake_fetcher()

@@ -7,9 +7,11 @@ a chunk is one object: its bytes are read and decoded straight into a preallocat
 array. Sharded arrays (shards along axis 0 only) are read the same way: the shard's
 index (``bytes`` plus an optional ``crc32c``, at its start or end) is read once per shard
 and cached, and each inner chunk is one byte-range read. Decoding in numcodecs releases
-the GIL, so a few threads decode in parallel. Anything else (other codecs or key
-encodings, chunks or shards split along other axes) falls back to zarr's own read, which
-is always correct.
+the GIL, so a few threads decode in parallel. Unsharded chunks that also split samples
+(zarr's automatic chunks do) are read the same way, block by block: each block of a row
+range is decoded into a reused buffer and copied to its place. Anything else (other
+codecs or key encodings, shards split along other axes, a transposed chunk split along
+its rows) falls back to zarr's own read, which is always correct.
 
 A remote store's objects (a chunk, or a whole shard) are read through a node-local disk
 cache when the stream has one (:mod:`~pipeline.streaming.cache`): fetched ahead of need,
@@ -25,6 +27,7 @@ has the comparison).
 
 from __future__ import annotations
 
+import itertools
 import mmap
 import os
 import threading
@@ -108,7 +111,17 @@ class ChunkReader:
         self._scratch_free: list[bytearray] = []  # read buffers between reads, for any thread
         self._scratch_lock = threading.Lock()
         self._arrays = ArrayPool()  # decoded chunks and blocks on their way to scatter()'s places
+        # Chunks that also split samples (zarr's automatic chunks do) are blocks: every
+        # block of a row range is decoded into a reused buffer and copied to its place.
+        self._blocks: list[tuple[str, tuple, tuple]] | None = None
+        self._block_decoder: Any = None
         self._decoder, self._root = self._plan()
+        if self._blocks is not None:
+            # Not one object per chunk: zarr's code path as far as callers can tell (no
+            # whole-chunk decoder, no remote cache), read block by block here.
+            self._block_decoder, self._decoder = self._decoder, None
+            if self._block_decoder is None:
+                self._blocks = None
         self.cache = cache if self._decoder is not None and self._root is None else None
         self._chunk_bytes = self.rows * int(np.prod(self.tail_shape, dtype=np.int64)) * self.dtype.itemsize
         # scatter() decodes blosc chunks by blocks when nothing needs the whole chunk:
@@ -131,7 +144,8 @@ class ChunkReader:
             return None, None
         if meta["chunk_key_encoding"].get("configuration", {}).get("separator", "/") != "/":
             return None, None
-        if any(c != arr.shape[k] for k, c in enumerate(arr.chunks) if k > 0):
+        split = any(c != arr.shape[k] for k, c in enumerate(arr.chunks) if k > 0)
+        if split and arr.shards is not None:
             return None, None
         codecs = list(meta.get("codecs", ()))
         if arr.shards is not None:
@@ -146,6 +160,10 @@ class ChunkReader:
                 return None, None
             self._transposed = True
             codecs = codecs[1:]
+        if split:
+            if self._transposed:
+                return None, None
+            self._blocks = _block_places(arr.shape, arr.chunks)
         if not codecs or codecs[0].get("name") != "bytes":
             return None, None
         if self.dtype.itemsize > 1 and codecs[0].get("configuration", {}).get("endian", "little") != "little":
@@ -436,6 +454,8 @@ class ChunkReader:
         if out is None:
             out = np.empty(shape, dtype=self.dtype)
         if self._decoder is None:
+            if self._blocks is not None:
+                return self._read_blocks(i, out)
             try:
                 out[...] = self.array[i * self.rows : i * self.rows + n]
             except Exception as exc:  # noqa: BLE001 - zarr's decode errors vary by codec
@@ -443,6 +463,32 @@ class ChunkReader:
                 raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
             return out
         return self._decode(i, self._fetch(i), out)
+
+    def _read_blocks(self, i: int, out: np.ndarray) -> np.ndarray:
+        """Row chunk ``i`` of an array whose chunks also split samples: each block's
+        bytes decoded into a reused buffer, then copied to its place in ``out``."""
+        n = self.length(i)
+        full = (self.rows,) + tuple(int(c) for c in self.array.chunks[1:])
+        tmp = self._arrays.get(full, self.dtype)
+        try:
+            for suffix, dest, src in self._blocks:
+                raw = self._get(f"c/{i}/{suffix}")
+                if raw is None:  # never written: zarr reads it as the fill value
+                    out[(slice(0, n),) + dest] = self.array.fill_value
+                    continue
+                if isinstance(self._block_decoder, str):  # "raw"
+                    tmp[...] = np.frombuffer(raw, dtype=self.dtype).reshape(full)
+                else:
+                    if isinstance(self._block_decoder, numcodecs.Blosc):
+                        blosc.check_frame(raw)
+                    self._block_decoder.decode(raw, out=tmp)
+                copy_runs(out[(slice(0, n),) + dest], tmp[(slice(0, n),) + src])
+        except Exception as exc:  # noqa: BLE001 - any decode failure is a corrupt chunk
+            store, split, name = self.where
+            raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
+        finally:
+            self._arrays.put(tmp)
+        return out
 
     def _decode(self, i: int, raw: Any, out: np.ndarray) -> np.ndarray:
         """Chunk ``i``'s bytes ``raw`` (None: never written) decoded into ``out``."""
@@ -478,6 +524,35 @@ class ChunkReader:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
         return out
+
+
+def _block_places(shape: Sequence[int], chunks: Sequence[int]) -> list[tuple[str, tuple, tuple]]:
+    """For chunks that split samples: each block of a row range as its key suffix (the
+    block's indices past axis 0), its place in the rows' samples and the part of the
+    decoded block that goes there (edge blocks are stored whole, padded)."""
+    out = []
+    grids = [range(-(-int(s) // int(c))) for s, c in zip(shape[1:], chunks[1:])]
+    for idx in itertools.product(*grids):
+        dest = tuple(slice(j * int(c), min((j + 1) * int(c), int(s))) for j, c, s in zip(idx, chunks[1:], shape[1:]))
+        src = tuple(slice(0, d.stop - d.start) for d in dest)
+        out.append(("/".join(map(str, idx)), dest, src))
+    return out
+
+
+def copy_runs(dest: np.ndarray, src: np.ndarray) -> None:
+    """``dest[...] = src`` for arrays of equal shape whose last axis is contiguous, each
+    run along it copied as one item: numpy's copy loop pays per item, and a block
+    that splits samples is many short runs (16 bytes for zarr's automatic chunks of
+    windows), several times slower copied item by item (``benchmarks/README.md``)."""
+    run = dest.shape[-1] * dest.itemsize if dest.ndim else 0
+    if run and dest.strides[-1] == dest.itemsize and src.strides[-1] == src.itemsize and dest.dtype == src.dtype:
+        try:
+            item = np.dtype((np.void, run))
+            dest.view(item)[...] = src.view(item)
+            return
+        except (TypeError, ValueError):  # a view numpy refuses: copy by items
+            pass
+    dest[...] = src
 
 
 class ArrayPool:

@@ -24,6 +24,9 @@ read, and near an epoch's end the next epoch's first): with the default ``prefet
 Why two groups ahead: the read threads then always have the next group's chunks queued
 behind the current group's, and never wait for a group's slowest chunk; with one group
 ahead a core sat idle part of the time (the comparison is in ``benchmarks/README.md``).
+Groups of fewer than 4 chunks are read further ahead (:func:`groups_ahead`; the
+stream's ``prefetch`` attribute is the number of groups then): what keeps the threads
+busy is chunks queued, not groups.
 
 Why the read threads run nicer than the rest (``read_niceness=5``): reading ahead is
 background work, and the training loop (and the thread that hands it batches, and
@@ -75,7 +78,24 @@ from pipeline.streaming.plan import (
     worker_plan,
 )
 
-__all__ = ["Stream"]
+__all__ = ["AHEAD_GROUP_CHUNKS", "Stream", "groups_ahead"]
+
+
+#: Chunks a group holds at the default ``buffer_chunks``: ``prefetch`` counts groups of
+#: at least this many chunks (see :func:`groups_ahead`).
+AHEAD_GROUP_CHUNKS = 4
+
+
+def groups_ahead(prefetch: int, buffer_chunks: int) -> int:
+    """Groups read ahead for ``prefetch`` at ``buffer_chunks`` chunks per group: smaller
+    groups are read further ahead, so that as many chunks are queued as ``prefetch``
+    groups of :data:`AHEAD_GROUP_CHUNKS` chunks hold. With 2-chunk groups, two groups
+    ahead left the read threads idle whenever the loop fell a few batches behind (the
+    comparison is in ``benchmarks/README.md``); memory, ``(3 + groups) * buffer_chunks``
+    chunks, stays below the default's."""
+    if prefetch <= 0 or buffer_chunks >= AHEAD_GROUP_CHUNKS:
+        return prefetch
+    return max(prefetch, -(-prefetch * AHEAD_GROUP_CHUNKS // max(1, buffer_chunks)))
 
 
 class Stream:
@@ -102,7 +122,7 @@ class Stream:
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
-        self.prefetch = prefetch
+        self.prefetch = groups_ahead(prefetch, buffer_chunks)
         self.threads = threads or min(32, (os.cpu_count() or 2))
         self.read_niceness = read_niceness
         self.prefetch_batches = 4

@@ -7,6 +7,8 @@ import os
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 import zarr
 from zarr.codecs import BloscCodec, ZstdCodec
 
@@ -182,7 +184,8 @@ def test_other_layouts_fall_back_to_zarr_and_still_match(tmp_path, layout):
     arr = zarr.create_array(str(tmp_path / "a.zarr"), **kwargs)
     arr[:] = data
     reader = ChunkReader(arr, ("a.zarr", "train", "x"))
-    assert reader._decoder is None  # zarr's own read
+    assert reader._decoder is None  # no whole-chunk decode: zarr's read, or block by block
+    assert (reader._blocks is not None) == (layout == "partial-inner-chunks")
     assert reader.n_chunks == 6
     _chunks_equal_zarr(reader, arr)
     out = np.empty((7, 6, 2), dtype=reader.dtype)
@@ -465,3 +468,23 @@ def test_closing_a_stream_unmaps_its_files(tmp_path):
     s.close()
     assert s.source.maps.mapped_bytes == 0
     assert sorted(np.concatenate([y for _, y in s]).tolist()) == list(range(300))  # usable again
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(rows=st.integers(1, 40), tail=st.lists(st.integers(1, 7), min_size=1, max_size=2), data=st.data(),
+       codec=st.sampled_from(["lz4", "zstd", "none"]), dtype=st.sampled_from(["float32", "int16", "uint8"]))
+def test_chunks_that_split_samples_are_read_block_by_block_as_zarr_reads_them(tmp_path_factory, rows, tail, data,
+                                                                             codec, dtype):
+    n = data.draw(st.integers(1, 3 * rows), label="n")
+    split = [data.draw(st.integers(1, t), label="split") for t in tail]
+    if split == tail:
+        split[0] = max(1, tail[0] - 1) if tail[0] > 1 else split[0]
+    values = np.random.default_rng(n).integers(0, 100, size=(n, *tail)).astype(dtype)
+    compressors = (None if codec == "none" else [BloscCodec(cname="lz4")] if codec == "lz4" else [ZstdCodec()])
+    arr = zarr.create_array(str(tmp_path_factory.mktemp("blocks") / "a.zarr"), shape=values.shape, dtype=dtype,
+                            chunks=(rows, *split), compressors=compressors, fill_value=7)
+    arr[: n // 2] = values[: n // 2]  # the rest never written: read as the fill value
+    reader = ChunkReader(arr, ("a.zarr", "train", "x"))
+    if split != tail:
+        assert reader._blocks is not None
+    _chunks_equal_zarr(reader, arr)
