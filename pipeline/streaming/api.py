@@ -95,7 +95,7 @@ def stream(
         Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
     buffer_chunks
         Chunks whose samples are mixed together (memory: about
-        ``(3 + prefetch) * buffer_chunks`` chunks).
+        ``(3 + prefetch) * buffer_chunks`` chunks, ``prefetch`` counted as below).
     drop_last
         Drop each rank's incomplete last batch.
     rank
@@ -108,6 +108,9 @@ def stream(
         Read a store that is not marked complete.
     prefetch
         Buffer groups read ahead in the background (each ``buffer_chunks`` chunks).
+        Groups of fewer than 4 chunks are read further ahead, so that as many chunks
+        are queued as ``prefetch`` groups of 4 hold (see
+        :func:`~pipeline.streaming.streamer.groups_ahead`).
     threads
         Threads decoding chunks.
     verify

@@ -262,10 +262,12 @@ class Stream:
 
         Parameters
         ----------
-        batches_served, num_workers
+        batches_served
             For a loop over a DataLoader, whose workers iterate copies of the stream:
-            the batches the loop consumed this epoch, and the loader's ``num_workers``.
-            By default, what this stream's own iteration counted.
+            the batches the loop consumed this epoch. By default, what this stream's own
+            iteration counted.
+        num_workers
+            With ``batches_served``: the loader's ``num_workers``.
 
         Returns
         -------
@@ -363,8 +365,8 @@ class Stream:
 
     def cache_stats(self, epoch: int | None = None) -> CacheStats | None:
         """What ``epoch`` (default: the current one) read through the remote store's
-        cache in this process: hit rate and bytes fetched; print it for a one-line
-        report. None without a cache. DataLoader workers each count their own reads."""
+        cache: hit rate and bytes fetched, the reads of this stream's DataLoader workers
+        included; print it for a one-line report. None without a cache."""
         cache = getattr(getattr(self.source, "base", self.source), "cache", None)
         return None if cache is None else cache.stats(self.epoch if epoch is None else epoch)
 
