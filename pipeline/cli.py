@@ -132,7 +132,32 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _starts_a_local_cluster(args: argparse.Namespace) -> bool:
+    """Whether the run will start a LocalCluster, by a look at the YAML ahead of its
+    validation (``False`` when in doubt: the run then starts its workers' server itself,
+    only later)."""
+    if args.scheduler or args.print_config:
+        return False
+    try:
+        import yaml
+
+        with open(args.config, encoding="utf-8") as fh:
+            section = (yaml.safe_load(fh) or {}).get("cluster") or {}
+        overridden = {item.split("=", 1)[0].strip() for item in args.overrides}
+        return not (section.get("address") or section.get("scheduler_file")
+                    or overridden & {"cluster.address", "cluster.scheduler_file"})
+    except Exception:  # noqa: BLE001 - validation, next, says what is wrong with the file
+        return False
+
+
 def _cmd_run(args: argparse.Namespace) -> int:
+    if _starts_a_local_cluster(args):
+        # Before validating the config, which imports the feature stage (dask.array and
+        # its dependencies): the server the workers are forked from imports the same in
+        # a process of its own, on another core.
+        from pipeline.cluster import start_worker_server
+
+        start_worker_server()
     from pipeline.config import load_config
     from pipeline.job import config_as_yaml, run
 

@@ -10,15 +10,73 @@ chunks themselves.
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
 import sys
-from typing import IO, TYPE_CHECKING, Iterator
+import threading
+from typing import IO, TYPE_CHECKING, Iterator, Sequence
 
 from pipeline.errors import ClusterError
 
 if TYPE_CHECKING:  # pragma: no cover
     import distributed
 
-__all__ = ["cluster", "dashboard_link"]
+__all__ = ["WORKER_MODULES", "cluster", "dashboard_link", "start_worker_server"]
+
+#: What a run's tasks import. A LocalCluster's worker processes are forked from one
+#: server process that imported these once (multiprocessing's ``forkserver``), instead
+#: of each being spawned fresh and importing them all at its first task: on a laptop
+#: those imports were most of a run's fixed start-up (see benchmarks/README.md).
+WORKER_MODULES: tuple[str, ...] = (
+    "distributed",
+    "dask.array",
+    "pyarrow.parquet",
+    "zarr",
+    "pipeline.loaders.segments",
+    "pipeline.features.build",
+    "pipeline.storage.writer",
+)
+_METHOD_KEY = "distributed.worker.multiprocessing-method"
+
+
+def _start_method() -> str:
+    """How a LocalCluster starts its workers: ``forkserver`` where the platform has it,
+    unless the dask config names another method than distributed's default (spawn)."""
+    import dask
+
+    configured = dask.config.get(_METHOD_KEY, "spawn")
+    if configured != "spawn" or "forkserver" not in multiprocessing.get_all_start_methods():
+        return configured
+    return "forkserver"
+
+
+def start_worker_server(modules: Sequence[str] = WORKER_MODULES) -> bool:
+    """Start now, in the background, the process that a LocalCluster's workers will be
+    forked from, importing ``modules``; a no-op where workers are not forked from one.
+
+    Call it as early as possible (before the caller's own imports): the server imports
+    in a process of its own, on another core, while the caller goes on. Returns whether
+    a server runs.
+    """
+    import importlib
+
+    # distributed's config defaults (read below, and by _start_method) come with it.
+    importlib.import_module("distributed")
+    if _start_method() != "forkserver":
+        return False
+    import dask
+    from multiprocessing import forkserver
+
+    # The variables distributed sets before it starts a worker process (malloc's trim
+    # threshold, one BLAS thread): a forked worker inherits the server's environment,
+    # and some of them act only when a process starts, so the server must have them.
+    # Set as distributed sets them: a variable already in the environment wins.
+    for key, value in (dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {}).items():
+        if value is not None:
+            os.environ.setdefault(key, str(value))
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
+    forkserver.ensure_running()
+    return True
 
 
 def dashboard_link(client: object) -> str | None:
@@ -27,6 +85,33 @@ def dashboard_link(client: object) -> str | None:
         return client.dashboard_link  # type: ignore[attr-defined]
     except Exception:  # noqa: BLE001 - a scheduler without bokeh has no dashboard
         return None
+
+
+def _has_bokeh() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bokeh") is not None
+
+
+def _serve_dashboard(local: "distributed.LocalCluster") -> threading.Thread:
+    """Add the dashboard's pages to a LocalCluster whose scheduler started without them,
+    from a thread: importing bokeh for them took about a fifth of a run's start-up, and
+    a run need not wait for it. The scheduler's web server (and so the printed link)
+    is up from the start; its pages appear once they are added."""
+
+    def attach() -> None:
+        try:
+            from distributed.dashboard.scheduler import connect
+
+            scheduler = local.scheduler
+            local.loop.add_callback(connect, scheduler.http_application, scheduler.http_server, scheduler,
+                                    prefix="/")
+        except Exception:  # noqa: BLE001 - a cluster closed meanwhile, or no bokeh: no pages, no harm
+            pass
+
+    thread = threading.Thread(target=attach, name="pipeline-dashboard", daemon=True)
+    thread.start()
+    return thread
 
 
 def _needs_tls_files(where: str, why: str) -> ClusterError:
@@ -51,6 +136,7 @@ def cluster(
     tls_key_file: str | None = None,
     timeout: float = 30.0,
     log: IO[str] | None = sys.stderr,
+    preload: Sequence[str] = WORKER_MODULES,
 ) -> Iterator["distributed.Client"]:
     """Start or connect to a dask cluster and yield a client for it.
 
@@ -59,23 +145,78 @@ def cluster(
     address
         ``None`` starts a LocalCluster; otherwise the scheduler address, for example
         ``tcp://10.0.0.5:8786`` or ``tls://scheduler:8786``.
-    n_workers, threads_per_worker, memory_limit, dashboard_address, processes
-        LocalCluster settings; ignored for a remote cluster. The dashboard binds to
-        127.0.0.1 by default so a laptop run is not reachable from the network.
+    n_workers
+        LocalCluster workers (ignored, like the next four, for a remote cluster).
+    threads_per_worker
+        Threads of each LocalCluster worker.
+    memory_limit
+        Memory per LocalCluster worker (``"4GiB"``, bytes, or ``"auto"``).
+    dashboard_address
+        Where the LocalCluster's dashboard listens: 127.0.0.1 by default, so that a
+        laptop run is not reachable from the network; ``None``: no dashboard.
+    processes
+        Workers as processes (``False``: threads of this process).
     scheduler_file
         Path of a scheduler file written by ``dask scheduler --scheduler-file``.
-    tls_ca_file, tls_cert_file, tls_key_file
-        Passed to ``distributed.security.Security`` for ``tls://`` addresses.
+    tls_ca_file
+        The CA certificate, for ``tls://`` addresses (``distributed.security.Security``).
+    tls_cert_file
+        This client's certificate, for ``tls://`` addresses.
+    tls_key_file
+        This client's private key, for ``tls://`` addresses.
     timeout
         Seconds to wait for a remote scheduler.
     log
         Where to print the dashboard address; ``None`` prints nothing.
+    preload
+        Modules a LocalCluster's worker processes hold imported from their start: they
+        are forked from a server process that imported them once (see
+        :func:`start_worker_server`). Ignored for a remote cluster, for threads
+        (``processes=False``) and when the dask config names a start method of its own
+        (``distributed.worker.multiprocessing-method``).
 
     Yields
     ------
     distributed.Client
         Registered as the default scheduler for dask computations in the block.
     """
+    with contextlib.ExitStack() as settings:
+        if address is None and scheduler_file is None and processes:
+            import importlib
+
+            import dask
+
+            # distributed's defaults first: leaving the block restores the value they set.
+            importlib.import_module("distributed")
+            # For the cluster's whole life: a worker that dies is restarted the same way.
+            settings.enter_context(dask.config.set({_METHOD_KEY: _start_method()}))
+        client, local, later = _connect(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file,
+                                 preload=preload if processes else None, n_workers=n_workers,
+                                 threads_per_worker=threads_per_worker, memory_limit=memory_limit,
+                                 dashboard_address=dashboard_address, processes=processes)
+        if later:
+            # Joined once the cluster is closed: no import left running at exit.
+            settings.callback(_serve_dashboard(local).join, 30)
+        try:
+            if log is not None:
+                kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"
+                n = len(client.scheduler_info().get("workers", {}))
+                print(f"cluster: {kind} with {n} workers", file=log)
+                link = dashboard_link(client)
+                if link:
+                    print(f"dashboard: {link}", file=log)
+            yield client
+        finally:
+            client.close()
+            if local is not None:
+                local.close()
+
+
+def _connect(address: str | None, scheduler_file: str | None, timeout: float, tls_ca_file: str | None,
+             tls_cert_file: str | None, tls_key_file: str | None, *, preload: Sequence[str] | None,
+             **local_kwargs: object) -> tuple["distributed.Client", "distributed.LocalCluster | None", bool]:
+    """A client of a new LocalCluster (and the cluster), or of a remote scheduler, and
+    whether the dashboard's pages are still to be added (:func:`_serve_dashboard`)."""
     from distributed import Client, LocalCluster
     from distributed.security import Security
 
@@ -88,17 +229,15 @@ def cluster(
             require_encryption=True,
         )
     local = None
+    later = False
     try:
         if address is None and scheduler_file is None:
-            local = LocalCluster(
-                n_workers=n_workers,
-                threads_per_worker=threads_per_worker,
-                memory_limit=memory_limit,
-                dashboard_address=dashboard_address,
-                processes=processes,
-                # In-process clusters talk over inproc://, which takes no host.
-                **({"host": "127.0.0.1"} if processes else {}),
-            )
+            if preload is not None:
+                start_worker_server(preload)
+            later = local_kwargs["dashboard_address"] is not None and _has_bokeh()
+            # In-process clusters talk over inproc://, which takes no host.
+            local = LocalCluster(**local_kwargs, **({"host": "127.0.0.1"} if local_kwargs["processes"] else {}),
+                                 scheduler_kwargs={"dashboard": False} if later else None)
             client = Client(local)
         elif scheduler_file is not None and address is None:
             client = Client(scheduler_file=scheduler_file, timeout=timeout, security=security)
@@ -128,16 +267,4 @@ def cluster(
         if address is None and scheduler_file is None:
             raise
         raise _needs_tls_files(address or scheduler_file, str(exc)) from exc
-    try:
-        if log is not None:
-            kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"
-            n = len(client.scheduler_info().get("workers", {}))
-            print(f"cluster: {kind} with {n} workers", file=log)
-            link = dashboard_link(client)
-            if link:
-                print(f"dashboard: {link}", file=log)
-        yield client
-    finally:
-        client.close()
-        if local is not None:
-            local.close()
+    return client, local, later

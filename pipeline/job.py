@@ -111,7 +111,12 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     -------
     RunSummary
     """
-    from pipeline.cluster import cluster
+    from pipeline.cluster import cluster, start_worker_server
+
+    if config.cluster.address is None and config.cluster.scheduler_file is None:
+        # First: the LocalCluster's workers are forked from a server process that imports
+        # what they run while this process imports the same for itself, on another core.
+        start_worker_server()
     from pipeline.features import build_training_set
     from pipeline import update
     from pipeline.loaders.segments import open_segmented

@@ -25,10 +25,32 @@ BIN = Path(sys.executable).parent
 
 
 def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
+    import threading
+    import urllib.request
+
+    import dask
+    from distributed import Client
+
+    from pipeline.cluster import WORKER_MODULES
+
+    method = "distributed.worker.multiprocessing-method"
+    before = dask.config.get(method)
     log = io.StringIO()
     with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=log) as client:
+        assert isinstance(client, Client) and dask.config.get(method) == "forkserver"
+        # Forked from a server that imported them: nothing left to import at a first task.
+        missing = client.run(lambda names: [n for n in names if n not in sys.modules], WORKER_MODULES)
+        assert list(missing.values()) == [[]]
         assert client.submit(sum, [1, 2, 3]).result() == 6
         assert len(client.scheduler_info()["workers"]) == 1
+        # The dashboard's pages are added from a thread once the cluster runs.
+        for thread in threading.enumerate():
+            if thread.name == "pipeline-dashboard":
+                thread.join(timeout=60)
+        client.run_on_scheduler(lambda: None)  # after the pages were added on the scheduler's loop
+        with urllib.request.urlopen(client.dashboard_link, timeout=30) as page:
+            assert page.status == 200 and b"bokeh" in page.read().lower()
+    assert dask.config.get(method) == before
     text = log.getvalue()
     assert "LocalCluster with 1 workers" in text
     assert "dashboard: http://127.0.0.1:" in text

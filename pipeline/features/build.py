@@ -46,6 +46,43 @@ class TrainingSet:
     folds: dict[str, np.ndarray] = field(default_factory=dict)
 
 
+#: The share of the cluster's worker memory that the arrays every pass reads (the
+#: per-step features, label values and timestamps) may take when held between passes;
+#: above it they are computed again in each pass, as out-of-core data needs.
+HOLD_FRACTION = 0.25
+
+
+def _memory_budget() -> int | None:
+    """Bytes :func:`hold` may keep on the cluster: :data:`HOLD_FRACTION` of its
+    workers' memory limits; ``None`` without a distributed client, or when a worker
+    has no limit to count against."""
+    try:
+        from distributed import default_client
+
+        client = default_client()
+        workers = client.scheduler_info(n_workers=-1).get("workers", {}).values()
+    except (ImportError, ValueError):  # no distributed, or no client: threads, nothing to hold on
+        return None
+    limits = [int(w.get("memory_limit") or 0) for w in workers]
+    if not limits or not all(limits):
+        return None
+    return int(sum(limits) * HOLD_FRACTION)
+
+
+def hold(*arrays: da.Array | None) -> tuple[da.Array | None, ...]:
+    """``arrays`` computed once and kept in the cluster's memory (``dask.persist``, which
+    returns at once) when together they fit :func:`_memory_budget`; else as given.
+    ``None`` entries stay ``None``."""
+    present = [a for a in arrays if a is not None]
+    budget = _memory_budget()
+    if not present or budget is None or sum(int(a.nbytes) for a in present) > budget:
+        return arrays
+    import dask
+
+    held = iter(dask.persist(*present))
+    return tuple(None if a is None else next(held) for a in arrays)
+
+
 def _window_zscore(block: np.ndarray) -> np.ndarray:
     mean = block.mean(axis=1, keepdims=True, dtype=np.float64)
     std = block.std(axis=1, keepdims=True, dtype=np.float64)
@@ -145,12 +182,20 @@ def build_training_set(
 
     Parameters
     ----------
-    x, columns
-        ``(T, C)`` raw table (time along axis 0 within each segment) and its column names.
-    features, label
-        Per-step features in output order; the label (none reaches past its segment).
-    size, stride, scales
-        Window geometry (:func:`~pipeline.features.windows.windows`), per segment.
+    x
+        ``(T, C)`` raw table (time along axis 0 within each segment).
+    columns
+        The names of ``x``'s columns.
+    features
+        Per-step features in output order.
+    label
+        The label (none reaches past its segment).
+    size
+        Steps per window (:func:`~pipeline.features.windows.windows`), per segment.
+    stride
+        Steps between consecutive window ends.
+    scales
+        Sampling intervals, one block of features each.
     splits
         Fractions by time (default ``{"train": 1.0}``) or date bounds (see
         :func:`~pipeline.features.splits.parse_splits`). A window goes to the split whose
@@ -160,9 +205,11 @@ def build_training_set(
         ``global`` (the first split's steps, or the first fold's training steps),
         ``trailing`` (each session by the sessions of its instrument before it),
         ``window`` (per window and feature) or ``none``.
-    nan, fill_value
+    nan
         Windows or labels holding NaN/inf: ``drop`` them (counted in ``attrs``), ``fill``
         NaN features with ``fill_value`` (labels cannot be filled), or ``raise``.
+    fill_value
+        The value ``nan="fill"`` writes.
     progress
         Show a progress bar for the reductions computed here.
     materialize
@@ -171,9 +218,11 @@ def build_training_set(
     block_windows
         Windows per block from each split's start: the writer's unit (a count, or a
         function of one window's bytes), so the writer rechunks nothing.
-    segments, timestamps
-        The source's segments (default one); ``(T,)`` int64 ns times, stored as each
-        window's end time ``t`` and needed by date splits and splits of instruments.
+    segments
+        The source's segments (sessions of instruments; default one).
+    timestamps
+        ``(T,)`` int64 ns times, stored as each window's end time ``t`` and needed by
+        date splits and splits of instruments.
     folds
         Walk-forward folds over the first split's sessions (sample indices into it).
     prior
@@ -197,19 +246,19 @@ def build_training_set(
     back = max(H + L, label_back)
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
                              prior=None if prior is None else prior.segments)
+    f = _mask_heads(frame.array, segs, L)
+    if nan == "fill":
+        f = da.where(da.isfinite(f), f, np.float32(fill_value))
+    # Read by every pass below: held when they fit, so the raw files are decoded once.
+    f, labels_steps, timestamps = hold(f, label_steps(x, columns=columns, spec=label), timestamps)
 
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
     where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
         size, scales, stride, fwd, back - H), progress=progress)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
-
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
-    f = _mask_heads(frame.array, segs, L)
-    if nan == "fill":
-        f = da.where(da.isfinite(f), f, np.float32(fill_value))
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
-    labels_steps = label_steps(x, columns=columns, spec=label)
     f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,
                                                         size=size, scales=scales, lookback=L, progress=progress,
                                                         prior=prior)

@@ -56,8 +56,8 @@ def _required_columns(spec: FeatureSpec) -> list[str]:
 
 #: Windows reduced per numpy call in :func:`_rolling`: ``std`` makes temporaries of
 #: ``rows x window`` values, a few MB here instead of ``steps x window`` (80 MB for a
-#: block of 100k steps and a window of 100, faulted in again by every task: measured
-#: 342 ms against 22 ms, with the same values).
+#: block of 100k steps and a window of 100, faulted in again by every task; many times
+#: slower for the same values, see benchmarks/README.md).
 _ROLL_ROWS = 2048
 
 

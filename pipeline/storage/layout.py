@@ -34,7 +34,8 @@ def chunk_samples_for(sample_bytes: int, target_chunk_bytes: int = DEFAULT_CHUNK
 #: Uncompressed bytes a write task aims for: it writes as many whole units as fit (at
 #: least one). Per task, the scheduler, the client and the worker each pay about a
 #: millisecond of Python; a 4 MiB unit compresses in a few milliseconds, so one task per
-#: unit left the client and scheduler a fifth of a 2-core machine (measured).
+#: unit left the client and scheduler a fifth of a 2-core machine (see
+#: benchmarks/README.md).
 TASK_BYTES = 32 * 2**20
 
 

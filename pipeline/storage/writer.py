@@ -327,7 +327,7 @@ def _write_units(location: str, storage_options: dict | None, split: str, units:
     ``units`` are ``(unit, start, stop)`` sample ranges inside the block (which starts
     at sample ``block_start``); units already written are not among them. ``token`` is
     unique to one ``write`` call: the arrays it opens are cached under it (opening one
-    reads and parses its metadata, measured at 9% of a unit's time), and a later write
+    reads and parses its metadata, a noticeable share of a unit's time), and a later write
     that recreates them at the same location gets fresh ones.
     """
     options = json.dumps(storage_options or {}, sort_keys=True, default=str)
@@ -344,7 +344,7 @@ def _codec_for(codec: CodecSpec, ndim: int, *, shared: bool) -> CodecSpec:
     arrays repeat nothing but have slowly varying high bytes: byte shuffle compresses
     them (window ends, consecutive integers, to almost nothing). The per-step features
     of virtual windows are read ``size`` times less than windows would be, so they take
-    the denser blosc-zstd with shuffle (measured 1.27x vs 1.13x for lz4 on the demo).
+    the denser blosc-zstd with shuffle (ratios in benchmarks/README.md).
     """
     if codec.name != "blosc":
         return codec
@@ -380,6 +380,22 @@ def _cached_array(location: str, options: str, path: str, token: str) -> zarr.Ar
             _ARRAYS.clear()
         _ARRAYS[key] = _cached_group(location, options)[path]
     return _ARRAYS[key]
+
+
+def _made_block(arrs: Mapping[str, da.Array], unit: int) -> int | None:
+    """The samples per block that every array of a split already comes in, when those
+    blocks are whole write units (all but the last the same size): a job makes its
+    arrays in the blocks its write tasks write, and they are written as made. Sized by
+    bytes instead, a split of small per-window arrays only (a virtual store's window
+    ends, labels and times) would be one block, written by one task on one core."""
+    chunks = {a.chunks[0] for a in arrs.values()}
+    if len(chunks) != 1:
+        return None
+    (given,) = chunks
+    first = int(given[0]) if given else 0
+    if len(given) < 2 or first <= 0 or first % unit or any(int(c) != first for c in given[:-1]) or given[-1] > first:
+        return None
+    return first
 
 
 def written_units(group: zarr.Group, split: str) -> np.ndarray:
@@ -457,33 +473,44 @@ def write(
         ``None`` writes one split named ``train``; fractions split by time in the given
         order with ``gap`` samples left between splits, or by a seeded permutation with
         ``split_by="random"``.
-    gap, horizon
+    gap
         Samples left out between consecutive time splits, so that no two splits share a
         step through a window, its lookback or its label (recorded as
         ``split_gap_samples``). ``None``: derived from the window geometry an array
-        carries (from :func:`pipeline.windows`) and ``horizon``, the steps a label reads
-        after its window (or an array's ``attrs["horizon"]``); what cannot be known is
+        carries (from :func:`pipeline.windows`) and ``horizon``; what cannot be known is
         refused, not assumed (see :func:`split_gap_from_arrays`).
-    chunk_samples, shard_chunks
+    horizon
+        The steps a label reads after its window (default an array's
+        ``attrs["horizon"]``), for the derived ``gap``.
+    chunk_samples
         Samples per chunk (default from ``target_chunk_bytes`` of ``x``, or of the first
-        array); chunks per shard along the sample axis (``None``: no sharding).
+        array).
+    shard_chunks
+        Chunks per shard along the sample axis (``None``: no sharding).
     codec
         Compression: a :class:`CodecSpec`, ``"blosc-lz4"``, ``"zstd"``, ``"none"``...
-    attrs, fingerprint
-        Extra provenance merged into the store's ``pipeline`` attributes; the identity of
-        what is written (the config hash): a store with another is refused, with the
-        same one the write resumes.
-    overwrite, progress
-        Delete an existing store first; show a progress bar.
-    shared, shared_chunk_rows
+    attrs
+        Extra provenance merged into the store's ``pipeline`` attributes.
+    fingerprint
+        The identity of what is written (the config hash): a store with another is
+        refused, with the same one the write resumes.
+    overwrite
+        Delete an existing store first.
+    progress
+        Show a progress bar.
+    shared
         Arrays of no split, in the ``_shared`` group (the per-step features of virtual
-        windows), and their rows per chunk: for virtual windows the steps one chunk of
-        windows spans, so a shuffled chunk decodes one or two small feature chunks.
-    folds, fold_base
+        windows).
+    shared_chunk_rows
+        Rows per chunk of ``shared``: for virtual windows the steps one chunk of windows
+        spans, so a shuffled chunk decodes one or two small feature chunks.
+    folds
         Walk-forward folds ``{"fold0/train": idx, ...}``: sorted, unique sample indices
         into split ``fold_base``, stored as ``folds/<name>`` before the store is marked
         complete, listed in ``attrs["folds"]`` and streamed by name
         (``pipeline.stream(store, split="fold0/train")``).
+    fold_base
+        The split the folds' indices point into.
     features
         One name per feature of ``x`` (its last axis holds them once per window scale;
         for virtual windows, the columns of ``shared["features"]``), stored as the
@@ -589,7 +616,7 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         for name, a in arrs.items():
             compressors = _codec_for(codec, a.ndim, shared=split == SHARED).zarr_compressors()
             # Per-step features compress better column by column (each column is one
-            # homogeneous series): measured 1.50x against 1.26x row-major with zstd.
+            # homogeneous series) than row-major (ratios in benchmarks/README.md).
             filters = [TransposeCodec(order=(1, 0))] if split == SHARED and a.ndim == 2 and compressors else []
             if name in sub:
                 continue
@@ -616,7 +643,7 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         # One task writes a block of whole units: arrays chunked that way already (the
         # windows of a job are made in these blocks) are not rechunked at all, and the
         # write fuses with the blockwise layers that make them (see storage.units).
-        block = task_block(unit, sample_bytes(arrs))
+        block = _made_block(arrs, unit) or task_block(unit, sample_bytes(arrs))
         writes = write_blocks(_write_units, location, storage_options, split, arrs, unit=unit, block=block,
                               done=written_units(group, split), token=token)
         if writes is not None:

@@ -138,3 +138,31 @@ def test_windows_made_in_write_units_equal_the_default_blocks(unit):
     sized = build_training_set(da.from_array(x, chunks=(97, -1)), block_windows=lambda nbytes: nbytes // 100, **kw)
     window_bytes = SIZE * len(SPECS) * len(SCALES) * 4
     assert sized.splits["train"]["x"].chunks[0][0] == window_bytes // 100
+
+
+def test_arrays_every_pass_reads_are_held_on_a_cluster_only_when_they_fit(monkeypatch):
+    import pipeline.features.build as build
+    from distributed import Client, LocalCluster
+
+    a = da.arange(1000, chunks=100, dtype=np.float32)
+    assert build.hold(a, None) == (a, None)  # no client: computed again in each pass
+    x = book(900, seed=2)
+    fr = {"train": 0.6, "val": 0.2, "test": 0.2}
+    kwargs = dict(columns=COLS, features=SPECS, size=SIZE, stride=STRIDE, scales=SCALES,
+                  label=LabelSpec(horizon=H, scale=1e4), splits=fr)
+    again = build_training_set(da.from_array(x, chunks=(97, -1)), **kwargs)
+    # In-process: the worker counts this whole process against its memory limit, so a
+    # small limit would pause it.
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="12GiB",
+                      dashboard_address=None) as local, Client(local):
+        held, none = build.hold(a, None)
+        assert none is None and held is not a
+        assert len(held.__dask_graph__()) == held.npartitions  # one key per chunk: its result, kept
+        np.testing.assert_array_equal(held.compute(), a.compute())
+        monkeypatch.setattr(build, "HOLD_FRACTION", 1e-9)  # too large for the budget: left as given
+        assert build.hold(a)[0] is a
+        monkeypatch.undo()
+        ts = build_training_set(da.from_array(x, chunks=(97, -1)), **kwargs)
+        for k in fr:
+            for name in ("x", "y"):
+                np.testing.assert_array_equal(ts.splits[k][name].compute(), again.splits[k][name].compute())
