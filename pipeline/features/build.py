@@ -177,8 +177,7 @@ def build_training_set(
     folds: FoldSpec | None = None,
     prior: Prior | None = None,
 ) -> TrainingSet:
-    """Windows and labels per split, with no step shared between splits, sessions or
-    instruments.
+    """Windows and labels per split; no step shared between splits, sessions or instruments.
 
     Parameters
     ----------
@@ -197,17 +196,15 @@ def build_training_set(
     scales
         Sampling intervals, one block of features each.
     splits
-        Fractions by time (default ``{"train": 1.0}``) or date bounds (see
-        :func:`~pipeline.features.splits.parse_splits`). A window goes to the split whose
-        time interval holds its whole reach (history, steps and label); windows that
-        straddle a cut go nowhere. Every instrument is cut at the same time.
+        Fractions by time (default ``{"train": 1.0}``) or date bounds
+        (:func:`~pipeline.features.splits.parse_splits`): a window goes to the split
+        holding its whole reach, or to none; every instrument is cut at the same time.
     normalize
-        ``global`` (the first split's steps, or the first fold's training steps),
-        ``trailing`` (each session by the sessions of its instrument before it),
-        ``window`` (per window and feature) or ``none``.
+        ``global`` (fitted on the first split, or fold), ``trailing`` (each session by
+        its instrument's sessions before it), ``window`` or ``none``.
     nan
         Windows or labels holding NaN/inf: ``drop`` them (counted in ``attrs``), ``fill``
-        NaN features with ``fill_value`` (labels cannot be filled), or ``raise``.
+        features with ``fill_value``, or ``raise``.
     fill_value
         The value ``nan="fill"`` writes.
     progress
@@ -216,19 +213,16 @@ def build_training_set(
         ``False``: per split the window end rows (``ends``) instead of the windows, and
         the normalized features in ``shared`` (see :mod:`pipeline.streaming.virtual`).
     block_windows
-        Windows per block from each split's start: the writer's unit (a count, or a
-        function of one window's bytes), so the writer rechunks nothing.
+        Windows per block: the writer's unit (or a function of a window's bytes).
     segments
         The source's segments (sessions of instruments; default one).
     timestamps
-        ``(T,)`` int64 ns times, stored as each window's end time ``t`` and needed by
-        date splits and splits of instruments.
+        ``(T,)`` int64 ns times: each window's ``t``; date splits and instruments need them.
     folds
         Walk-forward folds over the first split's sessions (sample indices into it).
     prior
-        Append: ``x`` holds only new sessions after the stored build ``prior`` (see
-        :mod:`pipeline.features.history`): their windows, with the stored statistics;
-        a split may get none; ``attrs`` to merge with ``merge_attrs``.
+        Append: ``x`` holds only new sessions after the stored build ``prior``
+        (:mod:`pipeline.features.history`), windowed with its statistics.
 
     Returns
     -------
@@ -247,11 +241,9 @@ def build_training_set(
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
                              prior=None if prior is None else prior.segments)
     f = _mask_heads(frame.array, segs, L)
-    if nan == "fill":
-        f = da.where(da.isfinite(f), f, np.float32(fill_value))
+    f = da.where(da.isfinite(f), f, np.float32(fill_value)) if nan == "fill" else f
     # Read by every pass below: held when they fit, so the raw files are decoded once.
     f, labels_steps, timestamps = hold(f, label_steps(x, columns=columns, spec=label), timestamps)
-
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
     where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
@@ -275,20 +267,25 @@ def build_training_set(
                                segs, label=label, size=size, scales=scales, zscore=norm.kind == "window",
                                materialize=materialize, row_offset=0 if prior is None else prior.rows)
            for name, r in per_split.items()}
-    steps = {name: [int(r.ends(0, 1)[0]) - H, int(r.ends(r.n - 1, r.n)[0]) + fwd] for name, r in per_split.items()
-             if r.n}
+    geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
-                      windows={"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back,
-                               "fwd": fwd},
-                      splits={"split_key": key_kind, "split_cuts": [int(c) for c in cuts], "split_gap_windows": gap,
-                              "split_steps": steps})
+                      windows=geometry, splits=_split_attrs(per_split, key_kind, cuts, gap, H, fwd))
     shared: dict[str, da.Array] = {} if materialize else {"features": f}
     if not materialize:
-        attrs["virtual"] = {"size": size, "stride": stride, "scales": list(scales), "halo": H}
+        attrs["virtual"] = {k: geometry[k] for k in ("size", "stride", "scales", "halo")}
     fold_index: dict[str, np.ndarray] = {}
     if folds is not None:
         fold_index, attrs["folds"] = _fold_output(fold_sets, where, bad, folds, segs, per_split, prior)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _split_attrs(per_split: Mapping[str, WindowRuns], key_kind: str, cuts: Sequence[int], gap: int, h: int,
+                 fwd: int) -> dict[str, Any]:
+    """How the splits were cut, and the steps each split's windows reach (first to last)."""
+    steps = {name: [int(r.ends(0, 1)[0]) - h, int(r.ends(r.n - 1, r.n)[0]) + fwd] for name, r in per_split.items()
+             if r.n}
+    return {"split_key": key_kind, "split_cuts": [int(c) for c in cuts], "split_gap_windows": gap,
+            "split_steps": steps}
 
 
 def _refuse_bad(bad: np.ndarray, runs: WindowRuns, h: int, fwd: int) -> None:

@@ -165,10 +165,9 @@ def windows(
         only, with ends counted from each session's start, and sessions too short for
         a window make none. ``None``: one session.
     names
-        One name per column of ``x`` (``["mid", "spread", ...]``), recorded in
-        ``attrs["windows"]["features"]``, from where :func:`pipeline.write` stores them.
-        With several scales the windows' last axis holds these columns once per scale,
-        in the order of ``scales``; the names are recorded once, beside the scales.
+        One name per column of ``x`` (``["mid", "spread", ...]``), recorded once (the
+        last axis holds them once per scale) in ``attrs["windows"]["features"]``, from
+        where :func:`pipeline.write` stores them.
 
     Returns
     -------

@@ -188,9 +188,8 @@ def open_source(
         Table columns to read (default every numeric column but the timestamp and the
         instrument column).
     timestamp
-        The timestamp column, which checks that Parquet files join in time order and
-        becomes ``Source.timestamps`` (int64 ns since the epoch; the conversions are in
-        :mod:`pipeline.loaders.columns`; LOBSTER derives its own).
+        The timestamp column: files must join in time order; ``Source.timestamps`` in
+        int64 ns (:mod:`pipeline.loaders.columns`; LOBSTER derives its own).
     dtype
         Output dtype (default float32 for tables, the files' own for arrays).
     shape
@@ -214,25 +213,22 @@ def open_source(
     on_error
         ``"skip"`` leaves out files whose header probe fails, recording why.
     chunk_rows
-        Rows per chunk of concatenated npy/HDF5 arrays (Parquet: a chunk per row group;
-        CSV: one per file).
+        Rows per chunk of joined npy/HDF5 arrays (Parquet: per row group; CSV: per file).
     files_per_chunk
         Samples per chunk when stacking (default about 16 MiB).
     storage_options
         fsspec options for URLs.
     header
-        CSV: ``True`` reads the names from the first line and refuses one that looks like
-        data (nothing is silently eaten); ``False`` reads every line as data, named by
-        ``names``.
+        CSV: ``True`` reads names from the first line, refusing one that looks like data;
+        ``False`` reads every line as data, named by ``names``.
     names
         CSV column names; with a header, they replace its names.
     rename
         ``{canonical: source_name}`` (CSV, Parquet), e.g. ``{"bid_price_1":
         "bids[0].price"}``; every other option uses the canonical names.
     instrument_column
-        A column naming each row's instrument: ``Source.instruments`` (its sorted
-        distinct values, one pass) and ``Source.instrument_codes`` (int32 indices into
-        it). LOBSTER takes the ticker in each file name instead.
+        A column naming each row's instrument: ``Source.instruments`` (sorted distinct
+        values) and ``Source.instrument_codes`` (int32 indices; LOBSTER: the file's ticker).
 
     Returns
     -------
@@ -240,26 +236,10 @@ def open_source(
         The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
     """
     from pipeline.loaders import labels as labels_mod
-    from pipeline.loaders.registry import FORMATS, TABLES, format_of
+    from pipeline.loaders.registry import FORMATS
 
     so = dict(storage_options or {})
-    classes: tuple[str, ...] | None = None
-    label_values: np.ndarray | None = None
-    if labels not in (None, "folder"):
-        files, classes, label_values = labels_mod.read_manifest(str(labels), so)
-        if not files:
-            raise EmptyInputError(str(labels), "the manifest lists no file")
-    else:
-        if paths is None:
-            raise EmptyInputError("<none>", "no paths given")
-        files = expand_paths(paths, so)
-    fmts = {p: format_of(p, format) for p in files}
-    kinds = {("table" if f in TABLES else f) for f in fmts.values()}
-    if len(kinds) > 1:
-        by_kind = {k: next(p for p in files if (("table" if fmts[p] in TABLES else fmts[p]) == k)) for k in kinds}
-        raise FormatMismatchError(files[0], "files of different formats cannot be combined: "
-                                  + ", ".join(f"{k} ({p})" for k, p in sorted(by_kind.items())))
-    kind = kinds.pop()
+    files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so)
     opts = {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key}
     results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
                                                 names=names, rename=rename, on_error=on_error)
@@ -292,6 +272,39 @@ def open_source(
         label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
     return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
                   classes=classes, skipped=tuple(skipped))
+
+
+def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
+                  ) -> tuple[list[str], tuple[str, ...] | None, np.ndarray | None, dict[str, str], str]:
+    """The files to read (from ``paths``, or a manifest's with their labels and
+    classes), each one's format, and the kind they share (``table`` for every table).
+
+    Raises
+    ------
+    EmptyInputError
+        For no paths, or an empty manifest.
+    FormatMismatchError
+        For files of different kinds, naming one of each.
+    """
+    from pipeline.loaders import labels as labels_mod
+    from pipeline.loaders.registry import TABLES, format_of
+
+    classes, label_values = None, None
+    if labels not in (None, "folder"):
+        files, classes, label_values = labels_mod.read_manifest(str(labels), so)
+        if not files:
+            raise EmptyInputError(str(labels), "the manifest lists no file")
+    else:
+        if paths is None:
+            raise EmptyInputError("<none>", "no paths given")
+        files = expand_paths(paths, so)
+    fmts = {p: format_of(p, format) for p in files}
+    kinds = {("table" if f in TABLES else f) for f in fmts.values()}
+    if len(kinds) > 1:
+        by_kind = {k: next(p for p in files if (("table" if fmts[p] in TABLES else fmts[p]) == k)) for k in kinds}
+        raise FormatMismatchError(files[0], "files of different formats cannot be combined: "
+                                  + ", ".join(f"{k} ({p})" for k, p in sorted(by_kind.items())))
+    return files, classes, label_values, fmts, kinds.pop()
 
 
 def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, so: dict, *,

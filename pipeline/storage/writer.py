@@ -28,7 +28,7 @@ import shutil
 import uuid
 import zipfile
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Callable, Literal, Mapping, Sequence
 
 import dask.array as da
 import fsspec
@@ -435,6 +435,39 @@ def _write_attrs(attrs: Mapping[str, Any] | None, features: Sequence[str] | None
     return attrs
 
 
+def _write_zip(location: str, fingerprint: str | None, overwrite: bool,
+               write_dir: Callable[[str, dict[str, Any] | None], None]) -> str:
+    """A ``.zarr.zip`` store: written as a directory beside it (``write_dir``), then
+    packed. An existing zip is complete (it is packed last): kept when its fingerprint
+    matches, refused when another.
+
+    Raises
+    ------
+    StoreError
+        For a remote zip path.
+    StoreConflictError
+        For an existing zip written from another fingerprint.
+    """
+    if is_remote(location):
+        raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
+    staging = location + ".partial.zarr"
+    if overwrite and os.path.exists(location):
+        os.remove(location)
+    if os.path.exists(location):
+        existing = store_root_attrs(open_store_group(location))
+        if fingerprint is not None and existing.get("fingerprint") not in (None, fingerprint):
+            raise StoreConflictError(
+                f"{location}: written from fingerprint {existing.get('fingerprint')}, not {fingerprint}; "
+                "choose another output path or set output.overwrite"
+            )
+        return location
+    with write_lock(location):
+        write_dir(staging, None)
+        _pack_zip(staging, location)
+        shutil.rmtree(staging)
+    return location
+
+
 def write(
     target: str | os.PathLike[str],
     arrays: Mapping[str, Any],
@@ -537,30 +570,16 @@ def write(
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
     fold_index = _check_folds(folds, fold_base, groups, attrs)
     attrs = _write_attrs(attrs, features, arrays, groups, used_gap, fold_index, fold_base)
+
+    def write_dir(path: str, options: dict[str, Any] | None) -> None:
+        _write_dir(path, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs, fingerprint,
+                   overwrite, options, progress, shared_chunk_rows, fold_index)
+
     if is_zip(location):
-        if is_remote(location):
-            raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
-        staging = location + ".partial.zarr"
-        if overwrite and os.path.exists(location):
-            os.remove(location)
-        if os.path.exists(location):
-            existing = store_root_attrs(open_store_group(location))
-            if fingerprint is not None and existing.get("fingerprint") not in (None, fingerprint):
-                raise StoreConflictError(
-                    f"{location}: written from fingerprint {existing.get('fingerprint')}, not {fingerprint}; "
-                    "choose another output path or set output.overwrite"
-                )
-            return location
-        with write_lock(location):
-            _write_dir(staging, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                       fingerprint, overwrite, None, progress, shared_chunk_rows, fold_index)
-            _pack_zip(staging, location)
-            shutil.rmtree(staging)
-        return location
+        return _write_zip(location, fingerprint, overwrite, write_dir)
     try:
         with write_lock(location):
-            _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                       fingerprint, overwrite, storage_options, progress, shared_chunk_rows, fold_index)
+            write_dir(location, storage_options)
     except OSError as exc:  # creating the store or its lock: read-only, full, no permission
         raise StoreError(f"{location}: cannot write ({exc.strerror or exc})") from exc
     return location

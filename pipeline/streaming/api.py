@@ -52,98 +52,70 @@ def stream(
     Parameters
     ----------
     source
-        A store path or URL (directory, ``.zarr.zip``, ``s3://...``), an open
-        ``zarr.Group``, or a mapping / tuple of arrays: numpy, dask (their chunks are
-        computed in background threads, on the active cluster if there is one), or
-        ``zarr.Array`` (read chunk by chunk like a store's arrays, numpy arrays allowed
-        beside them; arrays chunked differently along axis 0 are read on their common
-        grid, see :mod:`~pipeline.streaming.foreign`). A store another tool wrote (no
-        pipeline metadata) makes no completeness claim and needs no ``partial``: its
-        group ``split`` is read, or, when it has none, the variables at its root (as
-        xarray's ``to_zarr`` writes them, see ``dim``).
+        A store path or URL (directory, ``.zarr.zip``, ``s3://...``), a ``zarr.Group``,
+        or a mapping / tuple of arrays: numpy, dask (chunks computed in background
+        threads, on the active cluster if any) or ``zarr.Array`` (read chunk by chunk,
+        see :mod:`~pipeline.streaming.foreign`). A store another tool wrote needs no
+        ``partial``: its group ``split`` is read, else the variables at its root.
     split
-        Split of a store to read, or a fold written with the store (``"fold2/train"``,
-        see :func:`pipeline.storage.write`): exactly the fold's samples are served, read
-        from its base split's chunks (:mod:`~pipeline.streaming.subsets`). Ignored for
-        a store of variables at its root, which has no splits.
+        Split of a store, or a fold written with it (``"fold2/train"``, served from its
+        base split's chunks, see :mod:`~pipeline.streaming.subsets`).
     arrays
-        Names of the arrays to yield, in order: a store's arrays, or an xarray store's
-        variables (ignored for a tuple source, whose arrays are named ``a0, a1, ...``).
+        Names of the arrays (or an xarray store's variables) to yield, in order; a
+        tuple source's arrays are ``a0, a1, ...``.
     dim
-        For a store another tool wrote (xarray): the dimension samples run along, which
-        must be the first dimension of every variable streamed (each is then read chunk
-        by chunk); a variable with ``dim`` elsewhere is refused with the transpose that
-        fixes it, and one whose CF encoding (``scale_factor``, ``add_offset``, time
-        ``units``, an encoded ``dtype``, a missing-value marker other than a float NaN)
-        would make its stored numbers wrong is refused naming the attribute. ``None``:
-        axis 0, which must then be one dimension for every variable that names its own.
+        For an xarray store: the samples' dimension, the first of every variable (else
+        refused with the transpose that fixes it). Variables whose CF encoding would
+        make the stored numbers wrong (``scale_factor``, time ``units``...) are refused.
     batch_size
-        Samples per batch of this rank (the last batch of a rank may be smaller unless
-        ``drop_last``). The epoch's order then depends on the world size, and a state
-        resumes on the same world size and DataLoader workers only.
+        Samples per batch of this rank (the last may be smaller unless ``drop_last``);
+        a state then resumes on the same world size and worker count only.
     global_batch_size
-        Instead of ``batch_size``: samples per step over all ranks, each rank serving
-        ``global_batch_size / world_size`` of them. Step ``j`` of an epoch then holds
-        the same samples on every world size from 1 to 8 that divides the global batch
-        (any world size dividing its lanes, see :mod:`~pipeline.streaming.elastic`), and
-        a state saved by any rank resumes any rank on any such world size, with any
-        number of DataLoader workers. ``buffer_chunks`` is then the chunks mixed at a
-        time by the whole job: each rank buffers its share of them.
+        Instead of ``batch_size``: samples per step over all ranks. Step ``j`` holds the
+        same samples on every world size from 1 to 8 that divides it, and a state saved
+        by any rank resumes on any such world size and worker count
+        (:mod:`~pipeline.streaming.elastic`).
     shuffle
         Permute the chunk order and mix samples in the buffer (``False``: store order).
     seed
         Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
     buffer_chunks
         Chunks whose samples are mixed together (memory: about
-        ``(3 + prefetch) * buffer_chunks`` chunks, ``prefetch`` counted as below).
+        ``(3 + prefetch) * buffer_chunks`` chunks).
     drop_last
         Drop each rank's incomplete last batch.
     rank
-        This process's rank; default from ``torch.distributed`` when initialized, else
-        ``0``.
+        This process's rank (default from ``torch.distributed`` when initialized, else 0).
     world_size
-        The number of ranks sharing the epoch; default from ``torch.distributed``, else
-        ``1``.
+        The number of ranks (default from ``torch.distributed``, else 1).
     partial
         Read a store that is not marked complete.
     prefetch
-        Buffer groups read ahead in the background (each ``buffer_chunks`` chunks).
-        Groups of fewer than 4 chunks are read further ahead, so that as many chunks
-        are queued as ``prefetch`` groups of 4 hold (see
-        :func:`~pipeline.streaming.streamer.groups_ahead`).
+        Groups read ahead in the background; groups under 4 chunks are read further
+        ahead (:func:`~pipeline.streaming.streamer.groups_ahead`).
     threads
         Threads decoding chunks.
     verify
-        Check every chunk read against the CRC32 recorded when it was written (stores
-        without sharding). A chunk that fails to decode is always reported; this also
-        catches one that decodes to the wrong bytes, at about a third of the speed.
+        Check every chunk read against the CRC32 recorded when it was written
+        (unsharded stores), at about a third of the speed.
     read_niceness
-        How many steps nicer than the process the read threads run, 0 to 19 (Linux; 0
-        keeps them at the process's priority). Reading ahead is background work: at
-        equal priority the decoding threads made the thread that mixes batches, and the
-        training loop, wait for a core, and cores sat idle (``bench_streaming.py``).
+        How many steps nicer than the process the read threads run (Linux, 0 to 19):
+        reading ahead must not take cores from the training loop.
     weights
-        With a list of sources (stores, ``(store, split)`` pairs or streams): draw
-        whole batches from each in these proportions, as :func:`pipeline.mix` does
-        (the other arguments apply to every source).
+        With a list of sources: draw whole batches from each in these proportions, as
+        :func:`pipeline.mix` does.
     version
-        The store version to serve (``None``: the newest when the stream opens; see
-        :func:`pipeline.open`). The stream keeps it while appends add others, so an
-        epoch never changes under the training loop. ``state_dict`` records the version,
-        and a resumed stream serves it.
+        The store version to serve (default the newest when the stream opens), kept
+        while appends add others and recorded by ``state_dict``.
     follow
         Move to the newest version at each new epoch (``set_epoch``).
     cache_dir
-        For a remote store (``s3://`` and other fsspec URLs): keep its chunk objects in
-        this directory on local disk, so that later epochs read local files; each
-        worker fetches its epoch's chunks ahead of need, with many requests in flight.
-        Every rank and DataLoader worker of a node may share the directory (see
-        :mod:`~pipeline.streaming.cache`); the files go to its subfolder
-        ``pipeline-chunk-cache``. ``Stream.cache_stats(epoch)`` reports hits and bytes
-        fetched, the DataLoader workers' included. Stores on local disk ignore it.
+        For a remote store: keep its chunk objects in this local directory (subfolder
+        ``pipeline-chunk-cache``), fetched ahead of need; every rank and DataLoader
+        worker of a node may share it (:mod:`~pipeline.streaming.cache`).
+        ``Stream.cache_stats(epoch)`` reports hits and bytes fetched.
     cache_bytes
-        The most bytes of chunk objects ``cache_dir`` keeps (least recently used
-        evicted); required with ``cache_dir``.
+        The most bytes ``cache_dir`` keeps (least recently used evicted).
 
     Returns
     -------
