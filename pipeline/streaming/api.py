@@ -123,14 +123,13 @@ def stream(
         (a :class:`~pipeline.streaming.mix.Mix` with ``weights``)
     """
     if weights is not None:
+        # Every other argument goes on to each source's stream: taken from the call's own
+        # parameters, so that a parameter added to stream cannot be dropped here.
+        options = {k: v for k, v in locals().items() if k not in ("source", "weights")}
         # Imported here: the mix module builds on this one.
         from pipeline.streaming.mix import mix
 
-        return mix(source, weights=weights, split=split, arrays=arrays, batch_size=batch_size, shuffle=shuffle,
-                   seed=seed, buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
-                   partial=partial, storage_options=storage_options, prefetch=prefetch, threads=threads,
-                   verify=verify, read_niceness=read_niceness, version=version, follow=follow,
-                   global_batch_size=global_batch_size, cache_dir=cache_dir, cache_bytes=cache_bytes, dim=dim)
+        return mix(source, weights=weights, **options)
     rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,
                                                  world_size)
     src = _open_source(source, split, arrays, partial, storage_options, verify, version,

@@ -324,9 +324,10 @@ class RemoteCache:
                 if kept is not None:
                     self._counts(epoch).record(name, True)
                     self._returned(name)
-                    self._publish()
-                    return kept
-                fut = self._submit(path, name, epoch)
+                fut = None if kept is not None else self._submit(path, name, epoch)
+        if fut is None:  # a hit: its counts are published outside the lock the fetch thread takes
+            self._publish()
+            return kept
         try:
             data = fut.result()
         except Exception as exc:  # noqa: BLE001 - any failure to fetch is the store's
