@@ -41,9 +41,12 @@ def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in scales)
 
 
-#: Windows assembled per ``np.take``: bounds the row-index array (``size * len(scales)``
-#: int64 per window) to a few hundred KB, so it stays in cache beside the output rows.
-_TAKE_WINDOWS = 1024
+#: Output rows assembled per ``np.take``: bounds the row-index array (int64 per row) to
+#: 512 KiB, so it stays in cache beside the output rows. Counted in rows, not windows:
+#: a batch of 1,024 one-row windows (labels, times) made a thousand calls per block, and
+#: each call releases the GIL and must win it back, which on a busy dask worker (its
+#: event loop holding the GIL) cost milliseconds a call: seconds for a block.
+_TAKE_ROWS = 1 << 16
 
 
 def windows_numpy_block(
@@ -80,8 +83,9 @@ def windows_numpy_block(
     offsets = row_offsets(size, tuple(scales))
     flat = out.reshape(n * size * n_scales, width)
     per = size * n_scales
-    for a in range(0, n, _TAKE_WINDOWS):
-        b = min(n, a + _TAKE_WINDOWS)
+    batch = max(1, _TAKE_ROWS // per)
+    for a in range(0, n, batch):
+        b = min(n, a + batch)
         rows = np.add(ends[a:b, None], offsets).reshape(-1)
         np.take(block, rows, axis=0, out=flat[a * per : b * per], mode="clip")
     return out

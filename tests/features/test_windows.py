@@ -230,11 +230,11 @@ def test_the_window_kernel_spans_several_internal_batches(monkeypatch):
     import importlib
 
     wmod = importlib.import_module("pipeline.features.windows")  # the module, not the function
-    monkeypatch.setattr(wmod, "_TAKE_WINDOWS", 7)
+    monkeypatch.setattr(wmod, "_TAKE_ROWS", 7 * 5 * 2)
     block = np.arange(300 * 2, dtype=np.float32).reshape(300, 2)
     ends = np.arange(40, 300, 3)
     want = wmod.windows_numpy_block(block, ends, 5, (1, 10))
-    monkeypatch.setattr(wmod, "_TAKE_WINDOWS", 10**6)
+    monkeypatch.setattr(wmod, "_TAKE_ROWS", 10**6)
     np.testing.assert_array_equal(wmod.windows_numpy_block(block, ends, 5, (1, 10)), want)
     np.testing.assert_array_equal(want[3, :, 2:], block[[ends[3] - 10 * (4 - j) for j in range(5)]])
 
