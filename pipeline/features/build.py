@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import dask.array as da
-from dask.base import tokenize
 import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
@@ -25,6 +24,7 @@ from pipeline.features.labels import class_balance, finalize_labels, label_steps
 from pipeline.features.normalize import apply_normalization, fit_normalization
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
+from pipeline.features.splitblocks import split_arrays
 from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, fraction_cuts, is_dated
 from pipeline.features.steps import compute_features
 from pipeline.features.windows import gather_rows, windows_at
@@ -83,13 +83,6 @@ def hold(*arrays: da.Array | None) -> tuple[da.Array | None, ...]:
     return tuple(None if a is None else next(held) for a in arrays)
 
 
-def _window_zscore(block: np.ndarray) -> np.ndarray:
-    mean = block.mean(axis=1, keepdims=True, dtype=np.float64)
-    std = block.std(axis=1, keepdims=True, dtype=np.float64)
-    std[std == 0] = 1.0
-    return ((block - mean) / std).astype(np.float32)
-
-
 def _mask_heads(f: da.Array, segments: SegmentTable, lookback: int) -> da.Array:
     """NaN in the first ``lookback`` rows of every segment: their features borrowed
     history from another session, or lacked some (the first segment's), so the shared
@@ -109,31 +102,6 @@ def _mask_heads(f: da.Array, segments: SegmentTable, lookback: int) -> da.Array:
         return out
 
     return f.map_blocks(mask, dtype=f.dtype, token="mask-session-heads")
-
-
-def _runs_blocks(runs: WindowRuns, out_chunks: Sequence[int], values: np.ndarray | None = None) -> da.Array:
-    """Per block of ``out_chunks`` windows, its own runs (and each run's ``values`` of
-    its segment), as a 1-D object array of one element per block: each task carries only
-    its own few integers, not every session's."""
-    bounds = np.concatenate([[0], np.cumsum(out_chunks)]).astype(np.int64)
-    parts = np.empty(len(out_chunks), dtype=object)
-    for j in range(len(out_chunks)):
-        sub = runs.slice(int(bounds[j]), int(bounds[j + 1]))
-        parts[j] = (sub, None if values is None else values[sub.segment])
-    return da.from_array(parts, chunks=1, name=f"runs-{tokenize(runs, tuple(out_chunks), values)}")
-
-
-def _per_window(values: np.ndarray, runs: WindowRuns, out_chunks: Sequence[int], dtype: Any) -> da.Array:
-    """A value per segment, repeated for each window of ``runs``."""
-    return _runs_blocks(runs, out_chunks, values).map_blocks(
-        lambda b: np.repeat(b[0][1], b[0][0].count).astype(dtype), dtype=dtype, chunks=(tuple(out_chunks),),
-        token="per-window")
-
-
-def _ends(runs: WindowRuns, out_chunks: Sequence[int], dtype: Any) -> da.Array:
-    """The end row of each window of ``runs``."""
-    return _runs_blocks(runs, out_chunks).map_blocks(lambda b: b[0][0].ends().astype(dtype), dtype=dtype,
-                                                     chunks=(tuple(out_chunks),), token="window-ends")
 
 
 def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | None, need_time: bool,
@@ -263,9 +231,9 @@ def build_training_set(
     window_bytes = size * len(frame.names) * len(scales) * (4 if norm.kind == "window" else f.dtype.itemsize)
     unit = block_windows(window_bytes) if callable(block_windows) else block_windows
     per_split = _split_runs(runs, where, bad, splits, empty_ok=prior is not None)
-    out = {name: _split_arrays(f, r, _blocks(r.n, unit, window_bytes, prior, name), labels_steps, timestamps,
-                               segs, label=label, size=size, scales=scales, zscore=norm.kind == "window",
-                               materialize=materialize, row_offset=0 if prior is None else prior.rows)
+    out = {name: split_arrays(f, r, _blocks(r.n, unit, window_bytes, prior, name), labels_steps, timestamps,
+                              segs, label=label, size=size, scales=scales, halo=H, zscore=norm.kind == "window",
+                              materialize=materialize, row_offset=0 if prior is None else prior.rows)
            for name, r in per_split.items()}
     geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
@@ -443,31 +411,6 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
                              desc="locating NaN windows", progress=progress)
         bad |= np.asarray(flagged, dtype=bool)
     return apply_normalization(f, norm, stats, segs), stats, bad, y_values, seg_times
-
-
-def _split_arrays(f: da.Array, runs: WindowRuns, chunks: Sequence[int], labels_steps: da.Array,
-                  timestamps: da.Array | None, segs: SegmentTable, *, label: LabelSpec, size: int,
-                  scales: Sequence[int], zscore: bool, materialize: bool, row_offset: int = 0) -> dict[str, da.Array]:
-    """The arrays of one split, in blocks of ``chunks`` windows: the windows (or their
-    end rows, counted from ``row_offset``, for virtual windows), labels, end times,
-    sessions and instruments."""
-    if materialize:
-        xs = windows_at(f, runs, size=size, scales=scales, out_chunks=chunks)
-        if zscore:
-            xs = xs.map_blocks(_window_zscore, dtype=np.float32)
-        chunks = xs.chunks[0]  # blocks too short to lend a halo were merged
-        arrays = {"x": xs}
-    else:
-        ends_dtype = np.int32 if f.shape[0] + row_offset < 2**31 else np.int64
-        arrays = {"ends": _ends(runs.shifted(row_offset), chunks, ends_dtype)}
-    arrays["y"] = gather_rows(labels_steps, runs, chunks).map_blocks(
-        finalize_labels, spec=label, dtype=label.out_dtype, drop_axis=[] if label.multi else [1])
-    if timestamps is not None:
-        arrays["t"] = gather_rows(timestamps, runs, chunks)
-    arrays["session"] = _per_window(segs.session, runs, chunks, np.int32)
-    if segs.instruments != ("",):
-        arrays["instrument"] = _per_window(segs.instrument, runs, chunks, np.int32)
-    return arrays
 
 
 def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], timestamps: da.Array | None, *,

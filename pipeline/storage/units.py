@@ -30,11 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import zlib
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import dask.array as da
 import numpy as np
 import zarr
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task
 from zarr.abc.codec import SupportsSyncCodec
 from zarr.abc.store import SupportsDeleteSync, SupportsSetSync
 from zarr.buffer import default_buffer_prototype
@@ -43,7 +46,48 @@ from zarr.core.sync import sync
 
 from pipeline.storage.layout import unit_chunks
 
-__all__ = ["is_fill", "write_blocks", "write_units"]
+__all__ = ["MadeBlocks", "is_fill", "write_blocks", "write_units"]
+
+
+@dataclass(frozen=True, eq=False)
+class MadeBlocks:
+    """Every array of a split made together, one task per block: the recipe that the
+    arrays a build makes carry (``attrs["blocks"] = (recipe, field)``, see
+    :mod:`pipeline.features.splitblocks`), so that :func:`write_blocks` makes and writes
+    each block in one task.
+
+    ``tasks[j]`` is an inline task (no key) whose result maps each field to block
+    ``j`` of that array (``chunks[j]`` samples); its dependencies are chunks of
+    ``inputs``.
+    """
+
+    name: str
+    chunks: tuple[int, ...]
+    tasks: tuple[Task, ...]
+    inputs: tuple[da.Array, ...]
+
+    def graph(self) -> HighLevelGraph:
+        """The graph whose key ``(name, j)`` is made block ``j``, with its inputs'."""
+        layer = {(self.name, j): Task((self.name, j), t.func, *t.args, **t.kwargs) for j, t in enumerate(self.tasks)}
+        return HighLevelGraph.from_collections(self.name, layer, dependencies=self.inputs)
+
+
+def _made(arrays: Mapping[str, Any], block: int) -> tuple[MadeBlocks, tuple[tuple[str, str], ...]] | None:
+    """The one recipe that every array is a field of, with blocks of ``block`` samples
+    (the last may be shorter), and each array's field; ``None`` otherwise."""
+    found = []
+    for a in arrays.values():
+        attrs = getattr(a, "attrs", None)
+        carried = attrs.get("blocks") if isinstance(attrs, Mapping) else None
+        if not (isinstance(carried, tuple) and len(carried) == 2 and isinstance(carried[0], MadeBlocks)):
+            return None
+        found.append(carried)
+    made = found[0][0]
+    if any(m is not made for m, _ in found):
+        return None
+    if any(c != block for c in made.chunks[:-1]) or made.chunks[-1] > block:
+        return None
+    return made, tuple((name, str(field)) for name, (_, field) in zip(arrays, found))
 
 
 def is_fill(chunk: Any, fill_value: Any) -> bool:
@@ -210,6 +254,27 @@ def _write_block(plan: np.ndarray, *blocks: np.ndarray, write: Callable[..., int
     return np.full((1,) * ndim, count, dtype=np.int64)
 
 
+def _write_made(plan: tuple[int, list], made: Mapping[str, np.ndarray], *, write: Callable[..., int], location: str,
+                storage_options: dict | None, split: str, fields: tuple[tuple[str, str], ...], call: str) -> np.ndarray:
+    start, todo = plan
+    blocks = {name: made[field] for name, field in fields}
+    count = write(location, storage_options, split, todo, start, blocks, call) if todo else 0
+    return np.full((1,), count, dtype=np.int64)
+
+
+def _made_writes(write: Callable[..., int], location: str, storage_options: dict | None, split: str,
+                 made: MadeBlocks, fields: tuple[tuple[str, str], ...], plans: np.ndarray, needed: list[int],
+                 token: str) -> da.Array:
+    """One task per block to write: it makes the block (the recipe's task, inline) and
+    writes it."""
+    name = f"write-units-{split}-{token}"
+    layer = {(name, k): Task((name, k), _write_made, plans[b], made.tasks[b], write=write, location=location,
+                             storage_options=storage_options, split=split, fields=fields, call=token)
+             for k, b in enumerate(needed)}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=made.inputs)
+    return da.Array(graph, name, chunks=((1,) * len(needed),), dtype=np.int64, meta=np.empty((0,), dtype=np.int64))
+
+
 def write_blocks(write: Callable[..., int], location: str, storage_options: dict | None, split: str,
                  arrays: Mapping[str, da.Array], *, unit: int, block: int, done: np.ndarray,
                  token: str) -> da.Array | None:
@@ -221,7 +286,9 @@ def write_blocks(write: Callable[..., int], location: str, storage_options: dict
     ``blockwise`` layer calls ``write(location, storage_options, split, todo, start,
     {name: block}, token)`` per block, so dask fuses it with the blockwise layers that
     compute the blocks. Blocks with nothing left to write are culled, with what they
-    would have read.
+    would have read. Arrays that a build made together, in these blocks
+    (:class:`MadeBlocks`), are made and written by one task per block instead: dask
+    fuses a blockwise layer with one input's layers, not with several.
     """
     n = int(next(iter(arrays.values())).shape[0])
     starts = range(0, n, block)
@@ -236,6 +303,9 @@ def write_blocks(write: Callable[..., int], location: str, storage_options: dict
             needed.append(b)
     if not needed:
         return None
+    made = _made(arrays, block)
+    if made is not None:
+        return _made_writes(write, location, storage_options, split, made[0], made[1], plans, needed, token)
     # Every axis of every array is an axis of the output (one chunk each): dask fuses a
     # blockwise layer with its inputs' only when it contracts none of their axes.
     args: list[Any] = [da.from_array(plans, chunks=1, name=f"write-plan-{split}-{token}"), ("i",)]

@@ -71,3 +71,40 @@ def test_the_write_layer_fuses_with_the_layer_that_makes_its_blocks():
     names = {key_split(k) for k in dict(optimize(out.__dask_graph__(), out.__dask_keys__()))}
     assert "negative" not in names and "abs" not in names
     assert len([k for k in dict(optimize(out.__dask_graph__(), out.__dask_keys__())) if "write-units" in str(k)]) == 5
+
+
+def test_a_build_is_made_and_written_one_task_per_block_with_the_bytes_of_plain_arrays(tmp_path, monkeypatch):
+    """Arrays a build made together (``MadeBlocks``) are written by one task per block,
+    which makes the block and writes it; the store holds the same files as the same
+    values written from plain numpy arrays, through the generic blockwise path."""
+    import pipeline.storage.units as units
+    from pipeline.features import LabelSpec, build_training_set
+    from pipeline.storage import write
+    from tests.features.test_build import SCALES, SIZE, SPECS, STRIDE
+    from tests.features.test_steps import COLS, book
+    from tests.storage.test_build_bytes import store_files
+
+    unit = 40
+    ts = build_training_set(da.from_array(book(900, seed=3), chunks=(97, -1)), columns=COLS, features=SPECS,
+                            size=SIZE, stride=STRIDE, scales=SCALES, label=LabelSpec(horizon=4, scale=1e4),
+                            splits={"train": 0.7, "val": 0.3}, block_windows=unit)
+    made: list[int] = []
+    real = units._made_writes
+
+    def spy(*args, **kwargs):
+        out = real(*args, **kwargs)
+        made.append(len(out.__dask_graph__().layers[out.name]))
+        return out
+
+    monkeypatch.setattr(units, "_made_writes", spy)
+    kw = dict(chunk_samples=20, target_chunk_bytes=1 << 20, progress=False)
+    with dask.config.set(scheduler="sync"):
+        write(tmp_path / "made.zarr", ts.splits, **kw)
+        plain = {s: {k: a.compute() for k, a in arrs.items()} for s, arrs in ts.splits.items()}
+        assert len(made) == 2  # both splits took the one-task-per-block path
+        write(tmp_path / "plain.zarr", plain, **kw)
+    assert len(made) == 2  # plain arrays took the generic path
+    blocks = {s: -(-len(a["x"]) // unit) for s, a in plain.items()}
+    assert made == [blocks["train"], blocks["val"]]
+    a, b = store_files(tmp_path / "made.zarr"), store_files(tmp_path / "plain.zarr")
+    assert a.keys() == b.keys() and all(a[k] == b[k] for k in a)
