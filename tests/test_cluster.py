@@ -56,6 +56,35 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
     assert "dashboard: http://127.0.0.1:" in text
 
 
+def _reused_heap() -> tuple[str | None, int]:
+    """Page faults of a worker allocating and freeing 2 MiB arrays: none once its heap
+    holds them; 512 each when every one is a fresh mapping (glibc's mmap threshold
+    fixed at 128 KiB)."""
+    import resource
+
+    def cycle() -> None:
+        for _ in range(50):
+            a = np.ones(1 << 18)  # 2 MiB: under numpy's own huge-page threshold (4 MiB)
+            del a
+
+    cycle()
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    cycle()
+    return os.environ.get("MALLOC_MMAP_THRESHOLD_"), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def test_local_workers_reuse_their_heap_and_leave_the_callers_environment_alone():
+    from pipeline.cluster import WORKER_MALLOC
+
+    had = {k: os.environ.get(k) for k in WORKER_MALLOC}
+    with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=None) as client:
+        ((threshold, faults),) = client.run(_reused_heap).values()
+    assert {k: os.environ.get(k) for k in WORKER_MALLOC} == had
+    if had["MALLOC_MMAP_THRESHOLD_"] is None:
+        assert threshold == WORKER_MALLOC["MALLOC_MMAP_THRESHOLD_"]
+        assert faults < 50 * 512 // 10, faults
+
+
 def test_unreachable_scheduler_is_a_clear_error():
     with pytest.raises(ClusterError, match="tcp://127.0.0.1:1"):
         with cluster("tcp://127.0.0.1:1", timeout=2, log=None):
