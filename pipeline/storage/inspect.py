@@ -204,8 +204,7 @@ def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str,
         One line per problem, naming split, array and chunk (``train/x chunk 12:
         checksum mismatch``); empty when every chunk matches.
     """
-    import zlib
-
+    from pipeline.storage.checksum import crc32
     from pipeline.storage.writer import WRITTEN
 
     loc = os.fspath(location)
@@ -233,6 +232,6 @@ def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str,
                 except Exception as exc:  # noqa: BLE001 - any decode failure is corruption
                     problems.append(f"{split}/{name} chunk {lo // arr.chunks[0]}: cannot decode ({exc})")
                     continue
-                if zlib.crc32(block.tobytes()) not in recorded:
+                if crc32(block.data) not in recorded:
                     problems.append(f"{split}/{name} chunk {lo // arr.chunks[0]}: checksum mismatch")
     return problems

@@ -29,7 +29,6 @@ transfer between workers and no task of its own.
 from __future__ import annotations
 
 import asyncio
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
@@ -44,6 +43,7 @@ from zarr.buffer import default_buffer_prototype
 from zarr.codecs import ShardingCodec
 from zarr.core.sync import sync
 
+from pipeline.storage.checksum import crc32
 from pipeline.storage.layout import unit_chunks
 
 __all__ = ["MadeBlocks", "is_fill", "write_blocks", "write_units"]
@@ -229,7 +229,7 @@ def write_units(arrays: Mapping[str, zarr.Array], written: zarr.Array, units: Se
         for name, block in blocks.items():
             part = np.ascontiguousarray(block[start - block_start : stop - block_start], dtype=arrays[name].dtype)
             # The contiguous part itself, not a bytes copy of it.
-            crcs.append(zlib.crc32(part.reshape(-1).view(np.uint8)))
+            crcs.append(crc32(part.reshape(-1).view(np.uint8)))
             parts[name] = part
         plans.append((unit, start, parts, np.array([[1, *crcs]], dtype=np.uint64)))
     targets = {k: a.async_array for k, a in arrays.items()}

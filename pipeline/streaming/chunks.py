@@ -363,10 +363,10 @@ class ChunkReader:
         """With checksums, refuse a decoded chunk whose CRC32 was not recorded for it."""
         if self.checksums is None:
             return
-        import zlib
+        from pipeline.storage.checksum import crc32
 
         row = self.checksums[i]
-        if row[0] != 1 or zlib.crc32(np.ascontiguousarray(decoded).data) not in {int(v) for v in row[1:]}:
+        if row[0] != 1 or crc32(np.ascontiguousarray(decoded).data) not in {int(v) for v in row[1:]}:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, "checksum mismatch (the chunk decodes, but not to "
                                     "what was written)")
