@@ -48,7 +48,7 @@ from pipeline.storage.layout import (
     unit_samples,
 )
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
-from pipeline.storage.units import write_blocks, write_units
+from pipeline.storage.units import read_rows_sync, write_blocks, write_units
 from pipeline.storage.versions import HISTORY, record
 
 __all__ = ["SHARED", "WRITTEN", "split_gap_from_arrays", "write", "written_units"]
@@ -405,7 +405,8 @@ def written_units(group: zarr.Group, split: str) -> np.ndarray:
     """
     table = group[f"{split}/{WRITTEN}"]
     try:
-        return np.asarray(table[:, 0]) == 1
+        rows = read_rows_sync(table)
+        return (rows[:, 0] if rows is not None else np.asarray(table[:, 0])) == 1
     except Exception:  # noqa: BLE001 - a torn marker chunk; read rows one by one
         out = np.zeros(table.shape[0], dtype=bool)
         for u in range(table.shape[0]):
@@ -663,8 +664,10 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         # windows of a job are made in these blocks) are not rechunked at all, and the
         # write fuses with the blockwise layers that make them (see storage.units).
         block = _made_block(arrs, unit) or task_block(unit, sample_bytes(arrs))
+        # A store created by this call holds no unit yet: its markers need no reading.
+        done = np.zeros(len(unit_chunks(n, unit)), dtype=bool) if not exists else written_units(group, split)
         writes = write_blocks(_write_units, location, storage_options, split, arrs, unit=unit, block=block,
-                              done=written_units(group, split), token=token)
+                              done=done, token=token)
         if writes is not None:
             tasks.append(writes)
     if tasks:

@@ -108,3 +108,26 @@ def test_a_build_is_made_and_written_one_task_per_block_with_the_bytes_of_plain_
     assert made == [blocks["train"], blocks["val"]]
     a, b = store_files(tmp_path / "made.zarr"), store_files(tmp_path / "plain.zarr")
     assert a.keys() == b.keys() and all(a[k] == b[k] for k in a)
+
+
+@settings(max_examples=25, deadline=None)
+@given(rows=st.lists(st.tuples(st.booleans(), st.integers(0, 2**40)), min_size=1, max_size=30),
+       compressed=st.booleans())
+def test_tables_read_without_the_event_loop_equal_zarrs_own_read(tmp_path_factory, rows, compressed):
+    """A split's ``_written`` table (one row per chunk) read chunk by chunk through the
+    store's ``get_sync`` and the codecs' synchronous methods: the values zarr reads,
+    unwritten rows (no chunk stored) as the fill value."""
+    import zarr
+    from zarr.codecs import ZstdCodec
+
+    from pipeline.storage.units import read_rows_sync
+
+    root = tmp_path_factory.mktemp("rows")
+    table = zarr.open_group(str(root), mode="w").create_array(
+        "t", shape=(len(rows), 3), dtype="uint64", chunks=(1, 3), fill_value=0,
+        compressors=[ZstdCodec(level=3)] if compressed else [])
+    for u, (marked, crc) in enumerate(rows):
+        if marked:
+            table[u] = [1, crc, crc // 3]
+    np.testing.assert_array_equal(read_rows_sync(table), table[:])
+    assert read_rows_sync(table).dtype == np.uint64
