@@ -19,6 +19,7 @@ __all__ = [
     "halo",
     "input_chunks_for_windows",
     "merge_short_chunks",
+    "row_pieces",
     "split_gap_windows",
     "split_long_chunks",
     "split_ranges",
@@ -184,4 +185,26 @@ def split_ranges(n_windows: int, fractions: Mapping[str, float], gap: int) -> di
             )
         out[name] = (start, start + count)
         start += count + gap
+    return out
+
+
+def row_pieces(bounds: np.ndarray, lo: int, hi: int) -> list[tuple[int, int, int]]:
+    """``(chunk, start, stop)`` slices of the chunks whose edges are ``bounds`` (``0``,
+    then each chunk's end) that hold rows ``lo .. hi - 1``, in order.
+
+    Raises
+    ------
+    ValueError
+        When ``lo .. hi`` is empty or leaves the rows ``bounds`` covers.
+    """
+    if not 0 <= lo < hi <= int(bounds[-1]):
+        raise ValueError(f"rows {lo}..{hi} outside 0..{int(bounds[-1])}")
+    first = int(np.searchsorted(bounds, lo, side="right")) - 1
+    out = []
+    c = first
+    while int(bounds[c]) < hi:
+        a, b = max(lo, int(bounds[c])), min(hi, int(bounds[c + 1]))
+        if b > a:
+            out.append((c, a - int(bounds[c]), b - int(bounds[c])))
+        c += 1
     return out

@@ -124,8 +124,8 @@ def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.A
     Returns
     -------
     dask.array.Array
-        ``(T, max(1, len(spec.horizon_list)))`` float64, chunked like ``x`` along time
-        (merged where a chunk is shorter than the label's reach), equal to
+        ``(T, max(1, len(spec.horizon_list)))`` float64, chunked like ``x`` along time,
+        equal to
         :func:`label_steps_numpy` over the whole series: steps whose reach leaves the
         series are NaN. The series is taken as one: a label that reaches across a
         session or instrument boundary is the caller's to leave out.
@@ -139,9 +139,9 @@ def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.A
     idx = [_col(cols, name) for name in spec.required_columns]
     back, fwd = spec.reach
     needed = spec.required_columns
-    # Only the columns the label reads travel through the overlap.
-    return map_with_halo(x[:, idx], lambda block: label_steps_numpy(block, needed, spec), back=back, fwd=fwd,
-                         width=max(1, len(spec.horizon_list)), dtype=np.float64, token="label-steps")
+    # Only the columns the label reads reach its step, selected in the step's task.
+    return map_with_halo(x, lambda block: label_steps_numpy(block, needed, spec), back=back, fwd=fwd,
+                         width=max(1, len(spec.horizon_list)), dtype=np.float64, token="label-steps", columns=idx)
 
 
 def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:

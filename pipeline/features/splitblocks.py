@@ -2,7 +2,7 @@
 
 A block of windows needs the rows of the per-step features its windows span (their
 halo included) and the label values and times at their ends. Those rows are sliced
-straight out of the chunks of the inputs (:func:`row_pieces`), so a block is one task:
+straight out of the chunks of the inputs (:func:`~pipeline.features.geometry.row_pieces`), so a block is one task:
 no rechunk of the inputs to the blocks, no overlap layer, no task per array. Built
 from dask's generic layers instead (a rechunk, an overlap, a gather per array), a block
 cost about twenty tasks, and the scheduler's time for them was most of a build's wall
@@ -24,37 +24,16 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
-from dask.task_spec import List, Task, TaskRef
+from dask.task_spec import Task, TaskRef
 
+from pipeline.features.blockwise import rows_task
 from pipeline.features.labels import finalize_labels
 from pipeline.features.sessions import SegmentTable, WindowRuns
 from pipeline.features.specs import LabelSpec
 from pipeline.features.windows import windows_numpy_block
 from pipeline.storage.units import MadeBlocks
 
-__all__ = ["row_pieces", "split_arrays", "window_zscore"]
-
-
-def row_pieces(bounds: np.ndarray, lo: int, hi: int) -> list[tuple[int, int, int]]:
-    """``(chunk, start, stop)`` slices of the chunks whose edges are ``bounds`` (``0``,
-    then each chunk's end) that hold rows ``lo .. hi - 1``, in order.
-
-    Raises
-    ------
-    ValueError
-        When ``lo .. hi`` is empty or leaves the rows ``bounds`` covers.
-    """
-    if not 0 <= lo < hi <= int(bounds[-1]):
-        raise ValueError(f"rows {lo}..{hi} outside 0..{int(bounds[-1])}")
-    first = int(np.searchsorted(bounds, lo, side="right")) - 1
-    out = []
-    c = first
-    while int(bounds[c]) < hi:
-        a, b = max(lo, int(bounds[c])), min(hi, int(bounds[c + 1]))
-        if b > a:
-            out.append((c, a - int(bounds[c]), b - int(bounds[c])))
-        c += 1
-    return out
+__all__ = ["split_arrays", "window_zscore"]
 
 
 def window_zscore(block: np.ndarray) -> np.ndarray:
@@ -77,12 +56,6 @@ class _Geometry:
     ends_dtype: Any
     row_offset: int
     instruments: bool
-
-
-def _rows(parts: Sequence[np.ndarray], slices: Sequence[tuple[int, int]]) -> np.ndarray:
-    """One array of consecutive rows from slices of chunks (no copy for one slice)."""
-    pieces = [p[a:b] for p, (a, b) in zip(parts, slices)]
-    return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
 
 
 def _make_block(runs: WindowRuns, origin: Mapping[str, int], session: np.ndarray, instrument: np.ndarray,
@@ -108,14 +81,6 @@ def _make_block(runs: WindowRuns, origin: Mapping[str, int], session: np.ndarray
     if g.instruments:
         out["instrument"] = np.repeat(instrument, runs.count).astype(np.int32)
     return out
-
-
-def _read(a: da.Array, bounds: np.ndarray, lo: int, hi: int) -> Task:
-    """The inline task that gives rows ``lo .. hi - 1`` of ``a`` from its chunks."""
-    pieces = row_pieces(bounds, lo, hi)
-    rest = (0,) * (a.ndim - 1)
-    refs = List(*(TaskRef((a.name, c, *rest)) for c, _, _ in pieces))
-    return Task(None, _rows, refs, [(s, e) for _, s, e in pieces])
 
 
 def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], labels_steps: da.Array,
@@ -184,7 +149,7 @@ def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], la
         ends = sub.ends()
         lo, hi = int(ends[0]), int(ends[-1]) + 1
         origin = {"features": lo - halo, "labels": lo, "times": lo}
-        reads = {k: _read(a, bounds[k], origin[k], hi) if a is not None else None for k, a in inputs.items()}
+        reads = {k: rows_task(a, bounds[k], origin[k], hi) if a is not None else None for k, a in inputs.items()}
         tasks.append(Task(None, _make_block, sub, origin, segs.session[sub.segment], segs.instrument[sub.segment],
                           g, reads["features"], reads["labels"], reads["times"]))
     made = MadeBlocks(name=name, chunks=chunks, tasks=tuple(tasks),

@@ -1,5 +1,5 @@
-"""A split's arrays made block by block: the rows a block reads, the values of every
-array against numpy, and one task per block."""
+"""A split's arrays made block by block: the values of every array against numpy, and
+one task per block."""
 
 from __future__ import annotations
 
@@ -7,37 +7,13 @@ import dask
 import dask.array as da
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from pipeline.features.labels import finalize_labels
 from pipeline.features.sessions import SegmentTable, window_runs
 from pipeline.features.specs import LabelSpec
-from pipeline.features.splitblocks import row_pieces, split_arrays
+from pipeline.features.splitblocks import split_arrays
 from pipeline.storage.units import MadeBlocks
 from tests.features.test_windows import reference as windows_ref
-
-
-@settings(max_examples=300, deadline=None)
-@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=12), data=st.data())
-def test_row_pieces_hold_exactly_the_rows_asked_for(chunks, data):
-    bounds = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
-    total = int(bounds[-1])
-    lo = data.draw(st.integers(0, total - 1))
-    hi = data.draw(st.integers(lo + 1, total))
-    rows = np.arange(total)
-    parts = [rows[bounds[c] : bounds[c + 1]] for c in range(len(chunks))]
-    pieces = row_pieces(bounds, lo, hi)
-    got = np.concatenate([parts[c][a:b] for c, a, b in pieces])
-    np.testing.assert_array_equal(got, rows[lo:hi])
-    assert all(b > a for _, a, b in pieces)  # no empty slice: each piece is a chunk it needs
-    assert [c for c, _, _ in pieces] == sorted({c for c, _, _ in pieces})
-
-
-@pytest.mark.parametrize("lo, hi", [(-1, 3), (2, 2), (0, 11)])
-def test_row_pieces_refuse_rows_outside_the_chunks(lo, hi):
-    with pytest.raises(ValueError, match="outside"):
-        row_pieces(np.array([0, 4, 10]), lo, hi)
 
 
 def _inputs(rows: int, chunk: int):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from unittest import mock
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -148,6 +150,23 @@ def test_rolling_statistics_are_the_same_in_pieces(monkeypatch):
         ref = trailing(v, 13, np.mean if stat == "mean" else np.std)
         np.testing.assert_allclose(got, ref, rtol=1e-12)
     assert np.isnan(whole["std"][[12 - 1, 10, 22, 513]]).all() and np.isfinite(whole["std"][23:500]).all()
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 400), piece=st.integers(1, 60), seed=st.integers(0, 3))
+def test_features_computed_in_row_pieces_equal_the_whole_block_bit_for_bit(rows, piece, seed):
+    """A block's features are computed a bounded number of rows at a time, each piece
+    with its history: the same bits as all rows at once, NaN where history is short or
+    a source value is missing, a user feature included."""
+    from pipeline.features import steps
+
+    x = book(rows, seed)
+    x[rows // 3, COLS.index("bid_price_1")] = np.nan
+    specs = [*SPECS, FeatureSpec.from_mapping({"name": "custom", "function": f"{__name__}:double_mid",
+                                               "lookback": 2}, "f")]
+    whole = steps.features_numpy(x, COLS, specs)
+    with mock.patch.object(steps, "_PIECE_ROWS", piece):
+        np.testing.assert_array_equal(steps.features_numpy(x, COLS, specs), whole)
 
 
 def test_book_gives_deeplob_order_under_the_source_names():

@@ -1,0 +1,67 @@
+"""One blockwise step with a halo: the rows a block reads from the input's chunks, and
+the step's values against numpy for any chunking, one task per chunk."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+from dask.utils import key_split
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pipeline.features.blockwise import map_with_halo
+from pipeline.features.geometry import row_pieces
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=12), data=st.data())
+def test_row_pieces_hold_exactly_the_rows_asked_for(chunks, data):
+    bounds = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+    total = int(bounds[-1])
+    lo = data.draw(st.integers(0, total - 1))
+    hi = data.draw(st.integers(lo + 1, total))
+    rows = np.arange(total)
+    parts = [rows[bounds[c] : bounds[c + 1]] for c in range(len(chunks))]
+    pieces = row_pieces(bounds, lo, hi)
+    got = np.concatenate([parts[c][a:b] for c, a, b in pieces])
+    np.testing.assert_array_equal(got, rows[lo:hi])
+    assert all(b > a for _, a, b in pieces)  # no empty slice: each piece is a chunk it needs
+    assert [c for c, _, _ in pieces] == sorted({c for c, _, _ in pieces})
+
+
+@pytest.mark.parametrize("lo, hi", [(-1, 3), (2, 2), (0, 11)])
+def test_row_pieces_refuse_rows_outside_the_chunks(lo, hi):
+    with pytest.raises(ValueError, match="outside"):
+        row_pieces(np.array([0, 4, 10]), lo, hi)
+
+
+def _trailing_and_leading(block: np.ndarray) -> np.ndarray:
+    """Per row: the sum of column 0 over the 3 rows before it and itself, and column 1
+    two rows ahead (NaN where the reach leaves the block)."""
+    out = np.full((block.shape[0], 2), np.nan)
+    c = np.concatenate([[0.0], np.cumsum(block[:, 0])])
+    out[3:, 0] = c[4:] - c[:-4]
+    out[:-2, 1] = block[2:, 1]
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=10))
+def test_a_step_with_a_halo_equals_it_over_the_whole_series_for_any_chunking(chunks):
+    """Chunks shorter than the halo included: a block reads its rows from as many
+    chunks as hold them."""
+    total = sum(chunks)
+    x = np.random.default_rng(total).standard_normal((total, 4))
+    a = da.from_array(x, chunks=(tuple(chunks), -1))
+    out = map_with_halo(a, _trailing_and_leading, back=3, fwd=2, width=2, dtype=np.float32, token="t",
+                        columns=[2, 0])
+    with dask.config.set(scheduler="sync"):
+        got = out.compute()
+    want = _trailing_and_leading(x[:, [2, 0]]).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
+    assert out.chunks[0] == tuple(chunks) and got.dtype == np.float32
+    # One task per chunk beside the input's own: no overlap or concatenation layers.
+    keys = [key_split(k) for k in dict(out.__dask_graph__())]
+    assert keys.count("t") == len(chunks) and len(keys) == 2 * len(chunks)
