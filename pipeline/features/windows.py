@@ -14,10 +14,13 @@ import functools
 from typing import Sequence
 
 import dask.array as da
-from dask.base import tokenize
 import numpy as np
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
+from dask.task_spec import Task
 
 from pipeline.errors import WindowError
+from pipeline.features.blockwise import rows_task
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.geometry import (
     block_window_counts,
@@ -278,28 +281,6 @@ def _feature_names(names: Sequence[str] | None, width: int) -> dict[str, list[st
     return {"features": names}
 
 
-def _block_starts(runs: WindowRuns, out_chunks: Sequence[int], h: int, rows: int) -> tuple[list[int], list[int]]:
-    """Input row boundaries and window boundaries of the blocks that make ``out_chunks``.
-
-    The block making windows ``[a, b)`` starts at window ``a``'s end row and borrows
-    ``h`` rows from its left neighbour; a block shorter than ``h`` rows is merged into
-    the next (``dask.array.overlap`` borrows from one neighbour only).
-    """
-    bounds = np.cumsum([0] + [int(c) for c in out_chunks if c > 0])
-    row_starts = [0]
-    win_starts = [0]
-    for a in bounds[1:-1]:
-        row = int(runs.ends(int(a), int(a) + 1)[0])
-        if row - row_starts[-1] < max(h, 1):
-            continue  # too short to lend a halo: its windows join the next block
-        row_starts.append(row)
-        win_starts.append(int(a))
-    if len(row_starts) > 1 and rows - row_starts[-1] < h:
-        row_starts.pop()
-        win_starts.pop()
-    return row_starts + [rows], win_starts + [int(bounds[-1])]
-
-
 def windows_at(
     x: da.Array,
     runs: WindowRuns,
@@ -325,8 +306,13 @@ def windows_at(
         Window geometry.
     out_chunks
         Windows per output block (the writer's units); by default blocks of up to
-        ``max_block_bytes``. Blocks that would span fewer rows than the halo are merged
-        with the next one.
+        ``max_block_bytes``.
+
+    Returns
+    -------
+    dask.array.Array
+        Chunked as ``out_chunks`` along windows: one task per block, which slices the
+        rows its windows span straight from ``x``'s chunks.
     """
     scales = tuple(int(s) for s in scales)
     T, F = (int(v) for v in x.shape)
@@ -336,31 +322,33 @@ def windows_at(
     if out_chunks is None:
         per = max(1, max_block_bytes // max(1, size * width * x.dtype.itemsize))
         out_chunks = (per,) * (n // per) + ((n % per,) if n % per else ())
-    if sum(out_chunks) != n:
-        raise WindowError(f"windows: blocks of {sum(out_chunks)} windows for {n} windows")
+    counts = tuple(int(c) for c in out_chunks)
+    if sum(counts) != n:
+        raise WindowError(f"windows: blocks of {sum(counts)} windows for {n} windows")
     if n == 0:
         return da.zeros((0, size, width), dtype=x.dtype, chunks=((0,), (size,), (width,)))
-    row_bounds, win_bounds = _block_starts(runs, out_chunks, h, T)
-    x = x.rechunk({0: tuple(np.diff(row_bounds).tolist()), 1: -1})
-    counts = tuple(np.diff(win_bounds).tolist())
-    overlapped = da.overlap.overlap(x, depth={0: (h, 0), 1: 0}, boundary="none") if h > 0 else x
-    # Each task gets the end rows of its own windows, relative to its block, as a small
-    # object of its own: a function closing over every session's runs would be
-    # serialized with every task.
-    per_block = np.empty((len(counts), 1), dtype=object)
-    for j, start in enumerate(row_bounds[:-1]):
-        sub = runs.slice(win_bounds[j], win_bounds[j + 1])
-        per_block[j, 0] = sub.shifted(-(int(start) - min(h, int(start))))
-    ends_blocks = da.from_array(per_block, chunks=1, name=f"window-runs-{tokenize(runs, out_chunks, h, T)}")
+    x = x.rechunk({1: -1})
+    bounds = np.concatenate([[0], np.cumsum(x.chunks[0])]).astype(np.int64)
+    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    name = f"windows-at-{tokenize(x.name, runs, counts, size, scales)}"
+    layer = {}
+    for j in range(len(counts)):
+        sub = runs.slice(int(starts[j]), int(starts[j + 1]))
+        key = (name, j, 0, 0)
+        if sub.n == 0:
+            layer[key] = Task(key, np.empty, [0, size, width], x.dtype)
+            continue
+        lo, hi = int(sub.first[0]) - h, int(sub.ends(sub.n - 1, sub.n)[0]) + 1
+        # Each task gets its own windows' runs, relative to its rows: a few integers,
+        # not an index per window, and not every session's runs.
+        layer[key] = Task(key, _windows_of_rows, rows_task(x, bounds, lo, hi), sub.shifted(-lo), size, scales)
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
+    return da.Array(graph, name, chunks=(counts, (size,), (width,)), dtype=x.dtype,
+                    meta=np.empty((0, 0, 0), dtype=x.dtype))
 
-    def block_fn(block: np.ndarray, local: np.ndarray) -> np.ndarray:
-        r = local[0, 0]
-        if r.n == 0:
-            return np.empty((0, size, width), dtype=block.dtype)
-        return windows_numpy_block(block, r.ends(), size, scales)
 
-    return da.map_blocks(block_fn, overlapped, ends_blocks, dtype=x.dtype, chunks=(counts, (size,), (width,)),
-                         new_axis=2, token="windows-at", meta=np.empty((0, 0, 0), dtype=x.dtype))
+def _windows_of_rows(rows: np.ndarray, local: WindowRuns, size: int, scales: tuple[int, ...]) -> np.ndarray:
+    return windows_numpy_block(rows, local.ends(), size, scales)
 
 
 def gather_rows(x: da.Array, runs: WindowRuns, out_chunks: Sequence[int]) -> da.Array:
