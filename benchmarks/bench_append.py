@@ -249,7 +249,7 @@ class Breakdown:
 
     STEPS = (("pipeline.update", "stored_build"), ("pipeline.update", "new_files"),
              ("pipeline.cluster", "cluster"),
-             ("pipeline.loaders.segments", "open_segmented"), ("pipeline.update", "_first_times"),
+             ("pipeline.loaders.segments", "open_segmented"), ("pipeline.loaders.segments", "_first_times"),
              ("pipeline.features", "build_training_set"), ("pipeline.loaders.provenance", "with_hashes"),
              ("pipeline.storage.append", "append"))
 
