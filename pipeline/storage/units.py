@@ -23,7 +23,9 @@ thread runs the codecs and writes, as zarr's own synchronous pipeline does. Shar
 arrays (whose codec merges inner chunks into a shard) go through zarr's own ``setitem``. The dask layer is one ``blockwise`` over the block
 plans and the split's arrays, so dask fuses it with the blockwise layers that make the
 arrays (the windows, the labels): a block is written where it is computed, with no
-transfer between workers and no task of its own.
+transfer between workers and no task of its own. A build's arrays, which all read the
+same held inputs, are not fused so: they carry their recipe (:class:`MadeBlocks`), and
+one task per block makes and writes them.
 """
 
 from __future__ import annotations
@@ -322,8 +324,9 @@ def write_blocks(write: Callable[..., int], location: str, storage_options: dict
     {name: block}, token)`` per block, so dask fuses it with the blockwise layers that
     compute the blocks. Blocks with nothing left to write are culled, with what they
     would have read. Arrays that a build made together, in these blocks
-    (:class:`MadeBlocks`), are made and written by one task per block instead: dask
-    fuses a blockwise layer with one input's layers, not with several.
+    (:class:`MadeBlocks`), are made and written by one task per block instead: in a
+    build's graph, whose arrays all read the same held inputs, dask fused the write with
+    none of the layers that make them.
     """
     n = int(next(iter(arrays.values())).shape[0])
     starts = range(0, n, block)
