@@ -2,11 +2,11 @@
 
 A block of windows needs the rows of the per-step features its windows span (their
 halo included) and the label values and times at their ends. Those rows are sliced
-straight out of the chunks of the inputs (:func:`~pipeline.features.geometry.row_pieces`), so a block is one task:
-no rechunk of the inputs to the blocks, no overlap layer, no task per array. Built
-from dask's generic layers instead (a rechunk, an overlap, a gather per array), a block
-cost about twenty tasks, and the scheduler's time for them was most of a build's wall
-time on a laptop (benchmarks/README.md).
+straight out of the chunks of the inputs
+(:func:`~pipeline.features.geometry.row_pieces`), so a block is one task: no rechunk
+of the inputs to the blocks, no overlap layer, no task per array. Built from dask's
+generic layers instead (a rechunk, an overlap, a gather per array), a block cost about
+twenty tasks, and a build took 2.4x as long (benchmarks/README.md).
 
 Each array of the split is one field of the made blocks and carries their recipe
 (``attrs["blocks"]``, a :class:`~pipeline.storage.units.MadeBlocks`), so that the

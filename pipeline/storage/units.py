@@ -20,10 +20,11 @@ units, and per unit:
 Where every codec of an array has zarr's synchronous method and the store writes without
 the event loop (local and memory stores), there is no round trip at all: the task's
 thread runs the codecs and writes, as zarr's own synchronous pipeline does. Sharded
-arrays (whose codec merges inner chunks into a shard) go through zarr's own ``setitem``. The dask layer is one ``blockwise`` over the block
-plans and the split's arrays, so dask fuses it with the blockwise layers that make the
-arrays (the windows, the labels): a block is written where it is computed, with no
-transfer between workers and no task of its own. A build's arrays, which all read the
+arrays (whose codec merges inner chunks into a shard) go through zarr's own ``setitem``.
+
+The dask layer is one ``blockwise`` over the block plans and the split's arrays, so
+dask fuses it with the blockwise layers that make the arrays: a block is written where
+it is computed, with no transfer between workers and no task of its own. A build's arrays, which all read the
 same held inputs, are not fused so: they carry their recipe (:class:`MadeBlocks`), and
 one task per block makes and writes them.
 """
