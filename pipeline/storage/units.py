@@ -24,9 +24,9 @@ arrays (whose codec merges inner chunks into a shard) go through zarr's own ``se
 
 The dask layer is one ``blockwise`` over the block plans and the split's arrays, so
 dask fuses it with the blockwise layers that make the arrays: a block is written where
-it is computed, with no transfer between workers and no task of its own. A build's arrays, which all read the
-same held inputs, are not fused so: they carry their recipe (:class:`MadeBlocks`), and
-one task per block makes and writes them.
+it is computed, with no transfer between workers and no task of its own. A build's
+arrays, which all read the same held inputs, are not fused so: they carry their recipe
+(:class:`MadeBlocks`), and one task per block makes and writes them.
 """
 
 from __future__ import annotations
