@@ -232,6 +232,7 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None
 def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) -> RunSummary:
     """What the store holds after a run (its newest version), and what the run did."""
     from pipeline.storage import open as open_store
+    from pipeline.storage.store import stored_bytes
 
     out = config.output
     ds = open_store(out.path, storage_options=out.storage_options or None)
@@ -244,7 +245,7 @@ def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) 
         for arr_name, arr in ds.group[name].arrays():
             if arr_name.startswith("_"):  # write markers, not data
                 continue
-            stored += int(arr.nbytes_stored())
+            stored += stored_bytes(arr)
             raw += int(arr.nbytes)
     return RunSummary(
         store=str(out.path),

