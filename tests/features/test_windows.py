@@ -306,3 +306,43 @@ def test_windows_in_requested_blocks_equal_the_definition(stride):
     assert got.chunks[0] == out
     assert got[b[0] : b[1]].chunks[0] == (40, 40)  # a split sliced out is exactly its units
     np.testing.assert_array_equal(got.compute(), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 40), min_size=1, max_size=4), data=st.data())
+def test_windows_at_equal_numpy_for_any_input_chunks_and_blocks(lengths, data):
+    """Windows at the ends of sessions' runs, for any chunking of the series (chunks
+    shorter than the halo included) and any blocks of windows (empty ones included):
+    each block's task slices its rows from the chunks that hold them."""
+    from pipeline.features.sessions import SegmentTable, window_runs
+    from pipeline.features.windows import windows_at
+
+    size, stride, scales = 3, data.draw(st.integers(1, 3)), (1, 2)
+    h = (size - 1) * max(scales)
+    total = sum(lengths)
+    if total == 0:
+        return
+    x = np.arange(total * 2, dtype=np.float32).reshape(total, 2)
+    runs = window_runs(SegmentTable.from_lengths(lengths), size=size, stride=stride, scales=scales, back=h, fwd=0)
+    cuts = data.draw(st.lists(st.integers(1, 7), min_size=1, max_size=20))
+    chunks, left = [], total
+    for c in cuts:
+        if left == 0:
+            break
+        chunks.append(min(c, left))
+        left -= chunks[-1]
+    if left:
+        chunks.append(left)
+    blocks = data.draw(st.lists(st.integers(0, 5), min_size=1, max_size=12))
+    out, left = [], runs.n
+    for b in blocks:
+        out.append(min(b, left))
+        left -= out[-1]
+    out.append(left)
+    got = windows_at(da.from_array(x, chunks=(tuple(chunks), -1)), runs, size=size, scales=scales, out_chunks=out)
+    starts = np.concatenate([[0], np.cumsum(lengths)]).astype(int)
+    want = [reference(x[a:b], size, stride, scales) for a, b in zip(starts, starts[1:]) if b - a > h]
+    want = np.concatenate(want) if want else np.empty((0, size, 4), np.float32)
+    if runs.n:  # no windows at all: one empty block
+        assert got.chunks[0] == tuple(out)
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), want)
