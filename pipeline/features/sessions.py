@@ -285,6 +285,12 @@ class WindowRuns:
         run, pos = self.locate(np.arange(lo, hi, dtype=np.int64))
         return self.first[run] + pos * self.stride
 
+    def span(self) -> tuple[int, int]:
+        """The first and the last end row (runs are in increasing order), without an
+        array of every end."""
+        last = len(self.count) - 1
+        return int(self.first[0]), int(self.first[last] + (self.count[last] - 1) * self.stride)
+
     def segments_of(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Segment of windows ``[lo, hi)``."""
         hi = self.n if hi is None else hi

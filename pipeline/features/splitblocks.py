@@ -146,15 +146,16 @@ def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], la
     tasks = []
     for j in range(len(chunks)):
         sub = runs.slice(int(starts[j]), int(starts[j + 1]))
-        ends = sub.ends()
-        lo, hi = int(ends[0]), int(ends[-1]) + 1
+        lo, last = sub.span()
+        hi = last + 1
         origin = {"features": lo - halo, "labels": lo, "times": lo}
         reads = {k: rows_task(a, bounds[k], origin[k], hi) if a is not None else None for k, a in inputs.items()}
         tasks.append(Task(None, _make_block, sub, origin, segs.session[sub.segment], segs.instrument[sub.segment],
                           g, reads["features"], reads["labels"], reads["times"]))
     made = MadeBlocks(name=name, chunks=chunks, tasks=tuple(tasks),
                       inputs=tuple(a for a in inputs.values() if a is not None))
-    return {k: _field(made, k, shape, dtype) for k, (shape, dtype) in specs.items()}
+    base = made.graph()  # the made blocks' layer, shared by every field's graph
+    return {k: _field(made, base, k, shape, dtype) for k, (shape, dtype) in specs.items()}
 
 
 def _field_specs(f: da.Array | None, labels_steps: da.Array, timestamps: da.Array | None,
@@ -175,13 +176,12 @@ def _field_specs(f: da.Array | None, labels_steps: da.Array, timestamps: da.Arra
     return out
 
 
-def _field(made: MadeBlocks, field: str, shape: tuple[int, ...], dtype: np.dtype) -> da.Array:
+def _field(made: MadeBlocks, base: HighLevelGraph, field: str, shape: tuple[int, ...], dtype: np.dtype) -> da.Array:
     """One array of the made blocks: block ``j`` is ``made block j[field]``."""
     name = f"{field}-{made.name}"
     rest = (0,) * len(shape)
     layer = {(name, j, *rest): Task((name, j, *rest), operator.getitem, TaskRef((made.name, j)), field)
              for j in range(len(made.chunks))}
-    base = made.graph()
     layers = dict(base.layers)
     deps = {k: set(v) for k, v in base.dependencies.items()}
     layers[name] = MaterializedLayer(layer)

@@ -338,7 +338,8 @@ def windows_at(
         if sub.n == 0:
             layer[key] = Task(key, np.empty, [0, size, width], x.dtype)
             continue
-        lo, hi = int(sub.first[0]) - h, int(sub.ends(sub.n - 1, sub.n)[0]) + 1
+        first, last = sub.span()
+        lo, hi = first - h, last + 1
         # Each task gets its own windows' runs, relative to its rows: a few integers,
         # not an index per window, and not every session's runs.
         layer[key] = Task(key, _windows_of_rows, rows_task(x, bounds, lo, hi), sub.shifted(-lo), size, scales)

@@ -15,5 +15,6 @@ __all__ = ["crc32"]
 
 def crc32(data: Any) -> int:
     """The CRC-32 of a bytes-like object (a contiguous numpy array's ``.data``, bytes),
-    as ``zlib.crc32`` gives it. The GIL is released for large inputs."""
+    as ``zlib.crc32`` gives it. The GIL is released for large inputs. A function of its
+    own, not an alias, so that a profile names the time spent here."""
     return _crc32(data)

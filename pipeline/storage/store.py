@@ -95,7 +95,7 @@ def store_root_attrs(group: zarr.Group) -> dict[str, Any]:
 
 def stored_bytes(arr: zarr.Array) -> int:
     """The bytes an array's files take (its chunks and metadata): ``nbytes_stored``,
-    walked with ``os.scandir`` for a directory store. zarr lists a local array's files
+    counted by walking the directory for a local store. zarr lists a local array's files
     through its event loop: 0.5 s for a build of 6,000 files, against 0.08 s."""
     store = arr.store_path.store
     if not isinstance(store, zarr.storage.LocalStore):

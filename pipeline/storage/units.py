@@ -41,7 +41,7 @@ import zarr
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 from zarr.abc.codec import SupportsSyncCodec
-from zarr.abc.store import SupportsDeleteSync, SupportsSetSync
+from zarr.abc.store import SupportsDeleteSync, SupportsGetSync, SupportsSetSync
 from zarr.buffer import default_buffer_prototype
 from zarr.codecs import ShardingCodec
 from zarr.core.sync import sync
@@ -219,7 +219,8 @@ def read_rows_sync(arr: zarr.Array) -> np.ndarray | None:
     target = arr.async_array
     codecs = _sync_codecs(target)
     md = target.metadata
-    if codecs is None or not hasattr(target.store_path.store, "get_sync") or md.chunk_grid.chunk_shape[0] != 1:
+    if (codecs is None or not isinstance(target.store_path.store, SupportsGetSync)
+            or md.chunk_grid.chunk_shape[0] != 1):
         return None
     proto = default_buffer_prototype()
     out = np.zeros(md.shape, dtype=md.dtype.to_native_dtype())

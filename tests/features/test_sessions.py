@@ -271,3 +271,6 @@ def test_runs_slice_and_shift_equal_the_ends_they_cut(lengths, stride, data):
     np.testing.assert_array_equal(part.ends(), runs.ends(lo, hi))
     np.testing.assert_array_equal(part.segments_of(), runs.segments_of(lo, hi))
     np.testing.assert_array_equal(part.shifted(-5).ends(), runs.ends(lo, hi) - 5)
+    for r in (runs, part):  # the first and last end, without every end
+        if r.n:
+            assert r.span() == (int(r.ends()[0]), int(r.ends()[-1]))
