@@ -8,9 +8,10 @@ first epoch fetches with many requests in flight: the epoch's chunk order is kno
 before it starts (:mod:`~pipeline.streaming.plan`), so each worker announces its plan
 (:meth:`RemoteCache.will_read`) and a fetch thread fetches it in order, a window ahead
 of the reads, with up to :data:`FETCH_REQUESTS` requests (and :data:`FETCH_BYTES`) in
-flight. Each process counts what its epochs found in the cache and fetched, and
-publishes its counts in the cache directory, so that a stream reports the reads of its
-DataLoader workers with its own (:class:`CacheStats`, ``Stream.cache_stats``).
+flight, through obstore where the store's options allow (:mod:`~pipeline.streaming.fetch`).
+Each process counts what its epochs found in the cache and fetched, and publishes its
+counts in the cache directory, so that a stream reports the reads of its DataLoader
+workers with its own (:class:`CacheStats`, ``Stream.cache_stats``).
 
 Sharing and safety: every rank and DataLoader worker of a node may use the same
 directory at once, never sees a torn file, and the cache deletes nothing but its own
@@ -41,6 +42,7 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.errors import StoreError, StreamError
 from pipeline.streaming.diskcache import DiskCache, MappedFiles
+from pipeline.streaming.fetch import fetcher_for
 
 __all__ = ["FETCH_BYTES", "FETCH_REQUESTS", "CacheSpec", "CacheStats", "RemoteCache", "cache_spec",
            "open_remote_cache"]
@@ -50,8 +52,9 @@ FETCH_REQUESTS = 16
 #: Most bytes (decoded size, a bound on the size fetched) it keeps in flight. Transfers in
 #: flight share the network: with all of an epoch's requests sent at once, the first
 #: chunk would arrive with the last, and nothing could be decoded meanwhile. Enough to
-#: cover a request's latency at the bandwidth (20 ms at 1 GB/s is 20 MB), in order.
-FETCH_BYTES = 64 << 20
+#: cover a request's latency at the bandwidth (20 ms at 2 GB/s is 40 MB) with a few
+#: chunks of 32 MiB still in flight, in order.
+FETCH_BYTES = 128 << 20
 #: Most bytes a process fetches ahead of its reads (and at most a quarter of the budget).
 AHEAD_BYTES = 1 << 30
 #: The fetch thread ends after this long without work (it starts again when needed).
@@ -187,10 +190,9 @@ class RemoteCache:
     ----------
     disk
         The node's cache directory.
-    fs
-        The store's asynchronous fsspec file system (as zarr's ``FsspecStore`` holds it).
-    root
-        The store's path on ``fs``.
+    fetcher
+        What fetches the store's objects by their path in the store
+        (:mod:`~pipeline.streaming.fetch`).
     namespace
         What identifies the store's content (URL, endpoint, identity): part of every
         cache file's name.
@@ -201,13 +203,12 @@ class RemoteCache:
         counts stay in this process.
     """
 
-    def __init__(self, disk: DiskCache, fs: Any, root: str, namespace: str, label: str, stream: str = ""):
+    def __init__(self, disk: DiskCache, fetcher: Any, namespace: str, label: str, stream: str = ""):
         from zarr.core.sync import _get_loop
 
-        self.disk, self.fs, self.label = disk, fs, label
-        self.root = root.rstrip("/")
+        self.disk, self.fetcher, self.label = disk, fetcher, label
         self._ns = hashlib.blake2b(namespace.encode("utf-8"), digest_size=8).hexdigest()
-        # The file system's session lives on zarr's event loop (it opened the store there).
+        # An fsspec file system's session lives on zarr's event loop (it opened the store there).
         self._loop = _get_loop()
         self._lock = threading.RLock()  # RLock: a fetch done already runs its callback at once
         self._wake = threading.Condition(self._lock)
@@ -411,10 +412,8 @@ class RemoteCache:
                 self._wake_fetcher()
 
     async def _fetch(self, path: str, name: str, epoch: int) -> bytes | None:
-        remote = f"{self.root}/{path}" if self.root else path
-        try:
-            data = await self.fs._cat_file(remote)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        data = await self.fetcher.get(path)
+        if data is None:
             return None  # never written: read as the fill value, and nothing to cache
         with self._lock:
             counts = self._counts(epoch)
@@ -515,8 +514,8 @@ def open_remote_cache(spec: CacheSpec | None, group: Any, location: Any, storage
     url = f"{_protocols(store.fs)[0] if _protocols(store.fs) else ''}://{store.path}"
     namespace = "\n".join([url, str(endpoint), str(meta.get("created", "")), str(meta.get("fingerprint", ""))])
     label = location if isinstance(location, (str, os.PathLike)) else url
-    return RemoteCache(DiskCache(spec.directory, spec.budget), store.fs, store.path, namespace, str(label),
-                       spec.stream)
+    return RemoteCache(DiskCache(spec.directory, spec.budget), fetcher_for(store.fs, store.path, opts), namespace,
+                       str(label), spec.stream)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:

@@ -373,7 +373,7 @@ def test_temporary_files_of_dead_writers_are_cleaned(tmp_path):
 
 def test_file_names_differ_by_store_object_and_length(tmp_path):
     disk = DiskCache(str(tmp_path), budget=100)
-    a, b = (RemoteCache(disk, None, "bucket/set.zarr", ns, "set.zarr") for ns in ("store a", "store b"))
+    a, b = (RemoteCache(disk, None, ns, "set.zarr") for ns in ("store a", "store b"))
     names = {a.name("train/y/c/0"), a.name("train/y/c/0", "@10"), a.name("train/x/c/0"), b.name("train/y/c/0")}
     assert len(names) == 4
     assert all(re.fullmatch(r"[0-9a-f]{16}-[0-9a-f]{32}\.chunk", n) for n in names)

@@ -1,0 +1,178 @@
+"""How the chunk cache fetches a remote store's objects: through obstore where it can,
+else through the store's own fsspec file system.
+
+s3fs (aiobotocore) spends about twice the CPU per byte fetched that obstore (Rust's
+``object_store``) does, and on a machine that also decodes what it fetches that CPU
+bounds a first epoch (``benchmarks/bench_s3_cache.py``). obstore is used for ``s3://``
+stores when it is installed and the store's fsspec options say everything it needs in
+terms it understands (:func:`obstore_config`); anything else (a profile, botocore
+configuration, extra request arguments, fsspec's own configuration) keeps the fsspec
+file system, which knows them. Both fetch the same bytes.
+
+obstore runs its requests on a tokio runtime whose threads do not survive ``fork``. A
+process forked after obstore was imported (a DataLoader worker of a stream that already
+fetched) fetches through fsspec, which starts its event loop again after a fork.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Mapping
+
+__all__ = ["FsspecFetcher", "ObstoreFetcher", "fetcher_for", "obstore_config"]
+
+#: fsspec options of s3fs that change nothing about how an object's bytes are fetched.
+_IRRELEVANT = frozenset({
+    "asynchronous", "loop", "skip_instance_cache", "use_listings_cache", "listings_expiry_time", "max_paths",
+    "default_block_size", "default_fill_cache", "default_cache_type", "cache_regions", "max_concurrency",
+    "fixed_upload_size", "version_aware",
+})
+#: Environment variables through which botocore would find what obstore does not read
+#: the same way (a named profile, an endpoint).
+_BOTOCORE_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+
+_forked_after_import = False
+
+
+def _after_fork_in_child() -> None:
+    global _forked_after_import
+    if "obstore" in sys.modules:  # its runtime may have started in the parent
+        _forked_after_import = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def obstore_config(protocols: tuple[str, ...], options: Mapping[str, Any], bucket: str,
+                   env: Mapping[str, str] | None = None, fsspec_conf: Mapping[str, Any] | None = None
+                   ) -> dict[str, Any] | None:
+    """The keyword arguments of an ``obstore.store.S3Store`` that fetches what s3fs with
+    ``options`` fetches from ``bucket``, or None when the options do not translate.
+
+    Parameters
+    ----------
+    protocols
+        The fsspec file system's protocols (``("s3", "s3a")`` for s3fs).
+    options
+        Its storage options, as given to s3fs.
+    bucket
+        The store's bucket.
+    env
+        The environment (default: ``os.environ``). Credentials or a region from
+        environment variables both clients read are left to obstore, which reads them.
+    fsspec_conf
+        fsspec's configuration for s3 (default: ``fsspec.config.conf["s3"]``); any
+        translates to None, since obstore would not see it.
+    """
+    env = os.environ if env is None else env
+    if fsspec_conf is None:
+        try:
+            from fsspec.config import conf
+            fsspec_conf = conf.get("s3") or conf.get("s3fs") or {}
+        except ImportError:
+            fsspec_conf = {}
+    if not {"s3", "s3a"} & set(protocols) or fsspec_conf or any(env.get(k) for k in _BOTOCORE_ENV):
+        return None
+    opts = {k: v for k, v in options.items() if k not in _IRRELEVANT}
+    client = dict(opts.pop("client_kwargs", None) or {})
+    out: dict[str, Any] = {"bucket": bucket}
+
+    def take(name: str, *aliases_in_client: str) -> Any:
+        value = opts.pop(name, None)
+        for alias in aliases_in_client:
+            value = client.pop(alias, None) if value is None else value
+            client.pop(alias, None)
+        return value
+
+    key = take("key", "aws_access_key_id")
+    secret = take("secret", "aws_secret_access_key")
+    token = take("token", "aws_session_token")
+    anon = bool(opts.pop("anon", False))
+    endpoint = take("endpoint_url", "endpoint_url")
+    region = client.pop("region_name", None)
+    requester_pays = bool(opts.pop("requester_pays", False))
+    use_ssl = opts.pop("use_ssl", True)
+    if opts or client:  # options obstore has no word for (a profile, botocore's config, ...)
+        return None
+    if anon:
+        out["skip_signature"] = True
+    elif key and secret:
+        out.update(access_key_id=str(key), secret_access_key=str(secret))
+        if token:
+            out["session_token"] = str(token)
+    elif key or secret or not (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
+        # Half a key pair, or credentials botocore finds elsewhere (its files, SSO).
+        return None
+    if endpoint:
+        out["endpoint"] = str(endpoint)
+        if str(endpoint).startswith("http://"):
+            out["client_options"] = {"allow_http": True}
+    elif not use_ssl:
+        return None
+    if region:
+        out["region"] = str(region)
+    elif not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
+        if not endpoint:
+            return None  # s3fs finds an AWS bucket's region; obstore would need it said
+        out["region"] = "us-east-1"  # another S3 server: signed for any region it accepts
+    if requester_pays:
+        out["request_payer"] = True
+    return out
+
+
+class FsspecFetcher:
+    """Objects fetched through an asynchronous fsspec file system."""
+
+    def __init__(self, fs: Any, root: str):
+        self.fs, self.root = fs, root.rstrip("/")
+
+    async def get(self, path: str) -> Any:
+        """The bytes of object ``path`` under the root, or None when there is none."""
+        remote = f"{self.root}/{path}" if self.root else path
+        try:
+            return await self.fs._cat_file(remote)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+
+class ObstoreFetcher:
+    """Objects fetched through an obstore ``S3Store`` of the bucket."""
+
+    def __init__(self, config: Mapping[str, Any], root: str):
+        from obstore.store import S3Store
+
+        config = dict(config)
+        self.bucket = config.pop("bucket")
+        self.prefix = root.rstrip("/").split("/", 1)[1] if "/" in root.rstrip("/") else ""
+        self.store = S3Store(self.bucket, **config)
+
+    async def get(self, path: str) -> Any:
+        """The bytes of object ``path`` under the root (an ``obstore.Bytes``, read
+        through the buffer protocol), or None when there is none."""
+        import obstore
+        from obstore.exceptions import NotFoundError
+
+        key = f"{self.prefix}/{path}" if self.prefix else path
+        try:
+            result = await obstore.get_async(self.store, key)
+            return await result.bytes_async()
+        except (FileNotFoundError, NotFoundError):  # obstore raises the former for a missing key
+            return None
+
+
+def fetcher_for(fs: Any, root: str, options: Mapping[str, Any] | None) -> FsspecFetcher | ObstoreFetcher:
+    """The fetcher of the objects under ``root`` on ``fs`` (opened with ``options``):
+    obstore where :func:`obstore_config` translates the options, it is installed, and
+    this process was not forked from one that had imported it; else ``fs`` itself."""
+    p = getattr(fs, "protocol", ())
+    protocols = (p,) if isinstance(p, str) else tuple(p)
+    bucket = root.strip("/").split("/", 1)[0]
+    config = obstore_config(protocols, dict(options or {}), bucket) if bucket else None
+    if config is not None and not _forked_after_import:
+        try:
+            return ObstoreFetcher(config, root.strip("/"))
+        except ImportError:
+            pass
+    return FsspecFetcher(fs, root)

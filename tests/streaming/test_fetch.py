@@ -1,0 +1,152 @@
+"""How the chunk cache fetches remote objects: obstore only where s3fs's options translate
+exactly, the same bytes as s3fs from a real S3-protocol server (moto) on loopback, and
+fsspec in a process forked after obstore was imported."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+
+import numpy as np
+import pytest
+
+import pipeline
+from pipeline.storage import write
+from pipeline.streaming.fetch import FsspecFetcher, ObstoreFetcher, fetcher_for, obstore_config
+
+pytest.importorskip("obstore")
+
+S3 = ("s3", "s3a")
+NO_ENV: dict[str, str] = {}
+
+
+def config(options, env=NO_ENV, protocols=S3, conf=None):
+    return obstore_config(protocols, options, "bucket", env=env, fsspec_conf=conf or {})
+
+
+# -- what translates ----------------------------------------------------------------------
+
+
+def test_explicit_keys_and_an_http_endpoint_translate():
+    got = config({"key": "k", "secret": "s", "endpoint_url": "http://127.0.0.1:9000"})
+    assert got == {"bucket": "bucket", "access_key_id": "k", "secret_access_key": "s",
+                   "endpoint": "http://127.0.0.1:9000", "client_options": {"allow_http": True}, "region": "us-east-1"}
+    # The same said through botocore's client arguments, with a token and a region.
+    got = config({"client_kwargs": {"endpoint_url": "https://minio.lan", "region_name": "eu-west-1",
+                                    "aws_access_key_id": "k", "aws_secret_access_key": "s",
+                                    "aws_session_token": "t"}})
+    assert got == {"bucket": "bucket", "access_key_id": "k", "secret_access_key": "s", "session_token": "t",
+                   "endpoint": "https://minio.lan", "region": "eu-west-1"}
+
+
+def test_anonymous_and_requester_pays_and_options_that_change_no_bytes():
+    got = config({"anon": True, "client_kwargs": {"region_name": "us-west-2"}, "requester_pays": True,
+                  "default_block_size": 1 << 20, "use_listings_cache": False, "skip_instance_cache": True})
+    assert got == {"bucket": "bucket", "skip_signature": True, "region": "us-west-2", "request_payer": True}
+
+
+def test_credentials_and_region_from_the_environment_are_left_to_obstore():
+    env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "eu-central-1"}
+    assert config({}, env) == {"bucket": "bucket"}
+
+
+@pytest.mark.parametrize("options, env, why", [
+    ({}, NO_ENV, "no credentials: botocore's files, SSO or instance roles"),
+    ({"key": "k", "secret": "s"}, NO_ENV, "AWS itself with no region: s3fs looks the bucket's up"),
+    ({"key": "k"}, NO_ENV, "half a key pair"),
+    ({"profile": "research", "client_kwargs": {"region_name": "us-east-1"}}, NO_ENV, "a named profile"),
+    ({"key": "k", "secret": "s", "endpoint_url": "http://h", "config_kwargs": {"signature_version": "s3v4"}},
+     NO_ENV, "botocore configuration"),
+    ({"key": "k", "secret": "s", "endpoint_url": "http://h", "s3_additional_kwargs": {"SSECustomerKey": "x"}},
+     NO_ENV, "extra request arguments"),
+    ({"key": "k", "secret": "s", "client_kwargs": {"region_name": "r", "verify": False}}, NO_ENV,
+     "an unknown client argument"),
+    ({"key": "k", "secret": "s", "client_kwargs": {"region_name": "r"}}, {"AWS_PROFILE": "p"}, "a profile in env"),
+    ({"key": "k", "secret": "s", "client_kwargs": {"region_name": "r"}}, {"AWS_ENDPOINT_URL": "http://h"},
+     "an endpoint in env"),
+    ({"key": "k", "secret": "s", "use_ssl": False, "client_kwargs": {"region_name": "r"}}, NO_ENV,
+     "plain http to AWS"),
+])
+def test_what_does_not_translate_stays_with_fsspec(options, env, why):
+    assert config(options, env) is None, why
+
+
+def test_other_protocols_and_fsspec_configuration_stay_with_fsspec():
+    opts = {"key": "k", "secret": "s", "endpoint_url": "http://h"}
+    assert config(opts, protocols=("gcs", "gs")) is None
+    assert config(opts, conf={"endpoint_url": "http://elsewhere"}) is None
+
+
+# -- the same bytes -----------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def objects(s3):
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key=s3["key"], secret=s3["secret"], client_kwargs={"endpoint_url": s3["endpoint_url"]})
+    rng = np.random.default_rng(3)
+    blobs = {f"fetch/set.zarr/x/c/{i}": rng.bytes(n) for i, n in enumerate([0, 1, 4097, 3 << 20])}
+    for key, data in blobs.items():
+        fs.pipe_file(f"training/{key}", data)
+    return fs, blobs
+
+
+def zarr_fs(s3):
+    """The asynchronous file system zarr opens the store with, on zarr's event loop."""
+    import zarr
+
+    return zarr.storage.FsspecStore.from_url("s3://training/fetch/set.zarr", storage_options=s3).fs
+
+
+def fetch_all(fetcher, paths):
+    from zarr.core.sync import _get_loop
+
+    async def run():
+        return await asyncio.gather(*(fetcher.get(p) for p in paths))
+
+    return asyncio.run_coroutine_threadsafe(run(), _get_loop()).result(60)
+
+
+def test_obstore_fetches_the_bytes_s3fs_fetches(s3, objects):
+    fs, blobs = zarr_fs(s3), objects[1]
+    obs = fetcher_for(fs, "training/fetch/set.zarr", s3)
+    assert isinstance(obs, ObstoreFetcher)
+    paths = [k.removeprefix("fetch/set.zarr/") for k in blobs] + ["x/c/missing"]
+    got = fetch_all(obs, paths)
+    ref = fetch_all(FsspecFetcher(fs, "training/fetch/set.zarr"), paths)
+    assert [bytes(memoryview(g)) for g in got[:-1]] == list(blobs.values()) == ref[:-1]
+    assert got[-1] is None and ref[-1] is None  # never written: the fill value, not an error
+
+
+def _fetcher_in_child(queue, s3):
+    fs = zarr_fs(s3)  # a source opens its store again after a fork
+    fetcher = fetcher_for(fs, "training/fetch/set.zarr", s3)
+    data = fetch_all(fetcher, ["x/c/2"])[0]
+    queue.put((type(fetcher).__name__, bytes(memoryview(data))))
+
+
+def test_a_process_forked_after_obstore_was_imported_fetches_through_fsspec(s3, objects):
+    fs, blobs = zarr_fs(s3), objects[1]
+    assert len(fetch_all(fetcher_for(fs, "training/fetch/set.zarr", s3), ["x/c/2"])[0]) == 4097  # runtime started
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_fetcher_in_child, args=(queue, s3))
+    child.start()
+    name, data = queue.get(timeout=60)
+    child.join(30)
+    assert name == "FsspecFetcher" and data == blobs["fetch/set.zarr/x/c/2"]
+
+
+def test_a_stream_through_the_cache_fetches_with_obstore(s3, tmp_path):
+    url = "s3://training/fetch/stream.zarr"
+    x = np.random.default_rng(5).standard_normal((300, 8)).astype(np.float32)
+    write(url, {"x": x, "y": np.arange(300)}, chunk_samples=64, progress=False, storage_options=s3, overwrite=True)
+    s = pipeline.stream(url, batch_size=32, seed=1, storage_options=s3, cache_dir=tmp_path, cache_bytes=1 << 30)
+    ids = []
+    for xb, yb in s:
+        np.testing.assert_array_equal(xb, x[yb])
+        ids.append(yb.copy())
+    assert sorted(np.concatenate(ids).tolist()) == list(range(300))
+    assert isinstance(s.source.cache.fetcher, ObstoreFetcher)
+    assert s.cache_stats().requests == 2 * 5
