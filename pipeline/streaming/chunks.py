@@ -15,7 +15,9 @@ its rows) falls back to zarr's own read, which is always correct.
 
 A remote store's objects (a chunk, or a whole shard) are read through a node-local disk
 cache when the stream has one (:mod:`~pipeline.streaming.cache`): fetched ahead of need,
-then read from local files, mapped like a local store's.
+then read from local files, mapped like a local store's. Without the cache, an ``s3://``
+store's objects are fetched through obstore where its options allow
+(:mod:`~pipeline.streaming.fetch`), else through zarr's store.
 
 :meth:`ChunkReader.scatter` decodes rows straight to scattered places (the streamer's
 mixed order). For large blosc chunks, a few blocks at a time into a buffer that stays in
@@ -39,6 +41,7 @@ import zarr
 
 from pipeline.errors import CorruptChunkError
 from pipeline.streaming import blosc
+from pipeline.streaming.fetch import store_fetcher
 from pipeline.streaming.maps import MapCache
 
 __all__ = ["BLOCKWISE_RUNS", "ArrayPool", "ChunkReader", "runs_index"]
@@ -123,6 +126,8 @@ class ChunkReader:
             if self._block_decoder is None:
                 self._blocks = None
         self.cache = cache if self._decoder is not None and self._root is None else None
+        # A remote store read without the cache: its objects through obstore where it can.
+        self._fetcher = store_fetcher(array.store_path.store) if self._root is None and self.cache is None else None
         self._chunk_bytes = self.rows * int(np.prod(self.tail_shape, dtype=np.int64)) * self.dtype.itemsize
         # scatter() decodes blosc chunks by blocks when nothing needs the whole chunk:
         # checksums cover whole chunks, and a transposed chunk is rows only once whole.
@@ -273,6 +278,10 @@ class ChunkReader:
                 return None
         if self.cache is not None:
             return self._cached(key, start, stop, suffix)
+        if self._fetcher is not None:
+            from zarr.core.sync import sync
+
+            return sync(self._fetcher.get(f"{self.array.store_path.path}/{key}".lstrip("/"), start, stop, suffix))
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.sync import sync

@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any, Mapping
 
-__all__ = ["FsspecFetcher", "ObstoreFetcher", "fetcher_for", "obstore_config"]
+__all__ = ["FsspecFetcher", "ObstoreFetcher", "fetcher_for", "obstore_config", "store_fetcher"]
 
 #: fsspec options of s3fs that change nothing about how an object's bytes are fetched.
 _IRRELEVANT = frozenset({
@@ -148,18 +148,34 @@ class ObstoreFetcher:
         self.prefix = root.rstrip("/").split("/", 1)[1] if "/" in root.rstrip("/") else ""
         self.store = S3Store(self.bucket, **config)
 
-    async def get(self, path: str) -> Any:
+    async def get(self, path: str, start: int | None = None, stop: int | None = None,
+                  suffix: int | None = None) -> Any:
         """The bytes of object ``path`` under the root (an ``obstore.Bytes``, read
-        through the buffer protocol), or None when there is none."""
+        through the buffer protocol), or of its range ``[start, stop)``, or of its last
+        ``suffix`` bytes; None when there is no such object."""
         import obstore
         from obstore.exceptions import NotFoundError
 
         key = f"{self.prefix}/{path}" if self.prefix else path
         try:
-            result = await obstore.get_async(self.store, key)
+            if start is not None:
+                return await obstore.get_range_async(self.store, key, start=start, end=stop)
+            options = {"range": {"suffix": suffix}} if suffix is not None else None
+            result = await obstore.get_async(self.store, key, options=options)
             return await result.bytes_async()
         except (FileNotFoundError, NotFoundError):  # obstore raises the former for a missing key
             return None
+
+
+def store_fetcher(store: Any) -> ObstoreFetcher | None:
+    """An obstore fetcher of a zarr ``FsspecStore``'s objects, or None where
+    :func:`fetcher_for` would keep the store's own file system (the store is then read
+    through zarr)."""
+    fs = getattr(store, "fs", None)
+    if fs is None:
+        return None
+    fetcher = fetcher_for(fs, store.path, getattr(fs, "storage_options", None))
+    return fetcher if isinstance(fetcher, ObstoreFetcher) else None
 
 
 def fetcher_for(fs: Any, root: str, options: Mapping[str, Any] | None) -> FsspecFetcher | ObstoreFetcher:

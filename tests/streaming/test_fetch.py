@@ -150,3 +150,29 @@ def test_a_stream_through_the_cache_fetches_with_obstore(s3, tmp_path):
     assert sorted(np.concatenate(ids).tolist()) == list(range(300))
     assert isinstance(s.source.cache.fetcher, ObstoreFetcher)
     assert s.cache_stats().requests == 2 * 5
+
+
+@pytest.mark.parametrize("shard_chunks", [None, 4])
+def test_a_stream_without_the_cache_reads_through_obstore_whole_objects_and_ranges(s3, shard_chunks):
+    url = f"s3://training/fetch/uncached-{shard_chunks}.zarr"
+    x = np.random.default_rng(6).standard_normal((500, 8)).astype(np.float32)
+    write(url, {"x": x, "y": np.arange(500)}, chunk_samples=32, shard_chunks=shard_chunks, progress=False,
+          storage_options=s3, overwrite=True)
+    for verify in (False, True):
+        s = pipeline.stream(url, batch_size=40, seed=2, storage_options=s3, verify=verify)
+        ids = []
+        for xb, yb in s:
+            np.testing.assert_array_equal(xb, x[yb])
+            ids.append(yb.copy())
+        assert sorted(np.concatenate(ids).tolist()) == list(range(500))
+        assert all(isinstance(r._fetcher, ObstoreFetcher) for r in s.source.readers.values())
+
+
+def test_ranges_and_suffixes_are_the_bytes_s3fs_reads(s3, objects):
+    from zarr.core.sync import sync
+
+    blob = objects[1]["fetch/set.zarr/x/c/3"]
+    obs = fetcher_for(zarr_fs(s3), "training/fetch/set.zarr", s3)
+    assert bytes(sync(obs.get("x/c/3", 1000, 5000))) == blob[1000:5000]
+    assert bytes(sync(obs.get("x/c/3", suffix=777))) == blob[-777:]
+    assert sync(obs.get("x/c/missing", 0, 10)) is None and sync(obs.get("x/c/missing", suffix=4)) is None
