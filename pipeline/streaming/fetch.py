@@ -9,9 +9,10 @@ terms it understands (:func:`obstore_config`); anything else (a profile, botocor
 configuration, extra request arguments, fsspec's own configuration) keeps the fsspec
 file system, which knows them. Both fetch the same bytes.
 
-obstore runs its requests on a tokio runtime whose threads do not survive ``fork``. A
-process forked after obstore was imported (a DataLoader worker of a stream that already
-fetched) fetches through fsspec, which starts its event loop again after a fork.
+obstore runs its requests on a tokio runtime whose threads do not survive ``fork``: a
+process forked after obstore sent a request (a DataLoader worker of a stream that
+already fetched) fetches through fsspec, which starts its event loop again after a
+fork. Workers forked from a parent that only opened the stream use obstore.
 """
 
 from __future__ import annotations
@@ -33,12 +34,17 @@ _IRRELEVANT = frozenset({
 _BOTOCORE_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
                  "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
-_forked_after_import = False
+_forked_after_import = False  # this process was forked from one whose obstore runtime may run
+_requested = False  # this process sent obstore requests through a fetcher (its runtime started)
+_imported_first: bool | None = None  # whether a fetcher imported obstore before anything else did
 
 
 def _after_fork_in_child() -> None:
     global _forked_after_import
-    if "obstore" in sys.modules:  # its runtime may have started in the parent
+    # The runtime starts with the first request, not with the import or a store object
+    # (checked: a child forked after those fetches; one forked after a request hangs).
+    # Requests of other code that imported obstore first cannot be seen: assumed made.
+    if _requested or ("obstore" in sys.modules and not _imported_first):
         _forked_after_import = True
 
 
@@ -141,6 +147,9 @@ class ObstoreFetcher:
     """Objects fetched through an obstore ``S3Store`` of the bucket."""
 
     def __init__(self, config: Mapping[str, Any], root: str):
+        global _imported_first
+        if _imported_first is None:
+            _imported_first = "obstore" not in sys.modules
         from obstore.store import S3Store
 
         config = dict(config)
@@ -156,6 +165,8 @@ class ObstoreFetcher:
         import obstore
         from obstore.exceptions import NotFoundError
 
+        global _requested
+        _requested = True
         key = f"{self.prefix}/{path}" if self.prefix else path
         try:
             if start is not None:
@@ -181,7 +192,8 @@ def store_fetcher(store: Any) -> ObstoreFetcher | None:
 def fetcher_for(fs: Any, root: str, options: Mapping[str, Any] | None) -> FsspecFetcher | ObstoreFetcher:
     """The fetcher of the objects under ``root`` on ``fs`` (opened with ``options``):
     obstore where :func:`obstore_config` translates the options, it is installed, and
-    this process was not forked from one that had imported it; else ``fs`` itself."""
+    this process was not forked from one whose obstore runtime may run; else ``fs``
+    itself."""
     p = getattr(fs, "protocol", ())
     protocols = (p,) if isinstance(p, str) else tuple(p)
     bucket = root.strip("/").split("/", 1)[0]

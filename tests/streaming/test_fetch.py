@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -126,7 +129,37 @@ def _fetcher_in_child(queue, s3):
     queue.put((type(fetcher).__name__, bytes(memoryview(data))))
 
 
-def test_a_process_forked_after_obstore_was_imported_fetches_through_fsspec(s3, objects):
+def test_a_process_forked_before_any_obstore_request_fetches_through_obstore(s3, objects):
+    # Run first in a fresh process: this test module's own requests would start the runtime.
+    code = f"""
+import asyncio, multiprocessing, sys
+sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})
+import zarr
+from zarr.core.sync import _get_loop
+from pipeline.streaming.fetch import fetcher_for
+s3 = {s3!r}
+def fetcher():
+    fs = zarr.storage.FsspecStore.from_url("s3://training/fetch/set.zarr", storage_options=s3).fs
+    return fetcher_for(fs, "training/fetch/set.zarr", s3)
+def child(queue):
+    f = fetcher()
+    data = asyncio.run_coroutine_threadsafe(f.get("x/c/2"), _get_loop()).result(60)
+    queue.put((type(f).__name__, len(data)))
+assert type(fetcher()).__name__ == "ObstoreFetcher"  # obstore imported, a store made, no request
+ctx = multiprocessing.get_context("fork")
+queue = ctx.Queue()
+proc = ctx.Process(target=child, args=(queue,))
+proc.start()
+name, n = queue.get(timeout=60)
+proc.join(30)
+print(name, n)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["ObstoreFetcher", "4097"]
+
+
+def test_a_process_forked_after_an_obstore_request_fetches_through_fsspec(s3, objects):
     fs, blobs = zarr_fs(s3), objects[1]
     assert len(fetch_all(fetcher_for(fs, "training/fetch/set.zarr", s3), ["x/c/2"])[0]) == 4097  # runtime started
     ctx = multiprocessing.get_context("fork")
