@@ -39,7 +39,7 @@ import numcodecs
 import numpy as np
 import zarr
 
-from pipeline.errors import CorruptChunkError
+from pipeline.errors import CorruptChunkError, StoreError
 from pipeline.streaming import blosc
 from pipeline.streaming.fetch import store_fetcher
 from pipeline.streaming.maps import MapCache
@@ -281,7 +281,11 @@ class ChunkReader:
         if self._fetcher is not None:
             from zarr.core.sync import sync
 
-            return sync(self._fetcher.get(f"{self.array.store_path.path}/{key}".lstrip("/"), start, stop, suffix))
+            path = f"{self.array.store_path.path}/{key}".lstrip("/")
+            try:
+                return sync(self._fetcher.get(path, start, stop, suffix))
+            except Exception as exc:  # noqa: BLE001 - any failure to fetch is the store's (after obstore's retries)
+                raise StoreError(f"{self.where[0]}: cannot fetch {path} ({type(exc).__name__}: {exc})") from exc
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.sync import sync

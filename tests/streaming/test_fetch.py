@@ -209,3 +209,22 @@ def test_ranges_and_suffixes_are_the_bytes_s3fs_reads(s3, objects):
     assert bytes(sync(obs.get("x/c/3", 1000, 5000))) == blob[1000:5000]
     assert bytes(sync(obs.get("x/c/3", suffix=777))) == blob[-777:]
     assert sync(obs.get("x/c/missing", 0, 10)) is None and sync(obs.get("x/c/missing", suffix=4)) is None
+
+
+def test_a_failed_fetch_names_the_store_and_the_object(s3, monkeypatch):
+    from obstore.exceptions import GenericError
+
+    from pipeline.errors import StoreError
+
+    url = "s3://training/fetch/failing.zarr"
+    write(url, {"x": np.ones((64, 4), np.float32), "y": np.arange(64)}, chunk_samples=32, progress=False,
+          storage_options=s3, overwrite=True)
+    s = pipeline.stream(url, batch_size=16, seed=0, storage_options=s3)
+
+    async def refused(*args, **kwargs):
+        raise GenericError("connection refused after 10 retries")
+
+    for reader in s.source.readers.values():
+        monkeypatch.setattr(reader._fetcher, "get", refused)
+    with pytest.raises(StoreError, match=r"failing\.zarr.*cannot fetch train/(x|y)/c/\d.*connection refused"):
+        next(iter(s))
