@@ -228,3 +228,21 @@ def test_a_failed_fetch_names_the_store_and_the_object(s3, monkeypatch):
         monkeypatch.setattr(reader._fetcher, "get", refused)
     with pytest.raises(StoreError, match=r"failing\.zarr.*cannot fetch train/(x|y)/c/\d.*connection refused"):
         next(iter(s))
+
+
+def test_a_foreign_store_whose_chunks_split_samples_streams_through_obstore(s3):
+    import zarr
+
+    url = "s3://training/fetch/foreign-blocks.zarr"
+    root = zarr.open_group(zarr.storage.FsspecStore.from_url(url, storage_options=s3), mode="w", zarr_format=3)
+    x = np.random.default_rng(8).standard_normal((300, 6, 5)).astype(np.float32)
+    root.create_array("x", data=x, chunks=(40, 4, 3))  # blocks: every sample split over four objects
+    root.create_array("y", data=np.arange(300), chunks=(64,))
+    s = pipeline.stream(url, arrays=("x", "y"), batch_size=32, seed=3, storage_options=s3)
+    ids = []
+    for xb, yb in s:
+        np.testing.assert_array_equal(xb, x[yb])
+        ids.append(yb.copy())
+    assert sorted(np.concatenate(ids).tolist()) == list(range(300))
+    # x and y on different chunk grids: each reader sits in the grid both are read on.
+    assert all(isinstance(getattr(r, "reader", r)._fetcher, ObstoreFetcher) for r in s.source.readers.values())
