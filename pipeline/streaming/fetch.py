@@ -1,5 +1,5 @@
-"""How the chunk cache fetches a remote store's objects: through obstore where it can,
-else through the store's own fsspec file system.
+"""How a remote store's objects are fetched, by the chunk cache or by a stream without
+one: through obstore where it can, else through the store's own fsspec file system.
 
 s3fs (aiobotocore) spends about twice the CPU per byte fetched that obstore (Rust's
 ``object_store``) does, and on a machine that also decodes what it fetches that CPU
@@ -34,18 +34,18 @@ _IRRELEVANT = frozenset({
 _BOTOCORE_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
                  "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
 
-_forked_after_import = False  # this process was forked from one whose obstore runtime may run
+_fork_unsafe = False  # this process was forked from one whose obstore runtime may run
 _requested = False  # this process sent obstore requests through a fetcher (its runtime started)
 _imported_first: bool | None = None  # whether a fetcher imported obstore before anything else did
 
 
 def _after_fork_in_child() -> None:
-    global _forked_after_import
+    global _fork_unsafe
     # The runtime starts with the first request, not with the import or a store object
     # (checked: a child forked after those fetches; one forked after a request hangs).
     # Requests of other code that imported obstore first cannot be seen: assumed made.
     if _requested or ("obstore" in sys.modules and not _imported_first):
-        _forked_after_import = True
+        _fork_unsafe = True
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -198,7 +198,7 @@ def fetcher_for(fs: Any, root: str, options: Mapping[str, Any] | None) -> Fsspec
     protocols = (p,) if isinstance(p, str) else tuple(p)
     bucket = root.strip("/").split("/", 1)[0]
     config = obstore_config(protocols, dict(options or {}), bucket) if bucket else None
-    if config is not None and not _forked_after_import:
+    if config is not None and not _fork_unsafe:
         try:
             return ObstoreFetcher(config, root.strip("/"))
         except ImportError:
