@@ -129,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     bench.add_argument("--buffer-chunks", type=int, default=4, help="chunks mixed in memory (default 4)")
     bench.add_argument("--epochs", type=int, default=3, help="epochs to time (default 3)")
+    bench.add_argument("--storage-options", default=None, metavar="MAPPING",
+                       help="fsspec options of a remote store, as a YAML or JSON mapping, e.g. "
+                       "'{endpoint_url: http://minio:9000, anon: true}'")
+    bench.add_argument("--cache-dir", default=None, metavar="DIR",
+                       help="a remote store: cache its chunks in DIR and print each epoch's hit rate")
+    bench.add_argument("--cache-bytes", default=None, metavar="SIZE",
+                       help="the most the cache keeps on disk (bytes, or a size such as 50GiB); needs --cache-dir")
     return parser
 
 
@@ -228,8 +235,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.epochs < 1:
         print("pipeline bench: --epochs: expected a positive integer", file=sys.stderr)
         return 2
+    remote, problem = _bench_remote_options(args)
+    if problem:
+        print(f"pipeline bench: {problem}", file=sys.stderr)
+        return 2
     rates: list[tuple[float, float]] = []
-    with stream(args.store, split=args.split, batch_size=args.batch_size, buffer_chunks=args.buffer_chunks) as s:
+    with stream(args.store, split=args.split, batch_size=args.batch_size, buffer_chunks=args.buffer_chunks,
+                **remote) as s:
         for epoch in range(args.epochs):
             s.set_epoch(epoch)
             n = 0
@@ -243,6 +255,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             note = " (cold: allocates buffers, maps chunk files)" if epoch == 0 and args.epochs > 1 else ""
             print(f"epoch {epoch}: {n:,} samples in {dt:.2f} s: {n / dt:,.0f} samples/s, "
                   f"{nbytes / dt / 1e9:.2f} GB/s{note}")
+            if args.cache_dir is not None:
+                stats = s.cache_stats(epoch)
+                print(f"  {str(stats).split(': ', 1)[1]}" if stats is not None
+                      else "  cache: not used (a local store is read directly)")
         quality = s.quality()
     if len(rates) > 1:
         warm = rates[1:]
@@ -252,6 +268,31 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"shuffle quality: {quality['mean_distinct_chunks_per_batch']:.2f} distinct chunks per batch, "
               f"Spearman(position, index) = {quality['spearman_position_vs_index']:+.3f}")
     return 0
+
+
+def _bench_remote_options(args: argparse.Namespace) -> tuple[dict, str]:
+    """``pipeline.stream``'s ``storage_options``, ``cache_dir`` and ``cache_bytes`` from
+    the bench's flags, or a one-line problem with them."""
+    import yaml
+    from dask.utils import parse_bytes
+
+    out: dict = {}
+    if args.storage_options is not None:
+        try:
+            options = yaml.safe_load(args.storage_options)
+        except yaml.YAMLError as exc:
+            return {}, f"--storage-options: not YAML or JSON ({str(exc).splitlines()[0]})"
+        if not isinstance(options, dict):
+            return {}, f"--storage-options: expected a mapping such as '{{anon: true}}', got {args.storage_options!r}"
+        out["storage_options"] = options
+    if args.cache_dir is not None:
+        out["cache_dir"] = args.cache_dir
+    if args.cache_bytes is not None:
+        try:
+            out["cache_bytes"] = int(parse_bytes(args.cache_bytes))
+        except (ValueError, TypeError):
+            return {}, f"--cache-bytes: expected bytes or a size such as 50GiB, got {args.cache_bytes!r}"
+    return out, ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

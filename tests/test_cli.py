@@ -109,9 +109,39 @@ def test_bench_streams_every_sample_each_epoch_and_reports_the_warm_median(tmp_p
     assert any(line.startswith("shuffle quality: ") for line in lines)
 
 
+def test_bench_streams_a_remote_store_through_the_cache_and_prints_each_epochs_hit_rate(tmp_path, s3):
+    import json
+
+    import numpy as np
+
+    from pipeline.storage import write
+
+    n, chunk = 2000, 256
+    url = "s3://training/cli/bench.zarr"
+    write(url, {"x": np.ones((n, 8), np.float32), "y": np.arange(n)}, chunk_samples=chunk, progress=False,
+          storage_options=s3, overwrite=True)
+    objects = 2 * -(-n // chunk)  # x and y chunks
+    result = cli("bench", url, "--epochs", "2", "--storage-options", json.dumps(s3),
+                 "--cache-dir", str(tmp_path / "cache"), "--cache-bytes", "1GiB")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    hits = [line.strip() for line in lines if "cache hit rate" in line]
+    assert hits[0].startswith(f"cache hit rate 0.0% (0 of {objects} chunk objects)"), lines
+    assert hits[1].startswith(f"cache hit rate 100.0% ({objects} of {objects} chunk objects), 0 B fetched"), lines
+    # A local store ignores the cache, and says so.
+    local = write(tmp_path / "b.zarr", {"x": np.zeros((10, 2), np.float32), "y": np.arange(10)}, progress=False)
+    result = cli("bench", str(local), "--epochs", "1", "--cache-dir", str(tmp_path / "cache"),
+                 "--cache-bytes", "1000000")
+    assert result.returncode == 0 and "cache: not used (a local store is read directly)" in result.stdout
+
+
 @pytest.mark.parametrize(("args", "status", "message"), [
     (["--epochs", "0"], 2, "pipeline bench: --epochs: expected a positive integer"),
     (["--split", "nope"], 1, "no split 'nope'"),
+    (["--storage-options", "[1, 2]"], 2, "--storage-options: expected a mapping"),
+    (["--storage-options", "{a: [}"], 2, "--storage-options: not YAML or JSON"),
+    (["--cache-dir", "c", "--cache-bytes", "lots"], 2, "--cache-bytes: expected bytes or a size such as 50GiB"),
+    (["--cache-bytes", "1GiB"], 1, "needs cache_dir"),
 ])
 def test_bench_errors_are_one_line(tmp_path, args, status, message):
     import numpy as np
