@@ -30,9 +30,12 @@ _IRRELEVANT = frozenset({
     "fixed_upload_size", "version_aware",
 })
 #: Environment variables through which botocore would find what obstore does not read
-#: the same way (a named profile, an endpoint).
+#: the same way: a named profile, an endpoint, an HTTP proxy (obstore takes a proxy only
+#: as an option). ``AWS_CA_BUNDLE`` translates: its certificates are added to obstore's
+#: trusted roots, which keep the system's.
 _BOTOCORE_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE")
+                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
+                 "http_proxy", "https_proxy", "all_proxy")
 
 _fork_unsafe = False  # this process was forked from one whose obstore runtime may run
 _requested = False  # this process sent obstore requests through a fetcher (its runtime started)
@@ -67,7 +70,8 @@ def obstore_config(protocols: tuple[str, ...], options: Mapping[str, Any], bucke
         The store's bucket.
     env
         The environment (default: ``os.environ``). Credentials or a region from
-        environment variables both clients read are left to obstore, which reads them.
+        environment variables both clients read are left to obstore, which reads them;
+        the certificates of ``AWS_CA_BUNDLE`` are read and passed on.
     fsspec_conf
         fsspec's configuration for s3 (default: ``fsspec.config.conf["s3"]``); any
         translates to None, since obstore would not see it.
@@ -117,6 +121,12 @@ def obstore_config(protocols: tuple[str, ...], options: Mapping[str, Any], bucke
             out["client_options"] = {"allow_http": True}
     elif not use_ssl:
         return None
+    if env.get("AWS_CA_BUNDLE") and not str(endpoint or "").startswith("http://"):
+        try:  # botocore trusts this bundle for https: so must obstore
+            with open(env["AWS_CA_BUNDLE"], encoding="ascii") as fh:
+                out["client_options"] = {"root_certificate": fh.read()}
+        except (OSError, UnicodeDecodeError):
+            return None  # s3fs reports an unreadable bundle in its own words
     if region:
         out["region"] = str(region)
     elif not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
@@ -202,5 +212,7 @@ def fetcher_for(fs: Any, root: str, options: Mapping[str, Any] | None) -> Fsspec
         try:
             return ObstoreFetcher(config, root.strip("/"))
         except ImportError:
+            pass
+        except Exception:  # noqa: BLE001 - a client obstore cannot build (bad certificates): s3fs speaks for it
             pass
     return FsspecFetcher(fs, root)

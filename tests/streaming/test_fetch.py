@@ -69,9 +69,24 @@ def test_credentials_and_region_from_the_environment_are_left_to_obstore():
      "an endpoint in env"),
     ({"key": "k", "secret": "s", "use_ssl": False, "client_kwargs": {"region_name": "r"}}, NO_ENV,
      "plain http to AWS"),
+    ({"key": "k", "secret": "s", "endpoint_url": "https://minio.lan"}, {"AWS_CA_BUNDLE": "/nonexistent/ca.pem"},
+     "an unreadable certificate bundle"),
+    ({"key": "k", "secret": "s", "endpoint_url": "https://minio.lan"}, {"https_proxy": "http://proxy:3128"},
+     "an HTTP proxy"),
 ])
 def test_what_does_not_translate_stays_with_fsspec(options, env, why):
     assert config(options, env) is None, why
+
+
+def test_the_certificate_bundle_botocore_trusts_is_added_to_obstores_roots(tmp_path):
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    (tmp_path / "ca.pem").write_text(pem)
+    env = {"AWS_CA_BUNDLE": str(tmp_path / "ca.pem")}
+    got = config({"key": "k", "secret": "s", "endpoint_url": "https://minio.lan"}, env)
+    assert got["client_options"] == {"root_certificate": pem}
+    # Plain http needs no certificates.
+    got = config({"key": "k", "secret": "s", "endpoint_url": "http://minio.lan"}, env)
+    assert got["client_options"] == {"allow_http": True}
 
 
 def test_other_protocols_and_fsspec_configuration_stay_with_fsspec():
@@ -246,3 +261,10 @@ def test_a_foreign_store_whose_chunks_split_samples_streams_through_obstore(s3):
     assert sorted(np.concatenate(ids).tolist()) == list(range(300))
     # x and y on different chunk grids: each reader sits in the grid both are read on.
     assert all(isinstance(getattr(r, "reader", r)._fetcher, ObstoreFetcher) for r in s.source.readers.values())
+
+
+def test_a_client_obstore_cannot_build_falls_back_to_fsspec(s3, tmp_path, monkeypatch):
+    (tmp_path / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "ca.pem"))
+    opts = {**s3, "endpoint_url": s3["endpoint_url"].replace("http://", "https://")}
+    assert isinstance(fetcher_for(zarr_fs(s3), "training/fetch/set.zarr", opts), FsspecFetcher)
