@@ -274,3 +274,28 @@ def test_runs_slice_and_shift_equal_the_ends_they_cut(lengths, stride, data):
     for r in (runs, part):  # the first and last end, without every end
         if r.n:
             assert r.span() == (int(r.ends()[0]), int(r.ends()[-1]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(0, 6), min_size=1, max_size=8), stride=st.integers(1, 4), data=st.data())
+def test_ends_and_segments_of_a_range_equal_each_windows_run(counts, stride, data):
+    # Runs with no window among them too: their offsets repeat.
+    count = np.asarray(counts, dtype=np.int64)
+    first = np.cumsum(count * stride + 3).astype(np.int64)
+    segment = np.arange(len(counts), dtype=np.int32) // 2
+    runs = WindowRuns(first, count, segment, stride)
+    lo = data.draw(st.integers(0, runs.n))
+    hi = data.draw(st.integers(lo, runs.n))
+    expect_ends, expect_segments = [], []
+    w = 0
+    for r, c in enumerate(counts):
+        for p in range(c):
+            if lo <= w < hi:
+                expect_ends.append(int(first[r]) + p * stride)
+                expect_segments.append(int(segment[r]))
+            w += 1
+    got = runs.ends(lo, hi)
+    assert got.dtype == np.int64 and got.tolist() == expect_ends
+    assert runs.segments_of(lo, hi).tolist() == expect_segments
+    if lo == 0 and hi == runs.n:
+        assert runs.ends().tolist() == expect_ends
