@@ -112,8 +112,9 @@ def obstore_config(protocols: tuple[str, ...], options: Mapping[str, Any], bucke
         out.update(access_key_id=str(key), secret_access_key=str(secret))
         if token:
             out["session_token"] = str(token)
-    elif key or secret or not (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
-        # Half a key pair, or credentials botocore finds elsewhere (its files, SSO).
+    elif key or secret or token or not (env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY")):
+        # Half a key pair (or a token without one), or credentials botocore finds
+        # elsewhere (its files, SSO).
         return None
     if endpoint:
         out["endpoint"] = str(endpoint)

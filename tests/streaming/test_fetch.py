@@ -57,6 +57,8 @@ def test_credentials_and_region_from_the_environment_are_left_to_obstore():
     ({}, NO_ENV, "no credentials: botocore's files, SSO or instance roles"),
     ({"key": "k", "secret": "s"}, NO_ENV, "AWS itself with no region: s3fs looks the bucket's up"),
     ({"key": "k"}, NO_ENV, "half a key pair"),
+    ({"token": "t", "endpoint_url": "http://h"}, {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s"},
+     "a token without its key pair"),
     ({"profile": "research", "client_kwargs": {"region_name": "us-east-1"}}, NO_ENV, "a named profile"),
     ({"key": "k", "secret": "s", "endpoint_url": "http://h", "config_kwargs": {"signature_version": "s3v4"}},
      NO_ENV, "botocore configuration"),
