@@ -51,7 +51,8 @@ def _after_fork_in_child() -> None:
         _fork_unsafe = True
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def obstore_config(protocols: tuple[str, ...], options: Mapping[str, Any], bucket: str,
