@@ -30,12 +30,13 @@ _IRRELEVANT = frozenset({
     "fixed_upload_size", "version_aware",
 })
 #: Environment variables through which botocore would find what obstore does not read
-#: the same way: a named profile, an endpoint, an HTTP proxy (obstore takes a proxy only
-#: as an option). ``AWS_CA_BUNDLE`` translates: its certificates are added to obstore's
-#: trusted roots, which keep the system's.
-_BOTOCORE_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3",
-                 "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY",
-                 "http_proxy", "https_proxy", "all_proxy")
+#: the same way: a named profile, its configuration files, an HTTP proxy (obstore takes a
+#: proxy only as an option). Two translate: ``AWS_ENDPOINT_URL_S3`` (or
+#: ``AWS_ENDPOINT_URL``) is the endpoint when the options name none, as botocore takes
+#: it, and ``AWS_CA_BUNDLE``'s certificates are added to obstore's trusted roots, which
+#: keep the system's.
+_BOTOCORE_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE",
+                 "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 _fork_unsafe = False  # this process was forked from one whose obstore runtime may run
 _requested = False  # this process sent obstore requests through a fetcher (its runtime started)
@@ -102,6 +103,8 @@ def obstore_config(protocols: tuple[str, ...], options: Mapping[str, Any], bucke
     token = take("token", "aws_session_token")
     anon = bool(opts.pop("anon", False))
     endpoint = take("endpoint_url", "endpoint_url")
+    if not endpoint and str(env.get("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "")).lower() != "true":
+        endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")  # botocore's order
     region = client.pop("region_name", None)
     requester_pays = bool(opts.pop("requester_pays", False))
     use_ssl = opts.pop("use_ssl", True)

@@ -67,8 +67,6 @@ def test_credentials_and_region_from_the_environment_are_left_to_obstore():
     ({"key": "k", "secret": "s", "client_kwargs": {"region_name": "r", "verify": False}}, NO_ENV,
      "an unknown client argument"),
     ({"key": "k", "secret": "s", "client_kwargs": {"region_name": "r"}}, {"AWS_PROFILE": "p"}, "a profile in env"),
-    ({"key": "k", "secret": "s", "client_kwargs": {"region_name": "r"}}, {"AWS_ENDPOINT_URL": "http://h"},
-     "an endpoint in env"),
     ({"key": "k", "secret": "s", "use_ssl": False, "client_kwargs": {"region_name": "r"}}, NO_ENV,
      "plain http to AWS"),
     ({"key": "k", "secret": "s", "endpoint_url": "https://minio.lan"}, {"AWS_CA_BUNDLE": "/nonexistent/ca.pem"},
@@ -89,6 +87,31 @@ def test_the_certificate_bundle_botocore_trusts_is_added_to_obstores_roots(tmp_p
     # Plain http needs no certificates.
     got = config({"key": "k", "secret": "s", "endpoint_url": "http://minio.lan"}, env)
     assert got["client_options"] == {"allow_http": True}
+
+
+def test_an_endpoint_in_the_environment_is_taken_as_botocore_takes_it():
+    env = {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_ENDPOINT_URL": "http://all:9000"}
+    assert config({}, env)["endpoint"] == "http://all:9000"
+    assert config({}, env)["client_options"] == {"allow_http": True}
+    assert config({}, {**env, "AWS_ENDPOINT_URL_S3": "https://s3only"})["endpoint"] == "https://s3only"
+    assert config({"endpoint_url": "http://given"}, env)["endpoint"] == "http://given"
+    # Told to ignore endpoints from the environment: AWS itself, which needs a region.
+    assert config({}, {**env, "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS": "true"}) is None
+
+
+def test_a_minio_style_environment_streams_through_obstore(s3, monkeypatch):
+    url = "s3://training/fetch/env.zarr"
+    x = np.random.default_rng(9).standard_normal((200, 4)).astype(np.float32)
+    write(url, {"x": x, "y": np.arange(200)}, chunk_samples=64, progress=False, storage_options=s3, overwrite=True)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3["key"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3["secret"])
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["endpoint_url"])
+    for k in ("AWS_PROFILE", "AWS_ENDPOINT_URL_S3", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"):
+        monkeypatch.delenv(k, raising=False)
+    s = pipeline.stream(url, batch_size=50, seed=0)  # no storage options: all from the environment
+    got = np.concatenate([yb.copy() for _, yb in s])
+    assert sorted(got.tolist()) == list(range(200))
+    assert all(isinstance(r._fetcher, ObstoreFetcher) for r in s.source.readers.values())
 
 
 def test_other_protocols_and_fsspec_configuration_stay_with_fsspec():
