@@ -24,7 +24,7 @@ from dask.task_spec import List, Task, TaskRef
 
 from pipeline.features.geometry import row_pieces
 
-__all__ = ["map_with_halo", "rows_task"]
+__all__ = ["map_with_halo", "rows_task", "take_rows"]
 
 
 def _rows(parts: Sequence[np.ndarray], slices: Sequence[tuple[int, int]]) -> np.ndarray:
@@ -40,6 +40,45 @@ def rows_task(a: da.Array, bounds: np.ndarray, lo: int, hi: int) -> Task:
     rest = (0,) * (a.ndim - 1)
     refs = List(*(TaskRef((a.name, c, *rest)) for c, _, _ in pieces))
     return Task(None, _rows, refs, [(s, e) for _, s, e in pieces])
+
+
+def _take(parts: Sequence[np.ndarray], local: Sequence[np.ndarray], order: np.ndarray) -> np.ndarray:
+    """The picked rows of each chunk, joined, in the order asked for."""
+    picked = np.concatenate([p[i] for p, i in zip(parts, local)])
+    return picked[order]
+
+
+def take_rows(a: da.Array, rows: Sequence[int] | np.ndarray) -> da.Array:
+    """Rows ``rows`` of ``a`` along axis 0 (any order, repeats and negative indices
+    allowed, as numpy takes them) as one task that reads only the chunks holding them.
+
+    dask's own ``a[rows]`` splits every chunk of ``a`` (a shuffle of one task per chunk,
+    plus its gathering tasks), and so computes every chunk: the first row of each of a
+    few segments read every timestamp of every file.
+    """
+    rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+    n = int(a.shape[0])
+    if rows.size and (rows.min() < -n or rows.max() >= n):
+        raise IndexError(f"rows {int(rows.min())}..{int(rows.max())} outside -{n}..{n - 1}")
+    rows = np.where(rows < 0, rows + n, rows)  # from the end, as numpy and dask count them
+    bounds = np.concatenate([[0], np.cumsum(a.chunks[0])]).astype(np.int64)
+    chunk_of = np.searchsorted(bounds, rows, side="right") - 1
+    by_chunk = np.argsort(chunk_of, kind="stable")
+    chunks, first = np.unique(chunk_of[by_chunk], return_index=True)
+    groups = np.split(by_chunk, first[1:]) if rows.size else []
+    rest = (0,) * (a.ndim - 1)
+    refs = List(*(TaskRef((a.name, int(c), *rest)) for c in chunks))
+    local = [rows[g] - bounds[c] for c, g in zip(chunks, groups)]
+    # Row k of the joined picks is rows[by_chunk[k]]: its inverse puts them back in order.
+    order = np.empty(rows.size, dtype=np.int64)
+    order[by_chunk] = np.arange(rows.size)
+    name = f"take-rows-{tokenize(a.name, rows)}"
+    key = (name, 0) + rest
+    if not rows.size:
+        return da.zeros((0,) + a.shape[1:], dtype=a.dtype, chunks=((0,),) + tuple((d,) for d in a.shape[1:]))
+    layer = {key: Task(key, _take, refs, local, order)}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[a])
+    return da.Array(graph, name, chunks=((rows.size,),) + tuple((d,) for d in a.shape[1:]), dtype=a.dtype)
 
 
 def _step(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, columns: Sequence[int] | None, left: int,

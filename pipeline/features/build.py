@@ -18,6 +18,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
+from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import halo, split_gap_windows, split_ranges
 from pipeline.features.history import Prior, continue_folds
 from pipeline.features.labels import class_balance, finalize_labels, label_steps
@@ -391,7 +392,7 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
     # they are finite: the class balance then needs no second pass over the data.
     reductions = [bad_rows.sum(), gather_rows(labels_steps, runs, _chunks(runs.n))]
     if timestamps is not None:
-        reductions.append(timestamps[np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)])
+        reductions.append(take_rows(timestamps, np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)))
     if prior is not None and norm.kind == "global":
         # Frozen at the first build: an append scales new sessions as the stored ones.
         stats_tasks, finish = [], lambda res: dict(prior.stats)

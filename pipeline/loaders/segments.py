@@ -25,6 +25,7 @@ import dask.array as da
 import numpy as np
 
 from pipeline.errors import ConfigError, LoaderError
+from pipeline.features.blockwise import take_rows
 from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec
 from pipeline.loaders import Source, expand_paths, open_source
 
@@ -184,13 +185,13 @@ def _chunks_per_file(src: Source) -> Sequence[int]:
 
 
 def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Array) -> np.ndarray:
-    """The first timestamp (ns) of each segment, one small read per segment; an empty
+    """The first timestamp (ns) of each segment, read from the chunks holding them; an empty
     segment (every row dropped) takes its instrument's previous one, keeping its place."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
     rows = starts[lengths > 0]
     out = np.zeros(lengths.size, dtype=np.int64)
-    out[lengths > 0] = np.asarray(dask.compute(timestamps[rows])[0]) if rows.size else np.zeros(0, np.int64)
+    out[lengths > 0] = np.asarray(dask.compute(take_rows(timestamps, rows))[0]) if rows.size else np.zeros(0, np.int64)
     for k in range(1, lengths.size):
         if lengths[k] == 0 and inst[k] == inst[k - 1]:
             out[k] = out[k - 1]

@@ -65,3 +65,30 @@ def test_a_step_with_a_halo_equals_it_over_the_whole_series_for_any_chunking(chu
     # One task per chunk beside the input's own: no overlap or concatenation layers.
     keys = [key_split(k) for k in dict(out.__dask_graph__())]
     assert keys.count("t") == len(chunks) and len(keys) == 2 * len(chunks)
+
+
+@settings(max_examples=150, deadline=None)
+@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=8), data=st.data())
+def test_take_rows_equals_numpys_index_and_computes_only_the_chunks_holding_them(chunks, data):
+    import dask
+
+    from pipeline.features.blockwise import take_rows
+
+    n = sum(chunks)
+    values = np.arange(n * 2, dtype=np.int64).reshape(n, 2) * 3
+    rows = data.draw(st.lists(st.integers(-n, n - 1), max_size=12))
+    computed: list[int] = []
+
+    def chunk(i: int, lo: int, hi: int) -> np.ndarray:
+        computed.append(i)
+        return values[lo:hi]
+
+    bounds = np.concatenate([[0], np.cumsum(chunks)])
+    x = da.concatenate([da.from_delayed(dask.delayed(chunk)(i, int(a), int(b)), shape=(int(b - a), 2), dtype=np.int64)
+                        for i, (a, b) in enumerate(zip(bounds, bounds[1:]))])
+    got = take_rows(x, rows).compute(scheduler="sync")
+    np.testing.assert_array_equal(got, values[np.asarray(rows, dtype=np.int64)].reshape(-1, 2))
+    holding = {int(np.searchsorted(bounds, r % n, side="right")) - 1 for r in rows}
+    assert sorted(computed) == sorted(holding)
+    with pytest.raises(IndexError):
+        take_rows(x, [n])
