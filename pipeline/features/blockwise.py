@@ -54,18 +54,24 @@ def take_rows(a: da.Array, rows: Sequence[int] | np.ndarray) -> da.Array:
 
     dask's own ``a[rows]`` splits every chunk of ``a`` (a shuffle of one task per chunk,
     plus its gathering tasks), and so computes every chunk: the first row of each of a
-    few segments read every timestamp of every file.
+    few segments read every timestamp of every file. An array chunked along another
+    axis too goes through dask's index.
     """
     rows = np.asarray(rows, dtype=np.int64).reshape(-1)
     n = int(a.shape[0])
     if rows.size and (rows.min() < -n or rows.max() >= n):
         raise IndexError(f"rows {int(rows.min())}..{int(rows.max())} outside -{n}..{n - 1}")
+    if any(k != 1 for k in a.numblocks[1:]):
+        return a[rows]
+    tail = tuple((int(d),) for d in a.shape[1:])
+    if not rows.size:
+        return da.zeros((0,) + a.shape[1:], dtype=a.dtype, chunks=((0,),) + tail)
     rows = np.where(rows < 0, rows + n, rows)  # from the end, as numpy and dask count them
     bounds = np.concatenate([[0], np.cumsum(a.chunks[0])]).astype(np.int64)
     chunk_of = np.searchsorted(bounds, rows, side="right") - 1
     by_chunk = np.argsort(chunk_of, kind="stable")
     chunks, first = np.unique(chunk_of[by_chunk], return_index=True)
-    groups = np.split(by_chunk, first[1:]) if rows.size else []
+    groups = np.split(by_chunk, first[1:])
     rest = (0,) * (a.ndim - 1)
     refs = List(*(TaskRef((a.name, int(c), *rest)) for c in chunks))
     local = [rows[g] - bounds[c] for c, g in zip(chunks, groups)]
@@ -74,11 +80,8 @@ def take_rows(a: da.Array, rows: Sequence[int] | np.ndarray) -> da.Array:
     order[by_chunk] = np.arange(rows.size)
     name = f"take-rows-{tokenize(a.name, rows)}"
     key = (name, 0) + rest
-    if not rows.size:
-        return da.zeros((0,) + a.shape[1:], dtype=a.dtype, chunks=((0,),) + tuple((d,) for d in a.shape[1:]))
-    layer = {key: Task(key, _take, refs, local, order)}
-    graph = HighLevelGraph.from_collections(name, layer, dependencies=[a])
-    return da.Array(graph, name, chunks=((rows.size,),) + tuple((d,) for d in a.shape[1:]), dtype=a.dtype)
+    graph = HighLevelGraph.from_collections(name, {key: Task(key, _take, refs, local, order)}, dependencies=[a])
+    return da.Array(graph, name, chunks=((rows.size,),) + tail, dtype=a.dtype)
 
 
 def _step(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, columns: Sequence[int] | None, left: int,

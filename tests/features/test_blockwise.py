@@ -92,3 +92,6 @@ def test_take_rows_equals_numpys_index_and_computes_only_the_chunks_holding_them
     assert sorted(computed) == sorted(holding)
     with pytest.raises(IndexError):
         take_rows(x, [n])
+    # Chunked along the columns too: dask's own index, the same rows.
+    np.testing.assert_array_equal(take_rows(x.rechunk({1: 1}), rows).compute(scheduler="sync"),
+                                  values[np.asarray(rows, dtype=np.int64)].reshape(-1, 2))
