@@ -111,29 +111,13 @@ def cli_run(raw: Path, out: Path, **kwargs: Any) -> float:
     cmd = [str(BIN / "pipeline"), "run", str(CONFIG), "--no-progress"]
     for value in overrides(raw, out, **kwargs):
         cmd += ["--set", value]
-    marks: dict[str, float] = {}
-    lines: list[str] = []
-    t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    cpu = tree_cpu(proc)
-
-    def read(stream: Any) -> None:
-        for line in stream:
-            lines.append(line)
-            marks.setdefault(line.split(":", 1)[0].strip(), time.perf_counter() - t0)
-
-    readers = [threading.Thread(target=read, args=(s,)) for s in (proc.stdout, proc.stderr)]
-    for r in readers:
-        r.start()
-    proc.wait()
-    dt = time.perf_counter() - t0
-    for r in readers:
-        r.join()
-    if proc.returncode:
+    cpu: list[Callable[[], float]] = []
+    marks, rc, lines = timed_lines(cmd, on_start=lambda proc: cpu.append(tree_cpu(proc)))
+    if rc:
         raise SystemExit("pipeline run failed:\n" + "".join(lines)[-3000:])
-    CPU[str(out)] = cpu()
+    CPU[str(out)] = cpu[0]()
     MARKS[str(out)] = marks
-    return dt
+    return marks["exit"]
 
 
 def load_store(path: Path) -> dict[str, dict[str, tuple[np.ndarray, Any]]]:
@@ -231,15 +215,21 @@ def api_write_seconds(arrays: dict[str, dict[str, tuple[np.ndarray, Any]]], targ
 
 # -- start-up, scaling ------------------------------------------------------------------
 
-def timed_lines(cmd: list[str]) -> tuple[dict[str, float], int]:
-    """Run ``cmd``; seconds from its launch to the first line of its output (stdout or
-    stderr) that starts with each prefix it prints, and to its exit; its exit status."""
+def timed_lines(cmd: list[str], on_start: Callable[[subprocess.Popen], Any] | None = None
+                ) -> tuple[dict[str, float], int, list[str]]:
+    """Run ``cmd`` (``on_start`` gets its process as soon as it starts); seconds from its
+    launch to the first line of its output (stdout or stderr) that starts with each
+    prefix it prints, and to its exit; its exit status; its lines."""
     marks: dict[str, float] = {}
+    lines: list[str] = []
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if on_start is not None:
+        on_start(proc)
 
     def read(stream: Any) -> None:
         for line in stream:
+            lines.append(line)
             marks.setdefault(line.split(":", 1)[0].strip(), time.perf_counter() - t0)
 
     readers = [threading.Thread(target=read, args=(s,)) for s in (proc.stdout, proc.stderr)]
@@ -249,7 +239,7 @@ def timed_lines(cmd: list[str]) -> tuple[dict[str, float], int]:
     marks["exit"] = time.perf_counter() - t0
     for r in readers:
         r.join()
-    return marks, rc
+    return marks, rc, lines
 
 
 def startup(work: Path, repeat: int = 3) -> dict[str, float]:
@@ -278,7 +268,7 @@ def startup(work: Path, repeat: int = 3) -> dict[str, float]:
         cmd += ["--set", value]
     runs = []
     for _ in range(repeat):
-        marks, rc = timed_lines(cmd)
+        marks, rc, _ = timed_lines(cmd)
         if rc or "cluster" not in marks or "wall time" not in marks:
             raise SystemExit(f"pipeline run of the tiny input failed (exit {rc})")
         runs.append((marks["cluster"], marks["exit"] - marks["wall time"], marks["exit"]))

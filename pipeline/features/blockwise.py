@@ -22,7 +22,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
-from pipeline.features.geometry import row_pieces
+from pipeline.features.geometry import chunk_bounds, row_pieces
 
 __all__ = ["map_with_halo", "rows_task", "take_rows"]
 
@@ -67,7 +67,7 @@ def take_rows(a: da.Array, rows: Sequence[int] | np.ndarray) -> da.Array:
     if not rows.size:
         return da.zeros((0,) + a.shape[1:], dtype=a.dtype, chunks=((0,),) + tail)
     rows = np.where(rows < 0, rows + n, rows)  # from the end, as numpy and dask count them
-    bounds = np.concatenate([[0], np.cumsum(a.chunks[0])]).astype(np.int64)
+    bounds = chunk_bounds(a.chunks[0])
     chunk_of = np.searchsorted(bounds, rows, side="right") - 1
     by_chunk = np.argsort(chunk_of, kind="stable")
     chunks, first = np.unique(chunk_of[by_chunk], return_index=True)
@@ -124,7 +124,7 @@ def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: 
     T = int(x.shape[0])
     if T == 0:
         return da.zeros((0, width), dtype=out_dtype, chunks=((0,), (width,)))
-    bounds = np.concatenate([[0], np.cumsum(x.chunks[0])]).astype(np.int64)
+    bounds = chunk_bounds(x.chunks[0])
     cols = None if columns is None else tuple(int(c) for c in columns)
     name = f"{token}-{tokenize(x.name, fn, back, fwd, width, out_dtype.str, cols)}"
     layer = {}

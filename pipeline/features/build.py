@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeline.errors import FeatureError, InvalidValueError, WindowError
 from pipeline.features.blockwise import take_rows
-from pipeline.features.geometry import halo, split_gap_windows, split_ranges
+from pipeline.features.geometry import chunk_bounds, halo, split_gap_windows, split_ranges
 from pipeline.features.history import Prior, continue_folds
 from pipeline.features.labels import class_balance, finalize_labels, label_steps
 from pipeline.features.normalize import apply_normalization, fit_normalization
@@ -91,7 +91,7 @@ def _mask_heads(f: da.Array, segments: SegmentTable, lookback: int) -> da.Array:
     (an append starts with its new sessions)."""
     if lookback == 0:
         return f
-    starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+    starts = chunk_bounds(f.chunks[0])
 
     def mask(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
         lo = int(starts[block_id[0]])
@@ -465,7 +465,7 @@ def _describe_splits(splits: Mapping[str, Any]) -> str:
 def _bad_rows(f: da.Array, segs: SegmentTable, lookback: int) -> da.Array:
     """Rows a window may use that hold NaN or inf (rows of a segment's lookback head,
     which no window uses as a step, are not counted)."""
-    starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+    starts = chunk_bounds(f.chunks[0])
 
     def flag(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
         lo = int(starts[block_id[0]])

@@ -16,6 +16,7 @@ from pipeline.errors import WindowError
 __all__ = [
     "aligned_window_chunks",
     "block_window_counts",
+    "chunk_bounds",
     "halo",
     "input_chunks_for_windows",
     "merge_short_chunks",
@@ -186,6 +187,11 @@ def split_ranges(n_windows: int, fractions: Mapping[str, float], gap: int) -> di
         out[name] = (start, start + count)
         start += count + gap
     return out
+
+
+def chunk_bounds(chunks: Sequence[int]) -> np.ndarray:
+    """The row edges of chunks of these sizes: ``0``, then each chunk's end (int64)."""
+    return np.concatenate([[0], np.cumsum(chunks, dtype=np.int64)])
 
 
 def row_pieces(bounds: np.ndarray, lo: int, hi: int) -> list[tuple[int, int, int]]:

@@ -16,6 +16,7 @@ import dask
 import dask.array as da
 import numpy as np
 
+from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import SegmentTable, WindowRuns
 from pipeline.features.splits import NormalizeSpec
 
@@ -98,7 +99,7 @@ def fit_normalization(f: da.Array, spec: NormalizeSpec, segments: SegmentTable, 
 
         return [da.nanmean(finite, axis=0), da.nanstd(finite, axis=0)], finish_global
     if spec.kind == "trailing":
-        starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+        starts = chunk_bounds(f.chunks[0])
         blocks = f.to_delayed().ravel()
         tasks = [dask.delayed(segment_moments)(b, int(starts[i]), segments, lookback) for i, b in enumerate(blocks)]
         width = int(f.shape[1])
@@ -154,7 +155,7 @@ def apply_normalization(f: da.Array, spec: NormalizeSpec, stats: dict[str, Any],
     if spec.kind == "trailing":
         mean = np.asarray(stats["mean"]).astype(np.float32)
         std = np.asarray(stats["std"]).astype(np.float32)
-        starts = np.concatenate([[0], np.cumsum(f.chunks[0])]).astype(np.int64)
+        starts = chunk_bounds(f.chunks[0])
 
         def block(b: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
             lo = int(starts[block_id[0]])

@@ -27,6 +27,7 @@ from dask.highlevelgraph import HighLevelGraph, MaterializedLayer
 from dask.task_spec import Task, TaskRef
 
 from pipeline.features.blockwise import rows_task
+from pipeline.features.geometry import chunk_bounds
 from pipeline.features.labels import finalize_labels
 from pipeline.features.sessions import SegmentTable, WindowRuns
 from pipeline.features.specs import LabelSpec
@@ -139,9 +140,8 @@ def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], la
     if n == 0 or not chunks:
         return {k: da.zeros((0, *shape), dtype=dtype, chunks=-1) for k, (shape, dtype) in specs.items()}
     inputs = {"features": f if materialize else None, "labels": labels_steps, "times": timestamps}
-    bounds = {k: np.concatenate([[0], np.cumsum(a.chunks[0])]).astype(np.int64)
-              for k, a in inputs.items() if a is not None}
-    starts = np.concatenate([[0], np.cumsum(chunks)]).astype(np.int64)
+    bounds = {k: chunk_bounds(a.chunks[0]) for k, a in inputs.items() if a is not None}
+    starts = chunk_bounds(chunks)
     name = "split-blocks-" + tokenize(runs, chunks, g, *(a.name for a in inputs.values() if a is not None))
     tasks = []
     for j in range(len(chunks)):

@@ -24,6 +24,7 @@ from pipeline.features.blockwise import rows_task
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.geometry import (
     block_window_counts,
+    chunk_bounds,
     halo,
     input_chunks_for_windows,
     merge_short_chunks,
@@ -328,7 +329,7 @@ def windows_at(
     if n == 0:
         return da.zeros((0, size, width), dtype=x.dtype, chunks=((0,), (size,), (width,)))
     x = x.rechunk({1: -1})
-    bounds = np.concatenate([[0], np.cumsum(x.chunks[0])]).astype(np.int64)
+    bounds = chunk_bounds(x.chunks[0])
     starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
     name = f"windows-at-{tokenize(x.name, runs, counts, size, scales)}"
     layer = {}

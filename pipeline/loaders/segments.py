@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline.errors import ConfigError, LoaderError
 from pipeline.features.blockwise import take_rows
+from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec
 from pipeline.loaders import Source, expand_paths, open_source
 
@@ -101,7 +102,7 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int) -> np.ndarray:
         return int(b[0]), int(b[-1]), inner
 
     parts = dask.compute(*(dask.delayed(block)(b) for b in ts.to_delayed().ravel()))
-    starts = np.concatenate([[0], np.cumsum(ts.chunks[0])]).astype(np.int64)
+    starts = chunk_bounds(ts.chunks[0])
     out: list[np.ndarray] = []
     prev_last = None
     for i, (first, last, inner) in enumerate(parts):

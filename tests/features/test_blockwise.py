@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.features.blockwise import map_with_halo
-from pipeline.features.geometry import row_pieces
+from pipeline.features.geometry import chunk_bounds, row_pieces
 
 
 @settings(max_examples=300, deadline=None)
@@ -29,6 +29,8 @@ def test_row_pieces_hold_exactly_the_rows_asked_for(chunks, data):
     np.testing.assert_array_equal(got, rows[lo:hi])
     assert all(b > a for _, a, b in pieces)  # no empty slice: each piece is a chunk it needs
     assert [c for c, _, _ in pieces] == sorted({c for c, _, _ in pieces})
+    got_bounds = chunk_bounds(chunks)
+    assert got_bounds.dtype == np.int64 and got_bounds.tolist() == [sum(chunks[:i]) for i in range(len(chunks) + 1)]
 
 
 @pytest.mark.parametrize("lo, hi", [(-1, 3), (2, 2), (0, 11)])
