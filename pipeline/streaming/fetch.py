@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from typing import Any, Mapping
 
 __all__ = ["FsspecFetcher", "ObstoreFetcher", "fetcher_for", "obstore_config", "store_fetcher"]
@@ -41,6 +42,8 @@ _BOTOCORE_ENV = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_CONFIG_FILE", "AWS_S
 _fork_unsafe = False  # this process was forked from one whose obstore runtime may run
 _requested = False  # this process sent obstore requests through a fetcher (its runtime started)
 _imported_first: bool | None = None  # whether a fetcher imported obstore before anything else did
+_stores: dict[tuple, Any] = {}  # obstore clients by (process, bucket, settings)
+_stores_lock = threading.Lock()
 
 
 def _after_fork_in_child() -> None:
@@ -170,7 +173,13 @@ class ObstoreFetcher:
         config = dict(config)
         self.bucket = config.pop("bucket")
         self.prefix = root.rstrip("/").split("/", 1)[1] if "/" in root.rstrip("/") else ""
-        self.store = S3Store(self.bucket, **config)
+        # One client per bucket and settings in a process: a store's arrays, and its
+        # cache, share its connections (each new one costs round trips).
+        key = (os.getpid(), self.bucket, repr(sorted(config.items())))
+        with _stores_lock:
+            if key not in _stores:
+                _stores[key] = S3Store(self.bucket, **config)
+            self.store = _stores[key]
 
     async def get(self, path: str, start: int | None = None, stop: int | None = None,
                   suffix: int | None = None) -> Any:

@@ -239,6 +239,8 @@ def test_a_stream_without_the_cache_reads_through_obstore_whole_objects_and_rang
             ids.append(yb.copy())
         assert sorted(np.concatenate(ids).tolist()) == list(range(500))
         assert all(isinstance(r._fetcher, ObstoreFetcher) for r in s.source.readers.values())
+    # The store's arrays share one client (and its connections).
+    assert len({id(r._fetcher.store) for r in s.source.readers.values()}) == 1
 
 
 def test_ranges_and_suffixes_are_the_bytes_s3fs_reads(s3, objects):
