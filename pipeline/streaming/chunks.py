@@ -279,11 +279,9 @@ class ChunkReader:
         if self.cache is not None:
             return self._cached(key, start, stop, suffix)
         if self._fetcher is not None:
-            from zarr.core.sync import sync
-
             path = f"{self.array.store_path.path}/{key}".lstrip("/")
             try:
-                return sync(self._fetcher.get(path, start, stop, suffix))
+                return self._fetcher.fetch(path, start, stop, suffix)
             except Exception as exc:  # noqa: BLE001 - any failure to fetch is the store's (after obstore's retries)
                 raise StoreError(f"{self.where[0]}: cannot fetch {path} ({type(exc).__name__}: {exc})") from exc
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest

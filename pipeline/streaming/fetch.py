@@ -13,6 +13,13 @@ obstore runs its requests on a tokio runtime whose threads do not survive ``fork
 process forked after obstore sent a request (a DataLoader worker of a stream that
 already fetched) fetches through fsspec, which starts its event loop again after a
 fork. Workers forked from a parent that only opened the stream use obstore.
+
+Requests go through obstore's blocking calls on threads of this package's own (the
+cache's fetches) or the caller's (reads without a cache), never through its ``async``
+calls: those complete on a tokio thread that calls into Python, and one that completes
+while the interpreter exits aborts the process (seen at the end of DataLoader workers
+and spawned processes). A blocking call leaves Python alone on tokio's side, and the
+threads that make them are joined before the interpreter finalizes.
 """
 
 from __future__ import annotations
@@ -44,6 +51,10 @@ _requested = False  # this process sent obstore requests through a fetcher (its 
 _imported_first: bool | None = None  # whether a fetcher imported obstore before anything else did
 _stores: dict[tuple, Any] = {}  # obstore clients by (process, bucket, settings)
 _stores_lock = threading.Lock()
+_pool: Any = None  # the threads of the cache's fetches, with the process they belong to
+_pool_pid = 0
+#: Threads making the cache's requests (it makes up to 16 at a time).
+_POOL_THREADS = 32
 
 
 def _after_fork_in_child() -> None:
@@ -57,6 +68,18 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):  # not on Windows, which has no fork
     os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _request_pool() -> Any:
+    """This process's threads for the cache's requests (a pool does not survive a fork).
+    Not daemons: the interpreter joins them before it finalizes."""
+    global _pool, _pool_pid
+    with _stores_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            from concurrent.futures import ThreadPoolExecutor
+
+            _pool, _pool_pid = ThreadPoolExecutor(_POOL_THREADS, "pipeline-obstore"), os.getpid()
+        return _pool
 
 
 def obstore_config(protocols: tuple[str, ...], options: Mapping[str, Any], bucket: str,
@@ -181,11 +204,11 @@ class ObstoreFetcher:
                 _stores[key] = S3Store(self.bucket, **config)
             self.store = _stores[key]
 
-    async def get(self, path: str, start: int | None = None, stop: int | None = None,
-                  suffix: int | None = None) -> Any:
+    def fetch(self, path: str, start: int | None = None, stop: int | None = None,
+              suffix: int | None = None) -> Any:
         """The bytes of object ``path`` under the root (an ``obstore.Bytes``, read
         through the buffer protocol), or of its range ``[start, stop)``, or of its last
-        ``suffix`` bytes; None when there is no such object."""
+        ``suffix`` bytes; None when there is no such object. Blocks (the GIL released)."""
         import obstore
         from obstore.exceptions import NotFoundError
 
@@ -194,12 +217,17 @@ class ObstoreFetcher:
         key = f"{self.prefix}/{path}" if self.prefix else path
         try:
             if start is not None:
-                return await obstore.get_range_async(self.store, key, start=start, end=stop)
+                return obstore.get_range(self.store, key, start=start, end=stop)
             options = {"range": {"suffix": suffix}} if suffix is not None else None
-            result = await obstore.get_async(self.store, key, options=options)
-            return await result.bytes_async()
+            return obstore.get(self.store, key, options=options).bytes()
         except (FileNotFoundError, NotFoundError):  # obstore raises the former for a missing key
             return None
+
+    async def get(self, path: str) -> Any:
+        """:meth:`fetch` of the whole object, on this package's request threads."""
+        import asyncio
+
+        return await asyncio.get_running_loop().run_in_executor(_request_pool(), self.fetch, path)
 
 
 def store_fetcher(store: Any) -> ObstoreFetcher | None:
