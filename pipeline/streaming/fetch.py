@@ -17,9 +17,9 @@ fork. Workers forked from a parent that only opened the stream use obstore.
 Requests go through obstore's blocking calls on threads of this package's own (the
 cache's fetches) or the caller's (reads without a cache), never through its ``async``
 calls: those complete on a tokio thread that calls into Python, and one that completes
-while the interpreter exits aborts the process (seen at the end of DataLoader workers
-and spawned processes). A blocking call leaves Python alone on tokio's side, and the
-threads that make them are joined before the interpreter finalizes.
+while the interpreter exits aborts the process (seen at the end of spawned processes
+streaming through the cache). A blocking call leaves Python alone on tokio's side,
+and the threads that make them are joined before the interpreter finalizes.
 """
 
 from __future__ import annotations
