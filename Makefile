@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 TORCH_PIN := torch==2.13.0
 export KERAS_BACKEND := torch
 
-.PHONY: demo test install bench clean
+.PHONY: demo test install bench clean bytecode
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,17 +22,23 @@ $(STAMP): pyproject.toml | $(BIN)/python
 
 install: $(STAMP)
 
-demo: $(STAMP)
+# The package's bytecode, written once: with PYTHONDONTWRITEBYTECODE set (as on these
+# machines) every process (each dask worker, each DataLoader worker) would otherwise
+# compile the package's modules again on import. Only changed files are compiled.
+bytecode: $(STAMP)
+	$(BIN)/python -m compileall -q pipeline
+
+demo: $(STAMP) bytecode
 	$(BIN)/pipeline demo-data data/raw --per-instrument --rows-per-day 200000
 	$(BIN)/pipeline run configs/orderbook.yaml --set output.overwrite=true
 	$(BIN)/python examples/train_keras.py data/orderbook.zarr
 	$(BIN)/python examples/train_torch.py data/orderbook.zarr
 	$(BIN)/python examples/deeplob.py
 
-test: $(STAMP)
+test: $(STAMP) bytecode
 	$(BIN)/python -m pytest -q
 
-bench: $(STAMP)
+bench: $(STAMP) bytecode
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
 
 clean:
