@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import select
 import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -299,12 +299,12 @@ def test_a_client_obstore_cannot_build_falls_back_to_fsspec(s3, tmp_path, monkey
     assert isinstance(fetcher_for(zarr_fs(s3), "training/fetch/set.zarr", opts), FsspecFetcher)
 
 
-
-def _held_back(src, dst, delay: float) -> None:
-    """Bytes from ``src`` to ``dst``, each read of them held back ``delay`` s first."""
+def _held_back(src, dst, gate: threading.Event | None = None) -> None:
+    """Bytes from ``src`` to ``dst``, once ``gate`` (if any) is open."""
     try:
         while data := src.recv(1 << 16):
-            time.sleep(delay)
+            if gate is not None:
+                gate.wait(120)
             dst.sendall(data)
     except OSError:
         pass
@@ -315,10 +315,11 @@ def _held_back(src, dst, delay: float) -> None:
 
 
 @pytest.fixture()
-def slow_endpoint(s3):
-    """The S3 server behind a proxy that holds every request back half a second."""
+def held_endpoint(s3):
+    """The S3 server behind a proxy that holds every request until the returned event is set."""
     upstream = int(s3["endpoint_url"].rsplit(":", 1)[1])
     server = socket.create_server(("127.0.0.1", 0))
+    gate = threading.Event()
 
     def accept() -> None:
         while True:
@@ -327,16 +328,17 @@ def slow_endpoint(s3):
             except OSError:
                 return
             up = socket.create_connection(("127.0.0.1", upstream))
-            threading.Thread(target=_held_back, args=(client, up, 0.5), daemon=True).start()
-            threading.Thread(target=_held_back, args=(up, client, 0.0), daemon=True).start()
+            threading.Thread(target=_held_back, args=(client, up, gate), daemon=True).start()
+            threading.Thread(target=_held_back, args=(up, client), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", gate
+    gate.set()
     server.close()
 
 
 EXIT_CODE = """
-import asyncio, sys, time
+import asyncio, os, sys
 import zarr
 from zarr.core.sync import _get_loop
 from pipeline.streaming.fetch import ObstoreFetcher, fetcher_for
@@ -349,23 +351,38 @@ assert isinstance(fetcher, ObstoreFetcher)
 pending = [asyncio.run_coroutine_threadsafe(fetcher.get(f"x/c/{i % 4}"), _get_loop()) for i in range(16)]
 
 
-class SlowTeardown:  # a module whose teardown takes a while (a framework flushing its logs)
-    def __del__(self):
-        time.sleep(1.0)
+class Teardown:  # a module whose teardown waits (a framework flushing its logs): here, for the test
+    def __del__(self, write=os.write, read=os.read):
+        write(1, b"finalizing\\n")
+        read(0, 1)
 
 
-teardown = SlowTeardown()
+teardown = Teardown()
+print("fetching", flush=True)
 """
 
 
-def test_a_process_exits_cleanly_with_fetches_in_flight(slow_endpoint, objects):
+def test_a_process_exits_cleanly_with_fetches_in_flight(held_endpoint, objects):
     # A request completing on obstore's runtime as the interpreter finalized aborted the
-    # process (SIGABRT, about once in thirty exits of the cache's processes test); one
-    # completing after it, as here (each request takes half a second), panicked tokio's
-    # threads. The process now waits for its requests before it finalizes.
-    t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", EXIT_CODE, slow_endpoint], capture_output=True, text=True,
-                         timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert "panicked" not in out.stderr and "Fatal Python error" not in out.stderr, out.stderr[-2000:]
-    assert time.perf_counter() - t0 < 60
+    # process (SIGABRT, about once in thirty exits of the cache's processes test), or
+    # panicked tokio's threads. The process must wait for its requests before it
+    # finalizes: here they are held until the test lets them through.
+    endpoint, gate = held_endpoint
+    proc = subprocess.Popen([sys.executable, "-c", EXIT_CODE, endpoint], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    try:
+        assert proc.stdout.readline() == b"fetching\n", proc.stderr.read()[-2000:]
+        # Its script is done; it must not finalize while its 16 requests are held.
+        early, _, _ = select.select([proc.stdout], [], [], 2.0)
+        assert not early, f"the interpreter finalized with requests in flight: {proc.stdout.readline()!r}"
+        gate.set()
+        assert proc.stdout.readline() == b"finalizing\n"
+        _, err = proc.communicate(timeout=120)  # closes its stdin: the teardown ends
+    finally:
+        gate.set()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = err.decode(errors="replace")
+    assert proc.returncode == 0, err[-2000:]
+    assert "panicked" not in err and "Fatal Python error" not in err, err[-2000:]
