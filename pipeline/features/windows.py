@@ -330,7 +330,7 @@ def windows_at(
         return da.zeros((0, size, width), dtype=x.dtype, chunks=((0,), (size,), (width,)))
     x = x.rechunk({1: -1})
     bounds = chunk_bounds(x.chunks[0])
-    starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    starts = chunk_bounds(counts)
     name = f"windows-at-{tokenize(x.name, runs, counts, size, scales)}"
     layer = {}
     for j in range(len(counts)):

@@ -189,7 +189,7 @@ def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Arr
     """The first timestamp (ns) of each segment, read from the chunks holding them; an empty
     segment (every row dropped) takes its instrument's previous one, keeping its place."""
     lengths = np.asarray(lengths, dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    starts = chunk_bounds(lengths)[:-1]
     rows = starts[lengths > 0]
     out = np.zeros(lengths.size, dtype=np.int64)
     out[lengths > 0] = np.asarray(dask.compute(take_rows(timestamps, rows))[0]) if rows.size else np.zeros(0, np.int64)

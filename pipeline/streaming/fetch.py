@@ -253,8 +253,6 @@ def fetcher_for(fs: Any, root: str, options: Mapping[str, Any] | None) -> Fsspec
     if config is not None and not _fork_unsafe:
         try:
             return ObstoreFetcher(config, root.strip("/"))
-        except ImportError:
-            pass
-        except Exception:  # noqa: BLE001 - a client obstore cannot build (bad certificates): s3fs speaks for it
-            pass
+        except Exception:  # noqa: BLE001 - obstore not installed, or a client it cannot build
+            pass  # (bad certificates): s3fs speaks for it
     return FsspecFetcher(fs, root)
