@@ -38,6 +38,14 @@ WORKER_MODULES: tuple[str, ...] = (
 )
 _METHOD_KEY = "distributed.worker.multiprocessing-method"
 
+#: How often a LocalCluster's scheduler and workers check that their event loop is not
+#: blocked (distributed's ``admin.tick.interval``), where the dask config leaves it at
+#: distributed's 20 ms. That watchdog only warns after seconds (``admin.tick.limit``,
+#: 3 s), and checking 50 times a second cost an idle scheduler and client about 1.7% of
+#: a core, a build's scheduler a tenth of its CPU (benchmarks/README.md).
+TICK_INTERVAL = "500ms"
+_TICK_KEY = "distributed.admin.tick.interval"
+
 #: glibc's allocator settings for the workers forked from that server. distributed sets
 #: only the trim threshold (64 KiB), which also fixes glibc's mmap threshold at 128 KiB:
 #: every temporary from 128 KiB up (feature columns, index arrays, compressed chunks) was
@@ -46,6 +54,23 @@ _METHOD_KEY = "distributed.worker.multiprocessing-method"
 #: at its top stays there: a build's system time fell about 3.5x (benchmarks/README.md).
 #: A variable already in the environment wins.
 WORKER_MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
+
+@contextlib.contextmanager
+def _quiet_ticks() -> Iterator[None]:
+    """:data:`TICK_INTERVAL` for a LocalCluster's life (its nannies hand the config to
+    the workers they start), unless the dask config already names an interval of its
+    own."""
+    import importlib
+
+    import dask
+
+    importlib.import_module("distributed")  # its defaults, to tell them from a user's value
+    if str(dask.config.get(_TICK_KEY, "20ms")) != "20ms":
+        yield
+        return
+    with dask.config.set({_TICK_KEY: TICK_INTERVAL}):
+        yield
 
 
 def _start_method() -> str:
@@ -205,6 +230,8 @@ def cluster(
             importlib.import_module("distributed")
             # For the cluster's whole life: a worker that dies is restarted the same way.
             settings.enter_context(dask.config.set({_METHOD_KEY: _start_method()}))
+        if address is None and scheduler_file is None:
+            settings.enter_context(_quiet_ticks())
         client, local, later = _connect(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file,
                                  preload=preload if processes else None, n_workers=n_workers,
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,

@@ -43,6 +43,9 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
         assert list(missing.values()) == [[]]
         assert client.submit(sum, [1, 2, 3]).result() == 6
         assert len(client.scheduler_info()["workers"]) == 1
+        # Their event loops' watchdog ticks at TICK_INTERVAL, not 50 times a second.
+        assert list(client.run(lambda dask_worker: dask_worker._tick_interval).values()) == [0.5]
+        assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval) == 0.5
         # The dashboard's pages are added from a thread once the cluster runs.
         for thread in threading.enumerate():
             if thread.name == "pipeline-dashboard":
@@ -51,9 +54,18 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
         with urllib.request.urlopen(client.dashboard_link, timeout=30) as page:
             assert page.status == 200 and b"bokeh" in page.read().lower()
     assert dask.config.get(method) == before
+    assert dask.config.get("distributed.admin.tick.interval") == "20ms"
     text = log.getvalue()
     assert "LocalCluster with 1 workers" in text
     assert "dashboard: http://127.0.0.1:" in text
+
+
+def test_a_tick_interval_the_dask_config_names_is_kept():
+    import dask
+
+    with dask.config.set({"distributed.admin.tick.interval": "50ms"}):
+        with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", processes=False, log=None) as client:
+            assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval) == 0.05
 
 
 def _reused_heap() -> tuple[str | None, int]:

@@ -12,6 +12,7 @@ __all__ = [
     "DEFAULT_CHUNK_BYTES",
     "TASK_BYTES",
     "chunk_samples_for",
+    "last_of_blocks",
     "time_split_ranges",
     "task_block",
     "unit_chunks",
@@ -61,6 +62,16 @@ def unit_chunks(n: int, unit: int) -> tuple[int, ...]:
         return (0,)
     full, rest = divmod(n, unit)
     return (unit,) * full + ((rest,) if rest else ())
+
+
+def last_of_blocks(todo: np.ndarray, per_block: int) -> np.ndarray:
+    """The last of ``todo`` (increasing unit numbers) in each block of ``per_block``
+    units that holds one: the unit whose marker a block's task writes last."""
+    todo = np.asarray(todo, dtype=np.int64)
+    if not todo.size:
+        return todo
+    block = todo // max(1, int(per_block))
+    return todo[np.append(block[1:] != block[:-1], True)]
 
 
 def units_aligned(chunks: Sequence[int], unit: int) -> bool:

@@ -206,12 +206,13 @@ def _store_sync(arr: Any, codecs: tuple[Any, ...], part: np.ndarray, start: int)
             path.set_sync(data)
 
 
-def read_rows_sync(arr: zarr.Array) -> np.ndarray | None:
-    """Every row of a table chunked one row per chunk (a split's ``_written``), read
-    without the event loop: each chunk's bytes by the store's ``get_sync`` and decoded
-    by the synchronous method of each codec, in reverse order, as zarr's pipeline
-    decodes them; a missing chunk is the fill value. ``None`` where the array's codecs
-    or store have no synchronous methods (zarr's array API serves then).
+def read_rows_sync(arr: zarr.Array, rows: Sequence[int] | None = None) -> np.ndarray | None:
+    """Every row of a table chunked one row per chunk (a split's ``_written``), or only
+    ``rows`` (the others left at the fill value), read without the event loop: each
+    chunk's bytes by the store's ``get_sync`` and decoded by the synchronous method of
+    each codec, in reverse order, as zarr's pipeline decodes them; a missing chunk is
+    the fill value. ``None`` where the array's codecs or store have no synchronous
+    methods (zarr's array API serves then).
 
     zarr's own read of a table of a thousand one-row chunks (a build's markers) goes
     through its event loop chunk by chunk: a tenth of a second per split, twice per write.
@@ -226,8 +227,8 @@ def read_rows_sync(arr: zarr.Array) -> np.ndarray | None:
     out = np.zeros(md.shape, dtype=md.dtype.to_native_dtype())
     if out.size and md.fill_value is not None:
         out[...] = md.fill_value
-    for u in range(md.shape[0]):
-        coords = (u,) + (0,) * (len(md.shape) - 1)
+    for u in range(md.shape[0]) if rows is None else rows:
+        coords = (int(u),) + (0,) * (len(md.shape) - 1)
         data = (target.store_path / md.encode_chunk_key(coords)).get_sync(prototype=proto)
         if data is None:
             continue

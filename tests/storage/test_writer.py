@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 import pipeline
 from pipeline.errors import IncompleteStoreError, StoreConflictError, StoreError
 from pipeline.storage import CodecSpec, write
-from pipeline.storage.layout import task_block, time_split_ranges, unit_chunks, units_aligned
+from pipeline.storage.layout import last_of_blocks, task_block, time_split_ranges, unit_chunks, units_aligned
 from pipeline.storage.writer import written_units
 from tests.conftest import wait_until
 
@@ -219,6 +219,41 @@ def test_resume_rewrites_exactly_the_units_without_a_marker(tmp_path):
     write(path, {"x": x, "y": np.arange(500)}, chunk_samples=50, fingerprint="f", progress=False)
     np.testing.assert_array_equal(pipeline.open(path)["train"]["x"][:], x)
     assert (path / "train" / "x" / "c" / "0" / "0").stat().st_mtime_ns == mtime  # done units untouched
+
+
+@settings(max_examples=200, deadline=None)
+@given(done=st.lists(st.booleans(), max_size=60), per_block=st.integers(1, 12))
+def test_last_of_blocks_is_the_last_unit_each_block_writes(done, per_block):
+    todo = np.flatnonzero(~np.array(done, dtype=bool))
+    blocks = sorted({int(u) // per_block for u in todo})
+    expected = [max(int(u) for u in todo if u // per_block == b) for b in blocks]
+    assert last_of_blocks(todo, per_block).tolist() == expected
+
+
+def test_units_reported_but_not_readable_here_fail_the_write(tmp_path, monkeypatch):
+    """A task that reports its units written where this process cannot read them (a
+    remote worker's own disk at the same path) leaves the store incomplete, and the
+    error names the units."""
+    import pipeline.storage.writer as writer
+
+    real = writer._write_units
+
+    def elsewhere(location, options, split, units, start, blocks, token):
+        if any(u == 3 for u, _, _ in units):  # this block's units land on another disk
+            return len(units)
+        return real(location, options, split, units, start, blocks, token)
+
+    monkeypatch.setattr(writer, "_write_units", elsewhere)
+    x = np.random.default_rng(0).standard_normal((500, 6)).astype(np.float32)
+    arrays = {"x": da.from_array(x, chunks=(100, 6)), "y": da.arange(500, chunks=100)}
+    path = tmp_path / "e.zarr"
+    with pytest.raises(StoreError, match=r"split 'train': write units \[2, 3\] were not written"):
+        write(path, arrays, chunk_samples=50, progress=False)
+    with pytest.raises(IncompleteStoreError):
+        pipeline.open(path)
+    monkeypatch.setattr(writer, "_write_units", real)
+    write(path, arrays, chunk_samples=50, progress=False)  # the same write, resumed, completes it
+    np.testing.assert_array_equal(pipeline.open(path)["train"]["x"][:], x)
 
 
 def test_sigkill_halfway_then_rerun_equals_an_uninterrupted_write(tmp_path):
