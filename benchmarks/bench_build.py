@@ -135,14 +135,16 @@ def load_store(path: Path) -> dict[str, dict[str, tuple[np.ndarray, Any]]]:
 def stored_chunks(path: Path, arrays: dict[str, dict[str, tuple[np.ndarray, Any]]]
                   ) -> list[tuple[str, np.ndarray, Any]]:
     """``(key, chunk, zarr array)`` for every chunk the store holds (zarr stores none
-    for chunks equal to the fill value): views into ``arrays``."""
+    for chunks equal to the fill value): its key in the store (``train/x/c/12/0/0``)
+    and a view into ``arrays``."""
     out = []
     for split, named in arrays.items():
         for name, (values, arr) in named.items():
             folder = path / split / name / "c"
             rows = arr.chunks[0]
             for i in sorted(int(p.name) for p in folder.iterdir()) if folder.exists() else []:
-                out.append((f"{split}/{name}/{i}", values[i * rows : (i + 1) * rows], arr))
+                key = arr.metadata.encode_chunk_key((i,) + (0,) * (arr.ndim - 1))
+                out.append((f"{split}/{name}/{key}", values[i * rows : (i + 1) * rows], arr))
     return out
 
 
@@ -173,17 +175,33 @@ def _encoder(arr: Any) -> Callable[[np.ndarray], bytes]:
     return encode
 
 
-def limit_seconds(chunks: list[tuple[str, np.ndarray, Any]], target: Path, workers: int) -> float:
+def limit_seconds(chunks: list[tuple[str, np.ndarray, Any]], target: Path, workers: int, *,
+                  layout: bool = True) -> float:
     """Encode every chunk with its store codec and write it as a file under ``target``,
-    on ``workers`` threads (numcodecs releases the GIL): the encode-and-write limit."""
+    on ``workers`` threads (numcodecs releases the GIL): the encode-and-write limit.
+
+    ``layout``: each chunk at its key in the store, its directories made as it is
+    written, as a store's files must be (zarr's chunk keys nest a directory per chunk
+    index: ``c/12/0/0``). ``False``: the limit as first measured, every chunk a file of
+    its array's one directory (``train/x/12``), the directories made before the clock
+    starts."""
     encoders = {id(arr): _encoder(arr) for _, _, arr in chunks}
-    for key, _, _ in chunks:
-        (target / key).parent.mkdir(parents=True, exist_ok=True)
+    if not layout:
+        flat = []
+        for key, c, a in chunks:
+            split, name, rest = key.split("/", 2)
+            flat.append((f"{split}/{name}/{rest.removeprefix('c/').replace('/', '.')}", c, a))
+        chunks = flat
+        for key, _, _ in chunks:
+            (target / key).parent.mkdir(parents=True, exist_ok=True)
 
     def one(item: tuple[str, np.ndarray, Any]) -> None:
         key, chunk, arr = item
         data = encoders[id(arr)](chunk)
-        with open(target / key, "wb") as fh:
+        path = target / key
+        if layout:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "wb") as fh:
             fh.write(data)
 
     t0 = time.perf_counter()
@@ -395,13 +413,24 @@ def _noop(i: int) -> int:
     return i
 
 
-def profiled_run(raw: Path, out: Path) -> dict[str, Any]:
+def profiled_run(raw: Path, out: Path, *, hold: bool = True) -> dict[str, Any]:
     """One materialized build in this process on a LocalCluster of 2 workers, with its
-    task stream, the workers' sampling profile, CPU times and peak memory."""
+    task stream, the workers' sampling profile, CPU times and peak memory. ``hold=False``
+    keeps nothing on the workers between passes, as for an input over the hold budget
+    (``pipeline.features.build.HOLD_FRACTION``)."""
     from distributed import get_task_stream
 
+    import pipeline.features.build as build
     from pipeline import job
     from pipeline.cluster import cluster
+
+    if not hold:
+        saved = build.HOLD_FRACTION
+        build.HOLD_FRACTION = 0.0
+        try:
+            return profiled_run(raw, out)
+        finally:
+            build.HOLD_FRACTION = saved
 
     with cluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB", log=None) as client:
         cfg = load_config(CONFIG, overrides=overrides(raw, out) + [f"cluster.address={client.scheduler.address}"])
@@ -475,13 +504,13 @@ def demo(directory: Path, days: int, rows: int) -> None:
     write_demo_data(directory, DemoSpec(days=days, rows_per_day=rows, formats=("parquet",), per_instrument=True))
 
 
-def measure_limit(store: Path, target: Path) -> tuple[dict, list, float, float]:
+def measure_limit(store: Path, target: Path, *, layout: bool = True) -> tuple[dict, list, float, float]:
     """A store's arrays in memory, and the encode-and-write limit on all cores (wall
-    seconds and CPU seconds)."""
+    seconds and CPU seconds; ``layout``: see :func:`limit_seconds`)."""
     arrays = load_store(store)
     chunks = stored_chunks(store, arrays)
     cpu0 = time.process_time()
-    wall = limit_seconds(chunks, target, os.cpu_count() or 1)
+    wall = limit_seconds(chunks, target, os.cpu_count() or 1, layout=layout)
     return arrays, chunks, wall, time.process_time() - cpu0
 
 
@@ -514,6 +543,7 @@ def main() -> None:
             limits = component_limits(raw, window_bytes, sum(c.nbytes for _, c, _ in chunks))
             limits["zarr codecs + store, per write unit"] = limit_cpu
             say_profile(prof, limits, window_bytes)
+            say_unheld(profiled_run(raw, work / "unheld.zarr", hold=False))
             return
         sizes = materialized(raw, work)
         virtual(raw, work)
@@ -522,6 +552,7 @@ def main() -> None:
         limits = component_limits(raw, sizes["window_bytes"], sizes["stored_bytes"])
         limits["zarr codecs + store, per write unit"] = sizes["limit_cpu"]
         say_profile(prof, limits, sizes["window_bytes"])
+        say_unheld(profiled_run(raw, work / "unheld.zarr", hold=False))
         scaling(work)
     finally:
         if not args.keep:
@@ -563,10 +594,13 @@ def materialized(raw: Path, work: Path) -> dict[str, float]:
     arrays, chunks, limit_s, limit_cpu = measure_limit(work / "run.zarr", work / "limit")
     window_bytes = sum(v.nbytes for named in arrays.values() for k, (v, _) in named.items() if k == "x")
     stored_bytes = sum(c.nbytes for _, c, _ in chunks)
+    flat_s = limit_seconds(chunks, work / "limit-flat", os.cpu_count() or 1, layout=False)
     del chunks
     print(f"windows: {window_bytes / 2**30:.2f} GiB; every stored array {stored_bytes / 2**30:.2f} GiB uncompressed")
-    print(f"limit: encoded with the store's codecs and written as files, {os.cpu_count()} threads: {limit_s:.2f} s "
-          f"({stored_bytes / limit_s / 2**20:,.0f} MiB/s; {limit_cpu:.2f} s of CPU)")
+    print(f"limit: encoded with the store's codecs and written as files at their keys in the store (directories "
+          f"made as written), {os.cpu_count()} threads: {limit_s:.2f} s ({stored_bytes / limit_s / 2**20:,.0f} MiB/s; "
+          f"{limit_cpu:.2f} s of CPU); as first measured (one directory per array, made before the clock starts): "
+          f"{flat_s:.2f} s")
     print(f"pipeline run, materialized: {run_s:6.2f} s = {limit_s / run_s:.2f}x the limit (goal >= 0.5x)")
     cpu = CPU[str(work / "run.zarr")]
     print(f"  in CPU time (every process of the run): {cpu:.1f} s against the limit's {limit_cpu:.1f} s = "
@@ -597,12 +631,26 @@ def say_startup(up: dict[str, float]) -> None:
           f"process that holds them {up['cluster']:.2f} s; load average {os.getloadavg()[0]:.1f}", flush=True)
 
 
-def say_profile(p: dict[str, Any], limits: dict[str, float], window_bytes: int) -> None:
-    """The profiled run: CPU, memory, spilling, tasks, timeline, time by component."""
+def _block_bytes() -> int:
     from pipeline.storage.layout import DEFAULT_CHUNK_BYTES, task_block
 
     window = 32 * 18 * 4  # bytes of one window of the demo config
-    block = task_block(max(1, DEFAULT_CHUNK_BYTES // window), window) * window
+    return task_block(max(1, DEFAULT_CHUNK_BYTES // window), window) * window
+
+
+def say_unheld(p: dict[str, Any]) -> None:
+    """The profiled build again with nothing held between passes: the raw files decoded
+    and the features computed in each pass, as for an input over the hold budget."""
+    block = _block_bytes()
+    print(f"  with nothing held between passes (an input over the hold budget): {p['wall']:.2f} s wall; peak worker "
+          f"memory {p['peak_over_base'] / 2**20:,.0f} MiB = {p['peak_over_base'] / block:.1f}x a task's block "
+          f"(goal <= 4x); client and scheduler {100 * p['client_cpu'] / p['worker_cpu']:.1f}% of the workers' CPU",
+          flush=True)
+
+
+def say_profile(p: dict[str, Any], limits: dict[str, float], window_bytes: int) -> None:
+    """The profiled run: CPU, memory, spilling, tasks, timeline, time by component."""
+    block = _block_bytes()
     print(f"profiled run: {p['wall']:.2f} s wall, {p['tasks']} tasks, workers busy {p['busy']:.1f} s")
     print(f"  client and scheduler CPU {p['client_cpu']:.2f} s = {100 * p['client_cpu'] / p['worker_cpu']:.1f}% of "
           f"the workers' {p['worker_cpu']:.1f} s (goal < 5%)")
