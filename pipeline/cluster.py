@@ -41,8 +41,8 @@ _METHOD_KEY = "distributed.worker.multiprocessing-method"
 #: How often a LocalCluster's scheduler and workers check that their event loop is not
 #: blocked (distributed's ``admin.tick.interval``), where the dask config leaves it at
 #: distributed's 20 ms. That watchdog only warns after seconds (``admin.tick.limit``,
-#: 3 s), and checking 50 times a second cost an idle scheduler and client about 1.7% of
-#: a core, a build's scheduler a tenth of its CPU (benchmarks/README.md).
+#: 3 s), and checking 50 times a second cost the process that holds a LocalCluster's
+#: scheduler about 1.7% of a core while idle (benchmarks/README.md).
 TICK_INTERVAL = "500ms"
 _TICK_KEY = "distributed.admin.tick.interval"
 
