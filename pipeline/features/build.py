@@ -22,7 +22,7 @@ from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds, halo, split_gap_windows, split_ranges
 from pipeline.features.history import Prior, continue_folds
 from pipeline.features.labels import class_balance, finalize_labels, label_steps
-from pipeline.features.normalize import apply_normalization, fit_normalization
+from pipeline.features.normalize import apply_normalization, fit_normalization, row_scaler
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
@@ -229,17 +229,22 @@ def build_training_set(
         _refuse_bad(bad, runs, H, fwd)
 
     # -- the arrays of each split --------------------------------------------------------
-    window_bytes = size * len(frame.names) * len(scales) * (4 if norm.kind == "window" else f.dtype.itemsize)
+    # Materialized windows z-score the rows they read in the task that makes them (one
+    # task per block, no normalized copy of the features held beside the raw ones);
+    # virtual stores write the normalized features themselves.
+    scaler = row_scaler(norm, stats, segs)
+    itemsize = 4 if norm.kind == "window" or scaler is not None else f.dtype.itemsize
+    window_bytes = size * len(frame.names) * len(scales) * itemsize
     unit = block_windows(window_bytes) if callable(block_windows) else block_windows
     per_split = _split_runs(runs, where, bad, splits, empty_ok=prior is not None)
     out = {name: split_arrays(f, r, _blocks(r.n, unit, window_bytes, prior, name), labels_steps, timestamps,
                               segs, label=label, size=size, scales=scales, halo=H, zscore=norm.kind == "window",
-                              materialize=materialize, row_offset=0 if prior is None else prior.rows)
+                              scaler=scaler, materialize=materialize, row_offset=0 if prior is None else prior.rows)
            for name, r in per_split.items()}
     geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
                       windows=geometry, splits=_split_attrs(per_split, key_kind, cuts, gap, H, fwd))
-    shared: dict[str, da.Array] = {} if materialize else {"features": f}
+    shared: dict[str, da.Array] = {} if materialize else {"features": apply_normalization(f, norm, stats, segs)}
     if not materialize:
         attrs["virtual"] = {k: geometry[k] for k in ("size", "stride", "scales", "halo")}
     fold_index: dict[str, np.ndarray] = {}
@@ -385,8 +390,9 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
                    ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
     """One pass over the data for everything needed before the write: the normalization
     statistics, every window's label values and whether any row a window uses is not
-    finite, and each segment's first and last time. Returns the normalized features,
-    the statistics, which windows hold NaN or inf, the label values and the times."""
+    finite, and each segment's first and last time. Returns the features (as given:
+    :func:`~pipeline.features.normalize.row_scaler` applies the statistics), the
+    statistics, which windows hold NaN or inf, the label values and the times."""
     bad_rows = _bad_rows(f, segs, lookback)
     # The label values themselves (a few numbers per window) rather than only whether
     # they are finite: the class balance then needs no second pass over the data.
@@ -411,7 +417,7 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
         (flagged,) = compute(windows_at(flags, runs, size=size, scales=scales).max(axis=(1, 2)),
                              desc="locating NaN windows", progress=progress)
         bad |= np.asarray(flagged, dtype=bool)
-    return apply_normalization(f, norm, stats, segs), stats, bad, y_values, seg_times
+    return f, stats, bad, y_values, seg_times
 
 
 def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], timestamps: da.Array | None, *,

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import dask
@@ -20,7 +21,8 @@ from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import SegmentTable, WindowRuns
 from pipeline.features.splits import NormalizeSpec
 
-__all__ = ["apply_normalization", "combine_moments", "fit_normalization", "segment_moments"]
+__all__ = ["RowScaler", "apply_normalization", "combine_moments", "fit_normalization", "row_scaler",
+           "segment_moments"]
 
 
 def _intervals(runs: WindowRuns, halo: int) -> list[tuple[int, int]]:
@@ -146,22 +148,48 @@ def _trailing(segments: SegmentTable, moments: Sequence[Any], sessions: int, wid
     return mean, std
 
 
+@dataclass(frozen=True, eq=False)
+class RowScaler:
+    """A build's z-score as a function of rows: ``scaler(rows, first)`` z-scores rows
+    ``first, first + 1, ...`` of the features, with one mean and std (``global``) or
+    the ones of each row's segment (``trailing``: ``stops`` are the segments' ends).
+
+    The one definition of the arithmetic, for the features as a dask array
+    (:func:`apply_normalization`) and for the rows a block of windows reads, scaled
+    inside the task that makes the block: the same operations on the same values, so
+    the same bits either way."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    stops: np.ndarray | None = None
+
+    def __call__(self, rows: np.ndarray, first: int) -> np.ndarray:
+        if self.stops is None:
+            return ((rows - self.mean) / self.std).astype(np.float32)
+        seg = np.searchsorted(self.stops, np.arange(first, first + rows.shape[0]), side="right")
+        seg = np.minimum(seg, len(self.stops) - 1)
+        return ((rows - self.mean[seg]) / self.std[seg]).astype(np.float32)
+
+
+def row_scaler(spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> RowScaler | None:
+    """The :class:`RowScaler` of a ``global`` or ``trailing`` normalization with
+    ``stats``; ``None`` for the others (``window`` z-scores each window when it is made,
+    ``none`` leaves the features as they are)."""
+    if spec.kind not in ("global", "trailing"):
+        return None
+    mean = np.asarray(stats["mean"]).astype(np.float32)
+    std = np.asarray(stats["std"]).astype(np.float32)
+    return RowScaler(mean, std, np.asarray(segments.stops) if spec.kind == "trailing" else None)
+
+
 def apply_normalization(f: da.Array, spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> da.Array:
     """``f`` z-scored with ``stats`` (global: one mean and std; trailing: per segment)."""
-    if spec.kind == "global":
-        mean = np.asarray(stats["mean"]).astype(np.float32)
-        std = np.asarray(stats["std"]).astype(np.float32)
-        return ((f - mean) / std).astype(np.float32)
-    if spec.kind == "trailing":
-        mean = np.asarray(stats["mean"]).astype(np.float32)
-        std = np.asarray(stats["std"]).astype(np.float32)
-        starts = chunk_bounds(f.chunks[0])
+    scaler = row_scaler(spec, stats, segments)
+    if scaler is None:
+        return f
+    starts = chunk_bounds(f.chunks[0])
 
-        def block(b: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-            lo = int(starts[block_id[0]])
-            seg = np.searchsorted(segments.stops, np.arange(lo, lo + b.shape[0]), side="right")
-            seg = np.minimum(seg, len(segments) - 1)
-            return ((b - mean[seg]) / std[seg]).astype(np.float32)
+    def block(b: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+        return scaler(b, int(starts[block_id[0]]))
 
-        return f.map_blocks(block, dtype=np.float32, token="trailing-zscore")
-    return f
+    return f.map_blocks(block, dtype=np.float32, token=f"{spec.kind}-zscore")

@@ -29,6 +29,7 @@ from dask.task_spec import Task, TaskRef
 from pipeline.features.blockwise import rows_task
 from pipeline.features.geometry import chunk_bounds
 from pipeline.features.labels import finalize_labels
+from pipeline.features.normalize import RowScaler
 from pipeline.features.sessions import SegmentTable, WindowRuns
 from pipeline.features.specs import LabelSpec
 from pipeline.features.windows import windows_numpy_block
@@ -57,6 +58,7 @@ class _Geometry:
     ends_dtype: Any
     row_offset: int
     instruments: bool
+    scaler: RowScaler | None = None
 
 
 def _make_block(runs: WindowRuns, origin: Mapping[str, int], session: np.ndarray, instrument: np.ndarray,
@@ -71,6 +73,8 @@ def _make_block(runs: WindowRuns, origin: Mapping[str, int], session: np.ndarray
     ends = runs.ends()
     out: dict[str, np.ndarray] = {}
     if g.materialize:
+        if g.scaler is not None:
+            features = g.scaler(features, origin["features"])
         x = windows_numpy_block(features, ends - origin["features"], g.size, g.scales)
         out["x"] = window_zscore(x) if g.zscore else x
     else:
@@ -87,7 +91,7 @@ def _make_block(runs: WindowRuns, origin: Mapping[str, int], session: np.ndarray
 def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], labels_steps: da.Array,
                  timestamps: da.Array | None, segs: SegmentTable, *, label: LabelSpec, size: int,
                  scales: Sequence[int], halo: int, zscore: bool, materialize: bool,
-                 row_offset: int = 0) -> dict[str, da.Array]:
+                 row_offset: int = 0, scaler: RowScaler | None = None) -> dict[str, da.Array]:
     """The arrays of one split, in blocks of ``chunks`` windows: the windows (or, for
     virtual windows, their end rows counted from ``row_offset``), labels, end times,
     sessions and instruments, each block of all of them made by one task.
@@ -120,6 +124,9 @@ def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], la
         Make the windows (else their end rows).
     row_offset
         Added to stored end rows (an append's rows after the stored ones).
+    scaler
+        Z-scores the feature rows a block's windows read, in the task that makes them
+        (``global`` and ``trailing`` normalization); ``None``: ``f`` as given.
 
     Returns
     -------
@@ -135,7 +142,7 @@ def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], la
         raise ValueError(f"blocks of {sum(chunks)} windows for {n} windows")
     ends_dtype = np.dtype(np.int32 if int(labels_steps.shape[0]) + row_offset < 2**31 else np.int64)
     g = _Geometry(size, scales, label, zscore, materialize, ends_dtype, int(row_offset),
-                  segs.instruments != ("",))
+                  segs.instruments != ("",), scaler if materialize else None)
     specs = _field_specs(f, labels_steps, timestamps, g)
     if n == 0 or not chunks:
         return {k: da.zeros((0, *shape), dtype=dtype, chunks=-1) for k, (shape, dtype) in specs.items()}
@@ -164,7 +171,8 @@ def _field_specs(f: da.Array | None, labels_steps: da.Array, timestamps: da.Arra
     out: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
     if g.materialize:
         width = int(f.shape[1]) * len(g.scales)
-        out["x"] = ((g.size, width), np.dtype(np.float32) if g.zscore else np.dtype(f.dtype))
+        scaled = g.zscore or g.scaler is not None
+        out["x"] = ((g.size, width), np.dtype(np.float32) if scaled else np.dtype(f.dtype))
     else:
         out["ends"] = ((), g.ends_dtype)
     out["y"] = ((int(labels_steps.shape[1]),) if g.label.multi else (), np.dtype(g.label.out_dtype))
