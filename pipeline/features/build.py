@@ -393,10 +393,9 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
     finite, and each segment's first and last time. Returns the features (as given:
     :func:`~pipeline.features.normalize.row_scaler` applies the statistics), the
     statistics, which windows hold NaN or inf, the label values and the times."""
-    bad_rows = _bad_rows(f, segs, lookback)
     # The label values themselves (a few numbers per window) rather than only whether
     # they are finite: the class balance then needs no second pass over the data.
-    reductions = [bad_rows.sum(), gather_rows(labels_steps, runs, _chunks(runs.n))]
+    reductions = [_bad_row_counts(f, segs, lookback), gather_rows(labels_steps, runs, _chunks(runs.n))]
     if timestamps is not None:
         reductions.append(take_rows(timestamps, np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)))
     if prior is not None and norm.kind == "global":
@@ -407,13 +406,13 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
                                                 prior=None if prior is None or norm.kind != "trailing"
                                                 else (prior.segments, prior.moments()))
     results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
-    bad_steps_n, y_values = int(results[0]), np.asarray(results[1])
+    bad_steps_n, y_values = int(np.sum(results[0])), np.asarray(results[1])
     bad = ~np.isfinite(y_values).all(axis=1)
     seg_times = np.asarray(results[2]).reshape(-1, 2) if timestamps is not None else None
     stats = finish(results[len(reductions):])
     if bad_steps_n:
         # Only now pay for a windowed pass: which windows hold one of the bad rows.
-        flags = bad_rows.astype(np.uint8)[:, None]
+        flags = _bad_rows(f, segs, lookback).astype(np.uint8)[:, None]
         (flagged,) = compute(windows_at(flags, runs, size=size, scales=scales).max(axis=(1, 2)),
                              desc="locating NaN windows", progress=progress)
         bad |= np.asarray(flagged, dtype=bool)
@@ -468,17 +467,34 @@ def _describe_splits(splits: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
+def _row_flags(block: np.ndarray, lo: int, segs: SegmentTable, lookback: int) -> np.ndarray:
+    """Which rows of a block starting at row ``lo`` hold NaN or inf where a window may
+    use them (rows of a segment's lookback head, which no window uses as a step, are
+    not flagged)."""
+    bad = ~np.isfinite(block).all(axis=1)
+    return bad & ~segs.head_mask(lo, lo + block.shape[0], lookback)
+
+
 def _bad_rows(f: da.Array, segs: SegmentTable, lookback: int) -> da.Array:
-    """Rows a window may use that hold NaN or inf (rows of a segment's lookback head,
-    which no window uses as a step, are not counted)."""
+    """Rows a window may use that hold NaN or inf (:func:`_row_flags`)."""
     starts = chunk_bounds(f.chunks[0])
 
     def flag(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-        lo = int(starts[block_id[0]])
-        bad = ~np.isfinite(block).all(axis=1)
-        return bad & ~segs.head_mask(lo, lo + block.shape[0], lookback)
+        return _row_flags(block, int(starts[block_id[0]]), segs, lookback)
 
     return f.map_blocks(flag, dtype=bool, drop_axis=1, token="bad-rows")
+
+
+def _bad_row_counts(f: da.Array, segs: SegmentTable, lookback: int) -> da.Array:
+    """How many rows of each chunk :func:`_bad_rows` flags: one task per chunk, summed
+    by the caller (dask's ``sum`` of the flags took two tasks per chunk and a tree)."""
+    starts = chunk_bounds(f.chunks[0])
+
+    def count(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+        return np.array([np.count_nonzero(_row_flags(block, int(starts[block_id[0]]), segs, lookback))])
+
+    return f.map_blocks(count, dtype=np.int64, drop_axis=1, chunks=((1,) * len(f.chunks[0]),),
+                        token="bad-row-counts")
 
 
 def _first_sessions(segs: SegmentTable, n: int, prior: SegmentTable | None = None) -> np.ndarray:
