@@ -299,11 +299,14 @@ def test_a_client_obstore_cannot_build_falls_back_to_fsspec(s3, tmp_path, monkey
     assert isinstance(fetcher_for(zarr_fs(s3), "training/fetch/set.zarr", opts), FsspecFetcher)
 
 
-def _held_back(src, dst, gate: threading.Event | None = None) -> None:
-    """Bytes from ``src`` to ``dst``, once ``gate`` (if any) is open."""
+def _held_back(src, dst, gate: threading.Event | None = None, held: threading.Event | None = None) -> None:
+    """Bytes from ``src`` to ``dst``, once ``gate`` (if any) is open; ``held`` is set as
+    soon as bytes wait for it."""
     try:
         while data := src.recv(1 << 16):
             if gate is not None:
+                if held is not None:
+                    held.set()
                 gate.wait(120)
             dst.sendall(data)
     except OSError:
@@ -316,10 +319,11 @@ def _held_back(src, dst, gate: threading.Event | None = None) -> None:
 
 @pytest.fixture()
 def held_endpoint(s3):
-    """The S3 server behind a proxy that holds every request until the returned event is set."""
+    """The S3 server behind a proxy that holds every request until the returned gate is
+    set, and an event set once a request is held."""
     upstream = int(s3["endpoint_url"].rsplit(":", 1)[1])
     server = socket.create_server(("127.0.0.1", 0))
-    gate = threading.Event()
+    gate, held = threading.Event(), threading.Event()
 
     def accept() -> None:
         while True:
@@ -328,11 +332,11 @@ def held_endpoint(s3):
             except OSError:
                 return
             up = socket.create_connection(("127.0.0.1", upstream))
-            threading.Thread(target=_held_back, args=(client, up, gate), daemon=True).start()
+            threading.Thread(target=_held_back, args=(client, up, gate, held), daemon=True).start()
             threading.Thread(target=_held_back, args=(up, client), daemon=True).start()
 
     threading.Thread(target=accept, daemon=True).start()
-    yield f"http://127.0.0.1:{server.getsockname()[1]}", gate
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", gate, held
     gate.set()
     server.close()
 
@@ -359,6 +363,7 @@ class Teardown:  # a module whose teardown waits (a framework flushing its logs)
 
 teardown = Teardown()
 print("fetching", flush=True)
+os.read(0, 1)  # until the test has seen a request held: the script then ends with it in flight
 """
 
 
@@ -367,12 +372,17 @@ def test_a_process_exits_cleanly_with_fetches_in_flight(held_endpoint, objects):
     # process (SIGABRT, about once in thirty exits of the cache's processes test), or
     # panicked tokio's threads. The process must wait for its requests before it
     # finalizes: here they are held until the test lets them through.
-    endpoint, gate = held_endpoint
+    endpoint, gate, held = held_endpoint
     proc = subprocess.Popen([sys.executable, "-c", EXIT_CODE, endpoint], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
     try:
         assert proc.stdout.readline() == b"fetching\n", proc.stderr.read()[-2000:]
-        # Its script is done; it must not finalize while its 16 requests are held.
+        # The fetches start on zarr's loop thread: let the script end only once one of
+        # them is a request in flight (on a loaded machine the script could otherwise
+        # end before any was sent, and nothing would be in flight to wait for).
+        assert held.wait(60), "no request reached the proxy"
+        proc.stdin.write(b"g")
+        # Its script is done; it must not finalize while its requests are held.
         early, _, _ = select.select([proc.stdout], [], [], 2.0)
         assert not early, f"the interpreter finalized with requests in flight: {proc.stdout.readline()!r}"
         gate.set()
