@@ -85,13 +85,16 @@ def take_rows(a: da.Array, rows: Sequence[int] | np.ndarray) -> da.Array:
 
 
 def _step(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, columns: Sequence[int] | None, left: int,
-          count: int, dtype: Any) -> np.ndarray:
+          count: int, dtype: Any, post: Callable[[np.ndarray, int], np.ndarray] | None = None,
+          start: int = 0) -> np.ndarray:
     block = rows if columns is None else rows[:, list(columns)]
-    return fn(block)[left : left + count].astype(dtype, copy=False)
+    out = fn(block)[left : left + count].astype(dtype, copy=False)
+    return out if post is None else post(out, start)
 
 
 def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: int, fwd: int, width: int,
-                  dtype: Any, token: str, columns: Sequence[int] | None = None) -> da.Array:
+                  dtype: Any, token: str, columns: Sequence[int] | None = None,
+                  post: Callable[[np.ndarray, int], np.ndarray] | None = None) -> da.Array:
     """``fn`` over each block of ``x`` (``(T, C)``) with ``back`` rows before and ``fwd``
     after it; ``fn`` returns one row per input row, of ``width`` columns.
 
@@ -113,6 +116,11 @@ def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: 
         The name's prefix.
     columns
         Only these columns of ``x`` reach ``fn``, selected inside each task.
+    post
+        ``post(result, start)`` finishes each block's result in its task (``start``: the
+        block's first row): a step that would otherwise be a layer of its own, and so,
+        once dask fuses it with this one, an extra task per block that only hands the
+        fused result on under the layer's keys.
 
     Returns
     -------
@@ -126,7 +134,7 @@ def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: 
         return da.zeros((0, width), dtype=out_dtype, chunks=((0,), (width,)))
     bounds = chunk_bounds(x.chunks[0])
     cols = None if columns is None else tuple(int(c) for c in columns)
-    name = f"{token}-{tokenize(x.name, fn, back, fwd, width, out_dtype.str, cols)}"
+    name = f"{token}-{tokenize(x.name, fn, back, fwd, width, out_dtype.str, cols, post)}"
     layer = {}
     for i in range(len(x.chunks[0])):
         start, stop = int(bounds[i]), int(bounds[i + 1])
@@ -135,7 +143,7 @@ def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: 
             continue
         lo, hi = max(0, start - back), min(T, stop + fwd)
         layer[(name, i, 0)] = Task((name, i, 0), _step, fn, rows_task(x, bounds, lo, hi), cols, start - lo,
-                                   stop - start, out_dtype)
+                                   stop - start, out_dtype, post, start)
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     return da.Array(graph, name, chunks=(x.chunks[0], (width,)), dtype=out_dtype,
                     meta=np.empty((0, 0), dtype=out_dtype))

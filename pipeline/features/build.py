@@ -11,6 +11,7 @@ run here; the windows stay lazy until the writer stores them.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -27,7 +28,7 @@ from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
 from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, fraction_cuts, is_dated
-from pipeline.features.steps import compute_features
+from pipeline.features.steps import compute_features, feature_lookback
 from pipeline.features.windows import gather_rows, windows_at
 from pipeline.progress import compute
 from pipeline.storage.layout import unit_chunks
@@ -84,25 +85,31 @@ def hold(*arrays: da.Array | None) -> tuple[da.Array | None, ...]:
     return tuple(None if a is None else next(held) for a in arrays)
 
 
-def _mask_heads(f: da.Array, segments: SegmentTable, lookback: int) -> da.Array:
-    """NaN in the first ``lookback`` rows of every segment: their features borrowed
-    history from another session, or lacked some (the first segment's), so the shared
-    features of virtual windows are the same whichever segments a build starts with
-    (an append starts with its new sessions)."""
-    if lookback == 0:
-        return f
-    starts = chunk_bounds(f.chunks[0])
+def _finish_rows(block: np.ndarray, start: int, *, segments: SegmentTable, lookback: int,
+                 fill: float | None) -> np.ndarray:
+    """A block of features from row ``start`` as a build holds them: NaN in the first
+    ``lookback`` rows of every segment (their features borrowed history from another
+    session, or lacked some: the first segment's), so the shared features of virtual
+    windows are the same whichever segments a build starts with (an append starts with
+    its new sessions); then, with ``fill``, every NaN or inf replaced by it."""
+    out = block
+    if lookback:
+        heads = segments.head_mask(start, start + block.shape[0], lookback)
+        if heads.any():
+            out = block.copy()
+            out[heads] = np.nan
+    if fill is not None:
+        out = np.where(np.isfinite(out), out, np.float32(fill))
+    return out
 
-    def mask(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-        lo = int(starts[block_id[0]])
-        heads = segments.head_mask(lo, lo + block.shape[0], lookback)
-        if not heads.any():
-            return block
-        out = block.copy()
-        out[heads] = np.nan
-        return out
 
-    return f.map_blocks(mask, dtype=f.dtype, token="mask-session-heads")
+def _finisher(segments: SegmentTable, lookback: int, fill: float | None) -> Callable[[np.ndarray, int], np.ndarray] | None:
+    """:func:`_finish_rows` for the features' blocks, done in the task that computes
+    each (as separate layers, dask fused them with it and kept a task per block that
+    only handed the result on); ``None`` when there is nothing to do."""
+    if not lookback and fill is None:
+        return None
+    return functools.partial(_finish_rows, segments=segments, lookback=lookback, fill=fill)
 
 
 def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | None, need_time: bool,
@@ -202,15 +209,15 @@ def build_training_set(
     scales = tuple(scales)
     segs = segments if segments is not None else SegmentTable.single(int(x.shape[0]))
     _check_inputs(x, segs, norm, materialize)
-    frame = compute_features(x, columns=columns, specs=features)
+    finish = _finisher(segs, feature_lookback(features), fill_value if nan == "fill" else None)
+    frame = compute_features(x, columns=columns, specs=features, post=finish)
     L = frame.lookback
     H = halo(size, scales)
     label_back, fwd = label.reach
     back = max(H + L, label_back)
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
                              prior=None if prior is None else prior.segments)
-    f = _mask_heads(frame.array, segs, L)
-    f = da.where(da.isfinite(f), f, np.float32(fill_value)) if nan == "fill" else f
+    f = frame.array
     # Read by every pass below: held when they fit, so the raw files are decoded once.
     f, labels_steps, timestamps = hold(f, label_steps(x, columns=columns, spec=label), timestamps)
     # -- which split each window falls in ---------------------------------------------

@@ -19,7 +19,7 @@ from pipeline.errors import FeatureError
 from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import FeatureSpec
 
-__all__ = ["FeatureFrame", "compute_features", "features_numpy"]
+__all__ = ["FeatureFrame", "compute_features", "feature_lookback", "features_numpy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +193,14 @@ def _features_of_rows(block: np.ndarray, columns: Sequence[str], specs: Sequence
     return out
 
 
+def feature_lookback(specs: Sequence[FeatureSpec]) -> int:
+    """Rows of history the features need: the largest lookback of ``specs`` (0 for none)."""
+    return max((s.lookback_steps for s in specs), default=0)
+
+
 def compute_features(
-    x: da.Array, *, columns: Sequence[str], specs: Sequence[FeatureSpec], dtype: str = "float32"
+    x: da.Array, *, columns: Sequence[str], specs: Sequence[FeatureSpec], dtype: str = "float32",
+    post: Callable[[np.ndarray, int], np.ndarray] | None = None,
 ) -> FeatureFrame:
     """Per-step features, blockwise with a halo equal to the largest lookback.
 
@@ -208,6 +214,10 @@ def compute_features(
         The features, in output order.
     dtype
         Output dtype; features are computed in float64 either way.
+    post
+        ``post(block, start)`` finishes each block of features in the task that
+        computes it (``start``: its first row); see
+        :func:`~pipeline.features.blockwise.map_with_halo`.
 
     Returns
     -------
@@ -229,8 +239,8 @@ def compute_features(
             _col(columns, name)
         if spec.name == "custom":
             _load_custom(spec.function)  # fail before any computation, naming the hook
-    lookback = max(s.lookback_steps for s in specs)
+    lookback = feature_lookback(specs)
     cols = tuple(columns)
     arr = map_with_halo(x, lambda block: features_numpy(block, cols, specs), back=lookback, fwd=0,
-                        width=sum(s.width for s in specs), dtype=dtype, token="features")
+                        width=sum(s.width for s in specs), dtype=dtype, token="features", post=post)
     return FeatureFrame(array=arr, names=tuple(name for s in specs for name in s.labels), lookback=lookback)
