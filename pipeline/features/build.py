@@ -125,6 +125,13 @@ def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | No
     if timestamps is None:
         raise WindowError("splits: date splits, and time splits of several instruments, need timestamps; "
                           "set source.timestamp to the timestamp column")
+    if 3 * runs.n >= int(timestamps.shape[0]):
+        # Every row's time is no more to bring here than three per window (windows at
+        # stride 1 or 2): one compute of the series, indexed here, where gathering on
+        # the workers took a task per chunk and per million windows, and their aliases.
+        (times,) = compute(timestamps, desc="window times", progress=progress)
+        times = np.asarray(times)
+        return times[ends - back], times[ends + fwd], times[ends], "time"
     shifted = [WindowRuns(runs.first + d, runs.count, runs.segment, runs.stride) for d in (-back, fwd, 0)]
     chunks = (max(1, 1 << 20),) * (runs.n >> 20) + ((runs.n % (1 << 20),) if runs.n % (1 << 20) else ())
     lo, hi, end = compute(*(gather_rows(timestamps, r, chunks) for r in shifted),
@@ -225,6 +232,9 @@ def build_training_set(
     where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
         size, scales, stride, fwd, back - H), progress=progress)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
+    # A split with no window is refused here, before the pass that fits the
+    # normalization on the first split (an empty one had nothing to fit it on).
+    _split_runs(runs, where, np.zeros(runs.n, dtype=bool), splits, empty_ok=prior is not None)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
     f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,

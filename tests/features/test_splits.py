@@ -79,6 +79,18 @@ def test_date_splits_without_timestamps_are_refused_with_the_fix():
                                                                "test": {"until": None}})
 
 
+@pytest.mark.parametrize("normalize", ["global", "none"])
+def test_a_date_split_before_the_data_is_refused_naming_it(normalize):
+    lengths = [400]
+    x = book(400, seed=4)
+    t = _times(lengths, [0])
+    with pytest.raises(WindowError, match=r"split 'train': no window left \(.* 0 in this split"):
+        build_training_set(da.from_array(x, chunks=(64, -1)), columns=COLS, features=SPECS, size=4,
+                           label=LabelSpec(horizon=5), segments=SegmentTable.from_lengths(lengths),
+                           splits={"train": {"until": int(t[0])}, "test": {"until": None}}, normalize=normalize,
+                           timestamps=da.from_array(t, chunks=100))
+
+
 def test_date_splits_inside_one_session_leave_the_straddling_windows_out():
     lengths = [400]
     x = book(400, seed=4)
