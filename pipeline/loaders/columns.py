@@ -20,7 +20,7 @@ import numpy as np
 from dask.base import tokenize
 
 from pipeline.errors import LoaderError
-from pipeline.loaders.tables import TablePart, part_specs, read_columns
+from pipeline.loaders.tables import TablePart, part_specs, parts_array, read_columns
 
 __all__ = ["drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array", "to_ns"]
 
@@ -86,14 +86,7 @@ def _read_timestamps(part: TablePart, timestamp: str | None, so: dict) -> np.nda
 
 def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict) -> da.Array:
     """``(rows,)`` int64 nanoseconds since the epoch, one chunk per part."""
-    specs = part_specs(parts, "table-parts")
-
-    def read(block: np.ndarray) -> np.ndarray:
-        return _read_timestamps(block[0], timestamp, so)
-
-    return specs.map_blocks(read, dtype=np.int64, chunks=(tuple(p.rows for p in parts),),
-                            name=f"read-timestamps-{tokenize(specs.name, timestamp)}",
-                            meta=np.empty((0,), dtype=np.int64))
+    return parts_array(parts, _read_timestamps, timestamp, so, token="read-timestamps", dtype=np.int64)
 
 
 def _labels(part: TablePart, column: str | None, so: dict) -> Any:

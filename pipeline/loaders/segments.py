@@ -245,8 +245,52 @@ def _rows_in_order(arrays: Sequence[da.Array], lengths: Sequence[int], inst: Seq
     for k in np.unique(inst):
         mine = np.flatnonzero(inst == k)
         local[mine] = np.concatenate([[0], np.cumsum(lengths[mine])[:-1]])
-    parts = [arrays[int(inst[s])][int(local[s]): int(local[s] + lengths[s])] for s in order if lengths[s] > 0]
+    spans = [(int(inst[s]), int(local[s]), int(local[s] + lengths[s])) for s in order if lengths[s] > 0]
+    moved = _chunks_in_order(arrays, spans)
+    if moved is not None:
+        return moved
+    parts = [arrays[k][lo:hi] for k, lo, hi in spans]
     return parts[0] if len(parts) == 1 else da.concatenate(parts) if parts else arrays[0][:0]
+
+
+def _chunks_in_order(arrays: Sequence[da.Array], spans: Sequence[tuple[int, int, int]]) -> da.Array | None:
+    """Rows ``[lo, hi)`` of ``arrays[k]`` for each ``(k, lo, hi)`` of ``spans``, one after
+    another, as one layer of the arrays' own tasks under new keys, when every span is
+    whole chunks and each of those chunks is a task of its own with no dependency (a
+    file part's read, :func:`~pipeline.loaders.tables.parts_array`); ``None`` otherwise.
+
+    Sliced and concatenated instead, the reads fused with the slices, and dask kept a
+    task per chunk that only handed each read on under the concatenation's keys.
+    """
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+    from dask.task_spec import Task
+
+    if not spans or any(a.ndim < 1 or any(n != 1 for n in a.numblocks[1:]) for a in arrays):
+        return None
+    picked = []
+    for k, lo, hi in spans:
+        a = arrays[k]
+        bounds = chunk_bounds(a.chunks[0])
+        first, last = np.searchsorted(bounds, [lo, hi])
+        if first >= bounds.size or last >= bounds.size or bounds[first] != lo or bounds[last] != hi:
+            return None
+        layer = a.dask.layers.get(a.name)
+        rest = (0,) * (a.ndim - 1)
+        for c in range(int(first), int(last)):
+            task = layer.get((a.name, c, *rest)) if layer is not None else None
+            if not isinstance(task, Task) or task.dependencies:
+                return None
+            picked.append((task, int(a.chunks[0][c])))
+    a0 = arrays[0]
+    if any(a.dtype != a0.dtype or a.shape[1:] != a0.shape[1:] for a in arrays):
+        return None
+    name = "rows-in-order-" + tokenize([a.name for a in arrays], list(spans))
+    rest = (0,) * (a0.ndim - 1)
+    layer = {(name, j, *rest): Task((name, j, *rest), t.func, *t.args, **t.kwargs) for j, (t, _) in enumerate(picked)}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[])
+    chunks = (tuple(n for _, n in picked),) + tuple((int(d),) for d in a0.shape[1:])
+    return da.Array(graph, name, chunks=chunks, dtype=a0.dtype, meta=a0._meta)
 
 
 def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,

@@ -31,7 +31,7 @@ from pipeline.errors import (
 
 __all__ = ["TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number", "looks_like_data",
            "part_specs", "probe_table",
-           "read_columns", "require_pyarrow", "split_fields", "table_array"]
+           "parts_array", "read_columns", "require_pyarrow", "split_fields", "table_array"]
 
 
 def require_pyarrow() -> Any:
@@ -316,24 +316,29 @@ def part_specs(parts: Sequence[TablePart], name: str) -> da.Array:
     return da.from_array(specs, chunks=1, name=f"{name}-{tokenize(list(parts))}")
 
 
+def parts_array(parts: Sequence[TablePart], read: Any, *args: Any, token: str, dtype: Any,
+                width: int | None = None) -> da.Array:
+    """One task per part, ``read(part, *args)`` giving its rows: each part's chunk
+    along axis 0 (``width`` columns, or 1-D without). The part is an argument of its
+    task, not a task of its own, so a part's chunk is one task with no dependency, which
+    the session ordering (:mod:`pipeline.loaders.segments`) can take as it is."""
+    from dask.base import tokenize
+    from dask.highlevelgraph import HighLevelGraph
+    from dask.task_spec import Task
+
+    name = f"{token}-{tokenize(list(parts), read, args, width)}"
+    rest = (0,) if width is not None else ()
+    layer = {(name, i, *rest): Task((name, i, *rest), read, p, *args) for i, p in enumerate(parts)}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[])
+    chunks = (tuple(p.rows for p in parts),) + (((int(width),),) if width is not None else ())
+    return da.Array(graph, name, chunks=chunks, dtype=dtype, meta=np.empty((0,) * len(chunks), dtype=dtype))
+
+
 def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp: str | None, nan: str,
                 fill_value: float, so: dict) -> da.Array:
-    """One blockwise layer over the parts: each part is one chunk of the joined table."""
-    from dask.base import tokenize
-
-    files = part_specs(parts, "table-parts")
-
-    def read(block: np.ndarray) -> np.ndarray:
-        return _read_part(block[0], columns, timestamp, nan, fill_value, so)
-
-    return files.map_blocks(
-        read,
-        dtype=np.float32,
-        chunks=(tuple(p.rows for p in parts), (len(columns),)),
-        new_axis=1,
-        name=f"read-table-{tokenize(files.name, columns, nan, fill_value)}",
-        meta=np.empty((0, 0), dtype=np.float32),
-    )
+    """One task per part: each part is one chunk of the joined table."""
+    return parts_array(parts, _read_part, columns, timestamp, nan, fill_value, so, token="read-table",
+                       dtype=np.float32, width=len(columns))
 
 
 def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, timestamp: str | None,

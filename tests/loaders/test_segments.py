@@ -3,17 +3,21 @@ that delimits them, against what the files say (read back with pyarrow)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import ConfigError, LoaderError
 from pipeline.features.sessions import InstrumentSpec, SessionSpec
-from pipeline.loaders.segments import open_segmented
+from pipeline.loaders.segments import _chunks_in_order, _rows_in_order, open_segmented
+from pipeline.loaders.tables import parts_array
 
 NS = 10**9
 
@@ -181,3 +185,50 @@ def test_gap_sessions_of_two_instruments_are_numbered_by_day_and_order(tmp_path)
     # periods: (day 0, 1st), (day 0, 2nd), (day 1, 1st) -> 0, 1, 2; B's day-1 session is A's.
     assert src.segments.instrument.tolist() == [0, 1, 0, 0, 1]
     assert src.segments.session.tolist() == [0, 0, 1, 2, 2]
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A stand-in file part: ``rows`` rows whose values start at ``first``."""
+
+    first: int
+    rows: int
+
+
+def _read(part: _Part, width: int) -> np.ndarray:
+    return np.arange(part.first, part.first + part.rows * width, dtype=np.float32).reshape(part.rows, width)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), instruments=st.integers(1, 3))
+def test_rows_in_session_order_equal_numpy_whether_or_not_segments_are_whole_parts(data, instruments):
+    arrays, truth, lengths, inst = [], [], [], []
+    first = 0
+    for k in range(instruments):
+        sizes = data.draw(st.lists(st.integers(1, 30), min_size=1, max_size=4))
+        parts = [_Part(first + 1000 * j, n) for j, n in enumerate(sizes)]
+        first += 100_000
+        arrays.append(parts_array(parts, _read, 3, token=f"read-{k}", dtype=np.float32, width=3))
+        truth.append(np.concatenate([_read(p, 3) for p in parts]))
+        # Segments: whole parts, or cut anywhere (then the slices are not whole chunks).
+        if data.draw(st.booleans()):
+            segs = sizes
+        else:
+            total, segs = sum(sizes), []
+            while total:
+                segs.append(data.draw(st.integers(1, total)))
+                total -= segs[-1]
+        lengths += segs
+        inst += [k] * len(segs)
+    order = np.asarray(data.draw(st.permutations(range(len(lengths)))), dtype=np.int64)
+    out = _rows_in_order(arrays, lengths, inst, order)
+    starts = {}
+    for k in range(instruments):
+        mine = [s for s in range(len(lengths)) if inst[s] == k]
+        starts.update({s: int(sum(lengths[m] for m in mine if m < s)) for s in mine})
+    expected = np.concatenate([truth[inst[s]][starts[s] : starts[s] + lengths[s]] for s in order])
+    np.testing.assert_array_equal(out.compute(scheduler="sync"), expected)
+    if len(arrays) > 1 or not np.array_equal(order, np.arange(order.size)):
+        whole = _chunks_in_order(arrays, [(inst[s], starts[s], starts[s] + lengths[s]) for s in order])
+        if whole is not None:  # whole parts: each chunk is a part's own read, no other task
+            assert len(dict(out.__dask_graph__())) == out.numblocks[0]
