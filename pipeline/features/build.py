@@ -103,7 +103,8 @@ def _finish_rows(block: np.ndarray, start: int, *, segments: SegmentTable, lookb
     return out
 
 
-def _finisher(segments: SegmentTable, lookback: int, fill: float | None) -> Callable[[np.ndarray, int], np.ndarray] | None:
+def _finisher(segments: SegmentTable, lookback: int,
+              fill: float | None) -> Callable[[np.ndarray, int], np.ndarray] | None:
     """:func:`_finish_rows` for the features' blocks, done in the task that computes
     each (as separate layers, dask fused them with it and kept a task per block that
     only handed the result on); ``None`` when there is nothing to do."""
