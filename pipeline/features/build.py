@@ -247,18 +247,9 @@ def build_training_set(
         _refuse_bad(bad, runs, H, fwd)
 
     # -- the arrays of each split --------------------------------------------------------
-    # Materialized windows z-score the rows they read in the task that makes them (one
-    # task per block, no normalized copy of the features held beside the raw ones);
-    # virtual stores write the normalized features themselves.
-    scaler = row_scaler(norm, stats, segs)
-    itemsize = 4 if norm.kind == "window" or scaler is not None else f.dtype.itemsize
-    window_bytes = size * len(frame.names) * len(scales) * itemsize
-    unit = block_windows(window_bytes) if callable(block_windows) else block_windows
     per_split = _split_runs(runs, where, bad, splits, empty_ok=prior is not None)
-    out = {name: split_arrays(f, r, _blocks(r.n, unit, window_bytes, prior, name), labels_steps, timestamps,
-                              segs, label=label, size=size, scales=scales, halo=H, zscore=norm.kind == "window",
-                              scaler=scaler, materialize=materialize, row_offset=0 if prior is None else prior.rows)
-           for name, r in per_split.items()}
+    out = _split_outputs(f, per_split, labels_steps, timestamps, segs, norm, stats, label=label, size=size,
+                         scales=scales, halo=H, materialize=materialize, block_windows=block_windows, prior=prior)
     geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
                       windows=geometry, splits=_split_attrs(per_split, key_kind, cuts, gap, H, fwd))
@@ -269,6 +260,24 @@ def build_training_set(
     if folds is not None:
         fold_index, attrs["folds"] = _fold_output(fold_sets, where, bad, folds, segs, per_split, prior)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _split_outputs(f: da.Array, per_split: Mapping[str, WindowRuns], labels_steps: da.Array,
+                   timestamps: da.Array | None, segs: SegmentTable, norm: NormalizeSpec, stats: dict[str, Any], *,
+                   label: LabelSpec, size: int, scales: Sequence[int], halo: int, materialize: bool,
+                   block_windows: int | Callable[[int], int] | None, prior: Prior | None) -> dict[str, Any]:
+    """The arrays of each split (:func:`~pipeline.features.splitblocks.split_arrays`), in
+    blocks of the writer's unit. Materialized windows z-score the feature rows they read
+    in the task that makes their block (no normalized copy of the features is held
+    beside the raw ones); virtual stores write the normalized features themselves."""
+    scaler = row_scaler(norm, stats, segs)
+    itemsize = 4 if norm.kind == "window" or scaler is not None else f.dtype.itemsize
+    window_bytes = size * int(f.shape[1]) * len(scales) * itemsize
+    unit = block_windows(window_bytes) if callable(block_windows) else block_windows
+    return {name: split_arrays(f, r, _blocks(r.n, unit, window_bytes, prior, name), labels_steps, timestamps, segs,
+                               label=label, size=size, scales=scales, halo=halo, zscore=norm.kind == "window",
+                               scaler=scaler, materialize=materialize, row_offset=0 if prior is None else prior.rows)
+            for name, r in per_split.items()}
 
 
 def _split_attrs(per_split: Mapping[str, WindowRuns], key_kind: str, cuts: Sequence[int], gap: int, h: int,
