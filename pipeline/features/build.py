@@ -233,9 +233,8 @@ def build_training_set(
     where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
         size, scales, stride, fwd, back - H), progress=progress)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
-    # A split with no window is refused here, before the pass that fits the
-    # normalization on the first split (an empty one had nothing to fit it on).
-    _split_runs(runs, where, np.zeros(runs.n, dtype=bool), splits, empty_ok=prior is not None)
+    if prior is None:
+        _check_splits_hold_windows(runs, where, splits)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
     f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,
@@ -404,11 +403,24 @@ def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
         mine = where == k
         out[name] = runs.subset(mine & ~bad)
         if out[name].n == 0 and not empty_ok:
-            raise WindowError(
-                f"split {name!r}: no window left ({runs.n} windows in all, {int(mine.sum())} in this split before "
-                f"NaN windows were dropped, splits {_describe_splits(splits)}); use more data, another split "
-                "point, or a smaller window, horizon or stride")
+            _refuse_empty(name, runs.n, int(mine.sum()), splits)
     return out
+
+
+def _check_splits_hold_windows(runs: WindowRuns, where: np.ndarray, splits: Mapping[str, Any]) -> None:
+    """Refuse a split that no window falls in, from the counts alone (before the pass
+    that fits the normalization on the first split: an empty one has nothing to fit)."""
+    per_split = np.bincount(np.asarray(where[where >= 0], dtype=np.int64), minlength=len(splits))
+    for k, name in enumerate(splits):
+        if not per_split[k]:
+            _refuse_empty(name, runs.n, 0, splits)
+
+
+def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, Any]) -> None:
+    raise WindowError(
+        f"split {name!r}: no window left ({total} windows in all, {before_nan} in this split before "
+        f"NaN windows were dropped, splits {_describe_splits(splits)}); use more data, another split "
+        "point, or a smaller window, horizon or stride")
 
 
 def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_steps: da.Array,

@@ -266,7 +266,7 @@ def _chunks_in_order(arrays: Sequence[da.Array], spans: Sequence[tuple[int, int,
     from dask.highlevelgraph import HighLevelGraph
     from dask.task_spec import Task
 
-    if not spans or any(a.ndim < 1 or any(n != 1 for n in a.numblocks[1:]) for a in arrays):
+    if not spans or any(n != 1 for a in arrays for n in a.numblocks[1:]):
         return None
     picked = []
     for k, lo, hi in spans:
