@@ -426,11 +426,17 @@ def thread_cpu() -> dict[int, float]:
     return out
 
 
-def profiled_run(raw: Path, out: Path, *, hold: bool = True) -> dict[str, Any]:
+#: The environment variable that keeps the workers' sampling profiler on in a LocalCluster.
+PROFILE_ENV = "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"
+
+
+def profiled_run(raw: Path, out: Path, *, hold: bool = True, sample: bool = False) -> dict[str, Any]:
     """One materialized build in this process on a LocalCluster of 2 workers, with its
-    task stream, the workers' sampling profile, CPU times and peak memory. ``hold=False``
-    keeps nothing on the workers between passes, as for an input over the hold budget
-    (``pipeline.features.build.HOLD_FRACTION``)."""
+    task stream, CPU times and peak memory. ``hold=False`` keeps nothing on the workers
+    between passes, as for an input over the hold budget
+    (``pipeline.features.build.HOLD_FRACTION``). ``sample``: with the workers' sampling
+    profiler (distributed's, which a run's LocalCluster turns off: it costs the workers
+    CPU of its own, so the figures of the run without it are the run's)."""
     from distributed import get_task_stream
 
     import pipeline.features.build as build
@@ -441,9 +447,15 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True) -> dict[str, Any]:
         saved = build.HOLD_FRACTION
         build.HOLD_FRACTION = 0.0
         try:
-            return profiled_run(raw, out)
+            return profiled_run(raw, out, sample=sample)
         finally:
             build.HOLD_FRACTION = saved
+    if sample and os.environ.get(PROFILE_ENV) is None:
+        os.environ[PROFILE_ENV] = "True"  # named in the environment: the cluster keeps it
+        try:
+            return profiled_run(raw, out, sample=sample)
+        finally:
+            del os.environ[PROFILE_ENV]
 
     with cluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB", log=None) as client:
         cfg = load_config(CONFIG, overrides=overrides(raw, out) + [f"cluster.address={client.scheduler.address}"])
@@ -467,7 +479,7 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True) -> dict[str, Any]:
         worker_cpu = sum(p.cpu_times().user + p.cpu_times().system for p in procs) - w0
         worker_sys = sum(p.cpu_times().system for p in procs) - sys0
         faults = sum(minor_faults(p.pid) for p in procs) - f0
-        profile = client.profile(start=start)
+        profile = client.profile(start=start) if sample else {}
         t1 = time.perf_counter()
         client.gather(client.map(_noop, range(400), pure=False))
         per_task = (time.perf_counter() - t1) / 400
@@ -476,7 +488,7 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True) -> dict[str, Any]:
     return {"wall": wall, "summary": summary, "client_cpu": client_cpu, "main_cpu": main_cpu, "worker_cpu": worker_cpu,
             "worker_sys": worker_sys, "faults": faults,
             "tasks": len(ts.data), "busy": busy, "spill_s": sum(spill), "spills": len(spill),
-            "profile": by_component(profile), "peak_over_base": max(p - b for p, b in zip(rss.peaks, base.values())),
+            "profile": by_component(profile) if sample else {}, "peak_over_base": max(p - b for p, b in zip(rss.peaks, base.values())),
             "per_task": per_task, "phases": [(name, a - t0, b - t0) for name, a, b in marks]}
 
 
@@ -560,8 +572,9 @@ def main() -> None:
             window_bytes = sum(v.nbytes for named in arrays.values() for k, (v, _) in named.items() if k == "x")
             limits = component_limits(raw, window_bytes, sum(c.nbytes for _, c, _ in chunks))
             limits["zarr codecs + store, per write unit"] = limit_cpu
-            say_profile(prof, limits, window_bytes)
+            say_profile(prof, window_bytes)
             say_unheld(profiled_run(raw, work / "unheld.zarr", hold=False))
+            say_components(profiled_run(raw, work / "sampled.zarr", sample=True), prof, limits)
             return
         sizes = materialized(raw, work)
         virtual(raw, work)
@@ -569,8 +582,9 @@ def main() -> None:
         prof = profiled_run(raw, work / "profiled.zarr")
         limits = component_limits(raw, sizes["window_bytes"], sizes["stored_bytes"])
         limits["zarr codecs + store, per write unit"] = sizes["limit_cpu"]
-        say_profile(prof, limits, sizes["window_bytes"])
+        say_profile(prof, sizes["window_bytes"])
         say_unheld(profiled_run(raw, work / "unheld.zarr", hold=False))
+        say_components(profiled_run(raw, work / "sampled.zarr", sample=True), prof, limits)
         scaling(work)
     finally:
         if not args.keep:
@@ -666,8 +680,8 @@ def say_unheld(p: dict[str, Any]) -> None:
           flush=True)
 
 
-def say_profile(p: dict[str, Any], limits: dict[str, float], window_bytes: int) -> None:
-    """The profiled run: CPU, memory, spilling, tasks, timeline, time by component."""
+def say_profile(p: dict[str, Any], window_bytes: int) -> None:
+    """The profiled run: CPU, memory, spilling, tasks, timeline."""
     block = _block_bytes()
     print(f"profiled run: {p['wall']:.2f} s wall, {p['tasks']} tasks, workers busy {p['busy']:.1f} s")
     print(f"  client and scheduler CPU {p['client_cpu']:.2f} s = {100 * p['client_cpu'] / p['worker_cpu']:.1f}% of "
@@ -687,7 +701,14 @@ def say_profile(p: dict[str, Any], limits: dict[str, float], window_bytes: int) 
         stages.append(f"client {a - last:.2f} s, {name} {b - a:.2f} s")
         last = b
     stages.append(f"client {p['wall'] - last:.2f} s")
-    print("  timeline: " + "; ".join(stages))
+    print("  timeline: " + "; ".join(stages), flush=True)
+
+
+def say_components(p: dict[str, Any], plain: dict[str, Any], limits: dict[str, float]) -> None:
+    """The workers' time by component, from the same build run again with their sampling
+    profiler (and what the profiler itself cost, against ``plain``, the run without)."""
+    print(f"with the workers' sampling profiler on: {p['wall']:.2f} s wall, workers' CPU {p['worker_cpu']:.1f} s "
+          f"({p['worker_cpu'] / plain['worker_cpu']:.2f}x the run without it)")
     total = sum(p["profile"].values()) or 1
     print("  workers' time by component (sampled)   in the run   its own limit (once, 1 core)   run / limit")
     for name, count in sorted(p["profile"].items(), key=lambda kv: -kv[1]):

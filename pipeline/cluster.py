@@ -45,6 +45,20 @@ _METHOD_KEY = "distributed.worker.multiprocessing-method"
 #: scheduler about 1.7% of a core while idle (benchmarks/README.md).
 TICK_INTERVAL = "500ms"
 _TICK_KEY = "distributed.admin.tick.interval"
+_PROFILE_KEY = "distributed.worker.profile.enabled"
+
+#: distributed's settings that a LocalCluster runs with instead of distributed's
+#: defaults, each unless the dask config names a value of its own (see
+#: :func:`_local_settings`):
+#:
+#: - the event-loop watchdog's interval, :data:`TICK_INTERVAL`;
+#: - the workers' sampling profiler off. It looks at every task thread's stack 100 times
+#:   a second for the dashboard's "Profile" page, and the workers of a build spent 15-20%
+#:   more CPU with it, the task threads themselves 10-15% more (benchmarks/README.md).
+#:   The dashboard's task stream, progress and memory pages do not need it. To keep it,
+#:   name it in dask's YAML config or the environment
+#:   (``DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED=True``).
+LOCAL_SETTINGS: dict[str, object] = {_TICK_KEY: TICK_INTERVAL, _PROFILE_KEY: False}
 
 #: glibc's allocator settings for the workers forked from that server. distributed sets
 #: only the trim threshold (64 KiB), which also fixes glibc's mmap threshold at 128 KiB:
@@ -56,20 +70,38 @@ _TICK_KEY = "distributed.admin.tick.interval"
 WORKER_MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 
 
+def _configured(key: str, default: object) -> bool:
+    """Whether the dask config names ``key`` itself: a value other than distributed's
+    ``default``, or any value in dask's YAML files or the environment (``DASK_...``)."""
+    import dask
+
+    if dask.config.get(key, default) != default:
+        return True
+    collected: object = dask.config.collect()
+    for part in key.split("."):
+        if not isinstance(collected, dict):
+            return False
+        # The environment's keys come as written (dask canonicalizes - and _ on lookup).
+        found = [v for k, v in collected.items() if str(k).replace("_", "-") == part.replace("_", "-")]
+        if not found:
+            return False
+        collected = found[0]
+    return True
+
+
 @contextlib.contextmanager
-def _quiet_ticks() -> Iterator[None]:
-    """:data:`TICK_INTERVAL` for a LocalCluster's life (its nannies hand the config to
-    the workers they start), unless the dask config already names an interval of its
+def _local_settings() -> Iterator[None]:
+    """:data:`LOCAL_SETTINGS` for a LocalCluster's life (its nannies hand the config to
+    the workers they start), each where the dask config does not name a value of its
     own."""
     import importlib
 
     import dask
 
     importlib.import_module("distributed")  # its defaults, to tell them from a user's value
-    if str(dask.config.get(_TICK_KEY, "20ms")) != "20ms":
-        yield
-        return
-    with dask.config.set({_TICK_KEY: TICK_INTERVAL}):
+    defaults = {_TICK_KEY: "20ms", _PROFILE_KEY: True}
+    chosen = {k: v for k, v in LOCAL_SETTINGS.items() if not _configured(k, defaults[k])}
+    with dask.config.set(chosen):
         yield
 
 
@@ -231,7 +263,7 @@ def cluster(
             # For the cluster's whole life: a worker that dies is restarted the same way.
             settings.enter_context(dask.config.set({_METHOD_KEY: _start_method()}))
         if address is None and scheduler_file is None:
-            settings.enter_context(_quiet_ticks())
+            settings.enter_context(_local_settings())
         client, local, later = _connect(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file,
                                  preload=preload if processes else None, n_workers=n_workers,
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,

@@ -46,6 +46,8 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
         # Their event loops' watchdog ticks at TICK_INTERVAL, not 50 times a second.
         assert list(client.run(lambda dask_worker: dask_worker._tick_interval).values()) == [0.5]
         assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval) == 0.5
+        # Their sampling profiler is off: no callback looks at their stacks.
+        assert list(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values()) == [False]
         # The dashboard's pages are added from a thread once the cluster runs.
         for thread in threading.enumerate():
             if thread.name == "pipeline-dashboard":
@@ -55,6 +57,7 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
             assert page.status == 200 and b"bokeh" in page.read().lower()
     assert dask.config.get(method) == before
     assert dask.config.get("distributed.admin.tick.interval") == "20ms"
+    assert dask.config.get("distributed.worker.profile.enabled") is True
     text = log.getvalue()
     assert "LocalCluster with 1 workers" in text
     assert "dashboard: http://127.0.0.1:" in text
@@ -66,6 +69,14 @@ def test_a_tick_interval_the_dask_config_names_is_kept():
     with dask.config.set({"distributed.admin.tick.interval": "50ms"}):
         with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", processes=False, log=None) as client:
             assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval) == 0.05
+
+
+def test_a_profiler_the_environment_asks_for_is_kept(monkeypatch):
+    # distributed's own default (on) named in the environment: the user's choice, kept;
+    # the same default left unnamed is turned off (the test above).
+    monkeypatch.setenv("DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED", "True")
+    with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", processes=False, log=None) as client:
+        assert list(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values()) == [True]
 
 
 def _reused_heap() -> tuple[str | None, int]:
