@@ -108,6 +108,38 @@ def test_local_workers_reuse_their_heap_and_leave_the_callers_environment_alone(
         assert faults < 50 * 512 // 10, faults
 
 
+def _heap_shared_across_threads() -> int:
+    """Page faults of a new thread allocating 16 MiB that another thread has just
+    freed: none when every thread allocates from one arena, 4,096 when the new thread
+    gets an arena of its own."""
+    import resource
+    import threading
+
+    a = np.ones(1 << 21)  # 16 MiB: from the heap (under the mmap threshold), kept when freed
+    del a
+    faults = []
+
+    def other() -> None:
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        b = np.ones(1 << 21)
+        faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+        del b
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    return faults[0]
+
+
+def test_local_workers_share_one_heap_between_threads():
+    if os.environ.get("MALLOC_ARENA_MAX") is not None:
+        pytest.skip("the caller's MALLOC_ARENA_MAX wins")
+    with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=None) as client:
+        assert client.run(lambda: os.environ.get("MALLOC_ARENA_MAX")).popitem()[1] == "1"
+        ((faults),) = client.run(_heap_shared_across_threads).values()
+    assert faults < 4096 // 10, faults
+
+
 def test_unreachable_scheduler_is_a_clear_error():
     with pytest.raises(ClusterError, match="tcp://127.0.0.1:1"):
         with cluster("tcp://127.0.0.1:1", timeout=2, log=None):
