@@ -3,9 +3,7 @@ directory is not on ``PATH`` (or to pick the interpreter explicitly)."""
 
 from __future__ import annotations
 
-import sys
-
-from pipeline.cli import main
+from pipeline.cli import entry
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -210,7 +210,7 @@ def test_python_dash_m_pipeline_is_the_same_command(tmp_path):
     module = subprocess.run([sys.executable, "-m", "pipeline", "inspect", store], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert module.returncode == 0, module.stderr
-    assert module.stdout == cli("inspect", store).stdout  # the console script's entry point, cli.main
+    assert module.stdout == cli("inspect", store).stdout  # the console script's entry point, cli.entry
     assert "complete: yes" in module.stdout and "train/x: (40, 4, 2) float32" in module.stdout
     helped = subprocess.run([sys.executable, "-m", "pipeline", "--help"], cwd=ROOT, capture_output=True, text=True,
                             timeout=120)
@@ -224,6 +224,34 @@ def test_python_dash_m_pipeline_is_the_same_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "pipeline", "run", str(EXAMPLE), "--set", "windows.size=abc"],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "windows.size" in bad.stderr
+
+
+def test_the_command_ends_with_exit_handlers_run_and_output_flushed_but_no_teardown(tmp_path):
+    import numpy as np
+
+    from pipeline.storage import write
+
+    store = write(tmp_path / "s.zarr", {"x": np.zeros((40, 4, 2), np.float32), "y": np.arange(40)}, progress=False)
+    script = (
+        "import atexit, sys\n"
+        "class Teardown:\n"
+        "    def __del__(self):\n"
+        "        print('teardown ran', flush=True)\n"
+        "kept = Teardown()\n"  # a module global: only the interpreter's teardown deletes it
+        "atexit.register(print, 'exit handler ran')\n"
+        "sys.argv = ['pipeline', *sys.argv[1:]]\n"
+        "from pipeline.cli import entry\n"
+        "entry()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, "inspect", str(store)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    # The command's whole output (a pipe: block-buffered) and the exit handler's, no teardown.
+    assert done.stdout.startswith(cli("inspect", str(store)).stdout)
+    assert done.stdout.endswith("exit handler ran\n") and "teardown ran" not in done.stdout
+    failed = subprocess.run([sys.executable, "-c", script, "inspect", str(tmp_path / "nope.zarr")], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 1 and "nope.zarr" in failed.stderr and failed.stdout == "exit handler ran\n"
 
 
 def test_version_prints_the_installed_distribution_version():
