@@ -104,6 +104,12 @@ def is_fill(chunk: Any, fill_value: Any) -> bool:
     chunks that might be empty.
     """
     flat = chunk.as_numpy_array().reshape(-1)
+    if flat.dtype.kind in "biu" and isinstance(fill_value, (bool, int, np.bool_, np.integer)):
+        # Integers equal by value alone, which is all zarr's comparison does for them
+        # (``np.array_equal``), here without its broadcasting and its checks: a split's
+        # session and instrument ids start at the fill value, 0, so their small chunks
+        # were compared whole, two calls each, a tenth of a virtual write's CPU.
+        return bool(flat.size == 0 or (flat[0] == fill_value and (flat == fill_value).all()))
     if flat.size and not type(chunk).from_numpy_array(flat[:1]).all_equal(fill_value):
         return False
     return bool(chunk.all_equal(fill_value))

@@ -19,17 +19,20 @@ from pipeline.storage.units import is_fill, write_blocks
 
 
 @settings(max_examples=150, deadline=None)
-@given(data=st.data(), dtype=st.sampled_from([np.float32, np.float64, np.int32, np.int64, np.uint64]),
-       shape=st.sampled_from([(1,), (5,), (3, 4), (2, 3, 2)]))
-def test_is_fill_agrees_with_zarr(data, dtype, shape):
+@given(data=st.data(), dtype=st.sampled_from([np.float32, np.float64, np.int8, np.int32, np.int64, np.uint8,
+                                              np.uint64, np.bool_]),
+       shape=st.sampled_from([(0,), (1,), (5,), (3, 4), (2, 3, 2)]), plain=st.booleans())
+def test_is_fill_agrees_with_zarr(data, dtype, shape, plain):
     """Empty exactly when zarr's own comparison says so: -0.0 is not 0.0 (bit patterns),
-    NaN equals a NaN fill."""
-    floats = np.dtype(dtype).kind == "f"
-    values = [0, 1, -0.0, np.nan] if floats else [0, 1]
+    NaN equals a NaN fill, integers and booleans by value (the fill value a numpy scalar,
+    as in a chunk spec, or ``plain``: a Python one)."""
+    kind = np.dtype(dtype).kind
+    values = [0, 1, -0.0, np.nan] if kind == "f" else [False, True] if kind == "b" else [0, 1, 2]
     a = data.draw(arrays(dtype, shape, elements=st.sampled_from(values)))
     fill = data.draw(st.sampled_from(values))
+    fill = fill if plain else np.dtype(dtype).type(fill)
     chunk = NDBuffer.from_numpy_array(a)
-    assert is_fill(chunk, np.dtype(dtype).type(fill)) == chunk.all_equal(np.dtype(dtype).type(fill))
+    assert is_fill(chunk, fill) == chunk.all_equal(fill)
 
 
 def _recording(n: int, seen: list) -> da.Array:
