@@ -74,11 +74,13 @@ WORKER_MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLO
                                  "MALLOC_ARENA_MAX": "1"}
 
 
-def _configured(key: str, default: object) -> bool:
-    """Whether the dask config names ``key`` itself: a value other than distributed's
-    ``default``, or any value in dask's YAML files or the environment (``DASK_...``)."""
+def _configured(key: str) -> bool:
+    """Whether the dask config names ``key`` itself: a value other than the default
+    that distributed registers for it, or any value in dask's YAML files or the
+    environment (``DASK_...``)."""
     import dask
 
+    default = dask.config.get(key, None, config=dask.config.merge(*dask.config.defaults))
     if dask.config.get(key, default) != default:
         return True
     collected: object = dask.config.collect()
@@ -103,8 +105,7 @@ def _local_settings() -> Iterator[None]:
     import dask
 
     importlib.import_module("distributed")  # its defaults, to tell them from a user's value
-    defaults = {_TICK_KEY: "20ms", _PROFILE_KEY: True}
-    chosen = {k: v for k, v in LOCAL_SETTINGS.items() if not _configured(k, defaults[k])}
+    chosen = {k: v for k, v in LOCAL_SETTINGS.items() if not _configured(k)}
     with dask.config.set(chosen):
         yield
 

@@ -108,7 +108,7 @@ def is_fill(chunk: Any, fill_value: Any) -> bool:
         # Integers equal by value alone, which is all zarr's comparison does for them
         # (``np.array_equal``), here without its broadcasting and its checks: a split's
         # session and instrument ids start at the fill value, 0, so their small chunks
-        # were compared whole, two calls each, a tenth of a virtual write's CPU.
+        # were compared whole, two calls each: 5% of a virtual build's write tasks.
         return bool(flat.size == 0 or (flat[0] == fill_value and (flat == fill_value).all()))
     if flat.size and not type(chunk).from_numpy_array(flat[:1]).all_equal(fill_value):
         return False
