@@ -35,8 +35,10 @@ demo: $(STAMP) bytecode
 	$(BIN)/python examples/train_torch.py data/orderbook.zarr
 	$(BIN)/python examples/deeplob.py
 
+# The test files spread over a process per core (at most 4), each file's tests in one
+# process (--dist loadfile: a module's fixtures are built once).
 test: $(STAMP) bytecode
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist loadfile
 
 bench: $(STAMP) bytecode
 	for f in benchmarks/bench_*.py; do $(BIN)/python $$f || exit 1; done
