@@ -20,12 +20,13 @@ Every ratio compares two figures measured here, in this run, on the same data an
   summary to its exit; beside it its imports alone and a LocalCluster alone;
 - 1 and 2 workers on a 4x larger input (4x the quick input: 4x the demo's would make
   both runs wait on this disk), the whole run and its work once the cluster is ready;
-- a profiled run (in this process, on a LocalCluster it starts): the workers', the
-  client's and the scheduler's CPU (the workers' system CPU and page faults apart), the
-  workers' peak memory over their idle baseline
-  against a task's block, and the workers' time by component (dask's sampling
-  profiler), each beside its own limit: that component's work done once, alone, on one
-  core, by the fastest library path.
+- a profiled run (in this process, on a LocalCluster it starts, after a warm-up build
+  of a tiny input): the workers', the client's and the scheduler's CPU (the workers'
+  system CPU and page faults apart) and the workers' peak memory over their idle
+  baseline against a task's block; the same with nothing held between passes;
+- the same build again with distributed's sampling profiler and task stream on (what
+  they cost is printed): the workers' time by component, each beside its own limit:
+  that component's work done once, alone, on one core, by the fastest library path.
 """
 
 from __future__ import annotations

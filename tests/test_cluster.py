@@ -136,7 +136,7 @@ def test_local_workers_share_one_heap_between_threads():
         pytest.skip("the caller's MALLOC_ARENA_MAX wins")
     with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=None) as client:
         assert client.run(lambda: os.environ.get("MALLOC_ARENA_MAX")).popitem()[1] == "1"
-        ((faults),) = client.run(_heap_shared_across_threads).values()
+        (faults,) = client.run(_heap_shared_across_threads).values()
     assert faults < 4096 // 10, faults
 
 
