@@ -18,8 +18,9 @@ Every ratio compares two figures measured here, in this run, on the same data an
 - the fixed start-up of a run: ``pipeline run`` of a tiny input, from its launch to its
   ready LocalCluster (imports, cluster, workers holding what they run) plus from its
   summary to its exit; beside it its imports alone and a LocalCluster alone;
-- 1 and 2 workers on a 4x larger input (4x the quick input: 4x the demo's would make
-  both runs wait on this disk), the whole run and its work once the cluster is ready;
+- 1 and 2 workers on a 4x larger input (by default 4x the quick input; ``--only scaling
+  --scaling-days 20 --scaling-rows 200000`` is 4x the demo's, about 4 GB written per
+  run), the whole run and its work once the cluster is ready;
 - a profiled run (in this process, on a LocalCluster it starts, after a warm-up build
   of a tiny input): the workers', the client's and the scheduler's CPU (the workers'
   system CPU and page faults apart) and the workers' peak memory over their idle
@@ -467,11 +468,6 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True, sample: bool = Fals
     with cluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB", log=None) as client:
         cfg = load_config(CONFIG, overrides=overrides(raw, out) + [f"cluster.address={client.scheduler.address}"])
         base = client.run(_warm)
-        # The dashboard's pages are added from a thread once the cluster runs (bokeh's
-        # import, a fixed cost of the start-up): done before the clock starts.
-        for thread in threading.enumerate():
-            if thread.name == "pipeline-dashboard":
-                thread.join(timeout=60)
         pids = client.run(os.getpid)
         procs = [psutil.Process(pids[a]) for a in base]
         w0 = sum(p.cpu_times().user + p.cpu_times().system for p in procs)
@@ -576,7 +572,11 @@ def main() -> None:
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     parser.add_argument("--only", choices=("startup", "profile", "scaling"),
                         help="only the fixed start-up, only the profiled run (with its component limits), or "
-                        "only 1 and 2 workers on 4x the quick input")
+                        "only 1 and 2 workers on a larger input")
+    parser.add_argument("--scaling-days", type=int, default=4,
+                        help="days of the scaling input (default 4 days of 120,000 rows: 4x the quick input; "
+                        "20 with --scaling-rows 200000 is 4x the demo input)")
+    parser.add_argument("--scaling-rows", type=int, default=120_000, help="rows per day and instrument of it")
     args = parser.parse_args()
     days, rows = (2, 60_000) if args.quick else (5, 200_000)
     work = Path(tempfile.mkdtemp(prefix="bench_build_", dir=os.environ.get("BENCH_DIR")))
@@ -590,7 +590,7 @@ def main() -> None:
             say_startup(startup(work))
             return
         if args.only == "scaling":
-            scaling(work)
+            scaling(work, days=args.scaling_days, rows=args.scaling_rows)
             return
         if args.only == "profile":
             warm_up(work)
@@ -613,34 +613,37 @@ def main() -> None:
         say_profile(prof, sizes["window_bytes"])
         say_unheld(profiled_run(raw, work / "unheld.zarr", hold=False))
         say_components(profiled_run(raw, work / "sampled.zarr", sample=True), prof, limits)
-        scaling(work)
+        scaling(work, days=args.scaling_days, rows=args.scaling_rows)
     finally:
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def scaling(work: Path, turns: int = 2) -> None:
-    """1 and 2 workers on 4x the quick input, in turns: the whole ``pipeline run``, and
-    its work once its LocalCluster is ready (its ``cluster:`` line to its summary), which
-    leaves out the fixed start-up that no worker count changes."""
+def scaling(work: Path, turns: int = 2, days: int = 4, rows: int = 120_000) -> None:
+    """1 and 2 workers on a larger input (by default 4x the quick input; ``--scaling-days
+    20`` is 4x the demo input), in turns: the whole ``pipeline run``, and its work once
+    its LocalCluster is ready (its ``cluster:`` line to its summary), which leaves out the
+    fixed start-up that no worker count changes. Each run writes a new store, removed
+    after it is timed (the 4x demo input's stores are about 4 GB each)."""
     import statistics
 
-    big = work / "raw4"
-    demo(big, 4, 120_000)
+    big = work / f"raw-{days}-{rows}"
+    demo(big, days, rows)
     whole: dict[int, list[float]] = {1: [], 2: []}
     after: dict[int, list[float]] = {1: [], 2: []}
     cpu: dict[int, list[float]] = {1: [], 2: []}
     for turn in range(turns):
         for n in (1, 2) if turn % 2 == 0 else (2, 1):
-            out = work / f"w{n}.zarr"
+            out = work / f"w{n}-{turn}.zarr"
             whole[n].append(cli_run(big, out, workers=n))
             marks = MARKS[str(out)]
             after[n].append(marks["wall time"] - marks["cluster"])
             cpu[n].append(CPU[str(out)])
+            shutil.rmtree(out, ignore_errors=True)
     ratio = [a / b for a, b in zip(whole[1], whole[2])]
     ratio_after = [a / b for a, b in zip(after[1], after[2])]
     med = statistics.median
-    print(f"4x the quick input (4 days x 2 instruments x 120,000 rows), {turns} turns: 1 worker "
+    print(f"{days} days x 2 instruments x {rows:,} rows, {turns} turns: 1 worker "
           f"{med(whole[1]):.1f} s, 2 workers {med(whole[2]):.1f} s = {med(ratio):.2f}x (goal >= 1.8x; runs "
           f"{', '.join(f'{r:.2f}' for r in ratio)}); once the cluster is ready (start-up left out): "
           f"{med(after[1]):.1f} s and {med(after[2]):.1f} s = {med(ratio_after):.2f}x (runs "

@@ -5,7 +5,9 @@
     python benchmarks/bench_streaming_table.py --clean      # remove the cached stores
 
 Rows are settings: ``buffer_chunks`` 2, 4, 8 and 16 at the writer's default chunk of 4
-MiB; chunks of 1, 8 and 32 MiB at ``buffer_chunks=4``; two foreign stores written by
+MiB; chunks of 1, 8 and 32 MiB at ``buffer_chunks=4``; batches of 100, 1000 and 4096
+samples (the others are 256), which do not divide a group of 2048 or exceed it, so
+that batches span groups; two foreign stores written by
 plain zarr (``zarr.create_array``, no pipeline attributes, zarr's default zstd codec):
 one chunked along the samples only, one with zarr's own automatic chunks, which also
 split each sample; and the first epoch of a fresh stream (opened, read and closed
@@ -220,6 +222,10 @@ def settings(quick: bool) -> list[dict]:
             for b in (2, 4, 8, 16)]
     rows += [dict(label=f"{c} MiB chunks, buffer_chunks=4", kind="pipeline", chunk=c, buffer=4, gb=gb)
              for c in (1, 8, 32)]
+    # Batch sizes that do not divide a group (2048 samples here), and one larger than a
+    # group: their batches span groups.
+    rows += [dict(label=f"batch {b}, 4 MiB chunks, buffer_chunks=4", kind="pipeline", chunk=4, buffer=4, gb=gb,
+                  batch=b) for b in (100, 1000, 4096)]
     rows += [dict(label="foreign: plain zarr, zstd, 8 MiB chunks", kind="foreign", chunk=8, buffer=4, gb=gb),
              dict(label="foreign: plain zarr, zstd, zarr's auto chunks", kind="foreign", chunk=None, buffer=4, gb=gb),
              dict(label=f"fresh stream, first epoch, {fresh_gb:.1f} GB store", kind="pipeline", chunk=4, buffer=4,
@@ -285,7 +291,8 @@ def main(argv: list[str] | None = None) -> None:
     results = []
     for row in rows:
         path = ensure_store(cache, row["kind"], row["gb"], row["chunk"])
-        res = measure(row, path, repeat, 1 if row.get("fresh") else args.epochs, args.batch, args.limit_niceness)
+        res = measure(row, path, repeat, 1 if row.get("fresh") else args.epochs, row.get("batch", args.batch),
+                      args.limit_niceness)
         results.append((row, res))
         print(f"  {row['label']:<48} {res['stream']:6.2f} {res['decode']:6.2f} {res['ratio']:5.2f}x  worst "
               f"{res['worst']:.2f}  (" + ", ".join(f"{r:.2f}" for r in res["runs"]) + ")", flush=True)

@@ -13,7 +13,6 @@ import contextlib
 import multiprocessing
 import os
 import sys
-import threading
 from typing import IO, TYPE_CHECKING, Iterator, Sequence
 
 from pipeline.errors import ClusterError
@@ -170,25 +169,48 @@ def _has_bokeh() -> bool:
     return importlib.util.find_spec("bokeh") is not None
 
 
-def _serve_dashboard(local: "distributed.LocalCluster") -> threading.Thread:
+def _serve_dashboard(local: "distributed.LocalCluster") -> None:
     """Add the dashboard's pages to a LocalCluster whose scheduler started without them,
-    from a thread: importing bokeh for them took about a fifth of a run's start-up, and
-    a run need not wait for it. The scheduler's web server (and so the printed link)
-    is up from the start; its pages appear once they are added."""
+    when someone first asks for one.
 
-    def attach() -> None:
-        try:
-            from distributed.dashboard.scheduler import connect
+    Importing bokeh and building its pages cost a build about 4-5 s of CPU (a demo
+    ``pipeline run`` took 0.86x the wall time without it, ``benchmarks/README.md``), on
+    cores the build needs, and most runs are never looked at. The scheduler's web server
+    (and so the printed link) is up from the start; a page asked for before the pages
+    exist is answered once they do (bokeh imported off the event loop), with a redirect
+    to itself.
+    """
+    from tornado import web
+    from tornado.ioloop import IOLoop
 
-            scheduler = local.scheduler
-            local.loop.add_callback(connect, scheduler.http_application, scheduler.http_server, scheduler,
-                                    prefix="/")
-        except Exception:  # noqa: BLE001 - a cluster closed meanwhile, or no bokeh: no pages, no harm
-            pass
+    scheduler = local.scheduler
+    routes = scheduler.http_application  # distributed's RoutingApplication
+    state: dict[str, object] = {}
 
-    thread = threading.Thread(target=attach, name="pipeline-dashboard", daemon=True)
-    thread.start()
-    return thread
+    def _bokeh_pages() -> object:
+        from distributed.dashboard.scheduler import connect
+
+        return connect
+
+    class _FirstVisit(web.RequestHandler):
+        async def get(self) -> None:
+            try:
+                if "connect" not in state:
+                    connect = await IOLoop.current().run_in_executor(None, _bokeh_pages)
+                    if "connect" not in state:  # another request may have added them meanwhile
+                        state["connect"] = connect
+                        connect(routes, scheduler.http_server, scheduler, prefix="/")
+                        # distributed's application tries added applications in order after
+                        # its own routes: the pages (added after this one) now answer.
+                        routes.applications.remove(first_visit)
+            except Exception as exc:  # noqa: BLE001 - the build goes on; the page says why
+                self.set_status(503)
+                self.finish(f"the dashboard's pages could not be built: {type(exc).__name__}: {exc}")
+                return
+            self.redirect(self.request.uri)
+
+    first_visit = web.Application([(r"/.*", _FirstVisit)])
+    routes.add_application(first_visit)
 
 
 def _needs_tls_files(where: str, why: str) -> ClusterError:
@@ -279,8 +301,7 @@ def cluster(
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,
                                  dashboard_address=dashboard_address, processes=processes)
         if later:
-            # Joined once the cluster is closed: no import left running at exit.
-            settings.callback(_serve_dashboard(local).join, 30)
+            _serve_dashboard(local)
         try:
             if log is not None:
                 kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -62,6 +63,18 @@ class _TreeWatch:
 
     def close(self) -> None:
         os.close(self.fd)
+
+
+def scheduler_address(sched_file: Path) -> str | None:
+    """The address in a ``dask scheduler --scheduler-file``, or None while it is not written.
+
+    The scheduler creates the file before it writes the JSON into it, so a watcher can
+    see it exist and still empty: only a parsed address says the scheduler is up.
+    """
+    try:
+        return json.loads(sched_file.read_text())["address"]
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def wait_until(condition: Callable[[], bool], *, timeout: float, watch: Path,

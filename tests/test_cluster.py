@@ -4,7 +4,6 @@ processes on 127.0.0.1 running the same config with --scheduler."""
 from __future__ import annotations
 
 import io
-import json
 import os
 import signal
 import subprocess
@@ -19,13 +18,13 @@ import pipeline
 from pipeline.cluster import cluster
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import ClusterError
-from tests.conftest import assert_same_store, run_cli, small_run_config, stop_cluster, wait_until
+from tests.conftest import (assert_same_store, run_cli, scheduler_address, small_run_config, stop_cluster,
+                            wait_until)
 
 BIN = Path(sys.executable).parent
 
 
 def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
-    import threading
     import urllib.request
 
     import dask
@@ -35,6 +34,7 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
 
     method = "distributed.worker.multiprocessing-method"
     before = dask.config.get(method)
+    pages_before = "distributed.dashboard.scheduler" in sys.modules
     log = io.StringIO()
     with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=log) as client:
         assert isinstance(client, Client) and dask.config.get(method) == "forkserver"
@@ -48,19 +48,37 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
         assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval) == 0.5
         # Their sampling profiler is off: no callback looks at their stacks.
         assert list(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values()) == [False]
-        # The dashboard's pages are added from a thread once the cluster runs.
-        for thread in threading.enumerate():
-            if thread.name == "pipeline-dashboard":
-                thread.join(timeout=60)
-        client.run_on_scheduler(lambda: None)  # after the pages were added on the scheduler's loop
-        with urllib.request.urlopen(client.dashboard_link, timeout=30) as page:
+        # The dashboard's pages are added when first asked for: no bokeh until then (the
+        # scheduler runs in this process, where another test may have imported it).
+        if not pages_before:
+            assert "distributed.dashboard.scheduler" not in sys.modules
+        with urllib.request.urlopen(client.dashboard_link, timeout=60) as page:
             assert page.status == 200 and b"bokeh" in page.read().lower()
+        with urllib.request.urlopen(client.dashboard_link.replace("/status", "/workers"), timeout=30) as page:
+            assert page.status == 200 and b"bokeh" in page.read().lower()  # served by the pages themselves now
     assert dask.config.get(method) == before
     assert dask.config.get("distributed.admin.tick.interval") == "20ms"
     assert dask.config.get("distributed.worker.profile.enabled") is True
     text = log.getvalue()
     assert "LocalCluster with 1 workers" in text
     assert "dashboard: http://127.0.0.1:" in text
+
+
+def test_dashboard_pages_that_cannot_be_built_answer_with_the_reason(monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    import distributed.dashboard.scheduler as pages
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no pages today")
+
+    monkeypatch.setattr(pages, "connect", broken)
+    with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=None) as client:
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(client.dashboard_link, timeout=60)
+        assert err.value.code == 503 and b"no pages today" in err.value.read()
+        assert client.submit(sum, [1, 2]).result() == 3  # the cluster works on
 
 
 def test_a_tick_interval_the_dask_config_names_is_kept():
@@ -157,8 +175,9 @@ def remote(tmp_path):
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     ]
-    assert wait_until(sched_file.exists, timeout=60, watch=tmp_path, procs=procs), "the scheduler did not start"
-    address = json.loads(sched_file.read_text())["address"]
+    assert wait_until(lambda: scheduler_address(sched_file) is not None, timeout=60, watch=tmp_path,
+                      procs=procs), "the scheduler did not start"
+    address = scheduler_address(sched_file)
     for _ in range(2):
         procs.append(
             subprocess.Popen(

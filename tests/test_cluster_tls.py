@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-import json
 import re
 import subprocess
 import sys
@@ -31,7 +30,8 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from pipeline.cluster import cluster
 from pipeline.errors import ClusterError
-from tests.conftest import assert_same_store, run_cli, small_run_config, stop_cluster, wait_until
+from tests.conftest import (assert_same_store, run_cli, scheduler_address, small_run_config, stop_cluster,
+                            wait_until)
 
 BIN = Path(sys.executable).parent
 
@@ -153,10 +153,10 @@ def tls_remote(tmp_path_factory):
         ))
         # The scheduler writes the file in place: poll until it holds complete JSON, or
         # until the scheduler has exited (a certificate it cannot load, for instance).
-        wait_until(lambda: _address(sched_file) is not None or procs[0].poll() is not None, timeout=60,
+        wait_until(lambda: scheduler_address(sched_file) is not None or procs[0].poll() is not None, timeout=60,
                    watch=tmp_path, procs=procs[:1])
         assert procs[0].poll() is None, "the TLS scheduler exited at start"
-        address = _address(sched_file)
+        address = scheduler_address(sched_file)
         assert address is not None, "the TLS scheduler did not write its scheduler file"
         assert address.startswith("tls://127.0.0.1:"), address
         for i in range(2):
@@ -176,13 +176,6 @@ def tls_remote(tmp_path_factory):
         yield address, tls, sched_file
     finally:
         stop_cluster(procs)
-
-
-def _address(sched_file: Path) -> str | None:
-    try:
-        return json.loads(sched_file.read_text())["address"]
-    except (OSError, ValueError, KeyError):
-        return None
 
 
 def _tls_kwargs(tls: TLSFiles) -> dict[str, str]:

@@ -81,7 +81,8 @@ def stream(
         Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
     buffer_chunks
         Chunks whose samples are mixed together (memory: about
-        ``(3 + prefetch) * buffer_chunks`` chunks).
+        ``(3 + prefetch) * buffer_chunks`` chunks; with batches larger than a sixth of
+        that, also the groups six batches span, since queued batches are views of them).
     drop_last
         Drop each rank's incomplete last batch.
     rank
@@ -91,8 +92,8 @@ def stream(
     partial
         Read a store that is not marked complete.
     prefetch
-        Groups read ahead in the background; groups under 4 chunks are read further
-        ahead (:func:`~pipeline.streaming.streamer.groups_ahead`).
+        Groups read ahead in the background; groups under 4 chunks, and groups smaller
+        than a batch, are read further ahead (:func:`~pipeline.streaming.streamer.groups_ahead`).
     threads
         Threads decoding chunks.
     verify

@@ -574,12 +574,14 @@ class ArrayPool:
         self.keep = keep
         self._free: list[np.ndarray] = []
         self._lock = threading.Lock()
+        self.made = 0  # arrays allocated (for tests and diagnostics)
 
     def get(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
         with self._lock:
             for k, a in enumerate(self._free):
                 if a.shape == shape and a.dtype == dtype:
                     return self._free.pop(k)
+            self.made += 1
         return np.empty(shape, dtype=dtype)
 
     def put(self, a: np.ndarray) -> None:

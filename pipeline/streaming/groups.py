@@ -7,7 +7,8 @@ batch is a run of the buffer, served without a copy. A :class:`GroupLoader` keep
 ``prefetch`` groups loading ahead of the one being served. Buffers come from a
 :class:`BufferPool` shared by every loader of one stream: a fresh buffer of a few
 hundred MB per group costs as much in page faults as decoding into it, so buffers are
-reused across groups and epochs.
+reused across groups and epochs. The pool lays groups out one after another in a ring,
+so a batch spanning the end of one group and the start of the next is a run of the ring.
 
 A loader can be started before anyone asks for its groups: the streamer starts the next
 epoch's loader while the last group of an epoch is served, so the next epoch's first
@@ -35,7 +36,7 @@ from pipeline.streaming.batches import unviewed
 from pipeline.streaming.plan import WorkerPlan, group_permutation
 from pipeline.streaming.sources import read_part
 
-__all__ = ["BufferPool", "Group", "GroupLoader", "lower_thread_priority"]
+__all__ = ["BufferPool", "Group", "GroupLoader", "Lease", "held_view", "lower_thread_priority"]
 
 
 def lower_thread_priority(niceness: int) -> None:
@@ -63,16 +64,68 @@ def lower_thread_priority(niceness: int) -> None:
         pass
 
 
+class _Held:
+    """What an array made by :func:`held_view` views: the memory's owner and whatever
+    else must stay alive as long as the array does (its ``base``)."""
+
+    __slots__ = ("__array_interface__", "held")
+
+
+def held_view(owner: np.ndarray, start: int, stop: int, held: tuple = ()) -> np.ndarray:
+    """Rows ``[start, stop)`` of ``owner`` as an array whose ``base`` is a small holder
+    of ``owner`` and ``held``.
+
+    numpy points every view's ``base`` at the array that owns the memory, so the views of
+    one region of a large buffer could not be told from another region's. An array
+    made from an ``__array_interface__`` owns no memory and its base is not an array:
+    views of it point at it. A region made this way is counted in its own reference
+    count (:func:`~pipeline.streaming.batches.unviewed`), and a view spanning several
+    regions names them in ``held``, so each of them stays counted as viewed.
+    """
+    holder = _Held()
+    holder.__array_interface__ = owner[start:stop].__array_interface__
+    holder.held = (owner, held)
+    return np.asarray(holder)
+
+
+class Lease:
+    """The buffers of one group: ``arrays`` (exactly the group's rows, per array), at
+    rows ``[start, stop)`` of the pool's ring, or (``start`` None) in buffers of their
+    own (``owner``, the pool's capacity each)."""
+
+    __slots__ = ("arrays", "owner", "start", "stop", "returned")
+
+    def __init__(self, arrays: dict[str, np.ndarray], owner: dict[str, np.ndarray], start: int | None = None,
+                 stop: int | None = None):
+        self.arrays, self.owner, self.start, self.stop = arrays, owner, start, stop
+        self.returned = False
+
+    def follows(self, other: "Lease") -> bool:
+        """Whether this lease's rows come right after ``other``'s in the ring."""
+        return self.start is not None and other.start is not None and self.start == other.stop
+
+    def unviewed(self) -> bool:
+        return unviewed(self.owner.values())
+
+
 class BufferPool:
-    """Group buffers of one stream, each big enough for any group of it.
+    """Group buffers of one stream: consecutive regions of one ring, reused.
 
     A group's samples are stored in their mixed order and its batches are views of its
-    buffer (no copy), so a buffer given back is handed out again only once no view of
-    it is alive anywhere: a batch still queued for the training loop, or kept by it (in
-    a list, as a torch tensor sharing its memory), keeps its buffer out of use, and a
-    new buffer is made meanwhile. Nothing a caller holds is ever overwritten. When more
-    than ``keep`` buffers given back are still viewed, a
-    :class:`~pipeline.errors.KeptBatchesWarning` says so, once.
+    buffer (no copy). Groups are laid out one after another in a ring of ``keep``
+    groups' rows, so a batch that spans the end of one group and the start of the next
+    is a view as well, of both regions (:meth:`span`), instead of a copy: with a batch
+    size that does not divide the group size, many batches span two groups, and with a
+    batch larger than a group every batch does (copying them cost up to 2.5x the
+    stream's time, ``benchmarks/README.md``). Only a batch spanning the ring's end is
+    copied.
+
+    A region given back is used again only once no view of it is alive anywhere: a
+    batch still queued for the training loop, or kept by it (in a list, as a torch
+    tensor sharing its memory), keeps its region out of use. While the ring's next
+    region is still viewed, a group gets buffers of its own; when more than ``keep``
+    given-back buffers are still viewed, a :class:`~pipeline.errors.KeptBatchesWarning`
+    says so, once. Nothing a caller holds is ever overwritten.
 
     Parameters
     ----------
@@ -81,9 +134,10 @@ class BufferPool:
     names
         Arrays to hold.
     capacity
-        Samples per buffer: ``buffer_chunks`` times the longest chunk bounds every group.
+        Samples per group at most: ``buffer_chunks`` times the longest chunk bounds every group.
     keep
-        Buffers kept when the pool is trimmed; more are dropped, to the allocator.
+        Groups in use at once in the steady state (served, viewed by queued batches, read
+        ahead): the ring holds that many full groups.
     """
 
     def __init__(self, source: Any, names: Sequence[str], capacity: int, keep: int):
@@ -91,58 +145,108 @@ class BufferPool:
         # from the group's feature rows.
         self.names = tuple(n for n in names if not source.assembled(n))
         self.source, self.capacity, self.keep = source, int(capacity), int(keep)
-        self._free: list[dict[str, np.ndarray]] = []
+        self.rows = self.keep * self.capacity  # the ring's rows
+        self._ring: dict[str, np.ndarray] | None = None
+        self._head = 0  # the ring row after the last region placed
+        self._placed: list[Lease] = []  # ring regions not yet reclaimed, oldest first
+        self._free: list[Lease] = []  # buffers of their own given back
         self._lock = threading.Lock()
-        self.made = 0  # buffers allocated so far (for tests and diagnostics)
+        self.made = 0  # the most group buffers in use at once (for tests and diagnostics)
         self._warned = False
 
-    def get(self) -> dict[str, np.ndarray]:
-        """A buffer given back that nothing views any more, or a new one."""
+    def get(self, size: int) -> Lease:
+        """Buffers for a group of ``size`` samples: the ring's next region when nothing
+        views it any more, else buffers given back that nothing views, else new ones."""
+        size = int(size)
         with self._lock:
-            for k, buffers in enumerate(self._free):
-                if unviewed(buffers.values()):
-                    return self._free.pop(k)
-            pinned = len(self._free)  # given back, every one still viewed by a batch
-        out = {}
-        for n in self.names:
-            tail, dtype = self.source.sample_shape(n)
-            out[n] = np.empty((self.capacity,) + tuple(tail), dtype=dtype)
-        self.made += 1
-        # The batch queue pins a group or two; more than ``keep`` is the loop keeping batches.
-        if pinned > self.keep and not self._warned:
-            self._warned = True
-            warnings.warn(KeptBatchesWarning(pinned, pinned * sum(a.nbytes for a in out.values())), stacklevel=2)
-        return out
+            self._placed = [lease for lease in self._placed if not (lease.returned and lease.unviewed())]
+            lease = self._place(size) if 0 < size <= self.capacity and self.names else None
+            if lease is None:
+                for k, old in enumerate(self._free):
+                    if old.unviewed():
+                        own = self._free.pop(k).owner
+                        lease = Lease({n: own[n][:size] for n in self.names}, own)
+                        break
+            in_use = len(self._placed) + sum(1 for lease in self._free if not lease.unviewed())
+            pinned = sum(1 for old in self._placed + self._free if old.returned and not old.unviewed())
+        if lease is None:
+            own = {}
+            for n in self.names:
+                tail, dtype = self.source.sample_shape(n)
+                own[n] = np.empty((max(self.capacity, size),) + tuple(tail), dtype=dtype)
+            lease = Lease({n: own[n][:size] for n in self.names}, own)
+            in_use += 1
+            # The batch queue pins a group or two; more than ``keep`` is the loop keeping batches.
+            if pinned > self.keep and not self._warned:
+                self._warned = True
+                nbytes = sum(a.nbytes for a in own.values())
+                warnings.warn(KeptBatchesWarning(pinned, pinned * nbytes), stacklevel=2)
+        self.made = max(self.made, in_use)
+        return lease
 
-    def put(self, buffers: dict[str, np.ndarray]) -> None:
-        """Give a buffer back once no read writes into it any more (views of it may live on)."""
+    def _place(self, size: int) -> Lease | None:
+        """A ring region of ``size`` rows after the last one placed (from the ring's start
+        when it does not fit before the end), or None while a live region is in the way."""
+        start = self._head if self._head + size <= self.rows else 0
+        stop = start + size
+        if any(lease.start < stop and start < lease.stop for lease in self._placed):
+            return None
+        if self._ring is None:
+            self._ring = {}
+            for n in self.names:
+                tail, dtype = self.source.sample_shape(n)
+                self._ring[n] = np.empty((self.rows,) + tuple(tail), dtype=dtype)
+        arrays = {n: held_view(self._ring[n], start, stop) for n in self.names}
+        lease = Lease(arrays, arrays, start, stop)
+        self._placed.append(lease)
+        self._head = stop
+        return lease
+
+    def put(self, lease: Lease) -> None:
+        """Give a group's buffers back once no read writes into them any more (views of
+        them may live on)."""
         with self._lock:
-            self._free.append(buffers)
+            lease.returned = True
+            if lease.start is None:
+                lease.arrays = {}  # views of the owner: only views held elsewhere count now
+                self._free.append(lease)
+
+    def span(self, name: str, parts: Sequence[tuple[Lease, int, int]]) -> np.ndarray | None:
+        """Rows ``[lo, hi)`` of each part's region, one after another, as one view of the
+        ring, when the parts are consecutive there (each but the last ends its region,
+        the next region follows it); else None (the caller copies)."""
+        for (a, _, hi), (b, lo, _) in zip(parts, parts[1:]):
+            if not b.follows(a) or hi != a.stop - a.start or lo != 0:
+                return None
+        first, last = parts[0], parts[-1]
+        if first[0].start is None or self._ring is None:
+            return None
+        return held_view(self._ring[name], first[0].start + first[1], last[0].start + last[2],
+                         tuple(lease.arrays[name] for lease, _, _ in parts))
 
     @property
     def idle(self) -> int:
-        """Buffers given back, viewed or not (for tests and diagnostics)."""
-        return len(self._free)
+        """Buffers given back and not yet reused, viewed or not (for tests and diagnostics)."""
+        with self._lock:
+            return sum(1 for lease in self._placed if lease.returned) + len(self._free)
 
     def trim(self) -> None:
-        """Drop buffers beyond ``keep`` (between epochs, so memory does not creep up);
-        unviewed ones are kept first. A dropped buffer still viewed lives as long as
-        its views."""
+        """Drop the buffers of their own given back (between epochs, so memory does not
+        creep up); one still viewed lives as long as its views."""
         with self._lock:
-            self._free.sort(key=lambda b: not unviewed(b.values()))
-            del self._free[self.keep :]
+            self._free.clear()
 
 
 @dataclass(frozen=True, slots=True)
 class Group:
-    """One loaded group: its samples per array in mixed order (views into ``buffers``,
-    or for assembled arrays a :class:`~pipeline.streaming.virtual.MixedWindows`) and
-    the mixing (``perm[k]`` is the group sample served ``k``-th, counted in the
+    """One loaded group: its samples per array in mixed order (views into ``lease``'s
+    buffers, or for assembled arrays a :class:`~pipeline.streaming.virtual.MixedWindows`)
+    and the mixing (``perm[k]`` is the group sample served ``k``-th, counted in the
     order of the group's pieces)."""
 
     arrays: dict[str, Any]
     perm: np.ndarray
-    buffers: dict[str, np.ndarray]
+    lease: Lease
 
 
 class GroupLoader:
@@ -167,13 +271,16 @@ class GroupLoader:
         self._reads = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="pipeline-read",
                                          initializer=lower_thread_priority, initargs=(niceness,))
         self._futures: dict[int, Future] = {}
+        self._taken: set[int] = set()
         self._announced = False
 
     def want(self, g: int, count: int | None = None) -> None:
         """Start loading groups ``g`` to ``g + count - 1`` (``count`` defaults to ``prefetch``)."""
         count = self.prefetch if count is None else count
         for k in range(g, min(g + max(1, count), len(self.plan.groups))):
-            if k not in self._futures:
+            # A group already taken is never loaded again: a batch that spans groups
+            # takes the next group at once, before the groups after it are wanted.
+            if k not in self._futures and k not in self._taken:
                 self._futures[k] = self._start(k)
 
     def take(self, g: int) -> Group:
@@ -186,6 +293,7 @@ class GroupLoader:
         groups are in memory (plus, near an epoch's end, the next epoch's first).
         """
         self.want(g, 1)
+        self._taken.add(g)
         return self._futures.pop(g).result()
 
     def close(self) -> None:
@@ -196,7 +304,7 @@ class GroupLoader:
         self._reads.shutdown(wait=True, cancel_futures=True)
         for f in self._futures.values():
             if f.exception() is None:
-                self.pool.put(f.result().buffers)
+                self.pool.put(f.result().lease)
         self._futures.clear()
 
     def _start(self, g: int) -> Future:
@@ -223,7 +331,7 @@ class GroupLoader:
         if self._mix["shuffle"]:
             places = np.empty_like(perm)
             places[perm] = np.arange(perm.size, dtype=perm.dtype)
-        full = self.pool.get()
+        lease = self.pool.get(int(offsets[-1]))
         arrays: dict[str, Any] = {}
         rows: dict[str, list[Future]] = {}
         futs: list[Future] = []
@@ -233,7 +341,7 @@ class GroupLoader:
                     rows[n] = [self._reads.submit(self.source.read_rows, n, p.chunk, p.lo, p.hi) for p in pieces]
                     futs.extend(rows[n])
                     continue
-                buf = full[n][: int(offsets[-1])]
+                buf = lease.arrays[n]
                 arrays[n] = buf
                 for p, off in zip(pieces, offsets[:-1]):
                     part = buf[off : off + p.hi - p.lo]
@@ -247,7 +355,7 @@ class GroupLoader:
             for f in futs:
                 f.cancel()
             wait(futs)
-            self.pool.put(full)
+            self.pool.put(lease)
             raise
         group: Future = Future()
         group.set_running_or_notify_cancel()
@@ -279,10 +387,10 @@ class GroupLoader:
             futs.clear()
             rows.clear()
             if failed is not None:
-                self.pool.put(full)
+                self.pool.put(lease)
                 group.set_exception(failed)
             else:
-                group.set_result(Group(arrays, perm, full))
+                group.set_result(Group(arrays, perm, lease))
 
         if not futs:  # nothing to read (no arrays): ready at once
             settle(group)

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.streaming.blosc import BLOCKWISE_ABOVE
+from pipeline.streaming.chunks import ArrayPool
 
 __all__ = ["SharedChunks"]
 
@@ -50,10 +51,15 @@ class SharedChunks:
         will be scattered once per array.
     names
         The arrays scattered (assembled arrays are read by rows and not counted).
+    arrays
+        Where the decoded chunks come from and go back to once their last piece is read
+        (kept by the stream across epochs): a new array of a few MB costs as much in
+        page faults as decoding into it. None: new arrays.
     """
 
-    def __init__(self, source: Any, pieces: Sequence[Any], names: Sequence[str]):
+    def __init__(self, source: Any, pieces: Sequence[Any], names: Sequence[str], arrays: ArrayPool | None = None):
         self._source = source
+        self._arrays = arrays
         counts = Counter(p.chunk for p in pieces)
         self._shared: dict[str, dict[int, int]] = {}
         for name in names:
@@ -80,12 +86,24 @@ class SharedChunks:
                 entry = self._entries[key] = _Entry(left)
         with entry.lock:
             if entry.array is None:
-                entry.array = self._source.read(name, piece.chunk)
+                into = None
+                if self._arrays is not None:
+                    tail, dtype = self._source.sample_shape(name)
+                    into = self._arrays.get((int(self._source.lengths[piece.chunk]),) + tuple(tail), np.dtype(dtype))
+                try:
+                    entry.array = self._source.read(name, piece.chunk, into)
+                except BaseException:
+                    if into is not None:
+                        self._arrays.put(into)
+                    raise
         out[rows] = entry.array[piece.lo : piece.hi]
         with self._lock:
             entry.left -= 1
             if entry.left == 0:  # its last piece: nothing will ask for it again
                 del self._entries[key]
+                # Every piece's copy is done (each counts down after its own).
+                if self._arrays is not None and entry.array is not None:
+                    self._arrays.put(entry.array)
 
     @property
     def held(self) -> int:

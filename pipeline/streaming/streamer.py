@@ -11,7 +11,10 @@ decodes its samples straight to their mixed places in the group's buffer
 buffer, handed out as a view. Decoding chunks in order and then gathering each batch
 from them wrote every sample twice and read it once more (``benchmarks/bench_streaming.py``
 prints the stream against the raw decode limit; its history is in
-``benchmarks/README.md``).
+``benchmarks/README.md``). Group buffers follow one another in one ring
+(:class:`~pipeline.streaming.groups.BufferPool`), so a batch that spans groups (a batch
+size that does not divide the group, or a batch larger than a group) is a view too; only
+one spanning the ring's end is copied.
 
 The ``buffer_chunks`` trade-off: a batch drawn from a buffer of ``k`` chunks mixes
 samples of up to ``k`` chunks, so larger buffers decorrelate batches better (the quality
@@ -19,7 +22,8 @@ report's mean distinct chunks per batch grows with ``k``), at the price of
 ``(3 + prefetch) * k`` chunks in memory (the group being served, the one before it
 while its last batches wait in the queue to the training loop, ``prefetch`` groups being
 read, and near an epoch's end the next epoch's first): with the default ``prefetch=2``,
-``5 * buffer_chunks`` chunks (40 chunks of 4 MiB for ``buffer_chunks=8``).
+``5 * buffer_chunks`` chunks (40 chunks of 4 MiB for ``buffer_chunks=8``). Batches larger
+than a sixth of a group add the groups that the queued batches span.
 
 Why two groups ahead: the read threads then always have the next group's chunks queued
 behind the current group's, and never wait for a group's slowest chunk; with one group
@@ -56,6 +60,7 @@ import numpy as np
 from pipeline.errors import StreamError
 from pipeline.streaming.batches import BatchSlabs
 from pipeline.streaming.cache import CacheStats
+from pipeline.streaming.chunks import ArrayPool
 from pipeline.streaming.elastic import (
     ElasticPlan,
     Lanes,
@@ -86,16 +91,24 @@ __all__ = ["AHEAD_GROUP_CHUNKS", "Stream", "groups_ahead"]
 AHEAD_GROUP_CHUNKS = 4
 
 
-def groups_ahead(prefetch: int, buffer_chunks: int) -> int:
+def groups_ahead(prefetch: int, buffer_chunks: int, batch_groups: int = 1) -> int:
     """Groups read ahead for ``prefetch`` at ``buffer_chunks`` chunks per group: smaller
     groups are read further ahead, so that as many chunks are queued as ``prefetch``
     groups of :data:`AHEAD_GROUP_CHUNKS` chunks hold. With 2-chunk groups, two groups
     ahead left the read threads idle whenever the loop fell a few batches behind (the
     comparison is in ``benchmarks/README.md``); memory, ``(3 + groups) * buffer_chunks``
-    chunks, stays below the default's."""
-    if prefetch <= 0 or buffer_chunks >= AHEAD_GROUP_CHUNKS:
+    chunks, stays below the default's.
+
+    A batch spanning ``batch_groups`` groups takes them all at once, so that many more
+    less one are read ahead: with two groups ahead and batches of two groups, the read
+    threads had nothing queued while the producer waited for a batch's second group.
+    """
+    if prefetch <= 0:
         return prefetch
-    return max(prefetch, -(-prefetch * AHEAD_GROUP_CHUNKS // max(1, buffer_chunks)))
+    extra = max(0, batch_groups - 1)
+    if buffer_chunks >= AHEAD_GROUP_CHUNKS:
+        return prefetch + extra
+    return max(prefetch, -(-prefetch * AHEAD_GROUP_CHUNKS // max(1, buffer_chunks))) + extra
 
 
 class Stream:
@@ -139,7 +152,11 @@ class Stream:
         self.n_samples = int(sum(source.lengths))
         if self.n_samples < world_size:
             raise StreamError(f"{self.n_samples} samples cannot be shared among {world_size} ranks")
-        self._lanes()  # an impossible elastic split is reported now, not at the first batch
+        if self._lanes() is None:  # (an impossible elastic split is reported now, not at the first batch)
+            # Batches larger than a group take several groups at once (an elastic plan's
+            # groups hold whole batches).
+            group = buffer_chunks * max(source.lengths, default=0)
+            self.prefetch = groups_ahead(prefetch, buffer_chunks, -(-batch_size // max(1, group)))
         self._init_process_state()
 
     def _init_process_state(self) -> None:
@@ -151,12 +168,16 @@ class Stream:
         self._last_epoch: int | None = None  # epoch of the previous iteration, to guess the next
         self._epoch_step = 1
         self._slabs: dict[str, BatchSlabs] = {}  # batch memory per array, reused once dropped
+        # Chunks an elastic plan reads in pieces for several groups, decoded once and held
+        # until their last piece is read: about two groups' chunks per group in memory,
+        # per array.
+        self._shared_arrays = ArrayPool(keep=2 * len(self.names) * self.buffer_chunks * (self.prefetch + 2))
 
     def __getstate__(self) -> dict:
         # Sent to DataLoader workers (spawn): the source reopens itself; buffers, threads
         # and locks stay behind.
         state = dict(self.__dict__)
-        for key in ("_pid", "_lock", "_pool", "_ahead", "_last_epoch", "_epoch_step", "_slabs"):
+        for key in ("_pid", "_lock", "_pool", "_ahead", "_last_epoch", "_epoch_step", "_slabs", "_shared_arrays"):
             state.pop(key, None)
         return state
 
@@ -175,6 +196,7 @@ class Stream:
         self._check_process()
         with self._lock:
             ahead, self._ahead, self._pool = self._ahead, None, None
+            self._shared_arrays = ArrayPool(keep=self._shared_arrays.keep)
         if ahead is not None:
             ahead[1].close()
         release = getattr(self.source, "release", None)
@@ -624,7 +646,7 @@ class Stream:
                 if gatherer is None:
                     batch = self._gather(parts)
                     for done_group in finished:  # its samples are copied out: reuse its memory
-                        loader.pool.put(done_group.buffers)
+                        loader.pool.put(done_group.lease)
                     self._start_next(loader, start_next, read_ahead, worker, num_workers)
                     yield batch
                     continue
@@ -655,14 +677,15 @@ class Stream:
         with self._lock:
             if self._pool is None:
                 # buffer_chunks whole chunks bound every group; enough buffers are kept
-                # for the group served, the one before it (its last batches, views of
-                # its buffer, are still queued for the loop while the next group starts
-                # loading), those loading ahead and the next epoch's first.
+                # for the group served, those loading ahead, the next epoch's first, and
+                # the groups that batches queued for the loop or held by it still view
+                # (one or two groups, unless batches are larger than groups).
                 capacity = self.buffer_chunks * max(self.source.lengths, default=0)
                 lanes = self._lanes()
                 if lanes is not None:  # a group of global steps, this rank's share of each
                     capacity = lanes.group_steps * self.batch_size
-                self._pool = BufferPool(self.source, self.names, capacity, keep=self.prefetch + 3)
+                viewed = -(-(self.prefetch_batches + 2) * self.batch_size // max(1, capacity))
+                self._pool = BufferPool(self.source, self.names, capacity, keep=self.prefetch + 2 + max(1, viewed))
             return self._pool
 
     def _assembled(self) -> bool:
@@ -678,7 +701,8 @@ class Stream:
         elastic = isinstance(plan, ElasticPlan)
         source = self.source
         if elastic:  # a lane's chunk may be cut in pieces for several groups: decode it once
-            source = SharedChunks(self.source, plan.pieces, [n for n in self.names if not self.source.assembled(n)])
+            source = SharedChunks(self.source, plan.pieces, [n for n in self.names if not self.source.assembled(n)],
+                                  arrays=self._shared_arrays)
         loader = GroupLoader(source, self.names, plan, pool=self._buffer_pool(), threads=threads,
                              prefetch=self.prefetch, seed=self.seed, epoch=epoch, rank=self.rank, worker=worker,
                              shuffle=self.shuffle or elastic, niceness=self.read_niceness)
@@ -723,9 +747,10 @@ class Stream:
 
         A group's buffer holds its samples in mixed order already, so a batch within
         one group is a view of it, with no copy (the buffer is reused only once no
-        view of it is alive, see :class:`~pipeline.streaming.groups.BufferPool`). A
-        batch spanning two groups, and a batch of assembled windows, is written into
-        reused batch memory (:mod:`~pipeline.streaming.batches`).
+        view of it is alive, see :class:`~pipeline.streaming.groups.BufferPool`); so
+        is a batch spanning groups whose buffers follow one another in the pool's ring.
+        Any other batch spanning groups, and a batch of assembled windows, is written
+        into reused batch memory (:mod:`~pipeline.streaming.batches`).
         """
         n = sum(hi - lo for _, lo, hi in parts)
         out = []
@@ -734,6 +759,11 @@ class Stream:
             if len(parts) == 1 and isinstance(first, np.ndarray):
                 out.append(first[parts[0][1] : parts[0][2]])
                 continue
+            if isinstance(first, np.ndarray) and self._pool is not None:
+                view = self._pool.span(name, [(group.lease, lo, hi) for group, lo, hi in parts])
+                if view is not None:
+                    out.append(view)
+                    continue
             dest = self._batch_memory(name).take(n)
             pos = 0
             for group, lo, hi in parts:
@@ -763,7 +793,7 @@ class Stream:
         fut, finished = pending.popleft()
         batch = fut.result()
         for done_group in finished:
-            pool.put(done_group.buffers)
+            pool.put(done_group.lease)
         return batch
 
     # -- adapters ---------------------------------------------------------------------

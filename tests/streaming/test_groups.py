@@ -10,6 +10,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeline
 from pipeline.errors import CorruptChunkError, KeptBatchesWarning, StreamError
@@ -226,3 +228,83 @@ def test_batches_dropped_by_the_loop_recycle_a_few_group_buffers(store):
     # the group served, the one before it (its last batches still queued), two loading
     # ahead and the next epoch's first: made once, then reused every epoch
     assert s._pool.made <= s.prefetch + 3
+
+
+# -- batches spanning groups: views of consecutive ring regions, every chunk read once ---------------
+
+
+def _counting_fetches(monkeypatch) -> list:
+    from pipeline.streaming import chunks
+
+    reads = []
+    original = chunks.ChunkReader._fetch
+    monkeypatch.setattr(chunks.ChunkReader, "_fetch", lambda self, i: reads.append((self.where[2], i)) or original(self, i))
+    return reads
+
+
+@pytest.mark.parametrize("batch_size", [100, 300])
+def test_batches_spanning_groups_are_views_of_the_ring_and_each_chunk_is_read_once(store, monkeypatch, batch_size):
+    """Groups of 128 samples (2 chunks of 64): a batch of 100 spans two groups at most
+    group ends, one of 300 spans three or four. Each is one view of consecutive ring
+    regions, no copy, and every chunk is read once per epoch (a batch that took the next
+    group at once used to make that group load a second time)."""
+    reads = _counting_fetches(monkeypatch)
+    s = pipeline.stream(store, batch_size=batch_size, seed=4, buffer_chunks=2, prefetch=2)
+    s.stop_read_ahead()  # no read-ahead of the next epoch: every read below is this epoch's
+    n_chunks = len(s.source.lengths)
+    ids, views = [], 0
+    for xb, yb in s.iter_worker(0, 1):
+        assert (xb == yb[:, None, None]).all()  # x and y of the same samples, whole
+        views += np.shares_memory(xb, s._pool._ring["x"]) and np.shares_memory(yb, s._pool._ring["y"])
+        ids.append(yb.copy())
+        del xb, yb
+    assert np.array_equal(np.sort(np.concatenate(ids)), np.arange(1000))
+    assert views == len(ids) == len(s)  # the ring holds the whole epoch here: no batch copied
+    assert "x" not in s._slabs
+    assert sorted(reads) == sorted((n, c) for n in ("x", "y") for c in range(n_chunks))
+
+
+@settings(max_examples=30, deadline=None)
+@given(batch_size=st.integers(1, 400), buffer_chunks=st.integers(1, 5), prefetch=st.integers(1, 3),
+       keep_every=st.integers(0, 5), epochs=st.integers(1, 3))
+def test_any_batch_size_serves_each_sample_once_and_kept_batches_stay_whole(spans_store, batch_size, buffer_chunks,
+                                                                           prefetch, keep_every, epochs):
+    """Batches of any size against groups of any size: each epoch serves every sample once,
+    batches are whole (x and y of the same samples), and batches the loop keeps (every
+    ``keep_every``-th) still hold their samples after later epochs reused the ring."""
+    s = pipeline.stream(spans_store, batch_size=batch_size, seed=batch_size, buffer_chunks=buffer_chunks,
+                        prefetch=prefetch)
+    kept = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", KeptBatchesWarning)
+        for epoch in range(epochs):
+            s.set_epoch(epoch)
+            ids = []
+            for k, (xb, yb) in enumerate(s):
+                assert (xb == yb[:, None, None]).all()
+                ids.append(yb.copy())
+                if keep_every and k % keep_every == 0:
+                    kept.append((xb, yb, yb.copy()))
+            assert np.array_equal(np.sort(np.concatenate(ids)), np.arange(700))
+    for xb, yb, want in kept:  # views still holding what they were served with
+        assert np.array_equal(yb, want) and (xb == want[:, None, None]).all()
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def spans_store(tmp_path_factory):
+    from tests.streaming.conftest import make_store
+
+    return make_store(tmp_path_factory.mktemp("spans") / "s.zarr", n=700, chunk=48)
+
+
+def test_batches_of_several_groups_are_read_further_ahead(store):
+    from pipeline.streaming.streamer import groups_ahead
+
+    assert groups_ahead(2, 4) == 2 and groups_ahead(2, 2) == 4 and groups_ahead(0, 2, 3) == 0
+    assert groups_ahead(2, 4, 3) == 4 and groups_ahead(2, 2, 3) == 6  # two more for a batch of three groups
+    # Groups of 128 samples (2 chunks of 64): a batch of 300 takes three at once.
+    assert pipeline.stream(store, batch_size=300, buffer_chunks=2).prefetch == groups_ahead(2, 2) + 2
+    assert pipeline.stream(store, batch_size=128, buffer_chunks=2).prefetch == groups_ahead(2, 2)
+    # An elastic plan's groups hold whole batches: nothing more.
+    assert pipeline.stream(store, global_batch_size=300, buffer_chunks=2).prefetch == groups_ahead(2, 2)
