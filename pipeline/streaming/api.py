@@ -232,8 +232,10 @@ def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_o
         return None
     node = group.get(split) if split else None
     if isinstance(node, zarr.Group):
-        if dim is None:
+        if dim is None and not _chunked_differently(node, arrays):
             return None  # a foreign store laid out in splits: read like a pipeline store
+        # Arrays chunked differently along the samples (zarr's automatic chunks differ
+        # for x and y) stream over their common grid, as variables do.
         where = split
     elif next(iter(group.arrays()), None) is not None:
         node, where = group, ""  # variables at the root, as xarray writes a Dataset
@@ -243,6 +245,15 @@ def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_o
         raise StreamError(f"{label}: version={version} asked for, but the store has no versions (pipeline did not "
                           "write it)")
     return open_variables(source, node, where, arrays, dim, cache)
+
+
+def _chunked_differently(group: Any, names: Sequence[str]) -> bool:
+    """Whether the arrays ``names`` of ``group`` (those present) have chunks of
+    different lengths along axis 0."""
+    import zarr
+
+    rows = {group[n].chunks[0] for n in names if isinstance(group.get(n), zarr.Array) and group[n].ndim}
+    return len(rows) > 1
 
 
 def _distributed_rank() -> tuple[int, int]:

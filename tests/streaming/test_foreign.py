@@ -152,6 +152,24 @@ def test_a_plain_zarr_store_streams_its_root_arrays_without_partial(tmp_path, re
         pipeline.stream(str(tmp_path / "plain.zarr"), arrays=("x", "z"), batch_size=64)
 
 
+
+@pytest.mark.parametrize("as_path", [True, False])
+def test_a_foreign_split_with_zarrs_automatic_chunks_streams_on_their_common_grid(tmp_path, reference, as_path):
+    # zarr's automatic chunks differ for x and y (here 75 and 150 samples): a store laid
+    # out in splits by another tool was refused as "arrays differ in chunking".
+    x, y = reference
+    g = zarr.open_group(tmp_path / "auto.zarr", mode="w")
+    g.create_array("train/x", data=x, chunks=(75, 4, 3))
+    g.create_array("train/y", data=y, chunks=(150,))
+    g.create_array("train/alike", data=y, chunks=(75,))
+    s = pipeline.stream(str(tmp_path / "auto.zarr") if as_path else g, split="train", batch_size=64, seed=1)
+    assert fast(s.source) and s.source.lengths == (150,) * 4
+    check_epochs(s, x, y)
+    # Arrays chunked alike still read as a split of a store, chunk for chunk.
+    alike = pipeline.stream(str(tmp_path / "auto.zarr"), split="train", arrays=("x", "alike"), batch_size=64)
+    assert isinstance(alike.source, StoreSource) and alike.source.lengths == (75,) * 8
+    check_epochs(alike, x, y, epochs=1)
+
 def test_a_pipeline_store_missing_the_split_is_still_refused(tmp_path, reference):
     x, y = reference
     g = zarr.open_group(tmp_path / "p.zarr", mode="w")
