@@ -11,6 +11,8 @@ import dask.array as da
 import numpy as np
 import pytest
 import zarr
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeline
 from pipeline.errors import StreamError
@@ -169,6 +171,31 @@ def test_a_foreign_split_with_zarrs_automatic_chunks_streams_on_their_common_gri
     alike = pipeline.stream(str(tmp_path / "auto.zarr"), split="train", arrays=("x", "alike"), batch_size=64)
     assert isinstance(alike.source, StoreSource) and alike.source.lengths == (75,) * 8
     check_epochs(alike, x, y, epochs=1)
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(3, 300), x_rows=st.integers(1, 300), y_rows=st.integers(1, 300), batch=st.integers(1, 64),
+       world=st.integers(1, 3))
+def test_a_foreign_split_of_any_chunkings_streams_every_sample_once_or_names_the_fix(n, x_rows, y_rows, batch, world):
+    x = np.arange(n * 2, dtype=np.float32).reshape(n, 2)
+    g = zarr.open_group(zarr.storage.MemoryStore(), mode="w")
+    g.create_array("train/x", data=x, chunks=(x_rows, 2))
+    g.create_array("train/y", data=np.arange(n), chunks=(y_rows,))
+    try:
+        streams = [pipeline.stream(g, split="train", batch_size=batch, rank=r, world_size=world, drop_last=world > 1)
+                   for r in range(world)]
+    except StreamError as exc:  # a common grid far coarser than both chunks
+        assert "Rechunk them alike" in str(exc) and f"x: {x_rows}" in str(exc) and f"y: {y_rows}" in str(exc)
+        return
+    seen = [np.zeros(0, np.int64)]
+    for s in streams:
+        for xb, yb in s:
+            np.testing.assert_array_equal(xb[:, 0], 2 * yb)  # x aligned with its id
+            seen.append(yb.copy())
+    ids = np.concatenate(seen)
+    assert len(np.unique(ids)) == len(ids)
+    if world == 1:
+        np.testing.assert_array_equal(np.sort(ids), np.arange(n))
+
 
 def test_a_pipeline_store_missing_the_split_is_still_refused(tmp_path, reference):
     x, y = reference
