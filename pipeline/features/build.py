@@ -234,7 +234,7 @@ def build_training_set(
         size, scales, stride, fwd, back - H), progress=progress)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
     if prior is None:
-        _check_splits_hold_windows(runs, where, splits)
+        _check_splits_hold_windows(runs, where, splits, norm)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
     f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,
@@ -246,7 +246,7 @@ def build_training_set(
         _refuse_bad(bad, runs, H, fwd)
 
     # -- the arrays of each split --------------------------------------------------------
-    per_split = _split_runs(runs, where, bad, splits, empty_ok=prior is not None)
+    per_split = _split_runs(runs, where, bad, splits, norm, empty_ok=prior is not None)
     out = _split_outputs(f, per_split, labels_steps, timestamps, segs, norm, stats, label=label, size=size,
                          scales=scales, halo=H, materialize=materialize, block_windows=block_windows, prior=prior)
     geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
@@ -390,7 +390,7 @@ def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, str
 
 
 def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
-                splits: Mapping[str, Any], empty_ok: bool = False) -> dict[str, WindowRuns]:
+                splits: Mapping[str, Any], norm: NormalizeSpec, empty_ok: bool = False) -> dict[str, WindowRuns]:
     """The windows of each split, NaN ones left out.
 
     Raises
@@ -403,23 +403,28 @@ def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
         mine = where == k
         out[name] = runs.subset(mine & ~bad)
         if out[name].n == 0 and not empty_ok:
-            _refuse_empty(name, runs.n, int(mine.sum()), splits)
+            _refuse_empty(name, runs.n, int(mine.sum()), splits, norm)
     return out
 
 
-def _check_splits_hold_windows(runs: WindowRuns, where: np.ndarray, splits: Mapping[str, Any]) -> None:
+def _check_splits_hold_windows(runs: WindowRuns, where: np.ndarray, splits: Mapping[str, Any],
+                               norm: NormalizeSpec) -> None:
     """Refuse a split that no window falls in, from the counts alone (before the pass
     that fits the normalization on the first split: an empty one has nothing to fit)."""
     per_split = np.bincount(np.asarray(where[where >= 0], dtype=np.int64), minlength=len(splits))
     for k, name in enumerate(splits):
         if not per_split[k]:
-            _refuse_empty(name, runs.n, 0, splits)
+            _refuse_empty(name, runs.n, 0, splits, norm)
 
 
-def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, Any]) -> None:
+def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, Any], norm: NormalizeSpec) -> None:
+    # Trailing normalization serves no window of an instrument's first sessions: with
+    # date splits that alone can leave the first split empty, which the counts hide.
+    first = "first session" if norm.sessions == 1 else f"first {norm.sessions} sessions"
+    skipped = f"; trailing normalization serves no window of each instrument's {first}" if norm.kind == "trailing" else ""
     raise WindowError(
         f"split {name!r}: no window left ({total} windows in all, {before_nan} in this split before "
-        f"NaN windows were dropped, splits {_describe_splits(splits)}); use more data, another split "
+        f"NaN windows were dropped, splits {_describe_splits(splits)}{skipped}); use more data, another split "
         "point, or a smaller window, horizon or stride")
 
 

@@ -91,6 +91,25 @@ def test_a_date_split_before_the_data_is_refused_naming_it(normalize):
                            timestamps=da.from_array(t, chunks=100))
 
 
+def test_a_date_split_inside_the_sessions_trailing_normalization_skips_says_so():
+    # Three daily sessions, trailing normalization over 2: only the third day has
+    # windows, so a train split until the third day is empty for that reason alone.
+    lengths = [300, 300, 300]
+    x = book(900, seed=4)
+    t = _times(lengths, [0, 1, 2])
+    kw = dict(columns=COLS, features=SPECS, size=4, label=LabelSpec(horizon=5),
+              segments=SegmentTable.from_lengths(lengths, session=[0, 1, 2]),
+              splits={"train": {"until": int(t[600])}, "test": {"until": None}},
+              timestamps=da.from_array(t, chunks=100))
+    with pytest.raises(WindowError, match=r"split 'train': no window left .*trailing normalization serves no "
+                                          r"window of each instrument's first 2 sessions"):
+        build_training_set(da.from_array(x, chunks=(64, -1)), normalize={"kind": "trailing", "sessions": 2}, **kw)
+    with pytest.raises(WindowError, match=r"no window left") as plain:
+        build_training_set(da.from_array(x, chunks=(64, -1)), normalize={"kind": "trailing", "sessions": 1},
+                           **{**kw, "splits": {"train": {"until": int(t[300])}, "test": {"until": None}}})
+    assert "trailing normalization serves no window of each instrument's first session" in str(plain.value)
+
+
 def test_date_splits_inside_one_session_leave_the_straddling_windows_out():
     lengths = [400]
     x = book(400, seed=4)
