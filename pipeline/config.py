@@ -64,6 +64,9 @@ class SourceConfig:
     combine: Literal["stack", "concat"] | None = None
     columns: tuple[str, ...] | None = None
     timestamp: str | None = None
+    #: Unit of a numeric timestamp column since the epoch; ``None``: integers are
+    #: nanoseconds and floats seconds (see :mod:`pipeline.loaders.columns`).
+    timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None
     nan: Literal["raise", "drop", "fill"] = "raise"
     #: The value ``nan: fill`` writes (LOBSTER's empty levels: 0 gives back its size of 0).
     fill_value: float = 0.0

@@ -77,6 +77,7 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
         "combine": src.combine,
         "columns": src.columns,
         "timestamp": src.timestamp,
+        "timestamp_unit": src.timestamp_unit,
         "nan": src.nan,
         "fill_value": src.fill_value,
         "on_error": src.on_error,

@@ -49,6 +49,8 @@ def test_example_config_parses_into_frozen_dataclasses():
         (lambda d: d.pop("output"), "output: missing required section"),
         (lambda d: d["cluster"].update(n_workers=True), "cluster.n_workers: expected a positive integer, got True"),
         (lambda d: d["source"].update(nan="ignore"), "source.nan: expected one of 'raise', 'drop', 'fill', got 'ignore'"),
+        (lambda d: d["source"].update(timestamp_unit="min"),
+         "source.timestamp_unit: expected one of 's', 'ms', 'us', 'ns' or null, got 'min'"),
         (lambda d: d["output"].update(splits={"train": 0.9, "val": 0.2}), "output.splits: expected fractions that sum to at most 1"),
         (lambda d: d["output"].update(splits={"train": -1}), "output.splits.train: expected a fraction in (0, 1]"),
         (lambda d: d["windows"].update(scales=[1, "x"]), "windows.scales.1: expected a positive integer, got 'x'"),
@@ -103,6 +105,14 @@ def test_override_errors_name_the_path():
         apply_overrides(base(), ["features.steps.99.window=3"])
     with pytest.raises(ConfigError, match=r"^--set: expected key.path=value"):
         apply_overrides(base(), ["windows.size"])
+
+
+def test_the_timestamp_unit_reaches_the_loader():
+    from pipeline.job import _source_kwargs
+
+    assert _source_kwargs(parse_config(base())).get("timestamp_unit") is None
+    cfg = parse_config(apply_overrides(base(), ["source.timestamp_unit=ms"]))
+    assert cfg.source.timestamp_unit == "ms" and _source_kwargs(cfg)["timestamp_unit"] == "ms"
 
 
 def test_scheduler_replaces_the_cluster_address():

@@ -19,7 +19,7 @@ import dask.array as da
 import fsspec
 import numpy as np
 
-from pipeline.errors import EmptyInputError, FormatMismatchError, LoaderError, ShapeMismatchError
+from pipeline.errors import ConfigError, EmptyInputError, FormatMismatchError, LoaderError, ShapeMismatchError
 
 __all__ = ["FileInfo", "Source", "expand_paths", "load", "open_source"]
 
@@ -159,6 +159,7 @@ def open_source(
     combine: Literal["stack", "concat"] | None = None,
     columns: Sequence[str] | None = None,
     timestamp: str | None = None,
+    timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None,
     dtype: str | None = None,
     shape: Sequence[int] | None = None, mode: str | None = None,
     dataset: str | None = None, key: str | None = None,
@@ -190,6 +191,10 @@ def open_source(
     timestamp
         The timestamp column: files must join in time order; ``Source.timestamps`` in
         int64 ns (:mod:`pipeline.loaders.columns`; LOBSTER derives its own).
+    timestamp_unit
+        The unit of a numeric timestamp column since the epoch (``s``, ``ms``, ``us``,
+        ``ns``); default: integers are nanoseconds and floats seconds, and a column that
+        holds dates only in another unit is refused, naming it.
     dtype
         Output dtype (default float32 for tables, the files' own for arrays).
     shape
@@ -257,7 +262,7 @@ def open_source(
             raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
         parts = [part for _, _, _, ps in probed for part in ps]
         arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                       fill_value, so)
+                                                       fill_value, so, timestamp_unit)
         infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                       for p, s, m, ps in probed)
         return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
@@ -386,7 +391,8 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
-           names: Sequence[str] | None, nan: str, fill_value: float, so: dict) -> tuple:
+           names: Sequence[str] | None, nan: str, fill_value: float, so: dict,
+           timestamp_unit: str | None = None) -> tuple:
     """The values, columns, timestamps, instrument codes and names of joined table parts."""
     import dask
 
@@ -408,7 +414,9 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
     cols = tables.check_columns(parts, columns, timestamp, instrument_column)
     tables.check_time_order(parts)
     arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so)
-    times = side.timestamp_array(parts, timestamp, so) if timestamp or first.fmt == "lobster" else None
+    if timestamp_unit is not None and timestamp_unit not in side.TIMESTAMP_UNITS:
+        raise ConfigError("timestamp_unit", " or ".join(side.TIMESTAMP_UNITS), timestamp_unit)
+    times = side.timestamp_array(parts, timestamp, so, timestamp_unit) if timestamp or first.fmt == "lobster" else None
     codes = instruments = None
     if instrument_column is not None or first.fmt == "lobster":
         instruments = side.instrument_names(parts, instrument_column, so)

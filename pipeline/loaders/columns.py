@@ -7,7 +7,11 @@ same per-block mask, so row ``i`` of every array describes the same snapshot.
 
 Timestamps become int64 nanoseconds since the epoch: timestamp and date types are cast
 (an aware one keeps its UTC instant), strings are parsed as ISO-8601, integers are taken
-as nanoseconds and floats as seconds since the epoch.
+as nanoseconds and floats as seconds since the epoch, unless ``timestamp_unit`` names
+their unit (``s``, ``ms``, ``us``, ``ns``). Without it, a numeric column whose first value
+is no date of an order book (1990-2100) in the default unit but is one in another
+(integer epoch milliseconds, the most common feed format, read as nanoseconds fall in
+January 1970) is refused with the unit to set, rather than read as the wrong times.
 """
 
 from __future__ import annotations
@@ -22,7 +26,15 @@ from dask.base import tokenize
 from pipeline.errors import LoaderError
 from pipeline.loaders.tables import TablePart, part_specs, parts_array, read_columns
 
-__all__ = ["drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array", "to_ns"]
+__all__ = ["TIMESTAMP_UNITS", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
+           "to_ns"]
+
+#: Nanoseconds per unit of numeric timestamps (``source.timestamp_unit``).
+TIMESTAMP_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
+#: Epoch nanoseconds of the dates an order book can have: 1990-01-01 to 2100-01-01. Only
+#: used to tell the units apart: their ranges do not overlap (epoch seconds of those
+#: dates are about 6e8 to 4e9, milliseconds 6e11 to 4e12, and so on).
+_PLAUSIBLE_NS = (631_152_000 * 10**9, 4_102_444_800 * 10**9)
 
 
 def _first_null(col: Any) -> int:
@@ -31,14 +43,34 @@ def _first_null(col: Any) -> int:
     return int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
 
 
-def to_ns(col: Any, path: str, name: str) -> np.ndarray:
+def _check_unit(first: float, default: str, path: str, name: str) -> None:
+    """Refuse a numeric timestamp column read in its ``default`` unit when its first value
+    is then no plausible date but is one in another unit, naming that unit."""
+    lo, hi = _PLAUSIBLE_NS
+    if lo <= first * TIMESTAMP_UNITS[default] < hi:
+        return
+    ns = first * TIMESTAMP_UNITS[default]
+    # Shown to the second: enough to see which reading is a date.
+    as_default = str(np.datetime64(int(ns // 10**9), "s")) if abs(ns) < 9.2e18 else "past the year 2262"
+    for unit, per in TIMESTAMP_UNITS.items():
+        if unit != default and lo <= first * per < hi:
+            kind = "integers as nanoseconds" if default == "ns" else "floats as seconds"
+            raise LoaderError(path, f"timestamp column {name!r}: its first value {first:.17g} read as {default} "
+                              f"(numeric timestamps default to {kind}) is {as_default}, but as epoch {unit} it is "
+                              f"{np.datetime64(int(first * per // 10**9), 's')}: set source.timestamp_unit: {unit} "
+                              f"(timestamp_unit={unit!r} in pipeline.load), or {default} to keep {default}")
+
+
+def to_ns(col: Any, path: str, name: str, unit: str | None = None) -> np.ndarray:
     """A pyarrow column as int64 nanoseconds since the epoch.
 
     Timestamp and date types are cast to nanoseconds (time-zone-aware ones keep their
     UTC instant); strings are parsed as ISO-8601 (with or without a UTC offset, one
-    kind per column); integers are taken as nanoseconds and floats as seconds since the
-    epoch (rounded to the nearest nanosecond of the float's value: a float64 of today's
-    epoch seconds resolves about 0.2 microseconds).
+    kind per column); integers and floats are counts of ``unit`` since the epoch
+    (``s``, ``ms``, ``us``, ``ns``), by default integers nanoseconds and floats seconds.
+    A float becomes the nanosecond nearest its value (a float64 of today's epoch
+    seconds resolves about 0.2 microseconds). Without ``unit``, a first value that is
+    a date of an order book only in another unit is refused, naming that unit.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -57,36 +89,47 @@ def to_ns(col: Any, path: str, name: str) -> np.ndarray:
             except pa.ArrowInvalid:  # strings with a UTC offset ("Z", "+01:00") parse only as aware
                 ns = pc.cast(col, pa.timestamp("ns", tz="UTC"))
         elif pa.types.is_integer(t):
-            ns = pc.cast(col, pa.int64())
+            ints = pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+            if unit is None and ints.size:
+                _check_unit(float(ints[0]), "ns", path, name)
+            per = TIMESTAMP_UNITS[unit or "ns"]
+            if per > 1 and ints.size and int(np.abs(ints).max()) > np.iinfo(np.int64).max // per:
+                raise LoaderError(path, f"timestamp column {name!r}: {int(np.abs(ints).max())} {unit} is past what "
+                                  "int64 nanoseconds hold (the year 2262)")
+            return ints * per
         elif pa.types.is_floating(t):
-            sec = np.asarray(col.to_numpy(), dtype=np.float64)
-            if not np.isfinite(sec).all():
+            values = np.asarray(col.to_numpy(), dtype=np.float64)
+            if not np.isfinite(values).all():
                 raise LoaderError(path, f"timestamp column {name!r}: NaN or inf at row "
-                                  f"{int(np.flatnonzero(~np.isfinite(sec))[0])}")
+                                  f"{int(np.flatnonzero(~np.isfinite(values))[0])}")
+            if unit is None and values.size:
+                _check_unit(float(values[0]), "s", path, name)
             # seconds * 1e9 would round to 256 ns at today's epoch seconds: scale only the
-            # fraction (exact: sec - floor(sec) loses nothing), so each float becomes the
+            # fraction (exact: v - floor(v) loses nothing), so each float becomes the
             # nanosecond nearest its exact value.
-            whole = np.floor(sec)
-            return whole.astype(np.int64) * 1_000_000_000 + np.rint((sec - whole) * 1e9).astype(np.int64)
+            per = TIMESTAMP_UNITS[unit or "s"]
+            whole = np.floor(values)
+            return whole.astype(np.int64) * per + np.rint((values - whole) * per).astype(np.int64)
         else:
-            raise LoaderError(path, f"timestamp column {name!r}: expected a timestamp, ISO-8601 strings, integer "
-                              f"nanoseconds or float seconds since the epoch, got {t}")
+            raise LoaderError(path, f"timestamp column {name!r}: expected a timestamp, ISO-8601 strings, or "
+                              f"integers or floats since the epoch, got {t}")
     except pa.ArrowException as exc:
         raise LoaderError(path, f"timestamp column {name!r}: cannot read {t} values as times ({exc})") from None
     return pc.cast(ns, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def _read_timestamps(part: TablePart, timestamp: str | None, so: dict) -> np.ndarray:
+def _read_timestamps(part: TablePart, timestamp: str | None, so: dict, unit: str | None = None) -> np.ndarray:
     if part.fmt == "lobster":
         from pipeline.loaders.lobster import read_timestamps
 
         return read_timestamps(part, so)
-    return to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp)
+    return to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp, unit)
 
 
-def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict) -> da.Array:
-    """``(rows,)`` int64 nanoseconds since the epoch, one chunk per part."""
-    return parts_array(parts, _read_timestamps, timestamp, so, token="read-timestamps", dtype=np.int64)
+def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict, unit: str | None = None) -> da.Array:
+    """``(rows,)`` int64 nanoseconds since the epoch, one chunk per part (``unit``: of a
+    numeric column, see :func:`to_ns`)."""
+    return parts_array(parts, _read_timestamps, timestamp, so, unit, token="read-timestamps", dtype=np.int64)
 
 
 def _labels(part: TablePart, column: str | None, so: dict) -> Any:

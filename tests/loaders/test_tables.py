@@ -230,6 +230,60 @@ def test_timestamps_from_iso_strings_integers_and_float_seconds(tmp_path, fmt):
         assert src.timestamps.compute().tolist() == expected, name
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_numeric_timestamps_in_a_named_unit(tmp_path, fmt):
+    iso = ["2024-01-02T09:30:00", "2024-01-02T09:30:00.001", "2024-01-02T09:30:01.5"]
+    ns = np.array(_ns(iso), dtype=np.int64)
+    cases = {  # unit -> the column as a feed writes it
+        "s": pa.array((ns // 10**9).tolist()),
+        "ms": pa.array((ns // 10**6).tolist()),
+        "us": pa.array((ns // 10**3).tolist()),
+        "ns": pa.array(ns.tolist()),
+    }
+    per = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+    for unit, col in cases.items():
+        p = tmp_path / f"{unit}.{fmt}"
+        t = pa.table({"when": col, "v": [1.0, 2.0, 3.0]})
+        (pq.write_table(t, p) if fmt == "parquet" else pacsv.write_csv(t, p))
+        got = open_source(str(p), timestamp="when", timestamp_unit=unit).timestamps.compute()
+        np.testing.assert_array_equal(got, ns // per[unit] * per[unit])
+    # Float milliseconds (pandas' epoch ms as float): each the nanosecond nearest its value.
+    p = tmp_path / f"float_ms.{fmt}"
+    t = pa.table({"when": pa.array([1_704_187_800_000.25, 1_704_187_800_001.5, 1_704_187_801_500.0]), "v": [1.0] * 3})
+    (pq.write_table(t, p) if fmt == "parquet" else pacsv.write_csv(t, p))
+    got = open_source(str(p), timestamp="when", timestamp_unit="ms").timestamps.compute()
+    assert got.tolist() == [1_704_187_800_000_250_000, 1_704_187_800_001_500_000, 1_704_187_801_500_000_000]
+
+
+@pytest.mark.parametrize("values, unit, why", [
+    ([1_704_187_800_000, 1_704_187_800_001], "ms", "integers as nanoseconds"),   # epoch ms, a common feed
+    ([1_704_187_800, 1_704_187_801], "s", "integers as nanoseconds"),
+    ([1_704_187_800_000_000, 1_704_187_800_000_001], "us", "integers as nanoseconds"),
+    ([1_704_187_800_000.5, 1_704_187_800_001.0], "ms", "floats as seconds"),
+])
+def test_numeric_timestamps_that_are_dates_only_in_another_unit_are_refused_naming_it(tmp_path, values, unit, why):
+    p = tmp_path / "feed.parquet"
+    pq.write_table(pa.table({"when": pa.array(values), "v": [1.0, 2.0]}), p)
+    with pytest.raises(LoaderError, match=rf"feed\.parquet: timestamp column 'when': its first value .*default to "
+                                          rf"{why}\) is (19[67]\d-\S*|past the year 2262), but as epoch {unit} it "
+                                          rf"is 2024-01-02T09:30:00: set source\.timestamp_unit: {unit}"):
+        open_source(str(p), timestamp="when").timestamps.compute()
+    # Naming the default unit keeps it: the caller has said what the numbers are.
+    default = "ns" if isinstance(values[0], int) else "s"
+    assert open_source(str(p), timestamp="when", timestamp_unit=default).timestamps.compute().shape == (2,)
+
+
+def test_numeric_times_that_are_no_date_in_any_unit_are_read_as_before(tmp_path):
+    # Counters and times since the start of a simulation: no unit makes them a date.
+    p = tmp_path / "sim.parquet"
+    pq.write_table(pa.table({"step": pa.array([0, 1, 5]), "secs": pa.array([0.5, 1.25, 2.0]), "v": [1.0] * 3}), p)
+    assert open_source(str(p), timestamp="step").timestamps.compute().tolist() == [0, 1, 5]
+    assert open_source(str(p), timestamp="secs").timestamps.compute().tolist() == [500_000_000, 1_250_000_000,
+                                                                                   2_000_000_000]
+    with pytest.raises(pipeline.errors.ConfigError, match="timestamp_unit.*s or ms or us or ns"):
+        open_source(str(p), timestamp="step", timestamp_unit="minutes")
+
+
 def test_timestamps_follow_the_rows_that_nan_drop_keeps(tmp_path):
     tables_ = write_days(tmp_path, "parquet", days=3)
     frames = []
