@@ -118,12 +118,34 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None) -> np.ndarray
     return pc.cast(ns, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str) -> None:
+    """Refuse a part whose timestamps go back in time from one row to the next (equal
+    times are fine: many book events share a timestamp). Windows, labels and sessions
+    take rows in file order as time order; files are checked against each other by
+    :func:`~pipeline.loaders.tables.check_time_order`."""
+    back = np.flatnonzero(ns[1:] < ns[:-1])
+    if back.size:
+        r = int(back[0]) + 1
+        # Parquet rows counted from 0 in their row group; text files by line, from 1
+        # (LOBSTER's times are its message file's).
+        where = (f"row {r} of row group {part.group}" if part.fmt == "parquet"
+                 else f"line {r + 1 + (part.fmt == 'csv' and part.header)}")
+        more = f" (and {back.size - 1} more such rows)" if back.size > 1 else ""
+        path = part.companion if part.fmt == "lobster" else part.path
+        raise LoaderError(path, f"timestamp column {name!r}: {where} is at {np.datetime64(int(ns[r]), 'ns')}, "
+                          f"before the row above it at {np.datetime64(int(ns[r - 1]), 'ns')}{more}; rows must be "
+                          "in time order: sort the file by time")
+
+
 def _read_timestamps(part: TablePart, timestamp: str | None, so: dict, unit: str | None = None) -> np.ndarray:
     if part.fmt == "lobster":
         from pipeline.loaders.lobster import read_timestamps
 
-        return read_timestamps(part, so)
-    return to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp, unit)
+        ns = read_timestamps(part, so)
+    else:
+        ns = to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp, unit)
+    check_rows_in_order(ns, part, timestamp or "time")
+    return ns
 
 
 def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict, unit: str | None = None) -> da.Array:

@@ -359,13 +359,18 @@ def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, tim
 
 
 def check_time_order(parts: Sequence[TablePart]) -> None:
-    """Files must join in time order: each file starts no earlier than the previous ends."""
+    """Files must join in time order: each file starts no earlier than the previous ends,
+    and each Parquet row group no earlier than the one before it (from the footers'
+    statistics; rows inside a part are checked as they are read)."""
     prev = None
     for p in parts:
         if p.first_ts is None:
             continue
-        if prev is not None and prev.last_ts is not None and p.first_ts < prev.last_ts and p.path != prev.path:
-            raise LoaderError(
-                p.path, f"starts at {p.first_ts}, before the previous file {prev.path} ends at {prev.last_ts}; "
-                "files must be in time order when sorted by name")
+        if prev is not None and prev.last_ts is not None and p.first_ts < prev.last_ts:
+            if p.path != prev.path:
+                raise LoaderError(
+                    p.path, f"starts at {p.first_ts}, before the previous file {prev.path} ends at {prev.last_ts}; "
+                    "files must be in time order when sorted by name")
+            raise LoaderError(p.path, f"row group {p.group} starts at {p.first_ts}, before row group {prev.group} "
+                              f"ends at {prev.last_ts}; rows must be in time order: sort the file by time")
         prev = p

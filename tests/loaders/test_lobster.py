@@ -20,8 +20,8 @@ BOOK = """\
 """
 # 34200.000000001 s: float truncation gives ...000 ns, the text says ...001.
 MESSAGE = """\
-34200.004241176,1,16113575,18,5853300,1
 34200.000000001,1,16120456,18,5859100,-1
+34200.004241176,1,16113575,18,5853300,1
 34200.201742999,3,16120456,18,5859100,-1
 57599.999999999,4,16120480,10,5859300,-1
 """
@@ -36,7 +36,7 @@ EXPECTED = np.array([
 COLUMNS = ("ask_price_1", "ask_size_1", "bid_price_1", "bid_size_1",
            "ask_price_2", "ask_size_2", "bid_price_2", "bid_size_2")
 MIDNIGHT_NS = 1_340_236_800 * 10**9  # 2012-06-21T00:00:00 UTC
-TIMES_NS = [MIDNIGHT_NS + t for t in (34_200_004_241_176, 34_200_000_000_001, 34_200_201_742_999, 57_599_999_999_999)]
+TIMES_NS = [MIDNIGHT_NS + t for t in (34_200_000_000_001, 34_200_004_241_176, 34_200_201_742_999, 57_599_999_999_999)]
 
 
 def write_pair(d, book: str = BOOK, message: str = MESSAGE, name: str = NAME):
@@ -93,6 +93,15 @@ def test_row_count_mismatch_names_both_files_and_counts(tmp_path):
     with pytest.raises(LoaderError, match=r"orderbook_2\.csv: has 4 rows but its message file .*message_2\.csv "
                                           r"has 3"):
         open_source(str(path), format="lobster")
+
+
+def test_message_times_out_of_order_name_the_message_file_and_line(tmp_path):
+    lines = MESSAGE.splitlines(keepends=True)
+    path = write_pair(tmp_path, message="".join([lines[0], lines[2], lines[1], lines[3]]))
+    with pytest.raises(LoaderError, match=r"message_2\.csv: timestamp column 'time': line 3 is at "
+                                          r"2012-06-21T09:30:00\.004241176, before the row above it at "
+                                          r"2012-06-21T09:30:00\.201742999"):
+        open_source(str(path), format="lobster").timestamps.compute()
 
 
 def test_missing_message_file_names_both(tmp_path):

@@ -100,6 +100,29 @@ def test_files_out_of_time_order_are_named(tmp_path):
         open_source(str(tmp_path / "*.parquet"), timestamp="timestamp")
 
 
+def test_rows_out_of_time_order_inside_a_file_are_named(tmp_path):
+    t = np.datetime64("2026-01-05T09:30:00", "ns") + np.arange(30).astype("timedelta64[s]")
+    t[[12, 13]] = t[[13, 12]]  # two rows swapped
+    t[20] = t[19]  # equal times are many events at one instant: fine
+    frame = pa.table({"timestamp": pa.array(t), "v": np.arange(30.0)})
+    pacsv.write_csv(frame, tmp_path / "swapped.csv")
+    with pytest.raises(LoaderError, match=r"swapped\.csv: timestamp column 'timestamp': line 15 is at "
+                                          r"2026-01-05T09:30:12.*, before the row above it at 2026-01-05T09:30:13"):
+        open_source(str(tmp_path / "swapped.csv"), timestamp="timestamp").timestamps.compute()
+    pq.write_table(frame, tmp_path / "swapped.parquet", row_group_size=10)
+    with pytest.raises(LoaderError, match=r"swapped\.parquet: .* row 3 of row group 1 is at 2026-01-05T09:30:12"):
+        open_source(str(tmp_path / "swapped.parquet"), timestamp="timestamp").timestamps.compute()
+    # Row groups out of order are seen in the footers, before anything is read.
+    late, early = frame.slice(10, 10), frame.slice(0, 10)
+    pq.write_table(pa.concat_tables([late, early]), tmp_path / "groups.parquet", row_group_size=10)
+    with pytest.raises(LoaderError, match=r"groups\.parquet: row group 1 starts at .* before row group 0 ends"):
+        open_source(str(tmp_path / "groups.parquet"), timestamp="timestamp")
+    t[[12, 13]] = t[[12, 13]][::-1]  # back in order, ties kept
+    pq.write_table(pa.table({"timestamp": pa.array(t), "v": np.arange(30.0)}), tmp_path / "ok.parquet")
+    np.testing.assert_array_equal(open_source(str(tmp_path / "ok.parquet"), timestamp="timestamp").timestamps.compute(),
+                                  t.astype(np.int64))
+
+
 def test_bad_inputs(tmp_path):
     with pytest.raises(EmptyInputError, match="matched no file"):
         open_source(str(tmp_path / "*.parquet"))
