@@ -218,7 +218,8 @@ def open_source(
     on_error
         ``"skip"`` leaves out files whose header probe fails, recording why.
     chunk_rows
-        Rows per chunk of joined npy/HDF5 arrays (Parquet: per row group; CSV: per file).
+        Rows per chunk of joined npy/HDF5 arrays, and per part of CSV and LOBSTER files
+        (default :data:`~pipeline.loaders.tables.TEXT_PART_ROWS`; Parquet: per row group).
     files_per_chunk
         Samples per chunk when stacking (default about 16 MiB).
     storage_options
@@ -247,7 +248,7 @@ def open_source(
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so)
     opts = {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key}
     results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
-                                                names=names, rename=rename, on_error=on_error)
+                                                names=names, rename=rename, on_error=on_error, part_rows=chunk_rows)
     keep = [i for i, r in enumerate(results) if r is not None]
     probed = [results[i] for i in keep]
     if not probed:
@@ -314,7 +315,7 @@ def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
 
 def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, so: dict, *,
                  timestamp: str | None, header: bool, names: Sequence[str] | None, rename: Mapping[str, str] | None,
-                 on_error: str) -> tuple[list, list[tuple[str, str]], dict[str, FileInfo]]:
+                 on_error: str, part_rows: int | None = None) -> tuple[list, list[tuple[str, str]], dict[str, FileInfo]]:
     """Every file's header (``None`` for a file skipped with ``on_error="skip"``), the
     skipped files with their reasons, and the companion files read with tables (LOBSTER's
     message files)."""
@@ -329,10 +330,10 @@ def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, 
             size, mtime = _stat(path, so)
             if kind == "table":
                 parts = tables.probe_table(path, fmts[path], timestamp, so, header=header, names=names,
-                                           rename=rename)
+                                           rename=rename, part_rows=part_rows)
                 if parts and parts[0].companion:
                     companions[path] = FileInfo(parts[0].companion, *_stat(parts[0].companion, so),
-                                                rows=parts[0].rows)
+                                                rows=sum(p.rows for p in parts))
                 return path, size, mtime, parts
             fmt = FORMATS[kind]
             return path, size, mtime, fmt.probe(path, so, **{k: opts[k] for k in fmt.options})

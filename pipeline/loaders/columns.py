@@ -129,7 +129,7 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str) -> None:
         # Parquet rows counted from 0 in their row group; text files by line, from 1
         # (LOBSTER's times are its message file's).
         where = (f"row {r} of row group {part.group}" if part.fmt == "parquet"
-                 else f"line {r + 1 + (part.fmt == 'csv' and part.header)}")
+                 else f"line {part.row0 + r + 1 + (part.fmt == 'csv' and part.header)}")
         more = f" (and {back.size - 1} more such rows)" if back.size > 1 else ""
         path = part.companion if part.fmt == "lobster" else part.path
         raise LoaderError(path, f"timestamp column {name!r}: {where} is at {np.datetime64(int(ns[r]), 'ns')}, "

@@ -39,7 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
-from pipeline.loaders.tables import TablePart, count_lines, is_number, require_pyarrow, split_fields
+from pipeline.loaders.tables import (TEXT_PART_ROWS, TablePart, count_lines, is_number, read_range, require_pyarrow,
+                                     split_fields, text_ranges)
 
 __all__ = ["ASK_DUMMY", "BID_DUMMY", "PRICE_SCALE", "book_columns", "message_path", "parse_name",
            "probe_lobster", "read_book", "read_timestamps"]
@@ -88,12 +89,13 @@ def parse_name(path: str) -> tuple[str, _dt.date]:
     return m.group("ticker"), day
 
 
-def probe_lobster(path: str, so: dict) -> list[TablePart]:
-    """One part per orderbook/message pair: levels from the field count, rows from both
-    files' newline counts (which must agree)."""
+def probe_lobster(path: str, so: dict, part_rows: int = TEXT_PART_ROWS) -> list[TablePart]:
+    """The parts of an orderbook/message pair (one, or the same lines of both files per
+    ``part_rows`` rows): levels from the field count, rows from both files' newline
+    counts (which must agree)."""
     ticker, day = parse_name(path)
     msg = message_path(path)
-    first, rows = count_lines(path, so)
+    first, rows, starts = count_lines(path, so, every=part_rows)
     fields = split_fields(first, path)
     if not first.strip():
         raise FormatMismatchError(path, "expected LOBSTER orderbook rows, found an empty file")
@@ -106,7 +108,7 @@ def probe_lobster(path: str, so: dict) -> list[TablePart]:
             path, f"has {len(fields)} fields per line; a LOBSTER orderbook has 4 per level (ask price, ask size, "
             "bid price, bid size)")
     try:
-        msg_first, msg_rows = count_lines(msg, so)
+        msg_first, msg_rows, msg_starts = count_lines(msg, so, every=part_rows)
     except LoaderError as exc:
         raise LoaderError(path, f"its message file {msg} cannot be read ({exc.problem}); LOBSTER pairs each "
                           "*_orderbook_* file with a *_message_* file of the same name") from None
@@ -118,12 +120,17 @@ def probe_lobster(path: str, so: dict) -> list[TablePart]:
                           "one message per orderbook row")
     cols = tuple(book_columns(len(fields) // 4))
     day_ns = int(np.datetime64(day.isoformat(), "ns").astype(np.int64))
-    return [TablePart(path, "lobster", 0, rows, cols, sources=cols, header=False, companion=msg, day_ns=day_ns,
-                      instrument=ticker)]
+    if rows <= part_rows:
+        return [TablePart(path, "lobster", 0, rows, cols, sources=cols, header=False, companion=msg, day_ns=day_ns,
+                          instrument=ticker)]
+    books, messages = text_ranges(0, starts, rows, part_rows), text_ranges(0, msg_starts, rows, part_rows)
+    return [TablePart(path, "lobster", k, min(part_rows, rows - row0), cols, sources=cols, header=False,
+                      companion=msg, day_ns=day_ns, instrument=ticker, data=data, companion_data=m, row0=row0)
+            for k, ((row0, data), (_, m)) in enumerate(zip(books, messages))]
 
 
 def _read_csv(path: str, names: list[str] | None, include: list[str], types: dict, rows: int,
-              so: dict) -> Any:
+              so: dict, data: tuple[int, int | None] | None = None) -> Any:
     pa = require_pyarrow()
     import fsspec
     import pyarrow.csv as pacsv
@@ -131,7 +138,7 @@ def _read_csv(path: str, names: list[str] | None, include: list[str], types: dic
     read = pacsv.ReadOptions(column_names=names) if names else pacsv.ReadOptions(autogenerate_column_names=True)
     try:
         with fsspec.open(path, "rb", **so) as fh:
-            table = pacsv.read_csv(fh, read_options=read,
+            table = pacsv.read_csv(fh if data is None else read_range(fh, data), read_options=read,
                                    convert_options=pacsv.ConvertOptions(include_columns=include, column_types=types))
     except (OSError, pa.ArrowException) as exc:
         raise LoaderError(path, f"cannot read LOBSTER data ({exc})") from None
@@ -148,7 +155,8 @@ def read_book(part: TablePart, sources: Sequence[str], so: dict) -> np.ndarray:
     # A size is NaN where its level's price is the dummy, so that price is read too.
     prices = sorted({f"{m.group(1)}_price_{m.group(3)}" for m in fields})
     include = sorted(set(sources) | set(prices))
-    table = _read_csv(part.path, list(part.sources), include, {c: pa.int64() for c in include}, part.rows, so)
+    table = _read_csv(part.path, list(part.sources), include, {c: pa.int64() for c in include}, part.rows, so,
+                      part.data)
     raw = {c: table.column(c).to_numpy() for c in include}
     out = np.empty((part.rows, len(sources)), dtype=np.float64)
     for j, (name, m) in enumerate(zip(sources, fields)):
@@ -163,12 +171,12 @@ def read_timestamps(part: TablePart, so: dict) -> np.ndarray:
     """``(rows,)`` int64 nanoseconds since the epoch: the file's date plus the message times."""
     pa = require_pyarrow()
 
-    table = _read_csv(part.companion, None, ["f0"], {"f0": pa.float64()}, part.rows, so)
+    table = _read_csv(part.companion, None, ["f0"], {"f0": pa.float64()}, part.rows, so, part.companion_data)
     seconds = table.column("f0").to_numpy()
     if not np.isfinite(seconds).all():
         row = int(np.flatnonzero(~np.isfinite(seconds))[0])
         raise LoaderError(part.companion,
-                          f"expected a time in seconds after midnight at row {row}, found {seconds[row]}")
+                          f"expected a time in seconds after midnight at row {row + part.row0}, found {seconds[row]}")
     # Parsing is correctly rounded, so a time within a day (below 2**17 s) is within
     # 2**-37 s (0.007 ns) of its decimal text, and the product with 1e9 adds at most as
     # much again: rint gives the exact nanosecond for up to 9 decimals, where truncation

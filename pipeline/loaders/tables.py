@@ -29,9 +29,9 @@ from pipeline.errors import (
     MissingDependencyError,
 )
 
-__all__ = ["TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number", "looks_like_data",
+__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number", "looks_like_data",
            "part_specs", "probe_table",
-           "parts_array", "read_columns", "require_pyarrow", "split_fields", "table_array"]
+           "parts_array", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -41,6 +41,13 @@ def require_pyarrow() -> Any:
     except ImportError:  # pragma: no cover
         raise MissingDependencyError("Reading CSV and Parquet", "pyarrow", "tabular") from None
     return pyarrow
+
+
+#: Rows per part of a CSV or LOBSTER file (``source.chunk_rows`` overrides it): a part
+#: is a dask chunk and the unit a task reads, so a day of a busy book (millions of rows,
+#: gigabytes of text) is read in pieces of about 10 MB of values per column set rather
+#: than as one chunk larger than a worker's memory.
+TEXT_PART_ROWS = 1 << 18
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +87,14 @@ class TablePart:
     #: Parquet: the file's own names of columns that do not hold numbers (timestamps,
     #: text), left out of the default columns.
     non_numeric: tuple[str, ...] = ()
+    #: CSV and LOBSTER files of more than :data:`TEXT_PART_ROWS` rows are read in parts:
+    #: the bytes ``[start, stop)`` of the file's data lines (``stop`` None: to its end;
+    #: ``data`` None: the whole file, header and all), ``companion_data`` the same lines
+    #: of the companion, and ``row0`` the rows of the file before this part (so that
+    #: errors name the file's own row and line numbers).
+    data: tuple[int, int | None] | None = None
+    companion_data: tuple[int, int | None] | None = None
+    row0: int = 0
 
     def source_of(self, column: str) -> str:
         """The file's own name of canonical ``column``."""
@@ -173,19 +188,39 @@ def split_fields(line: bytes, path: str) -> list[str]:
     return [c.strip().strip('"') for c in text.split(",")]
 
 
-def count_lines(path: str, so: dict) -> tuple[bytes, int]:
-    """The first line of a text file and its number of lines (a last line without a
-    newline counts), from one sequential read."""
+#: Bytes per read while counting a text file's lines.
+_READ_BLOCK = 1 << 24
+
+
+def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[bytes, int, list[int]]:
+    """The first line of a text file, its number of lines (a last line without a
+    newline counts) and, with ``every``, the byte offset where each line
+    ``base + k * every`` (``k >= 1``) starts, from one sequential read.
+
+    Offsets are found only in the blocks that hold them, so a file without parts costs
+    a newline count."""
+    starts: list[int] = []
     try:
         with fsspec.open(path, "rb", **so) as fh:
             first = fh.readline()
-            count = 1 if first.endswith(b"\n") else 0
-            last = first
+            count = 1 if first.endswith(b"\n") else 0  # newlines so far: line i starts after newline i
+            pos, last = len(first), first
+            target = base + every if every else None
+            if target is not None and target <= count:  # line 1 starts right after the first line
+                starts.append(pos)
+                target += every
             while True:
-                block = fh.read(1 << 24)
+                block = fh.read(_READ_BLOCK)
                 if not block:
                     break
-                count += block.count(b"\n")
+                n = block.count(b"\n")
+                if target is not None and count + n >= target:
+                    newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n"))
+                    while count + n >= target:
+                        starts.append(pos + int(newlines[target - count - 1]) + 1)
+                        target += every
+                count += n
+                pos += len(block)
                 last = block
             if last and not last.endswith(b"\n"):
                 count += 1  # a final line without a newline
@@ -193,11 +228,22 @@ def count_lines(path: str, so: dict) -> tuple[bytes, int]:
         raise LoaderError(path, "no such file") from None
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
-    return first, count
+    # A newline that ends the file starts no line.
+    return first, count, [o for k, o in enumerate(starts) if base + (k + 1) * every < count]
 
 
-def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None) -> list[TablePart]:
-    first, lines = count_lines(path, so)
+def text_ranges(head: int, starts: Sequence[int], rows: int, part_rows: int) -> list[tuple[int, tuple[int, int | None]]]:
+    """``(row0, (start, stop))`` of each part of a text file's data lines: ``head`` is the
+    byte offset of its first data line and ``starts`` where every ``part_rows``-th data
+    line after it starts (from :func:`count_lines`)."""
+    bounds = [head, *starts]
+    return [(k * part_rows, (a, bounds[k + 1] if k + 1 < len(bounds) else None)) for k, a in enumerate(bounds)
+            if k * part_rows < rows]
+
+
+def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
+               part_rows: int = TEXT_PART_ROWS) -> list[TablePart]:
+    first, lines, starts = count_lines(path, so, every=part_rows, base=int(header))
     fields = split_fields(first, path)
     if not first.strip():
         raise FormatMismatchError(path, f"expected a CSV {'header' if header else 'data'} line, found an empty file")
@@ -217,29 +263,46 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None) -
             "in its first line")
     cols = tuple(names) if names is not None else tuple(fields)
     rows = lines - 1 if header else lines
-    return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header,
-                      names=tuple(names) if names is not None else None)]
+    given = tuple(names) if names is not None else None
+    if rows <= part_rows:
+        return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given)]
+    ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
+    return [TablePart(path, "csv", k, min(part_rows, rows - row0), cols, sources=cols, header=header, names=given,
+                      data=data, row0=row0) for k, (row0, data) in enumerate(ranges)]
 
 
 def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header: bool = True,
-                names: Sequence[str] | None = None, rename: Mapping[str, str] | None = None) -> list[TablePart]:
+                names: Sequence[str] | None = None, rename: Mapping[str, str] | None = None,
+                part_rows: int | None = None) -> list[TablePart]:
     """Row counts and column names of one file, from metadata only (Parquet) or a
-    newline count (CSV, LOBSTER), with canonical names after ``rename``."""
+    newline count (CSV, LOBSTER), with canonical names after ``rename``. Text files of
+    more than ``part_rows`` rows (default :data:`TEXT_PART_ROWS`) come in parts."""
+    part_rows = part_rows or TEXT_PART_ROWS
     rename = dict(rename or {})
     if fmt == "parquet":
         parts = _parquet_parts(path, rename.get(timestamp, timestamp) if timestamp else None, so)
     elif fmt == "lobster":
         from pipeline.loaders.lobster import probe_lobster
 
-        parts = probe_lobster(path, so)
+        parts = probe_lobster(path, so, part_rows)
     else:
-        parts = _csv_parts(path, so, header, names)
+        parts = _csv_parts(path, so, header, names, part_rows)
     if not rename or not parts:
         return parts
     from dataclasses import replace
 
     cols = _renamed(path, parts[0].sources, rename)
     return [replace(p, columns=cols) for p in parts]
+
+
+def read_range(fh: Any, data: tuple[int, int | None]) -> Any:
+    """The bytes ``[start, stop)`` of an open file (``stop`` None: to its end), as a
+    stream pyarrow's CSV reader takes."""
+    import io
+
+    start, stop = data
+    fh.seek(start)
+    return io.BytesIO(fh.read() if stop is None else fh.read(stop - start))
 
 
 def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str, Any]:
@@ -258,8 +321,10 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
             read = pacsv.ReadOptions()
             if part.names is not None:  # names given: the header, if any, is skipped, not read
                 read = pacsv.ReadOptions(column_names=list(part.names), skip_rows=1 if part.header else 0)
+            if part.data is not None:  # a part's lines, without the header: named by the file's names
+                read = pacsv.ReadOptions(column_names=list(part.sources))
             with fsspec.open(part.path, "rb", **so) as fh:
-                table = pacsv.read_csv(fh, read_options=read,
+                table = pacsv.read_csv(fh if part.data is None else read_range(fh, part.data), read_options=read,
                                        convert_options=pacsv.ConvertOptions(include_columns=sources))
     except Exception as exc:  # noqa: BLE001
         raise LoaderError(part.path, f"cannot read {part.fmt} data ({exc})") from None
@@ -297,6 +362,7 @@ def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None,
             if nan == "raise":
                 r, c = np.argwhere(bad)[0]
                 where = "row group " + str(part.group) if part.fmt == "parquet" else "the file"
+                r += part.row0  # a text file's own row number
                 why = " (LOBSTER's dummy price of an empty level)" if part.fmt == "lobster" else ""
                 raise InvalidValueError(
                     part.path, f"NaN or inf{why} in column {columns[c]!r} at row {int(r)} of {where}; "

@@ -60,6 +60,21 @@ def test_hand_written_pair_every_value_and_timestamp(tmp_path):
     assert meta["instruments"] == ["AAPL"]
 
 
+@pytest.mark.parametrize("chunk_rows", [1, 3])
+def test_a_pair_read_in_parts_equals_the_hand_written_values(tmp_path, chunk_rows):
+    # A day of a busy book has millions of rows: read in parts, the same lines of both files.
+    path = write_pair(tmp_path)
+    src = open_source(str(path), format="lobster", nan="fill", fill_value=NAN, chunk_rows=chunk_rows)
+    assert src.array.chunks[0] == ((1, 1, 1, 1) if chunk_rows == 1 else (3, 1))
+    np.testing.assert_array_equal(src.array.compute(), EXPECTED)
+    assert src.timestamps.compute().tolist() == TIMES_NS
+    assert src.metadata()["files"][0]["rows"] == 4
+    assert src.metadata()["files"][0]["companion"]["rows"] == 4
+    # The first part to fail names its empty level by the file's row: 1 or 2, never 0.
+    with pytest.raises(InvalidValueError, match=r"'(ask_price_2' at row 1|bid_price_2' at row 2) of the file"):
+        open_source(str(path), format="lobster", chunk_rows=chunk_rows).array.compute()
+
+
 def test_nan_policies_on_empty_levels(tmp_path):
     path = write_pair(tmp_path)
     with pytest.raises(InvalidValueError, match=r"orderbook_2\.csv: NaN or inf .*dummy price.* in column "

@@ -7,6 +7,8 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeline
 from pipeline.errors import (
@@ -121,6 +123,62 @@ def test_rows_out_of_time_order_inside_a_file_are_named(tmp_path):
     pq.write_table(pa.table({"timestamp": pa.array(t), "v": np.arange(30.0)}), tmp_path / "ok.parquet")
     np.testing.assert_array_equal(open_source(str(tmp_path / "ok.parquet"), timestamp="timestamp").timestamps.compute(),
                                   t.astype(np.int64))
+
+
+@settings(max_examples=150, deadline=None)
+@given(lengths=st.lists(st.integers(0, 12), min_size=1, max_size=40), header=st.booleans(),
+       final_newline=st.booleans(), crlf=st.booleans(), every=st.integers(1, 9), block=st.integers(1, 40))
+def test_text_parts_are_the_data_lines_in_order(tmp_path_factory, lengths, header, final_newline, crlf, every, block):
+    # Any line lengths and endings, read in blocks of any size (a line, a newline, a
+    # part's start across a block's end): the parts' byte ranges hold the data lines,
+    # each once, in order.
+    import pipeline.loaders.tables as tables
+    from pipeline.loaders.tables import count_lines, text_ranges
+
+    end = b"\r\n" if crlf else b"\n"
+    lines = [b"h" * 3] * header + [b"x" * n + str(i).encode() for i, n in enumerate(lengths)]
+    blob = end.join(lines) + (end if final_newline else b"")
+    path = tmp_path_factory.mktemp("t") / "f.csv"
+    path.write_bytes(blob)
+    saved, tables._READ_BLOCK = tables._READ_BLOCK, block
+    try:
+        first, count, starts = count_lines(str(path), {}, every=every, base=int(header))
+    finally:
+        tables._READ_BLOCK = saved
+    assert count == len(lines) and first == lines[0] + (end if len(lines) > 1 or final_newline else b"")
+    rows = count - int(header)
+    ranges = text_ranges(len(first) if header else 0, starts, rows, every)
+    assert [r0 for r0, _ in ranges] == list(range(0, rows, every))
+    data = lines[int(header):]
+    for k, (r0, (a, b)) in enumerate(ranges):  # each part exactly its own lines
+        last = k == len(ranges) - 1
+        assert (b is None) == last
+        assert blob[a:b] == end.join(data[r0 : r0 + every]) + (end if not last or final_newline else b"")
+
+
+@pytest.mark.parametrize("header", [True, False])
+def test_a_large_csv_is_read_in_parts_that_equal_the_file(tmp_path, header):
+    n = 1000
+    t = np.datetime64("2026-01-05T09:30:00", "ns") + np.arange(n).astype("timedelta64[s]")
+    frame = pa.table({"timestamp": pa.array(t), "a": np.arange(n, dtype=np.float64), "b": np.arange(n) * 0.5})
+    pacsv.write_csv(frame, tmp_path / "day.csv", write_options=pacsv.WriteOptions(include_header=header))
+    names = {} if header else {"header": False, "names": ["timestamp", "a", "b"]}
+    whole = open_source(str(tmp_path / "day.csv"), timestamp="timestamp", **names)
+    parts = open_source(str(tmp_path / "day.csv"), timestamp="timestamp", chunk_rows=64, **names)
+    assert whole.array.chunks[0] == (n,) and parts.array.chunks[0] == (64,) * 15 + (40,)
+    np.testing.assert_array_equal(parts.array.compute(), whole.array.compute())
+    np.testing.assert_array_equal(parts.timestamps.compute(), t.astype(np.int64))
+    # Errors name the file's own line and row, not the part's.
+    bad = frame.set_column(1, "a", pa.array(np.where(np.arange(n) == 700, np.nan, np.arange(n, dtype=np.float64))))
+    pacsv.write_csv(bad, tmp_path / "nan.csv", write_options=pacsv.WriteOptions(include_header=header))
+    with pytest.raises(InvalidValueError, match=r"nan\.csv: NaN or inf in column 'a' at row 700 of the file"):
+        open_source(str(tmp_path / "nan.csv"), timestamp="timestamp", chunk_rows=64, **names).array.compute()
+    swapped = np.array(t)
+    swapped[[700, 701]] = swapped[[701, 700]]
+    pacsv.write_csv(frame.set_column(0, "timestamp", pa.array(swapped)), tmp_path / "order.csv",
+                    write_options=pacsv.WriteOptions(include_header=header))
+    with pytest.raises(LoaderError, match=rf"order\.csv: timestamp column 'timestamp': line {702 + header} is at"):
+        open_source(str(tmp_path / "order.csv"), timestamp="timestamp", chunk_rows=64, **names).timestamps.compute()
 
 
 def test_bad_inputs(tmp_path):
