@@ -413,11 +413,12 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         raise FormatMismatchError(first.path, f"source.names applies to headerless CSV files; {first.fmt} files "
                                   "name their own columns (source.rename changes them)")
     cols = tables.check_columns(parts, columns, timestamp, instrument_column)
-    tables.check_time_order(parts)
+    tables.check_time_order(parts, instrument_column)
     arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so)
     if timestamp_unit is not None and timestamp_unit not in side.TIMESTAMP_UNITS:
         raise ConfigError("timestamp_unit", " or ".join(side.TIMESTAMP_UNITS), timestamp_unit)
-    times = side.timestamp_array(parts, timestamp, so, timestamp_unit) if timestamp or first.fmt == "lobster" else None
+    times = (side.timestamp_array(parts, timestamp, so, timestamp_unit, instrument_column)
+             if timestamp or first.fmt == "lobster" else None)
     codes = instruments = None
     if instrument_column is not None or first.fmt == "lobster":
         instruments = side.instrument_names(parts, instrument_column, so)

@@ -118,40 +118,64 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None) -> np.ndarray
     return pc.cast(ns, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
-def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str) -> None:
-    """Refuse a part whose timestamps go back in time from one row to the next (equal
+def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.ndarray | None = None) -> None:
+    """Refuse a part whose timestamps go back in time from one row to the next of the
+    same instrument (``codes``: each row's instrument, when a column names it; equal
     times are fine: many book events share a timestamp). Windows, labels and sessions
-    take rows in file order as time order; files are checked against each other by
-    :func:`~pipeline.loaders.tables.check_time_order`."""
-    back = np.flatnonzero(ns[1:] < ns[:-1])
+    take each instrument's rows in file order as time order; files are checked against
+    each other by :func:`~pipeline.loaders.tables.check_time_order`."""
+    if codes is None:
+        rows = np.arange(ns.size)
+    else:  # each instrument's rows in file order, one instrument after another
+        rows = np.argsort(codes, kind="stable")
+    t = ns[rows]
+    back = np.flatnonzero(t[1:] < t[:-1])
+    if codes is not None:
+        back = back[codes[rows[back]] == codes[rows[back + 1]]]
     if back.size:
-        r = int(back[0]) + 1
-        # Parquet rows counted from 0 in their row group; text files by line, from 1
-        # (LOBSTER's times are its message file's).
-        where = (f"row {r} of row group {part.group}" if part.fmt == "parquet"
-                 else f"line {part.row0 + r + 1 + (part.fmt == 'csv' and part.header)}")
+        r, above = int(rows[back[0] + 1]), int(rows[back[0]])
+
+        def where(i: int) -> str:
+            # Parquet rows counted from 0 in their row group; text files by line, from 1
+            # (LOBSTER's times are its message file's).
+            return (f"row {i} of row group {part.group}" if part.fmt == "parquet"
+                    else f"line {part.row0 + i + 1 + (part.fmt == 'csv' and part.header)}")
+
         more = f" (and {back.size - 1} more such rows)" if back.size > 1 else ""
+        same = " of the same instrument" if codes is not None else ""
         path = part.companion if part.fmt == "lobster" else part.path
-        raise LoaderError(path, f"timestamp column {name!r}: {where} is at {np.datetime64(int(ns[r]), 'ns')}, "
-                          f"before the row above it at {np.datetime64(int(ns[r - 1]), 'ns')}{more}; rows must be "
-                          "in time order: sort the file by time")
+        raise LoaderError(path, f"timestamp column {name!r}: {where(r)} is at {np.datetime64(int(ns[r]), 'ns')}, "
+                          f"before the row above it{same} ({where(above)}) at {np.datetime64(int(ns[above]), 'ns')}"
+                          f"{more}; rows must be in time order: sort the file by time")
 
 
-def _read_timestamps(part: TablePart, timestamp: str | None, so: dict, unit: str | None = None) -> np.ndarray:
+def _read_timestamps(part: TablePart, timestamp: str | None, so: dict, unit: str | None = None,
+                     instrument_column: str | None = None) -> np.ndarray:
     if part.fmt == "lobster":
         from pipeline.loaders.lobster import read_timestamps
 
         ns = read_timestamps(part, so)
     else:
         ns = to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp, unit)
-    check_rows_in_order(ns, part, timestamp or "time")
+    codes = None
+    if instrument_column is not None and part.instrument is None:
+        import pyarrow.compute as pc
+
+        # Several instruments in one file may come one after another, each in time order.
+        labels = _labels(part, instrument_column, so)
+        labels = labels.combine_chunks() if hasattr(labels, "combine_chunks") else labels
+        codes = pc.dictionary_encode(labels).indices.to_numpy(zero_copy_only=False)
+    check_rows_in_order(ns, part, timestamp or "time", codes)
     return ns
 
 
-def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict, unit: str | None = None) -> da.Array:
+def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict, unit: str | None = None,
+                    instrument_column: str | None = None) -> da.Array:
     """``(rows,)`` int64 nanoseconds since the epoch, one chunk per part (``unit``: of a
-    numeric column, see :func:`to_ns`)."""
-    return parts_array(parts, _read_timestamps, timestamp, so, unit, token="read-timestamps", dtype=np.int64)
+    numeric column, see :func:`to_ns`), each instrument's rows checked to be in time
+    order (``instrument_column``: the column naming them, if any)."""
+    return parts_array(parts, _read_timestamps, timestamp, so, unit, instrument_column, token="read-timestamps",
+                       dtype=np.int64)
 
 
 def _labels(part: TablePart, column: str | None, so: dict) -> Any:

@@ -114,7 +114,7 @@ def test_message_times_out_of_order_name_the_message_file_and_line(tmp_path):
     lines = MESSAGE.splitlines(keepends=True)
     path = write_pair(tmp_path, message="".join([lines[0], lines[2], lines[1], lines[3]]))
     with pytest.raises(LoaderError, match=r"message_2\.csv: timestamp column 'time': line 3 is at "
-                                          r"2012-06-21T09:30:00\.004241176, before the row above it at "
+                                          r"2012-06-21T09:30:00\.004241176, before the row above it \(line 2\) at "
                                           r"2012-06-21T09:30:00\.201742999"):
         open_source(str(path), format="lobster").timestamps.compute()
 

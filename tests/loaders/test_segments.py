@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings
@@ -88,6 +89,27 @@ def test_column_instruments_pick_each_instruments_rows_in_time_order(tmp_path):
     np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate(expect_t))
     assert (seg.stops - seg.starts).tolist() == lengths
     assert seg.instrument.tolist() == [0, 1, 0, 1] and seg.session.tolist() == [0, 0, 1, 1]
+
+
+def test_instruments_one_after_another_in_a_file_each_in_time_order(tmp_path):
+    # A day file holding ES's rows, then NQ's: each in time order, the two overlapping.
+    n = 100
+    t0 = np.datetime64("2026-01-05T09:30", "ns").astype(np.int64)
+    stamps = np.concatenate([t0 + np.arange(n) * NS, t0 + np.arange(n) * NS + NS // 2])
+    sym = ["ES"] * n + ["NQ"] * n
+    table = pa.table({"timestamp": pa.array(stamps, pa.timestamp("ns")), "symbol": sym,
+                      "bid_price_1": np.arange(2 * n, dtype=float), "ask_price_1": np.arange(2 * n, dtype=float) + 1})
+    pq.write_table(table, tmp_path / "day.parquet", row_group_size=30)  # row groups overlap in time across symbols
+    src = open_segmented(str(tmp_path / "day.parquet"), timestamp="timestamp", instrument=InstrumentSpec(column="symbol"))
+    np.testing.assert_array_equal(src.timestamps.compute(), stamps)
+    assert (src.segments.stops - src.segments.starts).tolist() == [n, n]
+    # One of NQ's rows back in time against NQ's row above it: refused, both lines named.
+    stamps[n + 41], stamps[n + 42] = stamps[n + 42], stamps[n + 41]
+    pacsv.write_csv(table.set_column(0, "timestamp", pa.array(stamps, pa.timestamp("ns"))), tmp_path / "day.csv")
+    with pytest.raises(LoaderError, match=r"day\.csv: timestamp column 'timestamp': line 144 is at .*, before the "
+                                          r"row above it of the same instrument \(line 143\)"):
+        open_segmented(str(tmp_path / "day.csv"), timestamp="timestamp",
+                       instrument=InstrumentSpec(column="symbol")).timestamps.compute()
 
 
 def _one_file(tmp_path: Path, stamps: np.ndarray) -> Path:

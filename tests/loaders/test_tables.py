@@ -109,7 +109,7 @@ def test_rows_out_of_time_order_inside_a_file_are_named(tmp_path):
     frame = pa.table({"timestamp": pa.array(t), "v": np.arange(30.0)})
     pacsv.write_csv(frame, tmp_path / "swapped.csv")
     with pytest.raises(LoaderError, match=r"swapped\.csv: timestamp column 'timestamp': line 15 is at "
-                                          r"2026-01-05T09:30:12.*, before the row above it at 2026-01-05T09:30:13"):
+                                          r"2026-01-05T09:30:12.*, before the row above it \(line 14\) at 2026-01-05T09:30:13"):
         open_source(str(tmp_path / "swapped.csv"), timestamp="timestamp").timestamps.compute()
     pq.write_table(frame, tmp_path / "swapped.parquet", row_group_size=10)
     with pytest.raises(LoaderError, match=r"swapped\.parquet: .* row 3 of row group 1 is at 2026-01-05T09:30:12"):
