@@ -149,23 +149,54 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
                           f"{more}; rows must be in time order: sort the file by time")
 
 
-def _read_timestamps(part: TablePart, timestamp: str | None, so: dict, unit: str | None = None,
-                     instrument_column: str | None = None) -> np.ndarray:
+def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | None,
+                instrument_column: str | None) -> tuple[np.ndarray, Any]:
+    """A part's int64 nanoseconds and, with an instrument column, its rows' instruments."""
     if part.fmt == "lobster":
         from pipeline.loaders.lobster import read_timestamps
 
         ns = read_timestamps(part, so)
     else:
         ns = to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp, unit)
-    codes = None
+    labels = None
     if instrument_column is not None and part.instrument is None:
-        import pyarrow.compute as pc
-
-        # Several instruments in one file may come one after another, each in time order.
         labels = _labels(part, instrument_column, so)
         labels = labels.combine_chunks() if hasattr(labels, "combine_chunks") else labels
-        codes = pc.dictionary_encode(labels).indices.to_numpy(zero_copy_only=False)
-    check_rows_in_order(ns, part, timestamp or "time", codes)
+    return ns, labels
+
+
+def _row_above(part: TablePart, so: dict) -> TablePart | None:
+    """The row just above a part of a text file that is not its first, as a part of one
+    row (so that order is checked across the parts' boundary too), or None."""
+    from dataclasses import replace
+
+    from pipeline.loaders.tables import previous_line
+
+    if part.data is None or part.row0 == 0:
+        return None
+    if part.fmt == "lobster":  # its times are the message file's
+        start = part.companion_data[0]
+        return replace(part, rows=1, row0=part.row0 - 1,
+                       companion_data=(previous_line(part.companion, start, so), start))
+    start = part.data[0]
+    return replace(part, rows=1, row0=part.row0 - 1, data=(previous_line(part.path, start, so), start))
+
+
+def _read_timestamps(part: TablePart, timestamp: str | None, so: dict, unit: str | None = None,
+                     instrument_column: str | None = None) -> np.ndarray:
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ns, labels = _part_times(part, timestamp, so, unit, instrument_column)
+    above = _row_above(part, so)
+    checked, first = (ns, part)
+    if above is not None:
+        above_ns, above_labels = _part_times(above, timestamp, so, unit, instrument_column)
+        checked, first = np.concatenate([above_ns, ns]), above
+        labels = None if labels is None else pa.concat_arrays([above_labels, labels])
+    # Several instruments in one file may come one after another, each in time order.
+    codes = None if labels is None else pc.dictionary_encode(labels).indices.to_numpy(zero_copy_only=False)
+    check_rows_in_order(checked, first, timestamp or "time", codes)
     return ns
 
 

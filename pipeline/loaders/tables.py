@@ -31,7 +31,7 @@ from pipeline.errors import (
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number", "looks_like_data",
            "part_specs", "probe_table",
-           "parts_array", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
+           "parts_array", "previous_line", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -293,6 +293,23 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
 
     cols = _renamed(path, parts[0].sources, rename)
     return [replace(p, columns=cols) for p in parts]
+
+
+def previous_line(path: str, start: int, so: dict) -> int:
+    """The byte offset of the line that ends just before ``start`` (a line's start, after
+    a newline) in a text file: read backwards in growing windows, so a part can check its
+    first row against the row above it."""
+    window = 4096
+    with fsspec.open(path, "rb", **so) as fh:
+        while True:
+            lo = max(0, start - window)
+            fh.seek(lo)
+            found = fh.read(start - lo)[:-1].rfind(b"\n")  # the byte before start is the line's newline
+            if found >= 0:
+                return lo + found + 1
+            if lo == 0:
+                return 0
+            window *= 4
 
 
 def read_range(fh: Any, data: tuple[int, int | None]) -> Any:

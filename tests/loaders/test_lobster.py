@@ -70,6 +70,12 @@ def test_a_pair_read_in_parts_equals_the_hand_written_values(tmp_path, chunk_row
     assert src.timestamps.compute().tolist() == TIMES_NS
     assert src.metadata()["files"][0]["rows"] == 4
     assert src.metadata()["files"][0]["companion"]["rows"] == 4
+    # Message times out of order across two parts' boundary: named by the file's lines.
+    lines = MESSAGE.splitlines(keepends=True)
+    swapped = write_pair(tmp_path / "edge", message="".join([lines[0], lines[2], lines[1], lines[3]])) \
+        if (tmp_path / "edge").mkdir() is None else None
+    with pytest.raises(LoaderError, match=r"message_2\.csv: timestamp column 'time': line 3 is at .*\(line 2\)"):
+        open_source(str(swapped), format="lobster", chunk_rows=2 if chunk_rows == 3 else 1).timestamps.compute()
     # The first part to fail names its empty level by the file's row: 1 or 2, never 0.
     with pytest.raises(InvalidValueError, match=r"'(ask_price_2' at row 1|bid_price_2' at row 2) of the file"):
         open_source(str(path), format="lobster", chunk_rows=chunk_rows).array.compute()

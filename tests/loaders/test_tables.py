@@ -156,6 +156,16 @@ def test_text_parts_are_the_data_lines_in_order(tmp_path_factory, lengths, heade
         assert blob[a:b] == end.join(data[r0 : r0 + every]) + (end if not last or final_newline else b"")
 
 
+def test_the_line_above_a_part_is_found_however_long(tmp_path):
+    from pipeline.loaders.tables import previous_line
+
+    lines = [b"a" * n for n in (10, 20_000, 5, 70_000, 0, 3)]
+    (tmp_path / "long.csv").write_bytes(b"\n".join(lines) + b"\n")
+    starts = np.cumsum([0] + [len(x) + 1 for x in lines])
+    for above, start in zip(starts[:-2], starts[1:-1]):
+        assert previous_line(str(tmp_path / "long.csv"), int(start), {}) == above
+
+
 @pytest.mark.parametrize("header", [True, False])
 def test_a_large_csv_is_read_in_parts_that_equal_the_file(tmp_path, header):
     n = 1000
@@ -179,6 +189,14 @@ def test_a_large_csv_is_read_in_parts_that_equal_the_file(tmp_path, header):
                     write_options=pacsv.WriteOptions(include_header=header))
     with pytest.raises(LoaderError, match=rf"order\.csv: timestamp column 'timestamp': line {702 + header} is at"):
         open_source(str(tmp_path / "order.csv"), timestamp="timestamp", chunk_rows=64, **names).timestamps.compute()
+    # Rows swapped across two parts' boundary (the last of one, the first of the next).
+    swapped = np.array(t)
+    swapped[[127, 128]] = swapped[[128, 127]]
+    pacsv.write_csv(frame.set_column(0, "timestamp", pa.array(swapped)), tmp_path / "edge.csv",
+                    write_options=pacsv.WriteOptions(include_header=header))
+    with pytest.raises(LoaderError, match=rf"edge\.csv: timestamp column 'timestamp': line {128 + 1 + header} is at "
+                                          rf".*\(line {127 + 1 + header}\)"):
+        open_source(str(tmp_path / "edge.csv"), timestamp="timestamp", chunk_rows=64, **names).timestamps.compute()
 
 
 def test_bad_inputs(tmp_path):
