@@ -183,20 +183,17 @@ def test_a_large_csv_is_read_in_parts_that_equal_the_file(tmp_path, header):
     pacsv.write_csv(bad, tmp_path / "nan.csv", write_options=pacsv.WriteOptions(include_header=header))
     with pytest.raises(InvalidValueError, match=r"nan\.csv: NaN or inf in column 'a' at row 700 of the file"):
         open_source(str(tmp_path / "nan.csv"), timestamp="timestamp", chunk_rows=64, **names).array.compute()
-    swapped = np.array(t)
-    swapped[[700, 701]] = swapped[[701, 700]]
-    pacsv.write_csv(frame.set_column(0, "timestamp", pa.array(swapped)), tmp_path / "order.csv",
-                    write_options=pacsv.WriteOptions(include_header=header))
-    with pytest.raises(LoaderError, match=rf"order\.csv: timestamp column 'timestamp': line {702 + header} is at"):
-        open_source(str(tmp_path / "order.csv"), timestamp="timestamp", chunk_rows=64, **names).timestamps.compute()
-    # Rows swapped across two parts' boundary (the last of one, the first of the next).
-    swapped = np.array(t)
-    swapped[[127, 128]] = swapped[[128, 127]]
-    pacsv.write_csv(frame.set_column(0, "timestamp", pa.array(swapped)), tmp_path / "edge.csv",
-                    write_options=pacsv.WriteOptions(include_header=header))
-    with pytest.raises(LoaderError, match=rf"edge\.csv: timestamp column 'timestamp': line {128 + 1 + header} is at "
-                                          rf".*\(line {127 + 1 + header}\)"):
-        open_source(str(tmp_path / "edge.csv"), timestamp="timestamp", chunk_rows=64, **names).timestamps.compute()
+    # Rows i and i + 1 swapped inside a part (700) and across two parts' boundary (127,
+    # the last row of one part, and 128, the first of the next).
+    for i in (700, 127):
+        swapped = np.array(t)
+        swapped[[i, i + 1]] = swapped[[i + 1, i]]
+        pacsv.write_csv(frame.set_column(0, "timestamp", pa.array(swapped)), tmp_path / f"order{i}.csv",
+                        write_options=pacsv.WriteOptions(include_header=header))
+        with pytest.raises(LoaderError, match=rf"order{i}\.csv: timestamp column 'timestamp': line {i + 2 + header} "
+                                              rf"is at .*\(line {i + 1 + header}\)"):
+            open_source(str(tmp_path / f"order{i}.csv"), timestamp="timestamp", chunk_rows=64,
+                        **names).timestamps.compute()
 
 
 def test_bad_inputs(tmp_path):
