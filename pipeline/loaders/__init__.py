@@ -261,14 +261,9 @@ def open_source(
     if kind == "table":
         if combine == "stack":
             raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
-        parts = [part for _, _, _, ps in probed for part in ps]
-        arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                       fill_value, so, timestamp_unit)
-        infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
-                      for p, s, m, ps in probed)
-        return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
-                      skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
-                      file_chunks=tuple(len(ps) for _, _, _, ps in probed))
+        return _table_source(probed, companions, skipped, dtype, so, columns=columns, timestamp=timestamp,
+                             timestamp_unit=timestamp_unit, instrument_column=instrument_column, names=names,
+                             nan=nan, fill_value=fill_value)
 
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
@@ -389,6 +384,20 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
     arr = stack_array([p for p, *_ in probed], target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
                       files_per_chunk=files_per_chunk, on_mismatch=on_mismatch)
     return arr, combine
+
+
+def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,
+                  columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
+                  instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float) -> Source:
+    """The :class:`Source` of probed table files, their parts joined by :func:`_table`."""
+    parts = [part for _, _, _, ps in probed for part in ps]
+    arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
+                                                   fill_value, so, timestamp_unit)
+    infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
+                  for p, s, m, ps in probed)
+    return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
+                  skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
+                  file_chunks=tuple(len(ps) for _, _, _, ps in probed))
 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
