@@ -96,7 +96,7 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None) -> np.ndarray
             if per > 1 and ints.size and int(np.abs(ints).max()) > np.iinfo(np.int64).max // per:
                 raise LoaderError(path, f"timestamp column {name!r}: {int(np.abs(ints).max())} {unit} is past what "
                                   "int64 nanoseconds hold (the year 2262)")
-            return ints * per
+            return ints if per == 1 else ints * per
         elif pa.types.is_floating(t):
             values = np.asarray(col.to_numpy(), dtype=np.float64)
             if not np.isfinite(values).all():
