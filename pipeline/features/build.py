@@ -421,7 +421,8 @@ def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, A
     # Trailing normalization serves no window of an instrument's first sessions: with
     # date splits that alone can leave the first split empty, which the counts hide.
     first = "first session" if norm.sessions == 1 else f"first {norm.sessions} sessions"
-    skipped = f"; trailing normalization serves no window of each instrument's {first}" if norm.kind == "trailing" else ""
+    skipped = (f"; trailing normalization serves no window of each instrument's {first}"
+               if norm.kind == "trailing" else "")
     raise WindowError(
         f"split {name!r}: no window left ({total} windows in all, {before_nan} in this split before "
         f"NaN windows were dropped, splits {_describe_splits(splits)}{skipped}); use more data, another split "

@@ -310,7 +310,8 @@ def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
 
 def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, so: dict, *,
                  timestamp: str | None, header: bool, names: Sequence[str] | None, rename: Mapping[str, str] | None,
-                 on_error: str, part_rows: int | None = None) -> tuple[list, list[tuple[str, str]], dict[str, FileInfo]]:
+                 on_error: str, part_rows: int | None = None
+                 ) -> tuple[list, list[tuple[str, str]], dict[str, FileInfo]]:
     """Every file's header (``None`` for a file skipped with ``on_error="skip"``), the
     skipped files with their reasons, and the companion files read with tables (LOBSTER's
     message files)."""

@@ -47,9 +47,9 @@ def _check_unit(first: float, default: str, path: str, name: str) -> None:
     """Refuse a numeric timestamp column read in its ``default`` unit when its first value
     is then no plausible date but is one in another unit, naming that unit."""
     lo, hi = _PLAUSIBLE_NS
-    if lo <= first * TIMESTAMP_UNITS[default] < hi:
-        return
     ns = first * TIMESTAMP_UNITS[default]
+    if lo <= ns < hi:
+        return
     # Shown to the second: enough to see which reading is a date.
     as_default = str(np.datetime64(int(ns // 10**9), "s")) if abs(ns) < 9.2e18 else "past the year 2262"
     for unit, per in TIMESTAMP_UNITS.items():
@@ -152,17 +152,18 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
 def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | None,
                 instrument_column: str | None) -> tuple[np.ndarray, Any]:
     """A part's int64 nanoseconds and, with an instrument column, its rows' instruments."""
-    if part.fmt == "lobster":
+    if part.fmt == "lobster":  # one instrument per file, named by it
         from pipeline.loaders.lobster import read_timestamps
 
-        ns = read_timestamps(part, so)
-    else:
-        ns = to_ns(read_columns(part, [timestamp], so)[timestamp], part.path, timestamp, unit)
-    labels = None
-    if instrument_column is not None and part.instrument is None:
-        labels = _labels(part, instrument_column, so)
-        labels = labels.combine_chunks() if hasattr(labels, "combine_chunks") else labels
-    return ns, labels
+        return read_timestamps(part, so), None
+    per_row = instrument_column is not None and part.instrument is None
+    # Both columns in one read: a CSV part is parsed once, not once per column.
+    cols = read_columns(part, [timestamp, instrument_column] if per_row else [timestamp], so)
+    ns = to_ns(cols[timestamp], part.path, timestamp, unit)
+    if not per_row:
+        return ns, None
+    labels = _labels(part, instrument_column, so, cols[instrument_column])
+    return ns, labels.combine_chunks() if hasattr(labels, "combine_chunks") else labels
 
 
 def _row_above(part: TablePart, so: dict) -> TablePart | None:
@@ -209,14 +210,16 @@ def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict,
                        dtype=np.int64)
 
 
-def _labels(part: TablePart, column: str | None, so: dict) -> Any:
-    """The instrument of each row of ``part`` as a pyarrow string array."""
+def _labels(part: TablePart, column: str | None, so: dict, col: Any = None) -> Any:
+    """The instrument of each row of ``part`` as a pyarrow string array (``col``: the
+    instrument column, when already read)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if part.instrument is not None:  # a format that names the instrument per file
         return pa.repeat(pa.scalar(part.instrument, pa.string()), part.rows)
-    col = read_columns(part, [column], so)[column]
+    if col is None:
+        col = read_columns(part, [column], so)[column]
     if col.null_count:
         raise LoaderError(part.path, f"instrument column {column!r}: missing value at row {_first_null(col)}")
     try:

@@ -29,9 +29,9 @@ from pipeline.errors import (
     MissingDependencyError,
 )
 
-__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number", "looks_like_data",
-           "part_specs", "probe_table",
-           "parts_array", "previous_line", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
+__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number",
+           "looks_like_data", "part_specs", "parts_array", "previous_line", "probe_table", "read_columns", "read_range",
+           "require_pyarrow", "split_fields", "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -232,7 +232,8 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
     return first, count, [o for k, o in enumerate(starts) if base + (k + 1) * every < count]
 
 
-def text_ranges(head: int, starts: Sequence[int], rows: int, part_rows: int) -> list[tuple[int, tuple[int, int | None]]]:
+def text_ranges(head: int, starts: Sequence[int], rows: int,
+                part_rows: int) -> list[tuple[int, tuple[int, int | None]]]:
     """``(row0, (start, stop))`` of each part of a text file's data lines: ``head`` is the
     byte offset of its first data line and ``starts`` where every ``part_rows``-th data
     line after it starts (from :func:`count_lines`)."""

@@ -252,8 +252,8 @@ def _chunked_differently(group: Any, names: Sequence[str]) -> bool:
     different lengths along axis 0."""
     import zarr
 
-    rows = {group[n].chunks[0] for n in names if isinstance(group.get(n), zarr.Array) and group[n].ndim}
-    return len(rows) > 1
+    arrays = [group.get(n) for n in names]
+    return len({a.chunks[0] for a in arrays if isinstance(a, zarr.Array) and a.ndim}) > 1
 
 
 def _distributed_rank() -> tuple[int, int]:

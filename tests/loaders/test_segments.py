@@ -100,7 +100,8 @@ def test_instruments_one_after_another_in_a_file_each_in_time_order(tmp_path):
     table = pa.table({"timestamp": pa.array(stamps, pa.timestamp("ns")), "symbol": sym,
                       "bid_price_1": np.arange(2 * n, dtype=float), "ask_price_1": np.arange(2 * n, dtype=float) + 1})
     pq.write_table(table, tmp_path / "day.parquet", row_group_size=30)  # row groups overlap in time across symbols
-    src = open_segmented(str(tmp_path / "day.parquet"), timestamp="timestamp", instrument=InstrumentSpec(column="symbol"))
+    src = open_segmented(str(tmp_path / "day.parquet"), timestamp="timestamp",
+                         instrument=InstrumentSpec(column="symbol"))
     np.testing.assert_array_equal(src.timestamps.compute(), stamps)
     assert (src.segments.stops - src.segments.starts).tolist() == [n, n]
     # One of NQ's rows back in time against NQ's row above it: refused, both lines named.
