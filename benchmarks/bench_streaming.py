@@ -26,6 +26,7 @@ import argparse
 import mmap
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -277,6 +278,48 @@ def wait_fraction(path: Path, batch: int, step: float, epochs: int = 3) -> dict:
             "floor_median_us": 1e6 * float(np.median(floor_waits))}
 
 
+_FIRST_BATCH = """
+import time
+start = time.perf_counter()
+import pipeline
+{patch}
+s = pipeline.stream({store!r}, batch_size=256, seed=0)
+batch = next(iter(s))
+took = time.perf_counter() - start
+import os, sys
+print(took, int("zarr" in sys.modules), flush=True)
+os._exit(0)
+"""
+
+
+def first_batch(store: Path, runs: int) -> dict[str, list[float]]:
+    """Seconds from a fresh interpreter's first line to its first batch (``import
+    pipeline``, open, read), as shipped and with the store opened by zarr (the metadata
+    read that ``pipeline.streaming.localstore`` replaces), in turns; plus each whole
+    process's wall time, the interpreter's start included."""
+    patch = "import pipeline.streaming.localstore as L; L.open_local = lambda location: None"
+    out: dict[str, list[float]] = {"shipped": [], "zarr": [], "shipped process": [], "zarr process": []}
+    for _ in range(runs):
+        for name, code in (("shipped", ""), ("zarr", patch)):
+            t0 = time.perf_counter()
+            done = subprocess.run([sys.executable, "-c", _FIRST_BATCH.format(patch=code, store=str(store))],
+                                  capture_output=True, text=True, check=True)
+            out[f"{name} process"].append(time.perf_counter() - t0)
+            took, zarr_loaded = done.stdout.split()
+            assert zarr_loaded == ("1" if code else "0"), (name, zarr_loaded)
+            out[name].append(float(took))
+    return out
+
+
+def say_first_batch(store: Path, runs: int) -> None:
+    t = first_batch(store, runs)
+    med = {k: float(np.median(v)) for k, v in t.items()}
+    print(f"import pipeline + open + first batch in a fresh process (median of {runs}, in turns, warm page cache): "
+          f"{med['shipped']:.3f} s, worst {max(t['shipped']):.3f} s (goal < 0.5 s); the whole process "
+          f"{med['shipped process']:.3f} s, worst {max(t['shipped process']):.3f} s. With the store opened by "
+          f"zarr (its import): {med['zarr']:.3f} s, process {med['zarr process']:.3f} s")
+
+
 def main() -> None:
     if "--table" in sys.argv[1:]:  # the settings table of bench_streaming_table.py
         from bench_streaming_table import main as table
@@ -291,6 +334,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=9, help="runs of the fast readers (median reported)")
     parser.add_argument("--epochs", type=int, default=3,
                         help="epochs back to back in one timed run of the stream (the first starts cold)")
+    parser.add_argument("--first-batch", action="store_true",
+                        help="only the fresh process's import + first batch (on a small store)")
     parser.add_argument("--png", default=None,
                         help="chart path (default benchmarks/results/streaming.png; with --quick benchmarks/out/)")
     args = parser.parse_args()
@@ -302,6 +347,10 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_stream_"))
     try:
         store = work / "set.zarr"
+        if args.first_batch:
+            make_store(store, 8, 4096, 64, 32)
+            say_first_batch(store, args.repeat)
+            return
         make_store(store, args.chunks, 4096, 64, 32)
         # Write the new store's pages to disk before timing anything: otherwise the
         # kernel's writeback of a GB of dirty pages runs beside the first timed runs.
@@ -381,6 +430,7 @@ def main() -> None:
               f"{w['whole']:.2%} counting the cold start (the run's first batch, which has no earlier step to "
               f"hide its read behind). The same loop over a list of ready batches: {w['floor']:.2%}, median "
               f"{w['floor_median_us']:.0f} us (the floor of any Python iterator here)")
+        say_first_batch(store, args.repeat)
         plot(results, labels, args.png)
         print(f"chart: {args.png}")
     finally:

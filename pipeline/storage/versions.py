@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
-
-import zarr
-from zarr.core.array import AsyncArray
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pipeline.errors import StoreError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import zarr
 
 __all__ = ["HISTORY", "PENDING", "Version", "attrs_at", "pinned_array", "record", "select_version", "versions_of"]
 
@@ -210,6 +210,12 @@ def pinned_array(array: zarr.Array, rows: int) -> zarr.Array:
         return array
     if have < rows:
         raise StoreError(f"{array.store_path}: holds {have} samples, its version records {rows}")
+    if hasattr(type(array), "with_rows"):  # read without zarr (pipeline.streaming.localstore)
+        return array.with_rows(rows)
+    # Imported here: a stream of a local store never needs it (see above).
+    import zarr
+    from zarr.core.array import AsyncArray
+
     aa = array.async_array
     meta = aa.metadata.update_shape((int(rows), *array.shape[1:]))
     return zarr.Array(AsyncArray(metadata=meta, store_path=aa.store_path, config=aa.config))

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from pipeline.errors import StreamError
 from pipeline.streaming.cache import cache_spec
 from pipeline.streaming.elastic import per_rank_batch
-from pipeline.streaming.foreign import ZarrSource, open_variables
+from pipeline.streaming.localstore import open_root
 from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
@@ -187,9 +187,7 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
         When ``source`` is none of the kinds ``stream`` takes, or ``dim`` is given for a
         source it does not apply to.
     """
-    import zarr
-
-    if isinstance(source, (str, os.PathLike, zarr.Group)):
+    if isinstance(source, (str, os.PathLike)) or _is_zarr(source, "Group"):
         foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)
         if foreign is not None:
             return foreign
@@ -203,7 +201,9 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
     if not isinstance(source, Mapping):
         raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or "
                           "arrays")
-    if any(isinstance(source.get(n), zarr.Array) for n in arrays):
+    if any(_is_zarr(source.get(n), "Array") for n in arrays):
+        from pipeline.streaming.foreign import ZarrSource
+
         return ZarrSource(source, arrays, cache=cache)
     return ArraySource(source, arrays)
 
@@ -219,17 +219,20 @@ def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_o
     StreamError
         For ``dim`` or ``version`` with a store they do not apply to.
     """
-    import zarr
+    from pipeline.storage.store import ATTRS_KEY
 
-    from pipeline.storage.store import ATTRS_KEY, open_store_group
-
-    group = open_store_group(source, mode="r", storage_options=storage_options)
+    group = open_root(source, storage_options)
     label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<group>"
     if ATTRS_KEY in group.attrs:
         if dim is not None:
             raise StreamError(f"{label}: dim={dim!r} is for stores another tool wrote (xarray's); this pipeline "
                               "store's samples run along axis 0 of its splits")
         return None
+    # Only another tool's store comes this far: zarr opened it.
+    import zarr
+
+    from pipeline.streaming.foreign import open_variables
+
     node = group.get(split) if split else None
     if isinstance(node, zarr.Group):
         if dim is None and not _chunked_differently(node, arrays):
@@ -254,6 +257,13 @@ def _chunked_differently(group: Any, names: Sequence[str]) -> bool:
 
     arrays = [group.get(n) for n in names]
     return len({a.chunks[0] for a in arrays if isinstance(a, zarr.Array) and a.ndim}) > 1
+
+
+def _is_zarr(obj: Any, kind: str) -> bool:
+    """Whether ``obj`` is a ``zarr.<kind>``, asked without importing zarr: whoever made
+    one has imported it."""
+    zarr = sys.modules.get("zarr")
+    return zarr is not None and isinstance(obj, getattr(zarr, kind))
 
 
 def _distributed_rank() -> tuple[int, int]:

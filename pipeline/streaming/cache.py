@@ -28,7 +28,6 @@ needs its cache files removed (or another ``cache_dir``).
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import mmap
 import os
@@ -398,6 +397,8 @@ class RemoteCache:
             return None
 
     def _submit(self, path: str, name: str, epoch: int) -> Any:
+        import asyncio  # here: only a remote store's stream, which has imported zarr and its loop, runs it
+
         fut = asyncio.run_coroutine_threadsafe(self._fetch(path, name, epoch), self._loop)
         self._inflight[name] = fut
         fut.add_done_callback(lambda f: self._settled(name, f))
@@ -422,6 +423,8 @@ class RemoteCache:
             counts.record(name, False)
         # Written before the fetch counts as done: a read that then finds the fetch gone
         # finds the file.
+        import asyncio
+
         await asyncio.get_running_loop().run_in_executor(None, self._keep, name, data)
         return data
 
@@ -501,10 +504,10 @@ def open_remote_cache(spec: CacheSpec | None, group: Any, location: Any, storage
     meta
         The store's ``pipeline`` attributes (empty for a foreign store).
     """
+    if spec is None or getattr(group, "store", None) is None:
+        return None  # no cache asked for, or a local store read without zarr
     import zarr
 
-    if spec is None:
-        return None
     store = group.store
     if not isinstance(store, zarr.storage.FsspecStore) or "file" in _protocols(store.fs):
         return None

@@ -33,18 +33,20 @@ import itertools
 import mmap
 import os
 import threading
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numcodecs
 import numpy as np
-import zarr
 
 from pipeline.errors import CorruptChunkError, StoreError
 from pipeline.streaming import blosc
 from pipeline.streaming.fetch import store_fetcher
 from pipeline.streaming.maps import MapCache
 
-__all__ = ["BLOCKWISE_RUNS", "ArrayPool", "ChunkReader", "runs_index"]
+if TYPE_CHECKING:  # pragma: no cover
+    import zarr
+
+__all__ = ["BLOCKWISE_RUNS", "ArrayPool", "ChunkReader", "local_dir", "runs_index"]
 
 #: Offset and length of an inner chunk that was never written (zarr's sharding spec).
 _EMPTY = 2**64 - 1
@@ -65,6 +67,20 @@ def runs_index(starts: Sequence[int], stops: Sequence[int]) -> np.ndarray:
     # Each offset is its run's start plus its place in the run.
     before = np.cumsum(lengths) - lengths
     return np.repeat(starts - before, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def local_dir(array: Any) -> str | None:
+    """The directory a local array's chunk keys are under, or None for an array of
+    another store (its bytes are fetched through that store)."""
+    if hasattr(array, "local_dir"):  # read without zarr (pipeline.streaming.localstore)
+        return array.local_dir
+    import zarr.storage  # imported already by whoever opened a zarr array
+
+    store = array.store_path.store
+    root = getattr(store, "root", None)
+    if root is None or not isinstance(store, zarr.storage.LocalStore):
+        return None
+    return os.path.join(str(root), array.store_path.path)
 
 
 class ChunkReader:
@@ -183,11 +199,7 @@ class ChunkReader:
             decoder = numcodecs.Zstd()
         else:
             return None, None
-        store = arr.store_path.store
-        root = getattr(store, "root", None)
-        if root is None or not isinstance(store, zarr.storage.LocalStore):
-            return decoder, None  # fast decode, bytes fetched through the store
-        return decoder, os.path.join(str(root), arr.store_path.path)
+        return decoder, local_dir(arr)
 
     def _plan_shards(self, arr: zarr.Array, codecs: list[dict]) -> list[dict] | None:
         """The inner chunks' codecs of a sharded array the fast path can read, else None."""

@@ -15,6 +15,7 @@ import numpy as np
 from pipeline.errors import IncompleteStoreError, StreamError
 from pipeline.storage.store import FOLDS
 from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.localstore import is_group, open_root
 from pipeline.streaming.maps import MapCache
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader
 
@@ -27,9 +28,7 @@ _REOPEN_LOCK = threading.Lock()
 def is_split_group(name: str, node: Any) -> bool:
     """Whether ``name`` at a store's root is a split: a group, and not the ``folds``
     group of fold indices (a split of that name has the writer's ``_written`` table)."""
-    import zarr
-
-    return isinstance(node, zarr.Group) and (name != FOLDS or "_written" in node)
+    return is_group(node) and (name != FOLDS or "_written" in node)
 
 
 def available_splits(group: Any, meta: Mapping[str, Any]) -> str:
@@ -49,13 +48,13 @@ class StoreSource:
     def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False, version: int | None = None,
                  cache: Any = None):
-        from pipeline.storage.store import ATTRS_KEY, open_store_group, store_root_attrs
+        from pipeline.storage.store import ATTRS_KEY, store_root_attrs
         from pipeline.streaming.cache import open_remote_cache
         from pipeline.storage.versions import pinned_array, select_version, verified_sums
 
         self.location, self.split, self.names = location, split, tuple(names)
         self.partial, self.storage_options, self.verify = partial, storage_options, verify
-        group = open_store_group(location, mode="r", storage_options=storage_options)
+        group = open_root(location, storage_options)
         meta = store_root_attrs(group)
         label = location if isinstance(location, (str, os.PathLike)) else "<group>"
         # A group another tool wrote makes no completeness claim and streams as it is; a

@@ -34,6 +34,7 @@ import numpy as np
 
 from pipeline.errors import StoreError, StreamError
 from pipeline.streaming.chunks import runs_index
+from pipeline.streaming.localstore import open_root
 from pipeline.streaming.plan import Piece
 
 __all__ = ["FoldSource", "SubsetLayout", "SubsetSource", "check_subset_index", "open_store_source", "piece_runs",
@@ -225,13 +226,13 @@ class FoldSource(SubsetSource):
     def __init__(self, location: Any, fold: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False, version: int | None = None,
                  cache: Any = None):
-        from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs
+        from pipeline.storage.store import FOLDS, store_root_attrs
         from pipeline.storage.versions import attrs_at, select_version
         from pipeline.streaming.sources import StoreSource
 
         self.location, self.fold, self.partial = location, fold, partial
         self.storage_options, self.verify = storage_options, verify
-        group = open_store_group(location, mode="r", storage_options=storage_options)
+        group = open_root(location, storage_options)
         meta = store_root_attrs(group)
         label = location if isinstance(location, (str, os.PathLike)) else "<group>"
         self.version = select_version(meta, version, str(label)).number
@@ -281,10 +282,10 @@ def open_store_source(location: Any, split: str, names: Sequence[str], partial: 
     StreamError
         When ``split`` is neither, listing the store's splits and folds.
     """
-    from pipeline.storage.store import open_store_group, store_root_attrs
+    from pipeline.storage.store import store_root_attrs
     from pipeline.streaming.sources import StoreSource
 
-    meta = store_root_attrs(open_store_group(location, mode="r", storage_options=storage_options))
+    meta = store_root_attrs(open_root(location, storage_options))
     if split in fold_names(meta):
         return FoldSource(location, split, names, partial, storage_options, verify, version, cache=cache)
     return StoreSource(location, split, names, partial, storage_options, verify, version, cache=cache)

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import base64
 import math
-import os
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numcodecs
 import numpy as np
-import zarr
 
-from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.chunks import ChunkReader, local_dir
+
+if TYPE_CHECKING:  # pragma: no cover
+    import zarr
 
 __all__ = ["V2ChunkReader", "cf_problem", "chunk_reader", "dimension_names"]
 
@@ -128,10 +129,7 @@ class V2ChunkReader(ChunkReader):
             decoder = numcodecs.Zstd()
         else:
             return None, None
-        store = arr.store_path.store
-        if not isinstance(store, zarr.storage.LocalStore):
-            return decoder, None
-        return decoder, os.path.join(str(store.root), arr.store_path.path)
+        return decoder, local_dir(arr)
 
     def _key(self, i: int) -> str:
         return self._separator.join([str(i)] + ["0"] * len(self.tail_shape))

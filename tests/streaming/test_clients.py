@@ -187,7 +187,7 @@ import pipeline
 s = {call}
 batch = next(iter(s))
 took = time.perf_counter() - start
-loaded = sorted(m for m in ("torch", "keras", "jax", "tensorflow") if m in sys.modules)
+loaded = sorted(m for m in ("torch", "keras", "jax", "tensorflow", "zarr", "dask") if m in sys.modules)
 print(f"{{took:.3f}} {{','.join(loaded) or '-'}} {{len(batch[0])}}")
 """
 
@@ -198,7 +198,8 @@ print(f"{{took:.3f}} {{','.join(loaded) or '-'}} {{len(batch[0])}}")
 ], ids=["stream", "mix"])
 def test_streaming_imports_no_framework(tmp_path, call):
     """A numpy loop, or Keras on JAX, must not pay for importing torch: the stream asks
-    torch.distributed for the rank only when torch is already imported."""
+    torch.distributed for the rank only when torch is already imported. Nor for zarr or
+    dask: a local store's metadata is read from its zarr.json files."""
     a = make_store(tmp_path / "a.zarr")
     b = make_store(tmp_path / "b.zarr", n=300)
     code = _IMPORT_SCRIPT.format(call=call.format(a=a, b=b))
