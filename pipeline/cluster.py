@@ -68,9 +68,12 @@ LOCAL_SETTINGS: dict[str, object] = {_TICK_KEY: TICK_INTERVAL, _PROFILE_KEY: Fal
 #: One arena for all of a worker's threads: memory that one thread freed (the event loop
 #: that receives data, the task thread that makes blocks) is reused by the others rather
 #: than kept in an arena of its own; a build's peak worker memory fell about a tenth and
-#: its page faults a quarter. A variable already in the environment wins.
+#: its page faults a quarter. pyarrow allocates from that same heap too (its default pool
+#: is mimalloc, a heap of its own): the memory a Parquet read frees serves the features
+#: and blocks made from it, and a build's peak worker memory fell about a tenth again
+#: (benchmarks/README.md). A variable already in the environment wins.
 WORKER_MALLOC: dict[str, str] = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20),
-                                 "MALLOC_ARENA_MAX": "1"}
+                                 "MALLOC_ARENA_MAX": "1", "ARROW_DEFAULT_MEMORY_POOL": "system"}
 
 
 def _configured(key: str) -> bool:

@@ -97,7 +97,7 @@ def test_a_profiler_the_environment_asks_for_is_kept(monkeypatch):
         assert list(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values()) == [True]
 
 
-def _reused_heap() -> tuple[str | None, int]:
+def _reused_heap() -> tuple[str | None, int, str]:
     """Page faults of a worker allocating and freeing 2 MiB arrays: none once its heap
     holds them; 512 each when every one is a fresh mapping (glibc's mmap threshold
     fixed at 128 KiB)."""
@@ -111,7 +111,10 @@ def _reused_heap() -> tuple[str | None, int]:
     cycle()
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     cycle()
-    return os.environ.get("MALLOC_MMAP_THRESHOLD_"), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    import pyarrow
+
+    return (os.environ.get("MALLOC_MMAP_THRESHOLD_"), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before,
+            pyarrow.default_memory_pool().backend_name)
 
 
 def test_local_workers_reuse_their_heap_and_leave_the_callers_environment_alone():
@@ -119,11 +122,13 @@ def test_local_workers_reuse_their_heap_and_leave_the_callers_environment_alone(
 
     had = {k: os.environ.get(k) for k in WORKER_MALLOC}
     with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=None) as client:
-        ((threshold, faults),) = client.run(_reused_heap).values()
+        ((threshold, faults, pool),) = client.run(_reused_heap).values()
     assert {k: os.environ.get(k) for k in WORKER_MALLOC} == had
     if had["MALLOC_MMAP_THRESHOLD_"] is None:
         assert threshold == WORKER_MALLOC["MALLOC_MMAP_THRESHOLD_"]
         assert faults < 50 * 512 // 10, faults
+    if had["ARROW_DEFAULT_MEMORY_POOL"] is None:
+        assert pool == "system"  # pyarrow on glibc's heap, beside numpy
 
 
 def _heap_shared_across_threads() -> int:

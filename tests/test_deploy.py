@@ -110,3 +110,13 @@ def test_slurm_example_is_valid_python_that_runs_pipeline():
     source = (DEPLOY / "slurm" / "run_slurm.py").read_text()
     ast.parse(source)
     assert "SLURMCluster" in source and '"pipeline", "run", "--scheduler"' in source
+
+
+def test_the_image_gives_dask_workers_the_allocator_settings_of_a_local_cluster():
+    """``dask worker`` in the image gets what a LocalCluster's workers get
+    (``pipeline.cluster.WORKER_MALLOC``): glibc's thresholds, one arena, pyarrow on it."""
+    from pipeline.cluster import WORKER_MALLOC
+
+    text = (DEPLOY / "Dockerfile").read_text()
+    env = dict(re.findall(r"^\s*(?:ENV\s+)?([A-Z_]+)=(\S+?)\s*\\?$", text, re.M))
+    assert {k: env.get(k) for k in WORKER_MALLOC} == WORKER_MALLOC
