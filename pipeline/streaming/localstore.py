@@ -124,6 +124,8 @@ class LocalArray:
         grid = doc.get("chunk_grid") or {}
         if grid.get("name") != "regular" or not isinstance(doc.get("data_type"), str):
             raise ValueError("not a regular grid of a plain dtype")
+        if doc.get("storage_transformers"):
+            raise ValueError("storage transformers")  # they change where chunks are: zarr's to read
         self.root, self.path = root, path
         self.local_dir = os.path.join(root, path)
         self.shape = tuple(int(n) for n in doc["shape"])
