@@ -34,6 +34,7 @@ WORKER_MODULES: tuple[str, ...] = (
     "pipeline.loaders.segments",
     "pipeline.features.build",
     "pipeline.storage.writer",
+    "pipeline.workerlog",
 )
 _METHOD_KEY = "distributed.worker.multiprocessing-method"
 
@@ -305,6 +306,12 @@ def cluster(
                                  dashboard_address=dashboard_address, processes=processes)
         if later:
             _serve_dashboard(local)
+        if local is not None:
+            # The workers share the user's terminal: a task's own error is reported once,
+            # by the client, not first dumped by every worker (pipeline.workerlog).
+            from pipeline.workerlog import QuietOwnErrors
+
+            client.register_plugin(QuietOwnErrors())
         try:
             if log is not None:
                 kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"

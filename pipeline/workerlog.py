@@ -1,0 +1,70 @@
+"""What a LocalCluster's workers log when a task raises this package's own error.
+
+A task that raises a :class:`~pipeline.errors.PipelineError` (a file the loaders refuse,
+a store that cannot be written) fails the computation, and the client reports it in one
+line naming the file, key or chunk. A worker of a LocalCluster writes to the same
+terminal, and distributed logs every failed task there first ("Compute Failed", its key,
+its task and the traceback as one escaped string): the same message again, buried in a
+dump. :class:`QuietOwnErrors` drops that record for the package's own errors; any other
+exception is a bug, and its record is kept whole.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+from pipeline.errors import PipelineError
+
+__all__ = ["QuietOwnErrors", "own_error_names"]
+
+#: The logger distributed's workers report failed tasks on.
+_LOGGER = "distributed.worker"
+
+
+def own_error_names() -> frozenset[str]:
+    """The class names of :class:`~pipeline.errors.PipelineError` and every subclass."""
+    names, todo = set(), [PipelineError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return frozenset(names)
+
+
+class _OwnErrors(logging.Filter):
+    """Drops distributed's "Compute Failed" record of a task whose exception is one of
+    this package's errors (its fourth argument is the exception's ``repr``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names = own_error_names()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str) and record.msg.startswith("Compute Failed")):
+            return True
+        args = record.args if isinstance(record.args, tuple) else ()
+        if len(args) < 4:
+            return True
+        return str(args[3]).split("(", 1)[0] not in self.names
+
+
+class QuietOwnErrors(WorkerPlugin):
+    """A worker plugin: no "Compute Failed" record for this package's own errors, which
+    the client reports (registered on the LocalClusters :func:`pipeline.cluster.cluster`
+    starts)."""
+
+    name = "pipeline-quiet-own-errors"
+
+    def __init__(self) -> None:
+        self._filter: _OwnErrors | None = None
+
+    def setup(self, worker: Any) -> None:
+        self._filter = _OwnErrors()
+        logging.getLogger(_LOGGER).addFilter(self._filter)
+
+    def teardown(self, worker: Any) -> None:
+        if self._filter is not None:
+            logging.getLogger(_LOGGER).removeFilter(self._filter)

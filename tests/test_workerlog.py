@@ -1,0 +1,90 @@
+"""A LocalCluster's workers do not dump the package's own errors before the client's
+one-line report; any other exception (a bug, a user hook's) is still logged whole."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline import errors
+from pipeline.workerlog import _OwnErrors, own_error_names
+
+BIN = Path(sys.executable).parent
+COLUMNS = [f"{side}_{kind}_{level}" for side in ("bid", "ask") for kind in ("price", "size") for level in (1, 2)]
+
+
+def _record(msg: str, *args: object) -> logging.LogRecord:
+    return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, args, None)
+
+
+def test_every_error_class_of_the_package_is_named():
+    declared = {name for name, obj in vars(errors).items()
+                if isinstance(obj, type) and issubclass(obj, errors.PipelineError)}
+    assert declared and declared <= own_error_names()
+
+
+@pytest.mark.parametrize("exception, kept", [
+    ('LoaderError("/data/day2.csv: line 7 goes back in time")', False),
+    ("CorruptChunkError('train/x chunk 3')", False),
+    ("ZeroDivisionError('division by zero')", True),
+    ("ValueError('LoaderError(inside a message)')", True),
+])
+def test_compute_failed_records_are_dropped_for_own_errors_only(exception, kept):
+    failed = _record("Compute Failed\nKey: %s\nState: %s\nTask: %s\nException: %r\nTraceback: %r\n",
+                     "k", "executing", "<Task>", exception, "tb")
+    assert _OwnErrors().filter(failed) is kept
+    assert _OwnErrors().filter(_record("Worker stopped: %s", "LoaderError('x')"))  # other records kept
+
+
+def _day(path: Path, start_ns: int, n: int, swap: int | None = None) -> None:
+    rng = np.random.default_rng(n)
+    t = start_ns + np.arange(n, dtype=np.int64) * 10**9
+    if swap is not None:
+        t[[swap, swap + 1]] = t[[swap + 1, swap]]
+    cols = {c: 100 + rng.random(n) for c in COLUMNS}
+    lines = [",".join(["timestamp", *COLUMNS])]
+    lines += [",".join([str(t[i]), *(f"{cols[c][i]:.4f}" for c in COLUMNS)]) for i in range(n)]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _run(tmp_path: Path, steps: list, swap: int | None) -> subprocess.CompletedProcess:
+    raw = tmp_path / "raw"
+    raw.mkdir()
+    _day(raw / "day1.csv", 1_767_605_400 * 10**9, 400)
+    _day(raw / "day2.csv", 1_767_691_800 * 10**9, 400, swap=swap)
+    cfg = {"cluster": {"n_workers": 1, "threads_per_worker": 1, "memory_limit": "1GiB"},
+           "source": {"paths": str(raw / "*.csv"), "timestamp": "timestamp", "sessions": "file"},
+           "features": {"steps": steps}, "windows": {"size": 8, "stride": 1},
+           "labels": {"kind": "return", "horizon": 5},
+           "output": {"path": str(tmp_path / "out.zarr"), "splits": {"train": 0.8, "test": 0.2}}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    return subprocess.run([str(BIN / "pipeline"), "run", str(tmp_path / "cfg.yaml"), "--no-progress"],
+                          capture_output=True, text=True, env=env, timeout=240)
+
+
+def test_a_run_reports_a_refused_file_once(tmp_path):
+    done = _run(tmp_path, ["mid_price", "spread"], swap=200)
+    assert done.returncode == 1
+    assert "Compute Failed" not in done.stderr, done.stderr
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("pipeline run:")]
+    assert "day2.csv" in line and "line 203" in line, line
+    assert not (tmp_path / "out.zarr" / "train").exists()
+
+
+def test_a_bug_in_a_users_feature_is_still_logged_whole(tmp_path):
+    (tmp_path / "userhook.py").write_text(textwrap.dedent("""
+        def broken(block, columns):
+            return 1 / 0
+    """))
+    done = _run(tmp_path, ["mid_price", {"name": "custom", "function": "userhook:broken"}], swap=None)
+    assert done.returncode != 0
+    assert "Compute Failed" in done.stderr and "ZeroDivisionError" in done.stderr, done.stderr[-3000:]
