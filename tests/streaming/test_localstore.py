@@ -13,6 +13,8 @@ import zipfile
 import numpy as np
 import pytest
 import zarr
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import pipeline
 from pipeline.errors import StoreError
@@ -213,3 +215,27 @@ def test_a_fresh_process_streams_a_local_store_without_importing_zarr(stores):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.split(maxsplit=1) == ["32", "[]\n"]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 300), chunk=st.integers(1, 80), shards=st.sampled_from([None, 2, 3]),
+       codec=st.sampled_from(["blosc-lz4", "blosc-zstd", "zstd", "none"]),
+       ydtype=st.sampled_from(["int64", "int32", "float64", "bool", "uint8"]), tail=st.sampled_from([(), (3,), (2, 5)]))
+def test_any_written_store_reads_as_zarr_reads_it(tmp_path_factory, n, chunk, shards, codec, ydtype, tail):
+    """Whatever the writer's settings, every array opened here has zarr's shape, chunks,
+    shards, dtype, fill value and codecs, and a stream serves each sample once."""
+    path = tmp_path_factory.mktemp("any") / "s.zarr"
+    y = (np.arange(n) % 2 == 0) if ydtype == "bool" else np.arange(n).astype(ydtype)
+    x = np.broadcast_to(np.arange(n, dtype=np.float32).reshape((n,) + (1,) * len(tail)), (n, *tail)).copy()
+    write(path, {"x": x, "y": y}, chunk_samples=chunk, shard_chunks=shards, codec=codec, progress=False)
+    ref = zarr.open_group(str(path), mode="r")
+    local = open_local(path)
+    for name in ("train/x", "train/y", "train/_written"):
+        mine, node = local[name], ref[name]
+        assert isinstance(mine, LocalArray), name
+        assert (mine.shape, mine.chunks, mine.shards, mine.dtype) == (node.shape, node.chunks, node.shards, node.dtype)
+        assert mine.fill_value == node.fill_value and type(mine.fill_value) is type(node.fill_value)
+        assert _plain(mine.metadata.to_dict()["codecs"]) == _plain(node.metadata.to_dict()["codecs"])
+    with pipeline.stream(path, batch_size=7, seed=2) as s:
+        xs = np.concatenate([np.array(b[0]).reshape(len(b[0]), -1)[:, 0] if tail else np.array(b[0]) for b in s])
+    assert sorted(xs.tolist()) == list(range(n))
