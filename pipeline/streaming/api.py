@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from pipeline.errors import StreamError
 from pipeline.streaming.cache import cache_spec
 from pipeline.streaming.elastic import per_rank_batch
-from pipeline.streaming.localstore import open_root
+from pipeline.streaming.localstore import is_zarr, open_root
 from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
@@ -187,7 +187,7 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
         When ``source`` is none of the kinds ``stream`` takes, or ``dim`` is given for a
         source it does not apply to.
     """
-    if isinstance(source, (str, os.PathLike)) or _is_zarr(source, "Group"):
+    if isinstance(source, (str, os.PathLike)) or is_zarr(source, "Group"):
         foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)
         if foreign is not None:
             return foreign
@@ -201,7 +201,7 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
     if not isinstance(source, Mapping):
         raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or "
                           "arrays")
-    if any(_is_zarr(source.get(n), "Array") for n in arrays):
+    if any(is_zarr(source.get(n), "Array") for n in arrays):
         from pipeline.streaming.foreign import ZarrSource
 
         return ZarrSource(source, arrays, cache=cache)
@@ -257,13 +257,6 @@ def _chunked_differently(group: Any, names: Sequence[str]) -> bool:
 
     arrays = [group.get(n) for n in names]
     return len({a.chunks[0] for a in arrays if isinstance(a, zarr.Array) and a.ndim}) > 1
-
-
-def _is_zarr(obj: Any, kind: str) -> bool:
-    """Whether ``obj`` is a ``zarr.<kind>``, asked without importing zarr: whoever made
-    one has imported it."""
-    zarr = sys.modules.get("zarr")
-    return zarr is not None and isinstance(obj, getattr(zarr, kind))
 
 
 def _distributed_rank() -> tuple[int, int]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 from typing import Any, Iterator
 
 import numpy as np
@@ -26,7 +27,7 @@ import numpy as np
 from pipeline.errors import StoreError
 from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip
 
-__all__ = ["LocalArray", "LocalGroup", "is_group", "open_local", "open_root"]
+__all__ = ["LocalArray", "LocalGroup", "is_group", "is_zarr", "open_local", "open_root"]
 
 _META = "zarr.json"
 
@@ -73,15 +74,16 @@ def open_local(location: Any) -> "LocalGroup | None":
     return LocalGroup(os.path.abspath(loc), "", meta)
 
 
-def is_group(node: Any) -> bool:
-    """Whether ``node`` is a group: a :class:`LocalGroup` or a zarr group (zarr is
-    imported by whoever made one, so it is not imported to ask)."""
-    if isinstance(node, LocalGroup):
-        return True
-    import sys
-
+def is_zarr(obj: Any, kind: str) -> bool:
+    """Whether ``obj`` is a ``zarr.<kind>`` (``"Group"``, ``"Array"``), asked without
+    importing zarr: whoever made one has imported it."""
     zarr = sys.modules.get("zarr")
-    return zarr is not None and isinstance(node, zarr.Group)
+    return zarr is not None and isinstance(obj, getattr(zarr, kind))
+
+
+def is_group(node: Any) -> bool:
+    """Whether ``node`` is a group: a :class:`LocalGroup` or a zarr group."""
+    return isinstance(node, LocalGroup) or is_zarr(node, "Group")
 
 
 class _Metadata:
