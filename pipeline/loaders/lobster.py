@@ -39,8 +39,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
-from pipeline.loaders.tables import (TEXT_PART_ROWS, TablePart, count_lines, is_number, read_range, require_pyarrow,
-                                     split_fields, text_ranges)
+from pipeline.loaders.tables import (TEXT_PART_ROWS, TablePart, count_lines, is_number, open_text, part_rows_of,
+                                     read_range, require_pyarrow, split_fields, text_ranges)
 
 __all__ = ["ASK_DUMMY", "BID_DUMMY", "PRICE_SCALE", "book_columns", "message_path", "parse_name",
            "probe_lobster", "read_book", "read_timestamps"]
@@ -51,7 +51,7 @@ PRICE_SCALE = 10_000
 ASK_DUMMY = 9_999_999_999
 BID_DUMMY = -9_999_999_999
 
-_NAME = re.compile(r"^(?P<ticker>.+?)_(?P<date>\d{4}-\d{2}-\d{2})_.*_orderbook_(?P<levels>\d+)\.csv$")
+_NAME = re.compile(r"^(?P<ticker>.+?)_(?P<date>\d{4}-\d{2}-\d{2})_.*_orderbook_(?P<levels>\d+)\.csv(\.(gz|bz2|xz))?$")
 _COLUMN = re.compile(r"^(ask|bid)_(price|size)_(\d+)$")
 
 
@@ -95,6 +95,8 @@ def probe_lobster(path: str, so: dict, part_rows: int = TEXT_PART_ROWS) -> list[
     counts (which must agree)."""
     ticker, day = parse_name(path)
     msg = message_path(path)
+    # Both files in the same parts: one part when either is compressed.
+    part_rows = min(part_rows_of(path, part_rows), part_rows_of(msg, part_rows))
     first, rows, starts = count_lines(path, so, every=part_rows)
     fields = split_fields(first, path)
     if not first.strip():
@@ -132,12 +134,11 @@ def probe_lobster(path: str, so: dict, part_rows: int = TEXT_PART_ROWS) -> list[
 def _read_csv(path: str, names: list[str] | None, include: list[str], types: dict, rows: int,
               so: dict, data: tuple[int, int | None] | None = None) -> Any:
     pa = require_pyarrow()
-    import fsspec
     import pyarrow.csv as pacsv
 
     read = pacsv.ReadOptions(column_names=names) if names else pacsv.ReadOptions(autogenerate_column_names=True)
     try:
-        with fsspec.open(path, "rb", **so) as fh:
+        with open_text(path, so) as fh:
             table = pacsv.read_csv(fh if data is None else read_range(fh, data), read_options=read,
                                    convert_options=pacsv.ConvertOptions(include_columns=include, column_types=types))
     except (OSError, pa.ArrowException) as exc:

@@ -8,7 +8,7 @@ from typing import Callable
 
 from pipeline.errors import FormatMismatchError
 
-__all__ = ["FORMATS", "NAMED", "SUFFIXES", "TABLES", "ArrayFormat", "format_of"]
+__all__ = ["FORMATS", "NAMED", "SUFFIXES", "TABLES", "TEXT_COMPRESSIONS", "ArrayFormat", "compression_of", "format_of"]
 
 #: Suffix -> format name. ``format:`` in the config overrides it.
 SUFFIXES = {
@@ -28,6 +28,17 @@ SUFFIXES = {
 
 #: Formats chosen by name only (``format: lobster``): their files share a suffix with others.
 NAMED = ("lobster",)
+
+#: Compression suffixes of text files (fsspec's codec names): a ``day.csv.gz`` is CSV,
+#: read through a decompressing stream. Real order-book data is often shipped so.
+TEXT_COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz"}
+#: Formats whose files may be compressed that way.
+TEXT_FORMATS = ("csv", "lobster")
+
+
+def compression_of(path: str) -> str | None:
+    """The codec a text file is compressed with, from its last suffix (None: plain)."""
+    return TEXT_COMPRESSIONS.get(os.path.splitext(path)[1].lower())
 
 TABLES = ("csv", "parquet", "lobster")
 
@@ -71,9 +82,17 @@ def format_of(path: str, fmt: str | None) -> str:
         if fmt not in known:
             raise FormatMismatchError(path, f"unknown format {fmt!r}; expected one of {sorted(known)}")
         return fmt
-    suffix = os.path.splitext(path)[1].lower()
+    inner, suffix = os.path.splitext(path)
+    suffix = suffix.lower()
+    if suffix in TEXT_COMPRESSIONS:
+        inner_suffix = os.path.splitext(inner)[1].lower()
+        if SUFFIXES.get(inner_suffix) not in TEXT_FORMATS:
+            raise FormatMismatchError(
+                path, f"a {suffix} file is read as compressed text (CSV: .csv{suffix}); {inner_suffix or 'no suffix'} "
+                "inside it is not, so decompress it first or set format:")
+        return SUFFIXES[inner_suffix]
     if suffix not in SUFFIXES:
         raise FormatMismatchError(
-            path, f"unknown suffix {suffix or '(none)'!r}; expected one of {', '.join(sorted(SUFFIXES))}, or set format:"
-        )
+            path, f"unknown suffix {suffix or '(none)'!r}; expected one of {', '.join(sorted(SUFFIXES))} (CSV also "
+            f"compressed: {', '.join('.csv' + s for s in TEXT_COMPRESSIONS)}), or set format:")
     return SUFFIXES[suffix]

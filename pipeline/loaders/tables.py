@@ -30,7 +30,7 @@ from pipeline.errors import (
 )
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number",
-           "looks_like_data", "part_specs", "parts_array", "previous_line", "probe_table", "read_columns", "read_range",
+           "looks_like_data", "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table", "read_columns", "read_range",
            "require_pyarrow", "split_fields", "table_array", "text_ranges"]
 
 
@@ -41,6 +41,22 @@ def require_pyarrow() -> Any:
     except ImportError:  # pragma: no cover
         raise MissingDependencyError("Reading CSV and Parquet", "pyarrow", "tabular") from None
     return pyarrow
+
+
+def open_text(path: str, so: dict) -> Any:
+    """A text file (CSV, LOBSTER) opened for reading its bytes: decompressed as read when
+    its name ends in a compression suffix (``.csv.gz``, ``.bz2``, ``.xz``)."""
+    from pipeline.loaders.registry import compression_of
+
+    return fsspec.open(path, "rb", compression=compression_of(path), **so)
+
+
+def part_rows_of(path: str, part_rows: int) -> int:
+    """Rows per part of a text file: a compressed stream cannot seek to a part's start
+    without decompressing everything before it, so a compressed file is one part."""
+    from pipeline.loaders.registry import compression_of
+
+    return part_rows if compression_of(path) is None else 2**62
 
 
 #: Rows per part of a CSV or LOBSTER file (``source.chunk_rows`` overrides it): a part
@@ -201,7 +217,7 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
     a newline count."""
     starts: list[int] = []
     try:
-        with fsspec.open(path, "rb", **so) as fh:
+        with open_text(path, so) as fh:
             first = fh.readline()
             count = 1 if first.endswith(b"\n") else 0  # newlines so far: line i starts after newline i
             pos, last = len(first), first
@@ -244,6 +260,7 @@ def text_ranges(head: int, starts: Sequence[int], rows: int,
 
 def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
                part_rows: int = TEXT_PART_ROWS) -> list[TablePart]:
+    part_rows = part_rows_of(path, part_rows)
     first, lines, starts = count_lines(path, so, every=part_rows, base=int(header))
     fields = split_fields(first, path)
     if not first.strip():
@@ -301,7 +318,7 @@ def previous_line(path: str, start: int, so: dict) -> int:
     a newline) in a text file: read backwards in growing windows, so a part can check its
     first row against the row above it."""
     window = 4096
-    with fsspec.open(path, "rb", **so) as fh:
+    with open_text(path, so) as fh:
         while True:
             lo = max(0, start - window)
             fh.seek(lo)
@@ -341,7 +358,7 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
                 read = pacsv.ReadOptions(column_names=list(part.names), skip_rows=1 if part.header else 0)
             if part.data is not None:  # a part's lines, without the header: named by the file's names
                 read = pacsv.ReadOptions(column_names=list(part.sources))
-            with fsspec.open(part.path, "rb", **so) as fh:
+            with open_text(part.path, so) as fh:
                 table = pacsv.read_csv(fh if part.data is None else read_range(fh, part.data), read_options=read,
                                        convert_options=pacsv.ConvertOptions(include_columns=sources))
     except Exception as exc:  # noqa: BLE001

@@ -202,3 +202,20 @@ def test_demo_instruments_differ_in_data_and_price_level(tmp_path):
     assert abs(a.mean() / b.mean() - 1) > 0.2
     ra, rb = np.diff(np.log(a)), np.diff(np.log(b))
     assert not np.allclose(ra, rb)
+
+
+def test_a_compressed_pair_equals_the_hand_written_values(tmp_path):
+    """LOBSTER's files as often shipped, both gzipped (the message file is found by the
+    orderbook file's name, suffix included): one part, the same values and times."""
+    import gzip
+
+    plain = write_pair(tmp_path)
+    for kind in ("orderbook", "message"):
+        f = tmp_path / NAME.format(kind)
+        (tmp_path / (f.name + ".gz")).write_bytes(gzip.compress(f.read_bytes()))
+        f.unlink()
+    src = open_source(str(tmp_path / (plain.name + ".gz")), format="lobster", nan="fill", fill_value=NAN, chunk_rows=1)
+    assert src.array.chunks[0] == (4,)
+    np.testing.assert_array_equal(src.array.compute(), EXPECTED)
+    assert src.timestamps.compute().tolist() == TIMES_NS
+    assert src.instruments == ("AAPL",)

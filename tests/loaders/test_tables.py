@@ -472,3 +472,49 @@ def test_a_header_naming_columns_with_digits_is_a_header(tmp_path):
     src = open_source(str(p), timestamp="timestamp")
     assert src.columns == ("bid_price_1", "ask_price_1", "2")
     np.testing.assert_allclose(src.array.compute(), [[1.5, 2.5, 3.0]])
+
+
+def _compress(path, suffix: str):
+    """``path`` compressed beside itself as ``path + suffix``, the way shippers do."""
+    import bz2
+    import gzip
+    import lzma
+
+    opener = {".gz": gzip.open, ".bz2": bz2.open, ".xz": lzma.open}[suffix]
+    target = path.with_name(path.name + suffix)
+    with opener(target, "wb") as out:
+        out.write(path.read_bytes())
+    return target
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_compressed_csv_reads_as_the_plain_file(tmp_path, suffix):
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir(), packed.mkdir()
+    write_days(plain, "csv", days=3, n=700)
+    for f in sorted(plain.glob("*.csv")):
+        _compress(f, suffix).rename(packed / (f.name + suffix))
+    ref = open_source(str(plain / "*.csv"), timestamp="timestamp", chunk_rows=256)
+    got = open_source(str(packed / f"*.csv{suffix}"), timestamp="timestamp", chunk_rows=256)
+    assert ref.array.chunks[0] == (256, 256, 188) * 3  # plain files in parts
+    assert got.array.chunks[0] == (700,) * 3  # a compressed file is one part
+    np.testing.assert_array_equal(got.array.compute(), ref.array.compute())
+    np.testing.assert_array_equal(got.timestamps.compute(), ref.timestamps.compute())
+    assert [f.rows for f in got.files] == [700] * 3
+    # Errors name the compressed file and its (decompressed) line.
+    t = np.datetime64("2026-01-05T09:30:00", "ns") + np.arange(30).astype("timedelta64[s]")
+    t[[12, 13]] = t[[13, 12]]
+    pacsv.write_csv(pa.table({"timestamp": pa.array(t), "v": np.arange(30.0)}), tmp_path / "swapped.csv")
+    bad = _compress(tmp_path / "swapped.csv", suffix)
+    with pytest.raises(LoaderError, match=rf"swapped\.csv\{suffix}: timestamp column 'timestamp': line 15 is at"):
+        open_source(str(bad), timestamp="timestamp").timestamps.compute()
+
+
+def test_compressed_files_of_other_formats_are_refused_naming_them(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    _compress(tmp_path / "a.npy", ".gz")
+    with pytest.raises(FormatMismatchError, match=r"a\.npy\.gz: a \.gz file is read as compressed text .*\.npy inside"):
+        open_source(str(tmp_path / "a.npy.gz"))
+    (tmp_path / "b.csv.zst").write_bytes(b"\x28\xb5\x2f\xfd")
+    with pytest.raises(FormatMismatchError, match=r"unknown suffix '\.zst'.*\.csv\.gz"):
+        open_source(str(tmp_path / "b.csv.zst"))
