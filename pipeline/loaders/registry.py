@@ -40,6 +40,7 @@ def compression_of(path: str) -> str | None:
     """The codec a text file is compressed with, from its last suffix (None: plain)."""
     return TEXT_COMPRESSIONS.get(os.path.splitext(path)[1].lower())
 
+
 TABLES = ("csv", "parquet", "lobster")
 
 

@@ -28,10 +28,11 @@ from pipeline.errors import (
     MissingColumnError,
     MissingDependencyError,
 )
+from pipeline.loaders.registry import compression_of
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number",
-           "looks_like_data", "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table", "read_columns", "read_range",
-           "require_pyarrow", "split_fields", "table_array", "text_ranges"]
+           "looks_like_data", "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table",
+           "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -46,16 +47,12 @@ def require_pyarrow() -> Any:
 def open_text(path: str, so: dict) -> Any:
     """A text file (CSV, LOBSTER) opened for reading its bytes: decompressed as read when
     its name ends in a compression suffix (``.csv.gz``, ``.bz2``, ``.xz``)."""
-    from pipeline.loaders.registry import compression_of
-
     return fsspec.open(path, "rb", compression=compression_of(path), **so)
 
 
 def part_rows_of(path: str, part_rows: int) -> int:
     """Rows per part of a text file: a compressed stream cannot seek to a part's start
     without decompressing everything before it, so a compressed file is one part."""
-    from pipeline.loaders.registry import compression_of
-
     return part_rows if compression_of(path) is None else 2**62
 
 
