@@ -94,7 +94,6 @@ class _Metadata:
 
     def __init__(self, doc: dict[str, Any]):
         self._doc = doc
-        self.dimension_names = doc.get("dimension_names")
 
     def to_dict(self) -> dict[str, Any]:
         return self._doc

@@ -136,7 +136,10 @@ def test_batches_are_those_of_the_store_opened_by_zarr(stores, kind, how, monkey
         for x, y in mine:
             assert np.array_equal(x[:, 0, 0], y.astype(np.float32))
         total = 300 if (kind == "grown" and "version" in how) else zarr.open_group(stores[kind])["train/y"].shape[0]
-        assert len(ys) == (total if "rank" not in how else len(ys)) and len(ys) > 0
+        if "rank" in how:  # a rank's share: half the batches, one short batch at most between them
+            assert abs(len(ys) - total / 2) <= 16, (len(ys), total)
+        else:
+            assert len(ys) == total
 
 
 def test_other_stores_are_left_to_zarr(tmp_path, stores):
