@@ -11,8 +11,11 @@ that batches span groups; two foreign stores written by
 plain zarr (``zarr.create_array``, no pipeline attributes, zarr's default zstd codec):
 one chunked along the samples only, one with zarr's own automatic chunks, which also
 split each sample; and the first epoch of a fresh stream (opened, read and closed
-within the timed run) on a store of at least 4 GB. Samples are 64x32 float32 windows
-(8 KiB), blosc lz4 with byte shuffle unless said otherwise.
+within the timed run) on a store of at least 4 GB, with its files in the page cache
+and, in the last row, with none of them there (a cold epoch: every file of the store is
+dropped from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)`` before each run
+of either reader, so both read from the disk). Samples are 64x32 float32 windows (8
+KiB), blosc lz4 with byte shuffle unless said otherwise.
 
 Columns: the stream's GB/s, the decode limit's GB/s (every chunk's bytes read and
 decoded by numcodecs on all cores straight into one preallocated array, in order, as
@@ -229,8 +232,33 @@ def settings(quick: bool) -> list[dict]:
     rows += [dict(label="foreign: plain zarr, zstd, 8 MiB chunks", kind="foreign", chunk=8, buffer=4, gb=gb),
              dict(label="foreign: plain zarr, zstd, zarr's auto chunks", kind="foreign", chunk=None, buffer=4, gb=gb),
              dict(label=f"fresh stream, first epoch, {fresh_gb:.1f} GB store", kind="pipeline", chunk=4, buffer=4,
-                  gb=fresh_gb, fresh=True)]
+                  gb=fresh_gb, fresh=True),
+             dict(label=f"cold page cache, fresh stream, first epoch, {fresh_gb:.1f} GB store", kind="pipeline",
+                  chunk=4, buffer=4, gb=fresh_gb, fresh=True, cold=True)]
     return rows
+
+
+def drop_from_page_cache(path: Path) -> None:
+    """Drop every file under ``path`` from the page cache (clean pages only, which a
+    store written and synced long ago has): the next read comes from the disk."""
+    for root, _, files in os.walk(path):
+        for f in files:
+            fd = os.open(os.path.join(root, f), os.O_RDONLY)
+            try:
+                os.fdatasync(fd)  # written pages must reach the disk before they can be dropped
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def cold(path: Path, fn):
+    """``fn`` run with the store's files dropped from the page cache first. Each reader
+    times itself, after the drop; the CPU columns count the drop too (a few
+    milliseconds of system calls)."""
+    def run() -> float:
+        drop_from_page_cache(path)
+        return fn()
+    return run
 
 
 def measure(row: dict, path: Path, repeat: int, epochs: int, batch: int, niceness: int) -> dict:
@@ -248,7 +276,10 @@ def measure(row: dict, path: Path, repeat: int, epochs: int, batch: int, nicenes
                 dt = time.perf_counter() - t0
             return gbps(nbytes, dt)
 
-        runs = interleaved(repeat, {"decode": lambda: limit(1), "stream": run_stream}, cpu=cpu)
+        fns = {"decode": lambda: limit(1), "stream": run_stream}
+        if row.get("cold"):
+            fns = {k: cold(path, fn) for k, fn in fns.items()}
+        runs = interleaved(repeat, fns, cpu=cpu)
     else:
         s = pipeline.stream(str(path), batch_size=batch, buffer_chunks=row["buffer"], seed=0)
         stream_epoch(s, 0)  # the first epoch allocates the stream's buffers: the fresh row counts it

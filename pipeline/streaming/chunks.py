@@ -239,6 +239,16 @@ class ChunkReader:
         tag = "" if (k + 1) * rows <= self.n else f"@{self.n}"
         return f"{self.array.store_path.path}/{self._key(k)}".lstrip("/"), tag
 
+    def local_files(self, i: int) -> list[str]:
+        """The files holding chunk ``i`` when this array is read from a local directory
+        (the chunk's file, its shard's, or its blocks'), for the kernel's read ahead
+        (:mod:`~pipeline.streaming.readahead`); none when zarr's own code reads it."""
+        if self._root is None or (self._decoder is None and self._blocks is None):
+            return []
+        if self._blocks is not None:
+            return [os.path.join(self._root, f"c/{i}/{suffix}") for suffix, _, _ in self._blocks]
+        return [os.path.join(self._root, self._key(i // self._per_shard if self._per_shard else i))]
+
     @property
     def object_bytes(self) -> int:
         """The decoded size of one stored object (a chunk, or a shard), as a bound on

@@ -25,6 +25,7 @@ import numpy as np
 import zarr
 
 from pipeline.errors import StreamError
+from pipeline.streaming.readahead import ReadAhead, local_files
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader, dimension_names
 
 __all__ = ["MAX_GRID_RATIO", "ZarrSource", "common_rows", "open_variables"]
@@ -188,6 +189,10 @@ class ZarrSource:
         self.readers = {n: _Grid(readers.get(n), self.grid, self.n) for n in self.names}
         full, rest = divmod(self.n, self.grid)
         self.lengths = (self.grid,) * full + ((rest,) if rest else ())
+        # Their files are read, never kept mapped; only arrays chunked on the stream's
+        # grid have files per stream chunk.
+        self.readahead = ReadAhead(lambda c: local_files([r for r in self._chunk_readers if r.rows == self.grid],
+                                                         (c,)))
         self._pid = os.getpid()  # set last, as in StoreSource
 
     def __getstate__(self) -> dict:
@@ -235,8 +240,15 @@ class ZarrSource:
             on_grid = [r for r in self._chunk_readers if r.rows == self.grid]
             self.cache.will_read(on_grid, chunks, epoch)
 
+    def advise(self, chunks: Sequence[int]) -> None:
+        """The chunks to be read soon, in order: the local files of arrays chunked on the
+        stream's grid are read ahead by the kernel when not in the page cache."""
+        self._check_process()
+        self.readahead.advise(chunks)
+
     def release(self) -> None:
         """Forget what the cache was to fetch ahead, and unmap its files."""
+        self.readahead.clear()
         if self.cache is not None:
             self.cache.release()
 

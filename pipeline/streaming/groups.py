@@ -34,6 +34,7 @@ import numpy as np
 from pipeline.errors import KeptBatchesWarning
 from pipeline.streaming.batches import unviewed
 from pipeline.streaming.plan import WorkerPlan, group_permutation
+from pipeline.streaming.readahead import READAHEAD_BYTES
 from pipeline.streaming.sources import read_part
 
 __all__ = ["BufferPool", "Group", "GroupLoader", "Lease", "held_view", "lower_thread_priority"]
@@ -273,10 +274,27 @@ class GroupLoader:
         self._futures: dict[int, Future] = {}
         self._taken: set[int] = set()
         self._announced = False
+        # The groups after those wanted whose chunk files the kernel is asked to read
+        # ahead (a local store's, when not in the page cache): READAHEAD_BYTES of samples.
+        self._advise = getattr(source, "advise", None)
+        self._advised = 0  # groups before this one were named to the read ahead
+        row_bytes = sum(int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize
+                        for tail, dtype in (source.sample_shape(n) for n in self.names if not source.assembled(n)))
+        group_bytes = row_bytes * max(1, int(np.mean(self.group_sizes)) if self.group_sizes else 1)
+        self._advise_groups = max(1, -(-READAHEAD_BYTES // max(1, group_bytes)))
 
     def want(self, g: int, count: int | None = None) -> None:
         """Start loading groups ``g`` to ``g + count - 1`` (``count`` defaults to ``prefetch``)."""
         count = self.prefetch if count is None else count
+        if self._advise is not None:
+            # Named before their reads start: the kernel then reads a group's files
+            # whole, many requests at once, while the read threads fault in their pages.
+            stop = min(g + max(1, count) + self._advise_groups, len(self.plan.groups))
+            start = max(g, self._advised)
+            if start < stop:
+                self._advised = stop
+                a, b = self.plan.groups[start][0], self.plan.groups[stop - 1][1]
+                self._advise([p.chunk for p in self.plan.pieces[a:b]])
         for k in range(g, min(g + max(1, count), len(self.plan.groups))):
             # A group already taken is never loaded again: a batch that spans groups
             # takes the next group at once, before the groups after it are wanted.

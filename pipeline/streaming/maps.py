@@ -52,6 +52,10 @@ class MapCache:
                 self._maps.move_to_end(path)
             return m
 
+    def holds(self, path: str) -> bool:
+        """Whether ``path`` is kept mapped (without counting as a use)."""
+        return path in self._maps
+
     def add(self, path: str, m: mmap.mmap) -> mmap.mmap:
         """Keep ``m`` (or the mapping another thread kept first, closing ``m``) and
         return the one kept."""

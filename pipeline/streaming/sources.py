@@ -17,6 +17,7 @@ from pipeline.storage.store import FOLDS
 from pipeline.streaming.chunks import ChunkReader
 from pipeline.streaming.localstore import is_group, open_root
 from pipeline.streaming.maps import MapCache
+from pipeline.streaming.readahead import ReadAhead, local_files
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader
 
 __all__ = ["ArraySource", "StoreSource", "available_splits", "is_split_group", "read_part"]
@@ -99,6 +100,8 @@ class StoreSource:
         self.cache_spec, self.cache = cache, open_remote_cache(cache, group, location, storage_options, meta)
         self.readers = {n: chunk_reader(a, (str(label), split, n), checksums=sums, maps=self.maps, cache=self.cache)
                         for n, a in arrays.items()}
+        self.readahead = ReadAhead(lambda c: local_files(self.readers.values(), (c,)),
+                                   mapped=None if self.maps is None else self.maps.holds)
         self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
             self._assembled = frozenset({"x"})
@@ -156,6 +159,7 @@ class StoreSource:
 
     def release(self) -> None:
         """Unmap the chunk files kept mapped (they are mapped again when read again)."""
+        self.readahead.clear()
         if self.maps is not None:
             self.maps.clear()
         if self.cache is not None:
@@ -167,6 +171,13 @@ class StoreSource:
             self._reopen()
         if self.cache is not None:
             self.cache.will_read(list(self.readers.values()), chunks, epoch)
+
+    def advise(self, chunks: Sequence[int]) -> None:
+        """The chunks to be read soon, in order: their local files not in the page cache
+        are read ahead by the kernel (:mod:`~pipeline.streaming.readahead`)."""
+        if self._pid != os.getpid():
+            self._reopen()
+        self.readahead.advise(chunks)
 
     def assembled(self, name: str) -> bool:
         """Whether ``name`` is assembled from stored rows (virtual windows) rather than read."""

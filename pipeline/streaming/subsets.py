@@ -190,6 +190,12 @@ class SubsetSource:
         if will_read is not None:
             will_read([int(self.layout.chunks[c]) for c in chunks], epoch)
 
+    def advise(self, chunks: Sequence[int]) -> None:
+        """The base chunks to be read soon, in order (see ``StoreSource.advise``)."""
+        advise = getattr(self.base, "advise", None)
+        if advise is not None:
+            advise(list(dict.fromkeys(int(self.layout.chunks[c]) for c in chunks)))
+
     def release(self) -> None:
         """Give back what the base source keeps between epochs (mapped chunk files)."""
         release = getattr(self.base, "release", None)
