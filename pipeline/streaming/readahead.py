@@ -6,8 +6,8 @@ page cache that is the cheapest read there is. On a cold one (the first epoch af
 reboot, a store larger than memory, a network block device) every page fault of a
 mapped file reads one small span of the file and waits for it: the read threads take
 turns waiting on the disk with one small request each in flight, and a cold epoch ran
-at 0.65-0.75x the speed of reading the same files whole in order
-(``benchmarks/README.md``, streaming).
+well below the speed of reading the same files whole, in order (measured in
+``benchmarks/README.md``, streaming).
 
 The epoch's order is known before it starts (:mod:`~pipeline.streaming.plan`), so a
 group loader names the chunk files it will read next, a window ahead of its reads
@@ -43,9 +43,9 @@ def _readahead_bytes() -> int:
 
 #: Decoded bytes of the groups after those a loader is reading whose files are named
 #: ahead: 1 GiB (at most a sixteenth of memory). A cold epoch kept up with the disk
-#: only this far ahead: with 64 MiB it ran at 0.82x reading the files whole in order,
-#: 256 MiB 0.92x, 1 GiB 1.16x (``benchmarks/README.md``). The pages read ahead are the
-#: page cache's, which the kernel takes back under pressure.
+#: only this far ahead; windows of 64 and 256 MiB left it behind (measured in
+#: ``benchmarks/README.md``). The pages read ahead are the page cache's, which the
+#: kernel takes back under pressure.
 READAHEAD_BYTES = _readahead_bytes()
 #: Probes that must find their file cached in a row before files are probed sparsely.
 _CACHED_RUN = 32
