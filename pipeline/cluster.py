@@ -27,6 +27,7 @@ __all__ = ["WORKER_MODULES", "cluster", "dashboard_link", "start_worker_server"]
 #: of each being spawned fresh and importing them all at its first task: on a laptop
 #: those imports were most of a run's fixed start-up (see benchmarks/README.md).
 WORKER_MODULES: tuple[str, ...] = (
+    "pipeline.daskimport",  # first: dask.array without xarray (see the module)
     "distributed",
     "dask.array",
     "pyarrow.parquet",

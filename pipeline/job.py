@@ -112,6 +112,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     -------
     RunSummary
     """
+    import pipeline.daskimport  # noqa: F401 - dask.array without xarray, before anything imports it
     from pipeline.cluster import cluster, start_worker_server
 
     if config.cluster.address is None and config.cluster.scheduler_file is None:

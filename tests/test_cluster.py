@@ -41,6 +41,8 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
         # Forked from a server that imported them: nothing left to import at a first task.
         missing = client.run(lambda names: [n for n in names if n not in sys.modules], WORKER_MODULES)
         assert list(missing.values()) == [[]]
+        # ... and dask.array came without xarray (pipeline.daskimport).
+        assert list(client.run(lambda: "xarray" in sys.modules).values()) == [False]
         assert client.submit(sum, [1, 2, 3]).result() == 6
         assert len(client.scheduler_info()["workers"]) == 1
         # Their event loops' watchdog ticks at TICK_INTERVAL, not 50 times a second.
