@@ -3,6 +3,8 @@ probed, and that a cold store streams exactly what a warm one does."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import multiprocessing
 import os
 import time
@@ -30,34 +32,58 @@ def _drop(path) -> None:
                 os.close(fd)
 
 
+def _resident(fd: int) -> bool:
+    """Whether any page of the open file ``fd`` is in the page cache, by ``mincore`` of
+    a mapping of it (which, unlike a read, starts no read ahead)."""
+    size = os.fstat(fd).st_size
+    m = mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    try:
+        view = np.frombuffer(m, dtype=np.uint8)
+        vec = (ctypes.c_ubyte * (-(-size // mmap.PAGESIZE)))()
+        libc = ctypes.CDLL(None, use_errno=True)
+        failed = libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec)
+        del view
+        if failed:
+            raise OSError(ctypes.get_errno(), "mincore failed")
+        return any(v & 1 for v in vec)
+    finally:
+        m.close()
+
+
 def _droppable(tmp_path) -> bool:
-    """Whether this file system drops clean pages when asked and says so to a
-    non-blocking read (tmpfs keeps its pages: they are the file)."""
+    """Whether this file system drops clean pages when asked (tmpfs keeps its pages: they
+    are the file) and non-blocking reads can tell."""
     probe = tmp_path / "probe.bin"
     probe.write_bytes(os.urandom(1 << 20))
-    _drop(tmp_path)
     fd = os.open(probe, os.O_RDONLY)
     try:
-        return in_page_cache(fd) is False
+        _make_cold(tmp_path, fd)
+        return not _resident(fd) and in_page_cache(fd) is False
     finally:
         os.close(fd)
         probe.unlink()
 
 
 def _make_cold(folder, fd: int) -> None:
-    """Drop ``folder``'s files from the page cache until the open file ``fd`` is out of it.
-
-    A page just read may sit in another core's list of pages on their way to the page
-    cache's lists, which the drop does not reach: ask again, briefly. A probe that
-    finds the file out of the cache starts the kernel's read ahead of its first pages,
-    so the file is dropped once more after it."""
-    for _ in range(50):
+    """Drop ``folder``'s files from the page cache until no page of the open file ``fd``
+    is in it: a page just read may sit in another core's list of pages on their way to
+    the page cache's lists, which the drop does not reach, so ask again, briefly."""
+    for _ in range(100):
         _drop(folder)
-        if not in_page_cache(fd):
-            time.sleep(0.05)
-            _drop(folder)
+        if not _resident(fd):
             return
         time.sleep(0.02)
+
+
+def _make_store_cold(store) -> None:
+    """Drop a store's files from the page cache, checked on its first chunk file of x."""
+    first = next(os.path.join(root, f) for root, _, files in sorted(os.walk(os.path.join(store, "")))
+                 for f in sorted(files) if "/x/c" in root.replace(os.sep, "/"))
+    fd = os.open(first, os.O_RDONLY)
+    try:
+        _make_cold(store, fd)
+    finally:
+        os.close(fd)
 
 
 @pytest.fixture()
@@ -91,7 +117,7 @@ def _ids(store, **kwargs) -> list[np.ndarray]:
 
 def test_a_cold_store_is_read_ahead_and_streams_exactly_what_was_written(tmp_path, droppable):
     store = make_store(tmp_path / "s.zarr", n=3000, chunk=64)
-    _drop(tmp_path / "s.zarr")
+    _make_store_cold(store)
     cold, (probed, advised) = _ids(store)
     # Every file of the store was cold: those probed were asked for, but for a few the
     # read threads had read already (the first group's reads start with the probes).
@@ -226,3 +252,20 @@ def test_files_that_are_missing_are_passed_over(tmp_path, quick_idle):
     ra.advise(range(5))
     _settle(ra)
     assert ra.probed == 0 and ra.advised == 0
+
+
+def test_a_cold_foreign_store_is_read_ahead_on_its_grid(tmp_path, droppable):
+    import zarr
+
+    y = np.arange(4000, dtype=np.int64)
+    x = np.repeat(y.astype(np.float32)[:, None], 6, axis=1)
+    g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
+    g.create_array("x", data=x, chunks=(100, 6))
+    g.create_array("y", data=y, chunks=(100,))
+    _make_store_cold(str(tmp_path / "plain.zarr"))
+    with pipeline.stream(str(tmp_path / "plain.zarr"), arrays=("x", "y"), batch_size=64, buffer_chunks=2) as s:
+        batches = [(xb.copy(), yb.copy()) for xb, yb in s]
+        assert s.source.readahead.advised > 0
+    ids = np.concatenate([b for _, b in batches])
+    np.testing.assert_array_equal(np.sort(ids), y)
+    np.testing.assert_array_equal(np.concatenate([a for a, _ in batches])[:, 0], ids.astype(np.float32))
