@@ -21,6 +21,8 @@ mapped are skipped without a probe.
 
 Nothing here changes what is read: a hint the kernel ignores, a file that is gone, or a
 platform without these calls only leaves the reads to wait for the disk as before.
+Where the file system cannot say what is cached (no non-blocking reads), every file is
+asked for: on a warm cache that costs the thread a walk over the file's cached pages.
 """
 
 from __future__ import annotations
