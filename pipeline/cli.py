@@ -161,8 +161,9 @@ def _starts_a_local_cluster(args: argparse.Namespace) -> bool:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    import pipeline.daskimport  # noqa: F401 - dask.array without xarray, before anything imports it
+    from pipeline.daskimport import import_dask_array
 
+    import_dask_array()  # dask.array without xarray, before anything imports it
     if _starts_a_local_cluster(args):
         # Before validating the config, which imports the feature stage (dask.array and
         # its dependencies): the server the workers are forked from imports the same in

@@ -112,8 +112,10 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     -------
     RunSummary
     """
-    import pipeline.daskimport  # noqa: F401 - dask.array without xarray, before anything imports it
     from pipeline.cluster import cluster, start_worker_server
+    from pipeline.daskimport import import_dask_array
+
+    import_dask_array()  # dask.array without xarray, before anything imports it
 
     if config.cluster.address is None and config.cluster.scheduler_file is None:
         # First: the LocalCluster's workers are forked from a server process that imports

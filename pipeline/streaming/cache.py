@@ -29,7 +29,6 @@ needs its cache files removed (or another ``cache_dir``).
 from __future__ import annotations
 
 import hashlib
-import mmap
 import os
 import secrets
 import threading
@@ -42,6 +41,7 @@ from typing import Any, Mapping, Sequence
 from pipeline.errors import StoreError, StreamError
 from pipeline.streaming.diskcache import DiskCache, MappedFiles
 from pipeline.streaming.fetch import fetcher_for
+from pipeline.streaming.maps import map_file
 
 __all__ = ["FETCH_BYTES", "FETCH_REQUESTS", "CacheSpec", "CacheStats", "RemoteCache", "cache_spec",
            "open_remote_cache"]
@@ -390,7 +390,7 @@ class RemoteCache:
                 if not size:  # mmap refuses empty files
                     return b""
                 try:
-                    return self._maps.add(path, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+                    return self._maps.add(path, map_file(fh.fileno(), size))
                 except OSError:  # out of address space or mappings: read it instead
                     return fh.read()
         except FileNotFoundError:

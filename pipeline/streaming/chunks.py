@@ -30,7 +30,6 @@ has the comparison).
 from __future__ import annotations
 
 import itertools
-import mmap
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
@@ -41,7 +40,7 @@ import numpy as np
 from pipeline.errors import CorruptChunkError, StoreError
 from pipeline.streaming import blosc
 from pipeline.streaming.fetch import store_fetcher
-from pipeline.streaming.maps import MapCache
+from pipeline.streaming.maps import MapCache, map_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import zarr
@@ -284,7 +283,7 @@ class ChunkReader:
                         size = os.fstat(fh.fileno()).st_size
                         if size:  # mmap refuses empty files
                             try:
-                                return self.maps.add(path, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+                                return self.maps.add(path, map_file(fh.fileno(), size))
                             except OSError:  # out of address space or mappings: read it instead
                                 pass
                         return self._read_into_scratch(fh, size)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import mmap
 import os
 import re
 import secrets
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Collection, Iterator, Sequence
 
 from pipeline.errors import StreamError
+from pipeline.streaming.maps import close_map
 
 __all__ = ["MARKER", "SUBDIR", "CachedFile", "DiskCache", "MappedFiles", "eviction_target", "lru_victims"]
 
@@ -282,16 +282,16 @@ class MappedFiles:
         self.budget = budget
         # A process may hold only so many mappings (vm.max_map_count, 65530 by default).
         self.max_files = max_files
-        self._maps: OrderedDict[str, mmap.mmap] = OrderedDict()
+        self._maps: OrderedDict[str, Any] = OrderedDict()
         self._bytes = 0
 
-    def get(self, path: str) -> mmap.mmap | None:
+    def get(self, path: str) -> Any:
         m = self._maps.get(path)
         if m is not None:
             self._maps.move_to_end(path)
         return m
 
-    def add(self, path: str, m: mmap.mmap) -> mmap.mmap:
+    def add(self, path: str, m: Any) -> Any:
         self._maps[path] = m
         self._bytes += len(m)
         while (self._bytes > self.budget or len(self._maps) > self.max_files) and len(self._maps) > 1:
@@ -309,7 +309,4 @@ class MappedFiles:
     def _drop(self, path: str) -> None:
         m = self._maps.pop(path)
         self._bytes -= len(m)
-        try:
-            m.close()
-        except BufferError:  # a decode still reads it: unmapped once it lets go
-            pass
+        close_map(m)  # unmapped now, or once a decode that still reads it lets go

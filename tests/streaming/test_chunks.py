@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import mmap
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -15,8 +16,9 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from pipeline.errors import CorruptChunkError
 from pipeline.storage import write
 from pipeline.storage.store import open_store_group
+from pipeline.streaming import chunks as chunks_module
 from pipeline.streaming.chunks import ChunkReader
-from pipeline.streaming.maps import MapCache
+from pipeline.streaming.maps import MapCache, live_mappings
 
 
 CODECS = {
@@ -344,12 +346,15 @@ def test_nothing_a_read_returns_aliases_a_mapped_chunk_file(tmp_path):
         path = write(tmp_path / f"{codec}.zarr", {"x": data, "y": np.arange(120)}, chunk_samples=40, codec=codec,
                      progress=False)
         maps = MapCache()
+        before = live_mappings()
         reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
         got = [reader.read(i) for i in range(reader.n_chunks)]
         kept = [maps.get(os.path.join(reader._root, reader._key(i))) for i in range(reader.n_chunks)]
-        assert all(m is not None for m in kept)
-        maps.clear()  # a mapping that a returned array still viewed could not be unmapped
-        assert all(m.closed for m in kept)
+        assert all(m is not None for m in kept) and live_mappings() == before + len(kept)
+        assert not any(np.shares_memory(a, m) for a in got for m in kept)
+        maps.clear()
+        del kept
+        assert live_mappings() == before  # no returned array kept a mapping alive
         np.testing.assert_array_equal(np.concatenate(got), data)
 
 
@@ -383,15 +388,20 @@ def _mapped_store(tmp_path):
     return path, data, 100 * 40 * 4  # bytes of one uncompressed chunk file
 
 
+def _counting_maps(monkeypatch) -> list[int]:
+    made: list[int] = []
+    real = chunks_module.map_file
+    monkeypatch.setattr(chunks_module, "map_file", lambda *a, **k: made.append(1) or real(*a, **k))
+    return made
+
+
 def test_mapped_files_stay_mapped_from_one_read_to_the_next(tmp_path, monkeypatch):
     """With a MapCache, each file is mapped once: later reads (later epochs) reuse the
     mapping, with no new map, fault or unmap."""
     path, data, size = _mapped_store(tmp_path)
     maps = MapCache(budget=10 * size)
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
-    made = []
-    real_mmap = mmap.mmap
-    monkeypatch.setattr(mmap, "mmap", lambda *a, **k: made.append(1) or real_mmap(*a, **k))
+    made = _counting_maps(monkeypatch)
     for _ in range(3):
         np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
     assert len(made) == 3 and maps.mapped_bytes == 3 * size
@@ -412,7 +422,7 @@ def test_the_map_cache_unmaps_the_least_recently_used_past_its_budget(tmp_path, 
     reader.read(2)  # over budget: 1 goes
     assert maps.mapped_bytes == 2 * size
     assert maps.get(reader._root + "/c/1/0") is None and maps.get(reader._root + "/c/0/0") is first
-    assert not first.closed
+    np.testing.assert_array_equal(first.view(np.float32).reshape(100, 40), data[:100])
     np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
 
 
@@ -434,7 +444,7 @@ def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
     def no_more_maps(*a, **k):
         raise OSError(12, "Cannot allocate memory")
 
-    monkeypatch.setattr(mmap, "mmap", no_more_maps)
+    monkeypatch.setattr(chunks_module, "map_file", no_more_maps)
     np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
     assert maps.mapped_bytes == 0
 
@@ -445,14 +455,40 @@ def test_unmapping_a_file_still_being_decoded_waits_for_that_read(tmp_path, monk
     path, data, size = _mapped_store(tmp_path)
     maps = MapCache(budget=10 * size)
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
+    before = live_mappings()
     reader.read(0)
-    m = maps.get(reader._root + "/c/0/0")
-    held = memoryview(m)  # what a decode in progress holds
+    held = memoryview(maps.get(reader._root + "/c/0/0"))  # what a decode in progress holds
+    assert live_mappings() == before + 1
     maps.clear()
-    assert maps.mapped_bytes == 0 and not m.closed
+    assert maps.mapped_bytes == 0 and live_mappings() == before + 1  # still mapped
     np.testing.assert_array_equal(np.frombuffer(held, dtype=np.float32).reshape(100, 40), data[:100])
     held.release()
-    m.close()  # now possible
+    del held
+    assert live_mappings() == before  # unmapped once the read let go
+
+
+def test_mapped_files_hold_no_file_descriptors(tmp_path):
+    """A stream keeps every chunk file it read mapped: a store of more chunk files than
+    the process may open descriptors streams, epoch after epoch, and the process can
+    still open files (Python's own mmap would keep one descriptor per mapping)."""
+    path = write(tmp_path / "many.zarr", {"x": np.arange(6000 * 8, dtype=np.float32).reshape(6000, 8),
+                                           "y": np.arange(6000)}, chunk_samples=10, codec="blosc-lz4",
+                 progress=False)  # 600 chunk files per array
+    code = f"""
+import os, resource
+import numpy as np
+import pipeline
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+s = pipeline.stream({str(path)!r}, batch_size=100, seed=0)
+for e in range(2):
+    s.set_epoch(e)
+    ids = np.concatenate([y for _, y in s])
+    assert sorted(ids.tolist()) == list(range(6000)), e
+print(s.source.maps.mapped_bytes > 0, len(os.listdir("/proc/self/fd")) < 64)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.split() == ["True", "True"]
 
 
 def test_closing_a_stream_unmaps_its_files(tmp_path):
