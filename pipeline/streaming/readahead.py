@@ -15,8 +15,8 @@ group loader names the chunk files it will read next, a window ahead of its read
 the page cache (``posix_fadvise(POSIX_FADV_WILLNEED)``, which queues the file's reads at
 once, many requests in flight). A file in the page cache costs one probe, a one-byte
 ``preadv2`` with ``RWF_NOWAIT`` that fails rather than waits for the disk; after a run of
-probes that all found their file cached, only every :data:`PROBE_EVERY`-th file is
-probed until one is missing, so a warm epoch pays almost nothing. Files a stream keeps
+probes that all found their file cached, only the files of every :data:`PROBE_EVERY`-th
+chunk are probed until one is missing, so a warm epoch pays almost nothing. Files a stream keeps
 mapped are skipped without a probe.
 
 Nothing here changes what is read: a hint the kernel ignores, a file that is gone, or a
@@ -51,7 +51,7 @@ def _readahead_bytes() -> int:
 READAHEAD_BYTES = _readahead_bytes()
 #: Probes that must find their file cached in a row before files are probed sparsely.
 _CACHED_RUN = 32
-#: While files keep being found cached, one file in this many is probed.
+#: While files keep being found cached, the files of one chunk in this many are probed.
 PROBE_EVERY = 8
 #: The thread ends after this long without a file to look at (it starts again when needed).
 _IDLE_S = 5.0
