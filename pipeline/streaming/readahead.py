@@ -116,10 +116,8 @@ class ReadAhead:
         queues them, the thread finds their files."""
         if not _SUPPORTED:
             return
+        self._after_fork()
         with self._cond:
-            if self._pid != os.getpid():  # a forked child (a DataLoader worker) has no thread
-                self._pid, self._thread, self._last = os.getpid(), None, -1
-                self._queue.clear()
             if self._closed:
                 return
             self._queue.extend(chunks)
@@ -128,13 +126,24 @@ class ReadAhead:
                 self._thread.start()
             self._cond.notify()
 
+    def _after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): no thread of the parent's is here, and
+        the parent's thread may have held the lock when the process forked, so this
+        process starts with a lock, a queue and a thread of its own."""
+        if self._pid != os.getpid():
+            self._cond, self._queue = threading.Condition(), deque()
+            self._thread, self._last, self._cached_run, self._skip = None, -1, 0, 0
+            self._pid = os.getpid()
+
     def clear(self) -> None:
         """Drop what is queued (the stream let go of its plans)."""
+        self._after_fork()
         with self._cond:
             self._queue.clear()
 
     def close(self) -> None:
         """Drop what is queued and let the thread end; later calls queue nothing."""
+        self._after_fork()
         with self._cond:
             self._closed = True
             self._queue.clear()

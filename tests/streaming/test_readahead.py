@@ -244,6 +244,8 @@ def test_a_forked_child_reads_ahead_with_a_thread_of_its_own(tmp_path, droppable
         assert parent.recv() == ra.advised + 1  # the child asked for the dropped file
     finally:
         p.join(30)
+        if p.is_alive():  # stuck: do not leave it for the interpreter's exit to wait on
+            p.kill()
         _SHARED.clear()
 
 
@@ -269,3 +271,30 @@ def test_a_cold_foreign_store_is_read_ahead_on_its_grid(tmp_path, droppable):
     ids = np.concatenate([b for _, b in batches])
     np.testing.assert_array_equal(np.sort(ids), y)
     np.testing.assert_array_equal(np.concatenate([a for a, _ in batches])[:, 0], ids.astype(np.float32))
+
+
+def _advise_once(conn) -> None:
+    ra = _SHARED["ra"]
+    ra.advise([0])
+    _settle(ra)
+    conn.send(ra.probed)
+
+
+def test_a_child_forked_while_the_thread_held_its_lock_does_not_wait_for_it(tmp_path, quick_idle):
+    f = tmp_path / "c0"
+    f.write_bytes(b"x" * 4096)
+    ra = ReadAhead(lambda c: [str(f)])
+    _SHARED["ra"] = ra
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe()
+    with ra._cond:  # as the parent's thread holds it while it takes the queue
+        p = ctx.Process(target=_advise_once, args=(child,))
+        p.start()
+    try:
+        assert parent.poll(30), "the child waited for a lock only the parent's thread could release"
+        assert parent.recv() == 1  # its own thread probed the file
+    finally:
+        p.join(30)
+        if p.is_alive():  # stuck: do not leave it for the interpreter's exit to wait on
+            p.kill()
+        _SHARED.clear()
