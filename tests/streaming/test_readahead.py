@@ -7,7 +7,6 @@ import ctypes
 import mmap
 import multiprocessing
 import os
-import time
 
 import numpy as np
 import pytest
@@ -68,11 +67,11 @@ def _make_cold(folder, fd: int) -> None:
     """Drop ``folder``'s files from the page cache until no page of the open file ``fd``
     is in it: a page just read may sit in another core's list of pages on their way to
     the page cache's lists, which the drop does not reach, so ask again, briefly."""
-    for _ in range(100):
+    for _ in range(500):
         _drop(folder)
         if not _resident(fd):
             return
-        time.sleep(0.02)
+        os.sched_yield()
 
 
 def _make_store_cold(store) -> None:
