@@ -191,8 +191,8 @@ class ZarrSource:
         self.lengths = (self.grid,) * full + ((rest,) if rest else ())
         # Their files are read, never kept mapped; only arrays chunked on the stream's
         # grid have files per stream chunk.
-        self.readahead = ReadAhead(lambda c: local_files([r for r in self._chunk_readers if r.rows == self.grid],
-                                                         (c,)))
+        on_grid = [r for r in self._chunk_readers if r.rows == self.grid]
+        self.readahead = ReadAhead(lambda c: local_files(on_grid, (c,)))
         self._pid = os.getpid()  # set last, as in StoreSource
 
     def __getstate__(self) -> dict:

@@ -100,7 +100,8 @@ class StoreSource:
         self.cache_spec, self.cache = cache, open_remote_cache(cache, group, location, storage_options, meta)
         self.readers = {n: chunk_reader(a, (str(label), split, n), checksums=sums, maps=self.maps, cache=self.cache)
                         for n, a in arrays.items()}
-        self.readahead = ReadAhead(lambda c: local_files(self.readers.values(), (c,)),
+        readers = self.readers  # not self: no cycle keeps a dropped stream's mappings alive
+        self.readahead = ReadAhead(lambda c: local_files(readers.values(), (c,)),
                                    mapped=None if self.maps is None else self.maps.holds)
         self._assembled: frozenset[str] = frozenset()  # arrays built from stored rows, not read
         if "x" in self.readers and arrays["x"].path.endswith("/ends"):
