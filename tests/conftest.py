@@ -17,6 +17,24 @@ from typing import Callable, Sequence
 import pytest
 
 
+def in_process_cluster(**kwargs):
+    """A LocalCluster of threads in the test's own process, its workers' sampling
+    profiler off (``with in_process_cluster(n_workers=1) as c``).
+
+    The profiler calls ``sys._current_frames()`` every 10 ms. CPython 3.11 holds its
+    lock on the list of threads while it builds that dict, and a garbage collection the
+    building starts runs ``gc.callbacks`` (hypothesis installs one in every process that
+    ran a hypothesis test), which may let go of the GIL; a thread that then takes the GIL
+    and starts or ends a thread waits for that lock for ever, and so does everything
+    after it. A CI run hung so, in a test writing through such a cluster to a moto
+    server (a thread per request)."""
+    import dask
+    from distributed import LocalCluster
+
+    with dask.config.set({"distributed.worker.profile.enabled": False}):
+        return LocalCluster(processes=False, **kwargs)
+
+
 # inotify(7) event bits: a file created, written and closed, or moved in; a directory.
 _IN_CREATE, _IN_CLOSE_WRITE, _IN_MOVED_TO, _IN_Q_OVERFLOW, _IN_ISDIR = 0x100, 0x8, 0x80, 0x4000, 0x40000000
 _EVENT = struct.Struct("iIII")  # wd, mask, cookie, len; then len bytes of name

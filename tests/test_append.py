@@ -12,7 +12,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from distributed import LocalCluster
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +19,7 @@ import pipeline
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from pipeline.job import run
-from tests.conftest import assert_bitwise_equal
+from tests.conftest import assert_bitwise_equal, in_process_cluster
 
 NS = 10**9
 DAY = 86_400 * NS
@@ -30,7 +29,7 @@ DAY = 86_400 * NS
 def address():
     """One in-process cluster for every run of this module (a LocalCluster per run
     would cost seconds each)."""
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c:
+    with in_process_cluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as c:
         yield c.scheduler_address
 
 

@@ -142,7 +142,9 @@ def test_windows_made_in_write_units_equal_the_default_blocks(unit):
 
 def test_arrays_every_pass_reads_are_held_on_a_cluster_only_when_they_fit(monkeypatch):
     import pipeline.features.build as build
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    from tests.conftest import in_process_cluster
 
     a = da.arange(1000, chunks=100, dtype=np.float32)
     assert build.hold(a, None) == (a, None)  # no client: computed again in each pass
@@ -153,8 +155,8 @@ def test_arrays_every_pass_reads_are_held_on_a_cluster_only_when_they_fit(monkey
     again = build_training_set(da.from_array(x, chunks=(97, -1)), **kwargs)
     # In-process: the worker counts this whole process against its memory limit, so a
     # small limit would pause it.
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="12GiB",
-                      dashboard_address=None) as local, Client(local):
+    with in_process_cluster(n_workers=1, threads_per_worker=1, memory_limit="12GiB",
+                            dashboard_address=None) as local, Client(local):
         held, none = build.hold(a, None)
         assert none is None and held is not a
         assert len(held.__dask_graph__()) == held.npartitions  # one key per chunk: its result, kept

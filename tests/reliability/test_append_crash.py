@@ -34,7 +34,6 @@ import numpy as np
 import pytest
 import yaml
 import zarr
-from distributed import LocalCluster
 
 import pipeline
 from pipeline.config import load_config
@@ -43,7 +42,7 @@ from tests.conftest import assert_bitwise_equal
 from pipeline.job import run
 from pipeline.storage.versions import PENDING, pinned_array
 from pipeline.storage.writer import written_units
-from tests.conftest import wait_until
+from tests.conftest import in_process_cluster, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -55,7 +54,7 @@ NEW_DAY = "2026-01-09"  # the fifth day of the demo data: held back, then append
 def address():
     """An in-process cluster for the builds the test compares against (the appends that
     are killed run on their own LocalCluster, in their own process group)."""
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c:
+    with in_process_cluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as c:
         yield c.scheduler_address
 
 

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 import yaml
 import zarr
-from distributed import LocalCluster
 
 import pipeline
 from pipeline.config import load_config
@@ -29,7 +28,7 @@ from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.errors import StoreError
 from pipeline.job import run
 from pipeline.storage.versions import PENDING
-from tests.conftest import run_cli, wait_until
+from tests.conftest import in_process_cluster, run_cli, wait_until
 
 BIN = Path(sys.executable).parent
 NEW_DAY = "2026-01-09"
@@ -38,7 +37,7 @@ ARRAYS = ("x", "y", "t", "instrument")
 
 @pytest.fixture(scope="module")
 def address():
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as c:
+    with in_process_cluster(n_workers=1, threads_per_worker=2, dashboard_address=None) as c:
         yield c.scheduler_address
 
 

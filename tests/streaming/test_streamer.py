@@ -386,13 +386,15 @@ def _features(block):
 
 
 def test_dask_chunks_of_x_and_y_are_computed_together_on_the_active_client():
-    from distributed import Client, LocalCluster
+    from distributed import Client
+
+    from tests.conftest import in_process_cluster
 
     _CALLS.clear()
     base = da.arange(600, chunks=100, dtype=np.int64)
     shared = base.map_blocks(_features, dtype=np.int64, meta=np.array((), np.int64))
     source = {"x": (shared[:, None] + da.zeros((600, 3), chunks=(100, 3), dtype=np.int64)), "y": shared // 2}
-    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as cluster, \
+    with in_process_cluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster, \
             Client(cluster) as client:
         s = pipeline.stream(source, batch_size=64, seed=4, buffer_chunks=2)
         ids = []
