@@ -3,6 +3,7 @@
     python benchmarks/bench_streaming.py --table            # 1 GB stores, a 4.1 GB store for the fresh first epoch
     python benchmarks/bench_streaming.py --table --quick    # about a minute: 256 MB stores, 1 GB for the fresh epoch
     python benchmarks/bench_streaming_table.py --clean      # remove the cached stores
+    python benchmarks/bench_streaming.py --table --only cold --no-readahead   # the cold row without read ahead
 
 Rows are settings: ``buffer_chunks`` 2, 4, 8 and 16 at the writer's default chunk of 4
 MiB; chunks of 1, 8 and 32 MiB at ``buffer_chunks=4``; batches of 100, 1000 and 4096
@@ -306,7 +307,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="niceness of the decode limit's threads (default 5, the stream's read_niceness: both "
                              "then get the same share of a machine that other processes also load)")
     parser.add_argument("--clean", action="store_true", help="remove the cached stores and exit")
+    parser.add_argument("--no-readahead", action="store_true",
+                        help="streams do not ask the kernel to read chunk files ahead (the code before it, for "
+                             "the cold row's comparison)")
     args = parser.parse_args(argv)
+    if args.no_readahead:
+        from pipeline.streaming.groups import GroupLoader
+
+        real_init = GroupLoader.__init__
+
+        def init_without_advice(self, *a, **k):
+            real_init(self, *a, **k)
+            self._advise = None
+
+        GroupLoader.__init__ = init_without_advice
     cache = Path(args.cache)
     if args.clean:
         shutil.rmtree(cache, ignore_errors=True)

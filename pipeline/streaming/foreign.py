@@ -191,7 +191,7 @@ class ZarrSource:
         self.lengths = (self.grid,) * full + ((rest,) if rest else ())
         # Their files are read, never kept mapped; only arrays chunked on the stream's
         # grid have files per stream chunk.
-        on_grid = [r for r in self._chunk_readers if r.rows == self.grid]
+        self._on_grid = on_grid = [r for r in self._chunk_readers if r.rows == self.grid]
         self.readahead = ReadAhead(lambda c: local_files(on_grid, (c,)))
         self._pid = os.getpid()  # set last, as in StoreSource
 
@@ -237,8 +237,7 @@ class ZarrSource:
         ahead (arrays chunked on the stream's grid; others are fetched as they are read)."""
         self._check_process()
         if self.cache is not None:
-            on_grid = [r for r in self._chunk_readers if r.rows == self.grid]
-            self.cache.will_read(on_grid, chunks, epoch)
+            self.cache.will_read(self._on_grid, chunks, epoch)
 
     def advise(self, chunks: Sequence[int]) -> None:
         """The chunks to be read soon, in order: the local files of arrays chunked on the

@@ -103,7 +103,6 @@ class ReadAhead:
         self._queue: deque[int] = deque()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._closed = False
         self._cached_run = 0
         self._skip = 0
         self._last = -1
@@ -118,8 +117,6 @@ class ReadAhead:
             return
         self._after_fork()
         with self._cond:
-            if self._closed:
-                return
             self._queue.extend(chunks)
             if self._queue and self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="pipeline-readahead", daemon=True)
@@ -141,19 +138,11 @@ class ReadAhead:
         with self._cond:
             self._queue.clear()
 
-    def close(self) -> None:
-        """Drop what is queued and let the thread end; later calls queue nothing."""
-        self._after_fork()
-        with self._cond:
-            self._closed = True
-            self._queue.clear()
-            self._cond.notify()
-
     def _run(self) -> None:
         while True:
             with self._cond:
                 while not self._queue:
-                    if self._closed or not self._cond.wait(_IDLE_S) and not self._queue:
+                    if not self._cond.wait(_IDLE_S) and not self._queue:
                         self._thread = None
                         return
                 # All that is queued at once: each time this thread takes the GIL
