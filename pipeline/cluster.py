@@ -36,6 +36,7 @@ WORKER_MODULES: tuple[str, ...] = (
     "pipeline.features.build",
     "pipeline.storage.writer",
     "pipeline.workerlog",
+    "pipeline.gcfreeze",
 )
 _METHOD_KEY = "distributed.worker.multiprocessing-method"
 
@@ -310,9 +311,13 @@ def cluster(
         if local is not None:
             # The workers share the user's terminal: a task's own error is reported once,
             # by the client, not first dumped by every worker (pipeline.workerlog).
+            from pipeline.gcfreeze import FreezeWorkerHeap
             from pipeline.workerlog import QuietOwnErrors
 
             client.register_plugin(QuietOwnErrors())
+            # The workers' own processes: what they hold once set up is left out of
+            # their full collections (pipeline.gcfreeze).
+            client.register_plugin(FreezeWorkerHeap())
         try:
             if log is not None:
                 kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"

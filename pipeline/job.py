@@ -147,7 +147,11 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         return task_block(unit_samples(window_bytes, out.chunk_samples, out.shard_chunks,
                                        int(out.target_chunk_mb * 2**20)), window_bytes)
 
-    with cluster(**_cluster_kwargs(config), log=log):
+    from pipeline.gcfreeze import frozen_heap
+
+    # Frozen once the cluster is up: full collections then scan only what the build
+    # makes (pipeline.gcfreeze).
+    with cluster(**_cluster_kwargs(config), log=log), frozen_heap():
         if stored is not None:
             done = update.build_append(config, stored, files, say=say, progress=progress,
                                        source_kwargs=_source_kwargs(config), block_windows=block_windows)

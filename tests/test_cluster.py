@@ -48,6 +48,10 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
         # Their event loops' watchdog ticks at TICK_INTERVAL, not 50 times a second.
         assert list(client.run(lambda dask_worker: dask_worker._tick_interval).values()) == [0.5]
         assert client.run_on_scheduler(lambda dask_scheduler: dask_scheduler._tick_interval) == 0.5
+        # What the workers held once set up is out of their full collections (pipeline.gcfreeze).
+        import gc
+
+        assert all(n > 10_000 for n in client.run(gc.get_freeze_count).values())
         # Their sampling profiler is off: no callback looks at their stacks.
         assert list(client.run(lambda dask_worker: "profile" in dask_worker.periodic_callbacks).values()) == [False]
         # The dashboard's pages are added when first asked for: no bokeh until then (the

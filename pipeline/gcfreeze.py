@@ -1,0 +1,63 @@
+"""The garbage collector's full collections, kept to the objects a build makes.
+
+CPython's cyclic collector scans every tracked object at a full (generation 2)
+collection: in a process that holds dask, distributed, zarr and pyarrow that is about
+150,000 objects, 0.1-0.2 s a collection on these machines. A build makes enough
+objects (graphs, tasks, futures, messages) to set one or two off, in the process that
+holds the client and a LocalCluster's scheduler and in every worker, and none of the
+objects imported before it can be garbage that only a full collection would find.
+
+``gc.freeze()`` moves the objects alive now to a generation the collector leaves
+alone, and ``gc.unfreeze()`` puts them back: :func:`frozen_heap` does that around a
+build (nothing is lost: a cycle among frozen objects is collected after the block, at
+the next full collection), and :class:`FreezeWorkerHeap` does it once in each worker
+of a LocalCluster, whose process this package started (measured in
+``benchmarks/README.md``, build).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import threading
+from typing import Any, Iterator
+
+from distributed.diagnostics.plugin import WorkerPlugin
+
+__all__ = ["FreezeWorkerHeap", "frozen_heap"]
+
+_lock = threading.Lock()
+_depth = 0
+
+
+@contextlib.contextmanager
+def frozen_heap() -> Iterator[None]:
+    """Leave the objects alive on entry out of full collections until the block ends.
+
+    Nested and concurrent blocks share one freeze: the heap is unfrozen when the last
+    of them ends.
+    """
+    global _depth
+    with _lock:
+        _depth += 1
+        if _depth == 1:
+            gc.freeze()
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0:
+                gc.unfreeze()
+
+
+class FreezeWorkerHeap(WorkerPlugin):
+    """A worker plugin: the objects a worker holds once it is set up (its imports,
+    distributed's own state) are frozen for the worker's life. Registered only on the
+    LocalClusters :func:`pipeline.cluster.cluster` starts, whose worker processes are
+    this package's own."""
+
+    name = "pipeline-freeze-heap"
+
+    def setup(self, worker: Any) -> None:
+        gc.freeze()
