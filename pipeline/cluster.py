@@ -302,6 +302,10 @@ def cluster(
             settings.callback(_restore_environ, {k: os.environ.get(k) for k in names})
         if address is None and scheduler_file is None:
             settings.enter_context(_local_settings())
+            from pipeline.workerlog import quiet_cancelled_feeds
+
+            # The scheduler logs here: a progress bar's feed cancelled at close is not an error.
+            settings.enter_context(quiet_cancelled_feeds())
         client, local, later = _connect(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file,
                                  preload=preload if processes else None, n_workers=n_workers,
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,

@@ -7,18 +7,26 @@ terminal, and distributed logs every failed task there first ("Compute Failed", 
 its task and the traceback as one escaped string): the same message again, buried in a
 dump. :class:`QuietOwnErrors` drops that record for the package's own errors; any other
 exception is a bug, and its record is kept whole.
+
+The scheduler of a LocalCluster runs in the caller's process, and
+:func:`quiet_cancelled_feeds` keeps one of its records off the same terminal: a
+progress bar's feed, still waiting for its next update when the cluster closes, is
+cancelled, and distributed logs that cancellation as an error with its traceback.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from typing import Any
+import traceback
+from typing import Any, Iterator
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from pipeline.errors import PipelineError
 
-__all__ = ["QuietOwnErrors", "own_error_names"]
+__all__ = ["QuietOwnErrors", "own_error_names", "quiet_cancelled_feeds"]
 
 #: The logger distributed's workers report failed tasks on.
 _LOGGER = "distributed.worker"
@@ -68,3 +76,27 @@ class QuietOwnErrors(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         if self._filter is not None:
             logging.getLogger(_LOGGER).removeFilter(self._filter)
+
+
+class _CancelledFeed(logging.Filter):
+    """Drops the scheduler's record of a cancelled ``feed`` (the stream a progress bar
+    reads): a feed whose bar has finished waits for its next update before it notices,
+    and a cluster closed meanwhile cancels it, which is not an error."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, asyncio.CancelledError):
+            return True
+        return not any(frame.name == "feed" for frame in traceback.extract_tb(exc.__traceback__))
+
+
+@contextlib.contextmanager
+def quiet_cancelled_feeds() -> Iterator[None]:
+    """No "ERROR ... CancelledError" record from a cancelled progress feed while the
+    block runs (a LocalCluster's life, its close included)."""
+    logger, quiet = logging.getLogger("distributed.scheduler"), _CancelledFeed()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

@@ -88,3 +88,58 @@ def test_a_bug_in_a_users_feature_is_still_logged_whole(tmp_path):
     done = _run(tmp_path, ["mid_price", {"name": "custom", "function": "userhook:broken"}], swap=None)
     assert done.returncode != 0
     assert "Compute Failed" in done.stderr and "ZeroDivisionError" in done.stderr, done.stderr[-3000:]
+
+
+def _raised_in(name: str, exc: BaseException) -> logging.LogRecord:
+    """A record of ``exc`` raised inside a function called ``name``, as log_errors makes it."""
+    def raiser() -> None:
+        raise exc
+
+    code = compile(f"def {name}(f):\n    f()\n", "<scheduler>", "exec")
+    scope: dict = {}
+    exec(code, scope)
+    try:
+        scope[name](raiser)
+    except BaseException as caught:  # noqa: BLE001
+        return logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, "", (),
+                                 (type(caught), caught, caught.__traceback__))
+    raise AssertionError("not raised")
+
+
+def test_only_a_cancelled_feed_is_left_out_of_the_schedulers_log():
+    import asyncio
+
+    from pipeline.workerlog import _CancelledFeed
+
+    quiet = _CancelledFeed()
+    assert not quiet.filter(_raised_in("feed", asyncio.CancelledError()))
+    assert quiet.filter(_raised_in("handle_worker", asyncio.CancelledError()))  # another handler: kept
+    assert quiet.filter(_raised_in("feed", RuntimeError("a real error")))  # a feed's real error: kept
+    assert quiet.filter(logging.LogRecord("distributed.scheduler", logging.ERROR, __file__, 1, "plain", (), None))
+
+
+def test_closing_a_cluster_right_after_a_progress_bar_logs_no_error(capsys):
+    import dask.array as da
+
+    from pipeline.cluster import cluster
+    from pipeline.progress import compute
+
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    keep = Keep(logging.ERROR)
+    logger = logging.getLogger("distributed.scheduler")
+    logger.addHandler(keep)
+    try:
+        for _ in range(3):  # the feed is cancelled when the cluster closes within its 100 ms wait
+            with cluster(n_workers=1, threads_per_worker=1, memory_limit="512MiB", log=None):
+                (total,) = compute(da.ones(1000, chunks=100).sum(), desc="sum", progress=True)
+                assert total == 1000
+    finally:
+        logger.removeHandler(keep)
+    # Filters of a logger drop a record before its handlers see it.
+    assert [r.getMessage() for r in records] == []
+    assert "CancelledError" not in capsys.readouterr().err
