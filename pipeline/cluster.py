@@ -319,9 +319,10 @@ def cluster(
             from pipeline.workerlog import QuietOwnErrors
 
             client.register_plugin(QuietOwnErrors())
-            # The workers' own processes: what they hold once set up is left out of
-            # their full collections (pipeline.gcfreeze).
-            client.register_plugin(FreezeWorkerHeap())
+            if processes:
+                # The workers' own processes (not threads of the caller's): what they
+                # hold once set up is left out of their full collections (pipeline.gcfreeze).
+                client.register_plugin(FreezeWorkerHeap())
         try:
             if log is not None:
                 kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"

@@ -27,7 +27,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 __all__ = ["FreezeWorkerHeap", "frozen_heap"]
 
 _lock = threading.Lock()
-_depth = 0
+_depth = 0  # blocks open
+_ours = False  # whether the open blocks' freeze is this module's
 
 
 @contextlib.contextmanager
@@ -35,27 +36,30 @@ def frozen_heap() -> Iterator[None]:
     """Leave the objects alive on entry out of full collections until the block ends.
 
     Nested and concurrent blocks share one freeze: the heap is unfrozen when the last
-    of them ends.
+    of them ends. A process whose heap something else froze is left as it is (unfreezing
+    would undo that freeze too).
     """
-    global _depth
+    global _depth, _ours
     with _lock:
         _depth += 1
         if _depth == 1:
-            gc.freeze()
+            _ours = gc.get_freeze_count() == 0
+            if _ours:
+                gc.freeze()
     try:
         yield
     finally:
         with _lock:
             _depth -= 1
-            if _depth == 0:
+            if _depth == 0 and _ours:
                 gc.unfreeze()
 
 
 class FreezeWorkerHeap(WorkerPlugin):
     """A worker plugin: the objects a worker holds once it is set up (its imports,
     distributed's own state) are frozen for the worker's life. Registered only on the
-    LocalClusters :func:`pipeline.cluster.cluster` starts, whose worker processes are
-    this package's own."""
+    LocalClusters of worker processes that :func:`pipeline.cluster.cluster` starts,
+    which are this package's own (threaded workers share the caller's process)."""
 
     name = "pipeline-freeze-heap"
 

@@ -66,3 +66,24 @@ def test_nested_and_concurrent_blocks_unfreeze_once_the_last_ends():
     leave.set()
     t.join(30)
     assert gc.get_freeze_count() == base
+
+
+def test_a_heap_frozen_by_someone_else_stays_frozen():
+    gc.collect()
+    gc.freeze()
+    try:
+        theirs = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() >= theirs - 100  # not unfrozen (refcounting may free a few)
+    finally:
+        gc.unfreeze()
+
+
+def test_threaded_workers_leave_the_callers_heap_alone():
+    from pipeline.cluster import cluster
+
+    gc.collect()
+    with cluster(n_workers=1, threads_per_worker=1, processes=False, log=None) as client:
+        assert client.submit(sum, [1, 2]).result() == 3
+        assert gc.get_freeze_count() == 0  # no worker plugin froze this process's heap
