@@ -300,6 +300,7 @@ def cluster(
             # the cluster is closed, so that the caller's later subprocesses do not get them.
             names = (dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {}).keys()
             settings.callback(_restore_environ, {k: os.environ.get(k) for k in names})
+            settings.enter_context(_main_file_hidden())
         if address is None and scheduler_file is None:
             settings.enter_context(_local_settings())
             from pipeline.workerlog import quiet_cancelled_feeds
@@ -336,6 +337,31 @@ def cluster(
             client.close()
             if local is not None:
                 local.close()
+
+
+@contextlib.contextmanager
+def _main_file_hidden() -> Iterator[None]:
+    """Hide ``__main__.__file__`` from multiprocessing while it names no file on disk.
+
+    A script piped in (``python - < script.py``, ``python - <<EOF``) runs as a
+    ``__main__`` whose ``__file__`` is ``"<stdin>"``. multiprocessing hands that path to
+    every worker process a nanny starts, and the worker, which runs the parent's main
+    file first, failed with ``FileNotFoundError: .../<stdin>``: the LocalCluster never
+    started. Without ``__file__`` (as under ``python -c`` or in a notebook) a worker
+    runs no main module. Hidden for the cluster's whole life, since a nanny restarts a
+    worker that died the same way; a real script's path is left alone.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not isinstance(path, str) or os.path.isfile(path) or getattr(main, "__spec__", None):
+        yield
+        return
+    del main.__file__
+    try:
+        yield
+    finally:
+        if not hasattr(main, "__file__"):
+            main.__file__ = path
 
 
 def _restore_environ(saved: dict[str, str | None]) -> None:

@@ -70,6 +70,23 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
     assert "dashboard: http://127.0.0.1:" in text
 
 
+def test_a_script_piped_to_python_starts_a_local_cluster(tmp_path):
+    # ``python - < script``: __main__.__file__ is "<stdin>", which multiprocessing handed
+    # to each worker process to run first; the workers failed to start. The script's own
+    # __file__ is back once the cluster is closed.
+    script = (
+        "import __main__, dask.array as da, pipeline\n"
+        "with pipeline.cluster(n_workers=1, threads_per_worker=1, memory_limit='512MiB', log=None) as client:\n"
+        "    total = int(da.ones(1000, chunks=100).sum().compute())\n"
+        "    workers = len(client.scheduler_info()['workers'])\n"
+        "print('result', total, workers, __main__.__file__)\n"
+    )
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, cwd=tmp_path,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["result", "1000", "1", "<stdin>"]
+
+
 def test_dashboard_pages_that_cannot_be_built_answer_with_the_reason(monkeypatch):
     import urllib.error
     import urllib.request
