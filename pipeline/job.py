@@ -76,6 +76,7 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
         "format": src.format,
         "combine": src.combine,
         "columns": src.columns,
+        "read": _columns_read(config),
         "timestamp": src.timestamp,
         "timestamp_unit": src.timestamp_unit,
         "nan": src.nan,
@@ -88,6 +89,18 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
     if src.rename:
         kwargs["rename"] = src.rename
     return kwargs
+
+
+def _columns_read(config: Config) -> tuple[str, ...] | None:
+    """The source columns a build decodes: those its features and label read (the rest
+    of a wide book, deeper levels say, is never decoded); ``None``, every column, under
+    ``source.nan: drop``, whose rows are dropped by every column's values, so that which
+    rows a store holds does not depend on the features that read them."""
+    from pipeline.features.steps import columns_read
+
+    if config.source.nan == "drop":
+        return None
+    return columns_read(config.features.steps, config.labels)
 
 
 def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = True,
@@ -165,7 +178,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         )
         rows = int(source.array.shape[0])
         segs = source.segments
-        say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns, "
+        say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns read, "
             f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.session_mode})")
         tset = build_training_set(
             source.array,

@@ -8,6 +8,7 @@ import collections
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -171,3 +172,27 @@ def test_virtual_windows_over_sessions_stream_the_materialized_bytes(raw_dir, tm
         seen[materialize] = collections.Counter(
             (bytes(x.tobytes()), float(y), int(d)) for xb, yb, db in s for x, y, d in zip(xb, yb, db))
     assert seen[True] == seen[False] and len(seen[True]) > 0
+
+
+def test_a_build_decodes_only_the_columns_its_features_and_label_read(raw_dir, store, tmp_path):
+    """A column no feature or label reads is never decoded: a NaN in it does not stop a
+    build under ``source.nan: raise``, and the store equals the one built without the
+    column, bit for bit. Under ``nan: drop`` every column still decides which rows stay."""
+    wide = tmp_path / "wide"
+    wide.mkdir()
+    for path in sorted(raw_dir.glob("*.parquet")):
+        t = pq.read_table(path)
+        junk = np.zeros(t.num_rows)
+        junk[100:110] = np.nan  # ten rows of the morning, inside windows of the train split
+        pq.write_table(t.append_column("junk", pa.array(junk)), wide / path.name, row_group_size=1500)
+    cfg = config_dict(wide, tmp_path / "wide.zarr")
+    summary = run(parse_config(cfg), log=None, progress=False)
+    assert summary.rows_read == 3 * 4000
+    a, b = pipeline.open(tmp_path / "wide.zarr"), pipeline.open(store)
+    assert a.splits == b.splits and a.attrs["normalization"] == b.attrs["normalization"]
+    for split in b.splits:
+        for name in ("x", "y", "t", "session"):
+            assert a[split][name][:].tobytes() == b[split][name][:].tobytes(), (split, name)
+    cfg = config_dict(wide, tmp_path / "dropped.zarr")
+    cfg["source"]["nan"] = "drop"
+    assert run(parse_config(cfg), log=None, progress=False).rows_read == 3 * (4000 - 10)

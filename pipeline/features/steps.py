@@ -17,9 +17,9 @@ import numpy as np
 
 from pipeline.errors import FeatureError
 from pipeline.features.blockwise import map_with_halo
-from pipeline.features.specs import FeatureSpec
+from pipeline.features.specs import FeatureSpec, LabelSpec
 
-__all__ = ["FeatureFrame", "compute_features", "feature_lookback", "features_numpy"]
+__all__ = ["FeatureFrame", "columns_read", "compute_features", "feature_lookback", "features_numpy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +191,17 @@ def _features_of_rows(block: np.ndarray, columns: Sequence[str], specs: Sequence
             out[: spec.lookback, j] = np.nan
         j += 1
     return out
+
+
+def columns_read(specs: Sequence[FeatureSpec], label: LabelSpec | None = None) -> tuple[str, ...] | None:
+    """The source columns ``specs`` (and ``label``) read, sorted; ``None`` when a
+    custom feature is among them (its function is handed every column)."""
+    if any(spec.name == "custom" for spec in specs):
+        return None
+    names = {name for spec in specs for name in _required_columns(spec)}
+    if label is not None:
+        names.update(label.required_columns)
+    return tuple(sorted(names))
 
 
 def feature_lookback(specs: Sequence[FeatureSpec]) -> int:

@@ -158,6 +158,7 @@ def open_source(
     format: str | None = None,
     combine: Literal["stack", "concat"] | None = None,
     columns: Sequence[str] | None = None,
+    read: Sequence[str] | None = None,
     timestamp: str | None = None,
     timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None,
     dtype: str | None = None,
@@ -188,6 +189,11 @@ def open_source(
     columns
         Table columns to read (default every numeric column but the timestamp and the
         instrument column).
+    read
+        Tables: of those columns, only these are decoded (the ones a build's features
+        and label use; the values of the others are never read, so a NaN there is not
+        looked at). Every one of ``columns`` must still be in every file. Ignored when
+        it names a column outside ``columns``.
     timestamp
         The timestamp column: files must join in time order; ``Source.timestamps`` in
         int64 ns (:mod:`pipeline.loaders.columns`; LOBSTER derives its own).
@@ -261,7 +267,7 @@ def open_source(
     if kind == "table":
         if combine == "stack":
             raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
-        return _table_source(probed, companions, skipped, dtype, so, columns=columns, timestamp=timestamp,
+        return _table_source(probed, companions, skipped, dtype, so, columns=columns, read=read, timestamp=timestamp,
                              timestamp_unit=timestamp_unit, instrument_column=instrument_column, names=names,
                              nan=nan, fill_value=fill_value)
 
@@ -389,11 +395,12 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
 
 def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
-                  instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float) -> Source:
+                  instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
+                  read: Sequence[str] | None = None) -> Source:
     """The :class:`Source` of probed table files, their parts joined by :func:`_table`."""
     parts = [part for _, _, _, ps in probed for part in ps]
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                   fill_value, so, timestamp_unit)
+                                                   fill_value, so, timestamp_unit, read)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
@@ -403,7 +410,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
            names: Sequence[str] | None, nan: str, fill_value: float, so: dict,
-           timestamp_unit: str | None = None) -> tuple:
+           timestamp_unit: str | None = None, read: Sequence[str] | None = None) -> tuple:
     """The values, columns, timestamps, instrument codes and names of joined table parts."""
     import dask
 
@@ -422,7 +429,8 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
     if names is not None and first.fmt != "csv":
         raise FormatMismatchError(first.path, f"source.names applies to headerless CSV files; {first.fmt} files "
                                   "name their own columns (source.rename changes them)")
-    cols = tables.check_columns(parts, columns, timestamp, instrument_column)
+    # Every column asked for is checked in every file's schema; only those read are decoded.
+    cols = tables.project_columns(tables.check_columns(parts, columns, timestamp, instrument_column), read)
     tables.check_time_order(parts, instrument_column)
     arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so)
     if timestamp_unit is not None and timestamp_unit not in side.TIMESTAMP_UNITS:

@@ -32,7 +32,7 @@ from pipeline.loaders.registry import compression_of
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number",
            "looks_like_data", "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table",
-           "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
+           "project_columns", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -454,6 +454,15 @@ def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, tim
             if name and name not in p.columns:
                 raise MissingColumnError(p.path, f"missing {what} column {name!r}; the file has {list(p.columns)}")
     return wanted
+
+
+def project_columns(columns: Sequence[str], read: Sequence[str] | None) -> tuple[str, ...]:
+    """Of ``columns``, those in ``read`` (in ``columns``' order): all of them when
+    ``read`` is ``None`` or names a column outside ``columns``, which is then refused
+    by whatever asked for it, naming the columns there are."""
+    if read is None or not set(read) <= set(columns):
+        return tuple(columns)
+    return tuple(c for c in columns if c in set(read))
 
 
 def check_time_order(parts: Sequence[TablePart], instrument_column: str | None = None) -> None:

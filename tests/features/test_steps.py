@@ -209,3 +209,17 @@ def test_a_series_shorter_than_the_lookback_is_all_nan():
     frame = compute_features(da.from_array(book(5), chunks=(5, -1)), columns=COLS,
                              specs=[FeatureSpec("rolling_mean", window=12)])
     assert np.isnan(frame.array.compute()).all()
+
+
+def test_the_columns_read_are_those_the_features_and_label_use():
+    from pipeline.features.steps import columns_read
+
+    specs = [FeatureSpec.from_mapping(v, "f") for v in ("mid_price", {"name": "imbalance", "levels": 2},
+                                                         {"name": "column", "column": "volume"})]
+    assert columns_read(specs) == ("ask_price_1", "ask_size_1", "ask_size_2", "bid_price_1", "bid_size_1",
+                                   "bid_size_2", "volume")
+    label = LabelSpec.from_mapping({"kind": "column", "column": "target"}, "labels")
+    assert columns_read(specs[2:], label) == ("target", "volume")
+    # A custom feature is handed every column: all are read.
+    assert columns_read([*specs, FeatureSpec.from_mapping(
+        {"name": "custom", "function": f"{__name__}:double_mid", "lookback": 2}, "f")]) is None

@@ -95,6 +95,38 @@ def test_nan_policies(tmp_path, fmt):
     assert dropped.shape[0] == 49 and np.isfinite(dropped.compute()).all()
 
 
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_only_the_columns_read_are_decoded(tmp_path, fmt):
+    """``read`` narrows the decoded columns: a NaN in a column not read is never seen,
+    the columns read hold the file's values, and every column asked for is still
+    required in every file."""
+    t = table(0).to_pandas()
+    t.loc[7, "a"] = np.nan
+    p = tmp_path / f"x.{fmt}"
+    (pq.write_table(pa.Table.from_pandas(t), p) if fmt == "parquet" else t.to_csv(p, index=False))
+    src = open_source(str(p), timestamp="timestamp", read=["c", "b"])
+    assert src.columns == ("b", "c") and src.array.shape == (50, 2)
+    np.testing.assert_array_equal(src.array.compute(), t[["b", "c"]].to_numpy().astype(np.float32))
+    with pytest.raises(InvalidValueError, match=r"NaN or inf in column 'a' at row 7"):
+        open_source(str(p), timestamp="timestamp", read=["a", "b"]).array.compute()
+    # A column read that the source lacks leaves every column (the step asking names it).
+    assert open_source(str(p), timestamp="timestamp", read=["b", "zz"]).columns == ("a", "b", "c")
+    with pytest.raises(MissingColumnError, match=r"missing column\(s\) \['zz'\]"):
+        open_source(str(p), timestamp="timestamp", columns=["b", "zz"], read=["b"])
+
+
+@given(columns=st.lists(st.sampled_from("abcdefgh"), unique=True, max_size=8),
+       read=st.none() | st.lists(st.sampled_from("abcdefghij"), unique=True, max_size=10))
+def test_projected_columns_keep_the_source_order(columns, read):
+    from pipeline.loaders.tables import project_columns
+
+    out = project_columns(columns, read)
+    if read is None or not set(read) <= set(columns):
+        assert out == tuple(columns)
+    else:
+        assert set(out) == set(read) and list(out) == [c for c in columns if c in read]
+
+
 def test_files_out_of_time_order_are_named(tmp_path):
     pq.write_table(table(3), tmp_path / "a.parquet")
     pq.write_table(table(1), tmp_path / "b.parquet")
