@@ -60,6 +60,12 @@ FORMAT_VERSION = 1
 WRITTEN = "_written"
 #: Group of arrays shared by all splits (the per-step features of virtual windows).
 SHARED = "_shared"
+
+#: Bytes per write task of the shared features: they are compressed with blosc-zstd
+#: (:func:`_codec_for`), about ten times the CPU per byte of the windows' lz4, so the
+#: windows' task size (:data:`~pipeline.storage.layout.TASK_BYTES`) made a few tasks
+#: that ran on one core each after everything else (benchmarks/README.md).
+SHARED_TASK_BYTES = 4 * 2**20
 #: Sample indices per chunk of a fold's index array (8 MiB of int64).
 FOLD_CHUNK = 2**20
 #: One part of a fold's name (``fold0/train`` has two): a zarr node name of its own.
@@ -686,7 +692,8 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
         # One task writes a block of whole units: arrays chunked that way already (the
         # windows of a job are made in these blocks) are not rechunked at all, and the
         # write fuses with the blockwise layers that make them (see storage.units).
-        block = _made_block(arrs, unit) or task_block(unit, sample_bytes(arrs))
+        block = _made_block(arrs, unit) or task_block(
+            unit, sample_bytes(arrs), SHARED_TASK_BYTES if split == SHARED else None)
         # A store created by this call holds no unit yet: its markers need no reading.
         done = np.zeros(len(unit_chunks(n, unit)), dtype=bool) if not exists else written_units(group, split)
         known[split] = done

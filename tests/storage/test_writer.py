@@ -377,6 +377,31 @@ def test_feature_names_in_attrs_are_kept_when_none_are_given(tmp_path):
     assert pipeline.open(tmp_path / "v.zarr").attrs["features"] == ["a", "b", "c"]
 
 
+def test_shared_features_are_written_by_tasks_of_their_own_size(tmp_path, monkeypatch):
+    """The shared features (blosc-zstd, costly per byte) are written in tasks of
+    ``SHARED_TASK_BYTES``, not of the windows' ``TASK_BYTES``: blocks of whole units
+    that together cover every unit once, and the stored features are the ones given."""
+    import pipeline.storage.writer as writer
+
+    real, calls = writer._write_units, []
+
+    def counted(location, options, split, units, start, blocks, token):
+        calls.append((split, [u for u, _, _ in units]))
+        return real(location, options, split, units, start, blocks, token)
+
+    monkeypatch.setattr(writer, "_write_units", counted)
+    monkeypatch.setattr(writer, "SHARED_TASK_BYTES", 64 * 8 * 4 * 3)  # three units of 64 rows
+    feats = np.random.default_rng(1).standard_normal((1000, 8)).astype(np.float32)
+    virtual = {"virtual": {"size": 4, "stride": 1, "scales": [1], "halo": 3}}
+    write(tmp_path / "v.zarr", {"train": {"ends": np.arange(3, 1000), "y": np.zeros(997)}},
+          shared={"features": da.from_array(feats, chunks=250)}, shared_chunk_rows=64, attrs=virtual,
+          progress=False)
+    shared = sorted(units for split, units in calls if split == "_shared")
+    assert [len(u) for u in shared] == [3] * 5 + [1]  # 16 units of 64 rows (the last of 40)
+    assert sorted(u for block in shared for u in block) == list(range(16))
+    np.testing.assert_array_equal(zarr.open_group(str(tmp_path / "v.zarr"), mode="r")["_shared/features"][:], feats)
+
+
 @pytest.mark.parametrize(
     ("case", "names", "message"),
     [
