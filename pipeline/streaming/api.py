@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from pipeline.errors import StreamError
 from pipeline.streaming.cache import cache_spec
 from pipeline.streaming.elastic import per_rank_batch
-from pipeline.streaming.localstore import is_zarr, open_root
+from pipeline.streaming.localstore import is_zarr, one_reading, open_root
 from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
@@ -188,10 +188,11 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
         source it does not apply to.
     """
     if isinstance(source, (str, os.PathLike)) or is_zarr(source, "Group"):
-        foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)
-        if foreign is not None:
-            return foreign
-        return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
+        with one_reading():  # the store's metadata read once, whoever asks
+            foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)
+            if foreign is not None:
+                return foreign
+            return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
     if dim is not None:
         raise StreamError(f"stream: dim={dim!r} names the samples' dimension of a store's variables; arrays "
                           "passed directly have their samples along axis 0")

@@ -16,6 +16,8 @@ dtype or fill value this module does not spell) is opened by zarr, as before:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import math
 import os
@@ -27,9 +29,36 @@ import numpy as np
 from pipeline.errors import StoreError
 from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip
 
-__all__ = ["LocalArray", "LocalGroup", "is_group", "is_zarr", "open_local", "open_root"]
+__all__ = ["LocalArray", "LocalGroup", "is_group", "is_zarr", "one_reading", "open_local", "open_root"]
 
 _META = "zarr.json"
+
+#: While a stream opens (:func:`one_reading`): each store's root group and each local
+#: node's metadata document, by location, read once. Opening read the root three times
+#: (for another tool's variables, a fold, the split) and a split's group once per array:
+#: a request each on an object store.
+_SEEN: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar("pipeline_seen", default=None)
+
+
+@contextlib.contextmanager
+def one_reading() -> Iterator[None]:
+    """Within the block, :func:`open_root` and local metadata reads of the same location
+    give what the first read found (a snapshot of the store as it was opened)."""
+    token = _SEEN.set({})
+    try:
+        yield
+    finally:
+        _SEEN.reset(token)
+
+
+def _seen(key: Any, read: Any) -> Any:
+    """``read()``, or within :func:`one_reading` what it gave for ``key`` the first time."""
+    memo = _SEEN.get()
+    if memo is None:
+        return read()
+    if key not in memo:
+        memo[key] = read()
+    return memo[key]
 
 
 def _read_meta(directory: str, strict: bool = False) -> dict[str, Any] | None:
@@ -43,8 +72,7 @@ def _read_meta(directory: str, strict: bool = False) -> dict[str, Any] | None:
     """
     path = os.path.join(directory, _META)
     try:
-        with open(path, "rb") as fh:
-            meta = json.loads(fh.read())
+        meta = _seen(("meta", path), lambda: _read_json(path))
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -56,6 +84,11 @@ def _read_meta(directory: str, strict: bool = False) -> dict[str, Any] | None:
             raise StoreError(f"{path}: not the metadata of a zarr 3 group or array")
         return None
     return meta
+
+
+def _read_json(path: str) -> Any:
+    with open(path, "rb") as fh:
+        return json.loads(fh.read())
 
 
 def open_local(location: Any) -> "LocalGroup | None":
@@ -244,6 +277,13 @@ def open_root(location: Any, storage_options: dict[str, Any] | None = None) -> A
     """A store's root group for reading: a :class:`LocalGroup` for a store this package
     wrote in a local directory, else zarr's group
     (:func:`~pipeline.storage.store.open_store_group`)."""
+    if not isinstance(location, (str, os.PathLike)):
+        return _open_root(location, storage_options)
+    key = ("root", os.fspath(location), json.dumps(storage_options or {}, sort_keys=True, default=repr))
+    return _seen(key, lambda: _open_root(location, storage_options))
+
+
+def _open_root(location: Any, storage_options: dict[str, Any] | None) -> Any:
     local = open_local(location)
     if local is not None:
         return local

@@ -242,3 +242,36 @@ def test_any_written_store_reads_as_zarr_reads_it(tmp_path_factory, n, chunk, sh
     with pipeline.stream(path, batch_size=7, seed=2) as s:
         xs = np.concatenate([np.array(b[0]).reshape(len(b[0]), -1)[:, 0] if tail else np.array(b[0]) for b in s])
     assert sorted(xs.tolist()) == list(range(n))
+
+
+def test_opening_a_stream_reads_each_metadata_document_once(tmp_path, monkeypatch):
+    """The root's and the split's ``zarr.json`` are read once per opened stream (it was
+    three times and once per array), and a later open reads them again, so a store
+    written anew in between is seen."""
+    path = make_store(tmp_path / "s.zarr", n=300)
+    reads = []
+    real = localstore._read_json
+    monkeypatch.setattr(localstore, "_read_json", lambda p: reads.append(p) or real(p))
+    s = pipeline.stream(path, split="train", batch_size=50, seed=0)
+    assert sorted(reads) == sorted({*reads}) and len(reads) == 4  # the root, the split, x and y
+    assert sorted(int(v) for _, yb in s for v in yb) == list(range(300))
+    y = np.arange(310)
+    write(path, {"x": np.zeros((310, 4, 3), np.float32), "y": y}, chunk_samples=64, overwrite=True, progress=False)
+    reads.clear()
+    assert len(pipeline.stream(path, split="train", batch_size=50, seed=0)) == 7  # 310 samples: read anew
+    assert len(reads) == 4
+
+
+def test_a_remote_store_is_opened_once_per_stream(s3, monkeypatch):
+    """An object store's root group is opened once per stream (each open is requests)."""
+    import pipeline.storage.store as store_mod
+
+    url = "s3://training/opened-once/set.zarr"
+    write(url, {"x": np.zeros((200, 2), np.float32), "y": np.arange(200)}, chunk_samples=50, progress=False,
+          storage_options=s3, overwrite=True)
+    opened = []
+    real = store_mod.open_store_group
+    monkeypatch.setattr(store_mod, "open_store_group", lambda *a, **k: opened.append(a[0]) or real(*a, **k))
+    s = pipeline.stream(url, split="train", batch_size=50, seed=0, storage_options=s3)
+    assert opened == [url]
+    assert sorted(int(v) for _, yb in s for v in yb) == list(range(200))
