@@ -190,6 +190,11 @@ def _features_of_rows(block: np.ndarray, columns: Sequence[str], specs: Sequence
             out[:, j] = result
             out[: spec.lookback, j] = np.nan
         j += 1
+    # ``base`` calls itself, so it and its closure form a reference cycle, which only the
+    # cyclic collector frees: emptied here, the columns and features it holds go now,
+    # not at the next full collection (a block's worth of float64 columns per task).
+    cache.clear()
+    converted.clear()
     return out
 
 
