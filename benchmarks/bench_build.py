@@ -466,6 +466,8 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True, sample: bool = Fals
     loop CPU of its own). Without them, tasks are counted by the workers."""
     from distributed import get_task_stream
 
+    os.sync()  # the run writes back none of an earlier run's dirty pages
+
     import pipeline.features.build as build
     from pipeline import job
     from pipeline.cluster import cluster
@@ -586,6 +588,7 @@ def measure_limit(store: Path, target: Path, *, layout: bool = True) -> tuple[di
     seconds and CPU seconds; ``layout``: see :func:`limit_seconds`)."""
     arrays = load_store(store)
     chunks = stored_chunks(store, arrays)
+    os.sync()
     cpu0 = time.process_time()
     wall = limit_seconds(chunks, target, os.cpu_count() or 1, layout=layout)
     return arrays, chunks, wall, time.process_time() - cpu0
@@ -672,6 +675,7 @@ def scaling(work: Path, turns: int = 2, days: int = 20, rows: int = 200_000) -> 
     for turn in range(turns):
         for n in (1, 2) if turn % 2 == 0 else (2, 1):
             out = work / f"w{n}-{turn}.zarr"
+            os.sync()  # no run writes back another's dirty pages
             whole[n].append(cli_run(big, out, workers=n))
             marks = MARKS[str(out)]
             after[n].append(marks["wall time"] - marks["cluster"])
@@ -702,9 +706,11 @@ def _turns(raw: Path, work: Path, name: str, chunks: list, first: tuple[float, f
     cores = os.cpu_count() or 1
     for t in range(1, turns):
         target = work / f"{name}-limit{t}"
+        os.sync()  # each timed write starts with no other's dirty pages to write back
         limits.append(limit_seconds(chunks, target, cores))
         shutil.rmtree(target, ignore_errors=True)
         out = work / f"{name}{t}.zarr"
+        os.sync()
         runs.append(cli_run(raw, out, **kwargs))
         cpus.append(CPU[str(out)])
         shutil.rmtree(out, ignore_errors=True)
@@ -724,6 +730,7 @@ def say_ratio(what: str, runs: list[float], limits: list[float], goal: str) -> N
 def materialized(raw: Path, work: Path, turns: int = 3) -> dict[str, float]:
     """``pipeline run`` and ``pipeline.write`` against the limit, ``turns`` times in turns;
     the sizes involved."""
+    os.sync()
     run_s = cli_run(raw, work / "run.zarr")
     arrays, chunks, limit_s, limit_cpu = measure_limit(work / "run.zarr", work / "limit")
     window_bytes = sum(v.nbytes for named in arrays.values() for k, (v, _) in named.items() if k == "x")
@@ -751,6 +758,7 @@ def materialized(raw: Path, work: Path, turns: int = 3) -> dict[str, float]:
 def virtual(raw: Path, work: Path, turns: int = 3) -> None:
     """``pipeline run`` with ``windows.materialize: false`` against its own limit,
     ``turns`` times in turns."""
+    os.sync()
     vrun_s = cli_run(raw, work / "virtual.zarr", materialize=False)
     _, chunks, vlimit_s, vlimit_cpu = measure_limit(work / "virtual.zarr", work / "vlimit")
     shutil.rmtree(work / "vlimit", ignore_errors=True)

@@ -68,17 +68,19 @@ class StoreSource:
         pinned = None if foreign else select_version(meta, version, str(label))
         self.version = None if pinned is None else pinned.number
         samples = None if pinned is None else pinned.samples.get(split)
-        if split not in group or not is_split_group(split, group[split]):
+        # Each node opened once: on an object store every open is requests.
+        sub = group.get(split)
+        if sub is None or not is_split_group(split, sub):
             raise StreamError(f"{label}: no split {split!r}; {available_splits(group, meta)}")
         arrays = {}
         virtual = meta.get("virtual")
         for n in self.names:
-            if n == "x" and virtual and "x" not in group[split] and "ends" in group[split]:
-                arrays[n] = group[f"{split}/ends"]  # windows are assembled from the features
-                continue
-            if n not in group[split]:
+            node = sub.get(n)
+            if n == "x" and virtual and node is None:
+                node = sub.get("ends")  # windows are assembled from the features
+            if node is None:
                 raise StreamError(f"{label}: split {split!r} has no array {n!r}")
-            arrays[n] = group[f"{split}/{n}"]
+            arrays[n] = node
             # Another tool's encodings (xarray's scale_factor, time units) would make the
             # stored numbers wrong: refused by name rather than served.
             problem = cf_problem(arrays[n]) if foreign else None

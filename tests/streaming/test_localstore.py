@@ -269,9 +269,21 @@ def test_a_remote_store_is_opened_once_per_stream(s3, monkeypatch):
     url = "s3://training/opened-once/set.zarr"
     write(url, {"x": np.zeros((200, 2), np.float32), "y": np.arange(200)}, chunk_samples=50, progress=False,
           storage_options=s3, overwrite=True)
-    opened = []
+    import s3fs
+
+    opened, gets = [], []
     real = store_mod.open_store_group
     monkeypatch.setattr(store_mod, "open_store_group", lambda *a, **k: opened.append(a[0]) or real(*a, **k))
+    real_call = s3fs.S3FileSystem._call_s3
+
+    async def counted(self, method, *args, **kwargs):
+        if method == "get_object":
+            gets.append(kwargs.get("Key", "").removeprefix("opened-once/set.zarr/"))
+        return await real_call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", counted)
     s = pipeline.stream(url, split="train", batch_size=50, seed=0, storage_options=s3)
     assert opened == [url]
+    # Each node's metadata fetched once (the split's was fetched three times, each array's twice).
+    assert sorted(gets) == ["train/x/zarr.json", "train/y/zarr.json", "train/zarr.json", "zarr.json"]
     assert sorted(int(v) for _, yb in s for v in yb) == list(range(200))
