@@ -155,10 +155,8 @@ def _stat(path: str, so: dict) -> tuple[int, float]:
 def open_source(
     paths: str | os.PathLike[str] | Sequence[str] | None = None,
     *,
-    format: str | None = None,
-    combine: Literal["stack", "concat"] | None = None,
-    columns: Sequence[str] | None = None,
-    read: Sequence[str] | None = None,
+    format: str | None = None, combine: Literal["stack", "concat"] | None = None,
+    columns: Sequence[str] | None = None, read: Sequence[str] | None = None,
     timestamp: str | None = None,
     timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None,
     dtype: str | None = None,
@@ -171,8 +169,7 @@ def open_source(
     chunk_rows: int | None = None, files_per_chunk: int | None = None,
     storage_options: dict | None = None,
     header: bool = True, names: Sequence[str] | None = None,
-    rename: Mapping[str, str] | None = None,
-    instrument_column: str | None = None,
+    rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -190,10 +187,8 @@ def open_source(
         Table columns to read (default every numeric column but the timestamp and the
         instrument column).
     read
-        Tables: of those columns, only these are decoded (the ones a build's features
-        and label use; the values of the others are never read, so a NaN there is not
-        looked at). Every one of ``columns`` must still be in every file. Ignored when
-        it names a column outside ``columns``.
+        Tables: of those columns, decode only these (each of ``columns`` must still be
+        in every file); ignored when it names one outside them.
     timestamp
         The timestamp column: files must join in time order; ``Source.timestamps`` in
         int64 ns (:mod:`pipeline.loaders.columns`; LOBSTER derives its own).
@@ -265,11 +260,9 @@ def open_source(
         classes, label_values = labels_mod.folder_labels([p for p, *_ in probed])
 
     if kind == "table":
-        if combine == "stack":
-            raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
-        return _table_source(probed, companions, skipped, dtype, so, columns=columns, read=read, timestamp=timestamp,
-                             timestamp_unit=timestamp_unit, instrument_column=instrument_column, names=names,
-                             nan=nan, fill_value=fill_value)
+        return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
+                             timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
+                             names=names, nan=nan, fill_value=fill_value)
 
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
@@ -396,8 +389,10 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
 def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
                   instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
-                  read: Sequence[str] | None = None) -> Source:
+                  read: Sequence[str] | None = None, combine: str | None = None) -> Source:
     """The :class:`Source` of probed table files, their parts joined by :func:`_table`."""
+    if combine == "stack":
+        raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
     parts = [part for _, _, _, ps in probed for part in ps]
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
                                                    fill_value, so, timestamp_unit, read)
