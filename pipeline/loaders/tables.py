@@ -32,7 +32,8 @@ from pipeline.loaders.registry import compression_of
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number",
            "looks_like_data", "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table",
-           "project_columns", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array", "text_ranges"]
+           "project_columns", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array",
+           "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -460,9 +461,10 @@ def project_columns(columns: Sequence[str], read: Sequence[str] | None) -> tuple
     """Of ``columns``, those in ``read`` (in ``columns``' order): all of them when
     ``read`` is ``None`` or names a column outside ``columns``, which is then refused
     by whatever asked for it, naming the columns there are."""
-    if read is None or not set(read) <= set(columns):
+    wanted = None if read is None else set(read)
+    if wanted is None or not wanted <= set(columns):
         return tuple(columns)
-    return tuple(c for c in columns if c in set(read))
+    return tuple(c for c in columns if c in wanted)
 
 
 def check_time_order(parts: Sequence[TablePart], instrument_column: str | None = None) -> None:
