@@ -320,17 +320,22 @@ class WindowRuns:
         keep = np.asarray(keep, dtype=bool)
         if keep.size != self.n:
             raise WindowError(f"windows: a mask of {keep.size} for {self.n} windows")
-        idx = np.flatnonzero(keep)
-        if idx.size == 0:
+        kept = int(np.count_nonzero(keep))
+        if kept == 0:
             return WindowRuns(*(np.zeros(0, np.int64),) * 2, np.zeros(0, np.int32), self.stride)
-        run, pos = self.locate(idx)
-        # A new run starts where the run changes or a window was left out before it.
-        brk = np.ones(idx.size, dtype=bool)
-        brk[1:] = (run[1:] != run[:-1]) | (pos[1:] != pos[:-1] + 1)
-        starts = np.flatnonzero(brk)
-        counts = np.diff(np.append(starts, idx.size))
-        return WindowRuns(self.first[run[starts]] + pos[starts] * self.stride, counts.astype(np.int64),
-                          self.segment[run[starts]], self.stride)
+        # A new run starts at a kept window that starts a run or follows a window left
+        # out: found by boolean arithmetic, and only those starts located (locating every
+        # kept window, a search each, took 0.1-0.2 s per split of 2M windows).
+        start = keep.copy()
+        start[1:] &= ~keep[:-1]
+        heads = self.offsets[:-1][self.count > 0]
+        start[heads] = keep[heads]
+        starts = np.flatnonzero(start)
+        before = np.cumsum(keep, dtype=np.int64)[starts] - 1  # kept windows before each start
+        counts = np.diff(np.append(before, kept))
+        run, pos = self.locate(starts)
+        return WindowRuns(self.first[run] + pos * self.stride, counts.astype(np.int64), self.segment[run],
+                          self.stride)
 
     def slice(self, lo: int, hi: int) -> "WindowRuns":
         """Windows ``[lo, hi)`` as runs of their own."""

@@ -75,6 +75,18 @@ def test_window_runs_equal_a_loop_over_segments(lengths, stride, back, fwd, data
         sub = runs.subset(keep)
         np.testing.assert_array_equal(sub.ends(), np.asarray(expect)[keep])
         np.testing.assert_array_equal(sub.segments_of(), np.asarray(seg)[keep])
+        # The runs themselves: the longest stretches of consecutive kept windows of one
+        # segment (a segment is one run here).
+        ref_first, ref_count, ref_seg = [], [], []
+        for e, sg in zip(np.asarray(expect)[keep], np.asarray(seg)[keep]):
+            if ref_first and ref_seg[-1] == sg and e == ref_first[-1] + ref_count[-1] * stride:
+                ref_count[-1] += 1
+            else:
+                ref_first.append(e)
+                ref_count.append(1)
+                ref_seg.append(sg)
+        np.testing.assert_array_equal(sub.first, ref_first)
+        np.testing.assert_array_equal(sub.count, ref_count)
         lo = data.draw(st.integers(0, runs.n))
         hi = data.draw(st.integers(lo, runs.n))
         np.testing.assert_array_equal(runs.ends(lo, hi), np.asarray(expect[lo:hi], dtype=np.int64))
