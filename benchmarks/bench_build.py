@@ -698,11 +698,11 @@ def scaling(work: Path, turns: int = 2, days: int = 20, rows: int = 200_000) -> 
           flush=True)
 
 
-def _turns(raw: Path, work: Path, name: str, chunks: list, first: tuple[float, float, float], turns: int,
-           **kwargs: Any) -> tuple[list[float], list[float], list[float]]:
+def _turns(raw: Path, work: Path, name: str, chunks: list, first: tuple[float, float], turns: int,
+           **kwargs: Any) -> tuple[list[float], list[float]]:
     """``pipeline run`` and its limit in turns (the first pair given, as measured), each
-    into a new directory, removed after: run seconds, limit seconds, run CPU."""
-    runs, limits, cpus = [first[0]], [first[1]], [first[2]]
+    into a new directory, removed after: run seconds, limit seconds."""
+    runs, limits = [first[0]], [first[1]]
     cores = os.cpu_count() or 1
     for t in range(1, turns):
         target = work / f"{name}-limit{t}"
@@ -712,9 +712,8 @@ def _turns(raw: Path, work: Path, name: str, chunks: list, first: tuple[float, f
         out = work / f"{name}{t}.zarr"
         os.sync()
         runs.append(cli_run(raw, out, **kwargs))
-        cpus.append(CPU[str(out)])
         shutil.rmtree(out, ignore_errors=True)
-    return runs, limits, cpus
+    return runs, limits
 
 
 def say_ratio(what: str, runs: list[float], limits: list[float], goal: str) -> None:
@@ -738,7 +737,7 @@ def materialized(raw: Path, work: Path, turns: int = 3) -> dict[str, float]:
     flat_s = limit_seconds(chunks, work / "limit-flat", os.cpu_count() or 1, layout=False)
     shutil.rmtree(work / "limit-flat", ignore_errors=True)
     shutil.rmtree(work / "limit", ignore_errors=True)
-    runs, limits, cpus = _turns(raw, work, "run", chunks, (run_s, limit_s, CPU[str(work / "run.zarr")]), turns)
+    runs, limits = _turns(raw, work, "run", chunks, (run_s, limit_s), turns)
     del chunks
     print(f"windows: {window_bytes / 2**30:.2f} GiB; every stored array {stored_bytes / 2**30:.2f} GiB uncompressed")
     print(f"limit: encoded with the store's codecs and written as files at their keys in the store (directories "
@@ -763,8 +762,7 @@ def virtual(raw: Path, work: Path, turns: int = 3) -> None:
     _, chunks, vlimit_s, vlimit_cpu = measure_limit(work / "virtual.zarr", work / "vlimit")
     shutil.rmtree(work / "vlimit", ignore_errors=True)
     vbytes = sum(c.nbytes for _, c, _ in chunks)
-    runs, limits, _ = _turns(raw, work, "virtual", chunks, (vrun_s, vlimit_s, CPU[str(work / "virtual.zarr")]),
-                             turns, materialize=False)
+    runs, limits = _turns(raw, work, "virtual", chunks, (vrun_s, vlimit_s), turns, materialize=False)
     print(f"virtual limit: features and per-window arrays ({vbytes / 2**20:,.0f} MiB) encoded and written: "
           f"{vlimit_s:.2f} s ({vlimit_cpu:.2f} s of CPU)")
     say_ratio("pipeline run, virtual", runs, limits, ">= 0.5x")

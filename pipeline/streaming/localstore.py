@@ -33,17 +33,16 @@ __all__ = ["LocalArray", "LocalGroup", "is_group", "is_zarr", "one_reading", "op
 
 _META = "zarr.json"
 
-#: While a stream opens (:func:`one_reading`): each store's root group and each local
-#: node's metadata document, by location, read once. Opening read the root three times
-#: (for another tool's variables, a fold, the split) and a split's group once per array:
-#: a request each on an object store.
+#: While a stream opens (:func:`one_reading`): each store's root group, by location,
+#: opened once. Opening opened the root three times (for another tool's variables, a
+#: fold, the split): requests each on an object store.
 _SEEN: contextvars.ContextVar[dict[Any, Any] | None] = contextvars.ContextVar("pipeline_seen", default=None)
 
 
 @contextlib.contextmanager
 def one_reading() -> Iterator[None]:
-    """Within the block, :func:`open_root` and local metadata reads of the same location
-    give what the first read found (a snapshot of the store as it was opened)."""
+    """Within the block, :func:`open_root` of the same location gives what the first
+    open found (the store as it was opened)."""
     token = _SEEN.set({})
     try:
         yield
@@ -72,7 +71,8 @@ def _read_meta(directory: str, strict: bool = False) -> dict[str, Any] | None:
     """
     path = os.path.join(directory, _META)
     try:
-        meta = _seen(("meta", path), lambda: _read_json(path))
+        with open(path, "rb") as fh:
+            meta = json.loads(fh.read())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
@@ -84,11 +84,6 @@ def _read_meta(directory: str, strict: bool = False) -> dict[str, Any] | None:
             raise StoreError(f"{path}: not the metadata of a zarr 3 group or array")
         return None
     return meta
-
-
-def _read_json(path: str) -> Any:
-    with open(path, "rb") as fh:
-        return json.loads(fh.read())
 
 
 def open_local(location: Any) -> "LocalGroup | None":
@@ -279,7 +274,7 @@ def open_root(location: Any, storage_options: dict[str, Any] | None = None) -> A
     (:func:`~pipeline.storage.store.open_store_group`)."""
     if not isinstance(location, (str, os.PathLike)):
         return _open_root(location, storage_options)
-    key = ("root", os.fspath(location), json.dumps(storage_options or {}, sort_keys=True, default=repr))
+    key = (os.fspath(location), json.dumps(storage_options or {}, sort_keys=True, default=repr))
     return _seen(key, lambda: _open_root(location, storage_options))
 
 
