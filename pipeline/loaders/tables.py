@@ -14,6 +14,7 @@ for its own names.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -155,9 +156,29 @@ def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[Ta
         if ts_idx is not None:
             st = rg.column(ts_idx).statistics
             if st is not None and st.has_min_max:
-                first, last = st.min, st.max
+                first, last = statistics_bounds(st)
         parts.append(TablePart(path, "parquet", g, rg.num_rows, cols, first, last, sources=cols, non_numeric=text))
     return parts
+
+
+#: Parquet's time units as numpy's.
+_PARQUET_UNITS = {"milliseconds": "ms", "microseconds": "us", "nanoseconds": "ns"}
+
+
+def statistics_bounds(st: Any) -> tuple[Any, Any]:
+    """The min and max of a Parquet column chunk's statistics; a timestamp's as numpy
+    ``datetime64`` in the file's own unit, from the stored integers.
+
+    pyarrow boxes timestamp statistics as pandas ``Timestamp`` objects, importing pandas
+    (a quarter of a second) in a process that otherwise never needs it: the run's own,
+    which reads every footer while its workers start. ``datetime64`` values compare
+    across units and time zones alike (a UTC-adjusted timestamp is stored as UTC)."""
+    logical = st.logical_type
+    if st.physical_type == "INT64" and getattr(logical, "type", None) == "TIMESTAMP":
+        unit = _PARQUET_UNITS.get(json.loads(logical.to_json()).get("timeUnit", ""))
+        if unit is not None:
+            return np.datetime64(st.min_raw, unit), np.datetime64(st.max_raw, unit)
+    return st.min, st.max
 
 
 def is_number(field: str) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
@@ -18,7 +20,7 @@ from pipeline.errors import (
     LoaderError,
     MissingColumnError,
 )
-from pipeline.loaders import open_source
+from pipeline.loaders import open_source, tables
 
 
 def table(day: int, n: int = 50) -> pa.Table:
@@ -132,6 +134,58 @@ def test_files_out_of_time_order_are_named(tmp_path):
     pq.write_table(table(1), tmp_path / "b.parquet")
     with pytest.raises(LoaderError, match=r"b\.parquet: starts at .* before the previous file .*a\.parquet"):
         open_source(str(tmp_path / "*.parquet"), timestamp="timestamp")
+
+
+@pytest.mark.parametrize("unit, tz", [("s", None), ("ms", "UTC"), ("us", "America/New_York"), ("ns", None)])
+def test_row_group_time_bounds_are_the_stored_instants(tmp_path, unit, tz):
+    # Independent reference: pyarrow's own boxed statistics (pandas Timestamps, UTC for
+    # an aware column), and the column's values themselves.
+    ts = np.array(["2026-01-05T09:30:00.123456789", "2026-01-05T15:59:59.5", "2026-01-05T12:00:00"],
+                  dtype="datetime64[ns]").astype(f"datetime64[{unit}]")
+    pq.write_table(pa.table({"t": pa.array(ts.astype(np.int64), pa.timestamp(unit, tz=tz))}), tmp_path / "t.parquet")
+    st = pq.ParquetFile(tmp_path / "t.parquet").metadata.row_group(0).column(0).statistics
+    lo, hi = tables.statistics_bounds(st)
+    assert (lo, hi) == (ts.min(), ts.max())
+    def instant(v):  # pyarrow's box: a pandas Timestamp (ns) or a datetime, UTC when aware
+        if hasattr(v, "value"):
+            return np.datetime64(v.value, "ns")
+        return np.datetime64(v.astimezone(dt.timezone.utc).replace(tzinfo=None) if v.tzinfo else v)
+
+    assert [instant(st.min), instant(st.max)] == [lo, hi]
+
+
+def test_files_in_different_zones_are_ordered_by_instant(tmp_path):
+    # 09:30 in New York is 14:30 UTC: a naive-UTC file from 12:00 to 13:00 comes first,
+    # and one from 14:00 to 15:00 overlaps it (before, an aware and a naive bound could
+    # not even be compared).
+    def write(name, start, tz):
+        t = np.datetime64(start, "ns") + np.arange(10).astype("timedelta64[m]") * 6
+        pq.write_table(pa.table({"t": pa.array(t.astype(np.int64), pa.timestamp("ns", tz=tz)), "v": np.arange(10.0)}),
+                       tmp_path / name)
+    write("a.parquet", "2026-01-05T12:00", None)
+    write("b.parquet", "2026-01-05T14:30", "America/New_York")
+    src = open_source(str(tmp_path / "*.parquet"), timestamp="t")
+    assert src.array.shape[0] == 20
+    write("b.parquet", "2026-01-05T12:30", "America/New_York")
+    with pytest.raises(LoaderError, match=r"b\.parquet: starts at 2026-01-05T12:30:00\.000000000, before the "
+                                          r"previous file .*a\.parquet ends at 2026-01-05T12:54"):
+        open_source(str(tmp_path / "*.parquet"), timestamp="t")
+
+
+def test_reading_parquet_footers_imports_no_pandas(tmp_path):
+    import subprocess
+    import sys
+
+    for day in range(4):  # nanosecond times, as order-book files hold them (pyarrow boxes those through pandas)
+        t = np.datetime64("2026-01-05", "ns") + np.timedelta64(day, "D") + np.arange(50).astype("timedelta64[ms]")
+        pq.write_table(pa.table({"timestamp": pa.array(t.astype(np.int64), pa.timestamp("ns")), "a": np.arange(50.0)}),
+                       tmp_path / f"day{day}.parquet", row_group_size=20)
+    # dask.array imported as a run imports it (pipeline.daskimport: without xarray).
+    code = ("import sys, pipeline.daskimport; from pipeline.loaders import open_source; "
+            f"s = open_source({str(tmp_path / '*.parquet')!r}, timestamp='timestamp'); "
+            "assert s.array.shape[0] == 200; print('pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
 
 
 def test_rows_out_of_time_order_inside_a_file_are_named(tmp_path):
