@@ -659,8 +659,12 @@ def scaling(work: Path, turns: int = 2, days: int = 20, rows: int = 200_000) -> 
     """1 and 2 workers on a larger input (by default 4x the demo input), in turns: the
     whole ``pipeline run``, and its work once its LocalCluster is ready (its ``cluster:``
     line to its summary), which leaves out the fixed start-up that no worker count
-    changes. Each run writes a new store, removed after it is timed (the 4x demo input's
-    stores are about 4 GB each).
+    changes. Each run writes a new store (about 3.7 GB on disk for the 4x demo input),
+    and all are removed after the last: on a file system that scans past recently freed
+    inodes at each new file (ext4 without a journal, as on this project's machines), a
+    run right after another's store was removed spends seconds in that scan, and two
+    workers creating files at once contend for it, which measures the removal, not the
+    build (benchmarks/README.md).
 
     Beside the ratio, its ceiling here: the 1-worker run's wall time against the CPU the
     2-worker run spent in all (workers, client, scheduler) spread over every core. The
@@ -673,6 +677,7 @@ def scaling(work: Path, turns: int = 2, days: int = 20, rows: int = 200_000) -> 
     whole: dict[int, list[float]] = {1: [], 2: []}
     after: dict[int, list[float]] = {1: [], 2: []}
     cpu: dict[int, list[float]] = {1: [], 2: []}
+    written = []
     for turn in range(turns):
         for n in (1, 2) if turn % 2 == 0 else (2, 1):
             out = work / f"w{n}-{turn}.zarr"
@@ -681,7 +686,9 @@ def scaling(work: Path, turns: int = 2, days: int = 20, rows: int = 200_000) -> 
             marks = MARKS[str(out)]
             after[n].append(marks["wall time"] - marks["cluster"])
             cpu[n].append(CPU[str(out)])
-            shutil.rmtree(out, ignore_errors=True)
+            written.append(out)
+    for out in written:  # removed only now: see the docstring
+        shutil.rmtree(out, ignore_errors=True)
     ratio = [a / b for a, b in zip(whole[1], whole[2])]
     ratio_after = [a / b for a, b in zip(after[1], after[2])]
     med = statistics.median
