@@ -74,6 +74,11 @@ def set_aside(fs: Any, root: str) -> Removal | None:
         fs.rm(root, recursive=True)
         return None
     path = os.path.abspath(root).rstrip(os.sep)
+    if os.path.islink(path):
+        # A link to a store: the link is removed, never what it leads to (zarr cannot
+        # make a store through a link), and the new store written in its place.
+        fs.rm(root, recursive=True)
+        return None
     parent, name = os.path.split(path)
     aside = os.path.join(parent, "." + name + ASIDE_INFIX + uuid.uuid4().hex[:12])
     leftovers = _left_aside(parent, name)

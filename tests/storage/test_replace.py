@@ -111,3 +111,22 @@ def test_a_bad_write_with_overwrite_keeps_the_old_store(tmp_path):
         write(store, {"x": x, "y": x[:30, 0]}, overwrite=True, progress=False)
     assert sorted(p.relative_to(tmp_path) for p in store.rglob("*")) == before
     assert _siblings(store) == ["f.zarr"]
+
+
+
+
+def test_an_overwrite_through_a_link_replaces_the_link_and_keeps_the_store_it_led_to(tmp_path):
+    # As before stores were set aside: the link is removed (never the directory it
+    # leads to) and the new store written in its place.
+    (tmp_path / "disk").mkdir()
+    real, link = tmp_path / "disk" / "f.zarr", tmp_path / "f.zarr"
+    x = np.arange(80, dtype=np.float32).reshape(40, 2)
+    write(real, {"x": x, "y": x[:, 0]}, progress=False)
+    link.symlink_to(real, target_is_directory=True)
+    before = sorted(p.relative_to(tmp_path) for p in real.rglob("*"))
+    write(link, {"x": -x, "y": x[:, 0]}, overwrite=True, progress=False)
+    assert not link.is_symlink()
+    np.testing.assert_array_equal(pipeline.open(link)["train"]["x"][:], -x)
+    assert sorted(p.relative_to(tmp_path) for p in real.rglob("*")) == before
+    np.testing.assert_array_equal(pipeline.open(real)["train"]["x"][:], x)
+    assert _siblings(real) == ["f.zarr"] and sorted(os.listdir(tmp_path)) == ["disk", "f.zarr"]
