@@ -169,10 +169,11 @@ def statistics_bounds(st: Any) -> tuple[Any, Any]:
     """The min and max of a Parquet column chunk's statistics; a timestamp's as numpy
     ``datetime64`` in the file's own unit, from the stored integers.
 
-    pyarrow boxes timestamp statistics as pandas ``Timestamp`` objects, importing pandas
-    (a quarter of a second) in a process that otherwise never needs it: the run's own,
-    which reads every footer while its workers start. ``datetime64`` values compare
-    across units and time zones alike (a UTC-adjusted timestamp is stored as UTC)."""
+    pyarrow boxes nanosecond timestamp statistics as pandas ``Timestamp`` objects,
+    importing pandas into a process that may not otherwise need it (the run's own, with
+    a remote cluster), and a time zone's as aware ones, which a naive bound cannot be
+    compared with. ``datetime64`` values compare across units and time zones alike (a
+    UTC-adjusted timestamp is stored as UTC)."""
     logical = st.logical_type
     if st.physical_type == "INT64" and getattr(logical, "type", None) == "TIMESTAMP":
         unit = _PARQUET_UNITS.get(json.loads(logical.to_json()).get("timeUnit", ""))

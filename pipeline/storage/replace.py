@@ -1,9 +1,9 @@
 """Overwriting a local store: the old one set aside in one rename, removed while the new
 one is written.
 
-Removing a store file by file takes seconds (a demo build's 9,000 files: 1.4 s on this
-project's machines, more on a disk with online discard), and an overwrite used to spend
-them in the run's wall time, after the statistics pass and before the first write. Now
+Removing a store file by file takes seconds (a demo build at stride 1 holds 9,000 files
+and directories; measured in benchmarks/README.md), and an overwrite used to spend them
+in the run's wall time, after the statistics pass and before the first write. Now
 the old directory is renamed to a hidden sibling, which is atomic and instant, and a
 thread removes it while the workers write the new store; the write waits for that
 thread before it returns, so nothing is left behind by a run that finishes.

@@ -6,8 +6,10 @@ Rules this module enforces (DESIGN.md, "Rules that protect data"):
   shard when sharded; a block up to :data:`~pipeline.storage.layout.TASK_BYTES`) before
   writing, one task per block, so no two tasks ever write the same zarr chunk;
 - a write unit is recorded as done (a small marker holding the CRC32 of each array's
-  decoded block) only after all its arrays are written; zarr's local store does not
-  write chunk files atomically, so a unit without its marker is rewritten on resume;
+  decoded block) only after all its arrays are written; a unit's chunk files are
+  written one by one (zarr's local store writes each through a temporary file and a
+  rename), so an interrupted write leaves some of them, and a unit without its marker is
+  rewritten on resume;
 - the root's ``complete`` flag is set only after every marker is present and the fold
   index arrays (``folds/<name>``, rewritten whole by a resumed write) are written;
   readers refuse an incomplete store;
@@ -40,7 +42,6 @@ from pipeline.errors import StoreConflictError, StoreError
 from pipeline.progress import compute
 from pipeline.storage.codecs import CodecSpec
 from pipeline.storage.lock import write_lock
-from pipeline.storage.replace import set_aside
 from pipeline.storage.layout import (
     DEFAULT_CHUNK_BYTES,
     last_of_blocks,
@@ -49,6 +50,7 @@ from pipeline.storage.layout import (
     task_block,
     unit_samples,
 )
+from pipeline.storage.replace import set_aside
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
 from pipeline.storage.units import read_rows_sync, write_blocks, write_units
 from pipeline.storage.versions import HISTORY, record
