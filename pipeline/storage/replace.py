@@ -10,8 +10,8 @@ thread before it returns, so nothing is left behind by a run that finishes.
 
 The old store is set aside only where it used to be removed: after the input is
 checked, so bad input still leaves it whole. Siblings that a killed run left set aside
-(``.<name>.replaced-<hex>``, a name nothing else makes) are removed by the next
-overwrite of the same store. Object stores have no rename: theirs is removed at once,
+(``.<name>.replaced-<hex>``, a name nothing else makes) are removed by the next write
+of the same store, an overwrite or the resumed run. Object stores have no rename: theirs is removed at once,
 as before.
 """
 
@@ -25,7 +25,7 @@ import warnings
 from shutil import rmtree
 from typing import Any
 
-__all__ = ["ASIDE_INFIX", "Removal", "set_aside"]
+__all__ = ["ASIDE_INFIX", "Removal", "remove_left_aside", "set_aside"]
 
 #: What a set-aside store's name holds between its own name and a random hex suffix.
 ASIDE_INFIX = ".replaced-"
@@ -61,6 +61,21 @@ def _left_aside(parent: str, name: str) -> list[str]:
     return [p for p in glob.glob(pattern) if os.path.isdir(p) and not os.path.islink(p)]
 
 
+def _is_local(fs: Any) -> bool:
+    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
+    return "file" in protocols
+
+
+def remove_left_aside(fs: Any, root: str) -> Removal | None:
+    """Start removing what a killed run set aside when it replaced the store at ``root``
+    (a resumed write leaves nothing of it either); ``None`` when there is nothing."""
+    if not _is_local(fs):
+        return None
+    parent, name = os.path.split(os.path.abspath(root).rstrip(os.sep))
+    leftovers = _left_aside(parent, name)
+    return Removal(leftovers) if leftovers else None
+
+
 def set_aside(fs: Any, root: str) -> Removal | None:
     """Take the store at ``root`` (on fsspec filesystem ``fs``) out of the way of a new
     one: a local directory is renamed to a hidden sibling and removed in the background
@@ -69,8 +84,7 @@ def set_aside(fs: Any, root: str) -> Removal | None:
 
     A directory that cannot be renamed (a mount point, say) is removed now.
     """
-    protocols = fs.protocol if isinstance(fs.protocol, (tuple, list)) else (fs.protocol,)
-    if "file" not in protocols:
+    if not _is_local(fs):
         fs.rm(root, recursive=True)
         return None
     path = os.path.abspath(root).rstrip(os.sep)

@@ -130,3 +130,14 @@ def test_an_overwrite_through_a_link_replaces_the_link_and_keeps_the_store_it_le
     assert sorted(p.relative_to(tmp_path) for p in real.rglob("*")) == before
     np.testing.assert_array_equal(pipeline.open(real)["train"]["x"][:], x)
     assert _siblings(real) == ["f.zarr"] and sorted(os.listdir(tmp_path)) == ["disk", "f.zarr"]
+
+
+def test_a_resumed_write_removes_what_a_killed_overwrite_left_aside(tmp_path):
+    store = tmp_path / "f.zarr"
+    x = np.ones((40, 2), np.float32)
+    left = tmp_path / (".f.zarr" + ASIDE_INFIX + "0123456789ab")
+    (left / "train").mkdir(parents=True)
+    (left / "train" / "chunk").write_bytes(b"the old store, half removed when the run was killed")
+    write(store, {"x": x, "y": x[:, 0]}, progress=False)  # no overwrite: a new store, or the resumed one
+    assert not left.exists() and _siblings(store) == ["f.zarr"]
+    np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], x)
