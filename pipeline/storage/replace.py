@@ -11,8 +11,8 @@ thread before it returns, so nothing is left behind by a run that finishes.
 The old store is set aside only where it used to be removed: after the input is
 checked, so bad input still leaves it whole. Siblings that a killed run left set aside
 (``.<name>.replaced-<hex>``, a name nothing else makes) are removed by the next write
-of the same store, an overwrite or the resumed run. Object stores have no rename: theirs is removed at once,
-as before.
+of the same store, an overwrite or the resumed run. Object stores have no rename: theirs
+is removed at once, as before.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import warnings
 from shutil import rmtree
 from typing import Any
 
-__all__ = ["ASIDE_INFIX", "Removal", "remove_left_aside", "set_aside"]
+__all__ = ["ASIDE_INFIX", "Removal", "make_way"]
 
 #: What a set-aside store's name holds between its own name and a random hex suffix.
 ASIDE_INFIX = ".replaced-"
@@ -66,39 +66,32 @@ def _is_local(fs: Any) -> bool:
     return "file" in protocols
 
 
-def remove_left_aside(fs: Any, root: str) -> Removal | None:
-    """Start removing what a killed run set aside when it replaced the store at ``root``
-    (a resumed write leaves nothing of it either); ``None`` when there is nothing."""
-    if not _is_local(fs):
-        return None
-    parent, name = os.path.split(os.path.abspath(root).rstrip(os.sep))
-    leftovers = _left_aside(parent, name)
-    return Removal(leftovers) if leftovers else None
+def make_way(fs: Any, root: str, *, replace: bool) -> Removal | None:
+    """Clear the way for a write of the store at ``root`` (on fsspec filesystem ``fs``):
+    start removing what a killed run set aside there and, with ``replace``, take the
+    store there out of the way first. A local directory is renamed to a hidden sibling
+    and removed with those in the background (the returned :class:`Removal`, to be
+    waited for once the new store is written); ``None`` when nothing is being removed.
 
-
-def set_aside(fs: Any, root: str) -> Removal | None:
-    """Take the store at ``root`` (on fsspec filesystem ``fs``) out of the way of a new
-    one: a local directory is renamed to a hidden sibling and removed in the background
-    (the returned :class:`Removal`, to be waited for once the new store is written); an
-    object store's objects are removed now (``None`` returned).
-
-    A directory that cannot be renamed (a mount point, say) is removed now.
+    Removed at once, as before: an object store's objects (no rename), a link to a
+    store (the link, never what it leads to: zarr cannot make a store through a link,
+    and the new one is written in its place), and a directory that cannot be renamed
+    (a mount point, say).
     """
     if not _is_local(fs):
-        fs.rm(root, recursive=True)
+        if replace:
+            fs.rm(root, recursive=True)
         return None
     path = os.path.abspath(root).rstrip(os.sep)
-    if os.path.islink(path):
-        # A link to a store: the link is removed, never what it leads to (zarr cannot
-        # make a store through a link), and the new store written in its place.
-        fs.rm(root, recursive=True)
-        return None
     parent, name = os.path.split(path)
-    aside = os.path.join(parent, "." + name + ASIDE_INFIX + uuid.uuid4().hex[:12])
-    leftovers = _left_aside(parent, name)
-    try:
-        os.rename(path, aside)
-    except OSError:
-        rmtree(path)
-        return Removal(leftovers) if leftovers else None
-    return Removal([aside, *leftovers])
+    doomed = _left_aside(parent, name)  # before the rename below adds one
+    if replace and os.path.islink(path):
+        fs.rm(root, recursive=True)
+    elif replace:
+        aside = os.path.join(parent, "." + name + ASIDE_INFIX + uuid.uuid4().hex[:12])
+        try:
+            os.rename(path, aside)
+            doomed.append(aside)
+        except OSError:
+            rmtree(path)
+    return Removal(doomed) if doomed else None

@@ -50,7 +50,7 @@ from pipeline.storage.layout import (
     task_block,
     unit_samples,
 )
-from pipeline.storage.replace import remove_left_aside, set_aside
+from pipeline.storage.replace import make_way
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
 from pipeline.storage.units import read_rows_sync, write_blocks, write_units
 from pipeline.storage.versions import HISTORY, record
@@ -632,13 +632,10 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
                fingerprint, overwrite, storage_options, progress, shared_chunk_rows=None, folds=None) -> None:
     fs, root = _fs_and_root(location, storage_options)
     exists = fs.exists(f"{root}/zarr.json")
-    if exists and overwrite:
-        # Renamed out of the way and removed while the new store is written (removing
-        # thousands of files first took seconds of the run's wall time).
-        removal = set_aside(fs, root)
-        exists = False
-    else:
-        removal = remove_left_aside(fs, root)
+    # An old store to overwrite is renamed out of the way and removed while the new one
+    # is written (removing thousands of files first took seconds of the run's wall time).
+    removal = make_way(fs, root, replace=exists and overwrite)
+    exists = exists and not overwrite
     try:
         _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
                     fingerprint, storage_options, progress, shared_chunk_rows, folds)

@@ -12,7 +12,7 @@ import pytest
 import pipeline
 from pipeline.errors import StoreError
 from pipeline.storage import replace, write
-from pipeline.storage.replace import ASIDE_INFIX, set_aside
+from pipeline.storage.replace import ASIDE_INFIX, make_way
 
 
 def _siblings(path) -> list[str]:
@@ -92,11 +92,11 @@ def test_a_store_that_cannot_be_removed_is_named_in_a_warning(tmp_path, monkeypa
     np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], x + 1)
 
 
-def test_set_aside_renames_at_once_and_removes_in_the_background(tmp_path):
+def test_make_way_renames_at_once_and_removes_in_the_background(tmp_path):
     store = tmp_path / "s.zarr"
     (store / "a" / "b").mkdir(parents=True)
     (store / "a" / "b" / "c").write_bytes(b"x" * 100)
-    removal = set_aside(fsspec.filesystem("file"), str(store))
+    removal = make_way(fsspec.filesystem("file"), str(store), replace=True)
     assert not store.exists()  # the path is free for the new store as soon as it returns
     removal.wait()
     assert os.listdir(tmp_path) == []
