@@ -143,17 +143,21 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         if log is not None:
             print(msg, file=log, flush=True)
 
+    from pipeline.storage.writer import check_target, local_absolute
+
     t0 = time.perf_counter()
     src_cfg = config.source
+    # The workers of a remote cluster write the store: a relative path would be theirs.
+    config = dataclasses.replace(config, output=dataclasses.replace(
+        config.output, path=local_absolute(config.output.path), overwrite=config.output.overwrite or mode != "auto"))
     out = config.output
-    if mode != "auto":
-        config = dataclasses.replace(config, output=dataclasses.replace(out, overwrite=True))
-        out = config.output
     stored = update.stored_build(config) if mode == "auto" and not out.overwrite else None
     files = update.new_files(config, stored) if stored is not None else []
     if stored is not None and not files:
         say(f"{out.path}: up to date (every file the config matches is in the store)")
         return _summary(config, 0, t0, "up to date")
+    if stored is None:  # a build: refuse a target it would damage before the cluster starts
+        check_target(out.path, config_fingerprint(config), out.overwrite, out.storage_options or None)
 
     def block_windows(window_bytes: int) -> int:
         # Windows made in the blocks the writer's tasks write: see build_training_set.

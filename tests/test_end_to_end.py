@@ -16,6 +16,7 @@ import yaml
 import pipeline
 from pipeline.config import parse_config
 from pipeline.demo import DemoSpec, write_demo_data
+from pipeline.errors import StoreConflictError
 from pipeline.job import run
 
 SIZE, STRIDE, SCALES, HORIZON = 8, 3, (1, 3), 5
@@ -89,6 +90,34 @@ def store(raw_dir, tmp_path_factory) -> Path:
     summary = run(parse_config(config_dict(raw_dir, out)), log=None, progress=False)
     assert summary.rows_read == 3 * 4000
     return out
+
+
+def test_a_run_into_a_directory_that_is_not_a_store_is_refused_before_the_cluster_starts(raw_dir, tmp_path,
+                                                                                         monkeypatch):
+    import pipeline.cluster
+
+    def no_cluster(*a, **k):
+        raise AssertionError("the cluster was started")
+
+    monkeypatch.setattr(pipeline.cluster, "cluster", no_cluster)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "thesis.txt").write_text("my notes")
+    cfg = config_dict(raw_dir, victim)
+    cfg["output"]["overwrite"] = True
+    with pytest.raises(StoreConflictError, match="victim: a directory that is not a zarr store"):
+        run(parse_config(cfg), log=None, progress=False)
+    assert [p.name for p in victim.iterdir()] == ["thesis.txt"]
+
+
+def test_a_run_over_another_configs_store_is_refused_before_the_cluster_starts(store, raw_dir, monkeypatch):
+    import pipeline.cluster
+
+    monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    cfg = config_dict(raw_dir, store)
+    cfg["windows"]["stride"] = STRIDE + 1
+    with pytest.raises(StoreConflictError, match="written from fingerprint"):
+        run(parse_config(cfg), log=None, progress=False)
 
 
 def test_stored_windows_and_labels_equal_plain_numpy(store, raw_dir):

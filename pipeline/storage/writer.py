@@ -594,7 +594,7 @@ def write(
         base or indices do not fit (naming the fold), arrays of different lengths,
         feature names that are not one string per feature.
     """
-    location = os.fspath(target)
+    location = local_absolute(os.fspath(target))
     codec = CodecSpec.from_mapping(codec, "codec")
     used_gap = _split_gap(arrays, splits, split_by, gap, horizon)
     groups = _normalize(arrays, splits, split_by, used_gap or 0, seed)
@@ -628,8 +628,56 @@ def _pack_zip(directory: str, target: str) -> None:
     os.replace(tmp, target)  # the zip appears whole or not at all
 
 
+def local_absolute(location: str) -> str:
+    """A local path made absolute (URLs unchanged): the workers of a remote cluster
+    resolve a relative path in their own working directory, not the client's."""
+    return location if "://" in location else os.path.abspath(location)
+
+
+def check_target(location: str, fingerprint: str | None, overwrite: bool,
+                 storage_options: dict[str, Any] | None = None) -> None:
+    """Refuse a target that a write would damage, before anything is computed or written.
+
+    An existing store is overwritten only with ``overwrite``, and resumed only when it
+    was written from ``fingerprint``. A directory that is not a store is never written
+    into unless it is empty: opening it as a new store would delete what it holds.
+
+    Raises
+    ------
+    StoreConflictError
+        A store written from another fingerprint (without ``overwrite``), or a directory
+        that holds files but no ``zarr.json``, whatever ``overwrite`` says.
+    StoreError
+        The target is a file.
+    """
+    if is_zip(location):  # checked by _write_zip, which writes beside it
+        return
+    fs, root = _fs_and_root(location, storage_options)
+    if fs.exists(f"{root}/zarr.json"):
+        if not overwrite:
+            meta = store_root_attrs(open_store_group(location, storage_options=storage_options))
+            if meta.get("fingerprint") != fingerprint:
+                raise StoreConflictError(
+                    f"{location}: this store was written from fingerprint {meta.get('fingerprint')}, "
+                    f"the current run's is {fingerprint}; choose another output path or set output.overwrite"
+                )
+        return
+    if not fs.exists(root):
+        return
+    if not fs.isdir(root):
+        raise StoreError(f"{location}: exists and is not a directory; choose another output path")
+    entries = sorted(fs.ls(root, detail=False))
+    if entries:
+        raise StoreConflictError(
+            f"{location}: a directory that is not a zarr store (no zarr.json) and holds {len(entries)} "
+            f"entries, such as {os.path.basename(str(entries[0]).rstrip('/'))!r}; a store written there would "
+            "delete them, with or without output.overwrite. Choose a new or empty directory"
+        )
+
+
 def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
                fingerprint, overwrite, storage_options, progress, shared_chunk_rows=None, folds=None) -> None:
+    check_target(location, fingerprint, overwrite, storage_options)
     fs, root = _fs_and_root(location, storage_options)
     exists = fs.exists(f"{root}/zarr.json")
     # An old store to overwrite is renamed out of the way and removed while the new one
@@ -648,14 +696,8 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
                 fingerprint, storage_options, progress, shared_chunk_rows, folds) -> None:
     """:func:`_write_dir` once an old store to overwrite is out of the way: a new store,
     or the rest of one with this fingerprint (``exists``)."""
-    if exists:
-        meta = store_root_attrs(open_store_group(location, storage_options=storage_options))
-        if meta.get("fingerprint") != fingerprint:
-            raise StoreConflictError(
-                f"{location}: this store was written from fingerprint {meta.get('fingerprint')}, "
-                f"the current run's is {fingerprint}; choose another output path or set output.overwrite"
-            )
-        if meta.get("complete"):
+    if exists:  # written from this fingerprint (check_target): resume it, unless complete
+        if store_root_attrs(open_store_group(location, storage_options=storage_options)).get("complete"):
             return
     # Samples per chunk come from x's sample size (or the first array's); arrays shared by
     # every split (the per-step features of virtual windows) get their own, by row size.

@@ -194,6 +194,36 @@ def test_another_fingerprint_is_refused_and_nothing_changes(tmp_path):
     np.testing.assert_array_equal(pipeline.open(tmp_path / "f.zarr")["train"]["x"][:], x + 1)
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_directory_that_is_not_a_store_is_refused_and_kept_whole(tmp_path, overwrite):
+    victim = tmp_path / "notes"
+    (victim / "sub").mkdir(parents=True)
+    (victim / "thesis.txt").write_text("my notes")
+    (victim / "sub" / "day.parquet").write_bytes(b"PAR1")
+    x = np.arange(40, dtype=np.float32)[:, None]
+    with pytest.raises(StoreConflictError, match=r"notes: a directory that is not a zarr store .* 2 entries"):
+        write(victim, {"x": x, "y": x[:, 0]}, overwrite=overwrite, progress=False)
+    assert sorted(str(p.relative_to(victim)) for p in victim.rglob("*")) == ["sub", "sub/day.parquet", "thesis.txt"]
+    assert (victim / "thesis.txt").read_text() == "my notes"
+
+
+def test_an_empty_directory_takes_a_store_and_a_relative_path_is_made_absolute(tmp_path, monkeypatch):
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path)
+    x = np.arange(40, dtype=np.float32)[:, None]
+    written = write("empty", {"x": x, "y": x[:, 0]}, progress=False)
+    assert written == str(tmp_path / "empty")
+    np.testing.assert_array_equal(pipeline.open(tmp_path / "empty")["train"]["x"][:], x)
+
+
+def test_a_file_as_target_is_refused(tmp_path):
+    (tmp_path / "f.zarr").write_text("not a store")
+    x = np.arange(4, dtype=np.float32)[:, None]
+    with pytest.raises(StoreError, match="f.zarr: exists and is not a directory"):
+        write(tmp_path / "f.zarr", {"x": x, "y": x[:, 0]}, progress=False)
+    assert (tmp_path / "f.zarr").read_text() == "not a store"
+
+
 def unmark(path, split: str, units: list[int]) -> None:
     g = zarr.open_group(str(path), mode="r+")
     meta = dict(g.attrs["pipeline"])
