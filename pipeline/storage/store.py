@@ -63,6 +63,8 @@ def open_store_group(
     if isinstance(location, zarr.Group):
         return location
     loc = os.fspath(location)
+    if loc.startswith("file://"):  # a local path as a URL (is_remote says local): zarr takes the path
+        loc = loc[len("file://"):]
     try:
         if is_zip(loc):
             if mode != "r":

@@ -59,6 +59,13 @@ _MAX_FREE_SCRATCH = 8
 BLOCKWISE_RUNS = 4
 
 
+def native_dtype(dtype: Any) -> np.dtype:
+    """``dtype`` in this machine's byte order: batches are served in it, whatever order
+    the store keeps (zarr 2 stores may hold ``>f4``), since torch and most frameworks
+    take native arrays only. Reads convert as they copy into the batch memory."""
+    return np.dtype(dtype).newbyteorder("=")
+
+
 def runs_index(starts: Sequence[int], stops: Sequence[int]) -> np.ndarray:
     """The offsets of the runs ``[starts[k], stops[k])``, concatenated, as int64."""
     starts = np.asarray(starts, dtype=np.int64)
@@ -118,7 +125,9 @@ class ChunkReader:
         self.rows = int(array.chunks[0])
         self.n = int(array.shape[0])
         self.tail_shape = tuple(array.shape[1:])
-        self.dtype = np.dtype(array.dtype)
+        # Native: bytes decoded here are little-endian only (_plan), and zarr's own reads
+        # of other byte orders are converted as they are copied out.
+        self.dtype = native_dtype(array.dtype)
         self._transposed = False
         self._per_shard = 0  # inner chunks per shard; 0 when not sharded
         self._index_at_end = True

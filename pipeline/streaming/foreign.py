@@ -25,6 +25,7 @@ import numpy as np
 import zarr
 
 from pipeline.errors import StreamError
+from pipeline.streaming.chunks import native_dtype
 from pipeline.streaming.readahead import ReadAhead, local_files
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader, dimension_names
 
@@ -63,15 +64,24 @@ def _store_state(array: zarr.Array, name: str, label: str) -> tuple[Any, ...]:
     store = array.store_path.store
     if isinstance(store, zarr.storage.LocalStore):
         return ("local", str(store.root), array.store_path.path)
-    if isinstance(store, (zarr.storage.FsspecStore, zarr.storage.ZipStore)):
-        return ("store", store, array.store_path.path)  # both pickle as their location
+    if isinstance(store, zarr.storage.ZipStore):
+        # Opened again by path, in a process or after a fork: one ZipStore holds one file
+        # handle, and two processes reading through it would move each other's offset.
+        return ("zip", str(store.path), array.store_path.path)
+    if isinstance(store, zarr.storage.FsspecStore):
+        return ("store", store, array.store_path.path)  # pickles as its location
     raise StreamError(f"{label}: array {name!r} lives in a {type(store).__name__}, which worker processes cannot "
                       "open; write it to a directory, zip or fsspec store, or stream it without workers")
 
 
 def _reopen_array(state: tuple[Any, ...]) -> zarr.Array:
     kind, where, path = state
-    store = zarr.storage.LocalStore(where, read_only=True) if kind == "local" else where
+    if kind == "local":
+        store = zarr.storage.LocalStore(where, read_only=True)
+    elif kind == "zip":
+        store = zarr.storage.ZipStore(where, mode="r")
+    else:
+        store = where
     return zarr.open_array(store, path=path, mode="r")
 
 
@@ -256,7 +266,7 @@ class ZarrSource:
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         a = self.arrays[name]
-        return tuple(int(s) for s in a.shape[1:]), np.dtype(a.dtype)
+        return tuple(int(s) for s in a.shape[1:]), native_dtype(a.dtype)
 
 
 def _remote_cache(spec: Any, arrays: Sequence[zarr.Array], label: str) -> Any:

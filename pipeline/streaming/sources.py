@@ -14,7 +14,7 @@ import numpy as np
 
 from pipeline.errors import IncompleteStoreError, StreamError
 from pipeline.storage.store import FOLDS
-from pipeline.streaming.chunks import ChunkReader
+from pipeline.streaming.chunks import ChunkReader, native_dtype
 from pipeline.streaming.localstore import is_group, open_root
 from pipeline.streaming.maps import MapCache
 from pipeline.streaming.readahead import ReadAhead, local_files
@@ -319,7 +319,7 @@ class ArraySource:
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         a = self.arrays[name]
-        return tuple(a.shape[1:]), np.dtype(a.dtype)
+        return tuple(a.shape[1:]), native_dtype(a.dtype)
 
 
 def read_part(source: Any, name: str, piece: Any, out: np.ndarray) -> None:

@@ -117,7 +117,7 @@ class V2ChunkReader(ChunkReader):
             return None, None
         if any(c != arr.shape[k] for k, c in enumerate(arr.chunks) if k > 0):
             return None, None
-        if self.dtype.itemsize > 1 and self.dtype.byteorder == ">":
+        if not np.dtype(arr.dtype).isnative:  # (self.dtype is native: what the batches hold)
             return None, None
         compressor = meta.get("compressor")
         decoder: Any

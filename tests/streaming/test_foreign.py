@@ -125,6 +125,57 @@ def test_dataloader_workers_reopen_zarr_arrays(tmp_path, reference):
     assert sorted(np.concatenate(ids).tolist()) == list(range(N))
 
 
+def test_each_process_reads_a_zip_store_through_its_own_handle(tmp_path, reference):
+    """A forked DataLoader worker must not read through the parent's ZipStore: one file
+    handle, whose offset two processes would move under each other (BadZipFile)."""
+    from torch.utils.data import DataLoader
+
+    x, y = reference
+    with zarr.storage.ZipStore(tmp_path / "s.zip", mode="w") as zs:
+        g = zarr.open_group(zs, mode="w")
+        g.create_array("x", data=x, chunks=(25, 4, 3))
+        g.create_array("y", data=y, chunks=(25,))
+    g = zarr.open_group(zarr.storage.ZipStore(tmp_path / "s.zip", mode="r"), mode="r")
+    s = pipeline.stream((g["x"], g["y"]), batch_size=20, buffer_chunks=2, seed=0)
+    copy = ZarrSource.__new__(ZarrSource)
+    copy.__setstate__(s.source.__getstate__())  # what a forked worker does (no pickling)
+    assert copy.arrays["a0"].store_path.store is not s.source.arrays["a0"].store_path.store
+    np.testing.assert_array_equal(copy.read("a1", 3), y[75:100])
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        loader = DataLoader(s.torch(), batch_size=None, num_workers=2, multiprocessing_context="fork")
+        xs, ys = zip(*[(xb.numpy(), yb.numpy()) for xb, yb in loader])
+        ids = np.concatenate(ys)
+        assert sorted(ids.tolist()) == list(range(N))
+        np.testing.assert_array_equal(np.concatenate(xs), x[ids])
+
+
+def test_a_file_url_names_a_local_store(tmp_path, reference):
+    x, y = reference
+    g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
+    g.create_array("x", data=x, chunks=(128, 4, 3))
+    g.create_array("y", data=y, chunks=(128,))
+    check_epochs(pipeline.stream(f"file://{tmp_path / 'plain.zarr'}", batch_size=64), x, y, epochs=1)
+
+
+@pytest.mark.parametrize("where", ["root", "split"])
+def test_big_endian_zarr_2_arrays_are_served_in_native_byte_order(tmp_path, reference, where):
+    """zarr 2 stores may keep ``>f4``: batches come in native order, which torch needs."""
+    import torch
+
+    x, y = reference
+    g = zarr.open_group(tmp_path / "be.zarr", mode="w", zarr_format=2)
+    node = g if where == "root" else g.create_group("train")
+    node.create_array("x", shape=x.shape, chunks=(100, 4, 3), dtype=">f4")[:] = x
+    node.create_array("y", shape=y.shape, chunks=(100,), dtype=">i8")[:] = y
+    s = pipeline.stream(str(tmp_path / "be.zarr"), batch_size=64)
+    assert all(dtype.isnative for _, dtype in s.shapes.values())
+    check_epochs(s, x, y, epochs=1)
+    xb, yb = next(iter(s.torch()))
+    assert xb.dtype == torch.float32 and yb.dtype == torch.int64
+    np.testing.assert_array_equal(xb.numpy(), x[yb.numpy()])
+
+
 def test_arrays_in_memory_stores_cannot_go_to_spawned_workers(reference):
     """A spawned worker cannot open a MemoryStore; a forked one has a copy of it."""
     from torch.utils.data import DataLoader
