@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any, Mapping, Sequence
 
 from pipeline.errors import StreamError
@@ -191,6 +192,7 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
         with one_reading():  # the store's metadata read once, whoever asks
             foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)
             if foreign is not None:
+                _unverifiable(verify, foreign.label)
                 return foreign
             return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
     if dim is not None:
@@ -202,11 +204,19 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
     if not isinstance(source, Mapping):
         raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or "
                           "arrays")
+    _unverifiable(verify, "arrays passed directly")
     if any(is_zarr(source.get(n), "Array") for n in arrays):
         from pipeline.streaming.foreign import ZarrSource
 
         return ZarrSource(source, arrays, cache=cache)
     return ArraySource(source, arrays)
+
+
+def _unverifiable(verify: bool, label: str) -> None:
+    """``verify=True`` for what has no checksums: said, not silently skipped."""
+    if verify:
+        warnings.warn(f"verify=True: {label} holds no checksums (pipeline did not write it); its chunks are "
+                      "decoded but cannot be verified", RuntimeWarning, stacklevel=4)
 
 
 def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_options: dict[str, Any] | None,
@@ -242,6 +252,11 @@ def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_o
         # for x and y) stream over their common grid, as variables do.
         where = split
     elif next(iter(group.arrays()), None) is not None:
+        if split and split != "train":  # the default split is the root's variables; another name is a mistake
+            groups = sorted(name for name, _ in group.groups())
+            raise StreamError(f"{label}: no split {split!r}; this store (not written by pipeline) holds its "
+                              f"variables at its root, streamed with the default split='train'"
+                              + (f"; its groups: {', '.join(groups)}" if groups else ""))
         node, where = group, ""  # variables at the root, as xarray writes a Dataset
     else:
         return None  # neither: open_store_source names what the store holds

@@ -150,6 +150,30 @@ def test_each_process_reads_a_zip_store_through_its_own_handle(tmp_path, referen
         np.testing.assert_array_equal(np.concatenate(xs), x[ids])
 
 
+def test_a_split_a_root_variables_store_does_not_have_is_refused(tmp_path, reference):
+    x, y = reference
+    g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
+    g.create_array("x", data=x, chunks=(128, 4, 3))
+    g.create_array("y", data=y, chunks=(128,))
+    g.create_group("extra")
+    for split in ("test", "no-such-split"):
+        with pytest.raises(StreamError, match=rf"no split '{split}'.*at its root.*split='train'; its groups: extra"):
+            pipeline.stream(str(tmp_path / "plain.zarr"), split=split, batch_size=64)
+    check_epochs(pipeline.stream(str(tmp_path / "plain.zarr"), batch_size=64), x, y, epochs=1)
+
+
+def test_verify_on_what_has_no_checksums_warns(tmp_path, reference):
+    x, y = reference
+    zx, zy = zarr_arrays(tmp_path, x, y)
+    with pytest.warns(RuntimeWarning, match="arrays passed directly holds no checksums"):
+        pipeline.stream((zx, zy), batch_size=64, verify=True)
+    g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
+    g.create_array("x", data=x, chunks=(128, 4, 3))
+    g.create_array("y", data=y, chunks=(128,))
+    with pytest.warns(RuntimeWarning, match="plain.zarr holds no checksums"):
+        pipeline.stream(str(tmp_path / "plain.zarr"), batch_size=64, verify=True)
+
+
 def test_a_file_url_names_a_local_store(tmp_path, reference):
     x, y = reference
     g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
