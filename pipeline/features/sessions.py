@@ -30,6 +30,7 @@ __all__ = [
     "SegmentTable",
     "SessionSpec",
     "WindowRuns",
+    "calendar_days",
     "parse_duration",
     "window_runs",
 ]
@@ -40,6 +41,33 @@ _UNITS_NS = {
     "day": 86400 * 10**9, "days": 86400 * 10**9,
 }  # fmt: skip
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
+
+
+_DAY_NS = 86_400 * 10**9
+
+
+def calendar_days(ns: np.ndarray, tz: str | None = None) -> np.ndarray:
+    """The calendar date of each timestamp, as days since 1970-01-01 (int64).
+
+    Parameters
+    ----------
+    ns
+        Timestamps, int64 nanoseconds since the epoch: instants (UTC) when ``tz`` is
+        given, wall-clock times of their own otherwise.
+    tz
+        The time zone the dates are taken in (the one the timestamp column stores): a
+        trading day in Sydney starts at its midnight, 13:00 or 14:00 UTC the day
+        before. ``None`` (naive timestamps) and ``"UTC"`` take the date of the value.
+    """
+    ns = np.asarray(ns, dtype=np.int64)
+    if tz is not None and tz not in ("UTC", "Etc/UTC", "+00:00", "Z"):
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        # pyarrow's own tz database: the wall clock of each instant, DST included.
+        stamps = pa.array(ns, pa.timestamp("ns", tz=tz))
+        ns = pc.local_timestamp(stamps).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    return np.floor_divide(ns, _DAY_NS)
 
 
 def parse_duration(value: object, path: str) -> int:

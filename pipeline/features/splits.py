@@ -27,6 +27,7 @@ __all__ = [
     "assign_splits",
     "fold_sessions",
     "fraction_cuts",
+    "localize_splits",
     "parse_splits",
     "to_ns",
 ]
@@ -89,6 +90,35 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
             raise ConfigError(f"{path}.{name}.until", "a date after the previous split's", bound["until"])
         previous = ns
         out[name] = {"until": ns}
+    return out
+
+
+def localize_splits(splits: Mapping[str, Any], tz: str | None) -> dict[str, Any]:
+    """Date splits with each ``until`` taken in time zone ``tz``: the instant (UTC ns)
+    its wall-clock time has there.
+
+    :func:`parse_splits` reads ``until: "2026-01-09"`` as a wall-clock time, since the
+    zone of the data is not known from the config. For time-zone-aware timestamps
+    (instants) the date is the one of the zone the files store, as the sessions' dates
+    are (:func:`~pipeline.features.sessions.calendar_days`): Sydney's 2026-01-09 starts
+    at 13:00 UTC on the 8th. ``tz`` ``None`` (naive timestamps, compared with the
+    wall-clock value as it is) or ``"UTC"`` returns the splits unchanged; fraction
+    splits are returned unchanged. A midnight that a DST change skips is taken as the
+    first instant after it; one that occurs twice, as the first.
+    """
+    if tz is None or tz in ("UTC", "Etc/UTC", "+00:00", "Z") or not is_dated(splits):
+        return dict(splits)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out: dict[str, Any] = {}
+    for name, bound in splits.items():
+        until = bound.get("until")
+        if until is not None:
+            wall = pa.array(np.array([until], dtype=np.int64), pa.timestamp("ns"))
+            instant = pc.assume_timezone(wall, timezone=tz, ambiguous="earliest", nonexistent="latest")
+            until = int(instant.cast(pa.int64()).to_numpy()[0])
+        out[name] = {**bound, "until": until}
     return out
 
 

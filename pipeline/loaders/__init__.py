@@ -82,6 +82,31 @@ class Source:
     #: Tables: how many chunks of ``array`` each file makes (Parquet: its row groups),
     #: so that rows can be told apart by file even after ``nan="drop"``.
     file_chunks: tuple[int, ...] | None = None
+    #: Tables: the distinct time zones of the timestamp column as the files' schemas
+    #: store them (Parquet), sorted; empty for naive timestamps, or where no schema says
+    #: (CSV, LOBSTER, numbers or text), which are read as UTC.
+    time_zones: tuple[str, ...] = ()
+    #: Tables: whether every file's first and last timestamps came from its metadata
+    #: (Parquet footers), so that the files' time order was checked when the source was
+    #: opened; otherwise :func:`pipeline.loaders.segments.open_segmented` checks it from
+    #: the rows (CSV, LOBSTER), before anything is written.
+    times_from_metadata: bool = False
+
+    @property
+    def time_zone(self) -> str | None:
+        """The time zone of the timestamps' calendar dates: the files' one zone, or
+        ``None`` (naive timestamps keep their wall-clock date; UTC alike).
+
+        Raises
+        ------
+        LoaderError
+            For files whose timestamp columns store different time zones, naming them.
+        """
+        if len(self.time_zones) > 1:
+            raise LoaderError(self.files[0].path, f"the files' timestamps are in several time zones "
+                              f"({', '.join(self.time_zones)}): their calendar dates (sessions: date, date splits) "
+                              "need one; store every file in one zone")
+        return self.time_zones[0] if self.time_zones else None
 
     def metadata(self) -> dict[str, Any]:
         """JSON-able provenance: files with sizes and modification times, columns, skips."""
@@ -99,7 +124,12 @@ class Source:
 
 
 def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options: dict | None = None) -> list[str]:
-    """Files matched by globs or URLs, deduplicated, in sorted (deterministic) order."""
+    """Files matched by globs or URLs, deduplicated, in sorted (deterministic) order.
+
+    Local paths come back absolute: the files are read by dask workers, whose working
+    directory (a remote cluster's) is not this process's. URLs (``s3://``, ``file://``)
+    are kept as they are.
+    """
     items = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
     out: list[str] = []
     for item in items:
@@ -108,16 +138,22 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
             proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
             out += [f"{proto}://{m}" for m in sorted(matched)]
         elif any(ch in item for ch in "*?["):
-            matched = sorted(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+            matched = sorted(_absolute(p) for p in glob.glob(item, recursive=True) if os.path.isfile(p))
             _refuse_aliases(item, matched)
             out += matched
         else:
-            out.append(item)
+            out.append(_absolute(item))
     seen: set[str] = set()
     unique = [p for p in out if not (p in seen or seen.add(p))]
     if not unique:
         raise EmptyInputError(", ".join(items), "matched no file")
     return unique
+
+
+def _absolute(path: str) -> str:
+    """A local path made absolute in this process's working directory; a ``file://``
+    URL as it is."""
+    return path if path.startswith("file://") else os.path.abspath(path)
 
 
 def _refuse_aliases(pattern: str, matched: list[str]) -> None:
@@ -393,14 +429,22 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     """The :class:`Source` of probed table files, their parts joined by :func:`_table`."""
     if combine == "stack":
         raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
+    from pipeline.loaders.tables import check_time_zones
+
     parts = [part for _, _, _, ps in probed for part in ps]
+    if not parts:  # every file empty: nothing to read, though headers were found
+        raise EmptyInputError(probed[0][0], f"every one of the {len(probed)} file(s) has no data rows")
+    # Before the time order: a naive file among aware ones is the cause, not its order.
+    zones = check_time_zones(parts, timestamp) if timestamp else ()
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
                                                    fill_value, so, timestamp_unit, read)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
+    known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
     return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
                   skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
-                  file_chunks=tuple(len(ps) for _, _, _, ps in probed))
+                  file_chunks=tuple(len(ps) for _, _, _, ps in probed), time_zones=zones,
+                  times_from_metadata=known)
 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,

@@ -17,6 +17,7 @@ copied or touched with the same bytes is not taken for a changed one.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -56,12 +57,20 @@ def recorded_files(sources: Mapping[str, Any] | None) -> dict[str, dict[str, Any
     store's ``sources`` attribute records."""
     out: dict[str, dict[str, Any]] = {}
     for entry in (sources or {}).get("files") or []:
-        out[str(entry["path"])] = {k: entry.get(k) for k in ("size", "mtime", "hash")}
+        path = _local_absolute(str(entry["path"]))
+        out[path] = {k: entry.get(k) for k in ("size", "mtime", "hash")}
         comp = entry.get("companion")
         if isinstance(comp, Mapping) and comp.get("path"):
-            out[str(comp["path"])] = {**{k: comp.get(k) for k in ("size", "mtime", "hash")},
-                                      "companion_of": str(entry["path"])}
+            out[_local_absolute(str(comp["path"]))] = {**{k: comp.get(k) for k in ("size", "mtime", "hash")},
+                                                       "companion_of": path}
     return out
+
+
+def _local_absolute(path: str) -> str:
+    """A recorded local path as :func:`~pipeline.loaders.expand_paths` gives it now
+    (absolute): stores built before it did so recorded relative ones, taken here as
+    relative to this working directory (where their config's relative globs point)."""
+    return path if "://" in path or os.path.isabs(path) else os.path.abspath(path)
 
 
 def with_hashes(sources: Mapping[str, Any], storage_options: dict | None = None) -> dict[str, Any]:

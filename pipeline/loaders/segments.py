@@ -16,7 +16,6 @@ each chunk compared with its neighbour for the breaks between chunks).
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -27,12 +26,11 @@ import numpy as np
 from pipeline.errors import ConfigError, LoaderError
 from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds
-from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec
+from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, calendar_days
 from pipeline.loaders import Source, expand_paths, open_source
+from pipeline.loaders.tables import check_file_times
 
 __all__ = ["SegmentedSource", "open_segmented", "session_major_order"]
-
-_DAY_NS = 86_400 * 10**9
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +49,26 @@ class SegmentedSource:
     session_keys: tuple[str, ...] = ()
     #: Per segment, its first timestamp (ns), when there are timestamps and sessions.
     first_times: np.ndarray | None = None
+    #: The distinct time zones the files' timestamp columns store (empty: naive
+    #: timestamps, or none stored); each instrument's dates are taken in its own.
+    time_zones: tuple[str, ...] = ()
+
+    @property
+    def time_zone(self) -> str | None:
+        """The zone of the timestamps' calendar dates, which date splits take their dates
+        in too (:func:`~pipeline.features.splits.localize_splits`): the files' one zone,
+        or ``None`` for naive timestamps (their wall-clock dates).
+
+        Raises
+        ------
+        LoaderError
+            When the files store several zones: a date would not name one period.
+        """
+        if len(self.time_zones) > 1:
+            raise LoaderError(self.files[0].path, f"the files' timestamps are in several time zones "
+                              f"({', '.join(self.time_zones)}): a date (sessions: date, date splits) needs one; "
+                              "store every file in one zone")
+        return self.time_zones[0] if self.time_zones else None
 
     @property
     def files(self) -> tuple[Any, ...]:
@@ -85,8 +103,9 @@ def _file_rows(src: Source) -> list[int]:
     return rows
 
 
-def _breaks(ts: da.Array, mode: str, gap_ns: int) -> np.ndarray:
-    """Rows (of ``ts``) where a new session starts, row 0 excluded."""
+def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None) -> np.ndarray:
+    """Rows (of ``ts``) where a new session starts, row 0 excluded (``tz``: the zone of
+    the calendar dates, see :func:`~pipeline.features.sessions.calendar_days`)."""
     if ts.shape[0] == 0:
         return np.zeros(0, np.int64)
 
@@ -95,10 +114,11 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int) -> np.ndarray:
         if b.size == 0:
             return 0, 0, np.zeros(0, np.int64)
         if mode == "date":
-            key = np.floor_divide(b, _DAY_NS)
+            key = calendar_days(b, tz)
             inner = np.flatnonzero(key[1:] != key[:-1]) + 1
-        else:
-            inner = np.flatnonzero(np.diff(b) > gap_ns) + 1
+            # A chunk's first and last row stand for it by their dates.
+            return int(key[0]), int(key[-1]), inner
+        inner = np.flatnonzero(np.diff(b) > gap_ns) + 1
         return int(b[0]), int(b[-1]), inner
 
     parts = dask.compute(*(dask.delayed(block)(b) for b in ts.to_delayed().ravel()))
@@ -109,7 +129,7 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int) -> np.ndarray:
         if starts[i + 1] == starts[i]:
             continue
         if prev_last is not None:
-            split = (first // _DAY_NS != prev_last // _DAY_NS) if mode == "date" else (first - prev_last > gap_ns)
+            split = (first != prev_last) if mode == "date" else (first - prev_last > gap_ns)
             if split:
                 out.append(np.array([starts[i]]))
         out.append(inner + starts[i])
@@ -117,31 +137,28 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int) -> np.ndarray:
     return np.concatenate(out) if out else np.zeros(0, np.int64)
 
 
-def _day_label(ns: int) -> str:
-    return str(np.datetime64(int(ns), "ns").astype("datetime64[D]"))
+def _day_label(day: int) -> str:
+    return str(np.datetime64(int(day), "D"))
 
 
 def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, files: Sequence[str],
-                  file_rows: Sequence[int], strip: re.Pattern[str] | None) -> tuple[list[int], list[str]]:
+                  file_rows: Sequence[int], key_of: Any, tz: str | None = None) -> tuple[list[int], list[str]]:
     """Row counts of one instrument's sessions and a key per session (equal keys across
-    instruments are the same period: the same file name or date)."""
+    instruments are the same period: the same file name or date). ``key_of(file)``: the
+    file's name with its instrument replaced by ``{instrument}``; ``tz``: the zone of
+    the calendar dates."""
     if spec.mode == "none":
         return [rows], [""]
     if spec.mode == "file":
-        keys = []
-        for f in files:
-            name = f.replace("\\", "/")
-            m = strip.match(name) if strip is not None else None
-            keys.append(name[: m.start("instrument")] + "{instrument}" + name[m.end("instrument"):] if m else name)
-        return list(file_rows), keys
+        return list(file_rows), [key_of(f) for f in files]
     if ts is None:
         raise ConfigError("source.sessions", "", detail=f"{spec.mode} sessions need timestamps; set source.timestamp")
-    cuts = _breaks(ts, spec.mode, spec.gap_ns).tolist()
+    cuts = _breaks(ts, spec.mode, spec.gap_ns, tz).tolist()
     bounds = [0, *cuts, rows]
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     if spec.mode == "date":
         firsts = dask.compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0] if rows else np.zeros(0, np.int64)
-        return lengths, [_day_label(int(v)) for v in firsts]
+        return lengths, [_day_label(d) for d in calendar_days(np.asarray(firsts, dtype=np.int64), tz)]
     return lengths, [f"#{i}" for i in range(len(lengths))]
 
 
@@ -199,7 +216,7 @@ def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Arr
     return out
 
 
-def _session_numbers(keys: Sequence[str], inst: Sequence[int], first_ns: np.ndarray | None,
+def _session_numbers(keys: Sequence[str], inst: Sequence[int], first_day: np.ndarray | None,
                      spec: SessionSpec) -> np.ndarray:
     """Session numbers in time order, equal for the same period of different instruments.
 
@@ -207,14 +224,15 @@ def _session_numbers(keys: Sequence[str], inst: Sequence[int], first_ns: np.ndar
     among its instrument's sessions of that day: file names need not agree across
     instruments (LOBSTER's carry each ticker's own end time), and gap sessions have no
     name at all. Without timestamps, the file name with the instrument left out.
-    ``first_ns``: each segment's first timestamp (:func:`_first_times`), or None.
+    ``first_day``: the calendar day each segment starts on (:func:`_first_times`, then
+    :func:`~pipeline.features.sessions.calendar_days`), or None.
     """
     inst = np.asarray(inst)
-    if first_ns is None or spec.mode == "none":
+    if first_day is None or spec.mode == "none":
         if spec.mode == "gap":
             return np.concatenate([np.arange(np.sum(inst == k)) for k in np.unique(inst)])
         return np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1]
-    day = np.floor_divide(first_ns, _DAY_NS)
+    day = np.asarray(first_day, dtype=np.int64)
     ordinal = np.zeros(day.size, dtype=np.int64)
     for k in range(1, day.size):
         if inst[k] == inst[k - 1] and day[k] == day[k - 1]:
@@ -293,6 +311,90 @@ def _chunks_in_order(arrays: Sequence[da.Array], spans: Sequence[tuple[int, int,
     return da.Array(graph, name, chunks=chunks, dtype=a0.dtype, meta=a0._meta)
 
 
+def _instrument_files(files: Sequence[str], instrument: InstrumentSpec | None, fmt: str | None
+                      ) -> tuple[dict[str, list[str]] | None, Any]:
+    """The files of each instrument named by the path (``None`` when no path names them)
+    and ``key_of(file)``: the file's path with its instrument replaced by
+    ``{instrument}``, which equals across instruments for the same period.
+
+    LOBSTER names the ticker by itself: everything before the file name's date
+    (:func:`~pipeline.loaders.lobster.parse_name`), so ``BRK_A`` stays one ticker and a
+    compressed pair (``.csv.gz``) is one like any other.
+    """
+    def plain(f: str) -> str:
+        return f.replace("\\", "/")
+
+    if instrument is None and fmt == "lobster":
+        from pipeline.loaders.lobster import parse_name
+
+        tickers = {f: parse_name(plain(f))[0] for f in files}
+
+        def lobster_key(f: str) -> str:
+            head, sep, base = plain(f).rpartition("/")
+            return head + sep + "{instrument}" + base[len(tickers[f]):] if f in tickers else plain(f)
+
+        by_ticker: dict[str, list[str]] = {}
+        for f in files:
+            by_ticker.setdefault(tickers[f], []).append(f)
+        return by_ticker, lobster_key
+    if instrument is None or not instrument.path:
+        return None, plain
+    strip = instrument.path_regex()
+
+    def path_key(f: str) -> str:
+        name = plain(f)
+        m = strip.match(name)
+        return name[: m.start("instrument")] + "{instrument}" + name[m.end("instrument"):] if m else name
+
+    by_name: dict[str, list[str]] = {}
+    for f in files:
+        name = instrument.instrument_of(f)
+        if name is None:
+            raise LoaderError(f, f"does not match source.instrument.path {instrument.path!r}")
+        by_name.setdefault(name, []).append(f)
+    return by_name, path_key
+
+
+def _check_file_order(sources: Sequence[Source]) -> None:
+    """Refuse files of a source that do not follow one another in time, from their
+    first and last timestamps, read where no footer gave them (CSV, LOBSTER): one task
+    per file part holding them, all in one compute, before anything is written.
+
+    Each source is one instrument's files (or, with an instrument column, every file:
+    a file then holds all instruments, as Parquet's footers are compared).
+    """
+    checks = []
+    for src in sources:
+        if src.timestamps is None or src.times_from_metadata or len(src.files) < 2:
+            continue
+        rows = np.asarray(_file_rows(src), dtype=np.int64)
+        ends = np.cumsum(rows)
+        held = np.flatnonzero(rows > 0)  # a file without rows has no time to compare
+        if held.size < 2:
+            continue
+        picks = np.stack([ends[held] - rows[held], ends[held] - 1], axis=1).reshape(-1)
+        checks.append(([src.files[i].path for i in held], take_rows(src.timestamps, picks)))
+    if not checks:
+        return
+    bounds = dask.compute(*(t for _, t in checks))
+    for (paths, _), b in zip(checks, bounds):
+        b = np.asarray(b, dtype=np.int64).reshape(-1, 2)
+        check_file_times(paths, b[:, 0], b[:, 1])
+
+
+def _zones(sources: Sequence[Source]) -> tuple[str, ...]:
+    return tuple(sorted({z for src in sources for z in src.time_zones}))
+
+
+def _zone_of(src: Source, spec: SessionSpec) -> str | None:
+    """The zone of a source's calendar dates: date sessions refuse files of several
+    zones (:attr:`Source.time_zone`); other modes only number sessions by day, in the
+    one zone if there is one."""
+    if spec.mode == "date":
+        return src.time_zone
+    return src.time_zones[0] if len(src.time_zones) == 1 else None
+
+
 def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
     """Open a table source and divide it into instruments and sessions.
@@ -311,24 +413,16 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     """
     so = storage_options
     files = expand_paths(paths, so)
-    if instrument is None and options.get("format") == "lobster":
-        # LOBSTER names the instrument: the ticker before the file name's first "_".
-        instrument = InstrumentSpec(path="{instrument}_*_orderbook_*.csv")
     spec = sessions or SessionSpec(mode="file" if len(files) > 1 else "none")
-    strip = instrument.path_regex() if instrument is not None and instrument.path else None
-    groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str]]] = []
+    by_name, key_of = _instrument_files(files, instrument, options.get("format"))
+    groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str], str | None]] = []
     sources: list[Source] = []
-    if strip is not None:
-        by_name: dict[str, list[str]] = {}
-        for f in files:
-            name = instrument.instrument_of(f)
-            if name is None:
-                raise LoaderError(f, f"does not match source.instrument.path {instrument.path!r}")
-            by_name.setdefault(name, []).append(f)
+    if by_name is not None:
         for name in sorted(by_name):
             src = open_source(by_name[name], storage_options=so, **options)
             sources.append(src)
-            groups.append((name, src.array, src.timestamps, _file_rows(src), [f.path for f in src.files]))
+            groups.append((name, src.array, src.timestamps, _file_rows(src), [f.path for f in src.files],
+                           _zone_of(src, spec)))
         cols = {s.columns for s in sources}
         if len(cols) > 1:
             a, b = sources[0], next(s for s in sources if s.columns != sources[0].columns)
@@ -338,17 +432,19 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         src = open_source(files, storage_options=so, instrument_column=instrument.column, **options)
         sources.append(src)
         for name, xk, tk, per_file in _by_code(src):
-            groups.append((name, xk, tk, per_file, [f.path for f in src.files]))
+            groups.append((name, xk, tk, per_file, [f.path for f in src.files], _zone_of(src, spec)))
     else:
         src = open_source(files, storage_options=so, **options)
         sources.append(src)
-        groups.append(("", src.array, src.timestamps, _file_rows(src), [f.path for f in src.files]))
+        groups.append(("", src.array, src.timestamps, _file_rows(src), [f.path for f in src.files],
+                       _zone_of(src, spec)))
+    _check_file_order(sources)
 
     lengths: list[int] = []
     inst: list[int] = []
     keys: list[str] = []
-    for k, (_, xk, tk, per_file, fnames) in enumerate(groups):
-        rows, ks = _session_runs(int(xk.shape[0]), tk, spec, fnames, per_file, strip)
+    for k, (_, xk, tk, per_file, fnames, tz) in enumerate(groups):
+        rows, ks = _session_runs(int(xk.shape[0]), tk, spec, fnames, per_file, key_of, tz)
         lengths += rows
         inst += [k] * len(rows)
         keys += ks
@@ -357,7 +453,13 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     if all(t is not None for t in stamps):
         timestamps = stamps[0] if len(stamps) == 1 else da.concatenate(stamps)
     first_ns = _first_times(lengths, inst, timestamps) if timestamps is not None and spec.mode != "none" else None
-    session = _session_numbers(keys, inst, first_ns, spec)
+    first_day = None
+    if first_ns is not None:  # each segment's day in its instrument's zone
+        first_day = np.zeros_like(first_ns)
+        for k, g in enumerate(groups):
+            mine = np.asarray(inst) == k
+            first_day[mine] = calendar_days(first_ns[mine], g[5])
+    session = _session_numbers(keys, inst, first_day, spec)
     labels = [k.replace("{instrument}", groups[i][0]) for k, i in zip(keys, inst)]
     order = session_major_order(session, inst)
     array = _rows_in_order([g[1] for g in groups], lengths, inst, order)
@@ -370,4 +472,4 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
                            segments=table, sources=tuple(sources), session_mode=spec.mode,
                            session_keys=tuple(keys[i] for i in order),
                            first_times=None if first_ns is None else first_ns[order],
-                           skipped=tuple(s for src in sources for s in src.skipped))
+                           skipped=tuple(s for src in sources for s in src.skipped), time_zones=_zones(sources))

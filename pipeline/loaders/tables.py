@@ -31,7 +31,8 @@ from pipeline.errors import (
 )
 from pipeline.loaders.registry import compression_of
 
-__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_time_order", "count_lines", "is_datum", "is_number",
+__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_file_times", "check_time_order", "check_time_zones",
+           "count_lines", "files_out_of_order", "is_datum", "is_number",
            "looks_like_data", "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table",
            "project_columns", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array",
            "text_ranges"]
@@ -110,6 +111,10 @@ class TablePart:
     data: tuple[int, int | None] | None = None
     companion_data: tuple[int, int | None] | None = None
     row0: int = 0
+    #: Parquet: the time zone of the timestamp column's type, as the schema stores it
+    #: (``""``: a naive timestamp type); ``None`` where no schema says (CSV, LOBSTER,
+    #: a column of numbers or text).
+    tz: str | None = None
 
     def source_of(self, column: str) -> str:
         """The file's own name of canonical ``column``."""
@@ -149,6 +154,9 @@ def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[Ta
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean)
     text = tuple(f.name for f in schema if not any(test(f.type) for test in numeric))
     ts_idx = cols.index(timestamp_source) if timestamp_source in cols else None
+    tz = None
+    if ts_idx is not None and pa.types.is_timestamp(schema.field(ts_idx).type):
+        tz = schema.field(ts_idx).type.tz or ""
     parts = []
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
@@ -157,7 +165,8 @@ def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[Ta
             st = rg.column(ts_idx).statistics
             if st is not None and st.has_min_max:
                 first, last = statistics_bounds(st)
-        parts.append(TablePart(path, "parquet", g, rg.num_rows, cols, first, last, sources=cols, non_numeric=text))
+        parts.append(TablePart(path, "parquet", g, rg.num_rows, cols, first, last, sources=cols, non_numeric=text,
+                               tz=tz))
     return parts
 
 
@@ -302,6 +311,10 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
     cols = tuple(names) if names is not None else tuple(fields)
     rows = lines - 1 if header else lines
     given = tuple(names) if names is not None else None
+    if rows == 0:
+        # A header and no data (a day without trades): no part, as a Parquet file of no
+        # row group has none. Read, it would give columns of pyarrow's null type.
+        return []
     if rows <= part_rows:
         return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given)]
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
@@ -504,9 +517,55 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
                 prev = p
                 continue
             if p.path != prev.path:
-                raise LoaderError(
-                    p.path, f"starts at {p.first_ts}, before the previous file {prev.path} ends at {prev.last_ts}; "
-                    "files must be in time order when sorted by name")
+                raise files_out_of_order(p.path, p.first_ts, prev.path, prev.last_ts)
             raise LoaderError(p.path, f"row group {p.group} starts at {p.first_ts}, before row group {prev.group} "
                               f"ends at {prev.last_ts}; rows must be in time order: sort the file by time")
         prev = p
+
+
+def files_out_of_order(path: str, first: Any, previous: str, last: Any) -> LoaderError:
+    """The error for file ``path`` that starts (at ``first``) before the ``previous``
+    file ends (at ``last``): one message whether the times came from Parquet footers or
+    from the rows (CSV, LOBSTER)."""
+    return LoaderError(path, f"starts at {first}, before the previous file {previous} ends at {last}; "
+                       "files must be in time order when sorted by name")
+
+
+def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[int]) -> None:
+    """Refuse files that do not follow one another in time: ``first[i]`` and ``last[i]``
+    are file ``paths[i]``'s first and last timestamps (int64 ns), files in name order.
+
+    Parquet files are checked from their footers (:func:`check_time_order`); a CSV or
+    LOBSTER file has no footer, so its bounds are read from its rows. A file may start
+    at the instant the one before it ends (events share timestamps), not earlier: a day
+    supplied twice, or a name that sorts out of time order, would put windows across
+    it back in time.
+    """
+    for k in range(1, len(paths)):
+        if int(first[k]) < int(last[k - 1]):
+            raise files_out_of_order(paths[k], np.datetime64(int(first[k]), "ns"), paths[k - 1],
+                                     np.datetime64(int(last[k - 1]), "ns"))
+
+
+def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:
+    """The distinct time zones of the files' timestamp columns (sorted; empty when the
+    schemas name none), refusing naive timestamp columns beside time-zone-aware ones.
+
+    An aware timestamp is an instant; a naive one is a wall-clock time, which would be
+    read as UTC: beside files of another zone it lands hours away from its true time.
+    """
+    files: dict[str, str] = {}
+    for p in parts:
+        if p.tz is not None:
+            files.setdefault(p.path, p.tz)
+    naive = [f for f, tz in files.items() if tz == ""]
+    aware = [f for f, tz in files.items() if tz != ""]
+    if naive and aware:
+        # Name a file of the minority kind (the odd one out, usually), then both kinds.
+        odd = naive[0] if len(naive) <= len(aware) else aware[0]
+        kind = "naive (no time zone)" if files[odd] == "" else f"time-zone-aware ({files[odd]})"
+        raise LoaderError(odd, f"timestamp column {timestamp!r} is {kind}, but time-zone-aware: {len(aware)} "
+                          f"file(s) (first {aware[0]}, {files[aware[0]]}), naive: {len(naive)} file(s) (first "
+                          f"{naive[0]}); a naive time would be read as UTC, hours from its true instant. Store "
+                          "every file's timestamps with their time zone, or every one naive")
+    return tuple(sorted({tz for tz in files.values() if tz}))

@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError, WindowError
 from pipeline.features import FeatureSpec, LabelSpec, build_training_set, windows
-from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, WindowRuns, window_runs
+from pipeline.features.sessions import (InstrumentSpec, SegmentTable, SessionSpec, WindowRuns, calendar_days,
+                                       window_runs)
 from pipeline.features.splits import NormalizeSpec
 from tests.features.test_steps import COLS, book, reference
 from tests.features.test_windows import reference as windows_ref
@@ -311,3 +312,17 @@ def test_ends_and_segments_of_a_range_equal_each_windows_run(counts, stride, dat
     assert runs.segments_of(lo, hi).tolist() == expect_segments
     if lo == 0 and hi == runs.n:
         assert runs.ends().tolist() == expect_ends
+
+
+@pytest.mark.parametrize("tz", ["Australia/Sydney", "America/New_York", "Europe/London", "UTC", None])
+def test_calendar_days_are_the_dates_pandas_gives_in_the_zone(tz):
+    """Across both DST changes of the year, each side of every local midnight."""
+    import pandas as pd
+
+    rng = np.random.default_rng(7)
+    start = np.datetime64("2026-01-01", "ns").astype(np.int64)
+    ns = np.sort(start + rng.integers(0, 365 * 86_400 * 10**9, 5000))
+    stamps = pd.to_datetime(ns, utc=tz is not None)
+    local = stamps.tz_convert(tz) if tz else stamps
+    expect = (pd.DatetimeIndex(local.date).as_unit("ns").asi8 // (86_400 * 10**9))
+    np.testing.assert_array_equal(calendar_days(ns, tz), expect)

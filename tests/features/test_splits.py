@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from pipeline.errors import ConfigError, WindowError
 from pipeline.features import LabelSpec, build_training_set
 from pipeline.features.sessions import SegmentTable
-from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, parse_splits, to_ns
+from pipeline.features.splits import (FoldSpec, NormalizeSpec, assign_splits, fold_sessions, localize_splits,
+                                     parse_splits, to_ns)
 from tests.features.test_sessions import SPECS, _times
 from tests.features.test_steps import COLS, book
 
@@ -185,3 +186,23 @@ def test_split_and_fold_specs_refuse_bad_values():
     for value in ({"kind": "expanding"}, {"test_sessions": 0}, {"every": 1}, 3):
         with pytest.raises(ConfigError, match="^f"):
             FoldSpec.from_value(value, "f")
+
+
+@pytest.mark.parametrize("tz", ["Australia/Sydney", "America/Sao_Paulo", "UTC", None])
+def test_date_splits_take_their_dates_in_the_zone_of_the_data(tz):
+    """``until: 2026-01-09`` of Sydney data is Sydney's midnight (pandas' instant); in
+    Sao Paulo 2018-11-04 had no midnight (clocks went 00:00 -> 01:00): the day starts at
+    01:00; naive data and UTC keep the value."""
+    import pandas as pd
+
+    day = "2018-11-04" if tz == "America/Sao_Paulo" else "2026-01-09"
+    splits = parse_splits({"train": {"until": day}, "test": {}}, "s")
+    got = localize_splits(splits, tz)
+    for name, bound in splits.items():
+        if bound["until"] is None:
+            assert got[name]["until"] is None
+            continue
+        wall = pd.Timestamp(int(bound["until"]), unit="ns")
+        expect = (wall.tz_localize(tz, nonexistent="shift_forward", ambiguous=True).value if tz else wall.value)
+        assert got[name]["until"] == expect
+    assert localize_splits({"train": 0.8, "test": 0.2}, tz) == {"train": 0.8, "test": 0.2}

@@ -255,3 +255,182 @@ def test_rows_in_session_order_equal_numpy_whether_or_not_segments_are_whole_par
         whole = _chunks_in_order(arrays, [(inst[s], starts[s], starts[s] + lengths[s]) for s in order])
         if whole is not None:  # whole parts: each chunk is a part's own read, no other task
             assert len(dict(out.__dask_graph__())) == out.numblocks[0]
+
+
+def _zoned_days(tmp_path: Path, tz: str | None, days: tuple[str, ...] = ("2026-01-05", "2026-01-06"),
+                n: int = 40, fmt: str = "parquet") -> list[Path]:
+    """A file per day of rows from 10:00 to 16:00 local time in ``tz`` (naive: that
+    wall clock, no zone): in Sydney (UTC+11) the UTC date changes at 11:00, mid-session."""
+    import pandas as pd
+
+    paths = []
+    for day in days:
+        local = pd.date_range(f"{day} 10:00", f"{day} 16:00", periods=n)
+        stamps = local.tz_localize(tz) if tz else local
+        frame = pd.DataFrame({"timestamp": stamps, "bid_price_1": np.arange(n, dtype=float),
+                              "ask_price_1": np.arange(n, dtype=float) + 1})
+        path = tmp_path / f"{day}.{fmt}"
+        frame.to_parquet(path, index=False) if fmt == "parquet" else frame.to_csv(path, index=False)
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("tz", ["Australia/Sydney", "America/New_York", None])
+def test_date_sessions_take_the_calendar_date_of_the_files_own_zone(tmp_path, tz):
+    """An aware column's date is the one of the zone it stores (pandas' tz_convert
+    dates); a naive one keeps its wall-clock date."""
+    import pandas as pd
+
+    paths = _zoned_days(tmp_path, tz)
+    src = open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", sessions=SessionSpec(mode="date"))
+    stamps = pd.concat([pd.read_parquet(p)["timestamp"] for p in paths], ignore_index=True)
+    dates = stamps.dt.date  # pandas: the date in the column's own zone
+    expect = dates.value_counts(sort=False).sort_index()
+    assert (src.segments.stops - src.segments.starts).tolist() == expect.tolist()
+    assert list(src.segments.labels) == [str(d) for d in expect.index]
+    assert src.time_zone == tz
+    utc = pd.DatetimeIndex(stamps).as_unit("ns").asi8  # instants (UTC) for aware, the wall clock for naive
+    np.testing.assert_array_equal(src.timestamps.compute(), utc)
+
+
+def test_file_sessions_of_aware_timestamps_number_the_same_local_day_alike(tmp_path):
+    """Two instruments' files of the same Sydney day are one session (their first rows
+    fall on different UTC dates: 10:30 and 11:30 local)."""
+    import pandas as pd
+
+    for sym, start in (("AAA", "10:30"), ("BBB", "11:30")):
+        (tmp_path / sym).mkdir()
+        for day in ("2026-01-05", "2026-01-06"):
+            t = pd.date_range(f"{day} {start}", periods=20, freq="min").tz_localize("Australia/Sydney")
+            pd.DataFrame({"timestamp": t, "bid_price_1": np.arange(20.0)}).to_parquet(tmp_path / sym / f"{day}.parquet")
+    src = open_segmented(str(tmp_path / "*" / "*.parquet"), timestamp="timestamp",
+                         instrument=InstrumentSpec(path="{instrument}/*.parquet"))
+    assert src.segments.instrument.tolist() == [0, 1, 0, 1]
+    assert src.segments.session.tolist() == [0, 0, 1, 1]
+
+
+def test_date_sessions_of_files_in_several_zones_are_refused_naming_them(tmp_path):
+    _zoned_days(tmp_path, "Australia/Sydney", days=("2026-01-05",))
+    _zoned_days(tmp_path, "America/New_York", days=("2026-01-06",))
+    with pytest.raises(LoaderError, match=r"several time zones \(America/New_York, Australia/Sydney\)"):
+        open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", sessions=SessionSpec(mode="date"))
+
+
+def _csv_day(path: Path, stamps: np.ndarray) -> None:
+    import pandas as pd
+
+    pd.DataFrame({"timestamp": stamps.astype("datetime64[ns]"), "bid_price_1": np.arange(stamps.size, dtype=float),
+                  "ask_price_1": np.arange(stamps.size, dtype=float) + 1}).to_csv(path, index=False)
+
+
+@pytest.mark.parametrize("case", ["misnamed", "twice"])
+def test_csv_files_out_of_time_order_are_refused_naming_both(tmp_path, case):
+    """As Parquet's footers are: a day whose name sorts after a later day's, or a day
+    supplied twice, is refused once its timestamps are read (in open_segmented, which
+    the run calls before writing anything)."""
+    import pandas as pd
+
+    day = np.timedelta64(1, "D")
+    base = np.datetime64("2026-01-05T09:30", "ns") + np.arange(50) * np.timedelta64(1, "m")
+    names = {"misnamed": ["2026-01-10.csv", "2026-01-06.csv"], "twice": ["2026-01-05.csv", "2026-01-05b.csv"]}[case]
+    starts = {"misnamed": [base, base + day], "twice": [base, base]}[case]
+    for name, stamps in zip(names, starts):
+        _csv_day(tmp_path / name, stamps)
+    first, second = sorted(names)
+    read = {n: pd.to_datetime(pd.read_csv(tmp_path / n)["timestamp"]) for n in names}
+    starts_at, ends_at = read[second].iloc[0], read[first].iloc[-1]
+    assert starts_at < ends_at  # the reference says they overlap
+    pattern = (rf"{second}: starts at {np.datetime64(starts_at, 'ns')}, before the previous file .*{first} ends at "
+               rf"{np.datetime64(ends_at, 'ns')}; files must be in time order when sorted by name")
+    for sessions in (None, SessionSpec(mode="gap", gap_ns=1800 * NS), SessionSpec(mode="date")):
+        with pytest.raises(LoaderError, match=pattern):
+            open_segmented(str(tmp_path / "*.csv"), timestamp="timestamp", sessions=sessions)
+
+
+def test_csv_files_in_time_order_pass_per_instrument_and_equal_pandas(tmp_path):
+    """Each instrument's files are ordered by themselves: AAA's days may overlap BBB's."""
+    import pandas as pd
+
+    day = np.timedelta64(1, "D")
+    base = np.datetime64("2026-01-05T09:30", "ns") + np.arange(30) * np.timedelta64(1, "m")
+    for sym, shift in (("AAA", 0), ("BBB", 7)):
+        (tmp_path / sym).mkdir()
+        for d in range(2):
+            _csv_day(tmp_path / sym / f"2026-01-0{5 + d}.csv", base + d * day + np.timedelta64(shift, "m"))
+    src = open_segmented(str(tmp_path / "*" / "*.csv"), timestamp="timestamp",
+                         instrument=InstrumentSpec(path="{instrument}/*.csv"))
+    files = [tmp_path / s / f"2026-01-0{5 + d}.csv" for d in range(2) for s in ("AAA", "BBB")]
+    expect = pd.DatetimeIndex(pd.concat([pd.to_datetime(pd.read_csv(f)["timestamp"]) for f in files])).as_unit("ns").asi8
+    np.testing.assert_array_equal(src.timestamps.compute(), expect)
+
+
+def _lobster_day(d: Path, ticker: str, date: str, end: str = "57600000", n: int = 20, gz: str = "") -> Path:
+    rng = np.random.default_rng(len(ticker) + int(end) % 7)
+    seconds = 34_200 + np.sort(rng.uniform(0, 23_400, n))
+    book = np.tile(np.array([1_000_100, 5, 999_900, 7]), (n, 1)) + rng.integers(0, 50, (n, 4)) * 100
+    stem = d / f"{ticker}_{date}_34200000_{end}"
+    msg = "".join(f"{t:.9f},1,1,1,1,1\n" for t in seconds)
+    text = "".join(",".join(str(v) for v in row) + "\n" for row in book)
+    for kind, body in (("orderbook", text), ("message", msg)):
+        path = Path(f"{stem}_{kind}_1.csv{gz}")
+        if gz:
+            import gzip
+
+            path.write_bytes(gzip.compress(body.encode()))
+        else:
+            path.write_text(body)
+    return Path(f"{stem}_orderbook_1.csv{gz}")
+
+
+def _pandas_lobster(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """The book in dollars and the times in ns, read by pandas (no empty level here)."""
+    import pandas as pd
+
+    book = pd.read_csv(path, header=None).to_numpy().astype(np.float64)
+    book[:, 0::2] /= 10_000
+    msg = pd.read_csv(str(path).replace("_orderbook_", "_message_"), header=None)
+    date = path.name.split("_")[-5] if path.name.count("_") > 5 else path.name.split("_")[1]
+    times = np.datetime64(date, "ns").astype(np.int64) + np.rint(msg[0].to_numpy() * 1e9).astype(np.int64)
+    return book.astype(np.float32), times
+
+
+def test_a_lobster_day_supplied_twice_is_refused_naming_both_files(tmp_path):
+    _lobster_day(tmp_path, "AAPL", "2012-06-21")
+    _lobster_day(tmp_path, "AAPL", "2012-06-21", end="57600001")  # a re-download, another END
+    _lobster_day(tmp_path, "MSFT", "2012-06-21")
+    first, second = sorted(tmp_path.glob("AAPL_*_orderbook_1.csv"))
+    _, t1 = _pandas_lobster(first)
+    _, t2 = _pandas_lobster(second)
+    with pytest.raises(LoaderError, match=rf"{second.name}: starts at {np.datetime64(int(t2[0]), 'ns')}, before the "
+                                          rf"previous file .*{first.name} ends at {np.datetime64(int(t1[-1]), 'ns')}"):
+        open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster")
+
+
+def test_lobster_tickers_with_underscores_are_instruments_of_their_own(tmp_path):
+    """BRK_A and BRK_B: the ticker is everything before the date, as parse_name reads it."""
+    paths = [_lobster_day(tmp_path, t, d) for t in ("BRK_A", "BRK_B") for d in ("2012-06-21", "2012-06-22")]
+    src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster")
+    assert src.segments.instruments == ("BRK_A", "BRK_B")
+    assert src.segments.instrument.tolist() == [0, 1, 0, 1] and src.segments.session.tolist() == [0, 0, 1, 1]
+    order = [paths[0], paths[2], paths[1], paths[3]]  # day after day, instrument after instrument
+    books, times = zip(*(_pandas_lobster(p) for p in order))
+    np.testing.assert_array_equal(src.array.compute(), np.concatenate(books))
+    np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate(times))
+    assert [lab.rpartition("/")[2] for lab in src.segments.labels] == [p.name for p in order]
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_compressed_lobster_pairs_are_segmented_like_plain_ones(tmp_path, suffix):
+    import bz2
+    import lzma
+
+    plain = [_lobster_day(tmp_path, t, "2012-06-21") for t in ("AAPL", "MSFT")]
+    expect = [_pandas_lobster(p) for p in plain]
+    pack = {".gz": __import__("gzip").compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix]
+    for f in list(tmp_path.glob("*.csv")):
+        (tmp_path / (f.name + suffix)).write_bytes(pack(f.read_bytes()))
+        f.unlink()
+    src = open_segmented(str(tmp_path / f"*_orderbook_1.csv{suffix}"), format="lobster")
+    assert src.segments.instruments == ("AAPL", "MSFT")
+    np.testing.assert_array_equal(src.array.compute(), np.concatenate([b for b, _ in expect]))
+    np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate([t for _, t in expect]))

@@ -155,14 +155,14 @@ def test_row_group_time_bounds_are_the_stored_instants(tmp_path, unit, tz):
 
 
 def test_files_in_different_zones_are_ordered_by_instant(tmp_path):
-    # 09:30 in New York is 14:30 UTC: a naive-UTC file from 12:00 to 13:00 comes first,
-    # and one from 14:00 to 15:00 overlaps it (before, an aware and a naive bound could
-    # not even be compared).
+    # 09:30 in New York is 14:30 UTC: a UTC file from 12:00 to 13:00 comes first, and
+    # one from 14:00 to 15:00 overlaps it (a naive file among aware ones is refused:
+    # test_a_naive_file_among_aware_ones_is_refused_naming_both_kinds).
     def write(name, start, tz):
         t = np.datetime64(start, "ns") + np.arange(10).astype("timedelta64[m]") * 6
         pq.write_table(pa.table({"t": pa.array(t.astype(np.int64), pa.timestamp("ns", tz=tz)), "v": np.arange(10.0)}),
                        tmp_path / name)
-    write("a.parquet", "2026-01-05T12:00", None)
+    write("a.parquet", "2026-01-05T12:00", "UTC")
     write("b.parquet", "2026-01-05T14:30", "America/New_York")
     src = open_source(str(tmp_path / "*.parquet"), timestamp="t")
     assert src.array.shape[0] == 20
@@ -604,3 +604,77 @@ def test_compressed_files_of_other_formats_are_refused_naming_them(tmp_path):
     (tmp_path / "b.csv.zst").write_bytes(b"\x28\xb5\x2f\xfd")
     with pytest.raises(FormatMismatchError, match=r"unknown suffix '\.zst'.*\.csv\.gz"):
         open_source(str(tmp_path / "b.csv.zst"))
+
+
+def test_a_naive_file_among_aware_ones_is_refused_naming_both_kinds(tmp_path):
+    """A day written without its zone would be read as UTC, hours from its true time
+    (pandas: 09:30 in New York is 14:30 UTC, the naive file says 09:30)."""
+    import pandas as pd
+
+    for day in ("2026-01-05", "2026-01-06", "2026-01-07"):
+        t = pd.date_range(f"{day} 09:30", periods=10, freq="min")
+        t = t if day == "2026-01-07" else t.tz_localize("America/New_York")
+        pd.DataFrame({"timestamp": t, "v": np.arange(10.0)}).to_parquet(tmp_path / f"{day}.parquet")
+    kinds = {p.name: pq.read_schema(p).field("timestamp").type.tz for p in sorted(tmp_path.glob("*.parquet"))}
+    assert kinds == {"2026-01-05.parquet": "America/New_York", "2026-01-06.parquet": "America/New_York",
+                     "2026-01-07.parquet": None}
+    with pytest.raises(LoaderError, match=r"2026-01-07\.parquet: timestamp column 'timestamp' is naive \(no time "
+                                          r"zone\), but time-zone-aware: 2 file\(s\) \(first .*2026-01-05\.parquet, "
+                                          r"America/New_York\), naive: 1 file\(s\)"):
+        open_source(str(tmp_path / "*.parquet"), timestamp="timestamp")
+    # Without timestamps, the zones do not matter.
+    assert open_source(str(tmp_path / "*.parquet"), columns=["v"]).array.shape == (30, 1)
+
+
+def test_a_header_only_csv_day_is_skipped_like_an_empty_parquet_day(tmp_path):
+    """A day without rows: no chunk, its file still listed with 0 rows, the others as
+    pandas reads them."""
+    import pandas as pd
+
+    days = write_days(tmp_path, "csv", days=3)
+    empty = tmp_path / "day1.csv"
+    empty.write_text(empty.read_text().splitlines()[0] + "\n")
+    pq.write_table(days[1].slice(0, 0), tmp_path / "day1.parquet")
+    for fmt in ("csv", "parquet"):
+        if fmt == "parquet":
+            for d in (0, 2):
+                pq.write_table(days[d], tmp_path / f"day{d}.parquet")
+        src = open_source(str(tmp_path / f"*.{fmt}"), timestamp="timestamp", columns=["a", "b"])
+        assert [f.rows for f in src.files] == [50, 0, 50]
+        ref = pd.concat([pd.read_csv(tmp_path / f"day{d}.csv") for d in (0, 2)])
+        np.testing.assert_allclose(src.array.compute(), ref[["a", "b"]].to_numpy(np.float32))
+        times = pd.DatetimeIndex(pd.to_datetime(ref["timestamp"])).as_unit("ns").asi8
+        np.testing.assert_array_equal(src.timestamps.compute(), times)
+
+
+def test_a_relative_glob_expands_to_absolute_paths(tmp_path, monkeypatch):
+    """Workers of a remote cluster do not share this process's working directory."""
+    import os
+
+    from pipeline.loaders import expand_paths
+
+    (tmp_path / "raw").mkdir()
+    write_days(tmp_path / "raw", "csv", days=2)
+    monkeypatch.chdir(tmp_path)
+    expect = sorted(os.path.join(str(tmp_path), "raw", f) for f in os.listdir(tmp_path / "raw"))
+    assert expand_paths("raw/*.csv") == expect
+    assert expand_paths(["raw/day1.csv", "./raw/../raw/day0.csv"]) == [expect[1], expect[0]]
+    assert expand_paths("file://" + str(tmp_path / "raw" / "day0.csv")) == ["file://" + expect[0]]
+    assert [f.path for f in open_source("raw/*.csv", timestamp="timestamp").files] == expect
+
+
+def test_a_store_recorded_relative_paths_compares_them_as_absolute(tmp_path, monkeypatch):
+    """Stores built before paths were made absolute recorded relative ones: an append
+    must still find those files, not take them for missing and every file for new."""
+    import os
+
+    from pipeline.loaders import expand_paths
+    from pipeline.loaders.provenance import compare_files, recorded_files
+
+    (tmp_path / "raw").mkdir()
+    write_days(tmp_path / "raw", "csv", days=2)
+    monkeypatch.chdir(tmp_path)
+    st0 = os.stat("raw/day0.csv")
+    recorded = recorded_files({"files": [{"path": "raw/day0.csv", "size": st0.st_size, "mtime": st0.st_mtime}]})
+    changes = compare_files(recorded, expand_paths("raw/*.csv"), lambda p: (os.stat(p).st_size, os.stat(p).st_mtime))
+    assert changes.new == (str(tmp_path / "raw" / "day1.csv"),) and not changes.missing and not changes.changed
