@@ -40,7 +40,10 @@ contiguous range of each source's batches.
 
 **Resuming.** ``state_dict()`` is ``(epoch, batches_served)``; every source's position
 is recomputed from the schedule, and the rest of the epoch is served exactly as in an
-uninterrupted run. When every source is a stream with ``global_batch_size``
+uninterrupted run. What the positions depend on is recorded too and checked on loading:
+the steps per source (``counts``) and each source's order (batch size,
+``buffer_chunks``, ``shuffle``, ``drop_last``, samples), at an epoch's start as well,
+since a source's position runs on across mix epochs. When every source is a stream with ``global_batch_size``
 (:mod:`~pipeline.streaming.elastic`), a source's steps per epoch, and so the schedule,
 do not depend on the world size, and each source's batch at a position holds the same
 samples on every world size: a state then resumes on any world size the sources allow.
@@ -52,6 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from multiprocessing.context import get_spawning_popen
 from numbers import Real
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -60,7 +64,7 @@ import numpy as np
 from pipeline.errors import StreamError
 from pipeline.streaming.plan import round_robin_consumed
 from pipeline.streaming.api import stream
-from pipeline.streaming.streamer import Stream
+from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value
 
 __all__ = ["Mix", "MixPlan", "apportion", "epoch_steps", "mix", "quota_schedule", "shares"]
 
@@ -193,6 +197,18 @@ class Mix:
         self._served = 0
         self._served_workers: int | None = None  # DataLoader workers that served _served
         self._schedules: dict[int, np.ndarray] = {}
+        # As for a stream (see Stream._publish): moves counted for the Keras adapter, and
+        # the board that carries them to persistent DataLoader workers.
+        self._moves = 0
+        self._board: Any = None
+        self._board_seen = 0
+
+    def __getstate__(self) -> dict:
+        # The shared board travels only to a process being spawned (see Stream.__getstate__).
+        state = dict(self.__dict__)
+        if get_spawning_popen() is None:
+            state["_board"] = None
+        return state
 
     @property
     def elastic(self) -> bool:
@@ -208,9 +224,31 @@ class Mix:
             self._served = 0
             self._served_workers = None
         self.epoch = int(epoch)
+        self._publish()
 
-    def state_dict(self, *, batches_served: int | None = None, num_workers: int | None = None) -> dict[str, int]:
-        """Where this mix is: enough integers to resume mid-epoch.
+    def _publish(self) -> None:
+        """After a move: count it, and show persistent DataLoader workers where the next
+        iteration starts (see :mod:`pipeline.streaming.torch`)."""
+        self._moves += 1
+        board = self._board
+        if board is not None and board.owned():
+            self._board_seen = board.publish(self.epoch, self._served, self._served_workers, None, ())
+
+    def follow_board(self) -> None:
+        """In a DataLoader worker: take up the latest position the main process
+        published, for the mix and each of its streams."""
+        board = self._board
+        got = None if board is None else board.read()
+        if got is not None and got.seq != self._board_seen:
+            self.epoch, self._served, self._served_workers = got.epoch, got.served, got.workers
+            self._board_seen = got.seq
+        for s in self.streams:
+            s.follow_board()
+
+    def state_dict(self, *, batches_served: int | None = None, num_workers: int | None = None) -> dict[str, Any]:
+        """Where this mix is: enough to resume mid-epoch; with each source's order keys
+        (batch size, ``buffer_chunks``, ``shuffle``, ``drop_last``, samples) and the
+        steps per source (``counts``), checked on loading.
 
         Parameters
         ----------
@@ -219,12 +257,40 @@ class Mix:
             loader's ``num_workers`` (by default what this mix's own iteration counted).
         """
         state = {"epoch": self.epoch, "batches_served": self._served if batches_served is None else int(batches_served),
-                 "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "steps_per_epoch": self.steps}
+                 "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "steps_per_epoch": self.steps,
+                 "counts": list(self.counts), "sources": [self._source_keys(s) for s in self.streams]}
         if num_workers is not None:
             state["num_workers"] = max(1, int(num_workers))
         return state
 
-    def load_state_dict(self, state: Mapping[str, int]) -> None:
+    @staticmethod
+    def _source_keys(s: Stream) -> dict[str, Any]:
+        """What a source's order depends on (see :data:`~pipeline.streaming.streamer.ORDER_KEYS`);
+        a source with ``global_batch_size`` has it instead of a per-rank batch size."""
+        keys = {key: getattr(s, key) for key in ORDER_KEYS}
+        if s.global_batch_size is not None:
+            keys["global_batch_size"] = s.global_batch_size
+            del keys["batch_size"]
+        return keys
+
+    def _check_sources(self, state: Mapping[str, Any]) -> None:
+        """Refuse a state whose sources' orders differ from this mix's. A source's
+        position runs on across mix epochs, so this holds at an epoch's start too."""
+        if "counts" in state and [int(c) for c in state["counts"]] != list(self.counts):
+            raise StreamError(f"mix: state_dict was saved with counts={list(state['counts'])}, this mix has "
+                              f"{list(self.counts)} (other weights); resume with the same weights")
+        saved = state.get("sources")
+        if saved is None:
+            return
+        if len(saved) != len(self.streams):
+            raise StreamError(f"mix: state_dict was saved with {len(saved)} sources, this mix has {len(self.streams)}")
+        for i, (keys, s) in enumerate(zip(saved, self.streams)):
+            for key, have in self._source_keys(s).items():
+                if key in keys and saved_value(keys[key], have) != have:
+                    raise StreamError(f"mix: state_dict was saved with source {i}'s {key}={keys[key]!r}, this mix's "
+                                      f"source {i} has {key}={have!r}; resuming would skip and repeat its samples")
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume: the next iteration yields exactly the batches not yet served (on any
         world size when :attr:`elastic`)."""
         keys = [("seed", self.seed), ("steps_per_epoch", self.steps)]
@@ -233,6 +299,7 @@ class Mix:
         for key, have in keys:
             if key in state and int(state[key]) != have:
                 raise StreamError(f"mix: state_dict was saved with {key}={state[key]}, this mix has {have}")
+        self._check_sources(state)
         served = int(state["batches_served"])
         if not 0 <= served <= self.steps:
             raise StreamError(f"mix: batches_served must be 0 to {self.steps}, got {served}")
@@ -240,6 +307,7 @@ class Mix:
         self._served = served
         workers = state.get("num_workers")
         self._served_workers = None if workers is None else max(1, int(workers))
+        self._publish()
 
     @property
     def threads(self) -> int:

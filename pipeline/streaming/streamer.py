@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from multiprocessing.context import get_spawning_popen
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Mapping, Sequence
@@ -83,7 +84,22 @@ from pipeline.streaming.plan import (
     worker_plan,
 )
 
-__all__ = ["AHEAD_GROUP_CHUNKS", "Stream", "groups_ahead"]
+__all__ = ["AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "Stream", "groups_ahead", "saved_value"]
+
+#: What an epoch's order depends on besides the seed, epoch, rank and world size: recorded
+#: by :meth:`Stream.state_dict` and checked on loading a state saved mid-epoch.
+ORDER_KEYS = ("batch_size", "buffer_chunks", "shuffle", "drop_last", "n_samples")
+
+
+def saved_value(saved: Any, have: Any) -> Any:
+    """A saved value read as this stream's (a state passed through JSON or YAML keeps
+    ints and bools, one through other tools may hold strings or numpy scalars)."""
+    if isinstance(have, bool):
+        return saved if isinstance(saved, bool) else str(saved).lower() in ("1", "true")
+    try:
+        return type(have)(saved)
+    except (TypeError, ValueError):
+        return saved
 
 
 #: Chunks a group holds at the default ``buffer_chunks``: ``prefetch`` counts groups of
@@ -149,6 +165,14 @@ class Stream:
         self._served_workers: int | None = None
         self._lanes_cache: tuple[tuple[int, int], Lanes] | None = None
         self._quality_epoch: int | None = None  # the last epoch served whole, from its start
+        # Moves by set_epoch and load_state_dict, counted: an adapter that holds an
+        # iteration open (keras.py) sees that the caller moved the stream under it.
+        self._moves = 0
+        # The board through which this process's set_epoch and load_state_dict reach the
+        # copies of persistent DataLoader workers (set by torch.py), and the board
+        # version this copy follows.
+        self._board: Any = None
+        self._board_seen = 0
         self.n_samples = int(sum(source.lengths))
         if self.n_samples < world_size:
             raise StreamError(f"{self.n_samples} samples cannot be shared among {world_size} ranks")
@@ -175,10 +199,14 @@ class Stream:
 
     def __getstate__(self) -> dict:
         # Sent to DataLoader workers (spawn): the source reopens itself; buffers, threads
-        # and locks stay behind.
+        # and locks stay behind. The shared board goes only to a process being spawned,
+        # the one place its shared memory can travel; any other copy (a pickle, a
+        # deepcopy) is a stream of its own that follows no board.
         state = dict(self.__dict__)
         for key in ("_pid", "_lock", "_pool", "_ahead", "_last_epoch", "_epoch_step", "_slabs", "_shared_arrays"):
             state.pop(key, None)
+        if get_spawning_popen() is None:
+            state["_board"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -267,6 +295,7 @@ class Stream:
             if self.follow and hasattr(self.source, "at_version"):
                 self._switch(self.source.at_version(None))
         self.epoch = int(epoch)
+        self._publish()
 
     def _switch(self, source: Any) -> None:
         """Serve ``source`` (the same split at another version) from the next iteration."""
@@ -295,16 +324,20 @@ class Stream:
         -------
         dict
             ``epoch``, ``batches_served``, ``seed``, ``rank``, ``world_size`` (and
-            ``version``). With ``global_batch_size`` also ``global_batch_size``,
-            ``buffer_chunks``, ``steps_per_epoch`` (checked on loading), ``done``, the
+            ``version``), and what the order depends on, checked on loading:
+            ``batch_size``, ``buffer_chunks``, ``shuffle``, ``drop_last`` and
+            ``n_samples``. With ``global_batch_size`` also ``global_batch_size``,
+            ``steps_per_epoch`` (checked on loading), ``done``, the
             global steps served before the iteration in progress as ``[start, stop)``
             runs, and ``num_workers``, the DataLoader workers that served the batches
-            counted beyond them (known only once given or iterated); ``rank`` and
-            ``world_size`` are then for information, not checked.
+            counted beyond them (known only once given or iterated); ``rank``,
+            ``world_size`` and ``batch_size`` (this rank's share of a step) are then for
+            information, not checked.
         """
         served = self._served if batches_served is None else int(batches_served)
         state: dict[str, Any] = {"epoch": self.epoch, "batches_served": served, "seed": self.seed,
-                                 "rank": self.rank, "world_size": self.world_size}
+                                 "rank": self.rank, "world_size": self.world_size,
+                                 **{key: getattr(self, key) for key in ORDER_KEYS}}
         if self.global_batch_size is not None:
             done, workers = self._done, self._served_workers
             if num_workers is not None:
@@ -314,8 +347,8 @@ class Stream:
                 if served < len(self) - left.size:
                     raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
                                       f"{len(self) - left.size} served before this iteration began; got {served}")
-            state.update(global_batch_size=self.global_batch_size, buffer_chunks=self.buffer_chunks,
-                         steps_per_epoch=len(self), done=[list(p) for p in done])
+            state.update(global_batch_size=self.global_batch_size, steps_per_epoch=len(self),
+                         done=[list(p) for p in done])
             if workers is not None:
                 state["num_workers"] = workers
         elif num_workers is not None:
@@ -332,10 +365,25 @@ class Stream:
         size, and a DataLoader must have as many workers as the one that served it. With
         it, a state saved by any rank resumes any rank, on any world size the global
         batch allows and any number of workers.
+
+        Raises
+        ------
+        StreamError
+            When the state was saved mid-epoch by a stream whose order differs from this
+            one's (another seed, batch size, ``buffer_chunks``, ``shuffle``,
+            ``drop_last``, or another number of samples: a store that grew or shrank):
+            resuming would skip and repeat samples. States saved before these keys were
+            recorded are checked on the keys they hold.
         """
         self._check_identity(state)
+        source = self.source
         if state.get("version") is not None and hasattr(self.source, "at_version"):
-            self._switch(self.source.at_version(int(state["version"])))
+            source = self.source.at_version(int(state["version"]))
+        # The samples are those of the version the state names, checked before switching
+        # to it: a refused state leaves the stream as it was.
+        self._check_samples(state, int(sum(source.lengths)))
+        if source is not self.source:
+            self._switch(source)
         served = int(state["batches_served"])
         workers = state.get("num_workers")
         workers = None if workers is None else max(1, int(workers))
@@ -353,10 +401,11 @@ class Stream:
                 self._done = step_intervals(np.setdiff1d(np.arange(len(self)), self._remaining(workers),
                                                          assume_unique=True))
                 self._served_workers = None
-            return
-        if not 0 <= served <= len(self):
-            raise StreamError(f"state_dict: batches_served must be 0 to {len(self)}, got {served}")
-        self.epoch, self._served, self._served_workers = int(state["epoch"]), served, workers
+        else:
+            if not 0 <= served <= len(self):
+                raise StreamError(f"state_dict: batches_served must be 0 to {len(self)}, got {served}")
+            self.epoch, self._served, self._served_workers = int(state["epoch"]), served, workers
+        self._publish()
 
     def _check_identity(self, state: Mapping[str, Any]) -> None:
         """Refuse a state saved by a stream whose order differs from this one's."""
@@ -367,12 +416,56 @@ class Stream:
                 raise StreamError(f"state_dict was saved with {key}={state[key]}, this stream has {getattr(self, key)}")
         if not int(state.get("batches_served", 0)):
             return  # nothing served: any epoch start is the same
+        # The order of an epoch, and so which batches the count skips, depends on these
+        # too; the per-rank batch of a global batch follows the world size and is not one
+        # of them.
+        for key in ("shuffle", "drop_last") if elastic else ("batch_size", "buffer_chunks", "shuffle", "drop_last"):
+            if key in state and saved_value(state[key], getattr(self, key)) != getattr(self, key):
+                raise StreamError(f"state_dict was saved mid-epoch with {key}={state[key]!r}, this stream has "
+                                  f"{key}={getattr(self, key)!r}; resuming would skip and repeat samples: resume "
+                                  f"with {key}={state[key]!r}")
         if elastic and "global_batch_size" not in state and ("world_size" in state or "rank" in state):
             raise StreamError("state_dict was saved by a stream without global_batch_size, whose order depends on "
                               "its rank and world size; resume it with a stream like the one that saved it")
         if not elastic and "global_batch_size" in state:
             raise StreamError(f"state_dict was saved by a stream with global_batch_size={state['global_batch_size']}"
                               "; this stream has none: pass the same global_batch_size to resume it")
+
+    def _check_samples(self, state: Mapping[str, Any], n_samples: int) -> None:
+        """Refuse a state saved mid-epoch on another number of samples (a store that
+        was appended to, or another store): its epoch's order is another one."""
+        if "n_samples" not in state or not int(state.get("batches_served", 0)):
+            return
+        if int(state["n_samples"]) != n_samples:
+            where = f" at version {state['version']}" if state.get("version") is not None else ""
+            raise StreamError(f"state_dict was saved mid-epoch with n_samples={state['n_samples']}, this stream "
+                              f"has n_samples={n_samples}{where}; the samples changed since (an append, or "
+                              "another store), and resuming would skip and repeat samples: finish the epoch on "
+                              "the samples it was saved on, or start a new epoch (set_epoch)")
+
+    def _publish(self) -> None:
+        """After a move (set_epoch, load_state_dict): count it, and show the persistent
+        DataLoader workers' copies where the next iteration starts (see
+        :mod:`pipeline.streaming.torch`)."""
+        self._moves += 1
+        board = self._board
+        if board is not None and board.owned():
+            self._board_seen = board.publish(self.epoch, self._served, self._served_workers, self.version,
+                                             self._done)
+
+    def follow_board(self) -> None:
+        """In a DataLoader worker: take up the latest position the main process
+        published (a persistent worker's copy would otherwise keep the epoch it was
+        made with)."""
+        board = self._board
+        got = None if board is None else board.read()
+        if got is None or got.seq == self._board_seen:
+            return
+        if got.version is not None and hasattr(self.source, "at_version") and got.version != self.version:
+            self._switch(self.source.at_version(got.version))
+        self.epoch, self._served, self._served_workers = got.epoch, got.served, got.workers
+        self._done = [list(p) for p in got.done]
+        self._board_seen = got.seq
 
     def _remaining(self, num_workers: int) -> np.ndarray:
         """The global steps left at the start of an iteration by ``num_workers`` DataLoader

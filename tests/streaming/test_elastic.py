@@ -248,7 +248,7 @@ def test_state_round_trip_and_what_it_records(store):
     state = s.state_dict()
     assert state == {"epoch": 0, "batches_served": 3, "seed": 2, "rank": 1, "world_size": 2, "global_batch_size": 16,
                      "buffer_chunks": 2, "steps_per_epoch": math.ceil(1000 / 16), "done": [], "num_workers": 1,
-                     "version": 0}
+                     "version": 0, "batch_size": 8, "shuffle": True, "drop_last": False, "n_samples": 1000}
     it.close()
     # after a resume on 4 ranks with 2 workers that took 5 more batches: the first 3 steps,
     # then 3 from the first worker's share and 2 from the second's
