@@ -74,6 +74,14 @@ def _store_state(array: zarr.Array, name: str, label: str) -> tuple[Any, ...]:
                       "open; write it to a directory, zip or fsspec store, or stream it without workers")
 
 
+def _location(array: zarr.Array) -> str:
+    """Where an array passed directly lives, for error messages: its store's directory,
+    zip or URL, and its path there."""
+    store = array.store_path.store
+    where = getattr(store, "root", None) or getattr(store, "path", None) or type(store).__name__
+    return "/".join(p for p in (str(where).rstrip("/"), array.store_path.path) if p)
+
+
 def _reopen_array(state: tuple[Any, ...]) -> zarr.Array:
     kind, where, path = state
     if kind == "local":
@@ -192,8 +200,8 @@ class ZarrSource:
         self.n = lens[self.names[0]]
         self.cache = _remote_cache(cache, [a for a in self.arrays.values() if isinstance(a, zarr.Array)], label)
         # Stores other tools write may still be written to: chunks are read, not mapped.
-        readers = {n: chunk_reader(a, (label, "", n), cache=self.cache) for n, a in self.arrays.items()
-                   if isinstance(a, zarr.Array)}
+        readers = {n: chunk_reader(a, (_location(a) if label == "<zarr arrays>" else label, "", n), cache=self.cache)
+                   for n, a in self.arrays.items() if isinstance(a, zarr.Array)}
         self._chunk_readers = list(readers.values())
         self.grid = common_rows({n: r.rows for n, r in readers.items()}, self.n, label)
         self.readers = {n: _Grid(readers.get(n), self.grid, self.n) for n in self.names}

@@ -174,6 +174,18 @@ def test_verify_on_what_has_no_checksums_warns(tmp_path, reference):
         pipeline.stream(str(tmp_path / "plain.zarr"), batch_size=64, verify=True)
 
 
+def test_a_corrupt_chunk_of_an_array_passed_directly_names_its_store(tmp_path, reference):
+    from pipeline.errors import CorruptChunkError
+
+    x, y = reference
+    zx, zy = zarr_arrays(tmp_path, x, y)
+    chunk = tmp_path / "x.zarr" / "c" / "3" / "0" / "0"
+    chunk.write_bytes(chunk.read_bytes()[: chunk.stat().st_size // 2])
+    with pytest.raises(CorruptChunkError, match=rf"{tmp_path / 'x.zarr'}: /a0 chunk 3: cannot decode"):
+        for _ in pipeline.stream((zx, zy), batch_size=64):
+            pass
+
+
 def test_a_file_url_names_a_local_store(tmp_path, reference):
     x, y = reference
     g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
