@@ -3,6 +3,23 @@
 Keras 3 converts anything array-like handed to ``fit`` into one numpy array: a dask
 array passed to ``model.fit`` is loaded whole, every epoch. A PyDataset is iterated
 batch by batch instead, on every backend. This class exposes no ``__array__``.
+
+**Passes.** The dataset serves the stream in passes. A pass starts where the stream
+stands (an epoch, and the batches of it already served, after
+``stream.load_state_dict``) and serves the rest of that epoch; ``len(ds)`` is the
+batches of the pending pass. What Keras's ``on_epoch_end`` does depends on how much of
+the pass was served:
+
+- all of it: the next pass is the stream's next epoch, from its start;
+- at most :data:`PEEK_BATCHES` batches, the first time in this pass: the pass starts
+  again from its start point. Keras takes a batch to build an unbuilt model and then
+  calls ``on_epoch_end`` before training; moving on would skip what it looked at (on a
+  fresh ``fit`` after a resume, the start of the rest of the epoch);
+- more (``steps_per_epoch`` below the pass's length): the next Keras epoch goes on with
+  the same pass where this one stopped.
+
+Keras reads ``len`` once per ``fit``: after ``load_state_dict``, ``fit(ds, epochs=1)``
+finishes the interrupted epoch, and later epochs (whole ones) come from another ``fit``.
 """
 
 from __future__ import annotations
@@ -12,63 +29,159 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from pipeline.errors import MissingDependencyError
+from pipeline.errors import MissingDependencyError, StreamError
 
 try:
     import keras
 except ImportError:  # pragma: no cover - exercised only without the extra
     keras = None
 
-__all__ = ["KerasDataset"]
+__all__ = ["PEEK_BATCHES", "KerasDataset"]
 
 _Base: Any = keras.utils.PyDataset if keras is not None else object
 
+#: Batches Keras may take before an epoch without training on them: the one batch its
+#: ``fit`` and ``evaluate`` look at to build an unbuilt model, and on an accelerator the
+#: JAX trainer's next batch, which it moves to the device one step ahead.
+PEEK_BATCHES = 2
+
+
+def _check_workers(workers: Any, use_multiprocessing: Any) -> None:
+    """Refuse Keras's own workers: they call ``__getitem__`` out of order and in other
+    processes, while the stream serves its batches in its order from one iteration."""
+    if use_multiprocessing:
+        raise StreamError("stream.keras(use_multiprocessing=True): a stream serves its batches in its own order "
+                          "from one iteration, which Keras's worker processes would each copy (every process "
+                          "serving the epoch from its start); the stream already reads and decodes ahead on its "
+                          "own threads (threads=, prefetch=): leave use_multiprocessing off")
+    if workers is not None and workers > 1:
+        raise StreamError(f"stream.keras(workers={workers}): a stream serves its batches in its own order, one "
+                          "after another, and Keras's workers would take them out of order (an epoch's batches "
+                          "going to other epochs); the stream already reads and decodes ahead on its own threads "
+                          "(threads=, prefetch=): leave workers at 1")
+
 
 class KerasDataset(_Base):
-    """Batches of a stream, reshuffled every epoch.
+    """Batches of a stream (or of a :class:`~pipeline.streaming.mix.Mix`), reshuffled
+    every epoch, in passes (see :mod:`pipeline.streaming.keras`).
 
     ``model.fit`` shuffles the batch *indices* of a PyDataset by default
     (``shuffle=True``): served literally, every index would seek to another group of
     chunks, turning chunk reads back into random reads. The stream already shuffles
-    (chunk order and in-buffer mixing), so the k-th call of an epoch returns the
-    stream's k-th batch, whatever index Keras asks for: each batch is still served once
-    per epoch, chunks are read once, and the background prefetch keeps the next batch
-    ready. To resume mid-epoch, call ``stream.load_state_dict`` before ``fit``.
+    (chunk order and in-buffer mixing), so the k-th call of a pass returns its k-th
+    batch, whatever index Keras asks for: each batch is still served once per epoch,
+    chunks are read once, and the background prefetch keeps the next batch ready. To
+    resume mid-epoch, call ``stream.load_state_dict`` before ``fit``.
+
+    Raises
+    ------
+    StreamError
+        With ``workers`` above 1 or ``use_multiprocessing``: Keras's workers ask for
+        batches out of order, and the stream reads ahead on its own threads anyway.
     """
 
     def __init__(self, stream: Any, **kwargs: Any):
         if keras is None:
             raise MissingDependencyError("Stream.keras()", "Keras 3", "keras")
+        _check_workers(kwargs.get("workers", 1), kwargs.get("use_multiprocessing", False))
         super().__init__(**kwargs)
         self.stream = stream
         self._iter: Iterator[tuple[np.ndarray, ...]] | None = None
-        self._served = 0
-        # Keras may call __getitem__ from several threads (workers > 1).
+        self._start: dict[str, Any] | None = None  # the pass's start point, once it served a batch
+        self._taken = 0  # batches served in the pass (over Keras epochs when it goes on)
+        self._restarted = False  # the pass was started again after a peek
+        self._moves = -1  # the stream's moves when the pass started (see _follow_moves)
         self._lock = threading.Lock()
 
+    # Keras reads these when it makes its data adapter; set later, they are refused too.
+    @property
+    def workers(self) -> int:
+        """Keras's workers for this dataset: 1 (the stream reads ahead itself)."""
+        return self._workers
+
+    @workers.setter
+    def workers(self, value: int) -> None:
+        _check_workers(value, False)
+        self._workers = value
+
+    @property
+    def use_multiprocessing(self) -> bool:
+        """Whether Keras's workers are processes: never (see :attr:`workers`)."""
+        return self._use_multiprocessing
+
+    @use_multiprocessing.setter
+    def use_multiprocessing(self, value: bool) -> None:
+        _check_workers(None, value)
+        self._use_multiprocessing = value
+
     def __len__(self) -> int:
-        return len(self.stream)
+        with self._lock:
+            self._follow_moves()
+            return self._pass_length()
+
+    def _pass_length(self) -> int:
+        """Batches of the pending pass, from its start point. A stream whose epoch is
+        all served (a state saved after the epoch's last batch, before the stream saw
+        its end) has the next epoch pending."""
+        served = self._start["batches_served"] if self._start is not None else self._stream_served()
+        left = len(self.stream) - int(served)
+        return left if left > 0 or self._start is not None else len(self.stream)
+
+    def _stream_served(self) -> int:
+        return int(self.stream.state_dict()["batches_served"])
+
+    def _follow_moves(self) -> None:
+        """A stream moved by its caller (``set_epoch``, ``load_state_dict``) since the
+        pass started: the pass is dropped, and the next one starts where the stream
+        now stands."""
+        if self._start is not None and getattr(self.stream, "_moves", self._moves) != self._moves:
+            self._end_pass()
+
+    def _end_pass(self) -> None:
+        if self._iter is not None:
+            self._iter.close()  # releases the reader threads
+        self._iter, self._start, self._taken, self._restarted = None, None, 0, False
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
-        if index < 0 or index >= len(self):
-            raise IndexError(index)
         with self._lock:
-            if self._iter is None or self._served >= len(self):
-                # A new pass (validation data is iterated again without on_epoch_end).
-                if self._served >= len(self):
-                    self.stream.set_epoch(self.stream.epoch)
-                    self.stream.load_state_dict({"epoch": self.stream.epoch, "batches_served": 0,
-                                                 "seed": self.stream.seed, "rank": self.stream.rank,
-                                                 "world_size": self.stream.world_size})
-                    self._served = 0
+            self._follow_moves()
+            if index < 0 or index >= self._pass_length():
+                raise IndexError(index)
+            if self._start is not None and self._taken >= self._pass_length():
+                # Asked for more after a whole pass, with no on_epoch_end between (an
+                # iterator made again within an epoch): the next epoch, as after it.
+                self._next_epoch()
+            if self._iter is None:
+                if self._start is None and self._stream_served() >= len(self.stream):
+                    self.stream.set_epoch(self.stream.epoch + 1)  # see _pass_length
+                if self._start is None:
+                    self._start = self.stream.state_dict()
                 self._iter = iter(self.stream)
-            self._served += 1
-            return next(self._iter)
+                self._moves = getattr(self.stream, "_moves", -1)
+            batch = next(self._iter)
+            self._taken += 1
+            return batch
+
+    def _next_epoch(self) -> None:
+        epoch = self.stream.epoch + 1
+        self._end_pass()
+        self.stream.set_epoch(epoch)
 
     def on_epoch_end(self) -> None:
         with self._lock:
-            if self._iter is not None:
-                self._iter.close()  # releases the reader threads
-            self._iter = None
-            self._served = 0
-            self.stream.set_epoch(self.stream.epoch + 1)
+            self._follow_moves()
+            if self._start is None or self._taken == 0:
+                return  # nothing served since the pass started
+            length = self._pass_length()
+            if self._taken <= PEEK_BATCHES and not self._restarted:
+                # Keras looked at the first batches (to build the model) and trains from
+                # the pass's start next. Only once per pass: a loop of so few steps per
+                # epoch goes on with the pass the time after.
+                start = self._start
+                self._iter.close()
+                self._iter, self._taken, self._restarted = None, 0, True
+                self.stream.load_state_dict(start)
+                self._moves = getattr(self.stream, "_moves", -1)
+            elif self._taken >= length:
+                self._next_epoch()
+            # else: steps_per_epoch ended Keras's epoch inside the pass, which goes on.

@@ -1,0 +1,221 @@
+"""stream.keras() under a real model.fit: every sample the model trains on is counted
+(x[i] = i in every cell), through Keras's peek before the first epoch, a resume, epochs
+shorter than the stream's, validation, and Keras's own workers (refused)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import pipeline  # noqa: E402
+from pipeline.errors import StreamError  # noqa: E402
+
+KW = dict(batch_size=100, seed=4, buffer_chunks=2)
+
+
+class Seen(keras.layers.Layer):
+    """Passes its input on, logging the sample ids of each batch the model runs on."""
+
+    def __init__(self, log: list, **kwargs):
+        super().__init__(**kwargs)
+        self.sink = log.append  # a list set on a layer would be tracked as a copy
+
+    def call(self, x, training=None):
+        try:
+            ids = keras.ops.convert_to_numpy(x)[:, 0, 0].astype(np.int64)
+        except Exception:  # a symbolic tensor, while Keras builds the model
+            return x
+        self.sink(("train" if training else "test", ids.tolist()))
+        return x
+
+
+class Epochs(keras.callbacks.Callback):
+    def __init__(self, log: list):
+        super().__init__()
+        self.log = log
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.log.append(("epoch", epoch))
+
+
+def _model(log: list):
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(shape=(4, 3)), Seen(log), keras.layers.Flatten(), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse", run_eagerly=True)
+    return model
+
+
+def _per_epoch(log: list, kind: str = "train") -> list[list[int]]:
+    """The ids the model ran on (``train`` or ``test``) in each Keras epoch of a fit."""
+    out: list[list[int]] = []
+    for what, value in log:
+        if what == "epoch":
+            out.append([])
+        elif what == kind and out:
+            out[-1].extend(value)
+    return out
+
+
+def _order(store, epoch: int, skip: int = 0) -> list[int]:
+    s = pipeline.stream(store, **KW)
+    s.set_epoch(epoch)
+    return np.concatenate([np.array(y) for _, y in s][skip:]).tolist()
+
+
+def test_fit_trains_on_every_sample_once_per_epoch_after_keras_peeks(store):
+    train = pipeline.stream(store, **KW)
+    val = pipeline.stream(store, batch_size=300, shuffle=False)
+    ds = train.keras()
+    asked = []
+
+    class Counted(type(ds)):
+        def __getitem__(self, index):
+            asked.append(index)
+            return super().__getitem__(index)
+
+    ds.__class__ = Counted
+    log: list = []
+    _model(log).fit(ds, validation_data=val.keras(), epochs=2, verbose=0, callbacks=[Epochs(log)])
+    assert len(asked) == 1 + 2 * len(train)  # Keras looked at one batch before the first epoch
+    # Each Keras epoch is the stream's epoch, whole and in its order: the batch Keras
+    # looked at is served again, from the epoch's start, not skipped.
+    assert _per_epoch(log) == [_order(store, 0), _order(store, 1)]
+    assert [sorted(ids) for ids in _per_epoch(log, "test")] == [list(range(1000))] * 2
+    assert train.epoch == 2
+
+
+def test_a_resumed_fit_finishes_the_interrupted_epoch_then_whole_epochs(store):
+    first = pipeline.stream(store, **KW)
+    it = iter(first)
+    head = np.concatenate([np.array(next(it)[1]) for _ in range(5)]).tolist()
+    state = first.state_dict()
+    it.close()
+    resumed = pipeline.stream(store, **KW)
+    resumed.load_state_dict(state)
+    ds = resumed.keras()
+    assert len(ds) == len(resumed) - 5
+    log: list = []
+    model = _model(log)
+    model.fit(ds, epochs=1, verbose=0, callbacks=[Epochs(log)])  # Keras peeks first: a new model
+    assert _per_epoch(log) == [_order(store, 0, skip=5)]
+    assert sorted(head + _per_epoch(log)[0]) == list(range(1000))
+    assert resumed.epoch == 1 and len(ds) == len(resumed)
+    log.clear()
+    model.fit(ds, epochs=2, verbose=0, callbacks=[Epochs(log)])  # whole epochs, in another fit
+    assert _per_epoch(log) == [_order(store, 1), _order(store, 2)]
+
+
+def test_epochs_shorter_than_the_stream_go_on_with_its_epoch(store):
+    s = pipeline.stream(store, **KW)
+    log: list = []
+    with pytest.warns(UserWarning, match="ran out of data"):  # Keras's own, when its count ends a pass
+        _model(log).fit(s.keras(), epochs=4, steps_per_epoch=6, verbose=0, callbacks=[Epochs(log)])
+    per_epoch = _per_epoch(log)
+    assert [len(ids) for ids in per_epoch] == [600, 400, 600, 400]
+    # the Keras epochs take the stream's epochs 0 and 1 in order, each sample once in each
+    assert sum(per_epoch, []) == _order(store, 0) + _order(store, 1)
+
+
+def test_a_mix_through_fit(tmp_path):
+    from tests.streaming.conftest import make_store
+
+    a, b = make_store(tmp_path / "a.zarr", n=300), make_store(tmp_path / "b.zarr", n=200)
+    m = pipeline.mix([a, b], weights=[1, 1], batch_size=50, seed=2)
+    want = np.concatenate([np.array(y) for _, y in pipeline.mix([a, b], weights=[1, 1], batch_size=50, seed=2)])
+    log: list = []
+    _model(log).fit(m.keras(), epochs=1, verbose=0, callbacks=[Epochs(log)])
+    assert _per_epoch(log) == [want.tolist()]
+    assert m.epoch == 1
+
+
+def test_the_pass_protocol(store):
+    """What Keras's calls do, one by one: a pass starts where the stream stands; an
+    epoch end after the whole pass moves to the next epoch, after a peek starts the pass
+    again (once), and after part of it goes on; a stream moved by its caller starts a
+    new pass where it now stands."""
+    s = pipeline.stream(store, **KW)
+    ds = s.keras()
+    ids = lambda: ds[0][1].tolist()  # noqa: E731 - the index does not choose the batch
+    epoch0 = [_order(store, 0)[i * 100:(i + 1) * 100] for i in range(10)]
+    assert ids() == epoch0[0]
+    ds.on_epoch_end()  # a peek: the pass starts again
+    assert [ids() for _ in range(3)] == epoch0[:3]
+    ds.on_epoch_end()  # steps_per_epoch=3: the pass goes on
+    assert len(ds) == 10 and s.epoch == 0
+    assert [ids() for _ in range(7)] == epoch0[3:]
+    ds.on_epoch_end()  # the whole pass: the next epoch
+    assert s.epoch == 1 and ids() == _order(store, 1)[:100]
+    s.load_state_dict({**s.state_dict(), "epoch": 3, "batches_served": 7})
+    assert len(ds) == 3 and ids() == _order(store, 3)[700:800]
+    assert ids() == _order(store, 3)[800:900] and ids() == _order(store, 3)[900:]
+    assert ids() == _order(store, 4)[:100]  # asked for more with no epoch end: the next epoch
+    # a state saved after an epoch's last batch, before the stream saw its end
+    t = pipeline.stream(store, **KW)
+    t.load_state_dict({"epoch": 2, "batches_served": 10})
+    other = t.keras()
+    assert len(other) == 10 and other[0][1].tolist() == _order(store, 3)[:100]
+
+
+@pytest.mark.parametrize("kwargs", [dict(workers=2), dict(workers=2, use_multiprocessing=True),
+                                    dict(use_multiprocessing=True)])
+def test_keras_workers_are_refused(store, kwargs):
+    s = pipeline.stream(store, **KW)
+    with pytest.raises(StreamError, match="already reads and decodes ahead on its own threads"):
+        s.keras(**kwargs)
+    ds = s.keras(workers=1, max_queue_size=4)
+    with pytest.raises(StreamError, match=r"workers=3"):
+        ds.workers = 3
+    with pytest.raises(StreamError, match="use_multiprocessing"):
+        ds.use_multiprocessing = True
+
+
+_JAX_SCRIPT = """
+import json, os
+import numpy as np, keras, pipeline
+store, kw = {store!r}, dict(batch_size=100, seed=4, buffer_chunks=2)
+def order(epoch, skip=0):
+    s = pipeline.stream(store, **kw); s.set_epoch(epoch)
+    return np.concatenate([np.array(y) for _, y in s][skip:]).tolist()
+log = []
+class Seen(keras.layers.Layer):
+    def call(self, x, training=None):
+        try:
+            ids = keras.ops.convert_to_numpy(x)[:, 0, 0].astype(np.int64).tolist()
+        except Exception:
+            return x
+        if training:
+            log.extend(ids)
+        return x
+first = pipeline.stream(store, **kw)
+it = iter(first)
+[next(it) for _ in range(5)]
+state = first.state_dict(); it.close()
+s = pipeline.stream(store, **kw); s.load_state_dict(state)
+model = keras.Sequential([keras.Input(shape=(4, 3)), Seen(), keras.layers.Flatten(), keras.layers.Dense(1)])
+model.compile(optimizer="adam", loss="mse", run_eagerly=True)
+model.fit(s.keras(), epochs=1, verbose=0)
+resumed = log == order(0, skip=5)
+log.clear()
+model.fit(s.keras(), epochs=2, verbose=0)
+print(json.dumps({{"backend": keras.backend.backend(), "resumed": resumed, "whole": log == order(1) + order(2)}}))
+"""
+
+
+def test_resume_on_jax(store):
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("jax is not installed")
+    env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_JAX_SCRIPT.format(store=store))],
+                            capture_output=True, text=True, timeout=240, env=env)
+    assert result.returncode == 0, result.stderr[-6000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {"backend": "jax", "resumed": True, "whole": True}
