@@ -16,7 +16,7 @@ January 1970) is refused with the unit to set, rather than read as the wrong tim
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import dask
 import dask.array as da
@@ -24,7 +24,7 @@ import numpy as np
 from dask.base import tokenize
 
 from pipeline.errors import LoaderError
-from pipeline.loaders.tables import TablePart, part_specs, parts_array, read_columns
+from pipeline.loaders.tables import TablePart, part_specs, parts_array, read_columns, row_place
 
 __all__ = ["TIMESTAMP_UNITS", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
            "to_ns"]
@@ -41,6 +41,10 @@ def _first_null(col: Any) -> int:
     import pyarrow.compute as pc
 
     return int(np.flatnonzero(pc.is_null(col).to_numpy(zero_copy_only=False))[0])
+
+
+def _at_row(i: int) -> str:
+    return f"row {i}"
 
 
 def _check_unit(first: float, default: str, path: str, name: str) -> None:
@@ -61,7 +65,8 @@ def _check_unit(first: float, default: str, path: str, name: str) -> None:
                               f"(timestamp_unit={unit!r} in pipeline.load), or {default} to keep {default}")
 
 
-def to_ns(col: Any, path: str, name: str, unit: str | None = None) -> np.ndarray:
+def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callable[[int], str] = _at_row
+          ) -> np.ndarray:
     """A pyarrow column as int64 nanoseconds since the epoch.
 
     Timestamp and date types are cast to nanoseconds (time-zone-aware ones keep their
@@ -71,12 +76,13 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None) -> np.ndarray
     A float becomes the nanosecond nearest its value (a float64 of today's epoch
     seconds resolves about 0.2 microseconds). Without ``unit``, a first value that is
     a date of an order book only in another unit is refused, naming that unit.
+    ``where(i)`` says where row ``i`` is in an error (a file's line: :func:`row_place`).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
     if col.null_count:
-        raise LoaderError(path, f"timestamp column {name!r}: missing value at row {_first_null(col)}")
+        raise LoaderError(path, f"timestamp column {name!r}: missing value at {where(_first_null(col))}")
     t = col.type
     try:
         if pa.types.is_timestamp(t):
@@ -100,8 +106,8 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None) -> np.ndarray
         elif pa.types.is_floating(t):
             values = np.asarray(col.to_numpy(), dtype=np.float64)
             if not np.isfinite(values).all():
-                raise LoaderError(path, f"timestamp column {name!r}: NaN or inf at row "
-                                  f"{int(np.flatnonzero(~np.isfinite(values))[0])}")
+                raise LoaderError(path, f"timestamp column {name!r}: NaN or inf at "
+                                  f"{where(int(np.flatnonzero(~np.isfinite(values))[0]))}")
             if unit is None and values.size:
                 _check_unit(float(values[0]), "s", path, name)
             # seconds * 1e9 would round to 256 ns at today's epoch seconds: scale only the
@@ -136,10 +142,7 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
         r, above = int(rows[back[0] + 1]), int(rows[back[0]])
 
         def where(i: int) -> str:
-            # Parquet rows counted from 0 in their row group; text files by line, from 1
-            # (LOBSTER's times are its message file's).
-            return (f"row {i} of row group {part.group}" if part.fmt == "parquet"
-                    else f"line {part.row0 + i + 1 + (part.fmt == 'csv' and part.header)}")
+            return row_place(part, i)  # LOBSTER's times are its message file's, line for line
 
         more = f" (and {back.size - 1} more such rows)" if back.size > 1 else ""
         same = " of the same instrument" if codes is not None else ""
@@ -159,7 +162,7 @@ def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | No
     per_row = instrument_column is not None and part.instrument is None
     # Both columns in one read: a CSV part is parsed once, not once per column.
     cols = read_columns(part, [timestamp, instrument_column] if per_row else [timestamp], so)
-    ns = to_ns(cols[timestamp], part.path, timestamp, unit)
+    ns = to_ns(cols[timestamp], part.path, timestamp, unit, lambda i: row_place(part, i))
     if not per_row:
         return ns, None
     labels = _labels(part, instrument_column, so, cols[instrument_column])
@@ -221,7 +224,8 @@ def _labels(part: TablePart, column: str | None, so: dict, col: Any = None) -> A
     if col is None:
         col = read_columns(part, [column], so)[column]
     if col.null_count:
-        raise LoaderError(part.path, f"instrument column {column!r}: missing value at row {_first_null(col)}")
+        raise LoaderError(part.path, f"instrument column {column!r}: missing value at "
+                          f"{row_place(part, _first_null(col))}")
     try:
         return pc.cast(col, pa.string())
     except pa.ArrowException as exc:
@@ -264,8 +268,8 @@ def instrument_array(parts: Sequence[TablePart], column: str | None, names: Sequ
         found = pc.index_in(_labels(part, column, so), value_set=pa.array(names, pa.string()))
         if found.null_count:  # a value that the distinct pass did not see: the file changed since
             row = _first_null(found)
-            raise LoaderError(part.path, f"instrument at row {row} is not one of {list(names)} found when the "
-                              "source was opened; did the file change?")
+            raise LoaderError(part.path, f"instrument at {row_place(part, row)} is not one of {list(names)} found "
+                              "when the source was opened; did the file change?")
         return found.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
 
     return specs.map_blocks(codes, dtype=np.int32, chunks=(tuple(p.rows for p in parts),),

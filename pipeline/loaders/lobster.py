@@ -40,7 +40,7 @@ import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
 from pipeline.loaders.tables import (TEXT_PART_ROWS, TablePart, count_lines, is_number, open_text, part_rows_of,
-                                     read_range, require_pyarrow, split_fields, text_ranges)
+                                     read_range, require_pyarrow, row_place, split_fields, text_ranges)
 
 __all__ = ["ASK_DUMMY", "BID_DUMMY", "PRICE_SCALE", "book_columns", "message_path", "parse_name",
            "probe_lobster", "read_book", "read_timestamps"]
@@ -177,7 +177,7 @@ def read_timestamps(part: TablePart, so: dict) -> np.ndarray:
     if not np.isfinite(seconds).all():
         row = int(np.flatnonzero(~np.isfinite(seconds))[0])
         raise LoaderError(part.companion,
-                          f"expected a time in seconds after midnight at row {row + part.row0}, found {seconds[row]}")
+                          f"expected a time in seconds after midnight at {row_place(part, row)}, found {seconds[row]}")
     # Parsing is correctly rounded, so a time within a day (below 2**17 s) is within
     # 2**-37 s (0.007 ns) of its decimal text, and the product with 1e9 adds at most as
     # much again: rint gives the exact nanosecond for up to 9 decimals, where truncation

@@ -32,10 +32,9 @@ from pipeline.errors import (
 from pipeline.loaders.registry import compression_of
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_file_times", "check_time_order", "check_time_zones",
-           "count_lines", "files_out_of_order", "is_datum", "is_number",
-           "looks_like_data", "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table",
-           "project_columns", "read_columns", "read_range", "require_pyarrow", "split_fields", "table_array",
-           "text_ranges"]
+           "count_lines", "files_out_of_order", "is_datum", "is_number", "looks_like_data", "open_text", "part_rows_of",
+           "part_specs", "parts_array", "previous_line", "probe_table", "project_columns", "read_columns", "read_range",
+           "require_pyarrow", "row_place", "split_fields", "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -119,6 +118,16 @@ class TablePart:
     def source_of(self, column: str) -> str:
         """The file's own name of canonical ``column``."""
         return dict(zip(self.columns, self.sources)).get(column, column)
+
+
+def row_place(part: TablePart, i: int) -> str:
+    """Where row ``i`` of a part is, for an error message: a Parquet row counted from 0
+    in its row group; a text file's line, counted from 1 with the header (as editors
+    and ``sed -n`` count), whichever part of the file holds it (LOBSTER's orderbook and
+    message files share their line numbers)."""
+    if part.fmt == "parquet":
+        return f"row {i} of row group {part.group}"
+    return f"line {part.row0 + i + 1 + int(part.fmt == 'csv' and part.header)}"
 
 
 def _renamed(path: str, file_columns: tuple[str, ...], rename: Mapping[str, str]) -> tuple[str, ...]:
@@ -429,11 +438,9 @@ def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None,
         if bad.any():
             if nan == "raise":
                 r, c = np.argwhere(bad)[0]
-                where = "row group " + str(part.group) if part.fmt == "parquet" else "the file"
-                r += part.row0  # a text file's own row number
                 why = " (LOBSTER's dummy price of an empty level)" if part.fmt == "lobster" else ""
                 raise InvalidValueError(
-                    part.path, f"NaN or inf{why} in column {columns[c]!r} at row {int(r)} of {where}; "
+                    part.path, f"NaN or inf{why} in column {columns[c]!r} at {row_place(part, int(r))}; "
                     "set source.nan: drop or fill")
             out[bad] = fill_value
     return out

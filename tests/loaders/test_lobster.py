@@ -76,15 +76,15 @@ def test_a_pair_read_in_parts_equals_the_hand_written_values(tmp_path, chunk_row
         if (tmp_path / "edge").mkdir() is None else None
     with pytest.raises(LoaderError, match=r"message_2\.csv: timestamp column 'time': line 3 is at .*\(line 2\)"):
         open_source(str(swapped), format="lobster", chunk_rows=2 if chunk_rows == 3 else 1).timestamps.compute()
-    # The first part to fail names its empty level by the file's row: 1 or 2, never 0.
-    with pytest.raises(InvalidValueError, match=r"'(ask_price_2' at row 1|bid_price_2' at row 2) of the file"):
+    # The first part to fail names its empty level by the file's line: 2 or 3, whatever the part.
+    with pytest.raises(InvalidValueError, match=r"'(ask_price_2' at line 2|bid_price_2' at line 3);"):
         open_source(str(path), format="lobster", chunk_rows=chunk_rows).array.compute()
 
 
 def test_nan_policies_on_empty_levels(tmp_path):
     path = write_pair(tmp_path)
     with pytest.raises(InvalidValueError, match=r"orderbook_2\.csv: NaN or inf .*dummy price.* in column "
-                                                r"'ask_price_2' at row 1 of the file; set source.nan: drop or fill"):
+                                                r"'ask_price_2' at line 2; set source.nan: drop or fill"):
         open_source(str(path), format="lobster").array.compute()
     filled = open_source(str(path), format="lobster", nan="fill", fill_value=-1).array.compute()
     assert filled[1, 4] == -1 and filled[1, 5] == -1 and filled[2, 6] == -1 and filled[2, 7] == -1

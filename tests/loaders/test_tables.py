@@ -89,7 +89,9 @@ def test_nan_policies(tmp_path, fmt):
     t.loc[7, "a"] = np.nan
     p = tmp_path / f"x.{fmt}"
     (pq.write_table(pa.Table.from_pandas(t), p) if fmt == "parquet" else t.to_csv(p, index=False))
-    with pytest.raises(InvalidValueError, match=r"x\.%s: NaN or inf in column 'a' at row 7" % fmt):
+    # Row 7 (from 0) is the row group's row 7, the CSV's line 9 (from 1, with the header).
+    where = "row 7 of row group 0" if fmt == "parquet" else "line 9"
+    with pytest.raises(InvalidValueError, match=r"x\.%s: NaN or inf in column 'a' at %s;" % (fmt, where)):
         pipeline.load(str(p), timestamp="timestamp").compute()
     filled = pipeline.load(str(p), timestamp="timestamp", nan="fill", fill_value=-1).compute()
     assert filled[7, 0] == -1
@@ -109,7 +111,7 @@ def test_only_the_columns_read_are_decoded(tmp_path, fmt):
     src = open_source(str(p), timestamp="timestamp", read=["c", "b"])
     assert src.columns == ("b", "c") and src.array.shape == (50, 2)
     np.testing.assert_array_equal(src.array.compute(), t[["b", "c"]].to_numpy().astype(np.float32))
-    with pytest.raises(InvalidValueError, match=r"NaN or inf in column 'a' at row 7"):
+    with pytest.raises(InvalidValueError, match=r"NaN or inf in column 'a' at (row 7 of row group 0|line 9);"):
         open_source(str(p), timestamp="timestamp", read=["a", "b"]).array.compute()
     # A column read that the source lacks leaves every column (the step asking names it).
     assert open_source(str(p), timestamp="timestamp", read=["b", "zz"]).columns == ("a", "b", "c")
@@ -267,7 +269,7 @@ def test_a_large_csv_is_read_in_parts_that_equal_the_file(tmp_path, header):
     # Errors name the file's own line and row, not the part's.
     bad = frame.set_column(1, "a", pa.array(np.where(np.arange(n) == 700, np.nan, np.arange(n, dtype=np.float64))))
     pacsv.write_csv(bad, tmp_path / "nan.csv", write_options=pacsv.WriteOptions(include_header=header))
-    with pytest.raises(InvalidValueError, match=r"nan\.csv: NaN or inf in column 'a' at row 700 of the file"):
+    with pytest.raises(InvalidValueError, match=r"nan\.csv: NaN or inf in column 'a' at line %d;" % (701 + header)):
         open_source(str(tmp_path / "nan.csv"), timestamp="timestamp", chunk_rows=64, **names).array.compute()
     # Rows i and i + 1 swapped inside a part (700) and across two parts' boundary (127,
     # the last row of one part, and 128, the first of the next).
@@ -499,7 +501,7 @@ def test_timestamps_are_their_own_layer(tmp_path, monkeypatch):
 def test_bad_timestamp_values_name_the_file(tmp_path):
     p = tmp_path / "t.parquet"
     pq.write_table(pa.table({"when": pa.array([1.0, None, 3.0]), "v": [1.0, 2.0, 3.0]}), p)
-    with pytest.raises(LoaderError, match=r"t\.parquet: timestamp column 'when': missing value at row 1"):
+    with pytest.raises(LoaderError, match=r"t\.parquet: timestamp column 'when': missing value at row 1 of row group 0"):
         open_source(str(p), timestamp="when").timestamps.compute()
     pq.write_table(pa.table({"when": ["not a time", "x", "y"], "v": [1.0, 2.0, 3.0]}), p)
     with pytest.raises(LoaderError, match=r"t\.parquet: timestamp column 'when': cannot read string values"):
