@@ -12,13 +12,27 @@ To resume mid-epoch, count the batches the loop consumed this epoch and save
 it: each worker then serves its share of exactly what is left. Without
 ``global_batch_size`` the loader must have the same number of workers (and the stream
 the same rank and world size); with it, any (see :mod:`pipeline.streaming.elastic`).
+
+With ``persistent_workers=True`` the workers keep the copies of the stream they made at
+the first epoch, where the main process's ``set_epoch`` and ``load_state_dict`` would
+never reach them (every epoch would repeat the first one's order). So the dataset gives
+the stream (and each stream of a mix) a :class:`StateBoard`, a few integers in shared
+memory made in the main process: each move of the stream there is published on it,
+and a worker takes up the latest one before each epoch it serves. Workers started
+afresh each epoch copy the stream as it stands and have nothing to take up.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+import os
+import threading
+import time
+from dataclasses import dataclass
+from multiprocessing.context import get_spawning_popen
+from multiprocessing.sharedctypes import RawArray
+from typing import Any, Iterator, Sequence
 
-from pipeline.errors import MissingDependencyError
+from pipeline.errors import MissingDependencyError, StreamError
 
 try:
     import torch
@@ -27,7 +41,89 @@ except ImportError:  # pragma: no cover - exercised only without the extra
     torch = None
     IterableDataset = object
 
-__all__ = ["TorchDataset"]
+__all__ = ["Posted", "StateBoard", "TorchDataset"]
+
+
+@dataclass(frozen=True, slots=True)
+class Posted:
+    """A position published on a :class:`StateBoard`: ``seq`` grows with each one."""
+
+    seq: int
+    epoch: int
+    served: int
+    workers: int | None
+    version: int | None
+    done: tuple[tuple[int, int], ...]
+
+
+class StateBoard:
+    """Where a stream stands in the main process, in shared memory its DataLoader
+    workers read: epoch, batches served, the workers that served them, the store
+    version and an elastic stream's done steps.
+
+    Made in the main process, which alone publishes; a forked worker shares the memory,
+    a spawned one receives it while being spawned (and only then: the memory cannot
+    travel in any other pickle). Writes are guarded by a sequence number that is odd
+    while one is in progress, so a reader never takes half of one.
+    """
+
+    #: ``[start, stop)`` runs of done steps a board holds: an elastic stream's runs are a
+    #: few per resume (one per DataLoader worker that served the state).
+    RUNS = 4096
+    _HEAD = 7  # seq, epoch, served, workers (0: unknown), has version, version, runs
+
+    def __init__(self) -> None:
+        self._array = RawArray("q", self._HEAD + 2 * self.RUNS)
+        self._owner = os.getpid()
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        if get_spawning_popen() is None:
+            raise StreamError("a StateBoard's shared memory goes only to a process being spawned")
+        return {"_array": self._array, "_owner": self._owner}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def owned(self) -> bool:
+        """Whether this process made the board (and so publishes on it)."""
+        return os.getpid() == self._owner
+
+    def publish(self, epoch: int, served: int, workers: int | None, version: int | None,
+                done: Sequence[Sequence[int]]) -> int:
+        """Show a new position; returns its sequence number."""
+        runs = [int(v) for pair in done for v in pair]
+        if len(runs) > 2 * self.RUNS:
+            raise StreamError(f"a stream's state holds {len(runs) // 2} runs of done steps, more than the "
+                              f"{self.RUNS} persistent DataLoader workers can be shown; use "
+                              "persistent_workers=False")
+        a = self._array
+        with self._lock:
+            seq = a[0] + 2
+            a[0] = seq - 1  # odd: a write in progress
+            a[1:self._HEAD] = [int(epoch), int(served), int(workers or 0), int(version is not None),
+                               int(version or 0), len(runs) // 2]
+            a[self._HEAD:self._HEAD + len(runs)] = runs
+            a[0] = seq
+        return seq
+
+    def read(self) -> Posted | None:
+        """The latest position (None before the first), waiting out a write in progress."""
+        a = self._array
+        for _ in range(100_000):
+            seq = a[0]
+            if seq == 0:
+                return None
+            if seq % 2 == 0:
+                head = a[1:self._HEAD]
+                runs = a[self._HEAD:self._HEAD + 2 * head[5]]
+                if a[0] == seq:
+                    return Posted(seq=seq, epoch=head[0], served=head[1], workers=head[2] or None,
+                                  version=head[4] if head[3] else None,
+                                  done=tuple(zip(runs[::2], runs[1::2])))
+            time.sleep(0.0001)
+        raise StreamError("a stream's shared state stayed half written for 10 s; was the main process killed?")
 
 
 class TorchDataset(IterableDataset):
@@ -40,6 +136,9 @@ class TorchDataset(IterableDataset):
         super().__init__()
         self.stream = stream
         self.pin_memory = pin_memory
+        for s in (stream, *getattr(stream, "streams", ())):
+            if getattr(s, "_board", False) is None:  # a second dataset shares the first's board
+                s._board = StateBoard()
 
     def __len__(self) -> int:
         return len(self.stream)
@@ -59,6 +158,11 @@ class TorchDataset(IterableDataset):
                 reopen = getattr(stream.source, "_reopen", None)
                 if reopen is not None:
                     reopen()
+            # A persistent worker's copy is as old as the worker: take up where the main
+            # process moved the stream since (set_epoch, load_state_dict).
+            follow = getattr(self.stream, "follow_board", None)
+            if follow is not None:
+                follow()
         pin = self.pin_memory and torch.cuda.is_available() and info is None
         # Resuming (Stream.load_state_dict): each worker serves its share of what the
         # loop has not consumed yet.
