@@ -192,7 +192,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             stride=config.windows.stride,
             scales=config.windows.scales,
             label=config.labels,
-            splits=out.splits,
+            splits=update.splits_in_zone(out.splits, source),
             normalize=config.features.normalize,
             nan=config.features.nan,
             fill_value=config.features.fill_value,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -141,7 +141,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     segs = source.segments
     codes = _codes(source, stored)
     sessions = continue_sessions(prior, codes, segs.labels, source.first_times, spec.mode, spec.gap_ns,
-                                 keys=source.session_keys)
+                                 keys=source.session_keys, tz=_calendar_zone(source, spec.mode))
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
                          segs.labels)
     rows = int(source.array.shape[0])
@@ -149,7 +149,8 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
         f"{latest.number}")
     tset = build_training_set(
         source.array, columns=source.columns, features=config.features.steps, size=config.windows.size,
-        stride=config.windows.stride, scales=config.windows.scales, label=config.labels, splits=out.splits,
+        stride=config.windows.stride, scales=config.windows.scales, label=config.labels,
+        splits=splits_in_zone(out.splits, source),
         normalize=config.features.normalize, nan=config.features.nan, fill_value=config.features.fill_value,
         progress=progress, materialize=config.windows.materialize, block_windows=block_windows, segments=table,
         timestamps=source.timestamps, folds=out.folds, prior=prior)
@@ -170,3 +171,20 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     append(out.path, tset.splits, attrs=attrs, token=token, shared=tset.shared or None, folds=tset.folds or None,
            added=list(segs.labels), storage_options=out.storage_options or None, progress=progress)
     return {"rows": rows, "added": len(segs)}
+
+
+def _calendar_zone(source: Any, mode: str) -> str | None:
+    """The zone an append takes its segments' days in, as the build did
+    (``pipeline.loaders.segments``): the one zone of date sessions (several are
+    refused), else the files' zone when they share one."""
+    if mode == "date":
+        return source.time_zone
+    return source.time_zones[0] if len(source.time_zones) == 1 else None
+
+
+def splits_in_zone(splits: Mapping[str, Any] | None, source: Any) -> Mapping[str, Any] | None:
+    """``output.splits`` with each date taken in the zone of the data's timestamps
+    (:func:`~pipeline.features.splits.localize_splits`); fraction splits unchanged."""
+    from pipeline.features.splits import is_dated, localize_splits
+
+    return localize_splits(splits, source.time_zone) if splits and is_dated(splits) else splits

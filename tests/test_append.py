@@ -258,3 +258,45 @@ def test_an_append_to_s3_equals_a_local_build(tmp_path, address, s3):
         for name in full[split]:
             if not name.startswith("_"):
                 assert remote[split][name][:].tobytes() == full[split][name][:].tobytes()
+
+
+def _sydney_day(path: Path, day: int, rows: int) -> None:
+    """One Sydney session, 10:00 to 16:00 local (23:00 to 05:00 UTC): it spans UTC midnight."""
+    rng = np.random.default_rng(day)
+    mid = 100 + np.cumsum(rng.normal(0, 0.01, rows))
+    start = np.datetime64("2026-01-04T23:00", "ns").astype(np.int64) + day * DAY
+    stamps = pa.array(start + np.arange(rows) * (6 * 3600 * NS // rows), pa.timestamp("ns", tz="Australia/Sydney"))
+    table = pa.table({"timestamp": stamps, "bid_price_1": mid - 0.01, "ask_price_1": mid + 0.01,
+                      "bid_size_1": rng.integers(1, 100, rows).astype(float),
+                      "ask_size_1": rng.integers(1, 100, rows).astype(float)})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(table, path)
+
+
+def test_dates_of_sessions_and_splits_are_the_datas_own_zone_in_builds_and_appends(tmp_path, address):
+    """Sydney's 2026-01-07 starts at 13:00 UTC on the 6th: the date split cuts there, not at
+    UTC midnight (11:00 in Sydney, mid-session), and an append numbers its sessions by
+    Sydney dates as the build of every file does."""
+    files = [tmp_path / "raw" / "AAA" / f"day{d}.parquet" for d in range(4)]
+    for d, f in enumerate(files):
+        _sydney_day(f, d, 300)
+    opts = dict(normalize="none", splits={"train": {"until": "2026-01-07"}, "test": {}})
+    held = _hold_back(tmp_path, [files], 1)
+    grown = _config(tmp_path, address, "grown.zarr", **dict(opts))
+    cfg = yaml.safe_load(grown.read_text())
+    cfg["source"]["sessions"] = "date"
+    grown.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    _run(grown)
+    for moved, home in held:
+        shutil.move(moved, home)
+    assert _run(grown).action == "append"
+    full = tmp_path / "full.yaml"
+    cfg["output"]["path"] = str(tmp_path / "full.zarr")
+    full.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    _run(full)
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+    ds = pipeline.open(tmp_path / "full.zarr")
+    cut = np.datetime64("2026-01-06T13:00", "ns").astype(np.int64)
+    train_t, test_t = ds["train"]["t"][:].astype(np.int64), ds["test"]["t"][:].astype(np.int64)
+    assert train_t.max() < cut <= test_t.min()
+    assert len(np.unique(ds["train"]["session"][:])) == 2 and len(np.unique(ds["test"]["session"][:])) == 2

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import WindowError
-from pipeline.features.sessions import SegmentTable
+from pipeline.features.sessions import SegmentTable, calendar_days
 
 __all__ = ["Prior", "continue_folds", "continue_sessions", "merge_attrs", "prior_from_attrs", "stored_segments"]
 
@@ -153,9 +153,6 @@ def continue_folds(base_sessions: Sequence[int], spec: Any) -> tuple[dict[str, n
     return index, info
 
 
-_DAY_NS = 86_400 * 10**9
-
-
 def _stored_times(attrs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """First and last timestamp (ns) of every stored segment, or None without times."""
     rows = attrs.get("sessions") or []
@@ -166,21 +163,22 @@ def _stored_times(attrs: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | N
     return first, last
 
 
-def _periods(instrument: np.ndarray, first_ns: np.ndarray, start: Mapping[tuple[int, int], int] | None = None
+def _periods(instrument: np.ndarray, days: np.ndarray, start: Mapping[tuple[int, int], int] | None = None
              ) -> np.ndarray:
     """``(day, rank that day)`` of each segment (in segment order), ranks counted per
     instrument after ``start`` (the stored segments' count per instrument and day)."""
     counts = dict(start or {})
     out = np.zeros((instrument.size, 2), dtype=np.int64)
     for k in range(instrument.size):
-        key = (int(instrument[k]), int(first_ns[k] // _DAY_NS))
+        key = (int(instrument[k]), int(days[k]))
         out[k] = key[1], counts.get(key, 0)
         counts[key] = counts.get(key, 0) + 1
     return out
 
 
 def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None,
-                      mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None) -> np.ndarray:
+                      mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None, tz: str | None = None
+                      ) -> np.ndarray:
     """Session numbers for an append's new segments that continue the stored ones as a
     build of every file would number them.
 
@@ -197,6 +195,9 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
         stored counterparts are ``prior``'s ``keys`` attribute).
     mode, gap_ns
         The session mode and, for ``gap``, the gap.
+    tz
+        The zone of the timestamps' calendar dates (the files' one zone; ``None`` for
+        naive ones), as the build takes them (:func:`~pipeline.features.sessions.calendar_days`).
 
     Raises
     ------
@@ -219,18 +220,19 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
                                   f"{last}); new files must come after every stored one, or rebuild with --rebuild")
         return top + 1 + np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
     first, last = times
+    stored_days, new_days = calendar_days(first, tz), calendar_days(np.asarray(first_ns), tz)
     seen: dict[tuple[int, int], int] = {}
-    for code, day in zip(stored.instrument.tolist(), (first // _DAY_NS).tolist()):
+    for code, day in zip(stored.instrument.tolist(), stored_days.tolist()):
         seen[(code, day)] = seen.get((code, day), 0) + 1
-    old = _periods(stored.instrument, first)
-    new = _periods(np.asarray(instrument), np.asarray(first_ns), seen)
+    old = _periods(stored.instrument, stored_days)
+    new = _periods(np.asarray(instrument), new_days, seen)
     newest = max(map(tuple, old.tolist()))
     for k, label in enumerate(labels):
         code = int(instrument[k])
         mine = np.flatnonzero(stored.instrument == code)
         if mine.size:
             end = int(last[mine].max())
-            joins = (mode == "date" and int(first_ns[k]) // _DAY_NS == end // _DAY_NS) or (
+            joins = (mode == "date" and int(new_days[k]) == int(calendar_days(np.array([end]), tz)[0])) or (
                 mode == "gap" and int(first_ns[k]) - end <= gap_ns)
             if joins:
                 raise WindowError(f"append: {label} continues the stored session that ends at "
