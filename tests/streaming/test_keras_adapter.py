@@ -181,7 +181,9 @@ def test_keras_workers_are_refused(store, kwargs):
 
 _JAX_SCRIPT = """
 import json, os
-import numpy as np, keras, pipeline
+import numpy as np, keras, jax, pipeline
+if {ahead}:  # the trainer's path on an accelerator: each batch is taken one step ahead
+    jax.default_backend = lambda: "gpu"
 store, kw = {store!r}, dict(batch_size=100, seed=4, buffer_chunks=2)
 def order(epoch, skip=0):
     s = pipeline.stream(store, **kw); s.set_epoch(epoch)
@@ -211,11 +213,15 @@ print(json.dumps({{"backend": keras.backend.backend(), "resumed": resumed, "whol
 """
 
 
-def test_resume_on_jax(store):
+@pytest.mark.parametrize("ahead", [False, True], ids=["cpu", "one-batch-ahead"])
+def test_resume_on_jax(store, ahead):
+    """On JAX; on an accelerator Keras's peek takes two batches (the one it looks at and
+    the next, moved to the device ahead), which must not be skipped either."""
     if importlib.util.find_spec("jax") is None:
         pytest.skip("jax is not installed")
     env = {**os.environ, "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(_JAX_SCRIPT.format(store=store))],
+    script = textwrap.dedent(_JAX_SCRIPT.format(store=store, ahead=ahead))
+    result = subprocess.run([sys.executable, "-c", script],
                             capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-6000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"backend": "jax", "resumed": True, "whole": True}
