@@ -380,7 +380,7 @@ class Stream:
         if state.get("version") is not None and hasattr(self.source, "at_version"):
             source = self.source.at_version(int(state["version"]))
         # The samples are those of the version the state names, checked before switching
-        # to it: a refused state leaves the stream as it was.
+        # to it, so that a state refused for its samples leaves the stream on its version.
         self._check_samples(state, int(sum(source.lengths)))
         if source is not self.source:
             self._switch(source)
