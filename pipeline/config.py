@@ -73,6 +73,9 @@ class SourceConfig:
     fill_value: float = 0.0
     on_error: Literal["raise", "skip"] = "raise"
     chunk_rows: int | None = None
+    #: Tables: the dtype values are read in; features and labels are computed from
+    #: them, and the stored windows stay float32.
+    dtype: Literal["float32", "float64"] = "float32"
     storage_options: dict[str, Any] = field(default_factory=dict)
     #: CSV only: whether the first line is a header; ``names`` names the columns of a
     #: headerless file (``header: false``).
@@ -509,7 +512,8 @@ def config_fingerprint(config: Config) -> str:
 
     The ``cluster`` and ``stream`` sections and ``output.overwrite`` are left out: running
     the same config on another cluster, or streaming it differently, must not be taken as
-    a different data set (it would refuse to resume).
+    a different data set (it would refuse to resume). So is ``source.dtype: float32``,
+    the default written out: stores built before the key existed keep their fingerprint.
     """
     return _fingerprint_of(config.raw_yaml)
 
@@ -522,5 +526,7 @@ def _fingerprint_of(raw_yaml: str) -> str:
     data.pop("stream", None)
     if isinstance(data.get("output"), dict):
         data["output"].pop("overwrite", None)
+    if isinstance(data.get("source"), dict) and data["source"].get("dtype") == "float32":
+        del data["source"]["dtype"]  # the default, written out: the same data as before the key existed
     canonical = json.dumps(data, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]

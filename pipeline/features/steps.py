@@ -101,7 +101,10 @@ def features_numpy(
     Parameters
     ----------
     block
-        ``(t, C)`` rows of the raw table.
+        ``(t, C)`` rows of the raw table: float32, or float64 for prices float32 cannot
+        hold (``source.dtype: float64``). Each column a feature reads is taken to
+        float64 first, so the features of float64 rows are those of the exact prices; a
+        ``custom`` feature gets the block as it is.
     columns
         Names of ``block``'s columns.
     specs

@@ -233,7 +233,11 @@ def open_source(
         ``ns``); default: integers are nanoseconds and floats seconds, and a column that
         holds dates only in another unit is refused, naming it.
     dtype
-        Output dtype (default float32 for tables, the files' own for arrays).
+        Output dtype (default float32 for tables, the files' own for arrays). Tables are
+        read in float64 when it is ``float64`` (prices whose ticks float32 cannot hold:
+        near 97,000 float32 resolves only 0.0078), else in float32, each part's level-1
+        prices checked for ticks that float32 loses (a
+        :class:`~pipeline.loaders.precision.PriceResolutionWarning`).
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode
@@ -436,12 +440,15 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
         raise EmptyInputError(probed[0][0], f"every one of the {len(probed)} file(s) has no data rows")
     # Before the time order: a naive file among aware ones is the cause, not its order.
     zones = check_time_zones(parts, timestamp) if timestamp else ()
+    exact = dtype is not None and np.dtype(dtype) == np.float64
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                   fill_value, so, timestamp_unit, read)
+                                                   fill_value, so, timestamp_unit, read, exact)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
-    return Source(array=arr.astype(dtype or "float32"), columns=cols, files=infos, timestamps=times,
+    if dtype is not None and not exact:
+        arr = arr.astype(dtype)  # read in float32
+    return Source(array=arr, columns=cols, files=infos, timestamps=times,
                   skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
                   file_chunks=tuple(len(ps) for _, _, _, ps in probed), time_zones=zones,
                   times_from_metadata=known)
@@ -449,8 +456,9 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
            names: Sequence[str] | None, nan: str, fill_value: float, so: dict,
-           timestamp_unit: str | None = None, read: Sequence[str] | None = None) -> tuple:
-    """The values, columns, timestamps, instrument codes and names of joined table parts."""
+           timestamp_unit: str | None = None, read: Sequence[str] | None = None, exact: bool = False) -> tuple:
+    """The values (float64 when ``exact``, else float32), columns, timestamps,
+    instrument codes and names of joined table parts."""
     import dask
 
     from pipeline.loaders import columns as side
@@ -471,7 +479,12 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
     # Every column asked for is checked in every file's schema; only those read are decoded.
     cols = tables.project_columns(tables.check_columns(parts, columns, timestamp, instrument_column), read)
     tables.check_time_order(parts, instrument_column)
-    arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so)
+    if exact:
+        arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float64)
+    else:
+        from pipeline.loaders.precision import arm
+
+        arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float32, guard=arm())
     if timestamp_unit is not None and timestamp_unit not in side.TIMESTAMP_UNITS:
         raise ConfigError("timestamp_unit", " or ".join(side.TIMESTAMP_UNITS), timestamp_unit)
     times = (side.timestamp_array(parts, timestamp, so, timestamp_unit, instrument_column)

@@ -1,4 +1,8 @@
-"""CSV, Parquet and LOBSTER tables joined along time into one lazy ``(rows, columns)`` float32 array.
+"""CSV, Parquet and LOBSTER tables joined along time into one lazy ``(rows, columns)`` array.
+
+Values are float32 by default, float64 with ``dtype`` (``source.dtype``): float32 keeps
+about 7 digits, less than a high-priced book's ticks need (:mod:`pipeline.loaders.precision`
+checks each part read in float32 for that).
 
 Parquet row counts and column names come from the file footer (no data read); each row
 group becomes one dask chunk. CSV has no footer: the cheapest correct row count is a
@@ -410,29 +414,46 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
     return {c: table.column(s) for c, s in zip(columns, sources)}
 
 
-def _read_values(part: TablePart, columns: tuple[str, ...], so: dict) -> np.ndarray:
-    """``(rows, len(columns))`` float32 values of one part, NaN kept."""
+def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any = np.float32,
+                 guard: Any = None) -> np.ndarray:
+    """``(rows, len(columns))`` values of one part in ``dtype`` (float32 or float64), NaN
+    kept. In float32, ``guard`` (a :class:`~pipeline.loaders.precision.PriceGuard`)
+    checks that the prices keep their ticks (:func:`~pipeline.loaders.precision.check_prices`)."""
+    from pipeline.loaders import precision
+
+    exact = np.dtype(dtype) == np.float64
+    checked = precision.price_columns(columns) if not exact and precision.pending(guard) else ()
     if part.fmt == "lobster":
         from pipeline.loaders.lobster import read_book
 
-        return read_book(part, [part.source_of(c) for c in columns], so).astype(np.float32)
+        values = read_book(part, [part.source_of(c) for c in columns], so)  # float64
+        if checked:
+            precision.check_prices(part.path, {c: values[:, columns.index(c)] for c in checked}, guard)
+        return values if exact else values.astype(np.float32)
     pa = require_pyarrow()
     import pyarrow.compute as pc
 
     table = read_columns(part, columns, so)
-    out = np.empty((part.rows, len(columns)), dtype=np.float32)
+    target = pa.float64() if exact else pa.float32()
+    out = np.empty((part.rows, len(columns)), dtype=np.float64 if exact else np.float32)
     for j, name in enumerate(columns):
         col = table[name]
         try:
-            out[:, j] = pc.cast(col, pa.float32()).to_numpy(zero_copy_only=False)
+            out[:, j] = pc.cast(col, target).to_numpy(zero_copy_only=False)
         except Exception as exc:  # noqa: BLE001
             raise LoaderError(part.path, f"column {name!r}: expected numbers, got {col.type} ({exc})") from None
+    # A column the file stores as float32 loses nothing; a float64 one is read as it is
+    # stored, without a copy.
+    prices = {c: pc.cast(table[c].slice(0, precision.CHECK_ROWS), pa.float64()).to_numpy(zero_copy_only=False)
+              for c in checked if not (pa.types.is_float32(table[c].type) or pa.types.is_float16(table[c].type))}
+    if prices:
+        precision.check_prices(part.path, prices, guard)
     return out
 
 
 def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None, nan: str,
-               fill_value: float, so: dict) -> np.ndarray:
-    out = _read_values(part, columns, so)
+               fill_value: float, so: dict, dtype: Any = np.float32, guard: Any = None) -> np.ndarray:
+    out = _read_values(part, columns, so, dtype, guard)
     if nan != "drop":
         bad = ~np.isfinite(out)
         if bad.any():
@@ -476,10 +497,15 @@ def parts_array(parts: Sequence[TablePart], read: Any, *args: Any, token: str, d
 
 
 def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp: str | None, nan: str,
-                fill_value: float, so: dict) -> da.Array:
-    """One task per part: each part is one chunk of the joined table."""
-    return parts_array(parts, _read_part, columns, timestamp, nan, fill_value, so, token="read-table",
-                       dtype=np.float32, width=len(columns))
+                fill_value: float, so: dict, dtype: Any = np.float32, guard: Any = None) -> da.Array:
+    """One task per part: each part is one chunk of the joined table, in ``dtype``
+    (float32, or float64 for prices that float32 cannot hold); in float32, ``guard``
+    checks each part's prices (:mod:`pipeline.loaders.precision`)."""
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise ValueError(f"table_array: dtype must be float32 or float64, got {dtype}")  # a caller's bug
+    return parts_array(parts, _read_part, columns, timestamp, nan, fill_value, so, dtype, guard, token="read-table",
+                       dtype=dtype, width=len(columns))
 
 
 def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, timestamp: str | None,

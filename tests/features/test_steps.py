@@ -246,3 +246,36 @@ def test_a_block_s_features_keep_nothing_but_their_result():
         gc.enable()
     assert out.shape == (x.shape[0], len(SPECS))
     assert held - out.nbytes < 2**20  # a piece's columns alone are 8 x 16384 x 8 bytes each
+
+
+def test_a_float64_source_stores_a_btc_like_book_s_exact_features_and_labels(tmp_path):
+    # Near 97,123.45 float32 resolves 0.0078: read in float32, a spread of one 0.01 tick
+    # was stored as 0.0078125 or 0.015625 and one-tick returns were off by 20-40%.
+    import pipeline
+    from pipeline.features import build_training_set
+    from pipeline.loaders import open_source
+    from tests.loaders.test_precision import write_btc
+
+    _, (b,) = write_btc(tmp_path, "parquet")
+    src = open_source(str(tmp_path / "*.parquet"), timestamp="timestamp", dtype="float64")
+    specs = [FeatureSpec.from_mapping(v, "f") for v in ("spread", "mid_price", "log_return")]
+    label = LabelSpec.from_mapping({"kind": "return", "horizon": 1, "scale": 10000}, "labels")
+    ts = build_training_set(src.array, columns=src.columns, features=specs, size=4, label=label, normalize="none",
+                            timestamps=src.timestamps)
+    pipeline.write(str(tmp_path / "btc.zarr"), ts.splits["train"], progress=False)
+    g = pipeline.open(str(tmp_path / "btc.zarr"))["train"]
+    x, y, t = g["x"][:], g["y"][:], g["t"][:]
+    assert x.dtype == np.float32 and y.dtype == np.float32  # stored in float32, computed from float64
+
+    bid, ask = b["bid_price_1"], b["ask_price_1"]  # plain numpy, float64
+    mid = (bid + ask) / 2.0
+    ret = np.log(mid[1:]) - np.log(mid[:-1])
+    ends = ((t - np.datetime64("2026-01-05", "ns").astype(np.int64)) // 10**9).astype(np.int64)  # one row a second
+    assert ends[0] == 4 and ends[-1] == len(mid) - 2 and (np.diff(ends) == 1).all()
+    for k in range(4):  # every step of every window
+        e = ends - 3 + k
+        np.testing.assert_array_equal(x[:, k, 0], (ask - bid)[e].astype(np.float32))
+        np.testing.assert_array_equal(x[:, k, 1], mid[e].astype(np.float32))
+        np.testing.assert_array_equal(x[:, k, 2], ret[e - 1].astype(np.float32))
+    np.testing.assert_array_equal(y, (ret[ends] * 10000).astype(np.float32))
+    assert set(np.unique(x[:, :, 0])) == {np.float32(0.01)}
