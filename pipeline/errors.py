@@ -23,6 +23,7 @@ __all__ = [
     "MissingColumnError",
     "MissingDependencyError",
     "PipelineError",
+    "PriceResolutionWarning",
     "ShapeMismatchError",
     "StoreConflictError",
     "StoreError",
@@ -183,6 +184,12 @@ class CorruptChunkError(StoreError):
         self.array = array
         self.index = index
         super().__init__(f"{store}: {split}/{array} chunk {index}: {problem}")
+
+
+class PriceResolutionWarning(RuntimeWarning):
+    """Prices read in float32 move by less than float32 resolves near them: their ticks
+    (spreads, one-tick returns) are lost. Set ``source.dtype: float64``
+    (:mod:`pipeline.loaders.precision`)."""
 
 
 # -- streaming -------------------------------------------------------------------------

@@ -221,8 +221,6 @@ def test_the_source_dtype_reaches_the_loader():
     from pipeline.job import _source_kwargs
 
     cfg = parse_config(apply_overrides(base(), ["source.dtype=float64"]))
-    if "dtype" not in _source_kwargs(cfg):
-        pytest.xfail("pipeline/job.py's _source_kwargs does not pass source.dtype to the loader yet")
     assert _source_kwargs(cfg)["dtype"] == "float64"
     # The default need not be passed: tables read float32 without it, arrays keep their own dtype.
     assert _source_kwargs(parse_config(base())).get("dtype", "float32") == "float32"

@@ -237,7 +237,7 @@ def open_source(
         read in float64 when it is ``float64`` (prices whose ticks float32 cannot hold:
         near 97,000 float32 resolves only 0.0078), else in float32, each part's level-1
         prices checked for ticks that float32 loses (a
-        :class:`~pipeline.loaders.precision.PriceResolutionWarning`).
+        :class:`~pipeline.errors.PriceResolutionWarning`).
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode

@@ -36,7 +36,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["CHECK_ROWS", "PRICE_COLUMNS", "TOPIC", "PriceGuard", "PriceResolutionWarning", "arm", "check_prices",
+from pipeline.errors import PriceResolutionWarning
+
+__all__ = ["CHECK_ROWS", "PRICE_COLUMNS", "TOPIC", "PriceGuard", "arm", "check_prices",
            "message", "pending", "price_columns", "resolution_problem"]
 
 #: The level-1 price columns of an order book (LOBSTER's, the demo's, and those the
@@ -54,11 +56,6 @@ CHECK_ROWS = 1 << 16
 #: The smallest move must be this many times float32's resolution at the largest price:
 #: a move of a few resolutions is still stored off by up to half a resolution each side.
 _MARGIN = 8
-
-
-class PriceResolutionWarning(RuntimeWarning):
-    """Prices read in float32 move by less than float32 resolves near them: their ticks
-    (spreads, one-tick returns) are lost. Set ``source.dtype: float64``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,8 @@ import yaml
 import pipeline
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.loaders import open_source, precision
-from pipeline.loaders.precision import PriceResolutionWarning, resolution_problem
+from pipeline.errors import PriceResolutionWarning
+from pipeline.loaders.precision import resolution_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A BTC-USD-like book: about 97,123.45 with a tick of 0.01 (float32 resolves 0.0078125 there).
@@ -175,8 +176,7 @@ def test_pipeline_run_with_float64_stores_exact_features_and_labels(tmp_path):
 
     config = _btc_config(tmp_path)
     config["source"]["dtype"] = "float64"
-    if _source_kwargs(parse_config(config)).get("dtype") != "float64":
-        pytest.xfail("pipeline/job.py's _source_kwargs does not pass source.dtype to the loader yet")
+    assert _source_kwargs(parse_config(config)).get("dtype") == "float64"
     _, books = write_btc(tmp_path, "parquet", days=1)
     done = _run(config, tmp_path)
     assert done.returncode == 0, done.stderr
