@@ -1,6 +1,6 @@
 """Loaders: raw files -> one lazy dask array, probing headers only.
 
-Formats are chosen by suffix or ``format=`` (``lobster`` only by name). Building the
+Formats are chosen by suffix or ``format=`` (``lobster`` and ``fi2010`` only by name). Building the
 array reads only metadata (Parquet footers, npy headers, CSV newline counts), in
 parallel threads, and makes one blockwise graph layer over the file list, whatever the
 number of files. Tables may also give per-row timestamps and instrument codes, each a
@@ -215,7 +215,8 @@ def open_source(
         A glob (``**`` recursive), paths, or fsspec URLs; may be left out with a manifest.
     format
         Force a format (``npy``, ``npz``, ``image``, ``hdf5``, ``csv``, ``parquet``, or by
-        name only ``lobster``: see :mod:`pipeline.loaders.lobster`) instead of the suffix.
+        name only ``lobster`` and ``fi2010``: see :mod:`pipeline.loaders.lobster` and
+        :mod:`pipeline.loaders.fi2010`) instead of the suffix.
     combine
         ``stack``: one sample per file (arrays' default); ``concat``: join along axis 0
         (the only choice for tables).
@@ -473,6 +474,14 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
             raise FormatMismatchError(first.path, "LOBSTER files name their instrument (the ticker in the file "
                                       "name); leave source.instrument_column unset")
         timestamp = None
+    if first.fmt == "fi2010":
+        from pipeline.loaders.fi2010 import check_fold_files
+
+        if timestamp is not None or instrument_column is not None:
+            raise FormatMismatchError(first.path, "FI-2010 files have no timestamps and no instrument column (each "
+                                      "file is one session, events in order); leave source.timestamp and "
+                                      "source.instrument_column unset")
+        check_fold_files(list(dict.fromkeys(p.path for p in parts)))
     if names is not None and first.fmt != "csv":
         raise FormatMismatchError(first.path, f"source.names applies to headerless CSV files; {first.fmt} files "
                                   "name their own columns (source.rename changes them)")

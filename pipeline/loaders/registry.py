@@ -26,8 +26,9 @@ SUFFIXES = {
     ".hdf5": "hdf5",
 }
 
-#: Formats chosen by name only (``format: lobster``): their files share a suffix with others.
-NAMED = ("lobster",)
+#: Formats chosen by name only (``format: lobster``, ``format: fi2010``): their files
+#: share a suffix with others (``.csv``, ``.txt``).
+NAMED = ("lobster", "fi2010")
 
 #: Compression suffixes of text files (fsspec's codec names): a ``day.csv.gz`` is CSV,
 #: read through a decompressing stream. Real order-book data is often shipped so.
@@ -41,7 +42,7 @@ def compression_of(path: str) -> str | None:
     return TEXT_COMPRESSIONS.get(os.path.splitext(path)[1].lower())
 
 
-TABLES = ("csv", "parquet", "lobster")
+TABLES = ("csv", "parquet", "lobster", "fi2010")
 
 
 @dataclass(frozen=True, slots=True)

@@ -460,6 +460,11 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
             mine = np.asarray(inst) == k
             first_day[mine] = calendar_days(first_ns[mine], g[5])
     session = _session_numbers(keys, inst, first_day, spec)
+    if options.get("format") == "fi2010" and spec.mode == "file" and len(groups) == 1:
+        # No timestamps, and names that do not sort in time order (Train_ after Test_):
+        # the files are the sessions in path order (published fold names are checked to
+        # follow one another, pipeline.loaders.fi2010.check_fold_files).
+        session = np.arange(len(keys))
     labels = [k.replace("{instrument}", groups[i][0]) for k, i in zip(keys, inst)]
     order = session_major_order(session, inst)
     array = _rows_in_order([g[1] for g in groups], lengths, inst, order)

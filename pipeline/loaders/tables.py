@@ -1,4 +1,4 @@
-"""CSV, Parquet and LOBSTER tables joined along time into one lazy ``(rows, columns)`` array.
+"""CSV, Parquet, LOBSTER and FI-2010 tables joined along time into one lazy ``(rows, columns)`` array.
 
 Values are float32 by default, float64 with ``dtype`` (``source.dtype``): float32 keeps
 about 7 digits, less than a high-priced book's ticks need (:mod:`pipeline.loaders.precision`
@@ -349,6 +349,10 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
         from pipeline.loaders.lobster import probe_lobster
 
         parts = probe_lobster(path, so, part_rows)
+    elif fmt == "fi2010":
+        from pipeline.loaders.fi2010 import probe_fi2010
+
+        parts = probe_fi2010(path, so)  # one part per file: its events run along each line
     else:
         parts = _csv_parts(path, so, header, names, part_rows)
     if not rename or not parts:
@@ -430,6 +434,12 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
         if checked:
             precision.check_prices(part.path, {c: values[:, columns.index(c)] for c in checked}, guard)
         return values if exact else values.astype(np.float32)
+    if part.fmt == "fi2010":
+        from pipeline.loaders.fi2010 import read_values
+
+        # Parsed in float64 and cast as each line is stored, as np.loadtxt(...).astype would.
+        return read_values(part, [part.source_of(c) for c in columns], so, np.float64 if exact else np.float32,
+                           [part.source_of(c) for c in checked], guard)
     pa = require_pyarrow()
     import pyarrow.compute as pc
 
@@ -460,9 +470,13 @@ def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None,
             if nan == "raise":
                 r, c = np.argwhere(bad)[0]
                 why = " (LOBSTER's dummy price of an empty level)" if part.fmt == "lobster" else ""
+                where = row_place(part, int(r))
+                if part.fmt == "fi2010":  # an event is a field of every line
+                    from pipeline.loaders.fi2010 import line_of
+
+                    where = f"event {int(r)} (field {int(r) + 1} of line {line_of(part.source_of(columns[c]))})"
                 raise InvalidValueError(
-                    part.path, f"NaN or inf{why} in column {columns[c]!r} at {row_place(part, int(r))}; "
-                    "set source.nan: drop or fill")
+                    part.path, f"NaN or inf{why} in column {columns[c]!r} at {where}; set source.nan: drop or fill")
             out[bad] = fill_value
     return out
 
