@@ -353,6 +353,8 @@ def _metadata(features: Sequence[str], lookback: int, label: LabelSpec, stats: d
     if label.class_names is not None:
         attrs["class_balance"] = {n: class_balance(finalize_labels(y_values[(where == k) & ~bad], label), label)
                                   for k, n in enumerate(names)}
+    elif label.map:  # a value the map does not name is refused now, before anything is written
+        finalize_labels(y_values[(where >= 0) & ~bad], label)
     return attrs
 
 

@@ -175,6 +175,8 @@ def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
             f"labels: expected values of shape (n, {width}) for {len(spec.horizon_list)} horizons, got {v.shape}"
         )
     if spec.kind == "column":
+        if spec.map:
+            v = mapped(v, spec)
         with np.errstate(invalid="ignore"):
             out = v.astype(spec.out_dtype)
     else:
@@ -188,6 +190,26 @@ def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
         else:
             out = scaled.astype(np.float32)
     return out if spec.multi else out.reshape(-1)
+
+
+def mapped(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
+    """``values`` (float64) with each replaced by its image under ``spec.map``;
+    NaN stays NaN.
+
+    Raises
+    ------
+    FeatureError
+        Naming the first value the map does not name, and the map.
+    """
+    keys = np.array([k for k, _ in spec.map])
+    images = np.array([v for _, v in spec.map])
+    at = np.clip(np.searchsorted(keys, values), 0, keys.size - 1)
+    known = keys[at] == values
+    unknown = ~known & ~np.isnan(values)
+    if unknown.any():
+        raise FeatureError(f"labels.map: column {spec.column!r} holds {values[unknown][0]:g}, which the map does "
+                           f"not name (it maps {', '.join(f'{k:g}' for k in keys)})")
+    return np.where(known, images[at], values)
 
 
 def class_balance(y: np.ndarray, spec: LabelSpec) -> list:

@@ -176,9 +176,39 @@ LABEL_KINDS: dict[str, tuple[str, ...]] = {
     "return": ("horizon", "horizons", "scale"),
     "class": ("horizon", "horizons", "thresholds", "scale"),
     "smoothed": ("horizon", "horizons", "reference", "alpha", "scale"),
-    "column": ("column", "dtype"),
+    "column": ("column", "dtype", "map"),
 }
 _LABEL_KEYS = ("kind",) + tuple(sorted({k for keys in LABEL_KINDS.values() for k in keys}))
+
+
+def _map(value: Any, path: str) -> tuple[tuple[float, float], ...]:
+    """``labels.map``: finite numbers to finite numbers, sorted by value (none: empty)."""
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping) or not value:
+        raise ConfigError(path, "a mapping of column values to stored values, such as {1: 2, 2: 1, 3: 0}", value)
+    pairs = []
+    for k, v in value.items():
+        key = _number_from(k)  # a key may come as text (a JSON config, --set): "1"
+        if key is None or not _number(v):
+            raise ConfigError(f"{path}.{k}", "a number mapped to a number", v)
+        pairs.append((key, float(v)))
+    return tuple(sorted(pairs))
+
+
+def _number_from(value: Any) -> float | None:
+    """A finite number, or the text of one, as a float; else None."""
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            return None
+    return float(value) if _number(value) else None
+
+
+def _plain(v: float) -> float | int:
+    """A number as JSON has it: ``2`` rather than ``2.0`` for a whole one."""
+    return int(v) if float(v).is_integer() else v
 
 
 def _number(value: Any) -> bool:
@@ -223,7 +253,9 @@ class LabelSpec:
     ``column``
         The value of source column ``column`` at step ``e``, cast to ``dtype``
         (``float32`` or ``int64``; an int64 column should hold whole numbers). No
-        horizon.
+        horizon. ``map`` (``{1: 2, 2: 1, 3: 0}``: FI-2010's published 1 up, 2 stationary,
+        3 down as this package's 0 down, 1 stationary, 2 up) replaces each value by its
+        image first; a value it does not name is refused (NaN stays NaN).
 
     ``horizon`` (one ``k``, labels of shape ``(n,)``) or ``horizons`` (several, labels
     of shape ``(n, len(horizons))``, one column per horizon in the order given) set the
@@ -240,6 +272,8 @@ class LabelSpec:
     alpha: float | None = None
     column: str = ""
     dtype: Literal["float32", "int64"] = "float32"
+    #: ``column``'s values and what each is stored as, in ascending order of value.
+    map: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Normalized once at construction (frozen): a list of horizons becomes a hashable
@@ -286,7 +320,7 @@ class LabelSpec:
             dtype = value.get("dtype", "float32")
             if dtype not in ("float32", "int64"):
                 raise ConfigError(f"{path}.dtype", "one of 'float32', 'int64'", dtype)
-            return cls(kind="column", column=col, dtype=dtype)
+            return cls(kind="column", column=col, dtype=dtype, map=_map(value.get("map"), f"{path}.map"))
 
         kwargs: dict[str, Any] = {"kind": kind}
         if "horizon" in value and "horizons" in value:
@@ -393,7 +427,10 @@ class LabelSpec:
     def describe(self) -> dict[str, Any]:
         """The label definition as plain JSON values, for a store's metadata."""
         if self.kind == "column":
-            return {"kind": "column", "column": self.column, "dtype": self.dtype}
+            out = {"kind": "column", "column": self.column, "dtype": self.dtype}
+            if self.map:
+                out["map"] = [[_plain(a), _plain(b)] for a, b in self.map]
+            return out
         out: dict[str, Any] = {"kind": self.kind, "horizon": self.horizon}
         if self.multi:
             out["horizons"] = list(self.horizons)

@@ -147,6 +147,27 @@ def test_column_label_is_the_value_at_the_window_end():
     assert label.horizon_list == () and label.reach == (0, 0) and label.required_columns == ("tag",)
 
 
+def test_a_column_label_map_replaces_each_value_and_refuses_one_it_does_not_name():
+    # FI-2010's published classes (1 up, 2 stationary, 3 down) as 0 down, 1 stationary, 2 up.
+    label = spec(kind="column", column="tag", dtype="int64", map={1: 2, 2: 1, 3: 0})
+    values = np.array([1.0, 3.0, 2.0, 2.0, 1.0])
+    np.testing.assert_array_equal(finalize_labels(values, label), 3 - values.astype(np.int64))
+    floats = spec(kind="column", column="tag", map={1: 0.5, 2: -0.5})
+    np.testing.assert_array_equal(finalize_labels(np.array([2.0, np.nan, 1.0]), floats),
+                                  np.array([-0.5, np.nan, 0.5], dtype=np.float32))
+    assert label.describe()["map"] == [[1, 2], [2, 1], [3, 0]]
+    # Keys as text (a JSON config, --set) are the same map.
+    assert spec(kind="column", column="tag", dtype="int64", map={"1": 2, "2": 1, "3": 0}) == label
+    with pytest.raises(FeatureError, match=r"column 'tag' holds 4, which the map does not name \(it maps 1, 2, 3\)"):
+        finalize_labels(np.array([1.0, 4.0]), label)
+
+
+@pytest.mark.parametrize("value", [[1, 2], {}, {"a": 1}, {1: "b"}, {1: float("nan")}, {"nan": 1}])
+def test_a_column_label_map_must_map_numbers_to_numbers(value):
+    with pytest.raises(ConfigError, match="labels.map"):
+        LabelSpec.from_mapping({"kind": "column", "column": "tag", "map": value}, "labels")
+
+
 def test_float_labels_pass_nan_through():
     for label in (spec(kind="return", horizon=2, scale=10), spec(kind="smoothed", horizons=[2, 7])):
         y = finalize_labels(steps(label), label)

@@ -285,3 +285,25 @@ def test_a_bad_field_stops_a_run_before_anything_is_written(fold_files, tmp_path
         run(parse_config(run_config([fold_files[0], fold_files[1], bad, fold_files[3]], out)), log=None,
             progress=False)
     assert not out.exists()
+
+
+def test_a_label_map_stores_the_published_classes_as_this_packages_and_refuses_a_value_it_lacks(fold_files, tmp_path):
+    """``labels.map`` turns FI-2010's 1 up, 2 stationary, 3 down into 0 down, 1 stationary,
+    2 up; a map that leaves out a class present in the data stops the run before anything
+    is written."""
+    from pipeline.errors import FeatureError
+    from pipeline.job import run
+
+    cfg = run_config(fold_files, tmp_path / "mapped.zarr")
+    cfg["labels"]["map"] = {1: 2, 2: 1, 3: 0}
+    run(parse_config(cfg), log=None, progress=False)
+    plain = run_config(fold_files, tmp_path / "plain.zarr")
+    run(parse_config(plain), log=None, progress=False)
+    for split in ("fold0/train", "fold0/test"):
+        np.testing.assert_array_equal(pipeline.open(tmp_path / "mapped.zarr")[split]["y"][:],
+                                      3 - pipeline.open(tmp_path / "plain.zarr")[split]["y"][:])
+    cfg = run_config(fold_files, tmp_path / "partial.zarr")
+    cfg["labels"]["map"] = {1: 2, 2: 1}
+    with pytest.raises(FeatureError, match="column 'label_10' holds 3, which the map does not name"):
+        run(parse_config(cfg), log=None, progress=False)
+    assert not (tmp_path / "partial.zarr").exists()
