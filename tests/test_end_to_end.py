@@ -110,6 +110,19 @@ def test_a_run_into_a_directory_that_is_not_a_store_is_refused_before_the_cluste
     assert [p.name for p in victim.iterdir()] == ["thesis.txt"]
 
 
+def test_a_run_into_a_zip_path_holding_another_file_is_refused_before_the_cluster_starts(raw_dir, tmp_path,
+                                                                                         monkeypatch):
+    import pipeline.cluster
+
+    monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    (tmp_path / "notes.zarr.zip").write_text("my notes")
+    cfg = config_dict(raw_dir, tmp_path / "notes.zarr.zip")
+    cfg["output"]["overwrite"] = True
+    with pytest.raises(StoreConflictError, match="notes.zarr.zip: a file that is not a zip store pipeline wrote"):
+        run(parse_config(cfg), log=None, progress=False)
+    assert (tmp_path / "notes.zarr.zip").read_text() == "my notes"
+
+
 def test_a_run_over_another_configs_store_is_refused_before_the_cluster_starts(store, raw_dir, monkeypatch):
     import pipeline.cluster
 

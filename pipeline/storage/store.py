@@ -7,6 +7,7 @@ writer, the reader, ``inspect`` and the streamer agree on what a location means.
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import TYPE_CHECKING, Any, Literal
 
 from pipeline.errors import StoreError
@@ -74,6 +75,8 @@ def open_store_group(
                 )
             if not os.path.exists(loc):
                 raise StoreError(f"{loc}: no such zip store")
+            if os.path.isdir(loc):
+                raise StoreError(f"{loc}: a directory, not a zip store")
             store = zarr.storage.ZipStore(loc, mode="r")
             return zarr.open_group(store, mode="r")
         if is_remote(loc):
@@ -89,8 +92,9 @@ def open_store_group(
         raise
     except FileNotFoundError as exc:
         raise StoreError(f"{loc}: no zarr group found ({exc})") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        # zarr raises these for a directory without zarr.json or a malformed node.
+    except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
+        # zarr raises these for a directory without zarr.json or a malformed node;
+        # zipfile for a .zip path that is no zip.
         raise StoreError(f"{loc}: not a readable zarr 3 group ({exc})") from exc
 
 

@@ -467,31 +467,23 @@ def _write_attrs(attrs: Mapping[str, Any] | None, features: Sequence[str] | None
     return attrs
 
 
-def _write_zip(location: str, fingerprint: str | None, overwrite: bool,
-               write_dir: Callable[[str, dict[str, Any] | None], None]) -> str:
+def _write_zip(location: str, overwrite: bool, write_dir: Callable[[str, dict[str, Any] | None], None]) -> str:
     """A ``.zarr.zip`` store: written as a directory beside it (``write_dir``), then
-    packed. An existing zip is complete (it is packed last): kept when its fingerprint
-    matches, refused when another.
+    packed. An existing zip (checked by :func:`check_target`: one this package wrote, of
+    this fingerprint unless ``overwrite``) is complete, since it is packed last: kept,
+    or replaced with ``overwrite``.
 
     Raises
     ------
     StoreError
         For a remote zip path.
-    StoreConflictError
-        For an existing zip written from another fingerprint.
     """
     if is_remote(location):
         raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
     staging = location + ".partial.zarr"
     if overwrite and os.path.exists(location):
         os.remove(location)
-    if os.path.exists(location):
-        existing = store_root_attrs(open_store_group(location))
-        if fingerprint is not None and existing.get("fingerprint") not in (None, fingerprint):
-            raise StoreConflictError(
-                f"{location}: written from fingerprint {existing.get('fingerprint')}, not {fingerprint}; "
-                "choose another output path or set output.overwrite"
-            )
+    if os.path.exists(location):  # complete, and of this fingerprint (check_target): kept
         return location
     with write_lock(location):
         write_dir(staging, None)
@@ -608,7 +600,8 @@ def write(
                    overwrite, options, progress, shared_chunk_rows, fold_index)
 
     if is_zip(location):
-        return _write_zip(location, fingerprint, overwrite, write_dir)
+        check_target(location, fingerprint, overwrite)
+        return _write_zip(location, overwrite, write_dir)
     try:
         with write_lock(location):
             write_dir(location, storage_options)
@@ -629,38 +622,37 @@ def _pack_zip(directory: str, target: str) -> None:
 
 
 def local_absolute(location: str) -> str:
-    """A local path made absolute (URLs unchanged): the workers of a remote cluster
-    resolve a relative path in their own working directory, not the client's."""
-    return location if "://" in location else os.path.abspath(location)
+    """A local path made absolute, ``~`` expanded (URLs unchanged): the workers of a
+    remote cluster resolve a relative path in their own working directory, not the
+    client's, and a literal ``~`` directory would be a trap."""
+    return location if "://" in location else os.path.abspath(os.path.expanduser(location))
 
 
 def check_target(location: str, fingerprint: str | None, overwrite: bool,
                  storage_options: dict[str, Any] | None = None) -> None:
     """Refuse a target that a write would damage, before anything is computed or written.
 
-    An existing store is overwritten only with ``overwrite``, and resumed only when it
-    was written from ``fingerprint``. A directory that is not a store is never written
-    into unless it is empty: opening it as a new store would delete what it holds.
+    Only a store this package wrote is ever replaced: with ``overwrite``, or resumed when
+    it was written from ``fingerprint``. Anything else at the path (a directory of
+    files, a zarr store another tool wrote, a zip file that is not such a store) is
+    refused whatever ``overwrite`` says: writing there would delete it. An empty
+    directory takes a new store.
 
     Raises
     ------
     StoreConflictError
-        A store written from another fingerprint (without ``overwrite``), or a directory
-        that holds files but no ``zarr.json``, whatever ``overwrite`` says.
+        A store written from another fingerprint (without ``overwrite``), or something
+        at the path that is not a store this package wrote.
     StoreError
-        The target is a file.
+        A file where a directory store goes, or a directory where a zip goes.
     """
-    if is_zip(location):  # checked by _write_zip, which writes beside it
+    if is_zip(location):
+        _check_zip_target(location, fingerprint, overwrite)
         return
     fs, root = _fs_and_root(location, storage_options)
     if fs.exists(f"{root}/zarr.json"):
-        if not overwrite:
-            meta = store_root_attrs(open_store_group(location, storage_options=storage_options))
-            if meta.get("fingerprint") != fingerprint:
-                raise StoreConflictError(
-                    f"{location}: this store was written from fingerprint {meta.get('fingerprint')}, "
-                    f"the current run's is {fingerprint}; choose another output path or set output.overwrite"
-                )
+        _check_own_store(location, open_store_group(location, storage_options=storage_options), fingerprint,
+                         overwrite)
         return
     if not fs.exists(root):
         return
@@ -673,6 +665,42 @@ def check_target(location: str, fingerprint: str | None, overwrite: bool,
             f"entries, such as {os.path.basename(str(entries[0]).rstrip('/'))!r}; a store written there would "
             "delete them, with or without output.overwrite. Choose a new or empty directory"
         )
+
+
+def _check_own_store(location: str, group: zarr.Group, fingerprint: str | None, overwrite: bool, *,
+                     zip_file: bool = False) -> None:
+    """Refuse a zarr store this package did not write, and (without ``overwrite``) one of
+    another fingerprint: a zip, complete once it exists, is kept as it is by a write that
+    names no fingerprint or when it records none (as :func:`_write_zip` keeps it)."""
+    if ATTRS_KEY not in group.attrs:
+        raise StoreConflictError(
+            f"{location}: a zarr store that pipeline did not write (no {ATTRS_KEY!r} attribute); a build would "
+            "delete it, with or without output.overwrite. Choose another output path"
+        )
+    stored = store_root_attrs(group).get("fingerprint")
+    same = stored == fingerprint or (zip_file and None in (stored, fingerprint))
+    if not overwrite and not same:
+        raise StoreConflictError(
+            f"{location}: this store was written from fingerprint {stored}, "
+            f"the current run's is {fingerprint}; choose another output path or set output.overwrite"
+        )
+
+
+def _check_zip_target(location: str, fingerprint: str | None, overwrite: bool) -> None:
+    """:func:`check_target` for a ``.zip`` path: nothing there, or a zip store this
+    package wrote (of this fingerprint, unless ``overwrite``)."""
+    if not os.path.lexists(location):
+        return
+    if os.path.isdir(location):
+        raise StoreError(f"{location}: a directory, where a zip store goes; choose another output path")
+    try:
+        group = open_store_group(location)
+    except StoreError as exc:
+        raise StoreConflictError(
+            f"{location}: a file that is not a zip store pipeline wrote ({exc}); a build would replace it, with or "
+            "without output.overwrite. Choose another output path"
+        ) from exc
+    _check_own_store(location, group, fingerprint, overwrite, zip_file=True)
 
 
 def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,

@@ -281,6 +281,9 @@ class Mix:
                               f"{list(self.counts)} (other weights); resume with the same weights")
         saved = state.get("sources")
         if saved is None:
+            if "n_samples" in state or "buffer_chunks" in state:
+                raise StreamError("mix: state_dict was saved by a single stream (it has n_samples and "
+                                  "buffer_chunks, no sources); load it into that stream, not into a mix")
             return
         if len(saved) != len(self.streams):
             raise StreamError(f"mix: state_dict was saved with {len(saved)} sources, this mix has {len(self.streams)}")

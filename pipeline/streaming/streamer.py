@@ -408,7 +408,11 @@ class Stream:
         self._publish()
 
     def _check_identity(self, state: Mapping[str, Any]) -> None:
-        """Refuse a state saved by a stream whose order differs from this one's."""
+        """Refuse a state saved by a stream whose order differs from this one's, or by a
+        mix (whose batches are counted in its own steps)."""
+        if "sources" in state or "counts" in state:
+            raise StreamError("state_dict was saved by a pipeline.mix (it has sources and counts); load it into "
+                              "the same mix, not into one of its streams")
         elastic = self.global_batch_size is not None
         keys = ("seed", "global_batch_size", "buffer_chunks") if elastic else ("seed", "rank", "world_size")
         for key in keys:

@@ -207,6 +207,51 @@ def test_a_directory_that_is_not_a_store_is_refused_and_kept_whole(tmp_path, ove
     assert (victim / "thesis.txt").read_text() == "my notes"
 
 
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_zarr_store_another_tool_wrote_is_refused_and_kept(tmp_path, overwrite):
+    theirs = zarr.open_group(tmp_path / "theirs.zarr", mode="w")
+    theirs.create_array("a", data=np.arange(10.0))
+    x = np.arange(40, dtype=np.float32)[:, None]
+    with pytest.raises(StoreConflictError, match="theirs.zarr: a zarr store that pipeline did not write"):
+        write(tmp_path / "theirs.zarr", {"x": x, "y": x[:, 0]}, overwrite=overwrite, progress=False)
+    np.testing.assert_array_equal(zarr.open_group(tmp_path / "theirs.zarr", mode="r")["a"][:], np.arange(10.0))
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_zip_path_holding_anything_but_a_pipeline_zip_is_refused_and_kept(tmp_path, overwrite):
+    x = np.arange(40, dtype=np.float32)[:, None]
+    arrays = {"x": x, "y": x[:, 0]}
+    (tmp_path / "notes.zarr.zip").write_text("my notes")
+    with pytest.raises(StoreConflictError, match="notes.zarr.zip: a file that is not a zip store pipeline wrote"):
+        write(tmp_path / "notes.zarr.zip", arrays, overwrite=overwrite, progress=False)
+    assert (tmp_path / "notes.zarr.zip").read_text() == "my notes"
+    with zarr.storage.ZipStore(tmp_path / "theirs.zarr.zip", mode="w") as zs:
+        zarr.open_group(zs, mode="w").create_array("a", data=np.arange(10.0))
+    before = (tmp_path / "theirs.zarr.zip").read_bytes()
+    with pytest.raises(StoreConflictError, match="theirs.zarr.zip: a zarr store that pipeline did not write"):
+        write(tmp_path / "theirs.zarr.zip", arrays, overwrite=overwrite, progress=False)
+    assert (tmp_path / "theirs.zarr.zip").read_bytes() == before
+    (tmp_path / "dir.zarr.zip").mkdir()
+    with pytest.raises(StoreError, match="dir.zarr.zip: a directory, where a zip store goes"):
+        write(tmp_path / "dir.zarr.zip", arrays, overwrite=overwrite, progress=False)
+    write(tmp_path / "ours.zarr.zip", arrays, fingerprint="aaa", progress=False)
+    if overwrite:  # a zip this package wrote is replaced
+        write(tmp_path / "ours.zarr.zip", {"x": x + 1, "y": x[:, 0]}, fingerprint="bbb", overwrite=True, progress=False)
+        np.testing.assert_array_equal(pipeline.open(tmp_path / "ours.zarr.zip")["train"]["x"][:], x + 1)
+    else:
+        with pytest.raises(StoreConflictError, match="fingerprint aaa, the current run's is bbb"):
+            write(tmp_path / "ours.zarr.zip", arrays, fingerprint="bbb", progress=False)
+
+
+def test_a_home_relative_path_is_expanded(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    monkeypatch.chdir(tmp_path)
+    x = np.arange(40, dtype=np.float32)[:, None]
+    assert write("~/h.zarr", {"x": x, "y": x[:, 0]}, progress=False) == str(tmp_path / "home" / "h.zarr")
+    assert not (tmp_path / "~").exists()
+
+
 def test_an_empty_directory_takes_a_store_and_a_relative_path_is_made_absolute(tmp_path, monkeypatch):
     (tmp_path / "empty").mkdir()
     monkeypatch.chdir(tmp_path)

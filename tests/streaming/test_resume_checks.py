@@ -129,3 +129,13 @@ def test_a_mix_refuses_other_weights_or_another_source_order():
     with pytest.raises(StreamError, match="source 1's n_samples=200"):
         pipeline.mix([_arrays(100), _arrays(210)], weights=[1, 1], **kw).load_state_dict(
             {**state, "epoch": 2, "batches_served": 0})
+
+
+def test_a_mix_state_and_a_stream_state_do_not_load_into_each_other():
+    kw = dict(batch_size=10, seed=3, epoch_length=30)
+    mix_state = _state_after(pipeline.mix([_arrays(100), _arrays(200)], weights=[1, 1], **kw), 4)
+    with pytest.raises(StreamError, match="saved by a pipeline.mix"):
+        pipeline.stream(_arrays(100), batch_size=10, seed=3).load_state_dict(mix_state)
+    stream_state = _state_after(pipeline.stream(_arrays(100), batch_size=10, seed=3), 4)
+    with pytest.raises(StreamError, match="saved by a single stream"):
+        pipeline.mix([_arrays(100), _arrays(200)], weights=[1, 1], **kw).load_state_dict(stream_state)
