@@ -138,6 +138,7 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
             proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
             out += [f"{proto}://{m}" for m in sorted(matched)]
         elif any(ch in item for ch in "*?["):
+            item = os.path.expanduser(item)
             matched = sorted(_absolute(p) for p in glob.glob(item, recursive=True) if os.path.isfile(p))
             _refuse_aliases(item, matched)
             out += matched
@@ -151,9 +152,9 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
 
 
 def _absolute(path: str) -> str:
-    """A local path made absolute in this process's working directory; a ``file://``
-    URL as it is."""
-    return path if path.startswith("file://") else os.path.abspath(path)
+    """A local path made absolute in this process's working directory, ``~`` expanded; a
+    ``file://`` URL as it is."""
+    return path if path.startswith("file://") else os.path.abspath(os.path.expanduser(path))
 
 
 def _refuse_aliases(pattern: str, matched: list[str]) -> None:

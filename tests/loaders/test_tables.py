@@ -663,6 +663,8 @@ def test_a_relative_glob_expands_to_absolute_paths(tmp_path, monkeypatch):
     assert expand_paths(["raw/day1.csv", "./raw/../raw/day0.csv"]) == [expect[1], expect[0]]
     assert expand_paths("file://" + str(tmp_path / "raw" / "day0.csv")) == ["file://" + expect[0]]
     assert [f.path for f in open_source("raw/*.csv", timestamp="timestamp").files] == expect
+    monkeypatch.setenv("HOME", str(tmp_path))  # ~ is the home directory, not a directory named ~
+    assert expand_paths("~/raw/*.csv") == expect and expand_paths("~/raw/day0.csv") == [expect[0]]
 
 
 def test_a_store_recorded_relative_paths_compares_them_as_absolute(tmp_path, monkeypatch):
