@@ -473,7 +473,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
                                       f"source.timestamp unset (got {timestamp!r})")
         if instrument_column is not None:
             raise FormatMismatchError(first.path, "LOBSTER files name their instrument (the ticker in the file "
-                                      "name); leave source.instrument_column unset")
+                                      "name); leave source.instrument unset")
         timestamp = None
     if first.fmt == "fi2010":
         from pipeline.loaders.fi2010 import check_fold_files
@@ -481,7 +481,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         if timestamp is not None or instrument_column is not None:
             raise FormatMismatchError(first.path, "FI-2010 files have no timestamps and no instrument column (each "
                                       "file is one session, events in order); leave source.timestamp and "
-                                      "source.instrument_column unset")
+                                      "source.instrument unset")
         check_fold_files(list(dict.fromkeys(p.path for p in parts)))
     if names is not None and first.fmt != "csv":
         raise FormatMismatchError(first.path, f"source.names applies to headerless CSV files; {first.fmt} files "

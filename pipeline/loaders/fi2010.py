@@ -97,7 +97,9 @@ def probe_fi2010(path: str, so: dict) -> list[TablePart]:
     if not first.strip():
         raise FormatMismatchError(path, "line 1 is blank; an FI-2010 file holds one matrix row per line, from "
                                   "the first")
-    events = len(first.split())
+    # A byte-order mark (a file saved by some Windows editors) is not a field: pyarrow
+    # skips it when the line is read, so the count must too.
+    events = len(first.removeprefix(b"\xef\xbb\xbf").split())
     if lines != ROWS:
         hint = ""
         if events == ROWS:

@@ -69,12 +69,12 @@ def test_float64_through_source_dtype_is_loadtxt_exactly(tmp_path):
     # Read in float32 (the default), the file's ticks are lost, and a warning says so.
     from pipeline.errors import PriceResolutionWarning
 
-    with pytest.warns(PriceResolutionWarning, match=r"CF_1\.txt: column 'ask_price_1' moves by as little as 0\.01"):
+    with pytest.warns(PriceResolutionWarning, match=r"CF_1\.txt: column 'ask_price_1' holds prices as little as 0\.01 apart"):
         open_source(str(exact), format="fi2010", columns=["ask_price_1"]).array.compute()
 
 
 @pytest.mark.parametrize("layout", ["no final newline", "crlf", "crlf without final", "blank lines at the end",
-                                    "gzip"])
+                                    "gzip", "byte-order mark"])
 def test_text_layouts_read_the_same_values(tmp_path, layout):
     m = matrix(12, 4)
     plain = write(tmp_path / "plain.txt", m)
@@ -85,6 +85,8 @@ def test_text_layouts_read_the_same_values(tmp_path, layout):
         write(path, m, newline="\r\n", final=layout == "crlf")
     elif layout == "blank lines at the end":
         path.write_bytes(plain.read_bytes() + b"\n  \n\n")
+    elif layout == "byte-order mark":  # as some Windows editors save text
+        path.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
     else:
         path = tmp_path / "variant.txt.gz"
         path.write_bytes(gzip.compress(plain.read_bytes()))

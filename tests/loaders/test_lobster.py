@@ -154,7 +154,7 @@ def test_a_message_file_in_paths_is_refused_with_the_fix(tmp_path):
 
 def test_options_that_do_not_apply_are_refused(tmp_path):
     path = write_pair(tmp_path)
-    with pytest.raises(FormatMismatchError, match="leave source.instrument_column unset"):
+    with pytest.raises(FormatMismatchError, match="leave source.instrument unset"):
         open_source(str(path), format="lobster", instrument_column="ticker")
     with pytest.raises(FormatMismatchError, match="leave source.timestamp unset"):
         open_source(str(path), format="lobster", timestamp="time")

@@ -126,8 +126,12 @@ def test_the_demo_books_are_checked_and_do_not_warn(tmp_path, fmt, monkeypatch):
     "values, found",
     [
         (np.array([97123.45, 97123.46, 97123.46, 97123.48]), (0.01, 0.0078125, 97123.48)),
-        # |price|; no move across a gap
-        (np.array([-97123.45, np.nan, -97123.46, -97123.44]), (0.02, 0.0078125, 97123.46)),
+        # |price|; NaN left out
+        (np.array([-97123.45, np.nan, -97123.46, -97123.44]), (0.01, 0.0078125, 97123.46)),
+        # two instruments' rows interleaved (BTC beside ETH): BTC's ticks are lost all the same
+        (np.array([97123.45, 3500.01, 97123.46, 3500.02, 97123.48, 3500.01]), (0.01, 0.0078125, 97123.48)),
+        # a token at 1.2e-5 with 1e-8 ticks beside BTC with 0.5 ticks: each keeps its own
+        (np.array([97211.5, 1.2e-5, 97212.0, 1.201e-5, 97211.0, 1.2e-5]), None),
         (np.array([100.01, 100.02, 100.0, 100.03]), None),  # the demo's level: 7.6e-6 against 0.01
         (np.array([97123.45, 97123.45]), None),  # no move
         (np.array([97123.45, np.nan, np.nan]), None),
