@@ -5,8 +5,9 @@ a store that cannot be written) fails the computation, and the client reports it
 line naming the file, key or chunk. A worker of a LocalCluster writes to the same
 terminal, and distributed logs every failed task there first ("Compute Failed", its key,
 its task and the traceback as one escaped string): the same message again, buried in a
-dump. :class:`QuietOwnErrors` drops that record for the package's own errors; any other
-exception is a bug, and its record is kept whole.
+dump. :class:`QuietOwnErrors` drops that record for the package's own errors (any other
+exception is a bug, and its record is kept whole), and the warning a worker logs for a
+task cancelled as it closes.
 
 The scheduler of a LocalCluster runs in the caller's process, and
 :func:`quiet_cancelled_feeds` keeps one of its records off the same terminal: a
@@ -59,23 +60,39 @@ class _OwnErrors(logging.Filter):
         return str(args[3]).split("(", 1)[0] not in self.names
 
 
+class _CancelledAtClose(logging.Filter):
+    """Drops the worker's "Async instruction for <Task ...> ended with CancelledError"
+    record: a task still running when the worker closes (a run that failed on a bad file
+    closes its LocalCluster at once) is cancelled, which distributed says happens only
+    in ``Worker.close()``; the client has reported the failure already."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        msg = record.getMessage()
+        return not (msg.startswith("Async instruction for") and msg.endswith("ended with CancelledError"))
+
+
+#: The logger distributed's worker state machine reports a cancelled instruction on.
+_STATE_LOGGER = "distributed.worker.state_machine"
+
+
 class QuietOwnErrors(WorkerPlugin):
     """A worker plugin: no "Compute Failed" record for this package's own errors, which
-    the client reports (registered on the LocalClusters :func:`pipeline.cluster.cluster`
-    starts)."""
+    the client reports, and no record of a task cancelled as the worker closes
+    (registered on the LocalClusters :func:`pipeline.cluster.cluster` starts)."""
 
     name = "pipeline-quiet-own-errors"
 
     def __init__(self) -> None:
-        self._filter: _OwnErrors | None = None
+        self._filters: list[tuple[str, logging.Filter]] = []
 
     def setup(self, worker: Any) -> None:
-        self._filter = _OwnErrors()
-        logging.getLogger(_LOGGER).addFilter(self._filter)
+        self._filters = [(_LOGGER, _OwnErrors()), (_STATE_LOGGER, _CancelledAtClose())]
+        for name, quiet in self._filters:
+            logging.getLogger(name).addFilter(quiet)
 
     def teardown(self, worker: Any) -> None:
-        if self._filter is not None:
-            logging.getLogger(_LOGGER).removeFilter(self._filter)
+        for name, quiet in self._filters:
+            logging.getLogger(name).removeFilter(quiet)
 
 
 class _CancelledFeed(logging.Filter):

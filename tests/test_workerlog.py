@@ -44,6 +44,17 @@ def test_compute_failed_records_are_dropped_for_own_errors_only(exception, kept)
     assert _OwnErrors().filter(_record("Worker stopped: %s", "LoaderError('x')"))  # other records kept
 
 
+def test_only_a_task_cancelled_as_the_worker_closes_is_left_out_of_its_log():
+    from pipeline.workerlog import _CancelledAtClose
+
+    quiet = _CancelledAtClose()
+    # distributed formats the task into the message itself (an f-string)
+    assert not quiet.filter(_record('Async instruction for <Task cancelled name="execute((\'read-table-8c\', 1, 0))" '
+                                    'coro=<Worker.execute() done>> ended with CancelledError'))
+    assert quiet.filter(_record("Async instruction for %s ended with %r", "<Task>", "ValueError('x')"))
+    assert quiet.filter(_record("Compute Failed\nKey: %s", "k"))
+
+
 def _day(path: Path, start_ns: int, n: int, swap: int | None = None) -> None:
     rng = np.random.default_rng(n)
     t = start_ns + np.arange(n, dtype=np.int64) * 10**9
