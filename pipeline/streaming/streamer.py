@@ -51,9 +51,9 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from multiprocessing.context import get_spawning_popen
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from multiprocessing.context import get_spawning_popen
 from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
