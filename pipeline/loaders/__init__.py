@@ -284,7 +284,6 @@ def open_source(
     Source
         The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
     """
-    from pipeline.loaders import labels as labels_mod
     from pipeline.loaders.registry import FORMATS
 
     so = dict(storage_options or {})
@@ -292,15 +291,7 @@ def open_source(
     opts = {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key}
     results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
                                                 names=names, rename=rename, on_error=on_error, part_rows=chunk_rows)
-    keep = [i for i, r in enumerate(results) if r is not None]
-    probed = [results[i] for i in keep]
-    if not probed:
-        raise EmptyInputError(str(paths or labels), "no readable file left after skipping bad ones")
-    if label_values is not None:
-        label_values = label_values[keep]
-    elif labels == "folder":
-        classes, label_values = labels_mod.folder_labels([p for p, *_ in probed])
-
+    probed, classes, label_values = _readable(results, classes, label_values, labels, str(paths or labels))
     if kind == "table":
         return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
@@ -314,6 +305,29 @@ def open_source(
         label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
     return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
                   classes=classes, skipped=tuple(skipped))
+
+
+def _readable(results: Sequence[Any], classes: tuple[str, ...] | None, label_values: np.ndarray | None,
+              labels: str | None, where: str) -> tuple[list[Any], tuple[str, ...] | None, np.ndarray | None]:
+    """The probed files that are readable (``on_error: skip`` left the others out as
+    None), with their labels: the manifest's, or each file's folder.
+
+    Raises
+    ------
+    EmptyInputError
+        When no file is left.
+    """
+    from pipeline.loaders import labels as labels_mod
+
+    keep = [i for i, r in enumerate(results) if r is not None]
+    probed = [results[i] for i in keep]
+    if not probed:
+        raise EmptyInputError(where, "no readable file left after skipping bad ones")
+    if label_values is not None:
+        label_values = label_values[keep]
+    elif labels == "folder":
+        classes, label_values = labels_mod.folder_labels([p for p, *_ in probed])
+    return probed, classes, label_values
 
 
 def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
