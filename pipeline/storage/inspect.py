@@ -4,6 +4,7 @@ from; with ``--plot``, sample windows, feature histograms and label distribution
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -215,23 +216,38 @@ def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str,
             continue
         table = sub[WRITTEN][:]
         names = [n for n, _ in sub.arrays() if n != WRITTEN]
-        # Rows of _written hold the CRCs in the order the arrays were written: the
-        # writer's order is the order of creation, which zarr lists alphabetically, so
-        # match by recomputing each array's CRC and comparing with the whole row.
         for unit, row in enumerate(table):
             if row[0] != 1:
                 problems.append(f"{split}: write unit {unit} was never completed")
                 continue
-            recorded = set(int(v) for v in row[1:])
-            for name in names:
-                arr = sub[name]
-                rows = arr.shards[0] if arr.shards else arr.chunks[0]
-                lo = unit * rows
-                try:
-                    block = np.ascontiguousarray(arr[lo : lo + rows])
-                except Exception as exc:  # noqa: BLE001 - any decode failure is corruption
-                    problems.append(f"{split}/{name} chunk {lo // arr.chunks[0]}: cannot decode ({exc})")
-                    continue
-                if crc32(block.data) not in recorded:
-                    problems.append(f"{split}/{name} chunk {lo // arr.chunks[0]}: checksum mismatch")
+            problems += _unit_problems(sub, split, names, unit, [int(v) for v in row[1:]], crc32)
+    return problems
+
+
+def _unit_problems(sub: Any, split: str, names: list[str], unit: int, recorded: list[int], crc32: Any) -> list[str]:
+    """What is wrong with one write unit of a split's arrays, against its recorded CRC32s.
+
+    A row of ``_written`` holds the CRCs in the order the arrays were written, which
+    zarr does not keep (it lists them alphabetically). So the unit's CRCs, recomputed,
+    must be the row's as a multiset: each array's among them, and no CRC more often than
+    recorded. Membership alone would take one array's chunk copied over another's (two
+    arrays of the unit then holding the same bytes) for intact.
+    """
+    problems, computed = [], {}
+    for name in names:
+        arr = sub[name]
+        rows = arr.shards[0] if arr.shards else arr.chunks[0]
+        lo = unit * rows
+        try:
+            computed[name] = (crc32(np.ascontiguousarray(arr[lo : lo + rows]).data), lo // arr.chunks[0])
+        except Exception as exc:  # noqa: BLE001 - any decode failure is corruption
+            problems.append(f"{split}/{name} chunk {lo // arr.chunks[0]}: cannot decode ({exc})")
+    want, have = Counter(recorded), Counter(crc for crc, _ in computed.values())
+    for name, (crc, chunk) in computed.items():
+        if crc not in want:
+            problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch")
+        elif have[crc] > want[crc]:
+            same = [f"{split}/{n}" for n, (c, _) in computed.items() if c == crc and n != name]
+            problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch (it holds the same bytes as "
+                            f"{', '.join(same)}, which the unit's checksums do not)")
     return problems

@@ -64,6 +64,24 @@ def test_verify_names_every_corrupt_chunk(tmp_path):
     assert result.returncode == 1 and "CORRUPT train/x chunk 1: checksum mismatch" in result.stdout
 
 
+def test_verify_finds_one_arrays_chunk_copied_over_anothers(tmp_path):
+    """The CRCs of a unit are recorded in writing order, which zarr does not keep: a
+    chunk file copied over another array's (so that its CRC is among the unit's) is
+    still found, by counting each CRC."""
+    from pipeline.storage import verify_store
+
+    n = 200
+    path = tmp_path / "v.zarr"
+    write(path, {"x": np.ones((n, 2), np.float32), "y": np.arange(n), "t": np.arange(n) * 1000}, chunk_samples=50,
+          codec="none", progress=False)
+    assert verify_store(path) == []
+    (path / "train" / "y" / "c" / "0").write_bytes((path / "train" / "t" / "c" / "0").read_bytes())
+    np.testing.assert_array_equal(pipeline.open(path)["train"]["y"][:50], np.arange(50) * 1000)  # it decodes
+    problems = verify_store(path)
+    assert "train/y chunk 0: checksum mismatch (it holds the same bytes as train/t, which the unit's checksums " \
+           "do not)" in problems and len(problems) == 2  # t's chunk 0 now shares its bytes with y's
+
+
 def test_session_table_and_class_balance_lines():
     from pipeline.storage.inspect import balance_lines, session_lines
 
