@@ -136,7 +136,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="fsspec options of a remote store, as a YAML or JSON mapping, e.g. "
                        "'{endpoint_url: http://minio:9000, anon: true}'")
     bench.add_argument("--cache-dir", default=None, metavar="DIR",
-                       help="a remote store: cache its chunks in DIR and print each epoch's hit rate")
+                       help="a remote store: cache its chunks in DIR and print each epoch's hit rate; needs "
+                       "--cache-bytes")
     bench.add_argument("--cache-bytes", default=None, metavar="SIZE",
                        help="the most the cache keeps on disk (bytes, or a size such as 50GiB); needs --cache-dir")
     return parser
@@ -291,6 +292,10 @@ def _bench_remote_options(args: argparse.Namespace) -> tuple[dict, str]:
         if not isinstance(options, dict):
             return {}, f"--storage-options: expected a mapping such as '{{anon: true}}', got {args.storage_options!r}"
         out["storage_options"] = options
+    if (args.cache_dir is None) != (args.cache_bytes is None):  # the stream needs both: say so by the flags' names
+        given, missing = ("--cache-dir", "--cache-bytes") if args.cache_bytes is None else ("--cache-bytes",
+                                                                                           "--cache-dir")
+        return {}, f"{given} needs {missing} (the cache's directory and the most it keeps on disk, e.g. 50GiB)"
     if args.cache_dir is not None:
         out["cache_dir"] = args.cache_dir
     if args.cache_bytes is not None:

@@ -141,7 +141,8 @@ def test_bench_streams_a_remote_store_through_the_cache_and_prints_each_epochs_h
     (["--storage-options", "[1, 2]"], 2, "--storage-options: expected a mapping"),
     (["--storage-options", "{a: [}"], 2, "--storage-options: not YAML or JSON"),
     (["--cache-dir", "c", "--cache-bytes", "lots"], 2, "--cache-bytes: expected bytes or a size such as 50GiB"),
-    (["--cache-bytes", "1GiB"], 1, "needs cache_dir"),
+    (["--cache-bytes", "1GiB"], 2, "--cache-bytes needs --cache-dir"),
+    (["--cache-dir", "c"], 2, "--cache-dir needs --cache-bytes"),
 ])
 def test_bench_errors_are_one_line(tmp_path, args, status, message):
     import numpy as np
