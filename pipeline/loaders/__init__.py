@@ -9,6 +9,7 @@ layer of its own with the array's chunks.
 
 from __future__ import annotations
 
+import functools
 import glob
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -405,41 +406,129 @@ def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, 
 def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str | None, on_mismatch: str,
                  chunk_rows: int | None, files_per_chunk: int | None) -> tuple[da.Array, str]:
     """One lazy array over files of an array format (npy, npz, images, HDF5): stacked,
-    one sample per file, or concatenated along axis 0. Returns it and the combine used."""
+    one sample per file, or concatenated along axis 0, in the files' common dtype
+    (``np.result_type`` over them). Returns it and the combine used.
+
+    Raises
+    ------
+    ShapeMismatchError
+        For shapes that cannot be combined, checked from the headers: rows of another
+        shape or 0-d arrays (``concat``), another shape (``stack`` with ``on_mismatch:
+        raise``) or another number of dimensions than pad, crop or resize can fit.
+    LoaderError
+        For dtypes with no common dtype (strings beside numbers), naming a file of each.
+    """
     from pipeline.loaders.blocks import concat_array, stack_array
 
     kind = fmt.name
     fmt_opts = {k: opts[k] for k in fmt.options}
     shapes = {p: (tuple(sh), np.dtype(dt)) for p, _, _, (sh, dt) in probed}
-    first_path = probed[0][0]
-    ref_shape, ref_dtype = shapes[first_path]
+    paths = [p for p, *_ in probed]
+    out_dtype = _common_dtype({p: d for p, (_, d) in shapes.items()})
     combine = combine or "stack"
     if combine == "concat":
-        tail = ref_shape[1:]
-        bad = [(p, s) for p, (s, _) in shapes.items() if s[1:] != tail]
-        if bad:
-            listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
-            raise ShapeMismatchError(first_path, f"has rows of shape {tail}, but {len(bad)} file(s) differ: {listing}")
+        tail = _concat_tail(paths[0], {p: s for p, (s, _) in shapes.items()})
 
         def read_rows(path: str, lo: int, hi: int) -> np.ndarray:
             if kind == "hdf5":
                 return fmt.read(path, so, rows=slice(lo, hi), **fmt_opts)
             return fmt.read(path, so, **fmt_opts)[lo:hi]
 
-        arr = concat_array([p for p, *_ in probed], [shapes[p][0][0] for p, *_ in probed], tail, ref_dtype,
-                           read_rows, rows_per_chunk=chunk_rows)
+        arr = concat_array(paths, [shapes[p][0][0] for p in paths], tail, out_dtype, read_rows,
+                           rows_per_chunk=chunk_rows)
         return arr, combine
-    target = ref_shape
-    bad = [(p, s) for p, (s, _) in shapes.items() if s != target]
+    target = shapes[paths[0]][0]
+    _check_stack_shapes(paths[0], target, {p: s for p, (s, _) in shapes.items()}, on_mismatch)
+    arr = stack_array(paths, target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
+                      files_per_chunk=files_per_chunk, on_mismatch=on_mismatch)
+    return arr, combine
+
+
+#: dtype kinds of text: unicode, bytes, and numpy 2's variable-width StringDType.
+_TEXT_KINDS = "UST"
+
+
+def _common_dtype(dtypes: Mapping[str, np.dtype]) -> np.dtype:
+    """The dtype every file is read in: ``np.result_type`` of the files' dtypes, so
+    that no file's values are cast into another file's narrower dtype.
+
+    Raises
+    ------
+    LoaderError
+        For strings beside numbers (numpy would silently turn the numbers into strings),
+        or dtypes numpy cannot promote to one (datetimes beside floats), naming a file of
+        each.
+    """
+    text = next((p for p, d in dtypes.items() if d.kind in _TEXT_KINDS), None)
+    other = next((p for p, d in dtypes.items() if d.kind not in _TEXT_KINDS), None)
+    if text is not None and other is not None:
+        first, second = sorted((text, other), key=list(dtypes).index)
+        raise LoaderError(first, f"holds {dtypes[first]} values, but {second} holds {dtypes[second]}: strings and "
+                          "numbers cannot be combined (the numbers would become strings); read them separately")
+    by_dtype = {d: p for p, d in reversed(list(dtypes.items()))}  # each distinct dtype's first file
+    try:
+        return functools.reduce(np.result_type, by_dtype)  # pairwise: np.result_type takes at most 64
+    except TypeError:
+        pairs = [(a, b) for a in by_dtype for b in by_dtype if not _promotes(a, b)]
+        first, second = sorted((by_dtype[pairs[0][0]], by_dtype[pairs[0][1]]), key=list(dtypes).index)
+        raise LoaderError(first, f"holds {dtypes[first]} values, but {second} holds {dtypes[second]}, and numpy has "
+                          "no common dtype for both; read them separately") from None
+
+
+def _promotes(a: np.dtype, b: np.dtype) -> bool:
+    """Whether numpy has a common dtype for ``a`` and ``b``."""
+    try:
+        np.result_type(a, b)
+    except TypeError:
+        return False
+    return True
+
+
+def _concat_tail(first: str, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int, ...]:
+    """The row shape (all axes but the first) that files joined along axis 0 share.
+
+    Raises
+    ------
+    ShapeMismatchError
+        For a 0-d file (no axis 0 to join along), or rows of another shape.
+    """
+    scalar = next((p for p, s in shapes.items() if not s), None)
+    if scalar is not None:
+        raise ShapeMismatchError(scalar, "is a 0-d array (a single value, shape ()): 0-d arrays cannot be joined "
+                                 "along axis 0; use combine='stack' to make one sample per file")
+    tail = shapes[first][1:]
+    bad = [(p, s) for p, s in shapes.items() if s[1:] != tail]
+    if bad:
+        listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
+        raise ShapeMismatchError(first, f"has rows of shape {tail}, but {len(bad)} file(s) differ: {listing}")
+    return tail
+
+
+def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]],
+                        on_mismatch: str) -> None:
+    """Refuse, from the headers, stacked files that ``on_mismatch`` cannot make ``target``.
+
+    Raises
+    ------
+    ShapeMismatchError
+        With ``raise``, for any file of another shape; with ``pad``, ``crop`` or
+        ``resize``, for a file of another number of dimensions (a trailing axis of
+        length 1 aside), naming it and both shapes.
+    """
+    from pipeline.loaders.blocks import can_fit
+
+    bad = [(p, s) for p, s in shapes.items() if s != target]
     if bad and on_mismatch == "raise":
         listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
         raise ShapeMismatchError(
-            first_path, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); set "
+            first, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); set "
             "on_mismatch: pad, crop or resize to make them fit")
-    out_dtype = np.result_type(*{d for _, d in shapes.values()})
-    arr = stack_array([p for p, *_ in probed], target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
-                      files_per_chunk=files_per_chunk, on_mismatch=on_mismatch)
-    return arr, combine
+    unfit = next(((p, s) for p, s in bad if not can_fit(s, target)), None)
+    if unfit is not None:
+        raise ShapeMismatchError(
+            unfit[0], f"has shape {unfit[1]} ({len(unfit[1])}-d), but {first} has {target} ({len(target)}-d): "
+            f"on_mismatch={on_mismatch!r} changes the length of axes, not their number; "
+            "give files of one number of dimensions")
 
 
 def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,

@@ -13,21 +13,31 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-__all__ = ["concat_array", "fit_shape", "stack_array"]
+__all__ = ["can_fit", "concat_array", "fit_shape", "stack_array"]
+
+
+def can_fit(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
+    """Whether :func:`fit_shape` can make an array of ``shape`` have ``target``: the
+    same number of dimensions, or one more or fewer trailing axis of length 1."""
+    shape, target = tuple(shape), tuple(target)
+    if len(shape) == len(target):
+        return True
+    if len(shape) == len(target) - 1:
+        return target[-1] == 1
+    return len(shape) == len(target) + 1 and shape[-1] == 1
 
 
 def fit_shape(a: np.ndarray, shape: tuple[int, ...], how: str) -> np.ndarray:
     """Make ``a`` have ``shape``: ``pad`` with zeros at the end of each axis, ``crop``
-    from the start, ``resize`` by nearest-neighbour resampling (or ``raise``: unchanged)."""
+    from the start, ``resize`` by nearest-neighbour resampling (or ``raise``: unchanged).
+    Only shapes :func:`can_fit` accepts are fitted (a ``ValueError`` otherwise); the
+    loaders check them from the headers when the array is built."""
     if a.shape == tuple(shape) or how == "raise":
         return a
     if a.ndim != len(shape):
-        if a.ndim == len(shape) - 1 and shape[-1] == 1:
-            a = a[..., None]
-        elif a.ndim == len(shape) + 1 and a.shape[-1] == 1:
-            a = a[..., 0]
-        else:
+        if not can_fit(a.shape, shape):
             raise ValueError(f"cannot fit an array of shape {a.shape} to {shape}")
+        a = a[..., None] if a.ndim < len(shape) else a[..., 0]
     if how == "resize":
         idx = np.ix_(*[np.minimum((np.arange(t) * s) // max(t, 1), s - 1) for s, t in zip(a.shape, shape)])
         return a[idx]
@@ -85,7 +95,8 @@ def concat_array(
     *,
     rows_per_chunk: int | None = None,
 ) -> da.Array:
-    """``(sum(rows), *tail)``: files joined along axis 0, each read by blocks of rows."""
+    """``(sum(rows), *tail)``: files joined along axis 0, each read by blocks of rows and
+    cast to ``dtype``, which must hold every file's values (their ``np.result_type``)."""
     row_bytes = max(1, int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize)
     step = rows_per_chunk or max(1, (32 << 20) // row_bytes)
     parts = [(p, lo, min(lo + step, n)) for p, n in zip(paths, rows) for lo in range(0, n, step)]
@@ -95,7 +106,8 @@ def concat_array(
 
     def read_block(block: np.ndarray) -> np.ndarray:
         path, lo, hi = block[0]
-        return np.asarray(read_rows(path, lo, hi), dtype=dtype)
+        # ``dtype`` is the files' common dtype: a widening cast, never a narrowing one.
+        return np.asarray(read_rows(path, lo, hi)).astype(dtype, copy=False)
 
     return blocks.map_blocks(
         read_block,

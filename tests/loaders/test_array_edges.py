@@ -1,0 +1,117 @@
+"""Edge cases of array files (npy, HDF5, images, manifests), each against numpy, h5py or
+Pillow read directly: dtypes of joined files, 0-d arrays, shapes that cannot be fitted,
+HDF5 dataset choice, manifest paths and the messages of damaged files."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import h5py
+import numpy as np
+import pytest
+from PIL import Image
+
+import pipeline
+from pipeline.errors import FormatMismatchError, LoaderError, ShapeMismatchError
+from pipeline.loaders import open_source
+
+
+# -- dtypes of joined files --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("first, second", [
+    (np.array([1, 2, 3], np.int8), np.array([1000.5, -3.75])),
+    (np.array([1, 2], np.uint8), np.array([300.7, -1.5], np.float32)),
+    (np.array([-5, 7], np.int16), np.array([60000, 2], np.uint16)),
+])
+def test_npy_concat_reads_in_the_common_dtype(tmp_path, first, second):
+    np.save(tmp_path / "a.npy", first)
+    np.save(tmp_path / "b.npy", second)
+    arr = pipeline.load(str(tmp_path / "*.npy"), combine="concat")
+    expected = np.concatenate([np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")])
+    assert arr.dtype == expected.dtype
+    got = arr.compute()
+    assert got.dtype == expected.dtype
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_hdf5_concat_reads_in_the_common_dtype(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = np.array([[1], [2]], np.uint8)
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["x"] = np.array([[300.7], [-1.5]])
+    parts = []
+    for name in ("a.h5", "b.h5"):
+        with h5py.File(tmp_path / name, "r") as f:
+            parts.append(f["x"][()])
+    expected = np.concatenate(parts)
+    got = pipeline.load(str(tmp_path / "*.h5"), dataset="x", combine="concat", chunk_rows=1).compute()
+    assert got.dtype == expected.dtype == np.float64
+    np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("combine", ["stack", "concat"])
+def test_strings_beside_numbers_are_refused_naming_both_files(tmp_path, combine):
+    np.save(tmp_path / "s1.npy", np.array(["ab", "c"]))
+    np.save(tmp_path / "s2.npy", np.array([1.5, 2.0]))
+    assert np.load(tmp_path / "s1.npy").dtype.kind == "U"  # numpy would promote to strings
+    with pytest.raises(LoaderError, match=r"s1\.npy: holds <U2 values, but .*s2\.npy holds float64: strings and "
+                                          r"numbers cannot be combined"):
+        pipeline.load(str(tmp_path / "s*.npy"), combine=combine)
+
+
+def test_strings_alone_still_stack(tmp_path):
+    np.save(tmp_path / "s1.npy", np.array(["ab", "c"]))
+    np.save(tmp_path / "s2.npy", np.array(["xyz", "w"]))
+    expected = np.stack([np.load(tmp_path / "s1.npy"), np.load(tmp_path / "s2.npy")])
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "s*.npy")).compute(), expected)
+
+
+def test_dtypes_without_a_common_one_are_refused(tmp_path):
+    np.save(tmp_path / "a.npy", np.array(["2020-01-01"], "datetime64[ns]"))
+    np.save(tmp_path / "b.npy", np.array([1.5]))
+    with pytest.raises(LoaderError, match=r"a\.npy: holds datetime64\[ns\] values, but .*b\.npy holds float64, and "
+                                          r"numpy has no common dtype"):
+        pipeline.load(str(tmp_path / "*.npy"), combine="concat")
+
+
+# -- 0-d arrays and shapes that cannot be fitted -------------------------------------------
+
+
+def test_zero_d_npy_and_hdf5_cannot_be_concatenated(tmp_path):
+    for i in range(2):
+        np.save(tmp_path / f"z{i}.npy", np.float32(i))
+    assert np.load(tmp_path / "z0.npy").ndim == 0
+    with pytest.raises(ShapeMismatchError, match=r"z0\.npy: is a 0-d array .*cannot be joined along axis 0; use "
+                                                 r"combine='stack'"):
+        pipeline.load(str(tmp_path / "*.npy"), combine="concat")
+    stacked = pipeline.load(str(tmp_path / "*.npy")).compute()  # stacking them is fine
+    np.testing.assert_array_equal(stacked, np.stack([np.load(tmp_path / f"z{i}.npy") for i in range(2)]))
+    with h5py.File(tmp_path / "s.h5", "w") as f:
+        f["v"] = 3.5
+    with h5py.File(tmp_path / "s.h5", "r") as f:
+        assert f["v"].shape == ()
+    with pytest.raises(ShapeMismatchError, match=r"s\.h5: is a 0-d array"):
+        pipeline.load(str(tmp_path / "s.h5"), dataset="v", combine="concat")
+
+
+@pytest.mark.parametrize("how", ["crop", "pad", "resize"])
+def test_another_number_of_dimensions_is_refused_when_the_array_is_built(tmp_path, how):
+    np.save(tmp_path / "a.npy", np.ones((3, 4)))
+    np.save(tmp_path / "b.npy", np.ones((3,)))
+    shapes = [np.load(tmp_path / n).shape for n in ("a.npy", "b.npy")]
+    with pytest.raises(ShapeMismatchError, match=rf"b\.npy: has shape \(3,\) \(1-d\), but .*a\.npy has \(3, 4\) "
+                                                 rf"\(2-d\): on_mismatch='{how}'"):
+        pipeline.load(str(tmp_path / "*.npy"), on_mismatch=how)  # nothing computed
+    assert shapes == [(3, 4), (3,)]
+
+
+def test_a_trailing_axis_of_one_is_still_fitted(tmp_path):
+    np.save(tmp_path / "a.npy", np.ones((3, 4, 1)))
+    np.save(tmp_path / "b.npy", np.full((2, 4), 2.0))
+    got = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad").compute()
+    expected = np.zeros((2, 3, 4, 1))
+    expected[0] = np.load(tmp_path / "a.npy")
+    expected[1, :2] = np.load(tmp_path / "b.npy")[..., None]
+    np.testing.assert_array_equal(got, expected)
