@@ -289,7 +289,7 @@ def open_source(
 
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so)
-    opts = {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key}
+    opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
     results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
                                                 names=names, rename=rename, on_error=on_error, part_rows=chunk_rows)
     probed, classes, label_values = _readable(results, classes, label_values, labels, str(paths or labels))
@@ -306,6 +306,26 @@ def open_source(
         label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
     return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
                   classes=classes, skipped=tuple(skipped))
+
+
+def _array_options(kind: str, files: list[str], so: dict, on_error: str, *, shape: Sequence[int] | None,
+                   mode: str | None, dataset: str | None, key: str | None) -> dict[str, Any]:
+    """The options of array formats. HDF5 files without ``dataset`` are all read at the
+    first file's one dataset (``dataset_from`` names that file), never each at its own.
+
+    Raises
+    ------
+    LoaderError
+        For a first HDF5 file holding no dataset or several (with ``on_error: skip``,
+        the first file that holds one is used).
+    """
+    dataset_from = None
+    if kind == "hdf5" and dataset is None:
+        from pipeline.loaders.hdf5 import shared_dataset
+
+        dataset, dataset_from = shared_dataset(files, so, skip=on_error == "skip")
+    return {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key,
+            "dataset_from": dataset_from}
 
 
 def _readable(results: Sequence[Any], classes: tuple[str, ...] | None, label_values: np.ndarray | None,

@@ -62,7 +62,7 @@ def _formats() -> dict[str, ArrayFormat]:
         "npy": ArrayFormat("npy", npy.probe_npy, npy.read_npy, ()),
         "npz": ArrayFormat("npz", npz.probe_npz, npz.read_npz, ("key",)),
         "image": ArrayFormat("image", images.probe_image, images.read_image, ("shape", "mode")),
-        "hdf5": ArrayFormat("hdf5", hdf5.probe_hdf5, hdf5.read_hdf5, ("dataset",)),
+        "hdf5": ArrayFormat("hdf5", hdf5.probe_hdf5, hdf5.read_hdf5, ("dataset", "dataset_from")),
     }
 
 

@@ -115,3 +115,61 @@ def test_a_trailing_axis_of_one_is_still_fitted(tmp_path):
     expected[0] = np.load(tmp_path / "a.npy")
     expected[1, :2] = np.load(tmp_path / "b.npy")[..., None]
     np.testing.assert_array_equal(got, expected)
+
+
+# -- HDF5: which dataset ----------------------------------------------------------------------
+
+
+def test_hdf5_files_are_all_read_at_the_first_files_dataset(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["prices"] = np.ones((3, 2))
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["volumes"] = np.full((3, 2), 7.0)
+    with h5py.File(tmp_path / "b.h5", "r") as f:
+        assert "prices" not in f
+    with pytest.raises(LoaderError, match=r"b\.h5: has no dataset 'prices' \(its datasets: \['volumes'\]\); 'prices' "
+                                          r"is the only dataset of .*a\.h5, the first file"):
+        pipeline.load(str(tmp_path / "*.h5"), combine="concat")
+    src = open_source(str(tmp_path / "*.h5"), combine="concat", on_error="skip")
+    assert [f.path for f in src.files] == [str(tmp_path / "a.h5")]
+    assert "no dataset 'prices'" in src.skipped[0][1]
+
+
+def test_hdf5_files_sharing_their_one_dataset_join_without_dataset(tmp_path):
+    parts = []
+    for i in range(2):
+        with h5py.File(tmp_path / f"p{i}.h5", "w") as f:
+            f["grp/x"] = np.arange(6.0).reshape(3, 2) + 10 * i
+        with h5py.File(tmp_path / f"p{i}.h5", "r") as f:
+            parts.append(f["grp/x"][()])
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "*.h5"), combine="concat").compute(),
+                                  np.concatenate(parts))
+
+
+def test_hdf5_dataset_naming_a_group_is_refused(tmp_path):
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f["grp/sub/data"] = np.ones((4, 2))
+        f["grp/sub/more"] = np.zeros(3)
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        assert isinstance(f["grp/sub"], h5py.Group)
+    with pytest.raises(LoaderError, match=r"f\.h5: 'grp/sub' is a group, not a dataset \(datasets under it: "
+                                          r"\['grp/sub/data', 'grp/sub/more'\]\)"):
+        pipeline.load(str(tmp_path / "f.h5"), dataset="grp/sub")
+    with pytest.raises(LoaderError, match=r"f\.h5: has no dataset 'nope' \(its datasets: \['grp/sub/data', "
+                                          r"'grp/sub/more'\]\)"):
+        pipeline.load(str(tmp_path / "f.h5"), dataset="nope")
+
+
+def test_hdf5_without_dataset_lists_nested_datasets(tmp_path):
+    with h5py.File(tmp_path / "f.h5", "w") as f:
+        f["top"] = np.ones(2)
+        f["grp/sub/data"] = np.ones((4, 2))
+    names: list[str] = []
+    with h5py.File(tmp_path / "f.h5", "r") as f:
+        f.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+    with pytest.raises(LoaderError, match=r"f\.h5: holds datasets \[" + ", ".join(f"'{n}'" for n in names)
+                       + r"\]; choose one with dataset:"):
+        pipeline.load(str(tmp_path / "f.h5"))
+    with h5py.File(tmp_path / "g.h5", "w") as f:
+        f["grp/only"] = np.arange(4.0)
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "g.h5")).compute()[0], np.arange(4.0))
