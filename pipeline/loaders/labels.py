@@ -31,8 +31,32 @@ def folder_labels(paths: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
     return _classes(names)
 
 
+def _resolve(manifest: str, paths: Sequence[str]) -> list[str]:
+    """A manifest's paths, relative ones taken from its folder. A local manifest's come
+    back absolute (``~`` expanded), as :func:`pipeline.loaders.expand_paths` makes them:
+    dask workers (a remote cluster's) have another working directory. URLs stay as they
+    are, and a relative path in a remote manifest is joined to the manifest's URL."""
+    if "://" in manifest and not manifest.startswith("file://"):
+        base = posixpath.dirname(manifest)
+        return [p if ("://" in p or posixpath.isabs(p)) else posixpath.join(base, p) for p in paths]
+    local = manifest.removeprefix("file://")
+    base = os.path.dirname(os.path.abspath(os.path.expanduser(local)))
+    return [p if "://" in p else os.path.abspath(os.path.join(base, os.path.expanduser(p))) for p in paths]
+
+
 def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[list[str], tuple[str, ...] | None, np.ndarray]:
-    """Paths (resolved), classes (None for integer labels) and labels from a manifest."""
+    """Paths, classes (None for integer labels) and labels from a manifest.
+
+    Paths are resolved by :func:`_resolve`: a local manifest's come back absolute, even
+    when the manifest is given by a relative path.
+
+    Raises
+    ------
+    LoaderError
+        For a manifest that cannot be read, or a row without a path or a label.
+    MissingColumnError
+        For a manifest without a ``path`` or ``label`` column.
+    """
     try:
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
@@ -50,9 +74,11 @@ def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[l
     for col in ("path", "label"):
         if col not in table.column_names:
             raise MissingColumnError(manifest, f"missing column {col!r}; the manifest has {table.column_names}")
-    base = posixpath.dirname(manifest.replace(os.sep, "/"))
-    paths = [p if ("://" in p or posixpath.isabs(p)) else posixpath.join(base, p)
-             for p in table.column("path").to_pylist()]
+    listed = table.column("path").to_pylist()
+    if not all(isinstance(p, str) and p for p in listed):
+        row = next(i for i, p in enumerate(listed) if not (isinstance(p, str) and p))
+        raise LoaderError(manifest, f"row {row} has no path (found {listed[row]!r}); expected a file path or URL")
+    paths = _resolve(manifest, listed)
     raw = table.column("label").to_pylist()
     if any(v is None for v in raw):
         row = raw.index(None)

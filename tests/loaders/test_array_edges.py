@@ -173,3 +173,28 @@ def test_hdf5_without_dataset_lists_nested_datasets(tmp_path):
     with h5py.File(tmp_path / "g.h5", "w") as f:
         f["grp/only"] = np.arange(4.0)
     np.testing.assert_array_equal(pipeline.load(str(tmp_path / "g.h5")).compute()[0], np.arange(4.0))
+
+
+# -- manifests ----------------------------------------------------------------------------------
+
+
+def test_manifest_by_a_relative_path_gives_absolute_file_paths(tmp_path, monkeypatch):
+    (tmp_path / "imgs").mkdir()
+    pixels = np.arange(16, dtype=np.uint8).reshape(4, 4)
+    Image.fromarray(pixels).save(tmp_path / "imgs" / "a.png")
+    (tmp_path / "sub").mkdir()
+    Image.fromarray(pixels[::-1].copy()).save(tmp_path / "sub" / "b.png")
+    (tmp_path / "manifest.csv").write_text("path,label\nimgs/a.png,cat\nimgs/../sub/b.png,dog\n")
+    monkeypatch.chdir(tmp_path)
+    src = open_source(labels="manifest.csv")
+    expected = [os.path.abspath(tmp_path / "imgs" / "a.png"), os.path.abspath(tmp_path / "sub" / "b.png")]
+    assert [f.path for f in src.files] == expected and all(os.path.isabs(f.path) for f in src.files)
+    monkeypatch.chdir(tmp_path / "imgs")  # a worker elsewhere still reads the same files
+    np.testing.assert_array_equal(src.array.compute(), np.stack([np.asarray(Image.open(p)) for p in expected]))
+    assert src.classes == ("cat", "dog") and src.labels.compute().tolist() == [0, 1]
+
+
+def test_manifest_row_without_a_path_is_named(tmp_path):
+    (tmp_path / "manifest.csv").write_text("path,label\n,cat\n")
+    with pytest.raises(LoaderError, match=r"manifest\.csv: row 0 has no path"):
+        open_source(labels=str(tmp_path / "manifest.csv"))
