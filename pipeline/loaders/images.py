@@ -30,6 +30,29 @@ def _pil() -> Any:
     return Image
 
 
+#: Image formats by their files' first bytes (Pillow's format names).
+_SIGNATURES = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"II*\x00", "TIFF"),
+               (b"MM\x00*", "TIFF"), (b"GIF87a", "GIF"), (b"GIF89a", "GIF"))
+
+
+def _signature(head: bytes) -> str | None:
+    """The image format whose signature ``head`` starts with, or None."""
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return "WEBP"
+    return next((fmt for sig, fmt in _SIGNATURES if head.startswith(sig)), None)
+
+
+def _not_opened(path: str, head: bytes, exc: Exception) -> FormatMismatchError:
+    """The error for a file Pillow could not open: a damaged image when its first bytes
+    are an image's signature (with Pillow's reason), else what the bytes look like."""
+    fmt = _signature(head)
+    if fmt is not None:
+        reason = str(exc) or type(exc).__name__
+        return FormatMismatchError(path, f"is a truncated or damaged {fmt} image (its first bytes are {fmt}'s "
+                                   f"signature, but Pillow cannot read its header: {reason})")
+    return FormatMismatchError(path, f"expected an image (jpg, png, tiff), found {_sniff(head)}")
+
+
 def _sniff(head: bytes) -> str:
     if head.startswith(b"\x93NUMPY"):
         return "an .npy array"
@@ -52,8 +75,8 @@ def probe_image(path: str, so: dict, *, shape: tuple[int, ...] | None = None, mo
             try:
                 with Image.open(fh) as im:
                     fmt, size, src_mode = im.format, im.size, im.mode
-            except Exception:  # noqa: BLE001 - Pillow's UnidentifiedImageError and friends
-                raise FormatMismatchError(path, f"expected an image (jpg, png, tiff), found {_sniff(head)}") from None
+            except Exception as exc:  # noqa: BLE001 - Pillow's UnidentifiedImageError and friends
+                raise _not_opened(path, head, exc) from None
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
     suffix = "." + path.rsplit(".", 1)[-1].lower() if "." in path else ""

@@ -25,17 +25,33 @@ def _is_local(path: str) -> bool:
 _HEADERS: dict[bytes, tuple[tuple[int, ...], bool, np.dtype]] = {}
 
 
-def _parse_header(prefix: bytes, fh: Any) -> tuple[tuple[int, ...], bool, np.dtype, int]:
+def _parse_header(path: str, prefix: bytes, fh: Any) -> tuple[tuple[int, ...], bool, np.dtype, int]:
     """Parse (shape, fortran, dtype) and the data offset; identical headers (the usual
-    case for a data set of same-shape files) are parsed once and then looked up."""
+    case for a data set of same-shape files) are parsed once and then looked up.
+
+    Raises
+    ------
+    FormatMismatchError
+        For a file that ends inside its header (it starts with the magic), saying how
+        many bytes the header needs and how many the file holds.
+    """
+    if len(prefix) < 8:
+        raise FormatMismatchError(path, f"truncated: the file is {len(prefix)} bytes, too short for an .npy header "
+                                  "(the magic \\x93NUMPY and a format version take 8)")
     major = prefix[6]
     size_bytes = 2 if major == 1 else 4
-    hlen = int.from_bytes(prefix[8 : 8 + size_bytes], "little")
     start = 8 + size_bytes
+    if len(prefix) < start:
+        raise FormatMismatchError(path, f"truncated header: the file is {len(prefix)} bytes, too short for an .npy "
+                                  f"version {major} header, whose length field ends at byte {start}")
+    hlen = int.from_bytes(prefix[8:start], "little")
     header = prefix[start : start + hlen]
     if len(header) < hlen:
         fh.seek(start)
         header = fh.read(hlen)
+    if len(header) < hlen:
+        raise FormatMismatchError(path, f"truncated header: its length field declares {hlen} header bytes from byte "
+                                  f"{start}, the file holds {len(header)} of them")
     if header not in _HEADERS:
         buf = io.BytesIO(prefix[:start] + header)
         np.lib.format.read_magic(buf)
@@ -53,9 +69,11 @@ def probe_npy(path: str, so: dict) -> tuple[tuple[int, ...], np.dtype]:
         opener = open(path.removeprefix("file://"), "rb") if local else fsspec.open(path, "rb", **so)
         with opener as fh:
             prefix = fh.read(256)
-            if prefix[:6] != b"\x93NUMPY" or len(prefix) < 10:
+            if not prefix:
+                raise FormatMismatchError(path, "is empty (0 bytes); expected an .npy file")
+            if prefix[:6] != b"\x93NUMPY"[: len(prefix)]:  # a file cut inside the magic is truncated, below
                 raise FormatMismatchError(path, f"expected an .npy file (magic \\x93NUMPY), found {prefix[:6]!r}")
-            shape, _, dtype, offset = _parse_header(prefix, fh)
+            shape, _, dtype, offset = _parse_header(path, prefix, fh)
             if local:
                 size = os.fstat(fh.fileno()).st_size
             else:

@@ -198,3 +198,41 @@ def test_manifest_row_without_a_path_is_named(tmp_path):
     (tmp_path / "manifest.csv").write_text("path,label\n,cat\n")
     with pytest.raises(LoaderError, match=r"manifest\.csv: row 0 has no path"):
         open_source(labels=str(tmp_path / "manifest.csv"))
+
+
+# -- messages of damaged files -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("keep, said", [
+    (8, r"truncated header: the file is 8 bytes, too short for an \.npy version 1 header"),
+    (4, r"truncated: the file is 4 bytes, too short for an \.npy header"),
+    (11, r"truncated header: its length field declares \d+ header bytes from byte 10, the file holds 1 of them"),
+])
+def test_npy_cut_inside_its_header_is_called_truncated(tmp_path, keep, said):
+    np.save(tmp_path / "full.npy", np.zeros(10))
+    (tmp_path / "cut.npy").write_bytes((tmp_path / "full.npy").read_bytes()[:keep])
+    with pytest.raises(ValueError):  # numpy itself cannot read it either
+        np.load(tmp_path / "cut.npy")
+    with pytest.raises(FormatMismatchError, match=r"cut\.npy: " + said) as info:
+        pipeline.load(str(tmp_path / "cut.npy"))
+    assert "found b'\\x93NUMPY'" not in str(info.value)
+
+
+def test_empty_npy_is_called_empty(tmp_path):
+    (tmp_path / "e.npy").write_bytes(b"")
+    with pytest.raises(FormatMismatchError, match=r"e\.npy: is empty \(0 bytes\)"):
+        pipeline.load(str(tmp_path / "e.npy"))
+
+
+@pytest.mark.parametrize("fmt, suffix, keep", [("JPEG", "jpg", 300), ("PNG", "png", 20)])
+def test_image_cut_inside_its_header_is_called_damaged_with_pillows_reason(tmp_path, fmt, suffix, keep):
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (64, 64, 3), dtype=np.uint8)).save(buf, fmt)
+    (tmp_path / f"cut.{suffix}").write_bytes(buf.getvalue()[:keep])
+    with pytest.raises(Exception) as pillow:  # Pillow's own reason, the reference
+        Image.open(tmp_path / f"cut.{suffix}")
+    with pytest.raises(FormatMismatchError) as info:
+        pipeline.load(str(tmp_path / f"cut.{suffix}"))
+    msg = str(info.value)
+    assert f"cut.{suffix}: is a truncated or damaged {fmt} image" in msg and str(pillow.value) in msg
+    assert "expected an image" not in msg
