@@ -120,6 +120,16 @@ def lines_of(m: np.ndarray) -> list[str]:
     return ["".join(f"  {v:.7e}" for v in row) for row in m]
 
 
+def with_field(path: Path, lines: list[str], line: int, field: int, text: str) -> Path:
+    """``lines`` written to ``path`` in the published layout, field ``field`` of line
+    ``line`` (both from 0) replaced by ``text``."""
+    fields = lines[line].split()
+    fields[field] = text
+    lines = [*lines[:line], "".join(f"  {f}" for f in fields), *lines[line + 1:]]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def test_an_empty_file_is_refused(tmp_path):
     path = tmp_path / "empty.txt"
     path.write_bytes(b"")
@@ -155,24 +165,14 @@ def test_a_line_of_another_field_count_names_the_line_and_both_counts(tmp_path):
 
 
 def test_a_field_that_is_not_a_number_names_the_line_and_field(tmp_path):
-    lines = lines_of(matrix(5, 7))
-    fields = lines[2].split()
-    fields[1] = "1.2.3e+00"
-    lines[2] = "".join(f"  {f}" for f in fields)
-    path = tmp_path / "text.txt"
-    path.write_text("\n".join(lines) + "\n")
+    path = with_field(tmp_path / "text.txt", lines_of(matrix(5, 7)), 2, 1, "1.2.3e+00")
     with pytest.raises(LoaderError, match=r"text\.txt: line 3 \(bid_price_1\), field 2: expected a number, found "
                                           r"'1\.2\.3e\+00'"):
         open_source(str(path), format="fi2010").array.compute()
 
 
 def test_nan_follows_the_nan_policy_naming_event_line_and_column(tmp_path):
-    lines = lines_of(matrix(5, 8))
-    fields = lines[40].split()
-    fields[3] = "NaN"  # MATLAB's NaN, in f41 at event 3
-    lines[40] = "".join(f"  {f}" for f in fields)
-    path = tmp_path / "nan.txt"
-    path.write_text("\n".join(lines) + "\n")
+    path = with_field(tmp_path / "nan.txt", lines_of(matrix(5, 8)), 40, 3, "NaN")  # MATLAB's NaN: f41, event 3
     with pytest.raises(InvalidValueError, match=r"nan\.txt: NaN or inf in column 'f41' at event 3 \(field 4 of "
                                                 r"line 41\)"):
         open_source(str(path), format="fi2010").array.compute()
@@ -275,12 +275,7 @@ def test_a_run_stores_the_windows_and_published_labels_of_loadtxt(fold_files, tm
 def test_a_bad_field_stops_a_run_before_anything_is_written(fold_files, tmp_path):
     from pipeline.job import run
 
-    bad = tmp_path / NAME.format("Test", 8)
-    lines = fold_files[2].read_text().splitlines()
-    fields = lines[37].split()
-    fields[5] = "x"
-    lines[37] = "".join(f"  {f}" for f in fields)
-    bad.write_text("\n".join(lines) + "\n")
+    bad = with_field(tmp_path / NAME.format("Test", 8), fold_files[2].read_text().splitlines(), 37, 5, "x")
     out = tmp_path / "bad.zarr"
     with pytest.raises(LoaderError, match=r"Test_Dst_NoAuction_ZScore_CF_8\.txt: line 38 \(ask_size_10\), field 6: "
                                           r"expected a number, found 'x'"):
