@@ -2,6 +2,8 @@
 
     python examples/deeplob.py                            # synthetic LOBSTER data in data/lobster
     python examples/deeplob.py --data /path/to/lobster    # real LOBSTER files
+    python examples/deeplob.py --store data/fi2010.zarr --train fold0/train --test fold0/test   # a store built
+                                                          # already (FI-2010's recipe writes one)
 
 DeepLOB (Zhang, Zohren and Roberts, "DeepLOB: Deep Convolutional Neural Networks for
 Limit Order Books", IEEE Transactions on Signal Processing, 2019) predicts the direction
@@ -46,6 +48,11 @@ stops at the first one and names its file, row and column. Choose a policy with
 level gets price 0 and size 0) or ``drop`` (``source.nan: drop`` drops those events). Pick ``--alpha`` for the
 instrument's price scale so the three classes are reasonably balanced: the store's class
 balance is printed before training.
+
+A store built already: ``--store`` trains on it as it is, on the splits ``--train``,
+``--val`` (optional: ``none``) and ``--test`` name (folds too), with one output head per
+label column (FI-2010's recipe stores one horizon, ``label_10``, as 0 down, 1 stationary,
+2 up) and the window size the store holds.
 """
 
 from __future__ import annotations
@@ -141,8 +148,10 @@ class CenterPrices(keras.layers.Layer):
         return {**super().get_config(), "price_columns": self.price_columns}
 
 
-def build_model(width: int, price_columns: list[int]) -> keras.Model:
-    """A small DeepLOB-like CNN: (100, 40) -> (4 horizons, 3 class probabilities).
+def build_model(width: int, price_columns: list[int], size: int = WINDOW, horizons: int = len(HORIZONS)
+                ) -> keras.Model:
+    """A small DeepLOB-like CNN: (size, width) -> (horizons, 3 class probabilities), or
+    3 class probabilities for one horizon stored as ``y`` of shape ``(n,)``.
 
     ``price_columns`` are the indices of the price columns among the ``width`` book
     columns (ask_price_i, ask_size_i, bid_price_i, bid_size_i for each level i).
@@ -151,9 +160,9 @@ def build_model(width: int, price_columns: list[int]) -> keras.Model:
     def conv(filters: int, kernel: tuple[int, int], **kwargs: object) -> keras.layers.Layer:
         return keras.layers.Conv2D(filters, kernel, activation=keras.activations.leaky_relu, **kwargs)
 
-    inp = keras.Input(shape=(WINDOW, width))
+    inp = keras.Input(shape=(size, width))
     h = CenterPrices(price_columns)(inp)
-    h = keras.layers.Reshape((WINDOW, width, 1))(h)
+    h = keras.layers.Reshape((size, width, 1))(h)
     # The columns come as ask_price, ask_size, bid_price, bid_size per level: the first
     # (1, 2) kernel combines each price with its size, the second each level's ask with
     # its bid, the (1, levels) kernel all levels, leaving one vector per event. Few
@@ -172,8 +181,9 @@ def build_model(width: int, price_columns: list[int]) -> keras.Model:
     # what an LSTM's last state would.
     last = keras.layers.Flatten()(keras.layers.Cropping1D((h.shape[1] - 1, 0))(h))
     h = keras.layers.Concatenate()([keras.layers.GlobalAveragePooling1D()(h), last])
-    h = keras.layers.Dense(len(HORIZONS) * len(CLASSES))(h)
-    h = keras.layers.Reshape((len(HORIZONS), len(CLASSES)))(h)
+    h = keras.layers.Dense(max(1, horizons) * len(CLASSES))(h)
+    if horizons:  # labels (n, horizons): one softmax per horizon; (n,): one
+        h = keras.layers.Reshape((horizons, len(CLASSES)))(h)
     return keras.Model(inp, keras.layers.Softmax(axis=-1)(h))
 
 
@@ -199,16 +209,18 @@ class EpochLog(keras.callbacks.Callback):
               flush=True)
 
 
-def evaluate(model: keras.Model, store: str, batch_size: int) -> None:
+def evaluate(model: keras.Model, store: str, batch_size: int, split: str = "test",
+             horizons: tuple = HORIZONS) -> None:
     """Per-horizon test accuracy beside the majority-class baseline of the test split."""
-    test = pipeline.stream(store, split="test", batch_size=batch_size, shuffle=False)
+    test = pipeline.stream(store, split=split, batch_size=batch_size, shuffle=False)
     ys, preds = [], []
     for xb, yb in test:  # the stream's own batches: predictions and labels stay aligned
         preds.append(np.argmax(np.asarray(model.predict_on_batch(xb)), axis=-1))
         ys.append(np.copy(yb))  # a batch is a view of the stream's buffer, reused
     y, p = np.concatenate(ys), np.concatenate(preds)
-    print(f"test: {len(y):,} samples")
-    for j, k in enumerate(HORIZONS):
+    y, p = y.reshape(len(y), -1), p.reshape(len(p), -1)  # one horizon: a column of its own
+    print(f"{split}: {len(y):,} samples")
+    for j, k in enumerate(horizons):
         counts = np.bincount(y[:, j], minlength=len(CLASSES))
         majority = counts.argmax()
         print(f"  k={k:<3} accuracy {np.mean(p[:, j] == y[:, j]):.3f}  "
@@ -230,9 +242,18 @@ def main() -> None:
                         help="threshold between stationary and up/down for the smoothed labels")
     parser.add_argument("--nan", choices=("raise", "fill", "drop"), default="raise",
                         help="what to do with empty book levels in real files (fill puts 0)")
+    parser.add_argument("--store", default=None, help="train on this store as it is (no build), e.g. the one "
+                        "the FI-2010 recipe writes")
+    parser.add_argument("--train", default="train", help="with --store: the split (or fold) trained on")
+    parser.add_argument("--val", default="val", help="with --store: the validation split, or 'none'")
+    parser.add_argument("--test", default="test", help="with --store: the split tested on")
     args = parser.parse_args()
 
     t_start = time.perf_counter()
+    if args.store is not None:
+        train_model(args.store, args.train, None if args.val == "none" else args.val, args.test, args)
+        print(f"total: {time.perf_counter() - t_start:.1f} s")
+        return
     files = orderbook_files(args.data)
     if not files:
         written = write_demo_data(args.data, DemoSpec(formats=("lobster",), days=args.days,
@@ -255,25 +276,38 @@ def main() -> None:
     attrs = inspect_store(args.out).attrs
     print("\n".join(session_lines(attrs) + balance_lines(attrs)), flush=True)
 
-    ds = pipeline.open(args.out)
-    if "val" not in ds.splits or "test" not in ds.splits:
-        raise SystemExit(f"deeplob: the store has splits {list(ds.splits)}; expected train, val and test")
-    train = pipeline.stream(args.out, split="train", batch_size=args.batch_size, seed=0)
-    val = pipeline.stream(args.out, split="val", batch_size=args.batch_size, shuffle=False)
+    train_model(args.out, "train", "val", "test", args)
+    print(f"total: {time.perf_counter() - t_start:.1f} s")
+
+
+def train_model(store: str, train_split: str, val_split: str | None, test_split: str,
+                args: argparse.Namespace) -> None:
+    """Train the model on a store's ``train_split`` (validated on ``val_split``, if any)
+    and print its accuracy per horizon on ``test_split``."""
+    ds = pipeline.open(store)
+    splits = list(ds.splits) + list(ds.folds)
+    missing = [s for s in (train_split, val_split, test_split) if s is not None and s not in splits]
+    if missing:
+        raise SystemExit(f"deeplob: {store} has no split {missing[0]!r}; its splits and folds: {', '.join(splits)}")
+    train = pipeline.stream(store, split=train_split, batch_size=args.batch_size, seed=0)
+    val = pipeline.stream(store, split=val_split, batch_size=args.batch_size, shuffle=False) if val_split else None
     size, width = train.shapes["x"][0]  # virtual windows: the shape the streamer assembles
-    print(f"keras backend: {keras.backend.backend()}; train ({train.n_samples:,}, {size}, {width}), "
-          f"val {val.n_samples:,}, {len(train)} batches/epoch")
+    label_shape = train.shapes["y"][0]
+    labels = ds.attrs.get("labels", {})  # a column label (FI-2010's label_10) is named by its column
+    horizons = labels.get("horizons") or [labels.get("horizon") if label_shape else labels.get("column", "label")]
+    print(f"keras backend: {keras.backend.backend()}; {train_split} ({train.n_samples:,}, {size}, {width}), "
+          + (f"{val_split} {val.n_samples:,}, " if val is not None else "") + f"{len(train)} batches/epoch")
 
     keras.utils.set_random_seed(0)
     names = ds.attrs["features"]  # the stored column names, in the order of x's last axis
-    model = build_model(width, [i for i, name in enumerate(names) if "_price_" in name])
+    model = build_model(width, [i for i, name in enumerate(names) if "_price_" in name], size,
+                        label_shape[0] if label_shape else 0)
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
     print(f"model: {model.count_params():,} parameters")
-    model.fit(train.keras(), validation_data=val.keras(), epochs=args.epochs, verbose=0,
-              callbacks=[EpochLog(train.n_samples)])
-    evaluate(model, args.out, args.batch_size)
-    print(f"total: {time.perf_counter() - t_start:.1f} s")
+    model.fit(train.keras(), validation_data=val.keras() if val is not None else None, epochs=args.epochs,
+              verbose=0, callbacks=[EpochLog(train.n_samples)])
+    evaluate(model, store, args.batch_size, test_split, tuple(horizons))
 
 
 if __name__ == "__main__":

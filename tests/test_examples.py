@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import pipeline
@@ -60,3 +61,30 @@ def test_deeplob_refuses_too_few_days(tmp_path: Path):
     assert done.returncode != 0
     assert "need at least 4 days" in done.stderr
     assert not (tmp_path / "s.zarr").exists()
+
+
+def test_deeplob_trains_on_a_store_built_already_with_one_label_column(tmp_path: Path):
+    """``--store``: a store as the FI-2010 recipe writes one (windows of 100 x 40, one
+    label column as 0 down, 1 stationary, 2 up, folds or splits named), trained as it is."""
+    from pipeline.storage import write
+
+    rng = np.random.default_rng(0)
+    names = [f"{side}_{what}_{level}" for level in range(1, 11) for side, what in
+             (("ask", "price"), ("ask", "size"), ("bid", "price"), ("bid", "size"))]
+    split = {name: {"x": rng.standard_normal((n, 100, 40)).astype(np.float32), "y": rng.integers(0, 3, n)}
+             for name, n in (("train", 300), ("test", 120))}
+    store = write(tmp_path / "fi.zarr", split, features=names,
+                  attrs={"labels": {"kind": "column", "column": "label_10", "dtype": "int64"}}, progress=False)
+    env = {**os.environ, "KERAS_BACKEND": "torch"}
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "deeplob.py"), "--store", store, "--val", "none", "--epochs", "1",
+         "--batch-size", "64"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "train (300, 100, 40), 5 batches/epoch" in done.stdout, done.stdout
+    assert re.search(r"^test: 120 samples\n  k=label_10 accuracy 0\.\d{3}  \(majority class '\w+': 0\.\d{3}\)$",
+                     done.stdout, re.MULTILINE), done.stdout
+    bad = subprocess.run([sys.executable, str(ROOT / "examples" / "deeplob.py"), "--store", store],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "has no split 'val'; its splits and folds: train, test" in bad.stderr
