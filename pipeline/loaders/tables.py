@@ -19,6 +19,7 @@ for its own names.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -335,6 +336,32 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
                       data=data, row0=row0) for k, (row0, data) in enumerate(ranges)]
 
 
+#: An ISO time that names its offset from UTC (``Z``, ``+11:00``, ``-0500``) at its end.
+_OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
+#: An ISO date and time (a date alone is a wall-clock time too).
+_ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}")
+
+
+def _csv_time_kind(path: str, so: dict, part: TablePart, column: str) -> str | None:
+    """Whether a CSV file's times are instants: ``"UTC"`` when its first row's time
+    names an offset (pyarrow reads such times as UTC instants), ``""`` when it is an ISO
+    wall-clock time without one (naive), ``None`` when it cannot say (a number, no
+    such column), as a Parquet schema tells it for :func:`check_time_zones`: a naive
+    file among aware ones would be read hours from its true instants."""
+    if column not in part.sources:
+        return None
+    with open_text(path, so) as fh:
+        line = fh.readline()
+        if part.header:
+            line = fh.readline()
+    fields = split_fields(line, path)
+    at = part.sources.index(column)
+    value = fields[at] if at < len(fields) else ""
+    if not _ISO_TIME.match(value):
+        return None
+    return "UTC" if _OFFSET.search(value) else ""
+
+
 def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header: bool = True,
                 names: Sequence[str] | None = None, rename: Mapping[str, str] | None = None,
                 part_rows: int | None = None) -> list[TablePart]:
@@ -355,6 +382,12 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
         parts = probe_fi2010(path, so)  # one part per file: its events run along each line
     else:
         parts = _csv_parts(path, so, header, names, part_rows)
+        if timestamp and parts:
+            zone = _csv_time_kind(path, so, parts[0], rename.get(timestamp, timestamp))
+            if zone is not None:
+                from dataclasses import replace
+
+                parts = [replace(p, tz=zone) for p in parts]
     if not rename or not parts:
         return parts
     from dataclasses import replace

@@ -628,6 +628,26 @@ def test_a_naive_file_among_aware_ones_is_refused_naming_both_kinds(tmp_path):
     assert open_source(str(tmp_path / "*.parquet"), columns=["v"]).array.shape == (30, 1)
 
 
+def test_a_naive_csv_among_csvs_with_utc_offsets_is_refused_naming_it(tmp_path):
+    """A CSV stores no zone, but a time that names its offset is an instant (pyarrow reads
+    it as UTC) and one that does not is a wall-clock time read as UTC: hours apart."""
+    import pandas as pd
+
+    for day in ("2026-01-05", "2026-01-06", "2026-01-07"):
+        t = pd.date_range(f"{day} 09:30", periods=10, freq="min", tz="Australia/Sydney")
+        text = t.strftime("%Y-%m-%dT%H:%M:%S%z") if day != "2026-01-07" else t.strftime("%Y-%m-%d %H:%M:%S")
+        pd.DataFrame({"timestamp": text, "v": np.arange(10.0)}).to_csv(tmp_path / f"{day}.csv", index=False)
+    with pytest.raises(LoaderError, match=r"2026-01-07\.csv: timestamp column 'timestamp' is naive \(no time zone\), "
+                                          r"but time-zone-aware: 2 file\(s\)"):
+        open_source(str(tmp_path / "*.csv"), timestamp="timestamp")
+    (tmp_path / "2026-01-07.csv").unlink()
+    src = open_source(str(tmp_path / "*.csv"), timestamp="timestamp")
+    # Instants, as pandas reads them: 09:30 in Sydney is 22:30 UTC the day before.
+    want = pd.to_datetime(pd.concat([pd.read_csv(f)["timestamp"] for f in sorted(tmp_path.glob("*.csv"))]), utc=True)
+    np.testing.assert_array_equal(src.timestamps.compute(),
+                                  want.dt.tz_localize(None).to_numpy().astype("datetime64[ns]").view(np.int64))
+
+
 def test_a_header_only_csv_day_is_skipped_like_an_empty_parquet_day(tmp_path):
     """A day without rows: no chunk, its file still listed with 0 rows, the others as
     pandas reads them."""
