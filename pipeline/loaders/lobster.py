@@ -97,7 +97,7 @@ def probe_lobster(path: str, so: dict, part_rows: int = TEXT_PART_ROWS) -> list[
     msg = message_path(path)
     # Both files in the same parts: one part when either is compressed.
     part_rows = min(part_rows_of(path, part_rows), part_rows_of(msg, part_rows))
-    first, rows, starts = count_lines(path, so, every=part_rows)
+    first, rows, starts, _ = count_lines(path, so, every=part_rows)
     fields = split_fields(first, path)
     if not first.strip():
         raise FormatMismatchError(path, "expected LOBSTER orderbook rows, found an empty file")
@@ -110,7 +110,7 @@ def probe_lobster(path: str, so: dict, part_rows: int = TEXT_PART_ROWS) -> list[
             path, f"has {len(fields)} fields per line; a LOBSTER orderbook has 4 per level (ask price, ask size, "
             "bid price, bid size)")
     try:
-        msg_first, msg_rows, msg_starts = count_lines(msg, so, every=part_rows)
+        msg_first, msg_rows, msg_starts, _ = count_lines(msg, so, every=part_rows)
     except LoaderError as exc:
         raise LoaderError(path, f"its message file {msg} cannot be read ({exc.problem}); LOBSTER pairs each "
                           "*_orderbook_* file with a *_message_* file of the same name") from None

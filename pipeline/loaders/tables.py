@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import dask.array as da
@@ -249,12 +249,15 @@ def split_fields(line: bytes, path: str) -> list[str]:
 
 #: Bytes per read while counting a text file's lines.
 _READ_BLOCK = 1 << 24
+#: Bytes of the second line :func:`count_lines` keeps (for its first fields).
+_HEAD_BYTES = 1 << 16
 
 
-def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[bytes, int, list[int]]:
+def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[bytes, int, list[int], bytes]:
     """The first line of a text file, its number of lines (a last line without a
-    newline counts) and, with ``every``, the byte offset where each line
-    ``base + k * every`` (``k >= 1``) starts, from one sequential read.
+    newline counts), with ``every`` the byte offset where each line ``base + k * every``
+    (``k >= 1``) starts, and its second line (``b""`` without one), from one sequential
+    read.
 
     Offsets are found only in the blocks that hold them, so a file without parts costs
     a newline count."""
@@ -263,7 +266,7 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
         with open_text(path, so) as fh:
             first = fh.readline()
             count = 1 if first.endswith(b"\n") else 0  # newlines so far: line i starts after newline i
-            pos, last = len(first), first
+            pos, last, head = len(first), first, b""  # head: the start of the second line
             target = base + every if every else None
             if target is not None and target <= count:  # line 1 starts right after the first line
                 starts.append(pos)
@@ -272,6 +275,8 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
                 block = fh.read(_READ_BLOCK)
                 if not block:
                     break
+                if b"\n" not in head and len(head) < _HEAD_BYTES:  # the first data line under a header
+                    head += block[:_HEAD_BYTES]
                 n = block.count(b"\n")
                 if target is not None and count + n >= target:
                     newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n"))
@@ -288,7 +293,7 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
     # A newline that ends the file starts no line.
-    return first, count, [o for k, o in enumerate(starts) if base + (k + 1) * every < count]
+    return first, count, [o for k, o in enumerate(starts) if base + (k + 1) * every < count], head.split(b"\n", 1)[0]
 
 
 def text_ranges(head: int, starts: Sequence[int], rows: int,
@@ -302,9 +307,11 @@ def text_ranges(head: int, starts: Sequence[int], rows: int,
 
 
 def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
-               part_rows: int = TEXT_PART_ROWS) -> list[TablePart]:
+               part_rows: int = TEXT_PART_ROWS, timestamp: str | None = None) -> list[TablePart]:
+    """The parts of a CSV file (a newline count), with ``tz`` from the first row's time in
+    column ``timestamp`` (see :func:`_csv_time_kind`)."""
     part_rows = part_rows_of(path, part_rows)
-    first, lines, starts = count_lines(path, so, every=part_rows, base=int(header))
+    first, lines, starts, second = count_lines(path, so, every=part_rows, base=int(header))
     fields = split_fields(first, path)
     if not first.strip():
         raise FormatMismatchError(path, f"expected a CSV {'header' if header else 'data'} line, found an empty file")
@@ -329,11 +336,12 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
         # A header and no data (a day without trades): no part, as a Parquet file of no
         # row group has none. Read, it would give columns of pyarrow's null type.
         return []
+    tz = _csv_time_kind(path, second if header else first, cols, timestamp) if timestamp else None
     if rows <= part_rows:
-        return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given)]
+        return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz)]
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
     return [TablePart(path, "csv", k, min(part_rows, rows - row0), cols, sources=cols, header=header, names=given,
-                      data=data, row0=row0) for k, (row0, data) in enumerate(ranges)]
+                      data=data, row0=row0, tz=tz) for k, (row0, data) in enumerate(ranges)]
 
 
 #: An ISO time that names its offset from UTC (``Z``, ``+11:00``, ``-0500``) at its end.
@@ -342,20 +350,17 @@ _OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
 _ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
 
-def _csv_time_kind(path: str, so: dict, part: TablePart, column: str) -> str | None:
-    """Whether a CSV file's times are instants: ``"UTC"`` when its first row's time
-    names an offset (pyarrow reads such times as UTC instants), ``""`` when it is an ISO
-    wall-clock time without one (naive), ``None`` when it cannot say (a number, no
-    such column), as a Parquet schema tells it for :func:`check_time_zones`: a naive
-    file among aware ones would be read hours from its true instants."""
-    if column not in part.sources:
+def _csv_time_kind(path: str, line: bytes, columns: Sequence[str], column: str) -> str | None:
+    """Whether a CSV file's times are instants, from its first data ``line``: ``"UTC"``
+    when the time in ``column`` names an offset (pyarrow reads such times as UTC
+    instants), ``""`` when it is an ISO wall-clock time without one (naive), ``None``
+    when it cannot say (a number, no such column), as a Parquet schema tells it for
+    :func:`check_time_zones`: a naive file among aware ones would be read hours from
+    its true instants."""
+    if column not in columns:
         return None
-    with open_text(path, so) as fh:
-        line = fh.readline()
-        if part.header:
-            line = fh.readline()
     fields = split_fields(line, path)
-    at = part.sources.index(column)
+    at = list(columns).index(column)
     value = fields[at] if at < len(fields) else ""
     if not _ISO_TIME.match(value):
         return None
@@ -381,17 +386,9 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
 
         parts = probe_fi2010(path, so)  # one part per file: its events run along each line
     else:
-        parts = _csv_parts(path, so, header, names, part_rows)
-        if timestamp and parts:
-            zone = _csv_time_kind(path, so, parts[0], rename.get(timestamp, timestamp))
-            if zone is not None:
-                from dataclasses import replace
-
-                parts = [replace(p, tz=zone) for p in parts]
+        parts = _csv_parts(path, so, header, names, part_rows, rename.get(timestamp, timestamp) if timestamp else None)
     if not rename or not parts:
         return parts
-    from dataclasses import replace
-
     cols = _renamed(path, parts[0].sources, rename)
     return [replace(p, columns=cols) for p in parts]
 
