@@ -115,7 +115,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     from pipeline.features.sessions import SegmentTable
     from pipeline.features.splits import is_dated
     from pipeline.loaders.provenance import with_hashes
-    from pipeline.loaders.segments import open_segmented
+    from pipeline.loaders.segments import open_segmented, zone_of
     from pipeline.storage.append import append
     from pipeline.storage.store import open_store_group
     from pipeline.storage.versions import attrs_at, pinned_array, versions_of
@@ -141,7 +141,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     segs = source.segments
     codes = _codes(source, stored)
     sessions = continue_sessions(prior, codes, segs.labels, source.first_times, spec.mode, spec.gap_ns,
-                                 keys=source.session_keys, tz=_calendar_zone(source, spec.mode))
+                                 keys=source.session_keys, tz=zone_of(source, spec))
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
                          segs.labels)
     rows = int(source.array.shape[0])
@@ -171,15 +171,6 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     append(out.path, tset.splits, attrs=attrs, token=token, shared=tset.shared or None, folds=tset.folds or None,
            added=list(segs.labels), storage_options=out.storage_options or None, progress=progress)
     return {"rows": rows, "added": len(segs)}
-
-
-def _calendar_zone(source: Any, mode: str) -> str | None:
-    """The zone an append takes its segments' days in, as the build did
-    (``pipeline.loaders.segments``): the one zone of date sessions (several are
-    refused), else the files' zone when they share one."""
-    if mode == "date":
-        return source.time_zone
-    return source.time_zones[0] if len(source.time_zones) == 1 else None
 
 
 def splits_in_zone(splits: Mapping[str, Any] | None, source: Any) -> Mapping[str, Any] | None:

@@ -30,7 +30,7 @@ from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec
 from pipeline.loaders import Source, expand_paths, open_source
 from pipeline.loaders.tables import check_file_times
 
-__all__ = ["SegmentedSource", "open_segmented", "session_major_order"]
+__all__ = ["SegmentedSource", "open_segmented", "session_major_order", "zone_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -386,10 +386,11 @@ def _zones(sources: Sequence[Source]) -> tuple[str, ...]:
     return tuple(sorted({z for src in sources for z in src.time_zones}))
 
 
-def _zone_of(src: Source, spec: SessionSpec) -> str | None:
-    """The zone of a source's calendar dates: date sessions refuse files of several
-    zones (:attr:`Source.time_zone`); other modes only number sessions by day, in the
-    one zone if there is one."""
+def zone_of(src: Any, spec: SessionSpec) -> str | None:
+    """The zone of a source's calendar dates (a file source, or a
+    :class:`SegmentedSource` as an append numbers its sessions): date sessions refuse
+    files of several zones (its ``time_zone``); other modes only number sessions by
+    day, in the one zone if there is one."""
     if spec.mode == "date":
         return src.time_zone
     return src.time_zones[0] if len(src.time_zones) == 1 else None
@@ -422,7 +423,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
             src = open_source(by_name[name], storage_options=so, **options)
             sources.append(src)
             groups.append((name, src.array, src.timestamps, _file_rows(src), [f.path for f in src.files],
-                           _zone_of(src, spec)))
+                           zone_of(src, spec)))
         cols = {s.columns for s in sources}
         if len(cols) > 1:
             a, b = sources[0], next(s for s in sources if s.columns != sources[0].columns)
@@ -432,12 +433,12 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         src = open_source(files, storage_options=so, instrument_column=instrument.column, **options)
         sources.append(src)
         for name, xk, tk, per_file in _by_code(src):
-            groups.append((name, xk, tk, per_file, [f.path for f in src.files], _zone_of(src, spec)))
+            groups.append((name, xk, tk, per_file, [f.path for f in src.files], zone_of(src, spec)))
     else:
         src = open_source(files, storage_options=so, **options)
         sources.append(src)
         groups.append(("", src.array, src.timestamps, _file_rows(src), [f.path for f in src.files],
-                       _zone_of(src, spec)))
+                       zone_of(src, spec)))
     _check_file_order(sources)
 
     lengths: list[int] = []
