@@ -45,6 +45,9 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 
 _DAY_NS = 86_400 * 10**9
 
+#: Zone names whose calendar dates are UTC's: a timestamp's value is its date there.
+UTC_NAMES = ("UTC", "Etc/UTC", "+00:00", "Z")
+
 
 def calendar_days(ns: np.ndarray, tz: str | None = None) -> np.ndarray:
     """The calendar date of each timestamp, as days since 1970-01-01 (int64).
@@ -60,7 +63,7 @@ def calendar_days(ns: np.ndarray, tz: str | None = None) -> np.ndarray:
         before. ``None`` (naive timestamps) and ``"UTC"`` take the date of the value.
     """
     ns = np.asarray(ns, dtype=np.int64)
-    if tz is not None and tz not in ("UTC", "Etc/UTC", "+00:00", "Z"):
+    if tz is not None and tz not in UTC_NAMES:
         import pyarrow as pa
         import pyarrow.compute as pc
 

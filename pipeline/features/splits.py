@@ -20,6 +20,7 @@ from typing import Any, Literal, Mapping
 import numpy as np
 
 from pipeline.errors import ConfigError, WindowError
+from pipeline.features.sessions import UTC_NAMES
 
 __all__ = [
     "FoldSpec",
@@ -106,7 +107,7 @@ def localize_splits(splits: Mapping[str, Any], tz: str | None) -> dict[str, Any]
     splits are returned unchanged. A midnight that a DST change skips is taken as the
     first instant after it; one that occurs twice, as the first.
     """
-    if tz is None or tz in ("UTC", "Etc/UTC", "+00:00", "Z") or not is_dated(splits):
+    if tz is None or tz in UTC_NAMES or not is_dated(splits):
         return dict(splits)
     import pyarrow as pa
     import pyarrow.compute as pc
