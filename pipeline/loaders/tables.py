@@ -481,6 +481,8 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
         try:
             out[:, j] = pc.cast(col, target).to_numpy(zero_copy_only=False)
         except Exception as exc:  # noqa: BLE001
+            if pa.types.is_integer(col.type):
+                raise inexact_integers(part, name, col, out.dtype) from None
             raise LoaderError(part.path, f"column {name!r}: expected numbers, got {col.type} ({exc})") from None
     # A column the file stores as float32 loses nothing; a float64 one is read as it is
     # stored, without a copy.
@@ -489,6 +491,43 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
     if prices:
         precision.check_prices(part.path, prices, guard)
     return out
+
+
+#: The largest integer magnitude below which every integer is a float of each dtype
+#: (the significand's bits): pyarrow's safe cast refuses integers past it.
+_EXACT_INTEGERS = {np.dtype(np.float32): 2**24, np.dtype(np.float64): 2**53}
+
+
+def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> LoaderError:
+    """The error for integer column ``name`` holding a value that ``dtype`` cannot hold
+    exactly, naming the first such value and its row, and what to set.
+
+    Integers are read only when the float holds them exactly: a rounded price would be
+    another tick, silently. Such integers are usually a vendor's fixed-point prices
+    (Databento: units of 1e-9, read with ``source.dtype: float64``) or, past float64's
+    2**53, a "no value" sentinel (the largest int64, for an empty book level).
+    """
+    dtype = np.dtype(dtype)
+    limit = _EXACT_INTEGERS[dtype]
+    values = col.to_numpy(zero_copy_only=False) if not col.null_count else \
+        np.asarray(col.fill_null(0).to_numpy(zero_copy_only=False))
+    # uint64 past int64 would wrap in a signed comparison: compare as Python ints.
+    bad = np.flatnonzero([abs(int(v)) > limit for v in values]) if values.dtype == np.uint64 else \
+        np.flatnonzero(np.abs(values.astype(np.int64)) > limit)
+    r = int(bad[0]) if bad.size else 0
+    value = int(values[r])
+    source = part.source_of(name)
+    own = f" (the file's {source!r})" if source != name else ""
+    if value in (np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.uint64).max):
+        hint = (f"{value} is the largest {col.type}: a vendor's sentinel for no value (an empty level) is read as NaN "
+                f"with source.missing: [{value}]")
+    else:
+        scale = ("source.scale: {" + f"{name}: 1.0e-9" + "} (say) reads fixed-point prices"
+                 if "price" in name.lower() else "")
+        hint = (f"set source.dtype: float64 (exact up to 2**53){'; ' + scale if scale else ''}"
+                if dtype == np.float32 else scale or "these integers are too large for any float")
+    return LoaderError(part.path, f"column {name!r}{own}: the {col.type} value {value} at {row_place(part, r)} "
+                       f"does not fit {dtype} exactly ({dtype} holds integers exactly up to {limit:,}); {hint}")
 
 
 def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None, nan: str,

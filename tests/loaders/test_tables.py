@@ -703,3 +703,31 @@ def test_a_store_recorded_relative_paths_compares_them_as_absolute(tmp_path, mon
     recorded = recorded_files({"files": [{"path": "raw/day0.csv", "size": st0.st_size, "mtime": st0.st_mtime}]})
     changes = compare_files(recorded, expand_paths("raw/*.csv"), lambda p: (os.stat(p).st_size, os.stat(p).st_mtime))
     assert changes.new == (str(tmp_path / "raw" / "day1.csv"),) and not changes.missing and not changes.changed
+
+
+@pytest.mark.parametrize("dtype, value, hint", [
+    ("float32", 5_100_125_000_000, "set source.dtype: float64"),      # Databento fixed-point, 1e-9 units
+    ("float64", np.iinfo(np.int64).max, "source.missing: [9223372036854775807]"),  # its empty-level sentinel
+])
+def test_integers_a_float_cannot_hold_exactly_are_refused_saying_so(tmp_path, dtype, value, hint):
+    px = np.full(6, 5_100_125_000_000, np.int64)
+    px[3] = value if value != px[0] else px[0] + 1
+    pq.write_table(pa.table({"bid_px_00": px, "bid_sz_00": np.arange(6, dtype=np.int64)}), tmp_path / "d.parquet")
+    src = open_source(str(tmp_path / "d.parquet"), rename={"bid_price_1": "bid_px_00"}, dtype=dtype)
+    with pytest.raises(LoaderError) as err:
+        src.array.compute()
+    msg = str(err.value)
+    bad = int(np.flatnonzero(np.abs(px.astype(float)) > (2**24 if dtype == "float32" else 2**53))[0])
+    assert f"column 'bid_price_1' (the file's 'bid_px_00'): the int64 value {px[bad]} at row {bad} " in msg
+    assert f"does not fit {dtype} exactly" in msg and hint in msg and "expected numbers" not in msg
+
+
+def test_integer_sizes_past_float32_name_float64_and_no_price_scale(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("bid_size_1,ask_size_1\n5,16777217\n")
+    with pytest.raises(LoaderError, match=r"'ask_size_1': the int64 value 16777217 at line 2 does not fit float32 "
+                       r"exactly .*set source.dtype: float64 \(exact up to 2\*\*53\)$"):
+        open_source(str(p)).array.compute()
+    # float64 holds them exactly, as numpy does
+    got = open_source(str(p), dtype="float64").array.compute()
+    np.testing.assert_array_equal(got, np.array([[5, 16777217]], dtype=np.float64))
