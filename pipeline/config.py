@@ -343,6 +343,19 @@ def _rename(value: Any, path: str) -> dict[str, str]:
     return dict(value)
 
 
+def _format(value: Any, path: str) -> str | None:
+    """``source.format``: a format the loaders know, or ``None`` (by suffix), checked
+    here so that a typo stops the run before its cluster starts."""
+    from pipeline.loaders.registry import NAMED, SUFFIXES
+
+    known = sorted(set(SUFFIXES.values()) | set(NAMED))
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in known:
+        raise ConfigError(path, f"one of {', '.join(known)} or null (by suffix)", value)
+    return value
+
+
 def _scales(value: Any, path: str) -> tuple[int, ...]:
     scales = _coerce(value, tuple[int, ...], path, "size")
     if not scales:
@@ -385,7 +398,7 @@ def parse_config(data: Any) -> Config:
     sections = {
         "cluster": lambda v, p: _build(ClusterConfig, v, p),
         "source": lambda v, p: _build(SourceConfig, v, p, {"sessions": _sessions, "instrument": _instrument,
-                                                           "rename": _rename}),
+                                                           "rename": _rename, "format": _format}),
         "features": _features,
         "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),
         "labels": _labels,
@@ -461,6 +474,43 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
     return result
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping holding one key twice.
+
+    YAML says keys are unique, but PyYAML keeps the last of two silently: a second
+    ``windows:`` section, pasted below the first, would replace it unseen."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            try:
+                first = seen.setdefault(key, line)
+            except TypeError:  # an unhashable key: the base constructor says so
+                break
+            if first != line:
+                raise _DuplicateKey(key, first, line)
+        return super().construct_mapping(node, deep=deep)
+
+
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"duplicate key {key!r}")
+        self.key, self.first, self.second = key, first, second
+
+
+def _safe_load(stream: Any) -> Any:
+    """``yaml.safe_load``, refusing duplicate keys (:class:`_UniqueKeyLoader`)."""
+    loader = _UniqueKeyLoader(stream)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def load_config(
     path: str | os.PathLike[str],
     *,
@@ -485,11 +535,14 @@ def load_config(
     """
     try:
         with open(path, encoding="utf-8") as fh:
-            data = yaml.safe_load(fh)
+            data = _safe_load(fh)
     except OSError as exc:
         raise ConfigError(str(path), "a readable YAML file", detail=f"cannot read ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise ConfigError(str(path), "", detail="not UTF-8 text") from None
+    except _DuplicateKey as exc:
+        raise ConfigError(str(path), "", detail=f"key {exc.key!r} appears twice, at lines {exc.first} and "
+                          f"{exc.second} of one mapping (YAML would keep the last silently); keep one") from None
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""

@@ -224,3 +224,32 @@ def test_the_source_dtype_reaches_the_loader():
     assert _source_kwargs(cfg)["dtype"] == "float64"
     # The default need not be passed: tables read float32 without it, arrays keep their own dtype.
     assert _source_kwargs(parse_config(base())).get("dtype", "float32") == "float32"
+
+
+def test_an_unknown_source_format_is_refused_when_parsed(tmp_path):
+    data = base()
+    data["source"]["format"] = "gif"
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value).startswith("source.format: expected one of csv, fi2010, hdf5, image, lobster, npy, npz, "
+                                     "parquet or null (by suffix), got 'gif'")
+    for fmt in ("lobster", "parquet", None):
+        data["source"]["format"] = fmt
+        assert parse_config(data).source.format == fmt
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path):
+    text = EXAMPLE.read_text()
+    p = tmp_path / "c.yaml"
+    p.write_text(text + "windows:\n  size: 5\n")
+    first = next(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("windows:"))
+    second = len(text.splitlines()) + 1
+    with pytest.raises(ConfigError, match=rf"key 'windows' appears twice, at lines {first} and {second}"):
+        load_config(p)
+    # nested keys too, and a merge key's keys may still be overridden
+    p.write_text(text.replace("windows:", "windows:\n  stride: 2\n  stride: 3", 1))
+    with pytest.raises(ConfigError, match=rf"key 'stride' appears twice, at lines {first + 1} and {first + 2}"):
+        load_config(p)
+    from pipeline.config import _safe_load
+
+    assert _safe_load("a: &w {s: 2, t: 1}\nb:\n  <<: *w\n  s: 3\n") == {"a": {"s": 2, "t": 1}, "b": {"s": 3, "t": 1}}
