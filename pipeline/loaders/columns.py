@@ -24,7 +24,14 @@ import numpy as np
 from dask.base import tokenize
 
 from pipeline.errors import LoaderError
-from pipeline.loaders.tables import TablePart, part_specs, parts_array, read_columns, row_place
+from pipeline.loaders.tables import (
+    TablePart,
+    part_specs,
+    parts_array,
+    read_columns,
+    repeated_hour_advice,
+    row_place,
+)
 
 __all__ = ["TIMESTAMP_UNITS", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
            "to_ns"]
@@ -147,9 +154,12 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
         more = f" (and {back.size - 1} more such rows)" if back.size > 1 else ""
         same = " of the same instrument" if codes is not None else ""
         path = part.companion if part.fmt == "lobster" else part.path
+        advice = repeated_hour_advice(int(ns[above]) - int(ns[r]), part.tz) or \
+            "rows must be in time order: sort the file by time"
         raise LoaderError(path, f"timestamp column {name!r}: {where(r)} is at {np.datetime64(int(ns[r]), 'ns')}, "
                           f"before the row above it{same} ({where(above)}) at {np.datetime64(int(ns[above]), 'ns')}"
-                          f"{more}; rows must be in time order: sort the file by time")
+                          f"{more}; {advice}")
+
 
 
 def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | None,

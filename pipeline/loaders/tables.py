@@ -37,9 +37,10 @@ from pipeline.errors import (
 from pipeline.loaders.registry import compression_of
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_file_times", "check_time_order", "check_time_zones",
-           "count_lines", "files_out_of_order", "is_datum", "is_number", "looks_like_data", "open_text", "part_rows_of",
-           "part_specs", "parts_array", "previous_line", "probe_table", "project_columns", "read_columns", "read_range",
-           "require_pyarrow", "row_place", "split_fields", "table_array", "text_ranges"]
+           "count_lines", "files_out_of_order", "inexact_integers", "is_datum", "is_number", "looks_like_data",
+           "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table", "project_columns",
+           "read_columns", "read_range", "repeated_hour_advice", "require_pyarrow", "row_place", "split_fields",
+           "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -634,9 +635,48 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
                 continue
             if p.path != prev.path:
                 raise files_out_of_order(p.path, p.first_ts, prev.path, prev.last_ts)
+            advice = repeated_hour_advice(_ns_between(p.first_ts, prev.last_ts), p.tz)
+            advice = advice or "rows must be in time order: sort the file by time"
             raise LoaderError(p.path, f"row group {p.group} starts at {p.first_ts}, before row group {prev.group} "
-                              f"ends at {prev.last_ts}; rows must be in time order: sort the file by time")
+                              f"ends at {prev.last_ts}; {advice}")
         prev = p
+
+
+#: How far back naive wall-clock times step when a daylight-saving change repeats an
+#: hour: up to one hour (the rows just before the change are at most an hour later than
+#: the first rows after it), and more than half of one (Lord Howe's change is 30 minutes).
+_REPEATED_HOUR_NS = (30 * 60 * 10**9, 3600 * 10**9)
+
+
+def _ns_between(first: Any, last: Any) -> int:
+    """Nanoseconds from ``first`` to ``last`` (footer statistics: datetime64 or integer
+    ns), or 0 when they are not times (text, floats)."""
+    try:
+        return int((np.datetime64(last, "ns") - np.datetime64(first, "ns")).astype(np.int64))
+    except (TypeError, ValueError):
+        return 0
+
+
+def repeated_hour_advice(step: int, tz: str | None) -> str | None:
+    """What to do about times that go back by ``step`` ns from one row to the next,
+    when they look like naive local times across a daylight-saving fall-back (a step
+    back of half an hour to an hour, in a column that stores no zone: ``tz`` ``""`` or
+    unknown; an aware column's instants never repeat), else ``None``.
+
+    Sorting such rows, the usual advice, would interleave two real hours."""
+    lo, hi = _REPEATED_HOUR_NS
+    if tz or not lo <= step <= hi:
+        return None
+    return (f"the time steps back {_duration(step)}, as naive local wall-clock times do when a daylight-saving "
+            "change repeats an hour (sorting would interleave two real hours): store the times with their zone "
+            "(a Parquet timestamp type with a time zone, or ISO times with their UTC offset in the CSV, "
+            "2024-11-03T01:30:00-04:00) or in UTC")
+
+
+def _duration(ns: int) -> str:
+    """``ns`` as minutes and seconds (``59 min 30 s``), for a message."""
+    minutes, seconds = divmod(ns / 1e9, 60)
+    return f"{int(minutes)} min" + (f" {seconds:.3g} s" if seconds else "")
 
 
 def files_out_of_order(path: str, first: Any, previous: str, last: Any) -> LoaderError:

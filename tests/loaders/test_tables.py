@@ -731,3 +731,55 @@ def test_integer_sizes_past_float32_name_float64_and_no_price_scale(tmp_path):
     # float64 holds them exactly, as numpy does
     got = open_source(str(p), dtype="float64").array.compute()
     np.testing.assert_array_equal(got, np.array([[5, 16777217]], dtype=np.float64))
+
+
+def _fall_back_day(minutes: int = 7):
+    import pandas as pd
+
+    return pd.date_range(pd.Timestamp("2024-11-03", tz="America/New_York"),
+                         pd.Timestamp("2024-11-04", tz="America/New_York"), freq=f"{minutes}min",
+                         inclusive="left").as_unit("ns")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_naive_local_times_repeating_an_hour_are_not_told_to_sort(tmp_path, fmt):
+    ts = _fall_back_day()
+    wall = ts.tz_localize(None)
+    back = int(np.flatnonzero(np.diff(wall.asi8) < 0)[0]) + 1  # pandas: where the wall clock steps back
+    frame = pa.table({"timestamp": pa.array(wall.asi8, pa.timestamp("ns")), "v": np.arange(len(ts), dtype=float)})
+    p = tmp_path / f"d.{fmt}"
+    if fmt == "parquet":
+        pq.write_table(frame, p)
+    else:
+        p.write_text("timestamp,v\n" + "".join(f"{t.isoformat()},{i}\n" for i, t in enumerate(wall)))
+    src = open_source(str(p), timestamp="timestamp")
+    with pytest.raises(LoaderError) as err:
+        src.timestamps.compute()
+    msg = str(err.value)
+    minutes = (wall.asi8[back - 1] - wall.asi8[back]) // 60 // 10**9
+    where = f"row {back} of row group 0" if fmt == "parquet" else f"line {back + 2}"
+    assert f"{where} is at {wall[back].isoformat()}" in msg and f"steps back {minutes} min" in msg
+    assert "daylight-saving" in msg and "with their zone" in msg and "sort the file" not in msg
+    # With their zone the same instants are in order, and read as pandas reads them
+    aware = tmp_path / "aware.parquet"
+    pq.write_table(pa.table({"timestamp": pa.array(ts.asi8, pa.timestamp("ns", tz="America/New_York")),
+                             "v": np.arange(len(ts), dtype=float)}), aware)
+    np.testing.assert_array_equal(open_source(str(aware), timestamp="timestamp").timestamps.compute(), ts.asi8)
+
+
+def test_rows_out_of_order_by_more_than_an_hour_are_still_told_to_sort(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("timestamp,v\n2024-01-02T10:00:00,1\n2024-01-02T08:00:00,2\n2024-01-02T08:30:00,3\n"
+                 "2024-01-02T08:29:59,4\n")
+    with pytest.raises(LoaderError, match="line 3 .*; rows must be in time order: sort the file by time"):
+        open_source(str(p), timestamp="timestamp").timestamps.compute()
+
+
+def test_row_groups_of_naive_times_repeating_an_hour_are_not_told_to_sort(tmp_path):
+    wall = _fall_back_day().tz_localize(None)
+    back = int(np.flatnonzero(np.diff(wall.asi8) < 0)[0]) + 1
+    pq.write_table(pa.table({"timestamp": pa.array(wall.asi8, pa.timestamp("ns")), "v": np.zeros(len(wall))}),
+                   tmp_path / "d.parquet", row_group_size=back)  # the repeated hour starts row group 1
+    with pytest.raises(LoaderError, match=r"row group 1 starts at .*, before row group 0 ends at .*; the time steps "
+                       rf"back {(wall.asi8[back - 1] - wall.asi8[back]) // 60 // 10**9} min, .*daylight-saving"):
+        open_source(str(tmp_path / "d.parquet"), timestamp="timestamp")
