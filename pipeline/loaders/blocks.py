@@ -100,6 +100,11 @@ def concat_array(
     row_bytes = max(1, int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize)
     step = rows_per_chunk or max(1, (32 << 20) // row_bytes)
     parts = [(p, lo, min(lo + step, n)) for p, n in zip(paths, rows) for lo in range(0, n, step)]
+    if not parts:
+        # Every file has 0 rows (an empty dataset, an npy of shape (0, F)): the result is
+        # empty as np.concatenate makes it, with no block to read (map_blocks over no
+        # block fails inside dask).
+        return da.zeros((0, *tail), dtype=dtype, chunks=((0,), *((s,) for s in tail)))
     specs = np.empty(len(parts), dtype=object)
     specs[:] = parts
     blocks = da.from_array(specs, chunks=1, name=f"row-blocks-{tokenize(parts)}")

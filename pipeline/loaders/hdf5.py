@@ -1,13 +1,21 @@
 """HDF5 files (h5py): one dataset path per file, shape from metadata, read by block.
 
 Every file is read at the same dataset path: ``dataset=``, or else the one dataset of
-the first file (groups searched too), which every other file must then hold, so that
-one file's ``/prices`` is never joined with another's ``/volumes``.
+the first file (groups searched too, external links followed), which every other file
+must then hold, so that one file's ``/prices`` is never joined with another's ``/volumes``.
+
+Local files are opened by name, as ``h5py.File(path)`` opens them, so that HDF5 can
+follow what points into other files: external links and virtual datasets (whose
+sources, relative ones taken from the file's folder, are read as h5py reads them; a
+missing source reads as the dataset's fill value). URLs are opened as fsspec byte
+streams, through which HDF5 cannot open another file: a link or a virtual dataset there
+is refused, naming it, instead of crashing the process.
 """
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, Sequence
 
 import fsspec
 import numpy as np
@@ -29,11 +37,55 @@ def _h5py() -> Any:
     return h5py
 
 
-def _datasets(group: Any) -> list[str]:
-    """Paths of every dataset under ``group``, nested ones too, in h5py's visit order."""
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _by_name(obj: Any) -> bool:
+    """Whether the file of ``obj`` was opened by name (not from a Python file object),
+    so that HDF5 can open the files its links and virtual datasets point to."""
+    return obj.file.driver != "fileobj"
+
+
+def _hard_datasets(group: Any) -> list[str]:
+    """Paths of the datasets stored under ``group`` in its own file, in h5py's visit order."""
     h5py = _h5py()
     out: list[str] = []
     group.visititems(lambda name, obj: out.append(name) if isinstance(obj, h5py.Dataset) else None)
+    return out
+
+
+def _external_links(group: Any) -> list[str]:
+    """Paths of the external links under ``group`` (in its own file), in visit order."""
+    h5py = _h5py()
+    out: list[str] = []
+    group.visit_links(lambda name: out.append(name)
+                      if isinstance(group.get(name, getlink=True), h5py.ExternalLink) else None)
+    return out
+
+
+def _datasets(group: Any) -> list[str]:
+    """Paths of every dataset under ``group``, nested ones too, in h5py's visit order,
+    then those reached through external links (which ``visititems`` does not follow).
+
+    A link whose target cannot be opened (its file is missing, or the file was opened
+    as a byte stream) is listed too: reading it says why it cannot be read.
+    """
+    h5py = _h5py()
+    out = _hard_datasets(group)
+    for name in _external_links(group):
+        if not _by_name(group):  # HDF5 would open the target through this file's stream
+            out.append(name)
+            continue
+        try:
+            target = group[name]
+        except (KeyError, OSError):
+            out.append(name)
+            continue
+        if isinstance(target, h5py.Dataset):
+            out.append(name)
+        elif isinstance(target, h5py.Group):  # one level: a link loop cannot recurse
+            out += [f"{name}/{n}" for n in _hard_datasets(target)]
     return out
 
 
@@ -58,21 +110,113 @@ def _only_dataset(path: str, f: Any) -> str:
     return names[0]
 
 
+def _link(f: Any, name: str) -> Any:
+    """The link ``name`` (an ``h5py.ExternalLink``, ``SoftLink`` or ``HardLink``), or
+    None where a group on the way cannot be opened or nothing is linked there."""
+    try:
+        return f.get(name, getlink=True)
+    except (KeyError, OSError, ValueError):
+        return None
+
+
+#: Registered ids of common plugin filters, named where a file does not store the name.
+_PLUGIN_NAMES = {307: "bzip2", 32001: "blosc", 32004: "lz4", 32008: "bitshuffle", 32015: "zstd", 32026: "blosc2"}
+#: What makes a plugin filter decodable: the loader imports hdf5plugin when it is installed.
+_FILTER_HINT = ("install hdf5plugin (pip install hdf5plugin, on every worker too), which the loader imports to "
+                "register the common plugin filters (blosc, zstd, lz4, bitshuffle) with HDF5")
+
+
+def _missing_filters(ds: Any) -> list[str]:
+    """The filters of ``ds`` this HDF5 cannot decode, as ``name (id N)``."""
+    from h5py import h5z
+
+    plist = ds.id.get_create_plist()
+    out = []
+    for i in range(plist.get_nfilters()):
+        code, _, _, name = plist.get_filter(i)
+        if not h5z.filter_avail(code):
+            label = name.decode("ascii", "replace") if isinstance(name, bytes) else str(name)
+            out.append(f"{label or _PLUGIN_NAMES.get(code, 'unnamed')} (id {code})")
+    return out
+
+
+def _unavailable_filters(ds: Any) -> list[str]:
+    """:func:`_missing_filters`, after importing ``hdf5plugin`` when it is installed:
+    it registers the common plugin filters (blosc, zstd, lz4, bitshuffle) with HDF5,
+    and a worker process has not imported it unless something did."""
+    missing = _missing_filters(ds)
+    if missing:
+        try:
+            import hdf5plugin  # noqa: F401 - registering the filters is the point
+        except ImportError:
+            return missing
+        missing = _missing_filters(ds)
+    return missing
+
+
+def _field_type(dt: np.dtype) -> str:
+    """A compound field's type as a message shows it: ``float64``, or ``float64[3]``."""
+    return f"{dt.base}{list(dt.shape)}" if dt.shape else str(dt)
+
+
+def _check_dataset(path: str, name: str, ds: Any) -> None:
+    """Refuse, naming the file and the dataset, what would otherwise be read as
+    something other than a numeric array, or fail inside HDF5 (or crash it).
+
+    Raises
+    ------
+    LoaderError
+        For a null dataspace (``h5py.Empty``), a compound dtype (a table, e.g. one
+        pandas wrote with ``format="table"``), a filter this HDF5 cannot decode (a
+        plugin such as blosc, as PyTables writes), or a virtual dataset in a file read
+        over a URL.
+    """
+    if ds.shape is None:
+        raise LoaderError(path, f"dataset {name!r} has a null dataspace (h5py.Empty): it holds no array, not even "
+                          "an empty one; choose another dataset")
+    if ds.dtype.names is not None:
+        fields = ", ".join(f"{n!r} ({_field_type(ds.dtype.fields[n][0])})" for n in ds.dtype.names)
+        raise LoaderError(path, f"dataset {name!r} holds records of fields {fields} (a compound dtype: a table, "
+                          "as pandas writes with format='table'), not an array of numbers; read it with "
+                          "pandas.read_hdf and save it as Parquet (format: parquet reads tables), or store "
+                          "each field as a dataset of its own")
+    missing = _unavailable_filters(ds)
+    if missing:
+        raise LoaderError(path, f"dataset {name!r} is compressed with the HDF5 filter {', '.join(missing)}, whose "
+                          f"plugin this HDF5 does not have, so its data cannot be decoded; {_FILTER_HINT}")
+    if ds.is_virtual and not _by_name(ds):
+        raise LoaderError(path, f"dataset {name!r} is a virtual dataset (its data lives in other files), which is "
+                          "read only from a local file: HDF5 cannot open its source files from a file read over "
+                          "a URL; read the source files themselves")
+
+
 def _dataset(path: str, f: Any, name: str, chosen_in: str | None) -> Any:
-    """The dataset ``name`` of the open file ``f``.
+    """The dataset ``name`` of the open file ``f``, checked by :func:`_check_dataset`.
 
     Raises
     ------
     LoaderError
         For a missing path (listing the file's datasets, and saying which file the name
-        was chosen in when it was not given), or a path naming a group or another object.
+        was chosen in when it was not given), a path naming a group or another object,
+        an external link whose target cannot be opened (or is in a file read over a URL),
+        or a dataset :func:`_check_dataset` refuses.
     """
     h5py = _h5py()
+    link = _link(f, name)
+    if isinstance(link, h5py.ExternalLink) and not _by_name(f):
+        raise LoaderError(path, f"{name!r} is an external link (to {link.path!r} in {link.filename}), which is "
+                          "followed only in a local file: HDF5 cannot open another file from a file read over "
+                          "a URL; copy the data into the file, or read the linked file itself")
     try:
         obj = f[name]
-    except KeyError:
+    except KeyError as exc:
+        if isinstance(link, h5py.ExternalLink):
+            raise LoaderError(path, f"{name!r} is an external link to {link.path!r} in {link.filename}, which "
+                              f"cannot be opened ({exc.args[0] if exc.args else exc}; a relative file name is "
+                              "looked up beside this file)") from None
         obj = None
     if isinstance(obj, h5py.Dataset):
+        _check_dataset(path, name, obj)
         return obj
     if obj is None:
         why = (f"; {name!r} is the only dataset of {chosen_in}, the first file, and every file must hold the "
@@ -84,15 +228,30 @@ def _dataset(path: str, f: Any, name: str, chosen_in: str | None) -> Any:
     raise LoaderError(path, f"{name!r} is a {type(obj).__name__}, not a dataset; set dataset: to one")
 
 
-def _open(path: str, so: dict) -> Any:
-    """The file opened for reading, its signature checked first."""
-    fh = fsspec.open(path, "rb", **so).open()
-    head = fh.read(8)
+def _check_signature(path: str, head: bytes) -> None:
     if head != _SIGNATURE:
-        fh.close()
         raise FormatMismatchError(path, f"expected an HDF5 file, found bytes {head!r}")
-    fh.seek(0)
-    return fh
+
+
+@contextlib.contextmanager
+def _open(path: str, so: dict) -> Iterator[Any]:
+    """The ``h5py.File``, opened for reading after its signature is checked. A local
+    file is opened by name: HDF5 opens the files its external links and virtual
+    datasets point to only from a file it opened by name (from a Python file object,
+    reading a virtual dataset crashes the process). A URL is opened through fsspec."""
+    h5py = _h5py()
+    if _is_local(path):
+        local = path.removeprefix("file://")
+        with open(local, "rb") as fh:
+            _check_signature(path, fh.read(8))
+        with h5py.File(local, "r") as f:
+            yield f
+        return
+    with fsspec.open(path, "rb", **so) as fh:
+        _check_signature(path, fh.read(8))
+        fh.seek(0)
+        with h5py.File(fh, "r") as f:
+            yield f
 
 
 def default_dataset(path: str, so: dict) -> str:
@@ -103,9 +262,8 @@ def default_dataset(path: str, so: dict) -> str:
     LoaderError
         For a file that is not HDF5, cannot be read, or holds no dataset or several.
     """
-    h5py = _h5py()
     try:
-        with _open(path, so) as fh, h5py.File(fh, "r") as f:
+        with _open(path, so) as f:
             return _only_dataset(path, f)
     except OSError as exc:
         raise LoaderError(path, f"cannot read HDF5 ({exc})") from None
@@ -143,9 +301,8 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None,
     dataset_from
         The file ``dataset`` was chosen in (it was not given), named when this one lacks it.
     """
-    h5py = _h5py()
     try:
-        with _open(path, so) as fh, h5py.File(fh, "r") as f:
+        with _open(path, so) as f:
             ds = _dataset(path, f, dataset if dataset is not None else _only_dataset(path, f), dataset_from)
             return tuple(int(s) for s in ds.shape), np.dtype(ds.dtype)
     except OSError as exc:
@@ -155,9 +312,8 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None,
 def read_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from: str | None = None,
               rows: slice | None = None) -> np.ndarray:
     """The dataset, or a block of its rows (``dataset_from``: see :func:`probe_hdf5`)."""
-    h5py = _h5py()
     try:
-        with fsspec.open(path, "rb", **so) as fh, h5py.File(fh, "r") as f:
+        with _open(path, so) as f:
             ds = _dataset(path, f, dataset if dataset is not None else _only_dataset(path, f), dataset_from)
             return ds[rows] if rows is not None else ds[()]
     except OSError as exc:

@@ -1,0 +1,156 @@
+"""HDF5 files that point into other files (virtual datasets, external links), and
+datasets that are not a plain numeric array (empty, null, compound, plugin-filtered)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import fsspec
+import h5py
+import numpy as np
+import pytest
+
+import pipeline
+from pipeline.errors import LoaderError
+
+
+def _virtual(path, source, shape, fill):
+    """A virtual dataset ``x`` of ``path`` mapping all of ``source``'s ``x``."""
+    layout = h5py.VirtualLayout(shape=shape, dtype=np.float32)
+    layout[:] = h5py.VirtualSource(str(source), "x", shape=shape)
+    with h5py.File(path, "w") as f:
+        f.create_virtual_dataset("x", layout, fillvalue=fill)
+
+
+def _h5py_reads(path, name="x"):
+    with h5py.File(path, "r") as f:
+        return f[name][()]
+
+
+def test_virtual_datasets_read_what_h5py_reads(tmp_path):
+    (tmp_path / "src").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    with h5py.File(tmp_path / "src" / "part.h5", "w") as f:
+        f["x"] = np.arange(40, dtype=np.float32).reshape(10, 4)
+    _virtual(tmp_path / "src" / "abs.h5", tmp_path / "src" / "part.h5", (10, 4), -1)
+    _virtual(tmp_path / "src" / "rel.h5", "part.h5", (10, 4), -1)  # beside the virtual file
+    _virtual(tmp_path / "src" / "gone.h5", tmp_path / "missing.h5", (10, 4), np.nan)
+    names = ("abs", "rel", "gone")
+    # A child process: reading a virtual dataset through a Python file object crashed
+    # the interpreter (SIGSEGV), which would take the test run with it.
+    code = textwrap.dedent(f"""
+        import numpy as np, pipeline
+        for name in {names!r}:
+            x = pipeline.load({str(tmp_path / "src")!r} + f"/{{name}}.h5", combine="concat", chunk_rows=3)
+            np.save({str(tmp_path)!r} + f"/{{name}}.npy", x.compute())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path / "elsewhere", capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for name in names:
+        expected = _h5py_reads(tmp_path / "src" / f"{name}.h5")
+        np.testing.assert_array_equal(np.load(tmp_path / f"{name}.npy"), expected)
+    assert np.isnan(expected).all()  # h5py reads a missing source as the fill value
+
+
+def test_external_links_are_followed_in_local_files(tmp_path):
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f["x"] = np.arange(12.0).reshape(4, 3)
+        f["grp/y"] = np.ones((2, 3))
+    with h5py.File(tmp_path / "ext.h5", "w") as f:
+        f["x"] = h5py.ExternalLink(str(tmp_path / "src.h5"), "x")
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "ext.h5"), combine="concat").compute(),
+                                  _h5py_reads(tmp_path / "ext.h5"))
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "ext.h5"), dataset="x", combine="concat").compute(),
+                                  _h5py_reads(tmp_path / "ext.h5"))
+    with h5py.File(tmp_path / "two.h5", "w") as f:
+        f["own"] = np.zeros(2)
+        f["linked"] = h5py.ExternalLink("src.h5", "grp")  # a relative name, looked up beside the file
+    with pytest.raises(LoaderError, match=r"two\.h5: holds datasets \['own', 'linked/y'\]"):
+        pipeline.load(str(tmp_path / "two.h5"))
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "two.h5"), dataset="linked/y").compute()[0],
+                                  _h5py_reads(tmp_path / "two.h5", "linked/y"))
+
+
+def test_an_external_link_to_a_missing_file_is_named(tmp_path):
+    with h5py.File(tmp_path / "ext.h5", "w") as f:
+        f["x"] = h5py.ExternalLink("nowhere.h5", "x")
+    with h5py.File(tmp_path / "ext.h5", "r") as f, pytest.raises(KeyError):
+        f["x"]  # h5py cannot follow it either
+    with pytest.raises(LoaderError, match=r"ext\.h5: 'x' is an external link to '/?x' in nowhere\.h5, which "
+                                          r"cannot be opened"):
+        pipeline.load(str(tmp_path / "ext.h5"), combine="concat")
+
+
+@pytest.fixture
+def memory_fs():
+    fs = fsspec.filesystem("memory")
+    yield fs
+    fs.rm("/h5", recursive=True)
+
+
+def test_links_and_virtual_datasets_over_a_url_are_refused_not_crashed(tmp_path, memory_fs):
+    with h5py.File(tmp_path / "src.h5", "w") as f:
+        f["x"] = np.arange(8, dtype=np.float32).reshape(2, 4)
+    _virtual(tmp_path / "vds.h5", tmp_path / "src.h5", (2, 4), -1)
+    with h5py.File(tmp_path / "ext.h5", "w") as f:
+        f["x"] = h5py.ExternalLink(str(tmp_path / "src.h5"), "x")
+    for name in ("vds", "ext"):
+        memory_fs.pipe(f"/h5/{name}.h5", (tmp_path / f"{name}.h5").read_bytes())
+    with pytest.raises(LoaderError, match=r"memory:///?h5/vds\.h5: dataset 'x' is a virtual dataset .* read only "
+                                          r"from a local file"):
+        pipeline.load("memory://h5/vds.h5", combine="concat")
+    with pytest.raises(LoaderError, match=r"memory:///?h5/ext\.h5: 'x' is an external link \(to '/?x' in .*src\.h5\), "
+                                          r"which is followed only in a local file"):
+        pipeline.load("memory://h5/ext.h5", combine="concat")
+
+
+def test_an_empty_dataset_joins_like_an_empty_npy(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f.create_dataset("x", shape=(0, 4), dtype="f4")
+    np.save(tmp_path / "a.npy", np.zeros((0, 4), np.float32))
+    for name in ("a.h5", "a.npy"):
+        got = pipeline.load(str(tmp_path / name), combine="concat").compute()
+        assert got.shape == (0, 4) and got.dtype == np.float32
+    with h5py.File(tmp_path / "b.h5", "w") as f:
+        f["x"] = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "*.h5"), combine="concat").compute(),
+                                  np.concatenate([_h5py_reads(tmp_path / "a.h5"), _h5py_reads(tmp_path / "b.h5")]))
+
+
+def test_a_null_dataspace_is_refused_naming_file_and_dataset(tmp_path):
+    with h5py.File(tmp_path / "null.h5", "w") as f:
+        f.create_dataset("grp/x", data=h5py.Empty("f"))
+    with h5py.File(tmp_path / "null.h5", "r") as f:
+        assert f["grp/x"].shape is None
+    with pytest.raises(LoaderError, match=r"null\.h5: dataset 'grp/x' has a null dataspace \(h5py\.Empty\)"):
+        pipeline.load(str(tmp_path / "null.h5"), combine="concat")
+
+
+def test_a_compound_dataset_is_refused_naming_its_fields(tmp_path):
+    records = np.zeros(5, dtype=[("index", "i8"), ("values_block_0", "f8", (3,))])  # pandas' format="table"
+    with h5py.File(tmp_path / "table.h5", "w") as f:
+        f["df/table"] = records
+    assert _h5py_reads(tmp_path / "table.h5", "df/table").dtype.names == ("index", "values_block_0")
+    with pytest.raises(LoaderError, match=r"table\.h5: dataset 'df/table' holds records of fields 'index' \(int64\), "
+                                          r"'values_block_0' \(float64\[3\]\) .*pandas\.read_hdf"):
+        pipeline.load(str(tmp_path / "table.h5"), combine="concat")
+
+
+def test_a_filter_without_its_plugin_is_named_when_the_array_is_built(tmp_path):
+    if h5py.h5z.filter_avail(32001):
+        pytest.skip("the blosc filter is registered here (hdf5plugin installed)")
+    with h5py.File(tmp_path / "blosc.h5", "w") as f:  # as PyTables writes with complib="blosc"
+        dcpl = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+        dcpl.set_chunk((4, 3))
+        dcpl.set_filter(32001, h5py.h5z.FLAG_OPTIONAL, (2, 2, 8, 96, 5, 1, 0))
+        space = h5py.h5s.create_simple((4, 3))
+        ds = h5py.h5d.create(f.id, b"values", h5py.h5t.IEEE_F64LE, space, dcpl=dcpl)
+        ds.write_direct_chunk((0, 0), b"\0" * 64, filter_mask=0)  # a chunk blosc is needed to decode
+    with pytest.raises(OSError):
+        _h5py_reads(tmp_path / "blosc.h5", "values")  # h5py fails inside HDF5, naming a plugin directory
+    with pytest.raises(LoaderError, match=r"blosc\.h5: dataset 'values' is compressed with the HDF5 filter blosc "
+                                          r"\(id 32001\), whose plugin .*hdf5plugin"):
+        pipeline.load(str(tmp_path / "blosc.h5"), combine="concat")
