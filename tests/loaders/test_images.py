@@ -1,0 +1,91 @@
+"""Images: files cut short are found when the array is built; 16-bit to 8-bit modes;
+what is left as stored (EXIF orientation)."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+import pipeline
+from pipeline.errors import FormatMismatchError
+from pipeline.loaders import images
+
+
+def _encoded(fmt: str, pixels: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, fmt)
+    return buf.getvalue()
+
+
+def _pixels(shape=(48, 64, 3), seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, shape, dtype=np.uint8)
+
+
+@pytest.mark.parametrize("fmt, suffix", [("PNG", "png"), ("JPEG", "jpg"), ("TIFF", "tif")])
+def test_an_image_cut_short_is_refused_when_built_and_skipped(tmp_path, fmt, suffix):
+    raw = _encoded(fmt, _pixels())
+    (tmp_path / f"a.{suffix}").write_bytes(raw)
+    (tmp_path / f"b.{suffix}").write_bytes(raw[: len(raw) * 2 // 3])  # its header is whole, its pixels are not
+    with Image.open(tmp_path / f"b.{suffix}") as im:  # Pillow opens it, and fails to decode it
+        with pytest.raises(OSError, match="truncated"):
+            im.load()
+    with pytest.raises(FormatMismatchError, match=rf"b\.{suffix}: is a truncated {fmt} image: .*Pillow cannot "
+                                                  r"decode it \(image file is truncated"):
+        pipeline.load(str(tmp_path / f"*.{suffix}"))
+    x = pipeline.load(str(tmp_path / f"*.{suffix}"), on_error="skip")
+    assert [p for p, _ in x.attrs["skipped"]] == [str(tmp_path / f"b.{suffix}")]
+    np.testing.assert_array_equal(x.compute(), np.asarray(Image.open(tmp_path / f"a.{suffix}"))[None])
+
+
+@pytest.mark.parametrize("fmt, suffix", [("PNG", "png"), ("JPEG", "jpg")])
+def test_bytes_after_a_complete_image_do_not_make_it_truncated(tmp_path, fmt, suffix):
+    # More than the tail the end marker is looked for in: the image is decoded once to decide.
+    (tmp_path / f"a.{suffix}").write_bytes(_encoded(fmt, _pixels()) + b"\x01" * (2 * images._TAIL))
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / f"a.{suffix}")).compute()[0],
+                                  np.asarray(Image.open(tmp_path / f"a.{suffix}")))
+
+
+@pytest.mark.parametrize("fmt, head, cut, expected", [
+    ("PNG", b"", b"IDAT\x00\x01", "no IEND chunk"),
+    ("JPEG", b"", b"\xff\x00\x12", "no end-of-image marker"),
+    ("GIF", b"", b"\x00\x01", "trailer byte"),
+    ("WEBP", b"RIFF\x10\x00\x00\x00WEBP", b"", "RIFF header declares 24 bytes, the file has 20"),
+])
+def test_cut_short_reasons(fmt, head, cut, expected):
+    assert expected in images._cut_short(fmt, head, cut, 20, None)
+    whole = {"PNG": b"\x00\x00\x00\x00IEND\xaeB`\x82", "JPEG": b"\xff\xd9", "GIF": b";", "WEBP": b""}[fmt]
+    assert images._cut_short(fmt, head[:4] + b"\x0c\x00\x00\x00" + head[8:], b"..." + whole, 20, None) is None
+
+
+def test_a_tiff_whose_strips_end_past_the_file_is_cut_short():
+    assert images._cut_short("TIFF", b"", b"", 20, 30) == "its pixel data is declared to end at byte 30, the file has 20"
+    assert images._cut_short("TIFF", b"", b"", 30, 30) is None
+
+
+def test_16_bit_grayscale_to_8_bit_modes_keeps_the_high_byte(tmp_path):
+    wide = np.random.default_rng(1).integers(0, 65535, (6, 7), dtype=np.uint16)
+    Image.fromarray(wide).save(tmp_path / "a.png")
+    with Image.open(tmp_path / "a.png") as im:
+        assert im.mode == "I;16"
+        stored = np.asarray(im)
+    np.testing.assert_array_equal(stored, wide)
+    high = (wide >> 8).astype(np.uint8)  # OpenCV's imread rule for 16-bit to 8-bit
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "a.png"), mode="L").compute()[0], high)
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "a.png"), mode="RGB").compute()[0],
+                                  np.repeat(high[..., None], 3, axis=-1))
+    default = pipeline.load(str(tmp_path / "a.png")).compute()[0]  # unchanged: the stored 16-bit values
+    assert default.dtype == np.uint16
+    np.testing.assert_array_equal(default, stored)
+
+
+def test_exif_orientation_is_not_applied(tmp_path):
+    im = Image.fromarray(_pixels((10, 20, 3)))
+    exif = im.getexif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    im.save(tmp_path / "r.jpg", exif=exif)
+    got = pipeline.load(str(tmp_path / "r.jpg")).compute()[0]
+    np.testing.assert_array_equal(got, np.asarray(Image.open(tmp_path / "r.jpg")))  # as stored: (10, 20, 3)
+    assert got.shape == (10, 20, 3)
