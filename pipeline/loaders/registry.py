@@ -8,7 +8,8 @@ from typing import Callable
 
 from pipeline.errors import FormatMismatchError
 
-__all__ = ["FORMATS", "NAMED", "SUFFIXES", "TABLES", "TEXT_COMPRESSIONS", "ArrayFormat", "compression_of", "format_of"]
+__all__ = ["FORMATS", "NAMED", "SUFFIXES", "TABLES", "TEXT_COMPRESSIONS", "ArrayFormat", "compression_of",
+           "directory_glob", "format_of"]
 
 #: Suffix -> format name. ``format:`` in the config overrides it.
 SUFFIXES = {
@@ -77,6 +78,51 @@ class _Lazy(dict):
 FORMATS: dict[str, ArrayFormat] = _Lazy()
 
 
+def _is_local_dir(path: str) -> bool:
+    return ("://" not in path or path.startswith("file://")) and os.path.isdir(path.removeprefix("file://"))
+
+
+def _listdir(path: str) -> list[str]:
+    """A local directory's entries, and (when none has a known suffix) those of its
+    subdirectories as ``sub/name`` (class folders), at most :data:`_SCANNED` of them."""
+    root = path.removeprefix("file://")
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    if any(os.path.splitext(n)[1].lower() in SUFFIXES for n in names):
+        return names
+    out: list[str] = []
+    for sub in sorted(n for n in names if os.path.isdir(os.path.join(root, n)))[:_SCANNED]:
+        try:
+            out += [f"{sub}/{n}" for n in os.listdir(os.path.join(root, sub))]
+        except OSError:
+            continue
+    return out
+
+
+#: Subdirectories looked into for a glob to suggest for a directory.
+_SCANNED = 32
+
+
+def directory_glob(path: str, names: list[str]) -> str:
+    """A glob of a directory's files to suggest for ``path``, from ``names`` (its
+    entries, or ``sub/name`` for files in its subdirectories): ``path/*.png`` (or
+    ``path/*/*.png``) for the most common known suffix (ties go to the first in sorted
+    order), else ``path/**/*``."""
+    counts: dict[tuple[str, bool], int] = {}
+    for name in names:
+        suffix = os.path.splitext(name)[1].lower()
+        if suffix in SUFFIXES:
+            key = (suffix, "/" in name)
+            counts[key] = counts.get(key, 0) + 1
+    base = path.rstrip("/" + os.sep) or path
+    if not counts:
+        return f"{base}/**/*"
+    suffix, nested = min(counts, key=lambda k: (-counts[k], k))
+    return f"{base}/*/*{suffix}" if nested else f"{base}/*{suffix}"
+
+
 def format_of(path: str, fmt: str | None) -> str:
     """The format of ``path``: ``fmt`` if given, else from its suffix."""
     if fmt:
@@ -93,6 +139,9 @@ def format_of(path: str, fmt: str | None) -> str:
                 path, f"a {suffix} file is read as compressed text (CSV: .csv{suffix}); {inner_suffix or 'no suffix'} "
                 "inside it is not, so decompress it first or set format:")
         return SUFFIXES[inner_suffix]
+    if suffix not in SUFFIXES and _is_local_dir(path):
+        raise FormatMismatchError(path, f"is a directory, not a file; give a glob of its files, such as "
+                                  f"{directory_glob(path, _listdir(path))!r}")
     if suffix not in SUFFIXES:
         raise FormatMismatchError(
             path, f"unknown suffix {suffix or '(none)'!r}; expected one of {', '.join(sorted(SUFFIXES))} (CSV also "

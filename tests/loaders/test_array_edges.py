@@ -236,3 +236,28 @@ def test_image_cut_inside_its_header_is_called_damaged_with_pillows_reason(tmp_p
     msg = str(info.value)
     assert f"cut.{suffix}: is a truncated or damaged {fmt} image" in msg and str(pillow.value) in msg
     assert "expected an image" not in msg
+
+
+# -- empty inputs and directories ----------------------------------------------------------------
+
+
+def test_npy_files_of_no_rows_concatenate_to_an_empty_array(tmp_path):
+    parts = [np.zeros((0, 4), np.float32), np.zeros((0, 4), np.float32)]
+    for i, a in enumerate(parts):
+        np.save(tmp_path / f"e{i}.npy", a)
+    got = pipeline.load(str(tmp_path / "*.npy"), combine="concat").compute()
+    expected = np.concatenate(parts)
+    assert got.shape == expected.shape and got.dtype == expected.dtype
+
+
+def test_a_directory_is_named_with_a_glob_of_its_files(tmp_path):
+    (tmp_path / "flat").mkdir()
+    for name in ("a.png", "b.png", "c.npy"):
+        (tmp_path / "flat" / name).write_bytes(b"")
+    (tmp_path / "classes" / "cats").mkdir(parents=True)
+    (tmp_path / "classes" / "cats" / "0.jpg").write_bytes(b"")
+    with pytest.raises(FormatMismatchError, match=r"flat: is a directory, not a file; give a glob of its files, "
+                                                  r"such as '.*/flat/\*\.png'"):
+        pipeline.load(str(tmp_path / "flat"))
+    with pytest.raises(FormatMismatchError, match=r"classes: is a directory.*'.*/classes/\*/\*\.jpg'"):
+        pipeline.load(str(tmp_path / "classes") + "/")
