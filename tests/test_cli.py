@@ -72,6 +72,22 @@ def test_inspect_of_a_missing_store_is_a_clear_error(tmp_path):
     assert "nope.zarr" in result.stderr and "Traceback" not in result.stderr
 
 
+def test_inspect_plot_into_a_missing_folder_is_one_line_naming_it(tmp_path):
+    import numpy as np
+
+    import pipeline
+
+    store = tmp_path / "s.zarr"
+    x = np.arange(64 * 4 * 2, dtype=np.float32).reshape(64, 4, 2)
+    pipeline.write(store, {"x": x, "y": np.arange(64)}, progress=False)
+    result = cli("inspect", str(store), "--plot", str(tmp_path / "no" / "such" / "x.png"))
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"pipeline inspect: --plot {tmp_path / 'no' / 'such' / 'x.png'}: the folder {tmp_path / 'no' / 'such'} "
+        "does not exist; create it or choose another file"]
+    assert not (tmp_path / "no").exists()
+
+
 def test_demo_data_is_seeded_and_time_ordered(tmp_path):
     import pyarrow.parquet as pq
 

@@ -7,7 +7,7 @@ holds steps ``e_i - s*(size-1), ..., e_i - s, e_i``.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -161,6 +161,33 @@ def split_gap_windows(size: int, scales: Sequence[int], stride: int, horizon: in
     return reach // stride
 
 
+def check_fractions(fractions: Mapping[str, Any]) -> None:
+    """Refuse split fractions that are not numbers in ``(0, 1]`` summing to at most 1.
+
+    A sum above 1 used to be served silently (the last split got only what was left),
+    and a date split (a mapping) reached the arithmetic as a raw ``TypeError``.
+
+    Raises
+    ------
+    WindowError
+        Naming the split and what it holds.
+    """
+    for name, value in fractions.items():
+        if isinstance(value, Mapping):
+            raise WindowError(
+                f"split {name!r}: {dict(value)!r} is a date split; splits here are fractions of the samples "
+                "(date splits are a config feature, output.splits; or pass arrays already split: "
+                "{'train': {'x': ..., 'y': ...}, ...})"
+            )
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise WindowError(f"split {name!r}: expected a fraction, a number in (0, 1], got {value!r}")
+        if not 0 < float(value) <= 1:
+            raise WindowError(f"split {name!r}: expected a fraction in (0, 1], got {value!r}")
+    total = float(sum(float(v) for v in fractions.values()))
+    if total > 1 + 1e-9:
+        raise WindowError(f"split fractions {dict(fractions)} sum to {total:g}; they must sum to at most 1")
+
+
 def split_ranges(n_windows: int, fractions: Mapping[str, float], gap: int) -> dict[str, tuple[int, int]]:
     """Contiguous window ranges ``[start, stop)`` per split, in the mapping's order,
     with ``gap`` windows left out between consecutive splits.
@@ -168,8 +195,10 @@ def split_ranges(n_windows: int, fractions: Mapping[str, float], gap: int) -> di
     Raises
     ------
     WindowError
-        When a split would get no window.
+        When a split would get no window, or the fractions are not numbers in
+        ``(0, 1]`` that sum to at most 1.
     """
+    check_fractions(fractions)
     names = list(fractions)
     available = n_windows - gap * (len(names) - 1)
     out: dict[str, tuple[int, int]] = {}

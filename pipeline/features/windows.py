@@ -45,6 +45,17 @@ def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in scales)
 
 
+def _session_lengths(sessions: Sequence[int]) -> list[int]:
+    """Rows per session as integers; a fraction or a negative count is refused rather
+    than truncated (and then blamed on the sessions' sum)."""
+    lengths = []
+    for k, v in enumerate(sessions):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer, float, np.floating)) or not float(v).is_integer() or v < 0:
+            raise WindowError(f"windows: sessions[{k}] must be a number of rows (an integer, 0 or more), got {v!r}")
+        lengths.append(int(v))
+    return lengths
+
+
 #: Output rows assembled per ``np.take``: bounds the row-index array (int64 per row) to
 #: 512 KiB, so it stays in cache beside the output rows. Counted in rows, not windows:
 #: a batch of 1,024 one-row windows (labels, times) made a thousand calls per block, and
@@ -192,14 +203,20 @@ def windows(
     """
     scales = _validate(size, stride, scales)
     if not isinstance(x, da.Array):
-        x = da.from_array(np.asarray(x), chunks=(max(1, 1 << 16), -1))
+        x = np.asarray(x)
+        if x.ndim != 2:  # before from_array, whose chunks are for two axes
+            raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
+        x = da.from_array(x, chunks=(max(1, 1 << 16), -1))
     if x.ndim != 2:
         raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
+    if any(np.isnan(c) for c in x.shape):
+        raise WindowError(f"windows: the series' length is unknown (shape {x.shape}, as after a boolean mask); "
+                          "call x.compute_chunk_sizes() first")
     T, F = x.shape
     features = _feature_names(names, F)
     h = halo(size, scales)
     if sessions is not None:
-        lengths = [int(v) for v in sessions]
+        lengths = _session_lengths(sessions)
         if sum(lengths) != T:
             raise WindowError(f"windows: sessions of {sum(lengths)} rows in all for a series of {T} steps")
         runs = window_runs(SegmentTable.from_lengths(lengths), size=size, stride=stride, scales=scales, back=h, fwd=0)

@@ -148,7 +148,7 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
     seen: set[str] = set()
     unique = [p for p in out if not (p in seen or seen.add(p))]
     if not unique:
-        raise EmptyInputError(", ".join(items), "matched no file")
+        raise EmptyInputError(", ".join(items) or "paths", "matched no file" if items else "no path given (an empty list)")
     return unique
 
 

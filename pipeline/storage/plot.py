@@ -325,12 +325,16 @@ def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4
     MissingDependencyError
         Without matplotlib.
     StoreError
-        When ``split`` is not in the store, or holds no ``x`` to draw.
+        When ``split`` is not in the store, or holds no ``x`` to draw, or ``png``'s
+        folder does not exist (checked before the store is read).
     """
     try:
         from matplotlib.figure import Figure  # no pyplot: no global backend or state
     except ImportError:
         raise MissingDependencyError("pipeline inspect --plot", "matplotlib", "plot") from None
+    folder = os.path.dirname(os.path.abspath(os.fspath(png)))
+    if not os.path.isdir(folder):
+        raise StoreError(f"--plot {png}: the folder {folder} does not exist; create it or choose another file")
     from pipeline.streaming.sources import StoreSource, available_splits, is_split_group
 
     loc = os.fspath(location)
@@ -383,5 +387,8 @@ def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4
         parts[2].suptitle("label distribution per split", fontsize=10)
         for ax, (s, info) in zip(parts[2].subplots(1, len(labels), squeeze=False)[0], labels.items()):
             _draw_labels(ax, s, info, label_attrs)
-    fig.savefig(png)
+    try:
+        fig.savefig(png)
+    except OSError as exc:  # no permission, a full disk
+        raise StoreError(f"--plot {png}: cannot write the image ({exc.strerror or exc})") from None
     return png

@@ -134,6 +134,40 @@ def split_gap_from_arrays(arrays: Mapping[str, Any], horizon: int | None = None)
                for size, scales, stride in gaps)
 
 
+def content_fingerprint(groups: Mapping[str, Mapping[str, da.Array]], *options: Any) -> str:
+    """The identity of an API write that names no fingerprint: its arrays' dask names
+    (which hash an in-memory array's bytes, and a graph's inputs and operations) with
+    the options that shape the store.
+
+    Before, such writes all had the fingerprint ``None``, so writing new arrays to the
+    path of a complete store returned at once and kept the old data, silently. Now the
+    same write again keeps (or resumes) the store, and different arrays are refused
+    unless ``overwrite``. What dask cannot see is not in it: raw files changed in place
+    under the same names and the same graph.
+    """
+    from dask.base import tokenize
+
+    names = {split: {name: (a.name, a.shape, a.dtype.str) for name, a in sorted(arrs.items())}
+             for split, arrs in sorted(groups.items())}
+    return "write-" + tokenize(names, *options)
+
+
+def _check_splits(splits: Mapping[str, float] | None) -> None:
+    """Refuse split fractions the arithmetic cannot take, before anything else."""
+    from pipeline.errors import WindowError
+    from pipeline.features.geometry import check_fractions
+
+    if splits is None:
+        return
+    if not isinstance(splits, Mapping) or not splits:
+        raise StoreError(f"write: splits must map split names to fractions, e.g. {{'train': 0.8, 'val': 0.2}}; "
+                         f"got {splits!r}")
+    try:
+        check_fractions(splits)
+    except WindowError as exc:
+        raise StoreError(f"write: {exc}") from None
+
+
 def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
                gap: int | None, horizon: int | None = None) -> int | None:
     """The gap in samples between time splits: ``gap`` if given, else from the arrays'
@@ -148,7 +182,8 @@ def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, sp
     if derived is None:
         raise StoreError(
             f"write: splits={dict(splits)} split by time, but the gap between splits cannot be known: no array "
-            "carries window geometry (x.attrs['windows'], set by pipeline.windows); pass gap= (samples left out "
+            "carries window geometry (x.attrs['windows'], set by pipeline.windows; dask drops attrs when an array is "
+            "sliced, rechunked or computed on: copy them back, w2.attrs = w.attrs); pass gap= (samples left out "
             "between splits; gap=0 when samples share no time step)"
         )
     return derived
@@ -550,7 +585,9 @@ def write(
         Extra provenance merged into the store's ``pipeline`` attributes.
     fingerprint
         The identity of what is written (the config hash): a store with another is
-        refused, with the same one the write resumes.
+        refused, with the same one the write resumes. ``None``: derived from the arrays'
+        dask names and the options (:func:`content_fingerprint`), so writing other
+        arrays to a store's path is refused rather than silently kept.
     overwrite
         Delete an existing store first.
     progress
@@ -588,12 +625,16 @@ def write(
     """
     location = local_absolute(os.fspath(target))
     codec = CodecSpec.from_mapping(codec, "codec")
+    _check_splits(splits)
     used_gap = _split_gap(arrays, splits, split_by, gap, horizon)
     groups = _normalize(arrays, splits, split_by, used_gap or 0, seed)
     if shared:
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
     fold_index = _check_folds(folds, fold_base, groups, attrs)
     attrs = _write_attrs(attrs, features, arrays, groups, used_gap, fold_index, fold_base)
+    if fingerprint is None:
+        fingerprint = content_fingerprint(groups, fold_index, attrs, codec, chunk_samples, target_chunk_bytes,
+                                          shard_chunks, shared_chunk_rows)
 
     def write_dir(path: str, options: dict[str, Any] | None) -> None:
         _write_dir(path, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs, fingerprint,
@@ -682,7 +723,8 @@ def _check_own_store(location: str, group: zarr.Group, fingerprint: str | None, 
     if not overwrite and not same:
         raise StoreConflictError(
             f"{location}: this store was written from fingerprint {stored}, "
-            f"the current run's is {fingerprint}; choose another output path or set output.overwrite"
+            f"the current run's is {fingerprint}; choose another output path or set output.overwrite "
+            "(overwrite=True in pipeline.write)"
         )
 
 

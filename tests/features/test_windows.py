@@ -116,6 +116,27 @@ def test_bad_window_parameters_are_clear_errors(kwargs, message):
         windows(np.zeros((20, 2), np.float32), **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda x: x[:, 0], r"expected a \(time, features\) array, got shape \(20,\)"),
+        (lambda x: x[:, :, None], r"got shape \(20, 2, 1\)"),
+        (lambda x: da.from_array(x, chunks=(5, 2))[da.from_array(x[:, 0] >= 0, chunks=5)], "length is unknown"),
+    ],
+)
+def test_inputs_of_the_wrong_shape_or_unknown_length_are_window_errors(make, message):
+    with pytest.raises(WindowError, match=message):
+        windows(make(np.zeros((20, 2), np.float32)), size=3)
+
+
+@pytest.mark.parametrize("sessions", [[10.5, 9.5], [-1, 21], ["10", 10], [float("nan"), 20]])
+def test_session_lengths_that_are_not_whole_rows_are_refused_not_truncated(sessions):
+    with pytest.raises(WindowError, match=r"sessions\[0\] must be a number of rows"):
+        windows(np.zeros((20, 2), np.float32), size=3, sessions=sessions)
+    w = windows(np.arange(40, dtype=np.float32).reshape(20, 2), size=3, sessions=[10.0, 10.0])  # whole floats fit
+    assert w.shape[0] == 16
+
+
 def test_feature_names_travel_in_the_attrs_once_beside_the_scales():
     x = np.arange(60, dtype=np.float32).reshape(20, 3)
     w = windows(x, size=3, scales=(2, 1), names=["mid", "spread", "imbalance"])

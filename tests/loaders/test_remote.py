@@ -30,6 +30,11 @@ def test_s3_glob_is_sorted_lazy_and_exact(s3, monkeypatch):
         open_source("s3://training/none/*.parquet", storage_options=s3)
 
 
+def test_an_empty_list_of_paths_says_so():
+    with pytest.raises(EmptyInputError, match=r"^paths: no path given \(an empty list\)$"):
+        open_source([])
+
+
 def test_an_unreadable_path_is_named(tmp_path):
     (tmp_path / "d.npy").mkdir()  # a directory where a file is expected
     with pytest.raises(LoaderError, match=r"d\.npy: cannot read"):

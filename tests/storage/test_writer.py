@@ -194,6 +194,48 @@ def test_another_fingerprint_is_refused_and_nothing_changes(tmp_path):
     np.testing.assert_array_equal(pipeline.open(tmp_path / "f.zarr")["train"]["x"][:], x + 1)
 
 
+@pytest.mark.parametrize("name", ["f.zarr", "f.zarr.zip"])
+def test_other_arrays_to_a_written_path_without_a_fingerprint_are_refused_and_the_same_are_kept(tmp_path, name):
+    """A notebook cell rerun with changed arrays: the write used to return at once and
+    keep the old store (both fingerprints None), silently."""
+    x = np.arange(250 * 4, dtype=np.float32).reshape(250, 4)
+    target = tmp_path / name
+    write(target, {"x": x, "y": x[:, 0]}, progress=False)
+    before = {p: p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()} if target.is_dir() else \
+        target.read_bytes()
+    with pytest.raises(StoreConflictError, match="overwrite=True"):
+        write(target, {"x": -x[:100], "y": -x[:100, 0]}, progress=False)
+    with pytest.raises(StoreConflictError):  # the same arrays, other options: another store
+        write(target, {"x": x, "y": x[:, 0]}, codec="zstd", progress=False)
+    after = {p: p.read_bytes() for p in sorted(target.rglob("*")) if p.is_file()} if target.is_dir() else \
+        target.read_bytes()
+    assert after == before
+    write(target, {"x": x.copy(), "y": x[:, 0].copy()}, progress=False)  # equal bytes: the same write, kept
+    np.testing.assert_array_equal(pipeline.open(target)["train"]["x"][:], x)
+    write(target, {"x": -x[:100], "y": -x[:100, 0]}, overwrite=True, progress=False)
+    np.testing.assert_array_equal(pipeline.open(target)["train"]["x"][:], -x[:100])
+
+
+@pytest.mark.parametrize(
+    ("splits", "message"),
+    [
+        ({"train": 0.5, "val": 0.7}, r"sum to 1.2; they must sum to at most 1"),
+        ({"train": "0.8", "val": 0.2}, r"split 'train': expected a fraction, a number in \(0, 1\], got '0.8'"),
+        ({"train": {"until": "2026-01-08"}, "test": {}}, r"split 'train'.*is a date split"),
+        ({"train": 1.2, "val": -0.2}, r"split 'train': expected a fraction in \(0, 1\], got 1.2"),
+        ({"train": True}, r"expected a fraction, a number"),
+        ([0.8, 0.2], r"splits must map split names to fractions"),
+    ],
+)
+def test_split_fractions_the_arithmetic_cannot_take_are_refused_before_writing(tmp_path, splits, message):
+    x = np.arange(400, dtype=np.float32)[:, None]
+    with pytest.raises(StoreError, match=message):
+        write(tmp_path / "s.zarr", {"x": x, "y": x[:, 0]}, splits=splits, gap=0, progress=False)
+    with pytest.raises(StoreError, match=message):  # the date split is named before the missing gap
+        write(tmp_path / "s.zarr", {"x": x, "y": x[:, 0]}, splits=splits, progress=False)
+    assert not (tmp_path / "s.zarr").exists()
+
+
 @pytest.mark.parametrize("overwrite", [False, True])
 def test_a_directory_that_is_not_a_store_is_refused_and_kept_whole(tmp_path, overwrite):
     victim = tmp_path / "notes"
