@@ -634,7 +634,9 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
                 prev = p
                 continue
             if p.path != prev.path:
-                raise files_out_of_order(p.path, p.first_ts, prev.path, prev.last_ts)
+                span = _file_spans(parts)
+                raise files_out_of_order(p.path, p.first_ts, prev.path, prev.last_ts,
+                                         times_of_day=_times_of_day(*span[p.path], *span[prev.path]))
             advice = repeated_hour_advice(_ns_between(p.first_ts, prev.last_ts), p.tz)
             advice = advice or "rows must be in time order: sort the file by time"
             raise LoaderError(p.path, f"row group {p.group} starts at {p.first_ts}, before row group {prev.group} "
@@ -679,12 +681,66 @@ def _duration(ns: int) -> str:
     return f"{int(minutes)} min" + (f" {seconds:.3g} s" if seconds else "")
 
 
-def files_out_of_order(path: str, first: Any, previous: str, last: Any) -> LoaderError:
+#: Nanoseconds in a day: times below it are within the epoch's first day.
+DAY_NS = 86_400 * 10**9
+#: Epoch nanoseconds of 1990-01-01 and 2100-01-01, the dates an order book can have.
+_PLAUSIBLE_NS = (631_152_000 * 10**9, 4_102_444_800 * 10**9)
+
+
+def _as_ns(value: Any) -> int | None:
+    """A footer statistic or a row's time as int ns: a datetime64, or an integer (taken
+    as ns, the default unit); ``None`` for anything else (text, floats)."""
+    if isinstance(value, np.datetime64):
+        return int(value.astype("datetime64[ns]").astype(np.int64))
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def _shown_time(value: Any) -> str:
+    """A time for a message: ISO, from an integer too when it is a date of an order book
+    in ns or a time within the epoch's first day (a time of day); otherwise as it is
+    (an integer in another unit would show a wrong ISO time)."""
+    ns = _as_ns(value)
+    if ns is None or isinstance(value, np.datetime64):
+        return str(value)
+    lo, hi = _PLAUSIBLE_NS
+    return str(np.datetime64(ns, "ns")) if lo <= ns < hi or 0 <= ns < DAY_NS else str(value)
+
+
+def _file_spans(parts: Sequence[TablePart]) -> dict[str, tuple[int | None, int | None]]:
+    """Each file's earliest and latest time in ns from its row groups' footers (``None``
+    where a footer has none, or not a time)."""
+    out: dict[str, tuple[int | None, int | None]] = {}
+    for p in parts:
+        lo, hi = _as_ns(p.first_ts), _as_ns(p.last_ts)
+        old_lo, old_hi = out.get(p.path, (lo, hi))
+        out[p.path] = (None if lo is None or old_lo is None else min(lo, old_lo),
+                       None if hi is None or old_hi is None else max(hi, old_hi))
+    return out
+
+
+def _times_of_day(*bounds: int | None) -> bool:
+    """Whether every one of ``bounds`` (files' first and last times, ns) is within the
+    epoch's first day: times of day without their date (NASDAQ ITCH's nanoseconds since
+    midnight), which make every file 1970-01-01."""
+    return all(b is not None and 0 <= b < DAY_NS for b in bounds)
+
+
+def files_out_of_order(path: str, first: Any, previous: str, last: Any, *, times_of_day: bool = False
+                       ) -> LoaderError:
     """The error for file ``path`` that starts (at ``first``) before the ``previous``
     file ends (at ``last``): one message whether the times came from Parquet footers or
-    from the rows (CSV, LOBSTER)."""
-    return LoaderError(path, f"starts at {first}, before the previous file {previous} ends at {last}; "
-                       "files must be in time order when sorted by name")
+    from the rows (CSV, LOBSTER). ``times_of_day``: every time of both files is within
+    the epoch's first day, which the message explains instead of the file order."""
+    where = f"starts at {_shown_time(first)}, before the previous file {previous} ends at {_shown_time(last)}"
+    if times_of_day:
+        return LoaderError(path, f"{where}; every timestamp of both files is within a day of 1970-01-01T00:00: they "
+                           "look like times of day (nanoseconds since midnight, as NASDAQ ITCH gives them) without "
+                           "their date, so every file is read as 1970-01-01. Store whole times in the timestamp "
+                           "column (the file's date added: ns since the epoch, or a timestamp type): only "
+                           "LOBSTER's dates are taken from the file names")
+    return LoaderError(path, f"{where}; files must be in time order when sorted by name")
 
 
 def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[int]) -> None:
@@ -700,7 +756,8 @@ def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[
     for k in range(1, len(paths)):
         if int(first[k]) < int(last[k - 1]):
             raise files_out_of_order(paths[k], np.datetime64(int(first[k]), "ns"), paths[k - 1],
-                                     np.datetime64(int(last[k - 1]), "ns"))
+                                     np.datetime64(int(last[k - 1]), "ns"),
+                                     times_of_day=_times_of_day(first[k - 1], last[k - 1], first[k], last[k]))
 
 
 def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:

@@ -434,3 +434,28 @@ def test_compressed_lobster_pairs_are_segmented_like_plain_ones(tmp_path, suffix
     assert src.segments.instruments == ("AAPL", "MSFT")
     np.testing.assert_array_equal(src.array.compute(), np.concatenate([b for b, _ in expect]))
     np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate([t for _, t in expect]))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_times_of_day_without_their_date_are_named_as_such_not_as_files_out_of_order(tmp_path, fmt):
+    # NASDAQ ITCH books: ns since midnight, the date only in the file name
+    t = 34_200 * 10**9 + np.arange(20, dtype=np.int64) * 10**9
+    for day in ("20190130", "20190131"):
+        frame = pa.table({"timestamp": pa.array(t.astype(np.uint64)), "bid_price_1": np.full(20, 165.0)})
+        (pq.write_table if fmt == "parquet" else pacsv.write_csv)(frame, tmp_path / f"{day}.itch.{fmt}")
+    with pytest.raises(LoaderError) as err:
+        open_segmented(str(tmp_path / f"*.{fmt}"), timestamp="timestamp")
+    msg = str(err.value)
+    iso = np.datetime64(int(t[0]), "ns"), np.datetime64(int(t[-1]), "ns")  # numpy: 1970-01-01T09:30 and 09:30:19
+    assert f"20190131.itch.{fmt}: starts at {iso[0]}, before the previous file" in msg
+    assert f"ends at {iso[1]}" in msg and "look like times of day" in msg and "1970-01-01" in msg
+    assert "files must be in time order" not in msg and "34200000000000" not in msg
+
+
+def test_files_out_of_order_show_their_integer_times_as_iso(tmp_path):
+    t = np.datetime64("2024-03-08T14:00", "ns").astype(np.int64) + np.arange(5, dtype=np.int64)
+    for name, shift in (("a", 10), ("b", 0)):
+        pq.write_table(pa.table({"timestamp": t + shift, "v": np.zeros(5)}), tmp_path / f"{name}.parquet")
+    with pytest.raises(LoaderError, match=r"b.parquet: starts at 2024-03-08T14:00:00.000000000, before the previous "
+                       r"file .*a.parquet ends at 2024-03-08T14:00:00.000000014; files must be in time order"):
+        open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp")
