@@ -37,7 +37,7 @@ from pipeline.errors import (
 from pipeline.loaders.registry import compression_of
 
 __all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_file_times", "check_time_order", "check_time_zones",
-           "count_lines", "files_out_of_order", "inexact_integers", "is_datum", "is_number", "looks_like_data",
+           "check_units", "count_lines", "files_out_of_order", "inexact_integers", "is_datum", "is_number", "looks_like_data",
            "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table", "project_columns",
            "read_columns", "read_range", "repeated_hour_advice", "require_pyarrow", "row_place", "split_fields",
            "table_array", "text_ranges"]
@@ -120,6 +120,12 @@ class TablePart:
     #: (``""``: a naive timestamp type); ``None`` where no schema says (CSV, LOBSTER,
     #: a column of numbers or text).
     tz: str | None = None
+    #: Parquet: per column of ``sources``, ``"i"`` for an integer type, ``"f"`` for a
+    #: floating one, ``""`` for any other; and the largest magnitude of the column in
+    #: the file's first row group (``None``: no statistics), to tell fixed-point
+    #: integers from decimal prices across files (:func:`check_units`).
+    kinds: tuple[str, ...] = ()
+    magnitudes: tuple[float | None, ...] = ()
 
     def source_of(self, column: str) -> str:
         """The file's own name of canonical ``column``."""
@@ -172,6 +178,9 @@ def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[Ta
     tz = None
     if ts_idx is not None and pa.types.is_timestamp(schema.field(ts_idx).type):
         tz = schema.field(ts_idx).type.tz or ""
+    kinds = tuple("i" if pa.types.is_integer(f.type) else "f" if pa.types.is_floating(f.type) else ""
+                  for f in schema)
+    magnitudes = _magnitudes(meta, kinds)
     parts = []
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
@@ -181,8 +190,25 @@ def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[Ta
             if st is not None and st.has_min_max:
                 first, last = statistics_bounds(st)
         parts.append(TablePart(path, "parquet", g, rg.num_rows, cols, first, last, sources=cols, non_numeric=text,
-                               tz=tz))
+                               tz=tz, kinds=kinds, magnitudes=magnitudes))
     return parts
+
+
+def _magnitudes(meta: Any, kinds: Sequence[str]) -> tuple[float | None, ...]:
+    """The largest magnitude of each integer or floating column in the first row group
+    of a Parquet file, from its statistics (``None`` without them, or for other types)."""
+    out: list[float | None] = [None] * len(kinds)
+    if meta.num_row_groups == 0:
+        return tuple(out)
+    rg = meta.row_group(0)
+    for j, kind in enumerate(kinds):
+        st = rg.column(j).statistics if kind else None
+        if st is not None and st.has_min_max:
+            try:
+                out[j] = max(abs(float(st.min)), abs(float(st.max)))
+            except (TypeError, ValueError):
+                pass
+    return tuple(out)
 
 
 #: Parquet's time units as numpy's.
@@ -606,7 +632,48 @@ def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, tim
         for what, name in (("timestamp", timestamp), ("instrument", instrument)):
             if name and name not in p.columns:
                 raise MissingColumnError(p.path, f"missing {what} column {name!r}; the file has {list(p.columns)}")
+    check_units(parts, wanted)
     return wanted
+
+
+#: Price magnitudes that differ by this factor or more, between a file that stores a
+#: column as integers and one that stores it as floats, are two units: fixed-point
+#: integers (cents: 100, LOBSTER and ITCH: 10,000, Databento: 1e9) beside decimal
+#: prices. A day's prices vary far less; an integer column that a day with a missing
+#: value stored as floats keeps its magnitude.
+_UNIT_FACTOR = 50.0
+
+
+def check_units(parts: Sequence[TablePart], columns: Sequence[str]) -> None:
+    """Refuse price columns (named ``*price*``) that one Parquet file stores as integers
+    and another as floats at magnitudes ``_UNIT_FACTOR`` or more apart (from the first
+    row group's statistics): joined, one day's prices would be a thousand or a billion
+    times another's, and every normalized value nonsense.
+
+    Raises
+    ------
+    LoaderError
+        Naming the column, a file of each type, their types and magnitudes.
+    """
+    for name in (c for c in columns if "price" in c.lower()):
+        seen: dict[str, tuple[TablePart, float]] = {}
+        for p in parts:
+            if not p.kinds or p.group != 0:
+                continue
+            j = p.sources.index(p.source_of(name))
+            kind, size = p.kinds[j], p.magnitudes[j]
+            if kind in ("i", "f") and size is not None and size > 0 and kind not in seen:
+                seen[kind] = (p, size)
+        if len(seen) < 2:
+            continue
+        (ip, isize), (fp, fsize) = seen["i"], seen["f"]
+        factor = max(isize, fsize) / min(isize, fsize)
+        if factor >= _UNIT_FACTOR:
+            raise LoaderError(ip.path, f"column {name!r} holds integers up to {isize:.6g}, but {fp.path} holds "
+                              f"floats up to {fsize:.6g} (a factor of about {factor:.3g}): the files store it in two "
+                              "units (fixed-point integers beside decimal prices), which joined would make no sense; "
+                              "convert one set of files to the other's unit, or read each set as a source of its own "
+                              "(source.scale reads fixed-point integers as prices)")
 
 
 def project_columns(columns: Sequence[str], read: Sequence[str] | None) -> tuple[str, ...]:

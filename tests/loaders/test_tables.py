@@ -783,3 +783,32 @@ def test_row_groups_of_naive_times_repeating_an_hour_are_not_told_to_sort(tmp_pa
     with pytest.raises(LoaderError, match=r"row group 1 starts at .*, before row group 0 ends at .*; the time steps "
                        rf"back {(wall.asi8[back - 1] - wall.asi8[back]) // 60 // 10**9} min, .*daylight-saving"):
         open_source(str(tmp_path / "d.parquet"), timestamp="timestamp")
+
+
+def _units_day(d, name, prices, day):
+    ts = np.datetime64("2024-03-08", "ns") + np.timedelta64(day, "D") + np.arange(len(prices)).astype("timedelta64[s]")
+    pq.write_table(pa.table({"timestamp": ts, "bid_price_1": prices, "bid_size_1": np.full(len(prices), 5)}),
+                   d / name)
+
+
+def test_prices_as_fixed_point_integers_in_one_file_and_floats_in_another_are_refused(tmp_path):
+    dollars = 5100 + 0.25 * (np.arange(10) % 5)
+    _units_day(tmp_path, "a.parquet", np.round(dollars * 1e9).astype(np.int64), 0)  # Databento raw: 1e-9 units
+    _units_day(tmp_path, "b.parquet", dollars, 1)                                     # its "pretty" export
+    with pytest.raises(LoaderError) as err:
+        open_source(str(tmp_path / "*.parquet"), timestamp="timestamp", dtype="float64")
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'a.parquet'}: column 'bid_price_1' holds integers up to "
+                          f"{np.round(dollars.max() * 1e9):.6g}, but {tmp_path / 'b.parquet'} holds floats up to "
+                          f"{dollars.max():.6g} (a factor of about 1e+09)")
+
+
+def test_an_integer_price_column_stored_as_floats_on_a_day_with_a_gap_is_joined(tmp_path):
+    ticks = np.array([1_650_000, 1_650_100, 1_650_200, 1_650_100], np.int64)  # ITCH: 1e-4 dollars
+    with_gap = ticks.astype(float)
+    with_gap[2] = np.nan  # pandas writes such a day's integer column as floats
+    _units_day(tmp_path, "a.parquet", ticks, 0)
+    _units_day(tmp_path, "b.parquet", with_gap, 1)
+    got = open_source(str(tmp_path / "*.parquet"), timestamp="timestamp", columns=["bid_price_1"], dtype="float64",
+                      nan="fill", fill_value=-1.0).array.compute()
+    np.testing.assert_array_equal(got[:, 0], np.where(np.isnan(np.r_[ticks, with_gap]), -1, np.r_[ticks, with_gap]))
