@@ -61,7 +61,8 @@ def test_cut_short_reasons(fmt, head, cut, expected):
 
 
 def test_a_tiff_whose_strips_end_past_the_file_is_cut_short():
-    assert images._cut_short("TIFF", b"", b"", 20, 30) == "its pixel data is declared to end at byte 30, the file has 20"
+    said = images._cut_short("TIFF", b"", b"", 20, 30)
+    assert said == "its pixel data is declared to end at byte 30, the file has 20"
     assert images._cut_short("TIFF", b"", b"", 30, 30) is None
 
 
