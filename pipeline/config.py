@@ -82,8 +82,10 @@ class SourceConfig:
     header: bool = True
     names: tuple[str, ...] | None = None
     #: ``{canonical: source_name}``: feeds with their own column names
-    #: (``bid_price_1: "bids[0].price"``).
-    rename: dict[str, str] = field(default_factory=dict)
+    #: (``bid_price_1: "bids[0].price"``); a list of alternatives
+    #: (``ask_price_1: [best_ask_price, askPrice]``) for a vendor that renames a column
+    #: over time: each file reads the first it has.
+    rename: dict[str, Any] = field(default_factory=dict)
     #: :class:`pipeline.features.sessions.SessionSpec`, or ``None``: ``file`` when there
     #: are several files.
     sessions: Any = None
@@ -332,15 +334,24 @@ def _instrument(value: Any, path: str) -> Any:
     return InstrumentSpec.from_value(value, path)
 
 
-def _rename(value: Any, path: str) -> dict[str, str]:
+def _rename(value: Any, path: str) -> dict[str, str | tuple[str, ...]]:
+    """``{canonical: source}``, a value a source name or a list of alternatives (a vendor
+    that renames a column from one day on): each file reads the first it has."""
     if value is None:
         return {}
-    if not isinstance(value, Mapping) or not all(isinstance(k, str) and isinstance(v, str) and v
-                                                 for k, v in value.items()):
-        raise ConfigError(path, "a mapping of canonical column name to the source's column name", value)
-    if len(set(value.values())) != len(value):
-        raise ConfigError(path, "distinct source column names", value)
-    return dict(value)
+    expected = "a mapping of canonical column name to the source's column name (or a list of alternative names)"
+
+    def names(v: Any) -> tuple[str, ...] | None:
+        items = (v,) if isinstance(v, str) else tuple(v) if isinstance(v, (list, tuple)) and v else None
+        return items if items and all(isinstance(n, str) and n for n in items) else None
+
+    if not isinstance(value, Mapping) or not all(isinstance(k, str) and names(v) for k, v in value.items()):
+        raise ConfigError(path, expected, value)
+    every = [n for v in value.values() for n in names(v)]
+    if len(set(every)) != len(every):
+        twice = sorted({n for n in every if every.count(n) > 1})
+        raise ConfigError(path, f"distinct source column names ({', '.join(map(repr, twice))} given twice)", value)
+    return {k: v if isinstance(v, str) else tuple(v) for k, v in value.items()}
 
 
 def _format(value: Any, path: str) -> str | None:

@@ -253,3 +253,13 @@ def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path):
     from pipeline.config import _safe_load
 
     assert _safe_load("a: &w {s: 2, t: 1}\nb:\n  <<: *w\n  s: 3\n") == {"a": {"s": 2, "t": 1}, "b": {"s": 3, "t": 1}}
+
+
+def test_config_rename_takes_a_list_of_alternatives():
+    from pipeline.config import _rename
+
+    assert _rename({"a": ["x", "y"], "b": "z"}, "source.rename") == {"a": ("x", "y"), "b": "z"}
+    for bad, why in (({"a": []}, "a mapping of canonical"), ({"a": ["x", 3]}, "a mapping of canonical"),
+                     ({"a": ["x", "y"], "b": "y"}, r"distinct source column names \('y' given twice\)")):
+        with pytest.raises(ConfigError, match=r"^source\.rename: expected " + why):
+            _rename(bad, "source.rename")

@@ -142,14 +142,35 @@ def row_place(part: TablePart, i: int) -> str:
     return f"line {part.row0 + i + 1 + int(part.fmt == 'csv' and part.header)}"
 
 
-def _renamed(path: str, file_columns: tuple[str, ...], rename: Mapping[str, str]) -> tuple[str, ...]:
-    """Canonical names of ``file_columns`` under ``rename`` (``{canonical: source}``)."""
-    missing = {canon: src for canon, src in rename.items() if src not in file_columns}
+def _alternatives(source: str | Sequence[str]) -> tuple[str, ...]:
+    """The source names a ``rename`` value allows: one name, or a list of them."""
+    return (source,) if isinstance(source, str) else tuple(source)
+
+
+def _first_present(source: str | Sequence[str] | None, file_columns: Sequence[str]) -> str | None:
+    """Of a ``rename`` value's alternatives, the first the file has (else the first)."""
+    if source is None:
+        return None
+    names = _alternatives(source)
+    return next((n for n in names if n in file_columns), names[0])
+
+
+def _renamed(path: str, file_columns: tuple[str, ...], rename: Mapping[str, str | Sequence[str]]
+             ) -> tuple[str, ...]:
+    """Canonical names of ``file_columns`` under ``rename`` (``{canonical: source}``,
+    or ``{canonical: [source, ...]}``: alternative names, as a vendor renames a column
+    from one day on; the first one the file has is read)."""
+    missing = {canon: _alternatives(src) for canon, src in rename.items()
+               if not any(s in file_columns for s in _alternatives(src))}
     if missing:
+        def said(names: tuple[str, ...]) -> str:
+            return f"source column {names[0]!r}" if len(names) == 1 else \
+                f"any of the source columns {list(names)}"
+
         raise MissingColumnError(
-            path, f"rename maps {', '.join(f'{c!r} to source column {s!r}' for c, s in missing.items())}, "
+            path, f"rename maps {', '.join(f'{c!r} to {said(s)}' for c, s in missing.items())}, "
             f"which the file lacks; the file has {list(file_columns)}")
-    inverse = {src: canon for canon, src in rename.items()}
+    inverse = {_first_present(src, file_columns): canon for canon, src in rename.items()}
     out = tuple(inverse.get(c, c) for c in file_columns)
     dupes = sorted({c for c in out if out.count(c) > 1})
     if dupes:
@@ -159,7 +180,7 @@ def _renamed(path: str, file_columns: tuple[str, ...], rename: Mapping[str, str]
     return out
 
 
-def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[TablePart]:
+def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: dict) -> list[TablePart]:
     require_pyarrow()
     import pyarrow.parquet as pq
 
@@ -174,6 +195,7 @@ def _parquet_parts(path: str, timestamp_source: str | None, so: dict) -> list[Ta
 
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean)
     text = tuple(f.name for f in schema if not any(test(f.type) for test in numeric))
+    timestamp_source = _first_present(timestamp_source, cols)  # a rename may list alternatives
     ts_idx = cols.index(timestamp_source) if timestamp_source in cols else None
     tz = None
     if ts_idx is not None and pa.types.is_timestamp(schema.field(ts_idx).type):
@@ -334,7 +356,7 @@ def text_ranges(head: int, starts: Sequence[int], rows: int,
 
 
 def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
-               part_rows: int = TEXT_PART_ROWS, timestamp: str | None = None) -> list[TablePart]:
+               part_rows: int = TEXT_PART_ROWS, timestamp: str | Sequence[str] | None = None) -> list[TablePart]:
     """The parts of a CSV file (a newline count), with ``tz`` from the first row's time in
     column ``timestamp`` (see :func:`_csv_time_kind`)."""
     part_rows = part_rows_of(path, part_rows)
@@ -363,6 +385,7 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
         # A header and no data (a day without trades): no part, as a Parquet file of no
         # row group has none. Read, it would give columns of pyarrow's null type.
         return []
+    timestamp = _first_present(timestamp, cols)  # a rename may list alternatives
     tz = _csv_time_kind(path, second if header else first, cols, timestamp) if timestamp else None
     if rows <= part_rows:
         return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz)]
@@ -395,10 +418,11 @@ def _csv_time_kind(path: str, line: bytes, columns: Sequence[str], column: str) 
 
 
 def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header: bool = True,
-                names: Sequence[str] | None = None, rename: Mapping[str, str] | None = None,
+                names: Sequence[str] | None = None, rename: Mapping[str, str | Sequence[str]] | None = None,
                 part_rows: int | None = None) -> list[TablePart]:
     """Row counts and column names of one file, from metadata only (Parquet) or a
-    newline count (CSV, LOBSTER), with canonical names after ``rename``. Text files of
+    newline count (CSV, LOBSTER), with canonical names after ``rename`` (a value may
+    list alternative source names: the first the file has is read). Text files of
     more than ``part_rows`` rows (default :data:`TEXT_PART_ROWS`) come in parts."""
     part_rows = part_rows or TEXT_PART_ROWS
     rename = dict(rename or {})

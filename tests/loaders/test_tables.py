@@ -812,3 +812,28 @@ def test_an_integer_price_column_stored_as_floats_on_a_day_with_a_gap_is_joined(
     got = open_source(str(tmp_path / "*.parquet"), timestamp="timestamp", columns=["bid_price_1"], dtype="float64",
                       nan="fill", fill_value=-1.0).array.compute()
     np.testing.assert_array_equal(got[:, 0], np.where(np.isnan(np.r_[ticks, with_gap]), -1, np.r_[ticks, with_gap]))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_rename_alternatives_read_the_first_name_each_file_has(tmp_path, fmt):
+    import pandas as pd
+
+    frames = []
+    for k, day in enumerate(["2023-05-01", "2023-05-02"]):  # the vendor renamed its columns on day 2
+        df = pd.DataFrame({"transaction_time": pd.Timestamp(day).value + np.arange(6) * 10**9,
+                           "best_bid_price": 0.5 + np.arange(6) * 1e-4, "best_ask_price": 0.5001 + k + np.arange(6)})
+        if k == 1:
+            df = df.rename(columns={"best_bid_price": "bidPrice", "best_ask_price": "askPrice",
+                                    "transaction_time": "T"})
+        (df.to_parquet if fmt == "parquet" else df.to_csv)(tmp_path / f"{day}.{fmt}", index=False)
+        frames.append(df.to_numpy())
+    rename = {"bid_price_1": ["best_bid_price", "bidPrice"], "ask_price_1": ["best_ask_price", "askPrice"],
+              "timestamp": ["transaction_time", "T"]}
+    src = open_source(str(tmp_path / f"*.{fmt}"), rename=rename, timestamp="timestamp", dtype="float64")
+    assert src.columns == ("bid_price_1", "ask_price_1")
+    np.testing.assert_array_equal(src.array.compute(), np.concatenate(frames)[:, 1:])  # pandas' values, in order
+    np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate(frames)[:, 0].astype(np.int64))
+    with pytest.raises(MissingColumnError, match=r"2023-05-01\.%s: rename maps 'ask_price_1' to any of the source "
+                       r"columns \['ask', 'askP'\], which the file lacks; the file has" % fmt):
+        open_source(str(tmp_path / f"*.{fmt}"), rename={**rename, "ask_price_1": ["ask", "askP"]})
+
