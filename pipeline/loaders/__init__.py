@@ -300,6 +300,10 @@ def open_source(
 
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
+    if label_values is not None and combine != "stack":
+        # One label per file, but concat makes rows of files: 2 labels for 20 rows.
+        raise LoaderError(str(paths or labels), f"labels={labels!r} gives one label per file, but combine={combine!r} "
+                          "joins the files' rows; labels need combine='stack' (one sample per file)")
     infos = tuple(FileInfo(p, s, m, shape=tuple(sh)) for p, s, m, (sh, _) in probed)
     label_arr = None
     if label_values is not None:
@@ -659,6 +663,10 @@ def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = 
     dask.array.Array
         The lazy array; it carries the source's provenance as ``array.attrs``.
     """
+    if options.get("labels") is not None:
+        # load returns the samples alone: labels passed here were silently dropped.
+        raise LoaderError(str(paths), "pipeline.load returns the samples only; for their labels use "
+                          "pipeline.loaders.open_source(..., labels=...), whose .array and .labels are aligned")
     source = open_source(paths, format=format, combine=combine, **options)
     arr = source.array
     try:

@@ -64,6 +64,11 @@ def test_images_with_folder_labels_resize_and_mode(tmp_path):
     np.testing.assert_array_equal(src.array[0].compute(), first)
     with pytest.raises(ShapeMismatchError, match="differ"):
         open_source(str(tmp_path / "**" / "*.png"))  # 10, 11, 12 rows without a target shape
+    # One label per file cannot follow files joined row by row, and load has no labels to return.
+    with pytest.raises(LoaderError, match=r"labels='folder' gives one label per file, but combine='concat'"):
+        open_source(str(tmp_path / "**" / "*.png"), labels="folder", shape=(8, 8), mode="L", combine="concat")
+    with pytest.raises(LoaderError, match=r"returns the samples only; for their labels use .*open_source"):
+        pipeline.load(str(tmp_path / "**" / "*.png"), labels="folder", shape=(8, 8), mode="L")
 
 
 def test_a_jpg_that_is_not_an_image(tmp_path):
