@@ -89,7 +89,7 @@ def label_steps_numpy(block: np.ndarray, columns: Sequence[str], spec: LabelSpec
     b = np.asarray(block)
     idx = [_col(columns, name) for name in spec.required_columns]
     if spec.kind == "column":
-        return b[:, idx[0]].astype(np.float64).reshape(-1, 1)
+        return b[:, idx].astype(np.float64).reshape(b.shape[0], len(idx))
     # Prices are summed in float64 exactly as the mid_price feature does.
     mid = (b[:, idx[0]].astype(np.float64) + b[:, idx[1]].astype(np.float64)) / 2.0
     ks = spec.horizon_list
@@ -141,7 +141,7 @@ def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.A
     needed = spec.required_columns
     # Only the columns the label reads reach its step, selected in the step's task.
     return map_with_halo(x, lambda block: label_steps_numpy(block, needed, spec), back=back, fwd=fwd,
-                         width=max(1, len(spec.horizon_list)), dtype=np.float64, token="label-steps", columns=idx)
+                         width=spec.width, dtype=np.float64, token="label-steps", columns=idx)
 
 
 def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
@@ -169,11 +169,10 @@ def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
     v = np.asarray(values, dtype=np.float64)
     if v.ndim == 1:
         v = v[:, None]
-    width = max(1, len(spec.horizon_list))
+    width = spec.width
     if v.ndim != 2 or (v.shape[0] and v.shape[1] != width):
-        raise FeatureError(
-            f"labels: expected values of shape (n, {width}) for {len(spec.horizon_list)} horizons, got {v.shape}"
-        )
+        what = f"{width} columns" if spec.kind == "column" else f"{len(spec.horizon_list)} horizons"
+        raise FeatureError(f"labels: expected values of shape (n, {width}) for {what}, got {v.shape}")
     if spec.kind == "column":
         if spec.map:
             v = mapped(v, spec)
@@ -207,8 +206,10 @@ def mapped(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
     known = keys[at] == values
     unknown = ~known & ~np.isnan(values)
     if unknown.any():
-        raise FeatureError(f"labels.map: column {spec.column!r} holds {values[unknown][0]:g}, which the map does "
-                           f"not name (it maps {', '.join(f'{k:g}' for k in keys)})")
+        row, col = np.argwhere(unknown.reshape(unknown.shape[0], -1))[0]
+        name = spec.label_columns[col] if col < len(spec.label_columns) else spec.column
+        raise FeatureError(f"labels.map: column {name!r} holds {values.reshape(unknown.shape[0], -1)[row, col]:g}, "
+                           f"which the map does not name (it maps {', '.join(f'{k:g}' for k in keys)})")
     return np.where(known, images[at], values)
 
 

@@ -105,8 +105,12 @@ class FeatureSpec:
             kwargs["of"] = of
         if name == "column":
             col = value.get("column")
-            if not isinstance(col, str) or not col:
-                raise ConfigError(f"{path}.column", "a column name", col)
+            names = [col] if isinstance(col, str) else col if isinstance(col, (list, tuple)) else None
+            if not names or not all(isinstance(c, str) and c for c in names):
+                raise ConfigError(f"{path}.column", "a column name or a non-empty list of column names", col)
+            if len(set(names)) != len(names):
+                raise ConfigError(f"{path}.column", "distinct column names", col)
+            col = col if isinstance(col, str) else tuple(col)
             kwargs["column"] = col
         if name == "custom":
             fn = value.get("function")
@@ -255,7 +259,10 @@ class LabelSpec:
         (``float32`` or ``int64``; an int64 column should hold whole numbers). No
         horizon. ``map`` (``{1: 2, 2: 1, 3: 0}``: FI-2010's published 1 up, 2 stationary,
         3 down as this package's 0 down, 1 stationary, 2 up) replaces each value by its
-        image first; a value it does not name is refused (NaN stays NaN).
+        image first; a value it does not name is refused (NaN stays NaN). A list of
+        columns (FI-2010's five horizons, ``[label_1, label_2, label_3, label_5,
+        label_10]``) gives labels of shape ``(n, len(column))``, one per column in the
+        order given, ``map`` applied to each.
 
     ``horizon`` (one ``k``, labels of shape ``(n,)``) or ``horizons`` (several, labels
     of shape ``(n, len(horizons))``, one column per horizon in the order given) set the
@@ -270,7 +277,8 @@ class LabelSpec:
     horizons: tuple[int, ...] = ()
     reference: Literal["current", "past_mean"] = "current"
     alpha: float | None = None
-    column: str = ""
+    #: ``column``: one source column (labels ``(n,)``) or a tuple of them (``(n, k)``).
+    column: str | tuple[str, ...] = ""
     dtype: Literal["float32", "int64"] = "float32"
     #: ``column``'s values and what each is stored as, in ascending order of value.
     map: tuple[tuple[float, float], ...] = ()
@@ -283,6 +291,8 @@ class LabelSpec:
         object.__setattr__(self, "thresholds", tuple(float(t) for t in self.thresholds))
         if self.kind == "column":
             object.__setattr__(self, "horizon", 0)
+            if not isinstance(self.column, str):  # a list of columns becomes a hashable tuple
+                object.__setattr__(self, "column", tuple(self.column))
         elif horizons:
             object.__setattr__(self, "horizon", max(horizons))
 
@@ -315,8 +325,12 @@ class LabelSpec:
             col = value.get("column")
             if col is None:
                 raise ConfigError(f"{path}.column", "", detail="missing required key for kind: column (a column name)")
-            if not isinstance(col, str) or not col:
-                raise ConfigError(f"{path}.column", "a column name", col)
+            names = [col] if isinstance(col, str) else col if isinstance(col, (list, tuple)) else None
+            if not names or not all(isinstance(c, str) and c for c in names):
+                raise ConfigError(f"{path}.column", "a column name or a non-empty list of column names", col)
+            if len(set(names)) != len(names):
+                raise ConfigError(f"{path}.column", "distinct column names", col)
+            col = col if isinstance(col, str) else tuple(col)
             dtype = value.get("dtype", "float32")
             if dtype not in ("float32", "int64"):
                 raise ConfigError(f"{path}.dtype", "one of 'float32', 'int64'", dtype)
@@ -373,8 +387,25 @@ class LabelSpec:
 
     @property
     def multi(self) -> bool:
-        """Whether labels are 2-D, ``(n, len(horizons))``: ``horizons`` was given."""
-        return self.kind != "column" and bool(self.horizons)
+        """Whether labels are 2-D, ``(n, width)``: ``horizons`` was given, or a list of
+        columns."""
+        if self.kind == "column":
+            return not isinstance(self.column, str)
+        return bool(self.horizons)
+
+    @property
+    def label_columns(self) -> tuple[str, ...]:
+        """``column``'s source columns, in output order; ``()`` for the other kinds."""
+        if self.kind != "column":
+            return ()
+        return (self.column,) if isinstance(self.column, str) else tuple(self.column)
+
+    @property
+    def width(self) -> int:
+        """Label values per window: one per horizon, or per column of ``column``."""
+        if self.kind == "column":
+            return len(self.label_columns)
+        return max(1, len(self.horizon_list))
 
     @property
     def reach(self) -> tuple[int, int]:
@@ -390,7 +421,7 @@ class LabelSpec:
     def required_columns(self) -> tuple[str, ...]:
         """Source columns the label reads."""
         if self.kind == "column":
-            return (self.column,)
+            return self.label_columns
         return ("bid_price_1", "ask_price_1")
 
     @property
@@ -422,12 +453,15 @@ class LabelSpec:
             out.pop("horizon")
         if self.kind != "class":
             out.pop("thresholds", None)
+        if "map" in out:  # the metadata's pairs, as the mapping the key takes
+            out["map"] = {a: b for a, b in out["map"]}
         return out
 
     def describe(self) -> dict[str, Any]:
         """The label definition as plain JSON values, for a store's metadata."""
         if self.kind == "column":
-            out = {"kind": "column", "column": self.column, "dtype": self.dtype}
+            out = {"kind": "column", "column": self.column if isinstance(self.column, str) else list(self.column),
+                   "dtype": self.dtype}
             if self.map:
                 out["map"] = [[_plain(a), _plain(b)] for a, b in self.map]
             return out

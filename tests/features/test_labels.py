@@ -303,7 +303,7 @@ def test_existing_configs_parse_to_the_same_spec():
         ({"kind": "other"}, "labels.kind: expected one of 'return', 'class', 'smoothed', 'column', got 'other'"),
         ({"kind": ["return"]}, "labels.kind: expected one of 'return', 'class', 'smoothed', 'column', got ['return']"),
         ({"kind": "column"}, "labels.column: missing required key for kind: column"),
-        ({"kind": "column", "column": ""}, "labels.column: expected a column name, got ''"),
+        ({"kind": "column", "column": ""}, "labels.column: expected a column name or a non-empty list of column names, got ''"),
         ({"kind": "column", "column": "y", "dtype": "int8"}, "labels.dtype: expected one of 'float32', 'int64'"),
         ({"kind": "column", "column": "y", "horizon": 3}, "labels.horizon: not used by kind: column"),
         ({"kind": "smoothed", "alpha": -0.1}, "labels.alpha: expected a non-negative number, got -0.1"),
@@ -329,3 +329,35 @@ def test_label_config_errors_name_the_key_path(value, message):
     with pytest.raises(ConfigError) as err:
         LabelSpec.from_mapping(value, "labels")
     assert str(err.value).startswith(message), str(err.value)
+
+
+def test_a_list_of_label_columns_gives_one_label_per_column_each_mapped(tmp_path):
+    # FI-2010's five published horizons, read as numpy reads the published text
+    from pipeline.loaders import open_source
+
+    rng = np.random.default_rng(3)
+    a = rng.random((149, 30)) + 1.0
+    a[144:] = rng.integers(1, 4, size=(5, 30))
+    path = tmp_path / "Train_Dst_NoAuction_ZScore_CF_1.txt"
+    path.write_text("\n".join("".join(f"  {v:.7e}" for v in row) for row in a) + "\n")
+    names = ["label_1", "label_2", "label_3", "label_5", "label_10"]
+    label = spec(kind="column", column=names, dtype="int64", map={1: 2, 2: 1, 3: 0})
+    assert label.multi and label.width == 5 and label.required_columns == tuple(names) and label.reach == (0, 0)
+    assert LabelSpec.from_mapping(label.to_value(), "labels") == label
+    src = open_source(str(path), format="fi2010")
+    y = finalize_labels(label_steps(src.array, columns=src.columns, spec=label).compute(), label)
+    published = np.loadtxt(path).T[:, 144:149]
+    expected = np.vectorize({1.0: 2, 2.0: 1, 3.0: 0}.__getitem__)(published)
+    assert y.dtype == np.int64 and y.shape == (30, 5)
+    np.testing.assert_array_equal(y, expected)
+    one = spec(kind="column", column=["label_5"], dtype="int64")  # a list of one is 2-D, as horizons: [k] is
+    assert finalize_labels(label_steps(src.array, columns=src.columns, spec=one).compute(), one).shape == (30, 1)
+
+
+def test_a_list_of_label_columns_names_the_column_a_map_misses():
+    label = spec(kind="column", column=["tag", "ask_price_1"], map={1: 0, 3: 1, 4: 1, 5: 1, 9: 1, 2: 0, 6: 0})
+    with pytest.raises(FeatureError, match=r"column 'ask_price_1' holds 100.5, which the map does not name"):
+        finalize_labels(steps(label), label)
+    for bad in ([], ["tag", "tag"], ["tag", 3]):
+        with pytest.raises(ConfigError, match=r"^labels\.column: expected"):
+            spec(kind="column", column=bad)
