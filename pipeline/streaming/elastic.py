@@ -47,9 +47,12 @@ loop has consumed is known from the count of its batches and the number of worke
 (:func:`consumed_steps`). A state records the steps done before the iteration in
 progress (as intervals), the batches served and the workers serving them: any rank, on
 any world size dividing ``L``, with any number of workers, recomputes the steps left and
-serves each once. The loop's order then depends on the number of workers (a
-DataLoader interleaves its workers' runs), but every rank, given the same state and
-workers, serves the same global step at each turn.
+serves each once. On as many workers as served the state, each worker goes on with a
+run of the interrupted loop, the turns taken up where they stopped
+(:func:`~pipeline.streaming.plan.resumed_share`): the rest comes in the uninterrupted
+order. On another number of workers the steps left are shared anew, and the loop's
+order depends on the workers (a DataLoader interleaves its workers' runs), but every
+rank, given the same state and workers, serves the same global step at each turn.
 """
 
 from __future__ import annotations

@@ -47,7 +47,9 @@ since a source's position runs on across mix epochs. When every source is a stre
 (:mod:`~pipeline.streaming.elastic`), a source's steps per epoch, and so the schedule,
 do not depend on the world size, and each source's batch at a position holds the same
 samples on every world size: a state then resumes on any world size the sources allow.
-The DataLoader workers must be as many as those that served the state.
+The DataLoader workers must be as many as those that served the state; they take the
+turns up where the interrupted loader stopped
+(:func:`~pipeline.streaming.plan.resumed_share`).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import StreamError
-from pipeline.streaming.plan import round_robin_consumed
+from pipeline.streaming.plan import resumed_share
 from pipeline.streaming.api import stream
 from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value
 
@@ -379,15 +381,16 @@ class Mix:
             When the state was saved with another number of DataLoader workers.
         """
         num_workers = max(1, num_workers)
-        skip = 0
+        skip, share = 0, worker
         if self._served:
             if self._served_workers not in (None, num_workers):
                 raise StreamError(f"mix: state_dict was saved while {self._served_workers} DataLoader workers "
                                   f"served, this loader has {num_workers}; resume a mix on as many workers")
-            # The DataLoader took batches from the workers in turn: each skips its share.
+            # The DataLoader took batches from the workers in turn: each share skips what
+            # it delivered, and the turns go on where they stopped.
             counts = [hi - lo for lo, hi in (self._range(k, num_workers) for k in range(num_workers))]
-            skip = round_robin_consumed(counts, self._served)[worker]
-        return self.iter_worker(worker, num_workers, skip_batches=skip, read_ahead=read_ahead)
+            share, skip = resumed_share(counts, self._served, worker)
+        return self.iter_worker(share, num_workers, skip_batches=skip, read_ahead=read_ahead)
 
     def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0, read_ahead: bool = False
                     ) -> Iterator[tuple[np.ndarray, ...]]:

@@ -29,6 +29,7 @@ __all__ = [
     "group_permutation",
     "pieces_for_range",
     "rank_range",
+    "resumed_share",
     "round_robin_consumed",
     "served_order",
     "shuffle_quality",
@@ -175,6 +176,26 @@ def round_robin_consumed(counts: Sequence[int], served: int) -> list[int]:
             taken[k] += 1
             left -= 1
     return taken
+
+
+def resumed_share(counts: Sequence[int], served: int, worker: int) -> tuple[int, int]:
+    """Whose share a worker of a fresh DataLoader serves after ``served`` batches of an
+    epoch whose workers' shares had ``counts`` batches: ``(share, batches to skip)``.
+
+    A fresh DataLoader iterator takes its first batch from worker 0, while the
+    interrupted one would have gone on with the worker whose turn was next (worker 1
+    after an odd count on 2 workers). So the turns are rotated: worker ``w`` serves the
+    share of the worker ``w`` places after the next one in turn, and the loop gets the
+    rest of the epoch in the order an uninterrupted loop would have served it (the
+    DataLoader skips a worker whose share is done, in both loops alike).
+    """
+    taken = round_robin_consumed(counts, served)
+    # The next turn is the worker with batches left that has delivered the fewest
+    # (those served in the turn in progress have one more), the first of them in order.
+    going = [(taken[k], k) for k in range(len(counts)) if taken[k] < counts[k]]
+    first = min(going)[1] if going else 0
+    share = (first + worker) % len(counts)
+    return share, taken[share]
 
 
 def group_permutation(n: int, *, seed: int, epoch: int, rank: int, worker: int, group: int, shuffle: bool,

@@ -78,7 +78,7 @@ from pipeline.streaming.shared import SharedChunks
 from pipeline.streaming.plan import (
     WorkerPlan,
     batches_per_rank,
-    round_robin_consumed,
+    resumed_share,
     served_order,
     shuffle_quality,
     worker_plan,
@@ -342,11 +342,16 @@ class Stream:
             done, workers = self._done, self._served_workers
             if num_workers is not None:
                 workers = max(1, int(num_workers))
-                left = self._remaining(workers)  # the loader's iteration began with these steps left
-                done = step_intervals(np.setdiff1d(np.arange(len(self)), left, assume_unique=True))
-                if served < len(self) - left.size:
+                if self._served_workers not in (None, workers):
+                    # The loader's iteration shared anew the steps left after the batches
+                    # other workers served (see iter_resumed): those are done now.
+                    left = self._remaining(workers)
+                    done = step_intervals(np.setdiff1d(np.arange(len(self)), left, assume_unique=True))
+                # else: the loader went on with the turns of the loop that served the
+                # state, so the steps done before it and the count still say what it took.
+                if served < self._served:
                     raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
-                                      f"{len(self) - left.size} served before this iteration began; got {served}")
+                                      f"{self._served} served before this iteration began; got {served}")
             state.update(global_batch_size=self.global_batch_size, steps_per_epoch=len(self),
                          done=[list(p) for p in done])
             if workers is not None:
@@ -396,11 +401,9 @@ class Stream:
             if not len(self) - left.size <= served <= len(self):
                 raise StreamError(f"state_dict: batches_served={served}, but {len(self) - left.size} steps are "
                                   f"done and {left.size} left")
+            # The steps the loop took beyond ``done`` stay counted by the workers that
+            # served them: a loader of as many workers goes on with their turns.
             self.epoch, self._served, self._done, self._served_workers = int(state["epoch"]), served, done, workers
-            if workers is not None:  # known now: record the steps the loop took
-                self._done = step_intervals(np.setdiff1d(np.arange(len(self)), self._remaining(workers),
-                                                         assume_unique=True))
-                self._served_workers = None
         else:
             if not 0 <= served <= len(self):
                 raise StreamError(f"state_dict: batches_served must be 0 to {len(self)}, got {served}")
@@ -559,20 +562,40 @@ class Stream:
         """
         num_workers = max(1, num_workers)
         if self.global_batch_size is not None:
-            left = self._remaining(num_workers)
-            steps = None if left.size == len(self) else worker_steps(left, worker, num_workers,
-                                                                     self._lanes().group_steps)
-            return self.iter_worker(worker, num_workers, read_ahead=read_ahead, steps=steps)
-        skip = 0
+            steps, share = self._resumed_steps(worker, num_workers)
+            return self.iter_worker(share, num_workers, read_ahead=read_ahead, steps=steps)
+        skip, share = 0, worker
         if self._served:
             if self._served_workers not in (None, num_workers):
                 raise StreamError(f"state_dict was saved while {self._served_workers} DataLoader workers served, "
                                   f"this loader has {num_workers}; resuming on another number of workers needs "
                                   "global_batch_size")
-            # The DataLoader took batches from the workers in turn: each skips its share.
+            # The DataLoader took batches from the workers in turn: each share skips what
+            # it delivered, and the turns go on where they stopped.
             counts = [len(self.plan(k, num_workers).batch_sizes) for k in range(num_workers)]
-            skip = round_robin_consumed(counts, self._served)[worker]
-        return self.iter_worker(worker, num_workers, skip_batches=skip, read_ahead=read_ahead)
+            share, skip = resumed_share(counts, self._served, worker)
+        return self.iter_worker(share, num_workers, skip_batches=skip, read_ahead=read_ahead)
+
+    def _resumed_steps(self, worker: int, num_workers: int) -> tuple[np.ndarray | None, int]:
+        """With ``global_batch_size``: the global steps DataLoader worker ``worker`` of
+        ``num_workers`` serves in this iteration (None: its share of the whole epoch),
+        and the worker share they belong to.
+
+        On as many workers as served the batches counted beyond the done steps, each
+        worker goes on with a share of the loop that served them, in its turn: the rest
+        comes in the order of an uninterrupted loop. On another number of workers (no
+        uninterrupted loop to follow) the steps left are shared anew.
+        """
+        group_steps = self._lanes().group_steps
+        if self._served_workers not in (None, num_workers):
+            return worker_steps(self._remaining(num_workers), worker, num_workers, group_steps), worker
+        left = remaining_steps(len(self), self._done)
+        pending = self._served - (len(self) - left.size)
+        if left.size == len(self) and not pending:
+            return None, worker
+        shares = [worker_steps(left, k, num_workers, group_steps) for k in range(num_workers)]
+        share, skip = resumed_share([s.size for s in shares], pending, worker)
+        return shares[share][skip:], share
 
     def iter_worker(self, worker: int, num_workers: int, *, skip_batches: int = 0, read_ahead: bool = False,
                     steps: np.ndarray | None = None) -> Iterator[tuple[np.ndarray, ...]]:

@@ -9,7 +9,10 @@ blosc thread state crosses it), with blosc's internal threads off.
 To resume mid-epoch, count the batches the loop consumed this epoch and save
 ``stream.state_dict(batches_served=n, num_workers=k)`` (``k`` the loader's
 ``num_workers``); before the next ``iter(loader)``, call ``stream.load_state_dict`` with
-it: each worker then serves its share of exactly what is left. Without
+it: each worker then serves its share of exactly what is left, in the order the
+uninterrupted loop would have served it (a new DataLoader iterator starts its turns at
+worker 0, so after an odd count on 2 workers worker 0 serves what worker 1 would have
+served next: :func:`~pipeline.streaming.plan.resumed_share`). Without
 ``global_batch_size`` the loader must have the same number of workers (and the stream
 the same rank and world size); with it, any (see :mod:`pipeline.streaming.elastic`).
 

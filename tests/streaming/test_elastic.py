@@ -258,9 +258,13 @@ def test_state_round_trip_and_what_it_records(store):
     assert later["done"] == [[0, 3]] and later["num_workers"] == 2 and later["batches_served"] == 8
     u = pipeline.stream(store, global_batch_size=16, seed=2, buffer_chunks=2)
     u.load_state_dict(later)
-    # Steps 3..62 left; groups of ceil(2 * 64 / 16) = 8 steps: the even split (step 33)
-    # moves to the group boundary at step 32, where the second worker starts.
-    assert u.state_dict()["done"] == [[0, 6], [32, 34]]
+    # Kept as saved: a loader of 2 workers goes on with those workers' turns.
+    assert {k: u.state_dict()[k] for k in ("done", "batches_served", "num_workers")} == \
+        {"done": [[0, 3]], "batches_served": 8, "num_workers": 2}
+    # A loader of 3 workers shares anew what is left after the steps the 2 took. Steps
+    # 3..62 were left; groups of ceil(2 * 64 / 16) = 8 steps: the even split (step 33)
+    # moves to the group boundary at step 32, where the second worker started.
+    assert u.state_dict(num_workers=3)["done"] == [[0, 6], [32, 34]]
 
 
 def test_refusals(store):

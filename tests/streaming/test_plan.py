@@ -18,6 +18,7 @@ from pipeline.streaming.plan import (
     group_permutation,
     pieces_for_range,
     rank_range,
+    resumed_share,
     round_robin_consumed,
     served_order,
     shuffle_quality,
@@ -198,6 +199,38 @@ def _simulate_round_robin(counts, served):
 def test_round_robin_consumed_matches_a_dataloader_taking_turns(counts, data):
     served = data.draw(st.integers(0, sum(counts)))
     assert round_robin_consumed(counts, served) == _simulate_round_robin(counts, served)
+
+
+def _turns(shares):
+    """What a DataLoader hands the loop from workers serving ``shares`` (lists): one
+    batch of each in turn, from worker 0, a worker whose share is done skipped."""
+    out, its = [], [iter(s) for s in shares]
+    live = list(range(len(its)))
+    while live:
+        for k in list(live):
+            got = next(its[k], None)
+            if got is None:
+                live.remove(k)
+            else:
+                out.append(got)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(counts=st.lists(st.integers(0, 9), min_size=1, max_size=4), data=st.data())
+def test_resumed_shares_go_on_in_the_turns_of_the_interrupted_loop(counts, data):
+    # The uninterrupted loop, batch (worker, k); a fresh loader's worker w serves the
+    # share resumed_share names, from the batch it names.
+    full = _turns([[(w, k) for k in range(c)] for w, c in enumerate(counts)])
+    served = data.draw(st.integers(0, len(full)))
+    taken = _simulate_round_robin(counts, served)
+    shares = []
+    for w in range(len(counts)):
+        share, skip = resumed_share(counts, served, w)
+        assert skip == taken[share]
+        shares.append([(share, k) for k in range(skip, counts[share])])
+    assert sorted(resumed_share(counts, served, w)[0] for w in range(len(counts))) == list(range(len(counts)))
+    assert _turns(shares) == full[served:]
 
 
 def test_round_robin_consumed_refuses_more_than_there_is():

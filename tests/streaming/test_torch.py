@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import copy
 import subprocess
 import sys
 import textwrap
@@ -10,9 +11,12 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import pipeline
+from tests.streaming.conftest import make_store
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
@@ -80,12 +84,9 @@ def test_resume_through_the_dataloader_yields_exactly_the_remaining_batches(stor
         s.load_state_dict({"epoch": 1, "batches_served": consumed})
         rest = _loader_ids(s, workers)
         assert len(rest) == len(full) - consumed
-        # exactly the batches not yet served, each whole
-        assert sorted(map(tuple, map(list, rest))) == sorted(map(tuple, map(list, full[consumed:])))
-        if workers == 0 or consumed % workers == 0:
-            # in the same order too (after an odd count with 2 workers the DataLoader restarts its turns
-            # at worker 0, while the uninterrupted run would have gone on with worker 1)
-            assert all(np.array_equal(a, b) for a, b in zip(rest, full[consumed:]))
+        # exactly the batches not yet served, each whole, in the uninterrupted order (after an odd
+        # count on 2 workers too: the workers take the turns up where the interrupted loader stopped)
+        assert [b.tolist() for b in rest] == [b.tolist() for b in full[consumed:]]
         s.set_epoch(2)  # the documented next step: a whole new epoch
         assert len(_loader_ids(s, workers)) == len(full)
 
@@ -158,3 +159,82 @@ def test_workers_after_a_parent_stopped_mid_epoch_over_ranks_do_not_hang(store):
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and "ok" in result.stdout, result.stderr
+
+
+# -- resuming in the order of the uninterrupted loop ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def two_stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("order")
+    return make_store(root / "a.zarr", n=203, chunk=13), make_store(root / "b.zarr", n=97, chunk=7)
+
+
+#: The three kinds of streams a DataLoader resumes: per-rank batches, global steps, a mix.
+KINDS = {
+    "batch_size": lambda a, b: pipeline.stream(a, batch_size=10, seed=2, buffer_chunks=2, threads=2),
+    "global_batch_size": lambda a, b: pipeline.stream(a, global_batch_size=8, seed=2, buffer_chunks=2, threads=2),
+    "mix": lambda a, b: pipeline.mix([a, b], weights=[0.7, 0.3], batch_size=6, seed=4, buffer_chunks=2, threads=2),
+}
+
+
+def _loader_turns(s, workers: int) -> list[tuple[int, ...]]:
+    """The labels of each batch a DataLoader of ``workers`` workers hands the loop,
+    simulated: each worker iterates its own copy of the stream (as a forked worker
+    does) and the loader takes one batch of each in turn from worker 0, skipping a
+    worker that is done (torch's _MultiProcessingDataLoaderIter)."""
+    n = max(1, workers)
+    its = [copy.deepcopy(s).iter_resumed(k, n) for k in range(n)]
+    out = []
+    live = list(range(n))
+    while live:
+        for k in list(live):
+            got = next(its[k], None)
+            if got is None:
+                live.remove(k)
+            else:
+                out.append(tuple(got[-1].tolist()))
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(kind=st.sampled_from(sorted(KINDS)), workers=st.integers(0, 3), data=st.data())
+def test_a_resumed_loader_serves_the_rest_in_the_uninterrupted_order(two_stores, kind, workers, data):
+    """Stopped after any number of batches, on any number of workers, and again after
+    the resume: the rest is the uninterrupted loop's tail, batch for batch."""
+    make = lambda: KINDS[kind](*two_stores)  # noqa: E731
+    full = _loader_turns(make(), workers)
+    assert len(full) == len(make())
+    first = data.draw(st.integers(0, len(full)), label="first stop")
+    again = data.draw(st.integers(first, len(full)), label="second stop")
+    state = make().state_dict(batches_served=first, num_workers=workers)
+    resumed = make()
+    resumed.load_state_dict(state)
+    assert _loader_turns(resumed, workers) == full[first:]
+    # The resumed run stopped in turn: its state (the epoch's count) resumes a third run.
+    state = resumed.state_dict(batches_served=again, num_workers=workers)
+    last = make()
+    last.load_state_dict(state)
+    assert _loader_turns(last, workers) == full[again:]
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine, on purpose
+@pytest.mark.parametrize("kind, workers, stops", [("batch_size", 3, (1, 5)), ("global_batch_size", 2, (3,)),
+                                                  ("mix", 2, (5,))])
+def test_real_dataloader_workers_resume_in_the_uninterrupted_order(two_stores, kind, workers, stops):
+    def run(s, stop=None):
+        out = []
+        for batch in DataLoader(s.torch(), batch_size=None, num_workers=workers):
+            out.append(tuple(batch[-1].tolist()))
+            if len(out) == stop:
+                break
+        return out
+
+    make = lambda: KINDS[kind](*two_stores)  # noqa: E731
+    full = run(make())
+    for stop in stops:
+        s = make()
+        head = run(s, stop)
+        resumed = make()
+        resumed.load_state_dict(s.state_dict(batches_served=stop, num_workers=workers))
+        assert head + run(resumed) == full

@@ -74,10 +74,24 @@ def test_persistent_workers_take_up_an_elastic_state_saved_on_other_workers(stor
     loader = _loader(s, True)
     _epoch(loader)
     s.load_state_dict(state)
-    assert len(s.state_dict()["done"]) > 1  # the steps three workers took: runs on the board
+    posted = s._board.read()  # the state as saved: 7 batches that three workers served
+    assert (posted.epoch, posted.served, posted.workers) == (2, 7, 3)
     rest = _epoch(loader)
     assert len(rest) == len(s) - 7
     assert _samples(served + rest) == list(range(1000))
+
+
+@pytest.mark.parametrize("kw", [KW, dict(global_batch_size=40, seed=3, buffer_chunks=2)])
+def test_persistent_workers_resume_in_the_uninterrupted_order(store, kw):
+    ref = pipeline.stream(store, **kw)
+    ref.set_epoch(1)
+    full = _epoch(_loader(ref, False))
+    s = pipeline.stream(store, **kw)
+    loader = _loader(s, True)
+    _epoch(loader)
+    # 5 batches on 2 workers: the rest starts with the second worker's turn.
+    s.load_state_dict({**s.state_dict(), "epoch": 1, "batches_served": 5, "num_workers": 2})
+    assert _epoch(loader) == full[5:]
 
 
 def test_a_mix_through_persistent_workers(tmp_path):
