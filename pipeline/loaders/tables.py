@@ -556,7 +556,8 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
     Integers are read only when the float holds them exactly: a rounded price would be
     another tick, silently. Such integers are usually a vendor's fixed-point prices
     (Databento: units of 1e-9, read with ``source.dtype: float64``) or, past float64's
-    2**53, a "no value" sentinel (the largest int64, for an empty book level).
+    2**53, a "no value" sentinel (the largest int64, for an empty book level). There
+    is no key for a price scale or sentinels yet: their hints say what to do instead.
     """
     dtype = np.dtype(dtype)
     limit = _EXACT_INTEGERS[dtype]
@@ -570,13 +571,12 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
     source = part.source_of(name)
     own = f" (the file's {source!r})" if source != name else ""
     if value in (np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.uint64).max):
-        hint = (f"{value} is the largest {col.type}: a vendor's sentinel for no value (an empty level) is read as NaN "
-                f"with source.missing: [{value}]")
+        hint = (f"{value} is the extreme {col.type}, a vendor's sentinel for no value (an empty level): store it "
+                "as a null (read as NaN, see source.nan) before reading")
+    elif dtype == np.float32:
+        hint = "set source.dtype: float64 (exact up to 2**53)"
     else:
-        scale = ("source.scale: {" + f"{name}: 1.0e-9" + "} (say) reads fixed-point prices"
-                 if "price" in name.lower() else "")
-        hint = (f"set source.dtype: float64 (exact up to 2**53){'; ' + scale if scale else ''}"
-                if dtype == np.float32 else scale or "these integers are too large for any float")
+        hint = "no float holds them exactly: store them in a smaller unit"
     return LoaderError(part.path, f"column {name!r}{own}: the {col.type} value {value} at {row_place(part, r)} "
                        f"does not fit {dtype} exactly ({dtype} holds integers exactly up to {limit:,}); {hint}")
 
@@ -696,8 +696,7 @@ def check_units(parts: Sequence[TablePart], columns: Sequence[str]) -> None:
             raise LoaderError(ip.path, f"column {name!r} holds integers up to {isize:.6g}, but {fp.path} holds "
                               f"floats up to {fsize:.6g} (a factor of about {factor:.3g}): the files store it in two "
                               "units (fixed-point integers beside decimal prices), which joined would make no sense; "
-                              "convert one set of files to the other's unit, or read each set as a source of its own "
-                              "(source.scale reads fixed-point integers as prices)")
+                              "convert one set of files to the other's unit, or read each set as a source of its own")
 
 
 def project_columns(columns: Sequence[str], read: Sequence[str] | None) -> tuple[str, ...]:
