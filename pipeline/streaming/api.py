@@ -7,6 +7,7 @@ into its source and shares.
 
 from __future__ import annotations
 
+import numbers
 import os
 import sys
 import warnings
@@ -20,7 +21,7 @@ from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
 
-__all__ = ["stream"]
+__all__ = ["check_seed", "stream"]
 
 def stream(
     source: Any,
@@ -79,7 +80,9 @@ def stream(
     shuffle
         Permute the chunk order and mix samples in the buffer (``False``: store order).
     seed
-        Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``.
+        Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``:
+        an integer, 0 or more, the same on every rank (not None: ranks drawing their
+        own seeds would not share one order of the epoch).
     buffer_chunks
         Chunks whose samples are mixed together (memory: about
         ``(3 + prefetch) * buffer_chunks`` chunks; with batches larger than a sixth of
@@ -124,6 +127,7 @@ def stream(
     Stream
         (a :class:`~pipeline.streaming.mix.Mix` with ``weights``)
     """
+    seed = check_seed(seed, "stream")
     if weights is not None:
         # Every other argument goes on to each source's stream: taken from the call's own
         # parameters, so that a parameter added to stream cannot be dropped here.
@@ -136,10 +140,45 @@ def stream(
                                                  world_size)
     src = _open_source(source, split, arrays, partial, storage_options, verify, version,
                        cache_spec(cache_dir, cache_bytes), dim)
+    if not sum(src.lengths):
+        raise StreamError(f"stream: {_empty(source, split)}; there is nothing to stream")
     return Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
                   buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
                   prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
                   global_batch_size=global_batch_size)
+
+
+def check_seed(seed: Any, caller: str) -> int:
+    """``seed`` as an int, checked: a non-negative integer (numpy integers too).
+
+    Checked when the stream is made: numpy would refuse it only at the first batch,
+    inside a DataLoader worker, without naming ``seed``; and a string would be accepted
+    there and saved as a string in every state.
+
+    Raises
+    ------
+    StreamError
+        For None (each rank and worker would draw its own seed, and they would no longer
+        share one order of the epoch: samples served twice or never), a bool, a
+        negative number, a float or a string.
+    """
+    if seed is None:
+        raise StreamError(f"{caller}: seed=None is refused: every rank and DataLoader worker must use the same "
+                          "seed to share one order of the epoch (a seed drawn in each would serve some samples "
+                          "twice and others never); pass an integer such as seed=0, or draw one once and give "
+                          "every rank that value")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise StreamError(f"{caller}: seed must be an integer, 0 or more, got {seed!r} ({type(seed).__name__})")
+    return int(seed)
+
+
+def _empty(source: Any, split: str) -> str:
+    """That ``stream(source, split=split)`` has no samples, naming where it looked."""
+    if isinstance(source, (str, os.PathLike)):
+        return f"split {split!r} of {os.fspath(source)} holds no samples"
+    if is_zarr(source, "Group"):
+        return f"split {split!r} of the zarr group passed holds no samples"
+    return "the arrays passed hold no samples"
 
 
 def _check_shares(batch_size: int | None, global_batch_size: int | None, buffer_chunks: int, read_niceness: int,

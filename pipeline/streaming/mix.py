@@ -65,8 +65,8 @@ import numpy as np
 
 from pipeline.errors import StreamError
 from pipeline.streaming.plan import resumed_share
-from pipeline.streaming.api import stream
-from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value
+from pipeline.streaming.api import check_seed, stream
+from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value, warn_continued
 
 __all__ = ["Mix", "MixPlan", "apportion", "epoch_steps", "mix", "quota_schedule", "shares"]
 
@@ -198,6 +198,7 @@ class Mix:
         self.epoch = 0
         self._served = 0
         self._served_workers: int | None = None  # DataLoader workers that served _served
+        self._cut_short = False  # as for a stream: its own iteration stopped inside the epoch
         self._schedules: dict[int, np.ndarray] = {}
         # As for a stream (see Stream._publish): moves counted for the Keras adapter, and
         # the board that carries them to persistent DataLoader workers.
@@ -223,7 +224,7 @@ class Mix:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose schedule (and sources' positions) the next iteration follows."""
         if epoch != self.epoch:
-            self._served = 0
+            self._served, self._cut_short = 0, False
             self._served_workers = None
         self.epoch = int(epoch)
         self._publish()
@@ -312,6 +313,7 @@ class Mix:
         self._served = served
         workers = state.get("num_workers")
         self._served_workers = None if workers is None else max(1, int(workers))
+        self._cut_short = False
         self._publish()
 
     @property
@@ -363,11 +365,15 @@ class Mix:
         return MixPlan(sources=tuple(sched[lo:hi].tolist()), positions=tuple(positions), batch_sizes=tuple(sizes))
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
+        """The rest of the current epoch, as for a stream (see :meth:`Stream.__iter__`)."""
+        if self._served and self._cut_short:
+            warn_continued("mix", self.epoch, self._served, self.steps)
         for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
             self._served_workers = 1
+            self._cut_short = True
             yield batch
-        self._served = 0
+        self._served, self._cut_short = 0, False
         self._served_workers = None
 
     def iter_resumed(self, worker: int, num_workers: int, *, read_ahead: bool = False
@@ -506,7 +512,8 @@ def mix(
         stream, or with ``global_batch_size=`` among ``stream_kwargs``: an order that
         does not depend on the world size, see :mod:`pipeline.streaming.mix`).
     seed
-        Seeds the schedule's tie order and the shuffles of the sources opened here.
+        Seeds the schedule's tie order and the shuffles of the sources opened here: an
+        integer, 0 or more, the same on every rank (see :func:`pipeline.stream`).
     rank
         This process's rank, as in :func:`pipeline.stream` (default from
         ``torch.distributed`` when initialized, else ``0``).
@@ -531,7 +538,8 @@ def mix(
     if isinstance(sources, (str, bytes, Mapping)) or not isinstance(sources, Sequence) or not sources:
         raise StreamError(f"mix: sources must be a non-empty list of stores, (store, split) pairs or streams, "
                           f"got {sources!r}")
-    shares(weights, len(sources))  # bad weights are reported before any store is opened
+    shares(weights, len(sources))  # bad weights and seeds are reported before any store is opened
+    seed = check_seed(seed, "mix")
     streams = [_open_source(i, item, batch_size, seed, rank, world_size, stream_kwargs)
                for i, item in enumerate(sources)]
     seen: dict[int, int] = {}

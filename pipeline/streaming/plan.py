@@ -25,6 +25,7 @@ __all__ = [
     "WorkerPlan",
     "batch_sizes",
     "batches_per_rank",
+    "check_batch_counts",
     "chunk_order",
     "group_permutation",
     "pieces_for_range",
@@ -74,6 +75,32 @@ def batches_per_rank(n_samples: int, world_size: int, batch_size: int, drop_last
     if drop_last:
         return smallest // batch_size
     return -(-largest // batch_size)
+
+
+def check_batch_counts(n_samples: int, world_size: int, batch_size: int, drop_last: bool) -> None:
+    """Refuse a split that cannot give every rank :func:`batches_per_rank` non-empty
+    batches: checked when a stream is made, on every rank, so that ``len(stream)``
+    never promises batches that iterating would then refuse.
+
+    Ranks hold ``n_samples // world_size`` or one more sample; the smallest must fill
+    as many batches as the largest. Only ``batch_size=1`` without ``drop_last`` on
+    samples that the ranks do not divide fails.
+
+    Raises
+    ------
+    StreamError
+        Naming the samples, ranks and batch size, and the two ways out.
+    """
+    if drop_last or world_size <= 0:
+        return
+    smallest = n_samples // world_size
+    n_batches = batches_per_rank(n_samples, world_size, batch_size, drop_last)
+    if smallest < n_batches:
+        raise StreamError(
+            f"stream: {n_samples} samples on {world_size} ranks in batches of {batch_size}: every rank must serve "
+            f"len(stream) = {n_batches} batches, and a rank's {smallest} samples cannot fill {n_batches} non-empty "
+            "batches without serving a sample twice; use drop_last=True or a batch_size above 1"
+        )
 
 
 def batch_sizes(n_rank: int, n_batches: int, batch_size: int, drop_last: bool) -> tuple[int, ...]:

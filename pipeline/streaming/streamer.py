@@ -51,6 +51,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+import warnings
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from multiprocessing.context import get_spawning_popen
@@ -78,13 +79,14 @@ from pipeline.streaming.shared import SharedChunks
 from pipeline.streaming.plan import (
     WorkerPlan,
     batches_per_rank,
+    check_batch_counts,
     resumed_share,
     served_order,
     shuffle_quality,
     worker_plan,
 )
 
-__all__ = ["AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "Stream", "groups_ahead", "saved_value"]
+__all__ = ["AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "Stream", "groups_ahead", "saved_value", "warn_continued"]
 
 #: What an epoch's order depends on besides the seed, epoch, rank and world size: recorded
 #: by :meth:`Stream.state_dict` and checked on loading a state saved mid-epoch.
@@ -100,6 +102,22 @@ def saved_value(saved: Any, have: Any) -> Any:
         return type(have)(saved)
     except (TypeError, ValueError):
         return saved
+
+
+def warn_continued(what: str, epoch: int, served: int, total: int) -> None:
+    """Say that an iteration continues an epoch another iteration left (``break``).
+
+    Continuing is the rule (a loop that stops and iterates again, and the resume of a
+    state, go on where the epoch stands), but a loop that took a few batches to try
+    the stream and then iterates to train would otherwise lose the batches it tried
+    without a word.
+    """
+    warnings.warn(
+        f"{what}: iterating again continues epoch {epoch}, which an earlier iteration left after {served} of its "
+        f"{total} batches: this pass serves the {total - served} left. For a whole pass call set_epoch with "
+        f"the next epoch first (set_epoch({epoch}) keeps the position), or load_state_dict({{'epoch': {epoch}, "
+        "'batches_served': 0}) to serve this epoch again from its start; to continue it on purpose, "
+        "load_state_dict(state_dict()) first", RuntimeWarning, stacklevel=3)
 
 
 #: Chunks a group holds at the default ``buffer_chunks``: ``prefetch`` counts groups of
@@ -157,6 +175,9 @@ class Stream:
         self.prefetch_batches = 4
         self.epoch = 0
         self._served = 0  # batches served in the current epoch, for state_dict
+        # The stream's own iteration stopped inside the epoch (a break): the next one
+        # continues the epoch, and says so (warn_continued).
+        self._cut_short = False
         # Elastic order (global_batch_size): the steps done before the iteration in
         # progress, as [start, stop) runs, and how many DataLoader workers serve the
         # batches counted beyond them (None: those of the next iteration).
@@ -177,6 +198,7 @@ class Stream:
         if self.n_samples < world_size:
             raise StreamError(f"{self.n_samples} samples cannot be shared among {world_size} ranks")
         if self._lanes() is None:  # (an impossible elastic split is reported now, not at the first batch)
+            check_batch_counts(self.n_samples, world_size, batch_size, drop_last)
             # Batches larger than a group take several groups at once (an elastic plan's
             # groups hold whole batches).
             group = buffer_chunks * max(source.lengths, default=0)
@@ -290,7 +312,7 @@ class Stream:
         """Choose the epoch whose order the next iteration follows; with ``follow``, a
         new epoch also moves to the store's newest version."""
         if epoch != self.epoch:
-            self._served = 0
+            self._served, self._cut_short = 0, False
             self._done, self._served_workers = [], None
             if self.follow and hasattr(self.source, "at_version"):
                 self._switch(self.source.at_version(None))
@@ -304,6 +326,8 @@ class Stream:
         n = int(sum(source.lengths))
         if n < self.world_size:
             raise StreamError(f"{n} samples cannot be shared among {self.world_size} ranks")
+        if self.global_batch_size is None:
+            check_batch_counts(n, self.world_size, self.batch_size, self.drop_last)
         self.close()  # the next epoch's early read was of the old version
         self.source, self.n_samples = source, n
 
@@ -408,6 +432,7 @@ class Stream:
             if not 0 <= served <= len(self):
                 raise StreamError(f"state_dict: batches_served must be 0 to {len(self)}, got {served}")
             self.epoch, self._served, self._served_workers = int(state["epoch"]), served, workers
+        self._cut_short = False  # where to go on was said: no warning
         self._publish()
 
     def _check_identity(self, state: Mapping[str, Any]) -> None:
@@ -535,6 +560,10 @@ class Stream:
                             rank=self.rank, world_size=self.world_size)
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
+        """The rest of the current epoch: all of it, or what a resumed state, or an
+        iteration stopped early (said by a RuntimeWarning), left of it."""
+        if self._served and self._cut_short:
+            warn_continued("stream", self.epoch, self._served, len(self))
         whole = self._served == 0
         if self.global_batch_size is not None:
             # This iteration is the one in progress: what came before it is done.
@@ -543,8 +572,9 @@ class Stream:
             self._served_workers = 1
         for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
+            self._cut_short = True  # until the epoch's end
             yield batch
-        self._served = 0
+        self._served, self._cut_short = 0, False
         self._done, self._served_workers = [], None
         if whole:
             self._quality_epoch = self.epoch

@@ -355,6 +355,25 @@ def test_other_bad_input_is_refused():
         pipeline.mix([b, s], weights=[1, 1], batch_size=5, rank=1, world_size=2)
     with pytest.raises(StreamError, match=r"source 1 has weight 1 but no batches on rank 0 of 1"):
         pipeline.mix([a, arrays(1, 4)], weights=[1, 1], batch_size=5, drop_last=True)
+    # a seed every rank shares, checked before any source is opened
+    for seed, message in ((None, "seed=None is refused"), (-2, "got -2"), ("7", "got '7'"), (2.0, "got 2.0")):
+        with pytest.raises(StreamError, match=f"^mix: .*{message}"):
+            pipeline.mix([a, "/nonexistent.zarr"], weights=[1, 1], batch_size=5, seed=seed)
+    assert pipeline.mix([a, b], weights=[1, 1], batch_size=5, seed=np.uint8(3)).state_dict()["seed"] == 3
+
+
+def test_an_iteration_after_a_break_continues_the_epoch_and_says_so():
+    m = pipeline.mix([arrays(0, 300), arrays(1, 200)], weights=[0.6, 0.4], batch_size=16, seed=1)
+    full = labels(m)
+    head = []
+    for batch in m:
+        head.append(np.array(batch[1]))
+        if len(head) == 3:
+            break
+    with pytest.warns(RuntimeWarning, match=f"mix: iterating again continues epoch 0, which an earlier iteration "
+                                            f"left after 3 of its {len(full)} batches"):
+        rest = labels(m)
+    assert [y.tolist() for y in head + rest] == [y.tolist() for y in full]
 
 
 def test_stream_with_weights_is_the_mix(tmp_path):

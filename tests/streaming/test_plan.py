@@ -14,6 +14,7 @@ from pipeline.streaming.plan import (
     Piece,
     batch_sizes,
     batches_per_rank,
+    check_batch_counts,
     chunk_order,
     group_permutation,
     pieces_for_range,
@@ -246,6 +247,29 @@ def test_impossible_equal_batch_counts_are_a_clear_error():
     plan = worker_plan([3], seed=0, epoch=0, shuffle=True, batch_size=1, drop_last=True, rank=1, world_size=2,
                        worker=0, num_workers=1, buffer_chunks=1)
     assert plan.batch_sizes == (1,)
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 80), world=st.integers(1, 5), batch=st.integers(1, 4), drop_last=st.booleans())
+def test_batch_counts_are_refused_up_front_exactly_when_a_rank_could_not_serve_them(n, world, batch, drop_last):
+    """The check a stream makes when it is created refuses exactly what some rank's plan
+    would refuse at its first batch."""
+    if n < world:
+        return
+    failing = []
+    for rank in range(world):
+        try:
+            worker_plan([n], seed=0, epoch=0, shuffle=False, batch_size=batch, drop_last=drop_last, rank=rank,
+                        world_size=world, worker=0, num_workers=1, buffer_chunks=1)
+        except StreamError:
+            failing.append(rank)
+    try:
+        check_batch_counts(n, world, batch, drop_last)
+        refused = False
+    except StreamError as exc:
+        refused = True
+        assert "use drop_last=True or a batch_size above 1" in str(exc)
+    assert refused == bool(failing)
 
 
 def test_bad_rank_and_too_few_samples_are_errors():

@@ -168,18 +168,45 @@ def test_iterating_twice_at_one_epoch_repeats_it_and_set_epoch_changes_it(odd_st
     assert not all(np.array_equal(a, b) for a, b in zip(first, other_seed))
 
 
-def test_an_interrupted_iteration_continues_where_it_stopped(odd_store):
+def _take(s, n):
+    out = []
+    for _, yb in s:
+        out.append(yb.copy())
+        if len(out) == n:
+            break
+    return out
+
+
+def test_an_interrupted_iteration_continues_where_it_stopped_and_says_so(odd_store):
     full = epoch_ids(pipeline.stream(odd_store, batch_size=50, seed=3))
     s = pipeline.stream(odd_store, batch_size=50, seed=3)
-    head = []
-    for i, (_, yb) in enumerate(s):
-        head.append(yb.copy())
-        if i == 4:
-            break
+    head = _take(s, 5)
     assert s.state_dict()["batches_served"] == 5
-    rest = epoch_ids(s)
+    with pytest.warns(RuntimeWarning, match=r"continues epoch 0, which an earlier iteration left after 5 of its 21 "
+                                            r"batches: this pass serves the 16 left. For a whole pass call set_epoch"):
+        rest = epoch_ids(s)
     assert all(np.array_equal(a, b) for a, b in zip(head + rest, full)) and len(head + rest) == len(full)
     assert s.state_dict()["batches_served"] == 0  # the epoch finished
+
+
+def test_what_is_said_of_an_iteration_after_a_break(odd_store, recwarn):
+    s = pipeline.stream(odd_store, batch_size=50, seed=3)
+    _take(s, 3)
+    s.set_epoch(0)  # the same epoch keeps its position: still said
+    with pytest.warns(RuntimeWarning, match="continues epoch 0"):
+        _take(s, 3)
+    s.set_epoch(1)  # a new epoch: a whole pass, nothing to say
+    assert sum(len(b) for b in epoch_ids(s)) == 1003
+    _take(s, 3)
+    s.load_state_dict(s.state_dict())  # continuing on purpose
+    assert sum(len(b) for b in epoch_ids(s)) == 1003 - 150
+    _take(s, 3)
+    s.load_state_dict({"epoch": 1, "batches_served": 0})  # the epoch again, from its start
+    assert sum(len(b) for b in epoch_ids(s)) == 1003
+    resumed = pipeline.stream(odd_store, batch_size=50, seed=3)
+    resumed.load_state_dict({"epoch": 0, "batches_served": 4})  # a resume is no break
+    assert len(epoch_ids(resumed)) == 21 - 4
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
 @pytest.mark.parametrize("world, drop_last", [(1, False), (2, False), (3, True)])
@@ -370,10 +397,63 @@ def test_more_bad_arguments(store):
         pipeline.stream({"x": np.zeros(5)}, arrays=("x", "w"), batch_size=2)
     with pytest.raises(StreamError, match="cannot be shared among 4 ranks"):
         pipeline.stream({"x": np.zeros(3), "y": np.zeros(3)}, batch_size=2, rank=0, world_size=4)
-    # batch_size 1 with samples not divisible by the ranks cannot give equal batch counts
-    s = pipeline.stream({"x": np.zeros(5), "y": np.arange(5)}, batch_size=1, rank=0, world_size=2)
+    # batch_size 1 with samples not divisible by the ranks cannot give equal batch counts:
+    # refused when the stream is made, not at its first batch
     with pytest.raises(StreamError, match="drop_last=True"):
-        list(s)
+        pipeline.stream({"x": np.zeros(5), "y": np.arange(5)}, batch_size=1, rank=0, world_size=2)
+
+
+@pytest.mark.parametrize("n, world, drop_last", [(1000, 3, False), (1000, 3, True), (999, 3, False),
+                                                 (7, 4, False), (8, 4, False)])
+def test_len_never_promises_batches_that_iteration_refuses(n, world, drop_last):
+    """batch_size=1: every rank serves len(stream) batches of the samples it holds, or
+    every rank refuses when the stream is made (never a rank failing mid-run)."""
+    arrays = {"x": np.zeros((n, 1), np.float32), "y": np.arange(n)}
+    held = [n * (r + 1) // world - n * r // world for r in range(world)]  # each rank's contiguous share
+    promised = min(held) if drop_last else max(held)
+    if promised > min(held):
+        for rank in range(world):
+            with pytest.raises(StreamError, match=rf"{n} samples on {world} ranks in batches of 1: every rank must "
+                                                  rf"serve len\(stream\) = {promised} batches, and a rank's "
+                                                  rf"{min(held)} samples cannot fill"):
+                pipeline.stream(arrays, batch_size=1, rank=rank, world_size=world, drop_last=drop_last)
+        return
+    for rank in range(world):
+        s = pipeline.stream(arrays, batch_size=1, rank=rank, world_size=world, drop_last=drop_last)
+        assert len(s) == promised == sum(1 for _ in s)
+
+
+def test_an_empty_split_is_named_with_its_store(tmp_path):
+    path = str(tmp_path / "e.zarr")
+    ids = np.arange(50)
+    pipeline.write(path, {"train": {"x": ids[:, None].astype(np.float32), "y": ids},
+                          "val": {"x": np.zeros((0, 1), np.float32), "y": np.zeros(0, np.int64)}},
+                   chunk_samples=16, progress=False)
+    for kw in (dict(batch_size=1), dict(batch_size=4, drop_last=True), dict(global_batch_size=8)):
+        with pytest.raises(StreamError, match=f"split 'val' of {path} holds no samples"):
+            pipeline.stream(path, split="val", **kw)
+    with pytest.raises(StreamError, match="the arrays passed hold no samples"):
+        pipeline.stream({"x": np.zeros((0, 2)), "y": np.zeros(0)}, batch_size=2)
+    assert len(pipeline.stream(path, batch_size=8)) == 7  # the other split streams
+
+
+@pytest.mark.parametrize("seed, message", [
+    (None, "seed=None is refused: every rank and DataLoader worker must use the same seed"),
+    (-1, r"seed must be an integer, 0 or more, got -1 \(int\)"),
+    (1.5, r"got 1.5 \(float\)"),
+    ("7", r"got '7' \(str\)"),
+    (True, r"got True \(bool\)"),
+])
+def test_a_bad_seed_is_refused_when_the_stream_is_made(store, seed, message):
+    with pytest.raises(StreamError, match=f"^stream: .*{message}"):
+        pipeline.stream(store, batch_size=64, seed=seed)
+
+
+def test_a_numpy_integer_seed_is_that_integer(store):
+    s = pipeline.stream(store, batch_size=100, seed=np.int64(3))
+    assert type(s.state_dict()["seed"]) is int and s.state_dict()["seed"] == 3
+    assert all(np.array_equal(a, b) for a, b in zip(epoch_ids(s), epoch_ids(pipeline.stream(store, batch_size=100,
+                                                                                           seed=3))))
 
 
 _CALLS: list[int] = []
@@ -444,8 +524,9 @@ def test_quality_is_reported_only_for_a_whole_epoch(store):
         if k == 2:
             break
     assert s.quality() == {}  # stopped mid-epoch
-    for _ in s:  # the rest of it: a resumed epoch is not a whole one either
-        pass
+    with pytest.warns(RuntimeWarning, match="continues epoch 0"):
+        for _ in s:  # the rest of it: a resumed epoch is not a whole one either
+            pass
     assert s.quality() == {}
     s.set_epoch(1)
     epoch_ids(s)
