@@ -86,6 +86,12 @@ class SourceConfig:
     #: (``ask_price_1: [best_ask_price, askPrice]``) for a vendor that renames a column
     #: over time: each file reads the first it has.
     rename: dict[str, Any] = field(default_factory=dict)
+    #: CSV, Parquet: ``{column or glob: factor}`` for fixed-point integer columns
+    #: (Databento MBP-10 prices: ``"*_px_*": 1.0e-9``), scaled exactly in float64.
+    scale: dict[str, float] = field(default_factory=dict)
+    #: CSV, Parquet: values that mean "no value", read as NaN before ``nan`` applies: a
+    #: list for every column, or ``{column or glob: [values]}``.
+    missing: Any = None
     #: :class:`pipeline.features.sessions.SessionSpec`, or ``None``: ``file`` when there
     #: are several files.
     sessions: Any = None
@@ -354,6 +360,24 @@ def _rename(value: Any, path: str) -> dict[str, str | tuple[str, ...]]:
     return {k: v if isinstance(v, str) else tuple(v) for k, v in value.items()}
 
 
+def _scale(value: Any, path: str) -> dict[str, float]:
+    """``source.scale``, validated by the loader's own rules."""
+    from pipeline.loaders.conversions import ValueRules
+
+    ValueRules.from_options(value, None, path.rsplit(".", 1)[0])
+    return dict(value or {})
+
+
+def _missing(value: Any, path: str) -> Any:
+    """``source.missing``: a list of numbers, or a mapping of column (glob) to a list."""
+    from pipeline.loaders.conversions import ValueRules
+
+    ValueRules.from_options(None, value, path.rsplit(".", 1)[0])
+    if isinstance(value, Mapping):
+        return {k: tuple(v) if isinstance(v, (list, tuple)) else (v,) for k, v in value.items()}
+    return None if value is None else tuple(value) if isinstance(value, (list, tuple)) else (value,)
+
+
 def _format(value: Any, path: str) -> str | None:
     """``source.format``: a format the loaders know, or ``None`` (by suffix), checked
     here so that a typo stops the run before its cluster starts."""
@@ -409,7 +433,8 @@ def parse_config(data: Any) -> Config:
     sections = {
         "cluster": lambda v, p: _build(ClusterConfig, v, p),
         "source": lambda v, p: _build(SourceConfig, v, p, {"sessions": _sessions, "instrument": _instrument,
-                                                           "rename": _rename, "format": _format}),
+                                                           "rename": _rename, "format": _format,
+                                                           "scale": _scale, "missing": _missing}),
         "features": _features,
         "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),
         "labels": _labels,

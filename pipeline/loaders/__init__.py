@@ -208,6 +208,7 @@ def open_source(
     storage_options: dict | None = None,
     header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
+    scale: Mapping[str, float] | None = None, missing: Any = None,
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -279,6 +280,13 @@ def open_source(
     instrument_column
         A column naming each row's instrument: ``Source.instruments`` (sorted distinct
         values) and ``Source.instrument_codes`` (int32 indices; LOBSTER: the file's ticker).
+    scale
+        CSV, Parquet: ``{column or glob: factor}``, fixed-point integer columns read as
+        their values times ``factor``, exactly (Databento prices: ``{"*_px_*": 1e-9}``;
+        see :mod:`pipeline.loaders.conversions`).
+    missing
+        CSV, Parquet: values that mean "no value", read as NaN (then ``nan`` applies):
+        a list for every column, or ``{column or glob: [values]}``.
 
     Returns
     -------
@@ -293,10 +301,15 @@ def open_source(
     results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
                                                 names=names, rename=rename, on_error=on_error, part_rows=chunk_rows)
     probed, classes, label_values = _readable(results, classes, label_values, labels, str(paths or labels))
+    from pipeline.loaders.conversions import ValueRules
+
+    rules = ValueRules.from_options(scale, missing)
     if kind == "table":
         return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
-                             names=names, nan=nan, fill_value=fill_value)
+                             names=names, nan=nan, fill_value=fill_value, rules=rules)
+    if rules:
+        raise FormatMismatchError(str(paths), "source.scale and source.missing are for CSV and Parquet tables")
 
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
@@ -558,7 +571,7 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
 def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
                   instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
-                  read: Sequence[str] | None = None, combine: str | None = None) -> Source:
+                  read: Sequence[str] | None = None, combine: str | None = None, rules: Any = None) -> Source:
     """The :class:`Source` of probed table files, their parts joined by :func:`_table`."""
     if combine == "stack":
         raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
@@ -571,7 +584,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     zones = check_time_zones(parts, timestamp) if timestamp else ()
     exact = dtype is not None and np.dtype(dtype) == np.float64
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                   fill_value, so, timestamp_unit, read, exact)
+                                                   fill_value, so, timestamp_unit, read, exact, rules)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
@@ -585,7 +598,8 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
            names: Sequence[str] | None, nan: str, fill_value: float, so: dict,
-           timestamp_unit: str | None = None, read: Sequence[str] | None = None, exact: bool = False) -> tuple:
+           timestamp_unit: str | None = None, read: Sequence[str] | None = None, exact: bool = False,
+           rules: Any = None) -> tuple:
     """The values (float64 when ``exact``, else float32), columns, timestamps,
     instrument codes and names of joined table parts."""
     import dask
@@ -614,14 +628,20 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         raise FormatMismatchError(first.path, f"source.names applies to headerless CSV files; {first.fmt} files "
                                   "name their own columns (source.rename changes them)")
     # Every column asked for is checked in every file's schema; only those read are decoded.
-    cols = tables.project_columns(tables.check_columns(parts, columns, timestamp, instrument_column), read)
+    every = tables.check_columns(parts, columns, timestamp, instrument_column)
+    if rules:
+        from pipeline.loaders.conversions import check_rules
+
+        check_rules(rules, parts, every)
+    cols = tables.project_columns(every, read)
     tables.check_time_order(parts, instrument_column)
     if exact:
-        arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float64)
+        arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float64, rules=rules)
     else:
         from pipeline.loaders.precision import arm
 
-        arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float32, guard=arm())
+        arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float32, guard=arm(),
+                                 rules=rules)
     if timestamp_unit is not None and timestamp_unit not in side.TIMESTAMP_UNITS:
         raise ConfigError("timestamp_unit", " or ".join(side.TIMESTAMP_UNITS), timestamp_unit)
     times = (side.timestamp_array(parts, timestamp, so, timestamp_unit, instrument_column)

@@ -500,10 +500,12 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
 
 
 def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any = np.float32,
-                 guard: Any = None) -> np.ndarray:
+                 guard: Any = None, rules: Any = None) -> np.ndarray:
     """``(rows, len(columns))`` values of one part in ``dtype`` (float32 or float64), NaN
     kept. In float32, ``guard`` (a :class:`~pipeline.loaders.precision.PriceGuard`)
-    checks that the prices keep their ticks (:func:`~pipeline.loaders.precision.check_prices`)."""
+    checks that the prices keep their ticks (:func:`~pipeline.loaders.precision.check_prices`).
+    ``rules`` (:class:`~pipeline.loaders.conversions.ValueRules`) scale fixed-point
+    integers and read sentinels as NaN, before either."""
     from pipeline.loaders import precision
 
     exact = np.dtype(dtype) == np.float64
@@ -524,10 +526,23 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
     pa = require_pyarrow()
     import pyarrow.compute as pc
 
-    table = read_columns(part, columns, so)
+    table = dict(read_columns(part, columns, so))
     target = pa.float64() if exact else pa.float32()
     out = np.empty((part.rows, len(columns)), dtype=np.float64 if exact else np.float32)
+    scaled: dict[str, np.ndarray] = {}
+    if rules:
+        from pipeline.loaders.conversions import convert_column
+
+        for name in columns:
+            converted = convert_column(table[name], name, rules, part.path)
+            if isinstance(converted, np.ndarray):
+                scaled[name] = converted  # exact float64, in units
+            elif converted is not None:
+                table[name] = converted  # sentinels made null
     for j, name in enumerate(columns):
+        if name in scaled:
+            out[:, j] = scaled[name]
+            continue
         col = table[name]
         try:
             out[:, j] = pc.cast(col, target).to_numpy(zero_copy_only=False)
@@ -537,8 +552,10 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
             raise LoaderError(part.path, f"column {name!r}: expected numbers, got {col.type} ({exc})") from None
     # A column the file stores as float32 loses nothing; a float64 one is read as it is
     # stored, without a copy.
-    prices = {c: pc.cast(table[c].slice(0, precision.CHECK_ROWS), pa.float64()).to_numpy(zero_copy_only=False)
-              for c in checked if not (pa.types.is_float32(table[c].type) or pa.types.is_float16(table[c].type))}
+    prices = {c: scaled[c][: precision.CHECK_ROWS] if c in scaled else
+              pc.cast(table[c].slice(0, precision.CHECK_ROWS), pa.float64()).to_numpy(zero_copy_only=False)
+              for c in checked
+              if c in scaled or not (pa.types.is_float32(table[c].type) or pa.types.is_float16(table[c].type))}
     if prices:
         precision.check_prices(part.path, prices, guard)
     return out
@@ -555,9 +572,9 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
 
     Integers are read only when the float holds them exactly: a rounded price would be
     another tick, silently. Such integers are usually a vendor's fixed-point prices
-    (Databento: units of 1e-9, read with ``source.dtype: float64``) or, past float64's
-    2**53, a "no value" sentinel (the largest int64, for an empty book level). There
-    is no key for a price scale or sentinels yet: their hints say what to do instead.
+    (Databento: units of 1e-9: ``source.scale``) or, past float64's 2**53, a "no
+    value" sentinel (the largest int64, for an empty book level: ``source.missing``);
+    see :mod:`pipeline.loaders.conversions`.
     """
     dtype = np.dtype(dtype)
     limit = _EXACT_INTEGERS[dtype]
@@ -571,19 +588,23 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
     source = part.source_of(name)
     own = f" (the file's {source!r})" if source != name else ""
     if value in (np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.uint64).max):
-        hint = (f"{value} is the extreme {col.type}, a vendor's sentinel for no value (an empty level): store it "
-                "as a null (read as NaN, see source.nan) before reading")
+        hint = (f"{value} is the extreme {col.type}, a vendor's sentinel for no value (an empty level): list it "
+                f"in source.missing ({{{name}: [{value}]}}; read as NaN, see source.nan)")
     elif dtype == np.float32:
         hint = "set source.dtype: float64 (exact up to 2**53)"
+        if "price" in name.lower():
+            hint += f"; if they are fixed-point prices, source.scale gives their unit ({{{name}: 1.0e-9}})"
     else:
-        hint = "no float holds them exactly: store them in a smaller unit"
+        hint = ("no float holds them exactly: if they are fixed-point prices, source.scale gives their unit "
+                f"({{{name}: 1.0e-9}})")
     return LoaderError(part.path, f"column {name!r}{own}: the {col.type} value {value} at {row_place(part, r)} "
                        f"does not fit {dtype} exactly ({dtype} holds integers exactly up to {limit:,}); {hint}")
 
 
 def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None, nan: str,
-               fill_value: float, so: dict, dtype: Any = np.float32, guard: Any = None) -> np.ndarray:
-    out = _read_values(part, columns, so, dtype, guard)
+               fill_value: float, so: dict, dtype: Any = np.float32, guard: Any = None,
+               rules: Any = None) -> np.ndarray:
+    out = _read_values(part, columns, so, dtype, guard, rules)
     if nan != "drop":
         bad = ~np.isfinite(out)
         if bad.any():
@@ -631,13 +652,17 @@ def parts_array(parts: Sequence[TablePart], read: Any, *args: Any, token: str, d
 
 
 def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp: str | None, nan: str,
-                fill_value: float, so: dict, dtype: Any = np.float32, guard: Any = None) -> da.Array:
+                fill_value: float, so: dict, dtype: Any = np.float32, guard: Any = None,
+                rules: Any = None) -> da.Array:
     """One task per part: each part is one chunk of the joined table, in ``dtype``
     (float32, or float64 for prices that float32 cannot hold); in float32, ``guard``
     checks each part's prices (:mod:`pipeline.loaders.precision`)."""
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise ValueError(f"table_array: dtype must be float32 or float64, got {dtype}")  # a caller's bug
+    if rules:  # only when given: the graph (and its key names) of every other source stays as it was
+        return parts_array(parts, _read_part, columns, timestamp, nan, fill_value, so, dtype, guard, rules,
+                           token="read-table", dtype=dtype, width=len(columns))
     return parts_array(parts, _read_part, columns, timestamp, nan, fill_value, so, dtype, guard, token="read-table",
                        dtype=dtype, width=len(columns))
 

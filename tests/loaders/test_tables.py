@@ -706,8 +706,10 @@ def test_a_store_recorded_relative_paths_compares_them_as_absolute(tmp_path, mon
 
 
 @pytest.mark.parametrize("dtype, value, hint", [
-    ("float32", 5_100_125_000_000, "set source.dtype: float64"),      # Databento fixed-point, 1e-9 units
-    ("float64", np.iinfo(np.int64).max, "sentinel for no value (an empty level): store it as a null"),  # its empty level
+    ("float32", 5_100_125_000_000,  # Databento fixed-point, 1e-9 units
+     "set source.dtype: float64 (exact up to 2**53); if they are fixed-point prices, source.scale gives their unit"),
+    ("float64", np.iinfo(np.int64).max,  # its empty level
+     "sentinel for no value (an empty level): list it in source.missing ({bid_price_1: [9223372036854775807]}"),
 ])
 def test_integers_a_float_cannot_hold_exactly_are_refused_saying_so(tmp_path, dtype, value, hint):
     px = np.full(6, 5_100_125_000_000, np.int64)

@@ -1,0 +1,183 @@
+"""Vendor conventions in table values: fixed-point integer prices and "no value" sentinels.
+
+Feeds store prices as integers in a fixed unit (Databento MBP-10: int64 in units of
+1e-9; many exchange dumps: 1e-4 or 1e-8) and mark an empty book level with a sentinel
+(the largest int64, or -1). LOBSTER's conventions are built into its loader; for CSV and
+Parquet the config states them:
+
+- ``source.scale: {column or glob: factor}``: an integer column's values times
+  ``factor``, computed exactly in float64 (as a division by ``1 / factor`` when that is a
+  whole number, which gives the correctly rounded quotient, as LOBSTER's prices / 10,000
+  are) before any cast to float32. A floating-point column matched by a scale is refused:
+  it already is in units, and scaling it (a day a vendor re-exported in dollars) would be
+  wrong silently.
+- ``source.missing: [values]`` (every column read) or ``{column or glob: [values]}``:
+  values that mean "no value", read as NaN, so that ``source.nan`` (raise, drop, fill)
+  decides what happens to them. Compared in the column's own type, before any scale.
+
+Patterns are :mod:`fnmatch` globs over the canonical column names (after ``rename``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.errors import ConfigError, LoaderError
+
+__all__ = ["ValueRules", "convert_column"]
+
+
+@dataclass(frozen=True, slots=True)
+class ValueRules:
+    """Scales and sentinels by column pattern, first match wins (see the module doc).
+
+    Attributes
+    ----------
+    scale
+        ``((pattern, factor), ...)``.
+    missing
+        ``((pattern, (value, ...)), ...)``.
+    """
+
+    scale: tuple[tuple[str, float], ...] = ()
+    missing: tuple[tuple[str, tuple[int | float, ...]], ...] = ()
+
+    @classmethod
+    def from_options(cls, scale: Mapping[str, Any] | None, missing: Any, path: str = "source") -> "ValueRules":
+        """The rules of ``source.scale`` and ``source.missing``, validated.
+
+        Raises
+        ------
+        ConfigError
+            Naming the key: a factor that is not a positive finite number, a sentinel
+            that is not a number.
+        """
+        scales = []
+        if scale is not None:
+            if not isinstance(scale, Mapping):
+                raise ConfigError(f"{path}.scale", "a mapping of column name (or glob) to a factor, e.g. "
+                                  "{'*_price_*': 1.0e-9}", scale)
+            for pattern, factor in scale.items():
+                if (not isinstance(pattern, str) or not pattern or isinstance(factor, bool)
+                        or not isinstance(factor, (int, float)) or not math.isfinite(factor) or factor <= 0):
+                    raise ConfigError(f"{path}.scale.{pattern}", "a positive number (the unit of the integers, "
+                                      "e.g. 1.0e-9)", factor)
+                scales.append((pattern, float(factor)))
+        return cls(scale=tuple(scales), missing=_missing_rules(missing, f"{path}.missing"))
+
+    def __bool__(self) -> bool:
+        return bool(self.scale or self.missing)
+
+    def factor_of(self, column: str) -> float | None:
+        """The scale of ``column``, or ``None``."""
+        return next((f for p, f in self.scale if fnmatch.fnmatchcase(column, p)), None)
+
+    def sentinels_of(self, column: str) -> tuple[int | float, ...]:
+        """The values read as NaN in ``column``."""
+        return next((v for p, v in self.missing if fnmatch.fnmatchcase(column, p)), ())
+
+
+def _missing_rules(missing: Any, path: str) -> tuple[tuple[str, tuple[int | float, ...]], ...]:
+    if missing is None:
+        return ()
+    if not isinstance(missing, Mapping):
+        missing = {"*": missing}
+    rules = []
+    for pattern, values in missing.items():
+        values = [values] if isinstance(values, (int, float)) and not isinstance(values, bool) else values
+        if (not isinstance(pattern, str) or not pattern or not isinstance(values, (list, tuple)) or not values
+                or any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in values)):
+            raise ConfigError(path if pattern == "*" else f"{path}.{pattern}",
+                              "a list of numbers that mean 'no value' (e.g. [9223372036854775807, -1]), or a "
+                              "mapping of column name (or glob) to such a list", values)
+        rules.append((pattern, tuple(values)))
+    return tuple(rules)
+
+
+def convert_column(col: Any, name: str, rules: ValueRules, path: str) -> Any | None:
+    """Column ``name`` (a pyarrow array) with ``rules`` applied: sentinels made null, then
+    an integer column scaled exactly to float64; ``None`` when no rule applies.
+
+    Raises
+    ------
+    LoaderError
+        Naming the file and column: a scale on a floating-point column, or on integers
+        past 2**53 (float64 would round them).
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    sentinels, factor = rules.sentinels_of(name), rules.factor_of(name)
+    if not sentinels and factor is None:
+        return None
+    if sentinels:
+        fits = [v for v in sentinels if _fits(v, col.type)]
+        if fits:
+            found = pc.is_in(col, value_set=pa.array(fits).cast(col.type))
+            col = pc.if_else(found, pa.scalar(None, col.type), col)
+    if factor is None:
+        return col
+    if not pa.types.is_integer(col.type):
+        raise LoaderError(path, f"column {name!r} holds {col.type} values, but source.scale gives it a factor of "
+                          f"{factor:g}: a scale is for fixed-point integers; a file with the column in floating "
+                          "point is already in units (read it apart, or leave the column out of source.scale)")
+    big = pc.max(pc.abs(col)).as_py() if len(col) else None
+    if big is not None and big > 2**53:
+        raise LoaderError(path, f"column {name!r}: the integer {big} is past 2**53, where float64 rounds; "
+                          "if it means 'no value', list it in source.missing")
+    values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    inverse = 1.0 / factor
+    if inverse >= 1 and abs(inverse - round(inverse)) <= 1e-9 * inverse:
+        return values / float(round(inverse))  # one rounding, as prices / 10,000
+    return values * factor
+
+
+def _fits(value: int | float, arrow_type: Any) -> bool:
+    """Whether ``value`` is a value of ``arrow_type`` (a sentinel past an int32 column's
+    range cannot occur in it)."""
+    import pyarrow as pa
+
+    if pa.types.is_integer(arrow_type):
+        if not float(value).is_integer():
+            return False
+        info = np.iinfo(arrow_type.to_pandas_dtype())
+        return info.min <= int(value) <= info.max
+    return pa.types.is_floating(arrow_type)
+
+
+def check_rules(rules: ValueRules, parts: Sequence[Any], columns: Sequence[str]) -> None:
+    """Refuse, at open, rules a source cannot take: LOBSTER and FI-2010 have their own
+    units; a pattern that matches no column is most likely a typo; a Parquet file that
+    stores a scaled column in floating point (its schema says so) is already in units.
+    (A CSV's types are known only when read: :func:`convert_column` refuses there.)
+
+    Raises
+    ------
+    LoaderError
+        Naming the file and the pattern or column.
+    """
+    if not rules:
+        return
+    first = parts[0]
+    if first.fmt in ("lobster", "fi2010"):
+        raise LoaderError(first.path, f"source.scale and source.missing are for CSV and Parquet files; {first.fmt} "
+                          "files have their units and empty levels built in")
+    for pattern in [p for p, _ in rules.scale] + [p for p, _ in rules.missing if p != "*"]:
+        if not any(fnmatch.fnmatchcase(c, pattern) for c in columns):
+            raise LoaderError(first.path, f"source.scale / source.missing name {pattern!r}, which matches no "
+                              f"column (columns: {', '.join(columns)})")
+    for part in parts:
+        if not getattr(part, "kinds", ()):
+            continue
+        for name in columns:
+            factor = rules.factor_of(name)
+            if factor is not None and part.kinds[part.sources.index(part.source_of(name))] == "f":
+                raise LoaderError(part.path, f"column {name!r} is stored in floating point, but source.scale gives "
+                                  f"it a factor of {factor:g}: a scale is for fixed-point integers; a file with the "
+                                  "column in floating point is already in units (read it apart, or leave the column "
+                                  "out of source.scale)")
