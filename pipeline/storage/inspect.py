@@ -53,6 +53,9 @@ class StoreReport:
     complete: bool
     arrays: tuple[ArrayReport, ...]
     attrs: dict[str, Any] = field(default_factory=dict)
+    #: Written by another tool (no ``pipeline`` attributes): no completeness flag, no
+    #: checksums; its arrays are listed wherever they are in the hierarchy.
+    foreign: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -66,8 +69,13 @@ class StoreReport:
 def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> StoreReport:
     """Describe a store's newest version without reading its chunks (sizes come from the
     store listing)."""
+    from pipeline.storage.store import ATTRS_KEY
+
     loc = os.fspath(location)
     group = open_store_group(loc, mode="r", storage_options=storage_options)
+    if ATTRS_KEY not in group.attrs:
+        arrays = tuple(_array_report(*path.rpartition("/")[::2], arr) for path, arr in _every_array(group))
+        return StoreReport(location=loc, complete=False, arrays=arrays, foreign=True)
     attrs = store_root_attrs(group)
     newest = versions_of(attrs)[-1]
     arrays = []
@@ -80,13 +88,22 @@ def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str
                 continue
             if split in newest.samples and attrs.get("complete"):
                 arr = pinned_array(arr, newest.samples[split])  # not an append in progress
-            codecs = ", ".join(type(c).__name__.removesuffix("Codec").lower() for c in arr.compressors) or "none"
-            arrays.append(ArrayReport(
-                split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),
-                chunks=tuple(arr.chunks), shards=tuple(arr.shards) if arr.shards else None,
-                codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=stored_bytes(arr),
-            ))
+            arrays.append(_array_report(split, name, arr))
     return StoreReport(location=loc, complete=bool(attrs.get("complete")), arrays=tuple(arrays), attrs=attrs)
+
+
+def _array_report(split: str, name: str, arr: Any) -> ArrayReport:
+    codecs = ", ".join(type(c).__name__.removesuffix("Codec").lower() for c in arr.compressors) or "none"
+    return ArrayReport(split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),
+                       chunks=tuple(arr.chunks), shards=tuple(arr.shards) if arr.shards else None,
+                       codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=stored_bytes(arr))
+
+
+def _every_array(group: Any) -> list[tuple[str, Any]]:
+    """``(path, array)`` of every array under ``group``, at any depth, sorted by path: a
+    store another tool wrote keeps its arrays at the root (xarray) or in groups."""
+    found = [(path, member) for path, member in group.members(max_depth=None) if hasattr(member, "chunks")]
+    return sorted(found, key=lambda item: item[0])
 
 
 def _mib(n: float) -> str:
@@ -97,16 +114,20 @@ def format_report(report: StoreReport) -> str:
     """Human-readable lines for a :class:`StoreReport`."""
     a = report.attrs
     ratio = report.nbytes / report.stored_bytes if report.stored_bytes else float("nan")
-    lines = [
-        f"store: {report.location}",
-        f"complete: {'yes' if report.complete else 'NO (rerun the same pipeline run to finish it)'}",
-        f"size: {_mib(report.stored_bytes)} on disk, {_mib(report.nbytes)} uncompressed, ratio {ratio:.2f}x",
-        f"codec: {a.get('codec', '?')}",
-    ]
+    lines = [f"store: {report.location}"]
+    if report.foreign:
+        lines.append("written by: another tool (no 'pipeline' attributes): no completeness flag and no checksums "
+                     "(--verify decodes every chunk)")
+    else:
+        lines.append(f"complete: {'yes' if report.complete else 'NO (rerun the same pipeline run to finish it)'}")
+    lines.append(f"size: {_mib(report.stored_bytes)} on disk, {_mib(report.nbytes)} uncompressed, ratio {ratio:.2f}x")
+    if not report.foreign:
+        lines.append(f"codec: {a.get('codec', '?')}")
     for r in report.arrays:
         shard = f", shards {r.shards}" if r.shards else ""
         rr = r.nbytes / r.stored_bytes if r.stored_bytes else float("nan")
-        lines.append(f"  {r.split}/{r.name}: {r.shape} {r.dtype}, chunks {r.chunks}{shard}, "
+        where = f"{r.split}/{r.name}" if r.split else r.name
+        lines.append(f"  {where}: {r.shape} {r.dtype}, chunks {r.chunks}{shard}, "
                      f"{r.codecs}, {_mib(r.stored_bytes)} ({rr:.2f}x)")
     lines += session_lines(a)
     lines += balance_lines(a)
@@ -199,6 +220,10 @@ def fold_lines(attrs: dict[str, Any]) -> list[str]:
 def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> list[str]:
     """Check every written unit against the CRC32s recorded when it was written.
 
+    A store another tool wrote records no checksums: every chunk of every array is
+    decoded instead, which finds damaged chunks (a codec's own checks, a decoded size
+    that does not fit) but not bytes that decode to other values.
+
     Returns
     -------
     list of str
@@ -206,10 +231,13 @@ def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str,
         checksum mismatch``); empty when every chunk matches.
     """
     from pipeline.storage.checksum import crc32
+    from pipeline.storage.store import ATTRS_KEY
     from pipeline.storage.writer import WRITTEN
 
     loc = os.fspath(location)
     group = open_store_group(loc, mode="r", storage_options=storage_options)
+    if ATTRS_KEY not in group.attrs:
+        return [line for path, arr in _every_array(group) for line in _decode_problems(path, arr)]
     problems: list[str] = []
     for split, sub in sorted(group.groups()):
         if WRITTEN not in sub:
@@ -250,4 +278,21 @@ def _unit_problems(sub: Any, split: str, names: list[str], unit: int, recorded: 
             same = [f"{split}/{n}" for n, (c, _) in computed.items() if c == crc and n != name]
             problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch (it holds the same bytes as "
                             f"{', '.join(same)}, which the unit's checksums do not)")
+    return problems
+
+
+def _decode_problems(path: str, arr: Any) -> list[str]:
+    """Chunks of ``arr`` (at ``path``) that do not decode, one line each, the chunk named
+    by its grid position; read a row of chunks at a time."""
+    import itertools
+
+    grid = [range(-(-int(n) // int(c))) for n, c in zip(arr.shape, arr.chunks)]
+    problems = []
+    for position in itertools.product(*grid):
+        box = tuple(slice(i * c, (i + 1) * c) for i, c in zip(position, arr.chunks))
+        try:
+            arr[box]
+        except Exception as exc:  # noqa: BLE001 - any decode failure is corruption
+            where = str(position[0]) if len(position) == 1 else str(position)
+            problems.append(f"{path} chunk {where}: cannot decode ({exc})")
     return problems

@@ -701,10 +701,17 @@ def check_target(location: str, fingerprint: str | None, overwrite: bool,
         raise StoreError(f"{location}: exists and is not a directory; choose another output path")
     entries = sorted(fs.ls(root, detail=False))
     if entries:
+        names = {os.path.basename(str(e).rstrip("/")) for e in entries}
+        if names & {".zgroup", ".zarray", ".zattrs"}:  # zarr format 2 (xarray's default)
+            what = "a zarr format 2 store (.zgroup/.zarray/.zattrs) that pipeline did not write"
+        elif {"refs", "snapshots"} <= names:
+            what = "an icechunk repository (refs/, snapshots/)"
+        else:
+            what = (f"a directory that is not a zarr store (no zarr.json) and holds {len(entries)} entries, such "
+                    f"as {os.path.basename(str(entries[0]).rstrip('/'))!r}")
         raise StoreConflictError(
-            f"{location}: a directory that is not a zarr store (no zarr.json) and holds {len(entries)} "
-            f"entries, such as {os.path.basename(str(entries[0]).rstrip('/'))!r}; a store written there would "
-            "delete them, with or without output.overwrite. Choose a new or empty directory"
+            f"{location}: {what}; a store written there would delete its files, with or without "
+            "output.overwrite. Choose a new or empty directory"
         )
 
 

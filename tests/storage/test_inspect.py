@@ -82,6 +82,45 @@ def test_verify_finds_one_arrays_chunk_copied_over_anothers(tmp_path):
            "do not)" in problems and len(problems) == 2  # t's chunk 0 now shares its bytes with y's
 
 
+@pytest.mark.parametrize(("fmt", "layout"), [(3, "root"), (3, "train"), (2, "root")])
+def test_a_store_another_tool_wrote_is_described_as_such_and_verify_decodes_every_chunk(tmp_path, fmt, layout):
+    """No 'rerun the same pipeline run' for a store pipeline never wrote, its arrays listed
+    wherever they are, and --verify (no checksums there) decoding every chunk rather than
+    calling a damaged store verified."""
+    import zarr
+
+    from pipeline.storage import verify_store
+
+    x = np.random.default_rng(0).standard_normal((500, 4)).astype(np.float32)
+    path = tmp_path / f"{layout}{fmt}.zarr"
+    group = zarr.open_group(str(path), mode="w", zarr_format=fmt)
+    sub = group.require_group("train") if layout == "train" else group
+    sub.create_array("x", data=x, chunks=(100, 4))
+    sub.create_array("y", data=np.arange(500), chunks=(100,))
+    before = {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
+    prefix = "train/" if layout == "train" else ""
+    report = inspect_store(path)
+    assert report.foreign and [(f"{a.split}/{a.name}".lstrip("/"), a.shape) for a in report.arrays] == \
+        [(f"{prefix}x", (500, 4)), (f"{prefix}y", (500,))]
+    text = format_report(report)
+    assert "written by: another tool" in text and "rerun" not in text and f"  {prefix}x: (500, 4) float32" in text
+    assert report.nbytes == x.nbytes + 500 * 8
+    assert verify_store(path) == []
+    cli = [sys.executable, "-m", "pipeline.cli", "inspect", str(path), "--verify"]
+    result = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.rstrip().endswith(
+        "verify: no checksums recorded (a store pipeline did not write): every chunk decodes")
+    assert {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} == before  # read only
+    chunk = path.joinpath(*prefix.split("/")[:-1], "x", *(["c", "2", "0"] if fmt == 3 else ["2.0"]))
+    data = bytearray(chunk.read_bytes())
+    data[10:30] = b"\xff" * 20
+    chunk.write_bytes(bytes(data))
+    problems = verify_store(path)
+    assert len(problems) == 1 and problems[0].startswith(f"{prefix}x chunk (2, 0): cannot decode")
+    result = subprocess.run(cli, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1 and f"CORRUPT {prefix}x chunk (2, 0): cannot decode" in result.stdout
+
+
 def test_session_table_and_class_balance_lines():
     from pipeline.storage.inspect import balance_lines, session_lines
 

@@ -260,6 +260,25 @@ def test_a_zarr_store_another_tool_wrote_is_refused_and_kept(tmp_path, overwrite
 
 
 @pytest.mark.parametrize("overwrite", [False, True])
+def test_a_zarr_2_store_and_an_icechunk_repository_are_refused_by_name_and_kept(tmp_path, overwrite):
+    import icechunk
+
+    v2 = zarr.open_group(tmp_path / "xr.zarr", mode="w", zarr_format=2)
+    v2.create_array("a", data=np.arange(10.0))
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(tmp_path / "repo")))
+    session = repo.writable_session("main")
+    zarr.open_group(session.store, mode="w").create_array("a", data=np.arange(10.0))
+    session.commit("a")
+    x = np.arange(40, dtype=np.float32)[:, None]
+    for name, what in (("xr.zarr", r"a zarr format 2 store \(.zgroup/.zarray/.zattrs\) that pipeline did not "
+                                    "write"), ("repo", r"an icechunk repository \(refs/, snapshots/\)")):
+        before = {p: p.read_bytes() for p in sorted((tmp_path / name).rglob("*")) if p.is_file()}
+        with pytest.raises(StoreConflictError, match=f"{name}: {what}; a store written there would delete"):
+            write(tmp_path / name, {"x": x, "y": x[:, 0]}, overwrite=overwrite, progress=False)
+        assert {p: p.read_bytes() for p in sorted((tmp_path / name).rglob("*")) if p.is_file()} == before
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
 def test_a_zip_path_holding_anything_but_a_pipeline_zip_is_refused_and_kept(tmp_path, overwrite):
     x = np.arange(40, dtype=np.float32)[:, None]
     arrays = {"x": x, "y": x[:, 0]}
