@@ -10,11 +10,12 @@ import dataclasses
 import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Any, Literal
+from typing import IO, Any, Literal, NoReturn
 
 import yaml
 
 from pipeline.config import Config, config_fingerprint
+from pipeline.errors import ConfigError, PipelineError
 
 __all__ = ["RunSummary", "run"]
 
@@ -95,6 +96,26 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
     return kwargs
 
 
+def _check_table_source(src: Any) -> None:
+    """Refuse, before the cluster starts, a source whose format (given, or every path's
+    suffix) is an array format: features and labels name table columns."""
+    from pipeline.loaders.registry import TABLES, format_of
+
+    paths = (src.paths,) if isinstance(src.paths, str) else tuple(src.paths)
+    try:
+        formats = {format_of(str(p), src.format) for p in paths}
+    except PipelineError:  # no suffix to go by (a directory, a URL): the files will tell
+        return
+    if formats and not formats & set(TABLES):
+        _refuse_arrays(", ".join(map(str, paths)) + f" ({', '.join(sorted(formats))})")
+
+
+def _refuse_arrays(got: str) -> NoReturn:
+    raise ConfigError("source.paths", "tables with named columns (CSV, Parquet, LOBSTER, FI-2010): pipeline run "
+                      "computes features and labels from named columns; arrays (npy, npz, HDF5, images) go "
+                      "through the Python API (pipeline.load, pipeline.windows, pipeline.write)", got)
+
+
 def _columns_read(config: Config) -> tuple[str, ...] | None:
     """The source columns a build decodes: those its features and label read (the rest
     of a wide book, deeper levels say, is never decoded); ``None``, every column, under
@@ -162,6 +183,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         return _summary(config, 0, t0, "up to date")
     if stored is None:  # a build: refuse a target it would damage before the cluster starts
         check_target(out.path, config_fingerprint(config), out.overwrite, out.storage_options or None)
+    _check_table_source(src_cfg)
 
     def block_windows(window_bytes: int) -> int:
         # Windows made in the blocks the writer's tasks write: see build_training_set.
@@ -184,6 +206,8 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             storage_options=src_cfg.storage_options or None,
             **_source_kwargs(config),
         )
+        if not source.columns:  # the suffixes did not tell (see _refuse_arrays): the files did
+            _refuse_arrays(f"{source.files[0].path} ({source.array.shape} {source.array.dtype}, no column names)")
         rows = int(source.array.shape[0])
         segs = source.segments
         say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns read, "

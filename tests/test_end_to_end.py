@@ -110,6 +110,23 @@ def test_a_run_into_a_directory_that_is_not_a_store_is_refused_before_the_cluste
     assert [p.name for p in victim.iterdir()] == ["thesis.txt"]
 
 
+def test_a_run_over_array_files_is_refused_before_the_cluster_starts(tmp_path, monkeypatch):
+    """Features and labels name table columns: npy files got "column '0' is not in the
+    source (columns: )" after the cluster had started."""
+    import pipeline.cluster
+    from pipeline.errors import ConfigError
+
+    monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    (tmp_path / "raw").mkdir()
+    np.save(tmp_path / "raw" / "0.npy", np.zeros((50, 3), np.float32))
+    cfg = {"source": {"paths": str(tmp_path / "raw" / "*.npy"), "combine": "concat"}, "windows": {"size": 4},
+           "features": {"steps": [{"name": "column", "column": "0"}]}, "labels": {"kind": "column", "column": "1"},
+           "output": {"path": str(tmp_path / "out.zarr")}}
+    with pytest.raises(ConfigError, match=r"source.paths: expected tables with named columns .*Python API.*\(npy\)"):
+        run(parse_config(cfg), log=None, progress=False)
+    assert not (tmp_path / "out.zarr").exists()
+
+
 def test_a_run_into_a_zip_path_holding_another_file_is_refused_before_the_cluster_starts(raw_dir, tmp_path,
                                                                                          monkeypatch):
     import pipeline.cluster
