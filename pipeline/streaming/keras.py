@@ -20,6 +20,16 @@ the pass was served:
 
 Keras reads ``len`` once per ``fit``: after ``load_state_dict``, ``fit(ds, epochs=1)``
 finishes the interrupted epoch, and later epochs (whole ones) come from another ``fit``.
+
+**Keras's epoch number.** A PyDataset is not told which epoch Keras runs, so by itself
+the dataset serves the stream's epochs in turn from where the stream stands: a
+``fit(ds, initial_epoch=2, epochs=3)`` on a fresh stream serves stream epoch 0's order,
+not epoch 2's. ``ds.epoch_callback()`` (passed to ``fit``'s ``callbacks``) tells it:
+when Keras begins epoch ``k`` and the stream stands at an epoch's start, the pass is
+stream epoch ``k``. That is what ``initial_epoch`` and ``BackupAndRestore`` need: a fit
+restarted from a backup serves the epochs it trains in the order an uninterrupted fit
+served them. A stream standing inside an epoch (a resumed state, or Keras epochs of
+``steps_per_epoch`` batches, shorter than the stream's) goes on where it stands.
 """
 
 from __future__ import annotations
@@ -36,9 +46,10 @@ try:
 except ImportError:  # pragma: no cover - exercised only without the extra
     keras = None
 
-__all__ = ["PEEK_BATCHES", "KerasDataset"]
+__all__ = ["PEEK_BATCHES", "EpochCallback", "KerasDataset"]
 
 _Base: Any = keras.utils.PyDataset if keras is not None else object
+_Callback: Any = keras.callbacks.Callback if keras is not None else object
 
 #: Batches Keras may take before an epoch without training on them: the one batch its
 #: ``fit`` and ``evaluate`` look at to build an unbuilt model, and on an accelerator the
@@ -162,6 +173,40 @@ class KerasDataset(_Base):
             self._taken += 1
             return batch
 
+    def epoch_callback(self) -> "EpochCallback":
+        """A Keras callback that makes this dataset serve Keras's epoch ``k`` as the
+        stream's epoch ``k`` (``model.fit(ds, callbacks=[ds.epoch_callback(), ...])``):
+        ``initial_epoch``, and ``BackupAndRestore`` restarting a fit at the epoch it was
+        interrupted in, then serve what an uninterrupted fit served in those epochs
+        (see :mod:`pipeline.streaming.keras`)."""
+        return EpochCallback(self)
+
+    def keras_epoch_begins(self, epoch: int, steps: int | None = None) -> None:
+        """Keras begins its epoch ``epoch`` of ``steps`` steps (``None``: unknown): a
+        stream standing at an epoch's start moves to epoch ``epoch``.
+
+        A stream inside an epoch stays: a resumed state, or a pass that Keras epochs
+        shorter than the stream's go through, goes on where it stands; with Keras
+        epochs of another length than the stream's, Keras's numbers are not the
+        stream's epochs and are not followed.
+        """
+        with self._lock:
+            self._follow_moves()
+            if self._taken or (steps is not None and steps != len(self.stream)):
+                return
+            state = self._start if self._start is not None else self.stream.state_dict()
+            served, at = int(state["batches_served"]), int(state["epoch"])
+            if 0 < served < len(self.stream):
+                return
+            if (at, served) == (epoch, 0):
+                return
+            self._end_pass()
+            if at != epoch:
+                self.stream.set_epoch(epoch)
+            # (at == epoch: that epoch was served whole, and Keras runs it again.)
+            if int(self.stream.state_dict()["batches_served"]):
+                self.stream.load_state_dict({"epoch": epoch, "batches_served": 0})
+
     def _next_epoch(self) -> None:
         epoch = self.stream.epoch + 1
         self._end_pass()
@@ -185,3 +230,16 @@ class KerasDataset(_Base):
             elif self._taken >= length:
                 self._next_epoch()
             # else: steps_per_epoch ended Keras's epoch inside the pass, which goes on.
+
+
+class EpochCallback(_Callback):
+    """Tells a :class:`KerasDataset` the epoch Keras begins (see
+    :meth:`KerasDataset.epoch_callback`)."""
+
+    def __init__(self, dataset: KerasDataset):
+        super().__init__()
+        self.dataset = dataset
+
+    def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        steps = (getattr(self, "params", None) or {}).get("steps")
+        self.dataset.keras_epoch_begins(epoch, steps)

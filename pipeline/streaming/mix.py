@@ -259,7 +259,11 @@ class Mix:
             For a loop over a DataLoader: the batches it consumed this epoch and the
             loader's ``num_workers`` (by default what this mix's own iteration counted).
         """
-        state = {"epoch": self.epoch, "batches_served": self._served if batches_served is None else int(batches_served),
+        served = self._served if batches_served is None else int(batches_served)
+        if served < self._served:
+            raise StreamError(f"mix: state_dict: batches_served counts this epoch's batches, at least the "
+                              f"{self._served} served before this iteration began; got {served}")
+        state = {"epoch": self.epoch, "batches_served": served,
                  "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "steps_per_epoch": self.steps,
                  "counts": list(self.counts), "sources": [self._source_keys(s) for s in self.streams]}
         if num_workers is not None:

@@ -359,6 +359,11 @@ class Stream:
             information, not checked.
         """
         served = self._served if batches_served is None else int(batches_served)
+        if served < self._served:
+            # A count of the loop's own batches since a resume would skip back and
+            # serve the batches between the two counts again.
+            raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
+                              f"{self._served} served before this iteration began; got {served}")
         state: dict[str, Any] = {"epoch": self.epoch, "batches_served": served, "seed": self.seed,
                                  "rank": self.rank, "world_size": self.world_size,
                                  **{key: getattr(self, key) for key in ORDER_KEYS}}
@@ -373,9 +378,6 @@ class Stream:
                     done = step_intervals(np.setdiff1d(np.arange(len(self)), left, assume_unique=True))
                 # else: the loader went on with the turns of the loop that served the
                 # state, so the steps done before it and the count still say what it took.
-                if served < self._served:
-                    raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
-                                      f"{self._served} served before this iteration began; got {served}")
             state.update(global_batch_size=self.global_batch_size, steps_per_epoch=len(self),
                          done=[list(p) for p in done])
             if workers is not None:

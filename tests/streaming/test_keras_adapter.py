@@ -126,6 +126,75 @@ def test_epochs_shorter_than_the_stream_go_on_with_its_epoch(store):
     assert sum(per_epoch, []) == _order(store, 0) + _order(store, 1)
 
 
+def test_initial_epoch_serves_kerass_epoch_with_the_epoch_callback(store):
+    s = pipeline.stream(store, **KW)
+    ds = s.keras()
+    log: list = []
+    _model(log).fit(ds, initial_epoch=2, epochs=4, verbose=0, callbacks=[ds.epoch_callback(), Epochs(log)])
+    # what an uninterrupted fit trains on in its epochs 2 and 3
+    assert _per_epoch(log) == [_order(store, 2), _order(store, 3)]
+    assert s.epoch == 4
+
+
+class Preempted(Exception):
+    pass
+
+
+class Preempt(keras.callbacks.Callback):
+    """Stops a fit inside epoch 1, as a lost node would."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self.epoch == 1 and batch == 3:
+            raise Preempted
+
+
+@pytest.mark.parametrize("save_freq", ["epoch", 2])
+def test_backup_and_restore_restarts_the_interrupted_epoch_in_its_order(store, tmp_path, save_freq):
+    backup = str(tmp_path / f"backup-{save_freq}")
+
+    def fit(extra):
+        log: list = []
+        ds = pipeline.stream(store, **KW).keras()
+        callbacks = [keras.callbacks.BackupAndRestore(backup, save_freq=save_freq), ds.epoch_callback(),
+                     Epochs(log), *extra]
+        _model(log).fit(ds, epochs=3, verbose=0, callbacks=callbacks)
+        return _per_epoch(log)
+
+    with pytest.raises(Preempted):
+        fit([Preempt()])
+    # A new process: Keras restarts epoch 1 whole (from the weights of its backup), and
+    # the stream serves epochs 1 and 2 as the uninterrupted fit did.
+    assert fit([]) == [_order(store, 1), _order(store, 2)]
+
+
+def test_the_epoch_callback_leaves_a_stream_inside_an_epoch_where_it_stands(store):
+    resumed = pipeline.stream(store, **KW)
+    resumed.load_state_dict({"epoch": 3, "batches_served": 4})
+    ds = resumed.keras()
+    log: list = []
+    model = _model(log)
+    model.fit(ds, epochs=1, verbose=0, callbacks=[ds.epoch_callback(), Epochs(log)])
+    assert _per_epoch(log) == [_order(store, 3, skip=4)]  # the rest of the resumed epoch, not epoch 0
+    log.clear()
+    model.fit(ds, initial_epoch=4, epochs=5, verbose=0, callbacks=[ds.epoch_callback(), Epochs(log)])
+    assert _per_epoch(log) == [_order(store, 4)]
+    # Keras epochs of another length than the stream's are not its epochs: not followed
+    # an epoch served whole that Keras runs again (a state saved after its last batch)
+    done = pipeline.stream(store, **KW)
+    done.load_state_dict({"epoch": 2, "batches_served": 10})
+    again = done.keras()
+    again.keras_epoch_begins(2, 10)
+    assert len(again) == 10 and again[0][1].tolist() == _order(store, 2)[:100]
+    short = pipeline.stream(store, **KW).keras()
+    log.clear()
+    _model(log).fit(short, initial_epoch=1, epochs=3, steps_per_epoch=5, verbose=0,
+                    callbacks=[short.epoch_callback(), Epochs(log)])
+    assert sum(_per_epoch(log), []) == _order(store, 0)
+
+
 def test_a_mix_through_fit(tmp_path):
     from tests.streaming.conftest import make_store
 

@@ -139,3 +139,45 @@ def test_a_mix_state_and_a_stream_state_do_not_load_into_each_other():
     stream_state = _state_after(pipeline.stream(_arrays(100), batch_size=10, seed=3), 4)
     with pytest.raises(StreamError, match="saved by a single stream"):
         pipeline.mix([_arrays(100), _arrays(200)], weights=[1, 1], **kw).load_state_dict(stream_state)
+
+
+@pytest.mark.parametrize("kw", [dict(batch_size=10), dict(global_batch_size=8)])
+def test_a_count_since_the_resume_is_refused_the_epochs_count_taken(kw):
+    """batches_served counts the epoch's batches: after resuming a state of 4, a loop that
+    took 3 more saves 7; 3 would serve those 3 again."""
+    s = pipeline.stream(_arrays(200), seed=1, **kw)
+    s.load_state_dict({**s.state_dict(), "batches_served": 4, "num_workers": 2})
+    with pytest.raises(StreamError, match="counts this epoch's batches, at least the 4 served before this "
+                                          "iteration began; got 3"):
+        s.state_dict(batches_served=3, num_workers=2)
+    state = s.state_dict(batches_served=7, num_workers=2)
+    full = pipeline.stream(_arrays(200), seed=1, **kw)
+    ref = [b for _, b in _loader_turns(full, 2)]
+    rest = pipeline.stream(_arrays(200), seed=1, **kw)
+    rest.load_state_dict(state)
+    assert [b for _, b in _loader_turns(rest, 2)] == ref[7:]
+
+
+def test_a_mix_refuses_a_count_since_the_resume():
+    m = pipeline.mix([_arrays(100), _arrays(60)], weights=[1, 1], batch_size=10, seed=1)
+    m.load_state_dict({**m.state_dict(), "batches_served": 5})
+    with pytest.raises(StreamError, match="^mix: .*at least the 5 served before this iteration began; got 2"):
+        m.state_dict(batches_served=2)
+    assert m.state_dict(batches_served=9)["batches_served"] == 9
+
+
+def _loader_turns(s, workers):
+    """(worker, labels) of each batch a DataLoader of ``workers`` workers hands the loop:
+    turns from worker 0, each worker iterating its own copy, a finished one skipped."""
+    import copy
+
+    its = [copy.deepcopy(s).iter_resumed(k, workers) for k in range(workers)]
+    out, live = [], list(range(workers))
+    while live:
+        for k in list(live):
+            got = next(its[k], None)
+            if got is None:
+                live.remove(k)
+            else:
+                out.append((k, np.asarray(got[1]).tolist()))
+    return out
