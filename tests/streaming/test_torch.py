@@ -197,7 +197,7 @@ def _loader_turns(s, workers: int) -> list[tuple[int, ...]]:
     return out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kind=st.sampled_from(sorted(KINDS)), workers=st.integers(0, 3), data=st.data())
 def test_a_resumed_loader_serves_the_rest_in_the_uninterrupted_order(two_stores, kind, workers, data):
     """Stopped after any number of batches, on any number of workers, and again after
