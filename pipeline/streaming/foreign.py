@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+import pickle
 import threading
 from typing import Any, Mapping, Sequence
 
@@ -59,19 +60,66 @@ def common_rows(rows: Mapping[str, int], length: int, label: str) -> int:
     return max(1, int(grid))
 
 
-def _store_state(array: zarr.Array, name: str, label: str) -> tuple[Any, ...]:
-    """How a worker process opens ``array`` again (it reads the same files)."""
-    store = array.store_path.store
+def _store_state(array: zarr.Array, name: str, label: str, forked: bool = False) -> tuple[Any, ...]:
+    """How another process opens ``array`` again: a spawned one from this state pickled,
+    a forked one (``forked``: a DataLoader worker on Linux, which inherits the parent's
+    objects) from this state as it is.
+
+    Raises
+    ------
+    StreamError
+        For a store the process cannot open (naming its type and what to do instead):
+        a store in memory in a spawned process, whose memory it does not have; a store
+        run by a tokio runtime (icechunk, obstore) in a forked one, where that runtime's
+        threads do not exist and the first read would hang.
+    """
+    store, path = array.store_path.store, array.store_path.path
+    kind = type(store).__name__
     if isinstance(store, zarr.storage.LocalStore):
-        return ("local", str(store.root), array.store_path.path)
+        return ("local", str(store.root), path)
     if isinstance(store, zarr.storage.ZipStore):
         # Opened again by path, in a process or after a fork: one ZipStore holds one file
         # handle, and two processes reading through it would move each other's offset.
-        return ("zip", str(store.path), array.store_path.path)
+        return ("zip", str(store.path), path)
     if isinstance(store, zarr.storage.FsspecStore):
-        return ("store", store, array.store_path.path)  # pickles as its location
-    raise StreamError(f"{label}: array {name!r} lives in a {type(store).__name__}, which worker processes cannot "
-                      "open; write it to a directory, zip or fsspec store, or stream it without workers")
+        if not forked and "memory" in _protocols(store.fs):
+            raise StreamError(f"{label}: array {name!r} lives in fsspec's memory file system, which a spawned "
+                              "worker process does not have; write it to a directory, zip or object store, or "
+                              "stream it without workers (num_workers=0) or with forked ones")
+        # The file system travels pickled (fsspec pickles its class and options), even to
+        # a forked worker, which unpickles a file system of its own: an s3fs session is
+        # bound to the event loop of the process that opened it, and a worker reading
+        # through its parent's fails ("attached to a different loop").
+        try:
+            fs = pickle.dumps(store.fs)
+        except Exception as exc:  # noqa: BLE001 - whatever its options hold that does not pickle
+            raise StreamError(f"{label}: array {name!r} lives in an fsspec {type(store.fs).__name__} that cannot be "
+                              f"pickled ({type(exc).__name__}: {exc}), so a worker process cannot open it again; "
+                              "pass storage options that pickle, or stream it without workers") from exc
+        return ("fsspec", (fs, store.path, store.read_only), path)
+    if _runs_on_tokio(store):
+        if forked:
+            raise StreamError(f"{label}: array {name!r} lives in a {kind} ({type(store).__module__}), run by a tokio "
+                              "runtime whose threads do not survive the fork that starts a DataLoader worker: its "
+                              "first read there would hang. Stream it with num_workers=0, or start the workers "
+                              "with DataLoader(..., multiprocessing_context='spawn') (or 'forkserver'), where each "
+                              "opens the store from its pickled state")
+        return ("pickled", store, path)  # a read-only icechunk session pickles for distributed reads
+    if forked:
+        return ("copied", store, path)  # a store in memory: the fork copied it, nothing is shared
+    raise StreamError(f"{label}: array {name!r} lives in a {kind}, which worker processes cannot open; write it to a "
+                      "directory, zip or fsspec store, or stream it without workers")
+
+
+def _protocols(fs: Any) -> tuple[str, ...]:
+    p = getattr(fs, "protocol", ())
+    return (p,) if isinstance(p, str) else tuple(p)
+
+
+def _runs_on_tokio(store: Any) -> bool:
+    """Whether ``store`` does its I/O on a Rust tokio runtime (icechunk's, obstore's)."""
+    return (type(store).__module__.split(".")[0] == "icechunk"
+            or isinstance(store, getattr(zarr.storage, "ObjectStore", ())))
 
 
 def _location(array: zarr.Array) -> str:
@@ -88,6 +136,11 @@ def _reopen_array(state: tuple[Any, ...]) -> zarr.Array:
         store = zarr.storage.LocalStore(where, read_only=True)
     elif kind == "zip":
         store = zarr.storage.ZipStore(where, mode="r")
+    elif kind == "fsspec":
+        fs, root, read_only = where
+        # In a forked child fsspec has emptied its instance cache: this makes a file
+        # system of the child's own, with its own session and event loop.
+        store = zarr.storage.FsspecStore(pickle.loads(fs), read_only=read_only, path=root)
     else:
         store = where
     return zarr.open_array(store, path=path, mode="r")
@@ -214,8 +267,11 @@ class ZarrSource:
         self._pid = os.getpid()  # set last, as in StoreSource
 
     def __getstate__(self) -> dict:
+        return self._state(forked=False)
+
+    def _state(self, forked: bool) -> dict:
         # Zarr arrays travel as their store's location: each worker opens them itself.
-        state = {n: ("zarr", _store_state(a, n, self.label)) if isinstance(a, zarr.Array) else ("numpy", a)
+        state = {n: ("zarr", _store_state(a, n, self.label, forked)) if isinstance(a, zarr.Array) else ("numpy", a)
                  for n, a in self.arrays.items()}
         return {"arrays": state, "names": self.names, "label": self.label, "cache": self.cache_spec}
 
@@ -225,16 +281,18 @@ class ZarrSource:
 
     def _check_process(self) -> None:
         # After a fork (a DataLoader worker) open the stores again: a zip store's file
-        # handle, and its offset, would otherwise be shared with the parent.
+        # handle and its offset, an s3fs session and its event loop, would otherwise be
+        # the parent's. A store that cannot be read after a fork is refused here, before
+        # its first read hangs; the source stays unopened, so every later use says so too.
         if self._pid != os.getpid():
             with _REOPEN_LOCK:
                 if self._pid != os.getpid():
-                    try:
-                        state = self.__getstate__()
-                    except StreamError:  # a store in memory: the fork copied it, nothing is shared
-                        self._pid = os.getpid()
-                        return
-                    self.__setstate__(state)
+                    self.__setstate__(self._state(forked=True))
+
+    def _reopen(self) -> None:
+        """In a DataLoader worker, before any reader thread starts: open the stores again
+        if this process was forked (:meth:`_check_process`)."""
+        self._check_process()
 
     def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         self._check_process()

@@ -1,0 +1,191 @@
+"""Zarr another tool wrote, in every kind of store, streamed through DataLoader worker
+processes: each worker reads every sample of its share once, the values zarr reads, or
+the stream is refused with a StreamError that names the store and what to do (never a
+hang, never a worker reading through its parent's session)."""
+
+from __future__ import annotations
+
+import pickle
+import uuid
+
+import numpy as np
+import pytest
+import zarr
+
+import pipeline
+from pipeline.errors import StreamError
+from pipeline.streaming.foreign import ZarrSource
+
+N = 600
+KINDS = ["local", "zip", "memory", "fsspec-file", "fsspec-memory", "fsspec-s3"]
+
+
+@pytest.fixture(scope="module")
+def reference():
+    rng = np.random.default_rng(1)
+    return rng.standard_normal((N, 4, 3)).astype(np.float32), np.arange(N, dtype=np.int64)
+
+
+def store_of(kind: str, tmp_path, request) -> zarr.abc.store.Store:
+    """An empty store of ``kind``, open for writing."""
+    if kind == "local":
+        return zarr.storage.LocalStore(tmp_path / "s.zarr")
+    if kind == "zip":
+        return zarr.storage.ZipStore(tmp_path / "s.zip", mode="w")
+    if kind == "memory":
+        return zarr.storage.MemoryStore()
+    if kind == "fsspec-file":
+        return zarr.storage.FsspecStore.from_url(f"file://{tmp_path / 's.zarr'}", storage_options={"auto_mkdir": True})
+    if kind == "fsspec-memory":
+        url = f"memory://{uuid.uuid4().hex}/s.zarr"
+        request.addfinalizer(lambda: __import__("fsspec").filesystem("memory").rm(url, recursive=True))
+        return zarr.storage.FsspecStore.from_url(url)
+    s3 = request.getfixturevalue("s3")
+    return zarr.storage.FsspecStore.from_url(f"s3://training/workers/{uuid.uuid4().hex}.zarr", storage_options=s3)
+
+
+def written(kind: str, tmp_path, request, x, y, zarr_format: int) -> tuple[zarr.Array, zarr.Array]:
+    """``x`` and ``y`` written to a store of ``kind``, opened again for reading as a user
+    would pass them (the zip store closed and opened read-only)."""
+    store = store_of(kind, tmp_path, request)
+    g = zarr.open_group(store, mode="w", zarr_format=zarr_format)
+    g.create_array("x", shape=x.shape, dtype=x.dtype, chunks=(50, 4, 3))[:] = x
+    g.create_array("y", shape=y.shape, dtype=y.dtype, chunks=(75,))[:] = y
+    if kind == "zip":
+        store.close()
+        g = zarr.open_group(zarr.storage.ZipStore(tmp_path / "s.zip", mode="r"), mode="r")
+    return g["x"], g["y"]
+
+
+def served(s, workers: int = 2, context: str = "fork") -> tuple[np.ndarray, np.ndarray]:
+    """One epoch of ``s`` through a DataLoader; its timeout turns a hang into an error."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(s.torch(), batch_size=None, num_workers=workers, timeout=60 if workers else 0,
+                        multiprocessing_context=context if workers else None)
+    xs, ys = [], []
+    try:
+        for xb, yb in loader:
+            xs.append(xb.numpy())
+            ys.append(yb.numpy())
+    except StreamError as exc:
+        # The DataLoader re-raises a worker's error from a frame that holds the error: a
+        # cycle that keeps the loader's iterator, and its idle workers (5 s each to see
+        # they are done), until the garbage collector runs. Without the traceback they
+        # are shut down at once.
+        exc.__traceback__ = None
+        raise StreamError(str(exc)) from None
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def assert_once_each(xs, ys, zx, zy):
+    """Every sample once, ``x`` aligned with its id, the values zarr reads."""
+    order = np.argsort(ys, kind="stable")
+    np.testing.assert_array_equal(ys[order], zy[:])
+    np.testing.assert_array_equal(xs[order], zx[:])
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_forked_workers_stream_arrays_of_every_kind_of_store(kind, zarr_format, tmp_path, request, reference):
+    """Forked workers (Linux's default) open each store again (an s3fs session, a zip
+    handle are the parent's) or read the copy the fork made (a store in memory)."""
+    zx, zy = written(kind, tmp_path, request, *reference, zarr_format)
+    s = pipeline.stream((zx, zy), batch_size=40, seed=0)
+    for _ in s:  # the parent has read through its stores (a validation pass) before forking
+        pass
+    s.set_epoch(1)
+    assert_once_each(*served(s), zx, zy)
+
+
+@pytest.mark.parametrize("cache", [False, True])
+@pytest.mark.parametrize("layout", ["zarr3", "xarray-zarr2"])
+def test_a_foreign_store_on_s3_streams_through_forked_workers(layout, cache, s3, tmp_path, reference):
+    """A store another tool wrote on S3, streamed by URL: each worker reads through an
+    s3fs session of its own (the parent's is bound to the parent's event loop: "attached
+    to a different loop"), with and without the node-local cache."""
+    x, y = reference
+    url = f"s3://training/workers/{layout}-{uuid.uuid4().hex}.zarr"
+    store = zarr.storage.FsspecStore.from_url(url, storage_options=s3)
+    if layout == "zarr3":
+        g = zarr.open_group(store, mode="w")
+        g.create_array("x", data=x, chunks=(100, 4, 3))
+        g.create_array("y", data=y, chunks=(100,))
+        kw = {}
+    else:
+        import xarray as xr
+
+        ds = xr.Dataset({"x": (("sample", "a", "b"), x), "y": ("sample", y)}).chunk({"sample": 128})
+        ds.to_zarr(store, mode="w", zarr_format=2, consolidated=True)
+        kw = {"dim": "sample"}
+    if cache:
+        kw.update(cache_dir=str(tmp_path / "cache"), cache_bytes=2**26)
+    s = pipeline.stream(url, storage_options=s3, batch_size=64, seed=0, **kw)
+    assert isinstance(s.source, ZarrSource)
+    g = zarr.open_group(store, mode="r")
+    assert_once_each(*served(s), g["x"], g["y"])
+
+
+def icechunk_group(tmp_path, x, y) -> zarr.Group:
+    """``x`` and ``y`` committed to an icechunk repository, opened read-only."""
+    icechunk = pytest.importorskip("icechunk")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(tmp_path / "repo")))
+    session = repo.writable_session("main")
+    g = zarr.open_group(session.store, mode="w")
+    g.create_array("x", data=x, chunks=(100, 4, 3))
+    g.create_array("y", data=y, chunks=(100,))
+    session.commit("x and y")
+    return zarr.open_group(repo.readonly_session(branch="main").store, mode="r")
+
+
+def obstore_group(tmp_path, x, y) -> zarr.Group:
+    """``x`` and ``y`` in a local directory, opened through zarr's obstore store."""
+    obstore = pytest.importorskip("obstore")
+    g = zarr.open_group(tmp_path / "o.zarr", mode="w")
+    g.create_array("x", data=x, chunks=(100, 4, 3))
+    g.create_array("y", data=y, chunks=(100,))
+    store = zarr.storage.ObjectStore(obstore.store.LocalStore(str(tmp_path / "o.zarr")), read_only=True)
+    return zarr.open_group(store, mode="r")
+
+
+@pytest.mark.parametrize("make", [icechunk_group, obstore_group], ids=["icechunk", "obstore"])
+@pytest.mark.parametrize("as_group", [False, True], ids=["arrays", "group"])
+def test_stores_on_a_tokio_runtime_are_refused_in_forked_workers(make, as_group, tmp_path, reference):
+    """icechunk's and obstore's runtime threads do not survive a fork: a forked worker's
+    first read would wait for them forever. It is refused, naming the store and the two
+    ways that work; without workers the same stream serves every sample."""
+    g = make(tmp_path, *reference)
+    s = (pipeline.stream(g, split="", batch_size=64, seed=0) if as_group
+         else pipeline.stream((g["x"], g["y"]), batch_size=64, seed=0))
+    kind = type(g.store).__name__
+    with pytest.raises(StreamError, match=rf"lives in a {kind} .*tokio.*num_workers=0.*'spawn'"):
+        served(s)
+    assert_once_each(*served(s, workers=0), g["x"], g["y"])
+
+
+@pytest.mark.parametrize("make", [icechunk_group, obstore_group], ids=["icechunk", "obstore"])
+def test_stores_on_a_tokio_runtime_travel_pickled_to_spawned_workers(make, tmp_path, reference):
+    """What a spawned worker receives: the read-only store pickled, read by the copy."""
+    g = make(tmp_path, *reference)
+    s = pipeline.stream((g["x"], g["y"]), batch_size=64, seed=0)
+    copy = pickle.loads(pickle.dumps(s.source))
+    assert copy.arrays["a0"].store_path.store is not g.store
+    np.testing.assert_array_equal(copy.read("a0", 2), g["x"][200:300])
+    np.testing.assert_array_equal(copy.read("a1", 5), g["y"][500:600])
+
+
+@pytest.mark.slow
+def test_an_icechunk_store_streams_through_spawned_workers(tmp_path, reference):
+    g = icechunk_group(tmp_path, *reference)
+    s = pipeline.stream((g["x"], g["y"]), batch_size=64, seed=0)
+    assert_once_each(*served(s, context="spawn"), g["x"], g["y"])
+
+
+def test_stores_in_memory_cannot_go_to_spawned_workers(tmp_path, request, reference):
+    """A spawned worker has none of its parent's memory: fsspec's memory file system is
+    refused when the stream is pickled (before any worker starts), as a MemoryStore is."""
+    for kind in ("fsspec-memory", "memory"):
+        zx, zy = written(kind, tmp_path, request, *reference, 3)
+        s = pipeline.stream((zx, zy), batch_size=64)
+        with pytest.raises(StreamError, match=r"(?i)array 'a0' lives in .*memory.*(num_workers=0|without workers)"):
+            pickle.dumps(s.source)
