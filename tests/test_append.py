@@ -204,6 +204,21 @@ def test_a_session_among_the_stored_ones_is_refused_naming_it(grown, tmp_path):
     _refused(path, r"AAA/2026-01-04.parquet \(from 2026-01-04.*falls before or among the stored sessions")
 
 
+def test_a_stored_day_supplied_again_or_overlapping_the_last_session_is_refused(grown, tmp_path):
+    """A build of every file refuses these as files out of time order; the append took
+    them as new sessions, duplicating windows."""
+    path, _ = grown
+    last = tmp_path / "raw" / "AAA" / "2026-01-08.parquet"
+    again = tmp_path / "raw" / "AAA" / "2026-01-08-resend.parquet"
+    shutil.copy(last, again)
+    _refused(path, r"AAA/2026-01-08-resend.parquet starts at 2026-01-08T09:30:00.000000000, before the stored data "
+                   r"of its instrument ends \(2026-01-08T09:30:19.9.*a day supplied twice")
+    again.unlink()
+    late = pq.read_table(last).slice(100)  # the second half of the last stored session
+    pq.write_table(late, tmp_path / "raw" / "AAA" / "2026-01-08-late.parquet")
+    _refused(path, r"2026-01-08-late.parquet starts at 2026-01-08T09:30:10.000000000, before the stored data")
+
+
 def test_fraction_splits_and_new_instruments_are_refused(tmp_path, address):
     files = _write_days(tmp_path, [[200] * 4, [150] * 4])
     moved = _hold_back(tmp_path, files, 1)
