@@ -30,7 +30,7 @@ from pipeline.streaming.chunks import native_dtype
 from pipeline.streaming.readahead import ReadAhead, local_files
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader, dimension_names
 
-__all__ = ["MAX_GRID_RATIO", "ZarrSource", "common_rows", "open_variables"]
+__all__ = ["MAX_GRID_RATIO", "ZarrSource", "common_rows", "open_store", "open_variables", "store_state"]
 
 #: Largest stream chunk, in multiples of the largest array chunk, that arrays chunked
 #: differently are streamed over: beyond, a stream chunk (and the buffers holding a few of
@@ -60,10 +60,19 @@ def common_rows(rows: Mapping[str, int], length: int, label: str) -> int:
     return max(1, int(grid))
 
 
-def _store_state(array: zarr.Array, name: str, label: str, forked: bool = False) -> tuple[Any, ...]:
-    """How another process opens ``array`` again: a spawned one from this state pickled,
+def store_state(store: Any, what: str, forked: bool = False) -> tuple[str, Any]:
+    """How another process opens ``store`` again: a spawned one from this state pickled,
     a forked one (``forked``: a DataLoader worker on Linux, which inherits the parent's
-    objects) from this state as it is.
+    objects) from this state as it is (:func:`open_store`).
+
+    Parameters
+    ----------
+    store
+        A zarr store.
+    what
+        What lives in it, for error messages (``"<zarr arrays>: array 'x'"``).
+    forked
+        Whether the state is for this process, forked from the one that opened ``store``.
 
     Raises
     ------
@@ -73,19 +82,18 @@ def _store_state(array: zarr.Array, name: str, label: str, forked: bool = False)
         run by a tokio runtime (icechunk, obstore) in a forked one, where that runtime's
         threads do not exist and the first read would hang.
     """
-    store, path = array.store_path.store, array.store_path.path
     kind = type(store).__name__
     if isinstance(store, zarr.storage.LocalStore):
-        return ("local", str(store.root), path)
+        return ("local", str(store.root))
     if isinstance(store, zarr.storage.ZipStore):
         # Opened again by path, in a process or after a fork: one ZipStore holds one file
         # handle, and two processes reading through it would move each other's offset.
-        return ("zip", str(store.path), path)
+        return ("zip", str(store.path))
     if isinstance(store, zarr.storage.FsspecStore):
         if not forked and "memory" in _protocols(store.fs):
-            raise StreamError(f"{label}: array {name!r} lives in fsspec's memory file system, which a spawned "
-                              "worker process does not have; write it to a directory, zip or object store, or "
-                              "stream it without workers (num_workers=0) or with forked ones")
+            raise StreamError(f"{what} lives in fsspec's memory file system, which a spawned worker process does "
+                              "not have; write it to a directory, zip or object store, or stream it without "
+                              "workers (num_workers=0) or with forked ones")
         # The file system travels pickled (fsspec pickles its class and options), even to
         # a forked worker, which unpickles a file system of its own: an s3fs session is
         # bound to the event loop of the process that opened it, and a worker reading
@@ -93,22 +101,42 @@ def _store_state(array: zarr.Array, name: str, label: str, forked: bool = False)
         try:
             fs = pickle.dumps(store.fs)
         except Exception as exc:  # noqa: BLE001 - whatever its options hold that does not pickle
-            raise StreamError(f"{label}: array {name!r} lives in an fsspec {type(store.fs).__name__} that cannot be "
-                              f"pickled ({type(exc).__name__}: {exc}), so a worker process cannot open it again; "
-                              "pass storage options that pickle, or stream it without workers") from exc
-        return ("fsspec", (fs, store.path, store.read_only), path)
+            raise StreamError(f"{what} lives in an fsspec {type(store.fs).__name__} that cannot be pickled "
+                              f"({type(exc).__name__}: {exc}), so a worker process cannot open it again; pass "
+                              "storage options that pickle, or stream it without workers") from exc
+        return ("fsspec", (fs, store.path, store.read_only))
     if _runs_on_tokio(store):
         if forked:
-            raise StreamError(f"{label}: array {name!r} lives in a {kind} ({type(store).__module__}), run by a tokio "
-                              "runtime whose threads do not survive the fork that starts a DataLoader worker: its "
-                              "first read there would hang. Stream it with num_workers=0, or start the workers "
-                              "with DataLoader(..., multiprocessing_context='spawn') (or 'forkserver'), where each "
+            raise StreamError(f"{what} lives in {kind} ({type(store).__module__}), run by a tokio runtime whose "
+                              "threads do not survive the fork that starts a DataLoader worker: its first read "
+                              "there would hang. Stream it with num_workers=0, or start the workers with "
+                              "DataLoader(..., multiprocessing_context='spawn') (or 'forkserver'), where each "
                               "opens the store from its pickled state")
-        return ("pickled", store, path)  # a read-only icechunk session pickles for distributed reads
+        return ("pickled", store)  # a read-only icechunk session pickles for distributed reads
     if forked:
-        return ("copied", store, path)  # a store in memory: the fork copied it, nothing is shared
-    raise StreamError(f"{label}: array {name!r} lives in a {kind}, which worker processes cannot open; write it to a "
-                      "directory, zip or fsspec store, or stream it without workers")
+        return ("copied", store)  # a store in memory: the fork copied it, nothing is shared
+    raise StreamError(f"{what} lives in a {kind}, which worker processes cannot open; write it to a directory, zip "
+                      "or fsspec store, or stream it without workers")
+
+
+def open_store(state: tuple[str, Any]) -> Any:
+    """The store :func:`store_state` described, opened (again) for reading."""
+    kind, where = state
+    if kind == "local":
+        return zarr.storage.LocalStore(where, read_only=True)
+    if kind == "zip":
+        return zarr.storage.ZipStore(where, mode="r")
+    if kind == "fsspec":
+        fs, root, read_only = where
+        # In a forked child fsspec has emptied its instance cache: this makes a file
+        # system of the child's own, with its own session and event loop.
+        return zarr.storage.FsspecStore(pickle.loads(fs), read_only=read_only, path=root)
+    return where
+
+
+def _store_state(array: zarr.Array, name: str, label: str, forked: bool = False) -> tuple[Any, ...]:
+    """How another process opens ``array`` again (:func:`store_state`, and its path)."""
+    return (store_state(array.store_path.store, f"{label}: array {name!r}", forked), array.store_path.path)
 
 
 def _protocols(fs: Any) -> tuple[str, ...]:
@@ -131,19 +159,8 @@ def _location(array: zarr.Array) -> str:
 
 
 def _reopen_array(state: tuple[Any, ...]) -> zarr.Array:
-    kind, where, path = state
-    if kind == "local":
-        store = zarr.storage.LocalStore(where, read_only=True)
-    elif kind == "zip":
-        store = zarr.storage.ZipStore(where, mode="r")
-    elif kind == "fsspec":
-        fs, root, read_only = where
-        # In a forked child fsspec has emptied its instance cache: this makes a file
-        # system of the child's own, with its own session and event loop.
-        store = zarr.storage.FsspecStore(pickle.loads(fs), read_only=read_only, path=root)
-    else:
-        store = where
-    return zarr.open_array(store, path=path, mode="r")
+    store, path = state
+    return zarr.open_array(open_store(store), path=path, mode="r")
 
 
 class _Grid:

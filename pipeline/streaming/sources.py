@@ -125,14 +125,20 @@ class StoreSource:
 
     def __getstate__(self) -> dict:
         # Only the location travels to DataLoader workers; each reopens the store itself.
-        if not isinstance(self.location, (str, os.PathLike)):
-            raise StreamError("a stream over an open zarr group cannot be sent to worker processes; pass its path")
-        return {"location": self.location, "split": self.split, "names": self.names,
+        # An open group travels as its store's location (or, for a store that has none,
+        # as the store pickled: foreign.store_state), and its path there.
+        location = self.location
+        if not isinstance(location, (str, os.PathLike)):
+            location = _GroupAt(location, forked=False)
+        return {"location": location, "split": self.split, "names": self.names,
                 "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify,
                 "version": self.version, "cache": self.cache_spec}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["location"], state["split"], state["names"], state["partial"], state["storage_options"],
+        location = state["location"]
+        if isinstance(location, _GroupAt):
+            location = location.open()
+        self.__init__(location, state["split"], state["names"], state["partial"], state["storage_options"],
                       state.get("verify", False), state.get("version"), cache=state.get("cache"))
 
     def at_version(self, version: int | None) -> "StoreSource":
@@ -201,17 +207,47 @@ class StoreSource:
         return self.readers[name].window_rows_runs(chunk, starts, stops)
 
     def _reopen(self) -> None:
-        """After a fork (a DataLoader worker), open the store again: a forked child shares
-        its parent's file descriptors and their offsets, so two workers reading one zip
-        through inherited handles would read each other's bytes."""
+        """After a fork (a DataLoader worker), open the store again, at the version the
+        parent opened: a forked child shares its parent's file descriptors and their
+        offsets (two workers reading one zip through inherited handles would read each
+        other's bytes), and an open group's store its parent's sessions (an s3fs session
+        is bound to the parent's event loop).
+
+        Raises
+        ------
+        StreamError
+            For an open group whose store cannot be read after a fork (icechunk,
+            obstore: their runtime's threads are gone, a read would hang), naming it.
+        """
         with _REOPEN_LOCK:
             if self._pid != os.getpid():
-                self.__init__(self.location, self.split, self.names, self.partial, self.storage_options,
-                              self.verify, cache=self.cache_spec)
+                location = self.location
+                if not isinstance(location, (str, os.PathLike)):
+                    location = _GroupAt(location, forked=True).open()
+                self.__init__(location, self.split, self.names, self.partial, self.storage_options,
+                              self.verify, self.version, cache=self.cache_spec)
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         r = self.readers[name]
         return r.tail_shape, r.dtype
+
+
+class _GroupAt:
+    """An open zarr group, as another process opens it again: its store's state
+    (:func:`~pipeline.streaming.foreign.store_state`) and its path there."""
+
+    def __init__(self, group: Any, forked: bool):
+        from pipeline.streaming.foreign import store_state
+
+        self.path = group.path
+        self.store = store_state(group.store, "<group>", forked)
+
+    def open(self) -> Any:
+        import zarr
+
+        from pipeline.streaming.foreign import open_store
+
+        return zarr.open_group(open_store(self.store), path=self.path, mode="r")
 
 
 class ArraySource:

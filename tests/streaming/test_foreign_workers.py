@@ -158,7 +158,7 @@ def test_stores_on_a_tokio_runtime_are_refused_in_forked_workers(make, as_group,
     s = (pipeline.stream(g, split="", batch_size=64, seed=0) if as_group
          else pipeline.stream((g["x"], g["y"]), batch_size=64, seed=0))
     kind = type(g.store).__name__
-    with pytest.raises(StreamError, match=rf"lives in a {kind} .*tokio.*num_workers=0.*'spawn'"):
+    with pytest.raises(StreamError, match=rf"lives in {kind} .*tokio.*num_workers=0.*'spawn'"):
         served(s)
     assert_once_each(*served(s, workers=0), g["x"], g["y"])
 
@@ -189,3 +189,57 @@ def test_stores_in_memory_cannot_go_to_spawned_workers(tmp_path, request, refere
         s = pipeline.stream((zx, zy), batch_size=64)
         with pytest.raises(StreamError, match=r"(?i)array 'a0' lives in .*memory.*(num_workers=0|without workers)"):
             pickle.dumps(s.source)
+
+
+# -- an open group with splits (read like a pipeline store) ----------------------------
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("kind", KINDS)
+def test_forked_workers_stream_the_split_of_an_open_group(kind, zarr_format, tmp_path, request, reference):
+    """``pipeline.stream(group, split="train")``: each forked worker opens the group's
+    store again (a zip handle, an s3fs session are the parent's), or reads the copy the
+    fork made of a store in memory."""
+    x, y = reference
+    store = store_of(kind, tmp_path, request)
+    train = zarr.open_group(store, mode="w", zarr_format=zarr_format).create_group("train")
+    train.create_array("x", shape=x.shape, dtype=x.dtype, chunks=(60, 4, 3))[:] = x
+    train.create_array("y", shape=y.shape, dtype=y.dtype, chunks=(60,))[:] = y
+    if kind == "zip":
+        store.close()
+        store = zarr.storage.ZipStore(tmp_path / "s.zip", mode="r")
+    g = zarr.open_group(store, mode="r")
+    s = pipeline.stream(g, split="train", batch_size=40, seed=0)
+    assert_once_each(*served(s), g["train/x"], g["train/y"])
+
+
+def test_an_open_group_goes_to_spawned_workers_as_its_stores_location(tmp_path, reference):
+    """What a spawned worker receives for a stream over an open group: the store's
+    location, opened again (not refused, not the parent's handle)."""
+    x, y = reference
+    with zarr.storage.ZipStore(tmp_path / "s.zip", mode="w") as zs:
+        train = zarr.open_group(zs, mode="w").create_group("train")
+        train.create_array("x", data=x, chunks=(60, 4, 3))
+        train.create_array("y", data=y, chunks=(60,))
+    g = zarr.open_group(zarr.storage.ZipStore(tmp_path / "s.zip", mode="r"), mode="r")
+    s = pipeline.stream(g, split="train", batch_size=40, seed=0)
+    copy = pickle.loads(pickle.dumps(s.source))
+    assert copy.readers["x"].array.store_path.store is not g.store
+    np.testing.assert_array_equal(copy.read("x", 2), x[120:180])
+    np.testing.assert_array_equal(copy.read("y", 9), y[540:600])
+
+
+def test_an_icechunk_group_with_splits_is_refused_in_forked_workers(tmp_path, reference):
+    x, y = reference
+    icechunk = pytest.importorskip("icechunk")
+    repo = icechunk.Repository.create(icechunk.local_filesystem_storage(str(tmp_path / "repo")))
+    session = repo.writable_session("main")
+    train = zarr.open_group(session.store, mode="w").create_group("train")
+    train.create_array("x", data=x, chunks=(100, 4, 3))
+    train.create_array("y", data=y, chunks=(100,))
+    session.commit("train split")
+    g = zarr.open_group(repo.readonly_session(branch="main").store, mode="r")
+    s = pipeline.stream(g, split="train", batch_size=64, seed=0)
+    with pytest.raises(StreamError, match=r"<group> lives in IcechunkStore .*tokio.*num_workers=0.*'spawn'"):
+        served(s)
+    assert_once_each(*served(s, workers=0), g["train/x"], g["train/y"])
