@@ -15,7 +15,7 @@ from typing import IO, Any, Literal, NoReturn
 import yaml
 
 from pipeline.config import Config, config_fingerprint
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, PipelineError, StoreConflictError
 
 __all__ = ["RunSummary", "run"]
 
@@ -94,6 +94,24 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
     if src.dtype != "float32":  # the tables' default; arrays (npy, HDF5) keep their own dtype without it
         kwargs["dtype"] = src.dtype
     return kwargs
+
+
+def _what_changed(config: Config) -> str:
+    """For a refusal of a store of another fingerprint: the config keys that differ from
+    the stored build's, and ``--rebuild`` (empty when the store records no config)."""
+    from pipeline.config import config_differences
+    from pipeline.storage.store import open_store_group, store_root_attrs
+
+    try:
+        stored = store_root_attrs(open_store_group(config.output.path, mode="r",
+                                                   storage_options=config.output.storage_options or None))
+    except PipelineError:
+        return ""
+    if not isinstance(stored.get("config"), str) or not stored.get("fingerprint"):
+        return ""
+    changes = config_differences(stored["config"], config.raw_yaml)
+    return f". What differs from the stored build's config: {'; '.join(changes)} (--rebuild builds it again)" \
+        if changes else ""
 
 
 def _check_table_source(src: Any) -> None:
@@ -182,7 +200,12 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         say(f"{out.path}: up to date (every file the config matches is in the store)")
         return _summary(config, 0, t0, "up to date")
     if stored is None:  # a build: refuse a target it would damage before the cluster starts
-        check_target(out.path, config_fingerprint(config), out.overwrite, out.storage_options or None)
+        try:
+            check_target(out.path, config_fingerprint(config), out.overwrite, out.storage_options or None)
+        except StoreConflictError as exc:
+            raise StoreConflictError(f"{exc}{_what_changed(config)}") from None
+        if not out.overwrite:
+            update.check_resume_files(config)
     _check_table_source(src_cfg)
 
     def block_windows(window_bytes: int) -> int:

@@ -39,6 +39,40 @@ def stored_build(config: Config) -> dict[str, Any] | None:
     return meta
 
 
+def check_resume_files(config: Config) -> None:
+    """Before the cluster starts: refuse to resume an interrupted build whose source files
+    changed size, or were added, since it began (the writer checks rows and content
+    hashes too, once they are known: :func:`pipeline.storage.writer.check_resume`).
+
+    Raises
+    ------
+    StoreConflictError
+        Naming the first such file, and ``--rebuild``.
+    """
+    from pipeline.errors import StoreConflictError
+    from pipeline.loaders import _stat, expand_paths
+    from pipeline.storage.store import open_store_group, store_root_attrs
+    from pipeline.storage.writer import RESUME_KEY
+
+    out = config.output
+    try:
+        meta = store_root_attrs(open_store_group(out.path, mode="r", storage_options=out.storage_options or None))
+    except StoreError:
+        return
+    recorded = meta.get(RESUME_KEY)
+    if meta.get("complete") or meta.get("fingerprint") != config_fingerprint(config) or not recorded:
+        return
+    so = config.source.storage_options or {}
+    sizes = {row[0]: row[1] for row in recorded}
+    for path in expand_paths(config.source.paths, so):
+        size = _stat(path, so)[0]
+        if sizes.get(path) != size:
+            why = "not read by it" if path not in sizes else f"its size was {sizes[path]}, is {size}"
+            raise StoreConflictError(
+                f"{out.path}: {path}: changed since the interrupted build began ({why}); the units written from the "
+                "old input cannot be resumed: rerun with --rebuild to build again from the files as they are")
+
+
 def new_files(config: Config, meta: dict[str, Any]) -> list[str]:
     """The files the config matches that the store has not read, in path order.
 

@@ -146,7 +146,9 @@ def test_a_run_over_another_configs_store_is_refused_before_the_cluster_starts(s
     monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
     cfg = config_dict(raw_dir, store)
     cfg["windows"]["stride"] = STRIDE + 1
-    with pytest.raises(StoreConflictError, match="written from fingerprint"):
+    cfg["cluster"] = {"n_workers": 7}  # not part of the data: not named
+    with pytest.raises(StoreConflictError, match=r"written from fingerprint.*What differs from the stored build's "
+                       rf"config: windows.stride: {STRIDE} -> {STRIDE + 1} \(--rebuild builds it again\)$"):
         run(parse_config(cfg), log=None, progress=False)
 
 

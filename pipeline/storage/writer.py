@@ -769,13 +769,70 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             removal.wait()
 
 
+#: The incomplete store's record of what its write read (see :func:`_check_resume`).
+RESUME_KEY = "resume_sources"
+
+
+def _resume_record(attrs: Mapping[str, Any]) -> list[list[Any]]:
+    """``[path, size, rows, hash]`` of every source file (and companion) a build read, from
+    its ``sources`` attribute; empty for writes of arrays."""
+    sources = attrs.get("sources") if isinstance(attrs.get("sources"), Mapping) else {}
+    out = []
+    for entry in sources.get("files") or []:
+        for item in (entry, entry.get("companion")):
+            if isinstance(item, Mapping):
+                out.append([str(item.get("path")), item.get("size"), item.get("rows"), item.get("hash")])
+    return out
+
+
+def _check_resume(location: str, root: Mapping[str, Any], attrs: Mapping[str, Any],
+                  groups: Mapping[str, Mapping[str, da.Array]], storage_options: dict[str, Any] | None) -> None:
+    """Refuse to resume an interrupted write whose input changed since it began: the
+    units written then would sit beside units of the new input, silently (raw files
+    corrected, or delivered again shorter, between the killed run and the rerun; the
+    config, and so the fingerprint, the same).
+
+    Raises
+    ------
+    StoreConflictError
+        Naming the first file that changed, or the array whose shape did, and
+        ``--rebuild``.
+    """
+    fix = ("; the units written from the old input cannot be resumed: rerun with --rebuild (output.overwrite, "
+           "overwrite=True in pipeline.write) to write it again from the files as they are")
+    recorded = root.get(RESUME_KEY)
+    if isinstance(recorded, list) and recorded:
+        then = {row[0]: row for row in recorded}
+        now = {row[0]: row for row in _resume_record(attrs)}
+        for path in sorted(set(then) | set(now)):
+            a, b = then.get(path), now.get(path)
+            if a == b:
+                continue
+            if a is None or b is None:
+                why = "read now, but not by the interrupted build" if a is None else "read by the interrupted " \
+                    "build, but not now"
+            else:
+                fields = ("size", "rows", "content hash")
+                why = "its " + ", ".join(f"{f} was {x}, is {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y)
+            raise StoreConflictError(f"{location}: {path}: changed since the interrupted build began ({why}){fix}")
+    group = open_store_group(location, mode="r", storage_options=storage_options)
+    for split, arrs in groups.items():
+        for name, a in arrs.items():
+            key = f"{split}/{name}"
+            if key in group and tuple(group[key].shape) != tuple(a.shape):
+                raise StoreConflictError(f"{location}: {key} was begun with shape {tuple(group[key].shape)}, this "
+                                         f"write's is {tuple(a.shape)}: the input changed since{fix}")
+
+
 def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
                 fingerprint, storage_options, progress, shared_chunk_rows, folds) -> None:
     """:func:`_write_dir` once an old store to overwrite is out of the way: a new store,
     or the rest of one with this fingerprint (``exists``)."""
     if exists:  # written from this fingerprint (check_target): resume it, unless complete
-        if store_root_attrs(open_store_group(location, storage_options=storage_options)).get("complete"):
+        root = store_root_attrs(open_store_group(location, storage_options=storage_options))
+        if root.get("complete"):
             return
+        _check_resume(location, root, attrs, groups, storage_options)
     # Samples per chunk come from x's sample size (or the first array's); arrays shared by
     # every split (the per-step features of virtual windows) get their own, by row size.
     def sample_bytes(arrs: Mapping[str, da.Array]) -> int:
@@ -792,7 +849,10 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
 
     group = open_store_group(location, mode="a" if exists else "w", storage_options=storage_options)
     if not exists:
-        group.attrs[ATTRS_KEY] = {"format_version": FORMAT_VERSION, "complete": False, "fingerprint": fingerprint}
+        # What the resume of an interrupted write checks (_check_resume); dropped when
+        # the store is marked complete, so that its bytes do not depend on it.
+        group.attrs[ATTRS_KEY] = {"format_version": FORMAT_VERSION, "complete": False, "fingerprint": fingerprint,
+                                  RESUME_KEY: _resume_record(attrs)}
     for split, arrs in groups.items():
         sub = group.require_group(split)
         unit = units[split]
@@ -862,6 +922,7 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
     # resumed write comes here again and rewrites them.
     _write_folds(group, folds or {}, codec)
     meta = dict(store_root_attrs(group))
+    meta.pop(RESUME_KEY, None)  # only for the resume of an incomplete store
     meta.update(dict(attrs or {}))
     meta.update({
         "format_version": FORMAT_VERSION,
