@@ -243,7 +243,9 @@ def open(
     group = open_store_group(loc, mode="r", storage_options=storage_options)
     meta = store_root_attrs(group)
     if not meta:
-        raise StoreError(f"{loc}: not a pipeline store (no '{'pipeline'}' attributes)")
+        raise StoreError(f"{loc}: not a pipeline store (no 'pipeline' attributes): pipeline.open reads the splits "
+                         "and provenance pipeline writes; a zarr store another tool wrote streams as it is with "
+                         "pipeline.stream(path), and zarr.open_group(path) reads it")
     if not meta.get("complete") and not partial:
         raise IncompleteStoreError(loc)
     return Dataset(group, loc, version)

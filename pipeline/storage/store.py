@@ -6,6 +6,7 @@ writer, the reader, ``inspect`` and the streamer agree on what a location means.
 
 from __future__ import annotations
 
+import json
 import os
 import zipfile
 from typing import TYPE_CHECKING, Any, Literal
@@ -91,11 +92,32 @@ def open_store_group(
     except StoreError:
         raise
     except FileNotFoundError as exc:
-        raise StoreError(f"{loc}: no zarr group found ({exc})") from exc
+        raise StoreError(f"{loc}: no zarr group found ({exc}){_hint(loc)}") from exc
     except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         # zarr raises these for a directory without zarr.json or a malformed node;
         # zipfile for a .zip path that is no zip.
-        raise StoreError(f"{loc}: not a readable zarr 3 group ({exc})") from exc
+        raise StoreError(f"{loc}: not a readable zarr 3 group ({exc}){_hint(loc)}") from exc
+
+
+def _hint(loc: str) -> str:
+    """What a local path that is not a zarr group is, when it can be told: an icechunk
+    repository (its refs/ and snapshots/), or a store whose root is one array."""
+    if is_remote(loc) or not os.path.isdir(loc):
+        return ""
+    names = set(os.listdir(loc))
+    if {"refs", "snapshots"} <= names:
+        return ("; it is an icechunk repository: open it with icechunk and pass its group, "
+                "zarr.open_group(icechunk.Repository.open(storage).readonly_session(branch='main').store)")
+    meta = os.path.join(loc, "zarr.json")
+    if os.path.isfile(meta) or os.path.isfile(os.path.join(loc, ".zarray")):
+        try:
+            with open(meta if os.path.isfile(meta) else os.path.join(loc, ".zarray"), encoding="utf-8") as fh:
+                node = json.load(fh)
+        except (OSError, ValueError):
+            return ""
+        if node.get("node_type") == "array" or "shape" in node:
+            return "; its root is one array, not a group: pass the arrays themselves, (zarr.open_array(path), ...)"
+    return ""
 
 
 def store_root_attrs(group: zarr.Group) -> dict[str, Any]:
