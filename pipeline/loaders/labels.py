@@ -44,6 +44,14 @@ def _resolve(manifest: str, paths: Sequence[str]) -> list[str]:
     return [p if "://" in p else os.path.abspath(os.path.join(base, os.path.expanduser(p))) for p in paths]
 
 
+def _place(manifest: str, row: int) -> str:
+    """Where entry ``row`` (from 0) of a manifest is, as its reader would look for it: a
+    CSV's line (its header is line 1), a Parquet file's row counted from 1."""
+    if manifest.endswith((".parquet", ".pq")):
+        return f"row {row + 1} (counted from 1)"
+    return f"line {row + 2} (the header is line 1)"
+
+
 def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[list[str], tuple[str, ...] | None, np.ndarray]:
     """Paths, classes (None for integer labels) and labels from a manifest.
 
@@ -77,12 +85,13 @@ def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[l
     listed = table.column("path").to_pylist()
     if not all(isinstance(p, str) and p for p in listed):
         row = next(i for i, p in enumerate(listed) if not (isinstance(p, str) and p))
-        raise LoaderError(manifest, f"row {row} has no path (found {listed[row]!r}); expected a file path or URL")
+        raise LoaderError(manifest, f"{_place(manifest, row)} has no path (found {listed[row]!r}); expected a file "
+                          "path or URL")
     paths = _resolve(manifest, listed)
     raw = table.column("label").to_pylist()
     if any(v is None for v in raw):
         row = raw.index(None)
-        raise LoaderError(manifest, f"row {row} ({paths[row]}) has no label")
+        raise LoaderError(manifest, f"{_place(manifest, row)} ({paths[row]}) has no label")
     if all(isinstance(v, int) for v in raw):
         return paths, None, np.asarray(raw, dtype=np.int64)
     classes, labels = _classes([str(v) for v in raw])

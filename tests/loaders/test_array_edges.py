@@ -194,10 +194,16 @@ def test_manifest_by_a_relative_path_gives_absolute_file_paths(tmp_path, monkeyp
     assert src.classes == ("cat", "dog") and src.labels.compute().tolist() == [0, 1]
 
 
-def test_manifest_row_without_a_path_is_named(tmp_path):
-    (tmp_path / "manifest.csv").write_text("path,label\n,cat\n")
-    with pytest.raises(LoaderError, match=r"manifest\.csv: row 0 has no path"):
+def test_manifest_row_without_a_path_or_label_is_named_where_its_reader_finds_it(tmp_path):
+    (tmp_path / "manifest.csv").write_text("path,label\na.png,cat\n,cat\n")
+    with pytest.raises(LoaderError, match=r"manifest\.csv: line 3 \(the header is line 1\) has no path"):
         open_source(labels=str(tmp_path / "manifest.csv"))
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"path": ["a.png", "b.png"], "label": ["cat", None]}), tmp_path / "m.parquet")
+    with pytest.raises(LoaderError, match=r"m\.parquet: row 2 \(counted from 1\) \(.*b.png\) has no label"):
+        open_source(labels=str(tmp_path / "m.parquet"))
 
 
 # -- messages of damaged files -------------------------------------------------------------------
