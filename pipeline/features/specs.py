@@ -41,6 +41,23 @@ def _positive_int(value: Any, path: str) -> int:
     return value
 
 
+
+def column_names(col: Any, path: str) -> str | tuple[str, ...]:
+    """A ``column`` key: one column name, or a non-empty list of distinct names (kept as
+    a tuple).
+
+    Raises
+    ------
+    ConfigError
+        Naming ``path``.
+    """
+    names = [col] if isinstance(col, str) else col if isinstance(col, (list, tuple)) else None
+    if not names or not all(isinstance(c, str) and c for c in names):
+        raise ConfigError(path, "a column name or a non-empty list of column names", col)
+    if len(set(names)) != len(names):
+        raise ConfigError(path, "distinct column names", col)
+    return col if isinstance(col, str) else tuple(col)
+
 @dataclass(frozen=True, slots=True)
 class FeatureSpec:
     """One per-step feature.
@@ -104,14 +121,7 @@ class FeatureSpec:
                 raise ConfigError(f"{path}.of", "one of " + ", ".join(_ROLLABLE), of)
             kwargs["of"] = of
         if name == "column":
-            col = value.get("column")
-            names = [col] if isinstance(col, str) else col if isinstance(col, (list, tuple)) else None
-            if not names or not all(isinstance(c, str) and c for c in names):
-                raise ConfigError(f"{path}.column", "a column name or a non-empty list of column names", col)
-            if len(set(names)) != len(names):
-                raise ConfigError(f"{path}.column", "distinct column names", col)
-            col = col if isinstance(col, str) else tuple(col)
-            kwargs["column"] = col
+            kwargs["column"] = column_names(value.get("column"), f"{path}.column")
         if name == "custom":
             fn = value.get("function")
             if not isinstance(fn, str) or fn.count(":") != 1 or not all(fn.split(":")):
@@ -325,12 +335,7 @@ class LabelSpec:
             col = value.get("column")
             if col is None:
                 raise ConfigError(f"{path}.column", "", detail="missing required key for kind: column (a column name)")
-            names = [col] if isinstance(col, str) else col if isinstance(col, (list, tuple)) else None
-            if not names or not all(isinstance(c, str) and c for c in names):
-                raise ConfigError(f"{path}.column", "a column name or a non-empty list of column names", col)
-            if len(set(names)) != len(names):
-                raise ConfigError(f"{path}.column", "distinct column names", col)
-            col = col if isinstance(col, str) else tuple(col)
+            col = column_names(col, f"{path}.column")
             dtype = value.get("dtype", "float32")
             if dtype not in ("float32", "int64"):
                 raise ConfigError(f"{path}.dtype", "one of 'float32', 'int64'", dtype)

@@ -45,6 +45,27 @@ def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in scales)
 
 
+def _series(x: da.Array | np.ndarray) -> da.Array:
+    """``x`` as a 2-D dask array of known length.
+
+    Raises
+    ------
+    WindowError
+        For another number of dimensions, or an unknown length (a boolean mask's).
+    """
+    if not isinstance(x, da.Array):
+        x = np.asarray(x)
+        if x.ndim != 2:  # before from_array, whose chunks are for two axes
+            raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
+        x = da.from_array(x, chunks=(max(1, 1 << 16), -1))
+    if x.ndim != 2:
+        raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
+    if any(np.isnan(c) for c in x.shape):
+        raise WindowError(f"windows: the series' length is unknown (shape {x.shape}, as after a boolean mask); "
+                          "call x.compute_chunk_sizes() first")
+    return x
+
+
 def _session_lengths(sessions: Sequence[int]) -> list[int]:
     """Rows per session as integers; a fraction or a negative count is refused rather
     than truncated (and then blamed on the sessions' sum)."""
@@ -202,16 +223,7 @@ def windows(
         string per column of ``x``.
     """
     scales = _validate(size, stride, scales)
-    if not isinstance(x, da.Array):
-        x = np.asarray(x)
-        if x.ndim != 2:  # before from_array, whose chunks are for two axes
-            raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
-        x = da.from_array(x, chunks=(max(1, 1 << 16), -1))
-    if x.ndim != 2:
-        raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
-    if any(np.isnan(c) for c in x.shape):
-        raise WindowError(f"windows: the series' length is unknown (shape {x.shape}, as after a boolean mask); "
-                          "call x.compute_chunk_sizes() first")
+    x = _series(x)
     T, F = x.shape
     features = _feature_names(names, F)
     h = halo(size, scales)

@@ -280,13 +280,9 @@ def open_source(
     instrument_column
         A column naming each row's instrument: ``Source.instruments`` (sorted distinct
         values) and ``Source.instrument_codes`` (int32 indices; LOBSTER: the file's ticker).
-    scale
-        CSV, Parquet: ``{column or glob: factor}``, fixed-point integer columns read as
-        their values times ``factor``, exactly (Databento prices: ``{"*_px_*": 1e-9}``;
-        see :mod:`pipeline.loaders.conversions`).
-    missing
-        CSV, Parquet: values that mean "no value", read as NaN (then ``nan`` applies):
-        a list for every column, or ``{column or glob: [values]}``.
+    scale, missing
+        CSV, Parquet: ``{column or glob: factor}`` for fixed-point integers, and values
+        that mean "no value" (see :mod:`pipeline.loaders.conversions`).
 
     Returns
     -------
@@ -295,28 +291,40 @@ def open_source(
     """
     from pipeline.loaders.registry import FORMATS
 
+    from pipeline.loaders.conversions import ValueRules
+
+    rules = ValueRules.from_options(scale, missing)  # refused before any file is read
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so)
+    if rules and kind != "table":
+        raise FormatMismatchError(str(paths), "source.scale and source.missing are for CSV and Parquet tables")
     opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
     results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
                                                 names=names, rename=rename, on_error=on_error, part_rows=chunk_rows)
     probed, classes, label_values = _readable(results, classes, label_values, labels, str(paths or labels))
-    from pipeline.loaders.conversions import ValueRules
-
-    rules = ValueRules.from_options(scale, missing)
     if kind == "table":
         return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
                              names=names, nan=nan, fill_value=fill_value, rules=rules)
-    if rules:
-        raise FormatMismatchError(str(paths), "source.scale and source.missing are for CSV and Parquet tables")
-
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
+    return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
+
+
+def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, dtype: str | None,
+                  label_values: np.ndarray | None, classes: tuple[str, ...] | None, labels: str | None,
+                  where: str) -> Source:
+    """The :class:`Source` of array files (npy, HDF5, images) joined into ``arr``.
+
+    Raises
+    ------
+    LoaderError
+        For labels (one per file) of files joined row by row.
+    """
     if label_values is not None and combine != "stack":
         # One label per file, but concat makes rows of files: 2 labels for 20 rows.
-        raise LoaderError(str(paths or labels), f"labels={labels!r} gives one label per file, but combine={combine!r} "
-                          "joins the files' rows; labels need combine='stack' (one sample per file)")
+        raise LoaderError(where, f"labels={labels!r} gives one label per file, but combine={combine!r} joins the "
+                          "files' rows; labels need combine='stack' (one sample per file)")
     infos = tuple(FileInfo(p, s, m, shape=tuple(sh)) for p, s, m, (sh, _) in probed)
     label_arr = None
     if label_values is not None:

@@ -585,9 +585,8 @@ def write(
         Extra provenance merged into the store's ``pipeline`` attributes.
     fingerprint
         The identity of what is written (the config hash): a store with another is
-        refused, with the same one the write resumes. ``None``: derived from the arrays'
-        dask names and the options (:func:`content_fingerprint`), so writing other
-        arrays to a store's path is refused rather than silently kept.
+        refused, with the same one the write resumes. ``None``: the arrays' dask names
+        and the options (:func:`content_fingerprint`): other arrays are refused.
     overwrite
         Delete an existing store first.
     progress

@@ -80,19 +80,17 @@ def stream(
     shuffle
         Permute the chunk order and mix samples in the buffer (``False``: store order).
     seed
-        Chunk order and in-buffer mixing are permutations seeded by ``(seed, epoch)``:
-        an integer, 0 or more, the same on every rank (not None: ranks drawing their
-        own seeds would not share one order of the epoch).
+        Seeds the chunk order and the in-buffer mixing with ``(seed, epoch)``: an integer,
+        0 or more, the same on every rank (not None: ranks would not share one order).
     buffer_chunks
-        Chunks whose samples are mixed together (memory: about
-        ``(3 + prefetch) * buffer_chunks`` chunks; with batches larger than a sixth of
-        that, also the groups six batches span, since queued batches are views of them).
+        Chunks whose samples are mixed together (memory: about ``(3 + prefetch) *
+        buffer_chunks`` chunks; with batches over a sixth of that, also the groups six
+        batches span, since queued batches are views of them).
     drop_last
         Drop each rank's incomplete last batch.
-    rank
-        This process's rank (default from ``torch.distributed`` when initialized, else 0).
-    world_size
-        The number of ranks (default from ``torch.distributed``, else 1).
+    rank, world_size
+        This process's rank and the number of ranks (default from ``torch.distributed``
+        when initialized, else 0 and 1).
     partial
         Read a store that is not marked complete.
     prefetch
@@ -101,8 +99,8 @@ def stream(
     threads
         Threads decoding chunks.
     verify
-        Check every chunk read against the CRC32 recorded when it was written
-        (unsharded stores), at about a third of the speed.
+        Check every chunk read against the CRC32 recorded when it was written (unsharded
+        stores), at about a third of the speed.
     read_niceness
         How many steps nicer than the process the read threads run (Linux, 0 to 19):
         reading ahead must not take cores from the training loop.
