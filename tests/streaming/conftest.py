@@ -19,3 +19,18 @@ def make_store(path, n: int = 1000, chunk: int = 64, codec: str = "blosc-lz4", s
 @pytest.fixture()
 def store(tmp_path):
     return make_store(tmp_path / "s.zarr")
+
+
+def in_turns(iterators):
+    """``(k, item)`` as a DataLoader takes batches from its workers' iterators: one of
+    each in turn from worker 0, a worker that is done skipped (torch's
+    ``_MultiProcessingDataLoaderIter``)."""
+    its = list(iterators)
+    live = list(range(len(its)))
+    while live:
+        for k in list(live):
+            got = next(its[k], None)
+            if got is None:
+                live.remove(k)
+            else:
+                yield k, got

@@ -25,6 +25,7 @@ from pipeline.streaming.plan import (
     shuffle_quality,
     worker_plan,
 )
+from tests.streaming.conftest import in_turns
 
 
 def _impossible(total, batch, world, drop_last):
@@ -205,16 +206,7 @@ def test_round_robin_consumed_matches_a_dataloader_taking_turns(counts, data):
 def _turns(shares):
     """What a DataLoader hands the loop from workers serving ``shares`` (lists): one
     batch of each in turn, from worker 0, a worker whose share is done skipped."""
-    out, its = [], [iter(s) for s in shares]
-    live = list(range(len(its)))
-    while live:
-        for k in list(live):
-            got = next(its[k], None)
-            if got is None:
-                live.remove(k)
-            else:
-                out.append(got)
-    return out
+    return [got for _, got in in_turns(iter(s) for s in shares)]
 
 
 @settings(max_examples=300, deadline=None)

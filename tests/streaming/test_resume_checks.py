@@ -9,6 +9,7 @@ import pytest
 
 import pipeline
 from pipeline.errors import StreamError
+from tests.streaming.conftest import in_turns
 
 
 def _arrays(n: int) -> dict[str, np.ndarray]:
@@ -172,12 +173,4 @@ def _loader_turns(s, workers):
     import copy
 
     its = [copy.deepcopy(s).iter_resumed(k, workers) for k in range(workers)]
-    out, live = [], list(range(workers))
-    while live:
-        for k in list(live):
-            got = next(its[k], None)
-            if got is None:
-                live.remove(k)
-            else:
-                out.append((k, np.asarray(got[1]).tolist()))
-    return out
+    return [(k, np.asarray(got[1]).tolist()) for k, got in in_turns(its)]

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import pipeline
-from tests.streaming.conftest import make_store
+from tests.streaming.conftest import in_turns, make_store
 
 
 @pytest.mark.parametrize("workers", [0, 1, 2])
@@ -185,16 +185,7 @@ def _loader_turns(s, workers: int) -> list[tuple[int, ...]]:
     worker that is done (torch's _MultiProcessingDataLoaderIter)."""
     n = max(1, workers)
     its = [copy.deepcopy(s).iter_resumed(k, n) for k in range(n)]
-    out = []
-    live = list(range(n))
-    while live:
-        for k in list(live):
-            got = next(its[k], None)
-            if got is None:
-                live.remove(k)
-            else:
-                out.append(tuple(got[-1].tolist()))
-    return out
+    return [tuple(got[-1].tolist()) for _, got in in_turns(its)]
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
