@@ -104,7 +104,9 @@ class FeaturesConfig:
     """Per-step features, their normalization and the policy for NaN windows."""
 
     steps: tuple[Any, ...] = ()  # parsed FeatureSpecs; the defaults come from DEFAULT_STEPS
-    #: :class:`pipeline.features.splits.NormalizeSpec`.
+    #: :class:`pipeline.features.splits.NormalizeSpec`. A feature that does not vary
+    #: where the statistics are fitted (a constant price, a flat day) keeps a std of 1:
+    #: it is centred, never divided by zero.
     normalize: Any = "global"
     nan: Literal["raise", "drop", "fill"] = "drop"
     fill_value: float = 0.0
