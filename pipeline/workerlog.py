@@ -13,6 +13,11 @@ The scheduler of a LocalCluster runs in the caller's process, and
 :func:`quiet_cancelled_feeds` keeps one of its records off the same terminal: a
 progress bar's feed, still waiting for its next update when the cluster closes, is
 cancelled, and distributed logs that cancellation as an error with its traceback.
+
+:class:`PausedWorkersWatch` says on the client's terminal what the workers say only in
+their own logs: a worker at its memory limit pauses ("Pausing worker. Process memory:
+...") and starts no task until it frees memory, and a build whose workers all stay
+paused waits without a word. On a remote cluster those logs are on other machines.
 """
 
 from __future__ import annotations
@@ -20,14 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import threading
+import time
 import traceback
-from typing import Any, Iterator
+from typing import IO, Any, Iterator, Mapping
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from pipeline.errors import PipelineError
 
-__all__ = ["QuietOwnErrors", "own_error_names", "quiet_cancelled_feeds"]
+__all__ = ["PausedWorkersWatch", "QuietOwnErrors", "no_workers_warning", "own_error_names", "paused_warning",
+           "paused_workers", "quiet_cancelled_feeds"]
 
 #: The logger distributed's workers report failed tasks on.
 _LOGGER = "distributed.worker"
@@ -117,3 +125,102 @@ def quiet_cancelled_feeds() -> Iterator[None]:
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+def paused_workers(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int | None, int | None]]:
+    """The paused workers among the scheduler's worker records (``scheduler_info()
+    ["workers"]``), each with its process memory and its memory limit in bytes
+    (``None`` where the record has none)."""
+    out = {}
+    for address, info in workers.items():
+        if info.get("status") != "paused":
+            continue
+        memory = (info.get("metrics") or {}).get("memory")
+        limit = info.get("memory_limit")
+        out[address] = (int(memory) if memory is not None else None, int(limit) if limit else None)
+    return out
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:,.0f} MiB"
+
+
+def paused_warning(paused: Mapping[str, tuple[int | None, int | None]], seconds: float) -> str:
+    """One line naming the paused workers, their memory and limit, and what to do."""
+    shown = [f"{address} ({_mib(memory)} of its {_mib(limit)} limit)" for address, (memory, limit) in
+             list(paused.items())[:3]]
+    more = f" and {len(paused) - 3} more" if len(paused) > 3 else ""
+    which = "worker " if len(paused) == 1 else "workers "
+    return (f"cluster: {which}{', '.join(shown)}{more} paused at the memory limit for {seconds:.0f} s while tasks "
+            f"wait: dask starts no task on a paused worker, and the run waits until memory is freed. Give the "
+            f"workers more memory (cluster.memory_limit, or dask worker --memory-limit) or fewer threads each "
+            f"(cluster.threads_per_worker, or dask worker --nthreads)")
+
+
+def no_workers_warning(scheduler: str, seconds: float) -> str:
+    """One line saying that the scheduler has no workers to run the waiting tasks."""
+    return (f"cluster: the scheduler {scheduler} has had no workers for {seconds:.0f} s while tasks wait: the run "
+            f"goes on once workers join (dask worker {scheduler})")
+
+
+class PausedWorkersWatch:
+    """Warn once on ``log`` when workers stay paused (at their memory limit), or the
+    scheduler has no workers, for ``after`` seconds while the client waits for tasks.
+
+    A thread asks the scheduler for its workers' state every ``interval`` seconds; the
+    client's own futures tell whether anything waits (a paused worker holding finished
+    results stops nothing). Use as a context manager around the client's use.
+
+    Parameters
+    ----------
+    client
+        A connected ``distributed.Client``.
+    log
+        Where the warning goes.
+    after
+        Seconds a worker must stay paused before it is named.
+    interval
+        Seconds between two looks at the scheduler.
+    """
+
+    def __init__(self, client: Any, log: IO[str], *, after: float = 5.0, interval: float = 1.0):
+        self.client, self.log, self.after, self.interval = client, log, after, interval
+        self.warned: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="pipeline-paused-workers", daemon=True)
+
+    def __enter__(self) -> "PausedWorkersWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _waiting(self) -> bool:
+        try:
+            return any(state.status == "pending" for state in list(self.client.futures.values()))
+        except RuntimeError:  # the futures changed under us (the client's loop thread): look again
+            return False
+
+    def _run(self) -> None:
+        since: dict[str, float] = {}
+        empty_since: float | None = None
+        while not self._stop.wait(self.interval):
+            try:
+                workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+            except Exception:  # noqa: BLE001 - a closing or lost client: nothing more to watch
+                return
+            now = time.monotonic()
+            empty_since = (empty_since or now) if not workers else None
+            if empty_since is not None and now - empty_since >= self.after and self._waiting():
+                self.warned = no_workers_warning(str(self.client.scheduler.address), now - empty_since)
+                print(self.warned, file=self.log, flush=True)
+                return
+            paused = paused_workers(workers)
+            since = {address: since.get(address, now) for address in paused}
+            long = {a: v for a, v in paused.items() if now - since[a] >= self.after}
+            if long and self._waiting():
+                self.warned = paused_warning(long, max(now - since[a] for a in long))
+                print(self.warned, file=self.log, flush=True)
+                return

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -184,6 +186,53 @@ def test_local_workers_share_one_heap_between_threads():
         assert client.run(lambda: os.environ.get("MALLOC_ARENA_MAX")).popitem()[1] == "1"
         (faults,) = client.run(_heap_shared_across_threads).values()
     assert faults < 4096 // 10, faults
+
+
+def _poll(condition, timeout: float) -> bool:
+    """Whether ``condition()`` holds within ``timeout`` seconds (looked at every 50 ms)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_workers_paused_at_their_memory_limit_are_named_once():
+    """A worker at its memory limit pauses and starts no task: the run waited without a
+    word, and the worker's "Pausing worker" went to its own log (on another machine,
+    for a remote cluster). A threaded worker measures this process, far above the
+    64 MiB it is given, so distributed's memory monitor pauses it as it would a worker
+    process at its limit."""
+    import dask
+
+    log, limit = io.StringIO(), 64 * 2**20
+    with cluster(n_workers=1, processes=False, memory_limit=limit, dashboard_address=None, log=log,
+                 paused_after=0.5) as client:
+        (address,) = client.scheduler_info()["workers"]
+        assert _poll(lambda: client.scheduler_info()["workers"][address]["status"] == "paused", 10)
+        future = client.submit(sum, [1, 2])
+        assert _poll(lambda: "paused at the memory limit" in log.getvalue(), 10), log.getvalue()
+        time.sleep(1.5)  # still paused, the task still waiting: no second warning
+        client.run(lambda dask_worker: setattr(dask_worker.memory_manager, "memory_limit", 2**40))
+        assert future.result(timeout=10) == 3  # resumed: the warning stopped nothing
+    (line,) = [x for x in log.getvalue().splitlines() if "paused" in x]
+    found = re.search(rf"worker {re.escape(address)} \(([\d,]+) MiB of its 64 MiB limit\) paused at the memory limit "
+                      r"for \d+ s while tasks wait", line)
+    assert found, line
+    # Paused: above distributed's pause fraction of the limit.
+    assert int(found[1].replace(",", "")) >= dask.config.get("distributed.worker.memory.pause") * limit / 2**20
+    assert "cluster.memory_limit, or dask worker --memory-limit" in line and "cluster.threads_per_worker" in line
+
+
+def test_a_scheduler_without_workers_is_named():
+    log = io.StringIO()
+    with cluster(n_workers=0, processes=False, dashboard_address=None, log=log, paused_after=0.5) as client:
+        future = client.submit(sum, [1, 2])  # held: a released future waits for nothing
+        assert _poll(lambda: "no workers" in log.getvalue(), 10), log.getvalue()
+        assert re.search(rf"cluster: the scheduler {re.escape(client.scheduler.address)} has had no workers for \d+ s "
+                         r"while tasks wait", log.getvalue()), log.getvalue()
+        assert future.status == "pending"
 
 
 def test_unreachable_scheduler_is_a_clear_error():

@@ -1,0 +1,314 @@
+"""Reaching a remote scheduler: every wrong address, scheduler file or TLS file is one
+line, and every connection attempt ends within the connect timeout.
+
+A real ``dask scheduler`` and ``dask worker`` run as OS processes on 127.0.0.1, and tiny
+socket servers play the things a wrong address reaches instead: a server that accepts
+and never answers (the dashboard's port waits for an HTTP request), one that answers in
+another protocol (an HTTP proxy), and one that closes at once. Each used to hang
+``pipeline run`` forever, or end in a traceback.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.cluster import check_address, cluster, scheduler_file_address
+from pipeline.errors import ClusterError, ConfigError
+from tests.conftest import free_port, scheduler_address, stop_cluster, wait_until
+from tests.test_cluster_tls import make_tls_files
+
+BIN = Path(sys.executable).parent
+#: Short enough to keep each test fast, long enough for a loaded 2-core machine.
+TIMEOUT = 2.0
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    """A tcp:// scheduler (its dashboard on a known port) and one worker, as OS processes.
+
+    Yields the scheduler's address, its dashboard's port, the worker's address and the
+    scheduler file.
+    """
+    tmp_path = tmp_path_factory.mktemp("plain_cluster")
+    sched_file = tmp_path / "scheduler.json"
+    dashboard = free_port()
+    procs = [subprocess.Popen(
+        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0",
+         "--dashboard-address", f"127.0.0.1:{dashboard}", "--scheduler-file", str(sched_file)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )]
+    try:
+        assert wait_until(lambda: scheduler_address(sched_file) is not None, timeout=60, watch=tmp_path,
+                          procs=procs), "the scheduler did not start"
+        address = scheduler_address(sched_file)
+        procs.append(subprocess.Popen(
+            [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--memory-limit", "1GiB", "--host", "127.0.0.1",
+             "--no-dashboard", "--no-nanny", "--local-directory", str(tmp_path / "w")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+        from distributed import Client
+
+        with Client(address, timeout=30) as c:
+            c.wait_for_workers(1, timeout=60)
+            (worker,) = c.scheduler_info()["workers"]
+        yield address, dashboard, worker, sched_file
+    finally:
+        stop_cluster(procs)
+
+
+class _Server:
+    """A TCP server on 127.0.0.1 that does ``reply`` with every connection it accepts:
+    ``"silent"`` holds it open and says nothing, ``"http"`` answers an HTTP error and
+    holds it open, ``"close"`` closes it at once."""
+
+    def __init__(self, reply: str):
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.address = f"tcp://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.reply, self.held = reply, []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            if self.reply == "close":
+                conn.close()
+                continue
+            if self.reply == "http":
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            self.held.append(conn)
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self.held:
+            conn.close()
+
+
+@pytest.fixture()
+def server(request):
+    s = _Server(request.param)
+    yield s
+    s.close()
+
+
+def _io_loops() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name == "IO loop"}
+
+
+# -- addresses, checked before anything connects ----------------------------------------
+
+@pytest.mark.parametrize("address", ["tcp://10.0.0.5:8786", "tls://scheduler:8786", "127.0.0.1:8786",
+                                     "tcp://[::1]:8786", "ws://host:80", "tcp://host:1", "tcp://host:65535"])
+def test_addresses_distributed_can_reach_are_kept(address):
+    assert check_address(address) == address
+
+
+@pytest.mark.parametrize("address, says", [
+    ("http://127.0.0.1:8787", r"is a web address \(the dashboard's.*tcp://127\.0\.0\.1:8786"),
+    ("https://dask.example.org/status", r"is a web address.*tcp://dask\.example\.org:8786"),
+    ("tcp://127.0.0.1", r"has no port: a scheduler listens on tcp://127\.0\.0\.1:8786 by default"),
+    ("tcp://127.0.0.1:99999", r"port 99999 is out of range \(1-65535\)"),
+    ("tcp://127.0.0.1:0", r"port 0 is out of range"),
+    ("tcp://:8786", r"has no host"),
+    ("tcp://host:port", r"is not tcp://host:port"),
+    ("tcp://::1:8786", r"an IPv6 host goes in brackets"),
+    ("inproc://x", r"reaches only a scheduler inside this same process"),
+    ("ucx://127.0.0.1:8786", r"distributed no longer supports ucx://"),
+    ("ftp://host:21", r"unknown scheme ftp://; expected tcp://host:port or tls://host:port"),
+])
+def test_an_address_distributed_cannot_reach_is_refused_naming_the_key(address, says):
+    loops = _io_loops()
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=says) as err:
+        with cluster(address, timeout=30, log=None):
+            pass
+    assert time.monotonic() - t0 < 5  # not the 30 s of distributed's retries
+    assert str(err.value).startswith(f"cluster.address: {address!r}")
+    assert "\n" not in str(err.value) and _io_loops() <= loops  # one line, and no Client was started
+
+
+# -- what a wrong address reaches -------------------------------------------------------
+
+def test_the_scheduler_and_only_it_is_connected_to(plain):
+    address, _, worker, _ = plain
+    with cluster(address, timeout=TIMEOUT, log=None) as client:
+        assert client.submit(sum, [1, 2, 3]).result() == 6
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=re.escape(f"{worker} is a dask worker, not the scheduler")):
+        with cluster(worker, timeout=TIMEOUT, log=None):
+            pass
+    assert time.monotonic() - t0 < TIMEOUT + 3
+
+
+def test_the_dashboards_port_is_named_within_the_timeout(plain):
+    """The dashboard (tornado's HTTP server) accepts the connection and waits for a
+    request that never comes: distributed waited for its handshake forever."""
+    _, dashboard, _, _ = plain
+    address = f"tcp://127.0.0.1:{dashboard}"
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=re.escape(
+            f"no dask scheduler answered at {address} within {TIMEOUT:g} s") + ".*is it the dashboard's port\\? "
+            "the scheduler listens on 8786 by default"):
+        with cluster(address, timeout=TIMEOUT, log=None):
+            pass
+    assert TIMEOUT - 0.5 < time.monotonic() - t0 < TIMEOUT + 3
+
+
+@pytest.mark.parametrize("server, says", [
+    ("silent", r"within 2 s: the connection opened, but nothing answered \(is it the dashboard's port\?"),
+    ("http", r"something answered, but not in dask's protocol \(a web server or proxy\?"),
+    ("close", r"the connection was closed without a dask handshake \(is it a tls:// scheduler\? then use tls://"),
+], indirect=["server"])
+def test_a_server_that_is_not_a_scheduler_is_named_within_the_timeout(server, says):
+    if server.reply == "http":
+        # The reply's first 8 bytes, read by dask as a frame's length, ask for exabytes:
+        # what ended the trial in numpy's ArrayMemoryError.
+        assert struct.unpack("<Q", b"HTTP/1.1")[0] > 2**60
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=re.escape(f"no dask scheduler answered at {server.address}") + ".*" + says):
+        with cluster(server.address, timeout=TIMEOUT, log=None):
+            pass
+    assert time.monotonic() - t0 < TIMEOUT + 3
+
+
+def test_nothing_listening_is_named():
+    address = f"tcp://127.0.0.1:{free_port()}"
+    with pytest.raises(ClusterError, match=re.escape(f"nothing listens at {address} (connection refused")):
+        with cluster(address, timeout=1, log=None):
+            pass
+
+
+def test_a_tls_address_at_a_plain_scheduler_says_so(plain, tmp_path):
+    address, *_ = plain
+    tls = make_tls_files(tmp_path / "tls")
+    as_tls = address.replace("tcp://", "tls://")
+    t0 = time.monotonic()
+    with pytest.raises(ClusterError, match=re.escape(
+            f"cannot reach {as_tls}: the scheduler did not complete a TLS handshake (is it a tcp:// scheduler? "
+            f"then its address is {address})")):
+        with cluster(as_tls, timeout=TIMEOUT, log=None, tls_ca_file=str(tls.ca_file), tls_cert_file=str(tls.cert_file),
+                     tls_key_file=str(tls.key_file)):
+            pass
+    assert time.monotonic() - t0 < TIMEOUT + 3
+
+
+# -- TLS files, checked before anything connects ----------------------------------------
+
+def _tls(tls, **changed) -> dict[str, str]:
+    files = {"tls_ca_file": str(tls.ca_file), "tls_cert_file": str(tls.cert_file), "tls_key_file": str(tls.key_file)}
+    return {**files, **changed}
+
+
+@pytest.mark.parametrize("key", ["tls_ca_file", "tls_cert_file", "tls_key_file"])
+def test_a_missing_tls_file_is_named_with_its_key(tmp_path, key):
+    tls = make_tls_files(tmp_path / "tls")
+    typo = str(tmp_path / "tls" / "clinet.pem")
+    loops = _io_loops()
+    with pytest.raises(ConfigError, match=rf"^cluster\.{key}: {re.escape(typo)}: no such file$"):
+        with cluster("tls://127.0.0.1:8786", timeout=30, log=None, **_tls(tls, **{key: typo})):
+            pass
+    assert _io_loops() <= loops
+
+
+def test_a_tls_file_that_is_not_pem_or_a_key_of_another_certificate_is_named(tmp_path):
+    tls, other = make_tls_files(tmp_path / "tls"), make_tls_files(tmp_path / "other")
+    (tmp_path / "notes.txt").write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match=rf"^cluster\.tls_ca_file: {re.escape(str(tmp_path / 'notes.txt'))}: "
+                                          r"not a PEM CA certificate"):
+        with cluster("tls://127.0.0.1:8786", log=None, **_tls(tls, tls_ca_file=str(tmp_path / "notes.txt"))):
+            pass
+    with pytest.raises(ConfigError, match=rf"^cluster\.tls_cert_file: {re.escape(str(tls.cert_file))} with "
+                                          rf"cluster\.tls_key_file {re.escape(str(other.key_file))}: cannot load"):
+        with cluster("tls://127.0.0.1:8786", log=None, **_tls(tls, tls_key_file=str(other.key_file))):
+            pass
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every file")
+def test_an_unreadable_tls_file_is_named(tmp_path):
+    tls = make_tls_files(tmp_path / "tls")
+    tls.key_file.chmod(0)
+    with pytest.raises(ConfigError, match=rf"^cluster\.tls_key_file: .*key\.pem: cannot be read"):
+        with cluster("tls://127.0.0.1:8786", log=None, **_tls(tls)):
+            pass
+
+
+def test_tls_files_with_a_plain_address_are_refused(tmp_path):
+    tls = make_tls_files(tmp_path / "tls")
+    with pytest.raises(ConfigError, match=r"^cluster\.address: 'tcp://127\.0\.0\.1:8786' is unencrypted, but "
+                                          r"cluster\.tls_\* files are set.*tls://127\.0\.0\.1:8786"):
+        with cluster("tcp://127.0.0.1:8786", log=None, **_tls(tls)):
+            pass
+
+
+# -- scheduler files --------------------------------------------------------------------
+
+def test_a_missing_scheduler_file_is_refused_after_the_timeout(tmp_path):
+    """distributed's Client waited for it forever, without a word."""
+    path = tmp_path / "schedulre.json"
+    log = io.StringIO()
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"^cluster\.scheduler_file: {re.escape(str(path))}: no such file \(waited "
+                                          r"1 s for a scheduler to write it"):
+        with cluster(scheduler_file=str(path), timeout=1, log=log):
+            pass
+    assert 1 <= time.monotonic() - t0 < 4
+    assert log.getvalue() == f"cluster: waiting up to 1 s for a scheduler to write {path} (cluster.scheduler_file)\n"
+
+
+def test_a_scheduler_file_in_a_missing_folder_is_refused_at_once(tmp_path):
+    path = tmp_path / "no" / "scheduler.json"
+    t0 = time.monotonic()
+    with pytest.raises(ConfigError, match=rf"^cluster\.scheduler_file: {re.escape(str(path))}: no such file, and no "
+                                          rf"folder {re.escape(str(path.parent))}"):
+        with cluster(scheduler_file=str(path), timeout=30, log=None):
+            pass
+    assert time.monotonic() - t0 < 2
+
+
+def test_a_file_that_is_not_a_scheduler_file_is_refused(tmp_path):
+    path = tmp_path / "scheduler.json"
+    path.write_text(json.dumps({"type": "Scheduler"}))
+    with pytest.raises(ConfigError, match=r'not a scheduler file \(expected JSON with an "address"\)'):
+        scheduler_file_address(str(path), timeout=0.2)
+
+
+def test_a_scheduler_file_written_while_the_run_waits_is_used(plain, tmp_path):
+    """A scheduler and a run started together: the file appears a moment later."""
+    address, _, _, sched_file = plain
+    late = tmp_path / "late.json"
+    writer = threading.Timer(0.5, lambda: late.write_text(Path(sched_file).read_text()))
+    writer.start()
+    try:
+        with cluster(scheduler_file=str(late), timeout=10, log=None) as client:
+            assert client.scheduler.address == address
+            assert client.submit(sum, [4, 5]).result() == 9
+    finally:
+        writer.cancel()
+
+
+def test_a_stale_scheduler_file_names_the_file(tmp_path):
+    path = tmp_path / "scheduler.json"
+    address = f"tcp://127.0.0.1:{free_port()}"  # a scheduler that has stopped
+    path.write_text(json.dumps({"address": address, "type": "Scheduler"}))
+    with pytest.raises(ClusterError, match=re.escape(f"nothing listens at {address} (from cluster.scheduler_file "
+                                                     f"{path})")):
+        with cluster(scheduler_file=str(path), timeout=1, log=None):
+            pass
+    path.write_text(json.dumps({"address": "http://127.0.0.1:8787"}))
+    with pytest.raises(ConfigError, match=r"^cluster\.scheduler_file: 'http://127\.0\.0\.1:8787' is a web address"):
+        with cluster(scheduler_file=str(path), timeout=1, log=None):
+            pass
