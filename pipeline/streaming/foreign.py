@@ -145,7 +145,10 @@ def _protocols(fs: Any) -> tuple[str, ...]:
 
 
 def _runs_on_tokio(store: Any) -> bool:
-    """Whether ``store`` does its I/O on a Rust tokio runtime (icechunk's, obstore's)."""
+    """Whether ``store`` (or the store a zarr ``WrapperStore`` such as ``LoggingStore``
+    wraps) does its I/O on a Rust tokio runtime (icechunk's, obstore's)."""
+    while isinstance(store, zarr.storage.WrapperStore):
+        store = store._store
     return (type(store).__module__.split(".")[0] == "icechunk"
             or isinstance(store, getattr(zarr.storage, "ObjectStore", ())))
 

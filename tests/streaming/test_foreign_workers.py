@@ -148,7 +148,14 @@ def obstore_group(tmp_path, x, y) -> zarr.Group:
     return zarr.open_group(store, mode="r")
 
 
-@pytest.mark.parametrize("make", [icechunk_group, obstore_group], ids=["icechunk", "obstore"])
+def logged_obstore_group(tmp_path, x, y) -> zarr.Group:
+    """:func:`obstore_group` read through zarr's ``LoggingStore`` (a ``WrapperStore``)."""
+    g = obstore_group(tmp_path, x, y)
+    return zarr.open_group(zarr.storage.LoggingStore(g.store), mode="r")
+
+
+@pytest.mark.parametrize("make", [icechunk_group, obstore_group, logged_obstore_group],
+                         ids=["icechunk", "obstore", "logged-obstore"])
 @pytest.mark.parametrize("as_group", [False, True], ids=["arrays", "group"])
 def test_stores_on_a_tokio_runtime_are_refused_in_forked_workers(make, as_group, tmp_path, reference):
     """icechunk's and obstore's runtime threads do not survive a fork: a forked worker's
