@@ -576,12 +576,18 @@ class _NoScheduler(Exception):
 
 
 def _causes(exc: BaseException | None) -> Iterator[BaseException]:
-    """``exc`` and the exceptions it was raised from or during."""
+    """``exc`` and the exceptions it was raised from or during, and the OS or SSL error
+    that closed a tornado stream (its ``real_error``: where a TLS alert is told)."""
     seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
+    todo = [exc]
+    while todo:
+        exc = todo.pop(0)
+        if exc is None or id(exc) in seen:
+            continue
         seen.add(id(exc))
         yield exc
-        exc = exc.__cause__ or exc.__context__
+        real = getattr(exc, "real_error", None)
+        todo += [exc.__cause__ or exc.__context__, real if isinstance(real, BaseException) else None]
 
 
 async def _tcp_open(host: str, port: int, timeout: float) -> bool:
@@ -647,9 +653,7 @@ async def _identity(address: str, connection_args: dict[str, object], timeout: f
         step = "identity"
         await asyncio.wait_for(comm.write({"op": "identity", "reply": True}), left())
         reply = await asyncio.wait_for(comm.read(), left())
-    except asyncio.CancelledError:
-        raise
-    except BaseException as exc:  # noqa: BLE001 - MemoryError included: garbage read as a frame length
+    except Exception as exc:  # noqa: BLE001 - MemoryError included: garbage read as a frame length
         if step == "handshake" and not isinstance(exc, (asyncio.TimeoutError, OSError)):
             step = "protocol"
         raise _NoScheduler(step, exc) from None
@@ -674,6 +678,12 @@ def _explain(address: str, origin: str, failure: _NoScheduler, timeout: float) -
     if failure.kind is not None:
         return (f"{at} is a dask {failure.kind.lower()}, not the scheduler: a worker's log names its scheduler "
                 f"('Registered to: ...'); a scheduler listens on port {SCHEDULER_PORT} by default")
+    # The scheduler's alert for a client certificate it refuses comes in the handshake
+    # under TLS 1.2, and with the first read after it under TLS 1.3.
+    alert = next((c.reason for c in ssl_errors if c.reason and "ALERT" in c.reason), None)
+    if alert is not None:
+        return (f"cannot reach {at}: the scheduler refused the TLS handshake ({alert}): cluster.tls_cert_file "
+                f"must be signed by a CA the scheduler trusts")
     if failure.step == "connect":
         if any(isinstance(c, ConnectionRefusedError) for c in causes):
             return (f"nothing listens at {at} (connection refused for {timeout:g} s): is the scheduler running, "
@@ -684,10 +694,6 @@ def _explain(address: str, origin: str, failure: _NoScheduler, timeout: float) -
             reason = next(c for c in causes if isinstance(c, ssl.SSLCertVerificationError)).verify_message
             return (f"cannot reach {at}: this client does not trust the scheduler's certificate ({reason}): "
                     f"cluster.tls_ca_file must be the CA that signed it")
-        alert = next((c.reason for c in ssl_errors if c.reason and "ALERT" in c.reason), None)
-        if alert is not None:
-            return (f"cannot reach {at}: the scheduler refused the TLS handshake ({alert}): cluster.tls_cert_file "
-                    f"must be signed by a CA the scheduler trusts")
         if failure.tcp_open:
             return (f"cannot reach {at}: the scheduler did not complete a TLS handshake (is it a tcp:// scheduler? "
                     f"then its address is tcp://{loc})")

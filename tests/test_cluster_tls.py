@@ -234,6 +234,32 @@ def test_a_certificate_the_cluster_does_not_trust_is_refused(tls_remote, tmp_pat
             pass
 
 
+def test_which_side_refused_the_certificate_is_said(tls_remote, tmp_path):
+    """distributed said "cannot start or reach tls://...: " with nothing after it for a
+    certificate refused in the handshake."""
+    address, tls, _ = tls_remote
+    other = make_tls_files(tmp_path / "other")
+    with pytest.raises(ClusterError, match=re.escape(f"cannot reach {address}: this client does not trust the "
+                                                     "scheduler's certificate (") + r".+\): cluster\.tls_ca_file"):
+        with cluster(address, timeout=5, log=None, **_tls_kwargs(other)):
+            pass
+    with pytest.raises(ClusterError, match=re.escape(f"cannot reach {address}: the scheduler refused the TLS "
+                                                     "handshake (") + r".+\): cluster\.tls_cert_file must be signed"):
+        with cluster(address, timeout=5, log=None, **{**_tls_kwargs(other), "tls_ca_file": str(tls.ca_file)}):
+            pass
+
+
+def test_a_tcp_address_at_a_tls_scheduler_says_so(tls_remote):
+    """The scheduler closes a connection that does not start with a TLS handshake."""
+    address, _, _ = tls_remote
+    as_tcp = address.replace("tls://", "tcp://")
+    with pytest.raises(ClusterError, match=re.escape(
+            f"no dask scheduler answered at {as_tcp}: the connection was closed without a dask handshake (is it a "
+            f"tls:// scheduler? then use {address} with the cluster.tls_* files")):
+        with cluster(as_tcp, timeout=5, log=None):
+            pass
+
+
 def test_cli_run_on_a_tls_cluster_gives_the_local_output(tls_remote, tmp_path):
     address, tls, _ = tls_remote
     path = small_run_config(tmp_path, rows_per_day=3000, seed=7, chunk_rows=1000)
