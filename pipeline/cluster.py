@@ -459,10 +459,8 @@ def check_address(address: object, *, key: str = "cluster.address") -> str:
         raise ConfigError(key, expected, address, detail=(
             f"{address!r} is a web address (the dashboard's, on port {DASHBOARD_PORT} by default), not the "
             f"scheduler's: that is tcp://{host}:{SCHEDULER_PORT} by default ('Scheduler at:' in dask scheduler's log)"))
-    if scheme == "inproc":
-        raise ConfigError(key, expected, address, detail=(
-            f"{address!r} reaches only a scheduler inside this same process: give a remote scheduler's "
-            f"tcp://host:port, or no address for a LocalCluster"))
+    if scheme == "inproc":  # a scheduler in this process (a LocalCluster of threads): no host or port
+        return address
     problem = _scheme_problem(scheme)
     if problem is not None:
         raise ConfigError(key, expected, address, detail=(
@@ -705,6 +703,12 @@ def _explain(address: str, origin: str, failure: _NoScheduler, timeout: float) -
     if failure.step == "handshake" and isinstance(exc, asyncio.TimeoutError):
         return (f"no dask scheduler answered at {at} within {timeout:g} s: the connection opened, but nothing "
                 f"answered ({hint})")
+    if failure.step == "handshake" and scheme in ("tls", "wss"):
+        # Closed once the TLS handshake was done: under TLS 1.3 a scheduler checks the
+        # client's certificate then, and its alert may be lost with the connection.
+        return (f"cannot reach {at}: the scheduler closed the connection after the TLS handshake, as it does for a "
+                f"client certificate it does not trust: cluster.tls_cert_file must be signed by a CA the scheduler "
+                f"trusts")
     if failure.step == "handshake":  # closed on us without a word
         tls = (f"is it a tls:// scheduler? then use tls://{loc} with the cluster.tls_* files; or "
                if scheme == "tcp" else "")
@@ -793,7 +797,8 @@ def _remote(address: str | None, scheduler_file: str | None, timeout: float, tls
     args = (security if security is not None else Security()).get_connection_args("client")
     if scheme in ("tls", "wss") and args["ssl_context"] is None:
         raise _needs_tls_files(f"{address}{origin}", "no CA file and certificate to build an SSL context from")
-    _probe(address, args, timeout, origin)
+    if scheme != "inproc":  # in this process: neither a dashboard's port nor a proxy can be there
+        _probe(address, args, timeout, origin)
     try:
         return Client(address, timeout=timeout, security=security)
     except Exception as exc:  # noqa: BLE001 - the scheduler answered the probe a moment ago

@@ -152,9 +152,9 @@ def paused_warning(paused: Mapping[str, tuple[int | None, int | None]], seconds:
     more = f" and {len(paused) - 3} more" if len(paused) > 3 else ""
     which = "worker " if len(paused) == 1 else "workers "
     return (f"cluster: {which}{', '.join(shown)}{more} paused at the memory limit for {seconds:.0f} s while tasks "
-            f"wait: dask starts no task on a paused worker, and the run waits until memory is freed. Give the "
-            f"workers more memory (cluster.memory_limit, or dask worker --memory-limit) or fewer threads each "
-            f"(cluster.threads_per_worker, or dask worker --nthreads)")
+            f"wait: dask starts no task on a paused worker, so the run may wait for good. Give the workers more "
+            f"memory (cluster.memory_limit, or dask worker --memory-limit) or fewer threads each "
+            f"(cluster.threads_per_worker, or dask worker --nthreads), and run again: a build resumes")
 
 
 def no_workers_warning(scheduler: str, seconds: float) -> str:
@@ -195,7 +195,8 @@ class PausedWorkersWatch:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join()
+        # Not forever: a look at a scheduler that stopped answering may be under way.
+        self._thread.join(timeout=5)
 
     def _waiting(self) -> bool:
         try:

@@ -26,7 +26,7 @@ import pytest
 
 from pipeline.cluster import check_address, cluster, scheduler_file_address
 from pipeline.errors import ClusterError, ConfigError
-from tests.conftest import free_port, scheduler_address, stop_cluster, wait_until
+from tests.conftest import free_port, in_process_cluster, scheduler_address, stop_cluster, wait_until
 from tests.test_cluster_tls import make_tls_files
 
 BIN = Path(sys.executable).parent
@@ -112,7 +112,8 @@ def _io_loops() -> set[threading.Thread]:
 # -- addresses, checked before anything connects ----------------------------------------
 
 @pytest.mark.parametrize("address", ["tcp://10.0.0.5:8786", "tls://scheduler:8786", "127.0.0.1:8786",
-                                     "tcp://[::1]:8786", "ws://host:80", "tcp://host:1", "tcp://host:65535"])
+                                     "tcp://[::1]:8786", "ws://host:80", "tcp://host:1", "tcp://host:65535",
+                                     "inproc://192.0.2.2/1621/31"])
 def test_addresses_distributed_can_reach_are_kept(address):
     assert check_address(address) == address
 
@@ -126,7 +127,6 @@ def test_addresses_distributed_can_reach_are_kept(address):
     ("tcp://:8786", r"has no host"),
     ("tcp://host:port", r"is not tcp://host:port"),
     ("tcp://::1:8786", r"an IPv6 host goes in brackets"),
-    ("inproc://x", r"reaches only a scheduler inside this same process"),
     ("ucx://127.0.0.1:8786", r"distributed no longer supports ucx://"),
     ("ftp://host:21", r"unknown scheme ftp://; expected tcp://host:port or tls://host:port"),
 ])
@@ -152,6 +152,13 @@ def test_the_scheduler_and_only_it_is_connected_to(plain):
         with cluster(worker, timeout=TIMEOUT, log=None):
             pass
     assert time.monotonic() - t0 < TIMEOUT + 3
+
+
+def test_a_scheduler_in_this_process_is_reached_through_its_inproc_address():
+    with in_process_cluster(n_workers=1, dashboard_address=None) as local:
+        assert local.scheduler_address.startswith("inproc://")
+        with cluster(local.scheduler_address, timeout=TIMEOUT, log=None) as client:
+            assert client.submit(sum, [1, 2]).result() == 3
 
 
 def test_the_dashboards_port_is_named_within_the_timeout(plain):
