@@ -77,10 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     insp = sub.add_parser(
         "inspect",
         help="describe a store: splits, shapes, chunks, codec, size, completeness, provenance",
-        description="Describe a zarr store written by `pipeline run` or pipeline.write().",
+        description="Describe a zarr store written by `pipeline run` or pipeline.write(), or the arrays of one "
+                    "another tool wrote.",
     )
     insp.add_argument("store", metavar="STORE", help="store path or URL (directory, .zarr.zip, s3://...)")
-    insp.add_argument("--plot", metavar="FILE", help="also draw sample windows and feature histograms to a PNG")
+    insp.add_argument("--plot", metavar="FILE", help="also draw sample windows and feature histograms to a PNG "
+                      "(stores pipeline wrote)")
     insp.add_argument(
         "--verify",
         action="store_true",
@@ -229,10 +231,12 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     paths = write_demo_data(args.directory, spec)
     rows = spec.days * spec.rows_per_day * (len(instruments) if args.per_instrument else 1)
-    lobster = ""
+    # LOBSTER files are written per instrument whatever --per-instrument says.
+    counts = [f"{rows:,} rows per format" if len(formats) > ("lobster" in formats) else ""]
     if "lobster" in formats:
-        lobster = f"; lobster: {rows * len(instruments):,} rows over {len(instruments)} instruments"
-    print(f"wrote {len(paths)} files ({rows:,} rows per format{lobster}) to {args.directory} "
+        counts.append(f"lobster: {spec.days * spec.rows_per_day * len(instruments):,} rows over "
+                      f"{len(instruments)} instruments")
+    print(f"wrote {len(paths)} files ({'; '.join(c for c in counts if c)}) to {args.directory} "
           f"in {time.perf_counter() - t0:.1f} s")
     return 0
 

@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -91,7 +92,7 @@ class SourceConfig:
     scale: dict[str, float] = field(default_factory=dict)
     #: CSV, Parquet: values that mean "no value", read as NaN before ``nan`` applies: a
     #: list for every column, or ``{column or glob: [values]}``.
-    missing: Any = None
+    missing: dict[str, Any] | tuple[float, ...] | None = None
     #: :class:`pipeline.features.sessions.SessionSpec`, or ``None``: ``file`` when there
     #: are several files.
     sessions: Any = None
@@ -190,7 +191,10 @@ def _describe(tp: Any, name: str) -> str:
         if not args:
             return "a list"
         item = _describe(args[0], name)
-        # "a string" -> "a list of strings"; "one of 'a', 'b'" -> "a list, each one of 'a', 'b'"
+        # "a string" -> "a list of strings"; "a list of numbers" -> "a list of lists of
+        # numbers"; "one of 'a', 'b'" -> "a list, each one of 'a', 'b'"
+        if item.startswith("a list of "):
+            return f"a list of lists of {item[len('a list of '):]}"
         return f"a list of {item.split(' ', 1)[1]}s" if item.startswith(("a ", "an ")) else f"a list, each {item}"
     if origin is dict or tp is dict:
         return "a mapping"
@@ -486,7 +490,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         if not parts:
             raise ConfigError("--set", "key.path=value", item)
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = _safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
             raise ConfigError(key, "a YAML value", text) from None
         node: Any = result
@@ -532,6 +536,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if first != line:
                 raise _DuplicateKey(key, first, line)
         return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.2 reads 1e-9 and 1.5e3 as numbers; PyYAML (YAML 1.1) wants a dot and a sign
+# (1.0e-9, 1.5e+3) and reads them as strings, which a number key then refused.
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
 
 
 class _DuplicateKey(yaml.YAMLError):

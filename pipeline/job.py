@@ -42,16 +42,13 @@ class RunSummary:
         rate = mb / self.seconds if self.seconds > 0 else float("nan")
         ratio = self.uncompressed_bytes / self.bytes_written if self.bytes_written else float("nan")
         did = {"append": f"appended {self.added} session(s)", "up to date": "up to date: no new file"}
-        return "\n".join(
-            [
-                f"store: {self.store} (version {self.version}: {did.get(self.action, self.action)})",
-                f"rows read: {self.rows_read:,}",
-                f"windows per split: {splits}",
-                f"written: {self.bytes_written / 2**20:,.1f} MiB on disk "
-                f"({mb:,.1f} MiB uncompressed, ratio {ratio:.2f}x)",
-                f"wall time: {self.seconds:.1f} s ({rate:,.1f} MiB/s of windows)",
-            ]
-        )
+        head = [f"store: {self.store} (version {self.version}: {did.get(self.action, self.action)})"]
+        size = f"{self.bytes_written / 2**20:,.1f} MiB on disk ({mb:,.1f} MiB uncompressed, ratio {ratio:.2f}x)"
+        if self.action == "up to date":  # nothing read or written: the store as it is
+            return "\n".join(head + [f"windows per split: {splits}", f"store size: {size}",
+                                      f"wall time: {self.seconds:.1f} s"])
+        return "\n".join(head + [f"rows read: {self.rows_read:,}", f"windows per split: {splits}",
+                                  f"written: {size}", f"wall time: {self.seconds:.1f} s ({rate:,.1f} MiB/s of windows)"])
 
 
 def _cluster_kwargs(config: Config) -> dict[str, Any]:

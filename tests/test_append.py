@@ -165,6 +165,9 @@ def test_a_rerun_without_new_files_is_up_to_date(grown):
     path, _ = grown
     summary = _run(path)
     assert (summary.action, summary.version) == ("up to date", 0)
+    text = summary.format()  # the store as it is: no rows read, nothing written, no rate
+    assert "up to date: no new file" in text and "store size:" in text
+    assert "written:" not in text and "rows read" not in text and "MiB/s" not in text
 
 
 def test_a_changed_stored_file_is_refused_naming_it_and_rebuild_starts_over(grown, tmp_path):

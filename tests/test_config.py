@@ -255,6 +255,18 @@ def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path):
     assert _safe_load("a: &w {s: 2, t: 1}\nb:\n  <<: *w\n  s: 3\n") == {"a": {"s": 2, "t": 1}, "b": {"s": 3, "t": 1}}
 
 
+def test_exponents_without_a_dot_or_sign_are_numbers_in_files_and_overrides(tmp_path):
+    """YAML 1.2 reads 1e-9 as a number; PyYAML left it a string, which number keys refused."""
+    from pipeline.config import _safe_load
+
+    assert _safe_load("a: 1e-9\nb: 1.5e3\nc: .5e2\nd: -2E+5\ne: x1e3\nf: 12\ng: 1.0") == \
+        {"a": 1e-9, "b": 1500.0, "c": 50.0, "d": -200000.0, "e": "x1e3", "f": 12, "g": 1.0}
+    p = tmp_path / "c.yaml"
+    p.write_text(EXAMPLE.read_text())
+    config = load_config(p, overrides=['source.scale={"*_price_*": 1e-9}', "labels.scale=1e4"])
+    assert config.source.scale == {"*_price_*": 1e-9} and config.labels.scale == 1e4
+
+
 def test_config_rename_takes_a_list_of_alternatives():
     from pipeline.config import _rename
 

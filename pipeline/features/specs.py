@@ -287,10 +287,10 @@ class LabelSpec:
     horizons: tuple[int, ...] = ()
     reference: Literal["current", "past_mean"] = "current"
     alpha: float | None = None
-    #: ``column``: one source column (labels ``(n,)``) or a tuple of them (``(n, k)``).
+    # column: one source column (labels (n,)) or a tuple of them ((n, k)); map: its values
+    # and what each is stored as, in ascending order of value (see docs/config_notes.yml).
     column: str | tuple[str, ...] = ""
     dtype: Literal["float32", "int64"] = "float32"
-    #: ``column``'s values and what each is stored as, in ascending order of value.
     map: tuple[tuple[float, float], ...] = ()
 
     def __post_init__(self) -> None:

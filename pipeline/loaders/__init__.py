@@ -21,6 +21,7 @@ import fsspec
 import numpy as np
 
 from pipeline.errors import ConfigError, EmptyInputError, FormatMismatchError, LoaderError, ShapeMismatchError
+from pipeline.loaders.conversions import ValueRules
 
 __all__ = ["FileInfo", "Source", "expand_paths", "load", "open_source"]
 
@@ -280,9 +281,11 @@ def open_source(
     instrument_column
         A column naming each row's instrument: ``Source.instruments`` (sorted distinct
         values) and ``Source.instrument_codes`` (int32 indices; LOBSTER: the file's ticker).
-    scale, missing
-        CSV, Parquet: ``{column or glob: factor}`` for fixed-point integers, and values
-        that mean "no value" (see :mod:`pipeline.loaders.conversions`).
+    scale
+        CSV, Parquet: ``{column or glob: factor}`` for fixed-point integer columns (see
+        :mod:`pipeline.loaders.conversions`).
+    missing
+        CSV, Parquet: values that mean "no value", read as NaN.
 
     Returns
     -------
@@ -290,8 +293,6 @@ def open_source(
         The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
     """
     from pipeline.loaders.registry import FORMATS
-
-    from pipeline.loaders.conversions import ValueRules
 
     rules = ValueRules.from_options(scale, missing)  # refused before any file is read
     so = dict(storage_options or {})

@@ -8,14 +8,17 @@ Parquet the config states them:
 - ``source.scale: {column or glob: factor}``: an integer column's values times
   ``factor``, computed exactly in float64 (as a division by ``1 / factor`` when that is a
   whole number, which gives the correctly rounded quotient, as LOBSTER's prices / 10,000
-  are) before any cast to float32. A floating-point column matched by a scale is refused:
-  it already is in units, and scaling it (a day a vendor re-exported in dollars) would be
-  wrong silently.
+  are) before any cast to float32. A floating-point column with fractions matched by a
+  scale is refused: it is in units already, and scaling it (a day a vendor re-exported
+  in dollars) would be wrong silently.
 - ``source.missing: [values]`` (every column read) or ``{column or glob: [values]}``:
   values that mean "no value", read as NaN, so that ``source.nan`` (raise, drop, fill)
   decides what happens to them. Compared in the column's own type, before any scale.
 
-Patterns are :mod:`fnmatch` globs over the canonical column names (after ``rename``).
+Patterns are :mod:`fnmatch` globs matching a column's canonical name (after ``rename``)
+or its name in the file, so that the vendor's own names (``*_px_*``) reach renamed
+columns too. Floats that are all whole numbers count as fixed-point integers (pandas
+stores an integer column with a missing value as floats).
 """
 
 from __future__ import annotations
@@ -73,13 +76,14 @@ class ValueRules:
     def __bool__(self) -> bool:
         return bool(self.scale or self.missing)
 
-    def factor_of(self, column: str) -> float | None:
-        """The scale of ``column``, or ``None``."""
-        return next((f for p, f in self.scale if fnmatch.fnmatchcase(column, p)), None)
+    def factor_of(self, *names: str) -> float | None:
+        """The scale of a column known by ``names`` (its canonical name, its name in the
+        file), or ``None``."""
+        return next((f for p, f in self.scale if any(fnmatch.fnmatchcase(n, p) for n in names)), None)
 
-    def sentinels_of(self, column: str) -> tuple[int | float, ...]:
-        """The values read as NaN in ``column``."""
-        return next((v for p, v in self.missing if fnmatch.fnmatchcase(column, p)), ())
+    def sentinels_of(self, *names: str) -> tuple[int | float, ...]:
+        """The values read as NaN in a column known by ``names``."""
+        return next((v for p, v in self.missing if any(fnmatch.fnmatchcase(n, p) for n in names)), ())
 
 
 def _missing_rules(missing: Any, path: str) -> tuple[tuple[str, tuple[int | float, ...]], ...]:
@@ -99,20 +103,24 @@ def _missing_rules(missing: Any, path: str) -> tuple[tuple[str, tuple[int | floa
     return tuple(rules)
 
 
-def convert_column(col: Any, name: str, rules: ValueRules, path: str) -> Any | None:
-    """Column ``name`` (a pyarrow array) with ``rules`` applied: sentinels made null, then
-    an integer column scaled exactly to float64; ``None`` when no rule applies.
+def convert_column(col: Any, name: str, rules: ValueRules, path: str, source: str | None = None) -> Any | None:
+    """Column ``name`` (a pyarrow array; ``source``, its name in the file) with ``rules``
+    applied: sentinels made null, then an integer column scaled exactly to float64;
+    ``None`` when no rule applies. Floats that are all whole numbers are fixed-point
+    integers a writer stored as floats (pandas does, for a column with a missing value)
+    and are scaled too.
 
     Raises
     ------
     LoaderError
-        Naming the file and column: a scale on a floating-point column, or on integers
-        past 2**53 (float64 would round them).
+        Naming the file and column: a scale on floats with fractions (in units already),
+        or on integers past 2**53 (float64 would round them).
     """
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    sentinels, factor = rules.sentinels_of(name), rules.factor_of(name)
+    names = (name,) if source in (None, name) else (name, source)
+    sentinels, factor = rules.sentinels_of(*names), rules.factor_of(*names)
     if not sentinels and factor is None:
         return None
     if sentinels:
@@ -121,22 +129,25 @@ def convert_column(col: Any, name: str, rules: ValueRules, path: str) -> Any | N
             # A comparison per sentinel (one or two): a seventh of is_in's time.
             found = None
             for value in fits:
-                same = pc.equal(col, pa.scalar(value, col.type))
+                typed = pa.scalar(value if pa.types.is_integer(col.type) else float(value), col.type)
+                same = pc.equal(col, typed)
                 found = same if found is None else pc.or_(found, same)
             if pc.any(found).as_py():  # most columns hold none: no copy for them
                 col = pc.if_else(found, pa.scalar(None, col.type), col)
     if factor is None:
         return col
-    if not pa.types.is_integer(col.type):
-        raise LoaderError(path, f"column {name!r} holds {col.type} values, but source.scale gives it a factor of "
-                          f"{factor:g}: a scale is for fixed-point integers; a file with the column in floating "
-                          "point is already in units (read it apart, or leave the column out of source.scale)")
-    low, high = pc.min_max(col).values() if len(col) else (None, None)
-    big = None if low is None else max(abs(low.as_py()), abs(high.as_py()))
+    low, high = (v.as_py() for v in pc.min_max(col).values())  # nulls for a column of none
+    big = None if low is None else max(abs(low), abs(high))
     if big is not None and big > 2**53:
         raise LoaderError(path, f"column {name!r}: the integer {big} is past 2**53, where float64 rounds; "
                           "if it means 'no value', list it in source.missing")
     values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    if not pa.types.is_integer(col.type):
+        finite = values[np.isfinite(values)]
+        if not np.array_equal(finite, np.round(finite)):
+            raise LoaderError(path, f"column {name!r} holds {col.type} values with fractions, but source.scale gives "
+                              f"it a factor of {factor:g}: a scale is for fixed-point integers; this file's column "
+                              "is in units already (convert it, or read it apart)")
     inverse = 1.0 / factor
     if inverse >= 1 and abs(inverse - round(inverse)) <= 1e-9 * inverse:
         return values / float(round(inverse))  # one rounding, as prices / 10,000
@@ -158,14 +169,16 @@ def _fits(value: int | float, arrow_type: Any) -> bool:
 
 def check_rules(rules: ValueRules, parts: Sequence[Any], columns: Sequence[str]) -> None:
     """Refuse, at open, rules a source cannot take: LOBSTER and FI-2010 have their own
-    units; a pattern that matches no column is most likely a typo; a Parquet file that
-    stores a scaled column in floating point (its schema says so) is already in units.
-    (A CSV's types are known only when read: :func:`convert_column` refuses there.)
+    units, and a pattern that matches no column (by its canonical name or its name in
+    the file) is most likely a typo. (A Parquet day whose prices are in units beside
+    fixed-point days is refused at open by
+    :func:`~pipeline.loaders.tables.check_units`; a column with fractions under a scale,
+    when read, by :func:`convert_column`.)
 
     Raises
     ------
     LoaderError
-        Naming the file and the pattern or column.
+        Naming the file and the pattern.
     """
     if not rules:
         return
@@ -173,17 +186,8 @@ def check_rules(rules: ValueRules, parts: Sequence[Any], columns: Sequence[str])
     if first.fmt in ("lobster", "fi2010"):
         raise LoaderError(first.path, f"source.scale and source.missing are for CSV and Parquet files; {first.fmt} "
                           "files have their units and empty levels built in")
+    names = list(columns) + [first.source_of(c) for c in columns if first.source_of(c) != c]
     for pattern in [p for p, _ in rules.scale] + [p for p, _ in rules.missing if p != "*"]:
-        if not any(fnmatch.fnmatchcase(c, pattern) for c in columns):
+        if not any(fnmatch.fnmatchcase(c, pattern) for c in names):
             raise LoaderError(first.path, f"source.scale / source.missing name {pattern!r}, which matches no "
-                              f"column (columns: {', '.join(columns)})")
-    for part in parts:
-        if not getattr(part, "kinds", ()):
-            continue
-        for name in columns:
-            factor = rules.factor_of(name)
-            if factor is not None and part.kinds[part.sources.index(part.source_of(name))] == "f":
-                raise LoaderError(part.path, f"column {name!r} is stored in floating point, but source.scale gives "
-                                  f"it a factor of {factor:g}: a scale is for fixed-point integers; a file with the "
-                                  "column in floating point is already in units (read it apart, or leave the column "
-                                  "out of source.scale)")
+                              f"column (columns: {', '.join(names)})")

@@ -534,7 +534,7 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
         from pipeline.loaders.conversions import convert_column
 
         for name in columns:
-            converted = convert_column(table[name], name, rules, part.path)
+            converted = convert_column(table[name], name, rules, part.path, part.source_of(name))
             if isinstance(converted, np.ndarray):
                 scaled[name] = converted  # exact float64, in units
             elif converted is not None:

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.errors import MissingDependencyError, PipelineError, StoreError
-from pipeline.storage.store import open_store_group, store_root_attrs
+from pipeline.storage.store import ATTRS_KEY, open_store_group, store_root_attrs
 
 __all__ = ["PLOT_CHUNKS", "PlotSample", "feature_labels", "plot_sample", "plot_store", "spread_chunks"]
 
@@ -339,6 +339,9 @@ def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4
 
     loc = os.fspath(location)
     group = open_store_group(loc, mode="r", storage_options=storage_options)
+    if ATTRS_KEY not in group.attrs:  # no splits, windows or feature names to draw by
+        raise StoreError(f"{loc}: --plot draws the windows, features and labels of a store pipeline wrote; this "
+                         "one another tool wrote (its arrays are listed above)")
     attrs = store_root_attrs(group)
     listed = list(attrs.get("splits") or {})
     present = [name for name, sub in group.groups() if not name.startswith("_") and is_split_group(name, sub)]

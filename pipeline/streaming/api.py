@@ -88,9 +88,10 @@ def stream(
         batches span, since queued batches are views of them).
     drop_last
         Drop each rank's incomplete last batch.
-    rank, world_size
-        This process's rank and the number of ranks (default from ``torch.distributed``
-        when initialized, else 0 and 1).
+    rank
+        This process's rank (default from ``torch.distributed`` when initialized, else 0).
+    world_size
+        The number of ranks (default from ``torch.distributed``, else 1).
     partial
         Read a store that is not marked complete.
     prefetch
@@ -130,8 +131,7 @@ def stream(
         # Every other argument goes on to each source's stream: taken from the call's own
         # parameters, so that a parameter added to stream cannot be dropped here.
         options = {k: v for k, v in locals().items() if k not in ("source", "weights")}
-        # Imported here: the mix module builds on this one.
-        from pipeline.streaming.mix import mix
+        from pipeline.streaming.mix import mix  # here: the mix module builds on this one
 
         return mix(source, weights=weights, **options)
     rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,

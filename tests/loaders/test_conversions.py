@@ -60,15 +60,36 @@ def test_a_sentinel_left_unnamed_is_refused_and_a_named_one_obeys_source_nan(tmp
                     missing=[UNDEF]).array.compute()
 
 
-def test_a_scale_on_a_column_a_file_stores_in_floating_point_is_refused_at_open(tmp_path):
+def test_floats_with_fractions_under_a_scale_are_refused_and_whole_floats_are_fixed_point(tmp_path):
+    """A day re-exported in dollars is refused; a fixed-point day that pandas stored as
+    floats (its column had a missing value) is scaled like the integers."""
     frame = mbp(tmp_path / "day2.parquet", 2)
-    dollars = frame.assign(bid_px_00=frame.bid_px_00 / 1e9, ask_px_00=frame.ask_px_00 / 1e9,
-                           bid_px_01=np.where(frame.bid_px_01 == UNDEF, np.nan, frame.bid_px_01 / 1e9))
+    promoted = frame.assign(bid_px_01=np.where(frame.bid_px_01 == UNDEF, np.nan, frame.bid_px_01))  # float64
+    promoted["ts_event"] += pd.Timedelta(days=1)
+    pq.write_table(pa.Table.from_pandas(promoted, preserve_index=False), tmp_path / "day3.parquet")
+    src = open_source(str(tmp_path / "*.parquet"), timestamp="ts_event", dtype="float64", scale={"*_px_*": 1e-9},
+                      missing=[UNDEF], nan="fill", fill_value=-1.0)
+    got = src.array.compute()[:, src.columns.index("bid_px_01")]
+    deep = np.concatenate([frame.bid_px_01.to_numpy(), frame.bid_px_01.to_numpy()])
+    np.testing.assert_array_equal(got, np.where(deep == UNDEF, -1.0, deep / 1e9))
+    dollars = frame.assign(bid_px_00=frame.bid_px_00 / 1e9)
     dollars["ts_event"] += pd.Timedelta(days=1)
     pq.write_table(pa.Table.from_pandas(dollars, preserve_index=False), tmp_path / "day3.parquet")
-    with pytest.raises(LoaderError, match=r"day3.parquet.*(stored in floating point|fixed-point)"):
+    with pytest.raises(LoaderError, match=r"day3.parquet: column 'bid_px_00' holds double values with fractions, "
+                       r"but source.scale gives it a factor of 1e-09"):
         open_source(str(tmp_path / "*.parquet"), timestamp="ts_event", dtype="float64", scale={"*_px_*": 1e-9},
-                    missing=[UNDEF], nan="fill")
+                    missing=[UNDEF], nan="fill").array.compute()
+
+
+def test_patterns_match_the_files_own_names_of_renamed_columns(tmp_path):
+    frame = mbp(tmp_path / "day2.parquet", 2)
+    src = open_source(str(tmp_path / "*.parquet"), timestamp="ts_event", dtype="float64",
+                      rename={"bid_price_1": "bid_px_00", "ask_price_1": "ask_px_00"}, scale={"*_px_*": 1e-9},
+                      missing={"*_px_*": [UNDEF]}, nan="fill")
+    got = src.array.compute()
+    np.testing.assert_array_equal(got[:, src.columns.index("bid_price_1")], frame.bid_px_00.to_numpy() / 1e9)
+    np.testing.assert_array_equal(got[:, src.columns.index("bid_px_01")],
+                                  np.where(frame.bid_px_01 == UNDEF, 0.0, frame.bid_px_01 / 1e9))
 
 
 def test_csv_integers_in_ten_thousandths_are_scaled_and_a_decimal_csv_column_refused(tmp_path):

@@ -111,6 +111,9 @@ def test_a_store_another_tool_wrote_is_described_as_such_and_verify_decodes_ever
     assert result.returncode == 0 and result.stdout.rstrip().endswith(
         "verify: no checksums recorded (a store pipeline did not write): every chunk decodes")
     assert {p: p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()} == before  # read only
+    with pytest.raises(StoreError, match=r"--plot draws the windows, features and labels of a store pipeline "
+                       "wrote; this one another tool wrote"):
+        plot_store(path, str(tmp_path / "p.png"))
     chunk = path.joinpath(*prefix.split("/")[:-1], "x", *(["c", "2", "0"] if fmt == 3 else ["2.0"]))
     data = bytearray(chunk.read_bytes())
     data[10:30] = b"\xff" * 20
