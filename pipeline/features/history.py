@@ -232,11 +232,6 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
         mine = np.flatnonzero(stored.instrument == code)
         if mine.size:
             end = int(last[mine].max())
-            if int(first_ns[k]) < end:  # what a build of every file refuses as files out of time order
-                raise WindowError(f"append: {label} starts at {np.datetime64(int(first_ns[k]), 'ns')}, before the "
-                                  f"stored data of its instrument ends ({np.datetime64(end, 'ns')}): a day supplied "
-                                  "twice, or data overlapping the stored sessions; new data must start after every "
-                                  "stored session, or rebuild with --rebuild")
             joins = (mode == "date" and int(new_days[k]) == int(calendar_days(np.array([end]), tz)[0])) or (
                 mode == "gap" and int(first_ns[k]) - end <= gap_ns)
             if joins:
@@ -247,4 +242,10 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
             raise WindowError(f"append: {label} (from {np.datetime64(int(first_ns[k]), 'ns')}) falls before or among "
                               "the stored sessions; new data must come after every stored session, or rebuild with "
                               "--rebuild")
+        if mine.size and int(first_ns[k]) < int(last[mine].max()):  # what a build refuses as files out of order
+            end = int(last[mine].max())
+            raise WindowError(f"append: {label} starts at {np.datetime64(int(first_ns[k]), 'ns')}, before the "
+                              f"stored data of its instrument ends ({np.datetime64(end, 'ns')}): a day supplied "
+                              "twice, or data overlapping the stored sessions; new data must start after every "
+                              "stored session, or rebuild with --rebuild")
     return top + 1 + np.unique(new, axis=0, return_inverse=True)[1].reshape(-1)
