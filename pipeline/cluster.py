@@ -19,7 +19,7 @@ import ssl
 import sys
 import threading
 import time
-from typing import IO, TYPE_CHECKING, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
 from pipeline.errors import ClusterError, ConfigError
 
@@ -296,27 +296,8 @@ def cluster(
         Registered as the default scheduler for dask computations in the block.
     """
     with contextlib.ExitStack() as settings:
-        if address is None and scheduler_file is None and processes:
-            import importlib
-
-            import dask
-
-            # distributed's defaults first: leaving the block restores the value they set.
-            importlib.import_module("distributed")
-            # For the cluster's whole life: a worker that dies is restarted the same way.
-            settings.enter_context(dask.config.set({_METHOD_KEY: _start_method()}))
-            # distributed's nannies set their pre-spawn variables in this process's own
-            # environment before each worker starts, and leave them there: restored once
-            # the cluster is closed, so that the caller's later subprocesses do not get them.
-            names = (dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {}).keys()
-            settings.callback(_restore_environ, {k: os.environ.get(k) for k in names})
-            settings.enter_context(_main_file_hidden())
         if address is None and scheduler_file is None:
-            settings.enter_context(_local_settings())
-            from pipeline.workerlog import quiet_cancelled_feeds
-
-            # The scheduler logs here: a progress bar's feed cancelled at close is not an error.
-            settings.enter_context(quiet_cancelled_feeds())
+            _enter_local_settings(settings, processes)
         client, local, later = _connect(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file,
                                  preload=preload if processes else None, log=log, n_workers=n_workers,
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,
@@ -337,12 +318,7 @@ def cluster(
         watch = contextlib.ExitStack()
         try:
             if log is not None:
-                kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"
-                n = len(client.scheduler_info().get("workers", {}))
-                print(f"cluster: {kind} with {n} workers", file=log)
-                link = dashboard_link(client)
-                if link:
-                    print(f"dashboard: {link}", file=log)
+                _announce(client, local, log)
             if log is not None and paused_after is not None:
                 from pipeline.workerlog import PausedWorkersWatch
 
@@ -353,6 +329,40 @@ def cluster(
             client.close()
             if local is not None:
                 local.close()
+
+
+def _enter_local_settings(settings: contextlib.ExitStack, processes: bool) -> None:
+    """The settings a LocalCluster runs under, entered on ``settings`` for its whole life."""
+    if processes:
+        import importlib
+
+        import dask
+
+        # distributed's defaults first: leaving the block restores the value they set.
+        importlib.import_module("distributed")
+        # For the cluster's whole life: a worker that dies is restarted the same way.
+        settings.enter_context(dask.config.set({_METHOD_KEY: _start_method()}))
+        # distributed's nannies set their pre-spawn variables in this process's own
+        # environment before each worker starts, and leave them there: restored once
+        # the cluster is closed, so that the caller's later subprocesses do not get them.
+        names = (dask.config.get("distributed.nanny.pre-spawn-environ", {}) or {}).keys()
+        settings.callback(_restore_environ, {k: os.environ.get(k) for k in names})
+        settings.enter_context(_main_file_hidden())
+    settings.enter_context(_local_settings())
+    from pipeline.workerlog import quiet_cancelled_feeds
+
+    # The scheduler logs here: a progress bar's feed cancelled at close is not an error.
+    settings.enter_context(quiet_cancelled_feeds())
+
+
+def _announce(client: Any, local: Any, log: IO[str]) -> None:
+    """The cluster's kind, its workers and its dashboard's address, on ``log``."""
+    kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"
+    n = len(client.scheduler_info().get("workers", {}))
+    print(f"cluster: {kind} with {n} workers", file=log)
+    link = dashboard_link(client)
+    if link:
+        print(f"dashboard: {link}", file=log)
 
 
 @contextlib.contextmanager
