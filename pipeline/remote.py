@@ -1,0 +1,445 @@
+"""Reaching a remote dask scheduler: what is checked before a ``Client`` starts.
+
+The address's syntax and the TLS files are :class:`~pipeline.errors.ConfigError`\ s naming
+the key; a scheduler file is waited for up to the connect timeout; then a probe connects
+and asks the scheduler who it is, every step bounded by the timeout (distributed reads
+the handshake with none: the dashboard's port, or a proxy, hung a run), and a failure is
+one :class:`~pipeline.errors.ClusterError` naming the address and the likely cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import ssl
+import threading
+import time
+from typing import IO, Iterator, Sequence
+
+from pipeline.errors import ClusterError, ConfigError
+
+__all__ = [
+    "DASHBOARD_PORT",
+    "SCHEDULER_PORT",
+    "check_address",
+    "check_tls_files",
+    "connect_remote",
+    "scheduler_file_address",
+]
+
+
+#: The port ``dask scheduler`` listens on unless told otherwise, and its dashboard's.
+SCHEDULER_PORT = 8786
+DASHBOARD_PORT = 8787
+
+#: The config keys of the TLS files, in the order ``cluster()`` takes them.
+_TLS_KEYS = ("cluster.tls_ca_file", "cluster.tls_cert_file", "cluster.tls_key_file")
+
+
+def _host_of(loc: str) -> str:
+    """The host of ``host:port/path`` (``[v6]:port`` too), for a hint; ``HOST`` if none."""
+    hostport = loc.split("/", 1)[0]
+    if hostport.startswith("["):
+        return hostport.partition("]")[0] + "]"
+    return hostport.rpartition(":")[0] if ":" in hostport else (hostport or "HOST")
+
+
+def _scheme_problem(scheme: str) -> str | None:
+    """Why distributed cannot connect to a scheduler through ``scheme`` from here, or
+    ``None`` when it can."""
+    from distributed.comm import registry
+
+    try:
+        backend = registry.get_backend(scheme)
+    except ValueError:
+        return f"unknown scheme {scheme}://"
+    if scheme == "ucx":
+        return "distributed no longer supports ucx:// (the distributed-ucxx package adds UCX back)"
+    try:
+        # A registered scheme may still be unusable: ucx://'s connector, for one, is an
+        # abstract class since distributed removed it.
+        backend.get_connector()
+    except Exception as exc:  # noqa: BLE001 - any failure means: not usable here
+        return f"distributed cannot connect through {scheme}:// here ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+    return None
+
+
+def check_address(address: object, *, key: str = "cluster.address") -> str:
+    """``address`` when distributed can connect to it from here, else a ConfigError
+    naming ``key``; nothing is contacted.
+
+    distributed answers an ``http://`` URL (the dashboard's, as ``dask scheduler``
+    prints it) or an address without a port with a traceback from inside it, a port
+    above 65535 with 30 s of retries, and ``ucx://`` (removed from distributed) with an
+    error about abstract classes.
+
+    Parameters
+    ----------
+    address
+        A scheduler address: ``tcp://host:port``, ``tls://host:port`` (also ``ws://``,
+        ``wss://``); ``host:port`` means ``tcp://``, as for distributed.
+    key
+        The config key the address came from, named by the error.
+
+    Returns
+    -------
+    str
+        ``address``, unchanged.
+    """
+    expected = f"a scheduler address such as tcp://host:{SCHEDULER_PORT}"
+    if not isinstance(address, str) or not address.strip():
+        raise ConfigError(key, expected, address)
+    scheme, sep, loc = address.partition("://")
+    if not sep:
+        scheme, loc = "tcp", address  # distributed's default scheme
+    host = _host_of(loc)
+    if scheme.lower() in ("http", "https"):
+        raise ConfigError(key, expected, address, detail=(
+            f"{address!r} is a web address (the dashboard's, on port {DASHBOARD_PORT} by default), not the "
+            f"scheduler's: that is tcp://{host}:{SCHEDULER_PORT} by default ('Scheduler at:' in dask scheduler's log)"))
+    if scheme == "inproc":  # a scheduler in this process (a LocalCluster of threads): no host or port
+        return address
+    problem = _scheme_problem(scheme)
+    if problem is not None:
+        raise ConfigError(key, expected, address, detail=(
+            f"{address!r}: {problem}; expected tcp://host:port or tls://host:port"))
+    from distributed.comm.addressing import parse_host_port
+
+    try:
+        host, port = parse_host_port(loc)
+    except ValueError as exc:
+        if "missing port" in str(exc):
+            raise ConfigError(key, expected, address, detail=(
+                f"{address!r} has no port: a scheduler listens on {scheme}://{host}:{SCHEDULER_PORT} by default"
+            )) from None
+        raise ConfigError(key, expected, address, detail=(
+            f"{address!r} is not {scheme}://host:port (a port is a number; an IPv6 host goes in brackets, "
+            f"[::1])")) from None
+    if not host:
+        raise ConfigError(key, expected, address, detail=f"{address!r} has no host: expected {scheme}://host:{port}")
+    if not 1 <= port <= 65535:
+        raise ConfigError(key, expected, address, detail=f"{address!r}: port {port} is out of range (1-65535)")
+    return address
+
+
+def check_tls_files(ca_file: str | None, cert_file: str | None, key_file: str | None) -> None:
+    """Raise a ConfigError naming the key and the path of a TLS file that is missing,
+    unreadable, or not what it should be; nothing is contacted.
+
+    distributed reads the files only when it connects, and said "[Errno 2] No such file
+    or directory" naming neither the file nor the key.
+    """
+    import ssl
+
+    for key, path in zip(_TLS_KEYS, (ca_file, cert_file, key_file)):
+        if path is None:
+            continue
+        if not os.path.exists(path):
+            raise ConfigError(key, "a PEM file", path, detail=f"{path}: no such file")
+        if os.path.isdir(path):
+            raise ConfigError(key, "a PEM file", path, detail=f"{path}: a folder, not a PEM file")
+        if not os.access(path, os.R_OK):
+            raise ConfigError(key, "a PEM file", path, detail=f"{path}: cannot be read (permission denied)")
+    ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH)
+    if ca_file is not None:
+        try:
+            ctx.load_verify_locations(cafile=ca_file)
+        except ssl.SSLError as exc:
+            raise ConfigError(_TLS_KEYS[0], "a PEM file", ca_file, detail=(
+                f"{ca_file}: not a PEM CA certificate ({exc.reason or exc})")) from None
+    if cert_file is not None:
+        try:
+            # An empty password instead of OpenSSL's prompt on the terminal: distributed
+            # has no way to pass one, so an encrypted key could never be used.
+            ctx.load_cert_chain(cert_file, key_file, password=lambda: b"")
+        except ssl.SSLError as exc:
+            raise ConfigError(_TLS_KEYS[1], "a PEM file", cert_file, detail=(
+                f"{cert_file} with cluster.tls_key_file {key_file}: cannot load this certificate and its "
+                f"unencrypted private key ({exc.reason or exc})")) from None
+
+
+def scheduler_file_address(path: str, *, timeout: float, log: IO[str] | None = None) -> str:
+    """The address in a scheduler file, waiting up to ``timeout`` seconds for a
+    scheduler that is starting to write it (saying so on ``log``).
+
+    distributed's Client waited for a missing file forever, without a word: a typo in
+    ``cluster.scheduler_file`` hung ``pipeline run``. The file may be missing for a
+    moment, though, when the scheduler and the run are started together.
+    """
+    key = "cluster.scheduler_file"
+    expected = "the file dask scheduler --scheduler-file writes"
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError(key, expected, path, detail=(
+            f"{path}: no such file, and no folder {folder} for a scheduler to write it in"))
+    deadline = time.monotonic() + timeout
+    said = False
+    while True:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+        except FileNotFoundError:
+            problem = "no such file"
+        except IsADirectoryError:
+            raise ConfigError(key, expected, path, detail=f"{path}: a folder, not a scheduler file") from None
+        except PermissionError:
+            raise ConfigError(key, expected, path, detail=f"{path}: cannot be read (permission denied)") from None
+        except ValueError:  # not JSON (yet: the scheduler writes the file in place)
+            problem = 'not a scheduler file (expected JSON with an "address")'
+        else:
+            address = data.get("address") if isinstance(data, dict) else None
+            if isinstance(address, str):
+                return address
+            problem = 'not a scheduler file (expected JSON with an "address")'
+        if time.monotonic() >= deadline:
+            hint = (f" (waited {timeout:g} s for a scheduler to write it: is the path right, and does the scheduler "
+                    f"run with --scheduler-file {path}?)" if problem == "no such file" else "")
+            raise ConfigError(key, expected, path, detail=f"{path}: {problem}{hint}")
+        if not said and log is not None and problem == "no such file":
+            print(f"cluster: waiting up to {timeout:g} s for a scheduler to write {path} (cluster.scheduler_file)",
+                  file=log, flush=True)
+            said = True
+        time.sleep(0.05)
+
+
+class _NoScheduler(Exception):
+    """Why a probe of a scheduler address failed: the step and the exception."""
+
+    def __init__(self, step: str, exc: BaseException | None, *, tcp_open: bool | None = None,
+                 kind: str | None = None):
+        super().__init__(step)
+        self.step, self.exc, self.tcp_open, self.kind = step, exc, tcp_open, kind
+
+
+def _causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from or during, and the OS or SSL error
+    that closed a tornado stream (its ``real_error``: where a TLS alert is told)."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        exc = todo.pop(0)
+        if exc is None or id(exc) in seen:
+            continue
+        seen.add(id(exc))
+        yield exc
+        real = getattr(exc, "real_error", None)
+        todo += [exc.__cause__ or exc.__context__, real if isinstance(real, BaseException) else None]
+
+
+async def _tcp_open(host: str, port: int, timeout: float) -> bool:
+    """Whether a plain TCP connection to ``host:port`` opens within ``timeout``."""
+    try:
+        _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), timeout)
+    except (OSError, asyncio.TimeoutError):
+        return False
+    writer.close()
+    return True
+
+
+async def _identity(address: str, connection_args: dict[str, object], timeout: float) -> dict[str, object]:
+    """Connect to ``address`` as distributed does, with every step (the connection, the
+    TLS and dask handshakes, the identity request) bounded by one deadline, and return
+    the server's identity; raise :class:`_NoScheduler` on failure.
+
+    distributed's own ``connect`` retries only the connection within its timeout and
+    then waits for the peer's handshake without one: a server that accepts and never
+    answers (the dashboard's port) hung ``Client()`` forever, and one that answers
+    garbage (an HTTP proxy) made it allocate the "frame" its first 8 bytes announced.
+    """
+    from distributed.comm import registry
+    from distributed.comm.addressing import parse_address, parse_host_port
+    from distributed.comm.core import FatalCommClosedError
+
+    scheme, loc = parse_address(address)
+    connector = registry.get_backend(scheme).get_connector()
+    deadline = time.monotonic() + timeout
+
+    def left() -> float:
+        return max(0.0, deadline - time.monotonic())
+
+    comm, last = None, None
+    while comm is None:
+        try:
+            # Retried until the deadline, as distributed does: a scheduler may be starting.
+            comm = await asyncio.wait_for(connector.connect(loc, deserialize=True, **connection_args), left())
+        except Exception as exc:  # noqa: BLE001 - tornado's ValueError "IOStream is not idle" too
+            # The last attempt, cut short by the deadline, would hide why the others failed.
+            if last is None or not isinstance(exc, asyncio.TimeoutError):
+                last = exc
+            # Only a refused or timed-out connection is worth another try: a TLS refusal
+            # (FatalCommClosedError) and anything stranger are final.
+            retry = isinstance(exc, (asyncio.TimeoutError, OSError)) and not isinstance(exc, FatalCommClosedError)
+            if not retry or not left():
+                encrypted = getattr(connector, "encrypted", False)
+                # Over TLS, whether the port takes plain TCP tells "not a TLS server" apart.
+                open_ = await _tcp_open(*parse_host_port(loc), 1.0) if encrypted else None
+                raise _NoScheduler("connect", last, tcp_open=open_) from None
+            await asyncio.sleep(min(0.05, left()))
+    step = "handshake"
+    try:
+        local = comm.handshake_info()
+        await asyncio.wait_for(comm.write(local), left())
+        remote = await asyncio.wait_for(comm.read(), left())
+        step = "protocol"
+        if not isinstance(remote, dict):
+            raise TypeError(f"a handshake of type {type(remote).__name__}")
+        comm.remote_info = {**remote, "address": comm.peer_address}
+        comm.local_info = {**local, "address": comm.local_address}
+        comm.handshake_options = comm.handshake_configuration(comm.local_info, comm.remote_info)
+        step = "identity"
+        await asyncio.wait_for(comm.write({"op": "identity", "reply": True}), left())
+        reply = await asyncio.wait_for(comm.read(), left())
+    except Exception as exc:  # noqa: BLE001 - MemoryError included: garbage read as a frame length
+        if step == "handshake" and not isinstance(exc, (asyncio.TimeoutError, OSError)):
+            step = "protocol"
+        raise _NoScheduler(step, exc) from None
+    finally:
+        comm.abort()
+    if not isinstance(reply, dict):
+        raise _NoScheduler("protocol", TypeError(f"an identity of type {type(reply).__name__}"))
+    if reply.get("type") in ("Worker", "Nanny"):
+        raise _NoScheduler("identity", None, kind=str(reply["type"]))
+    return reply
+
+
+def _explain(address: str, origin: str, failure: _NoScheduler, timeout: float) -> str:
+    """One line saying why no scheduler answered at ``address``, and the likely cause."""
+    from distributed.comm.addressing import parse_address
+
+    scheme, loc = parse_address(address)
+    at = f"{address}{origin}"
+    exc = failure.exc
+    causes = list(_causes(exc))
+    ssl_errors = [c for c in causes if isinstance(c, ssl.SSLError)]
+    if failure.kind is not None:
+        return (f"{at} is a dask {failure.kind.lower()}, not the scheduler: a worker's log names its scheduler "
+                f"('Registered to: ...'); a scheduler listens on port {SCHEDULER_PORT} by default")
+    # The scheduler's alert for a client certificate it refuses comes in the handshake
+    # under TLS 1.2, and with the first read after it under TLS 1.3.
+    alert = next((c.reason for c in ssl_errors if c.reason and "ALERT" in c.reason), None)
+    if alert is not None:
+        return (f"cannot reach {at}: the scheduler refused the TLS handshake ({alert}): cluster.tls_cert_file "
+                f"must be signed by a CA the scheduler trusts")
+    if failure.step == "connect":
+        if any(isinstance(c, ConnectionRefusedError) for c in causes):
+            return (f"nothing listens at {at} (connection refused for {timeout:g} s): is the scheduler running, "
+                    f"on that host and port? (it listens on {SCHEDULER_PORT} by default)")
+        if any(isinstance(c, socket.gaierror) for c in causes):
+            return f"cannot reach {at}: the host {_host_of(loc)!r} is not known"
+        if any(isinstance(c, ssl.SSLCertVerificationError) for c in causes):
+            reason = next(c for c in causes if isinstance(c, ssl.SSLCertVerificationError)).verify_message
+            return (f"cannot reach {at}: this client does not trust the scheduler's certificate ({reason}): "
+                    f"cluster.tls_ca_file must be the CA that signed it")
+        if failure.tcp_open:
+            return (f"cannot reach {at}: the scheduler did not complete a TLS handshake (is it a tcp:// scheduler? "
+                    f"then its address is tcp://{loc})")
+        if isinstance(exc, asyncio.TimeoutError) or failure.tcp_open is False:
+            return (f"cannot reach {at}: no answer within {timeout:g} s (is the host up, and the port open to "
+                    f"this machine?)")
+        return f"cannot reach {at}: {_reason(causes)}"
+    hint = f"is it the dashboard's port? the scheduler listens on {SCHEDULER_PORT} by default"
+    if failure.step == "handshake" and isinstance(exc, asyncio.TimeoutError):
+        return (f"no dask scheduler answered at {at} within {timeout:g} s: the connection opened, but nothing "
+                f"answered ({hint})")
+    if failure.step == "handshake" and scheme in ("tls", "wss"):
+        # Closed once the TLS handshake was done: under TLS 1.3 a scheduler checks the
+        # client's certificate then, and its alert may be lost with the connection.
+        return (f"cannot reach {at}: the scheduler closed the connection after the TLS handshake, as it does for a "
+                f"client certificate it does not trust: cluster.tls_cert_file must be signed by a CA the scheduler "
+                f"trusts")
+    if failure.step == "handshake":  # closed on us without a word
+        tls = (f"is it a tls:// scheduler? then use tls://{loc} with the cluster.tls_* files; or "
+               if scheme == "tcp" else "")
+        return f"no dask scheduler answered at {at}: the connection was closed without a dask handshake ({tls}{hint})"
+    if failure.step == "protocol":
+        if isinstance(exc, ValueError) and "versions" in str(exc):
+            return f"the dask scheduler at {at} runs another version: {exc}"
+        return (f"no dask scheduler answered at {at}: something answered, but not in dask's protocol (a web server "
+                f"or proxy? {hint})")
+    if isinstance(exc, asyncio.TimeoutError):
+        return f"the dask scheduler at {at} did not answer its identity request within {timeout:g} s"
+    return f"the dask scheduler at {at} did not answer its identity request: {_reason(causes)}"
+
+
+def _reason(causes: Sequence[BaseException]) -> str:
+    """``Type: message`` of the first exception in ``causes`` that has a message
+    (distributed raises some, a TLS failure for one, without any)."""
+    told = next((c for c in causes if str(c)), causes[0] if causes else None)
+    return "no reason given" if told is None else f"{type(told).__name__}: {told}".rstrip(": ")
+
+
+def _probe(address: str, connection_args: dict[str, object], timeout: float, origin: str = "") -> None:
+    """Raise a one-line ClusterError unless a dask scheduler answers at ``address``
+    within ``timeout`` seconds.
+
+    Runs its own event loop, in a thread of its own, so that it works where the caller
+    already runs one (a notebook).
+    """
+    outcome: list[BaseException | None] = []
+
+    def ask() -> None:
+        try:
+            asyncio.run(_identity(address, connection_args, timeout))
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=ask, name="pipeline-scheduler-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 5)  # every step is bounded; the margin is for the TCP check and the loop's close
+    if not outcome:
+        raise ClusterError(f"no dask scheduler answered at {address}{origin} within {timeout:g} s")
+    exc = outcome[0]
+    if isinstance(exc, _NoScheduler):
+        raise ClusterError(_explain(address, origin, exc, timeout)) from None
+    if exc is not None:
+        raise ClusterError(f"cannot reach {address}{origin}: {type(exc).__name__}: {exc}") from exc
+
+
+def _needs_tls_files(where: str, why: str) -> ClusterError:
+    return ClusterError(
+        f"cannot reach {where}: a tls:// scheduler needs cluster.tls_ca_file, "
+        f"cluster.tls_cert_file and cluster.tls_key_file (all three): {why}"
+    )
+
+
+def connect_remote(address: str | None, scheduler_file: str | None, timeout: float, tls_ca_file: str | None,
+            tls_cert_file: str | None, tls_key_file: str | None, log: IO[str] | None) -> "distributed.Client":
+    """A client of the remote scheduler at ``address`` (or in ``scheduler_file``), once
+    the address, the TLS files and a probe of the scheduler found nothing wrong."""
+    from distributed import Client
+    from distributed.security import Security
+
+    check_tls_files(tls_ca_file, tls_cert_file, tls_key_file)
+    if address is None:
+        address = scheduler_file_address(scheduler_file, timeout=timeout, log=log)  # type: ignore[arg-type]
+        key, origin = "cluster.scheduler_file", f" (from cluster.scheduler_file {scheduler_file})"
+    else:
+        key, origin = "cluster.address", ""
+    check_address(address, key=key)
+    security = None
+    if tls_ca_file or tls_cert_file or tls_key_file:
+        security = Security(tls_ca_file=tls_ca_file, tls_client_cert=tls_cert_file, tls_client_key=tls_key_file,
+                            require_encryption=True)
+    scheme = address.partition("://")[0] if "://" in address else "tcp"
+    if security is not None and scheme in ("tcp", "ws"):
+        raise ConfigError(key, "a tls:// address", address, detail=(
+            f"{address!r} is unencrypted, but cluster.tls_* files are set, which make every connection "
+            f"encrypted: a TLS scheduler's address is tls://{address.partition('://')[2] or address}"))
+    # Without an SSL context distributed raises a bare TypeError for tls:// and leaves
+    # the half-started Client behind. When the garbage collector later finalizes it
+    # inside the IO-loop thread of the next Client being started, its close() waits for
+    # the lock that Client's starter holds, and that next Client fails after 10 s. So
+    # check first, by distributed's own rule (the dask config may hold the TLS files
+    # too), and never start that Client.
+    args = (security if security is not None else Security()).get_connection_args("client")
+    if scheme in ("tls", "wss") and args["ssl_context"] is None:
+        raise _needs_tls_files(f"{address}{origin}", "no CA file and certificate to build an SSL context from")
+    if scheme != "inproc":  # in this process: neither a dashboard's port nor a proxy can be there
+        _probe(address, args, timeout, origin)
+    try:
+        return Client(address, timeout=timeout, security=security)
+    except Exception as exc:  # noqa: BLE001 - the scheduler answered the probe a moment ago
+        raise ClusterError(f"cannot reach {address}{origin}: {type(exc).__name__}: {exc}") from exc
