@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -189,13 +190,33 @@ def test_local_workers_share_one_heap_between_threads():
 
 
 def _poll(condition, timeout: float) -> bool:
-    """Whether ``condition()`` holds within ``timeout`` seconds (looked at every 50 ms)."""
-    deadline = time.monotonic() + timeout
+    """Whether ``condition()`` holds within ``timeout`` seconds: a worker's status lives in
+    the scheduler's memory, with no file or event to wait on, so it is looked at every
+    50 ms (the test's deadline is the bound, not the interval)."""
+    deadline, tick = time.monotonic() + timeout, threading.Event()
     while not condition():
         if time.monotonic() > deadline:
             return False
-        time.sleep(0.05)
+        tick.wait(0.05)
     return True
+
+
+class _Log(io.StringIO):
+    """A log that wakes whoever waits for what is written to it."""
+
+    def __init__(self):
+        super().__init__()
+        self.written = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self.written:
+            n = super().write(text)
+            self.written.notify_all()
+            return n
+
+    def wait_for(self, condition, timeout: float) -> bool:
+        with self.written:
+            return self.written.wait_for(condition, timeout)
 
 
 def test_workers_paused_at_their_memory_limit_are_named_once():
@@ -206,14 +227,15 @@ def test_workers_paused_at_their_memory_limit_are_named_once():
     process at its limit."""
     import dask
 
-    log, limit = io.StringIO(), 64 * 2**20
+    log, limit = _Log(), 64 * 2**20
     with cluster(n_workers=1, processes=False, memory_limit=limit, dashboard_address=None, log=log,
                  paused_after=0.5) as client:
         (address,) = client.scheduler_info()["workers"]
         assert _poll(lambda: client.scheduler_info()["workers"][address]["status"] == "paused", 10)
         future = client.submit(sum, [1, 2])
-        assert _poll(lambda: "paused at the memory limit" in log.getvalue(), 10), log.getvalue()
-        time.sleep(1.5)  # still paused, the task still waiting: no second warning
+        assert log.wait_for(lambda: "paused at the memory limit" in log.getvalue(), 10), log.getvalue()
+        # Still paused, the task still waiting: no second warning.
+        assert not log.wait_for(lambda: log.getvalue().count("paused at the memory limit") > 1, 1.5)
         client.run(lambda dask_worker: setattr(dask_worker.memory_manager, "memory_limit", 2**40))
         assert future.result(timeout=10) == 3  # resumed: the warning stopped nothing
     (line,) = [x for x in log.getvalue().splitlines() if "paused" in x]
@@ -226,10 +248,10 @@ def test_workers_paused_at_their_memory_limit_are_named_once():
 
 
 def test_a_scheduler_without_workers_is_named():
-    log = io.StringIO()
+    log = _Log()
     with cluster(n_workers=0, processes=False, dashboard_address=None, log=log, paused_after=0.5) as client:
         future = client.submit(sum, [1, 2])  # held: a released future waits for nothing
-        assert _poll(lambda: "no workers" in log.getvalue(), 10), log.getvalue()
+        assert log.wait_for(lambda: "no workers" in log.getvalue(), 10), log.getvalue()
         assert re.search(rf"cluster: the scheduler {re.escape(client.scheduler.address)} has had no workers for \d+ s "
                          r"while tasks wait", log.getvalue()), log.getvalue()
         assert future.status == "pending"
