@@ -112,11 +112,15 @@ def _what_changed(config: Config) -> str:
 
 
 def _check_table_source(src: Any) -> None:
-    """Refuse, before the cluster starts, a source whose format (given, or every path's
-    suffix) is an array format: features and labels name table columns."""
+    """Refuse, before the cluster starts, local paths that match no file, and a source
+    whose format (given, or every path's suffix) is an array format: features and labels
+    name table columns. (Remote paths are listed once, when the source opens.)"""
+    from pipeline.loaders import expand_paths
     from pipeline.loaders.registry import TABLES, format_of
 
     paths = (src.paths,) if isinstance(src.paths, str) else tuple(src.paths)
+    if not any("://" in str(p) for p in paths):
+        expand_paths(src.paths)  # a glob that matches nothing is named now, not once connected
     try:
         formats = {format_of(str(p), src.format) for p in paths}
     except PipelineError:  # no suffix to go by (a directory, a URL): the files will tell

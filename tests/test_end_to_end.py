@@ -110,11 +110,11 @@ def test_a_run_into_a_directory_that_is_not_a_store_is_refused_before_the_cluste
     assert [p.name for p in victim.iterdir()] == ["thesis.txt"]
 
 
-def test_a_run_over_array_files_is_refused_before_the_cluster_starts(tmp_path, monkeypatch):
+def test_a_run_over_array_files_or_no_files_is_refused_before_the_cluster_starts(tmp_path, monkeypatch):
     """Features and labels name table columns: npy files got "column '0' is not in the
     source (columns: )" after the cluster had started."""
     import pipeline.cluster
-    from pipeline.errors import ConfigError
+    from pipeline.errors import ConfigError, EmptyInputError
 
     monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
     (tmp_path / "raw").mkdir()
@@ -125,6 +125,9 @@ def test_a_run_over_array_files_is_refused_before_the_cluster_starts(tmp_path, m
     with pytest.raises(ConfigError, match=r"source.paths: expected tables with named columns .*Python API.*\(npy\)"):
         run(parse_config(cfg), log=None, progress=False)
     assert not (tmp_path / "out.zarr").exists()
+    cfg["source"]["paths"] = str(tmp_path / "raw" / "*.parquet")  # a glob that matches nothing: named at once
+    with pytest.raises(EmptyInputError, match=r"raw/\*\.parquet: matched no file"):
+        run(parse_config(cfg), log=None, progress=False)
 
 
 def test_a_run_into_a_zip_path_holding_another_file_is_refused_before_the_cluster_starts(raw_dir, tmp_path,
