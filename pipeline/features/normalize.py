@@ -152,7 +152,9 @@ def _trailing(segments: SegmentTable, moments: Sequence[Any], sessions: int, wid
 class RowScaler:
     """A build's z-score as a function of rows: ``scaler(rows, first)`` z-scores rows
     ``first, first + 1, ...`` of the features, with one mean and std (``global``) or
-    the ones of each row's segment (``trailing``: ``stops`` are the segments' ends).
+    the ones of each row's segment (``trailing``: ``stops`` are the segments' ends),
+    in the rows' precision (float64 rows with float64 statistics, float32 rows with
+    float32 ones); the result is float32, as windows are stored.
 
     The one definition of the arithmetic, for the features as a dask array
     (:func:`apply_normalization`) and for the rows a block of windows reads, scaled
@@ -164,11 +166,20 @@ class RowScaler:
     stops: np.ndarray | None = None
 
     def __call__(self, rows: np.ndarray, first: int) -> np.ndarray:
+        mean, std = _in_dtype_of(rows, self.mean), _in_dtype_of(rows, self.std)
         if self.stops is None:
-            return ((rows - self.mean) / self.std).astype(np.float32)
+            return ((rows - mean) / std).astype(np.float32)
         seg = np.searchsorted(self.stops, np.arange(first, first + rows.shape[0]), side="right")
         seg = np.minimum(seg, len(self.stops) - 1)
-        return ((rows - self.mean[seg]) / self.std[seg]).astype(np.float32)
+        return ((rows - mean[seg]) / std[seg]).astype(np.float32)
+
+
+def _in_dtype_of(rows: np.ndarray, stats: np.ndarray) -> np.ndarray:
+    """``stats`` (float64, as fitted and stored) in the dtype the rows are scaled in:
+    float64 for float64 features (``source.dtype: float64``), whose prices float32
+    would round (near 97,000 by up to 0.004, more than a 0.01-wide spread's std),
+    else float32, the arithmetic of float32 features, bit for bit as before."""
+    return stats if rows.dtype == np.float64 else stats.astype(np.float32)
 
 
 def row_scaler(spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> RowScaler | None:
@@ -177,8 +188,9 @@ def row_scaler(spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTabl
     ``none`` leaves the features as they are)."""
     if spec.kind not in ("global", "trailing"):
         return None
-    mean = np.asarray(stats["mean"]).astype(np.float32)
-    std = np.asarray(stats["std"]).astype(np.float32)
+    # Kept in float64: each call scales in its rows' dtype (:func:`_in_dtype_of`).
+    mean = np.asarray(stats["mean"], dtype=np.float64)
+    std = np.asarray(stats["std"], dtype=np.float64)
     return RowScaler(mean, std, np.asarray(segments.stops) if spec.kind == "trailing" else None)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dask.array as da
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -44,3 +45,25 @@ def test_window_and_no_normalization_have_no_row_scaler():
     table = SegmentTable.from_lengths([4])
     for value in ("window", "none"):
         assert row_scaler(NormalizeSpec.from_value(value, "normalize"), {}, table) is None
+
+
+@pytest.mark.parametrize("kind", ["global", "trailing"])
+def test_float64_features_are_scaled_with_float64_statistics_as_numpy(kind):
+    """source.dtype: float64 prices near 97,000 with a std of a few hundredths: the
+    statistics rounded to float32 moved the mean by up to 0.004, a tenth of a std."""
+    rng = np.random.default_rng(5)
+    lengths = [30, 25]
+    f = 97_123.45 + np.round(rng.standard_normal((55, 2)) * 3) * 0.01  # float64 ticks of 0.01
+    shape = (2,) if kind == "global" else (2, 2)
+    stats = {"mean": 97_123.45 + rng.standard_normal(shape) * 0.003, "std": rng.uniform(0.02, 0.04, shape)}
+    spec = NormalizeSpec.from_value("global" if kind == "global" else {"kind": "trailing", "sessions": 1}, "normalize")
+    table = SegmentTable.from_lengths(lengths)
+    mean, std = np.asarray(stats["mean"]), np.asarray(stats["std"])
+    if kind == "trailing":
+        seg = np.repeat(np.arange(2), lengths)
+        mean, std = mean[seg], std[seg]
+    expected = ((f - mean) / std).astype(np.float32)  # numpy, all in float64, stored as float32
+
+    whole = apply_normalization(da.from_array(f, chunks=(7, -1)), spec, stats, table).compute()
+    np.testing.assert_array_equal(whole, expected)
+    np.testing.assert_array_equal(row_scaler(spec, stats, table)(f[10:40], 10), expected[10:40])
