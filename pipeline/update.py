@@ -145,7 +145,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
         ``rows`` read and sessions ``added``.
     """
     from pipeline.features import build_training_set
-    from pipeline.features.history import continue_sessions, merge_attrs, prior_from_attrs
+    from pipeline.features.history import check_new_columns, continue_sessions, merge_attrs, prior_from_attrs
     from pipeline.features.sessions import SegmentTable
     from pipeline.features.splits import is_dated
     from pipeline.loaders.provenance import with_hashes
@@ -163,6 +163,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     so = src_cfg.storage_options or None
     source = open_segmented(files, sessions=spec, instrument=src_cfg.instrument, storage_options=so,
                             **source_kwargs)
+    check_new_columns(source.columns, [f.path for f in source.files], config.features.steps, config.labels)
     latest = versions_of(meta)[-1]
     stored = attrs_at(meta, latest)
     stored.pop("version", None)

@@ -318,3 +318,14 @@ def test_dates_of_sessions_and_splits_are_the_datas_own_zone_in_builds_and_appen
     train_t, test_t = ds["train"]["t"][:].astype(np.int64), ds["test"]["t"][:].astype(np.int64)
     assert train_t.max() < cut <= test_t.min()
     assert len(np.unique(ds["train"]["session"][:])) == 2 and len(np.unique(ds["test"]["session"][:])) == 2
+
+
+def test_a_new_day_without_a_column_a_feature_reads_is_refused_naming_the_file_column_and_feature(grown):
+    """The feature code named the column only; the new day's file and the feature are
+    named, before anything is written."""
+    path, moved = grown
+    for held, home in moved:
+        pq.write_table(pq.read_table(held).drop(["ask_size_1"]), home)
+    assert "ask_size_1" not in pq.read_schema(moved[0][1]).names
+    _refused(path, r"raw/AAA/2026-01-09\.parquet: append: this new file \(and the 1 other new file\(s\)\) has no "
+                   r"column 'ask_size_1', which feature 'imbalance' \(features\.steps\[2\]\) reads")

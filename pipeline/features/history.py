@@ -16,10 +16,11 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.errors import WindowError
+from pipeline.errors import MissingColumnError, WindowError
 from pipeline.features.sessions import SegmentTable, calendar_days
 
-__all__ = ["Prior", "continue_folds", "continue_sessions", "merge_attrs", "prior_from_attrs", "stored_segments"]
+__all__ = ["Prior", "check_new_columns", "continue_folds", "continue_sessions", "merge_attrs", "prior_from_attrs",
+           "stored_segments"]
 
 #: Attributes an append adds its new figures to, key by key.
 _SUMMED = ("window_counts", "nan_windows_dropped")
@@ -249,3 +250,41 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
                               "twice, or data overlapping the stored sessions; new data must start after every "
                               "stored session, or rebuild with --rebuild")
     return top + 1 + np.unique(new, axis=0, return_inverse=True)[1].reshape(-1)
+
+
+def check_new_columns(columns: Sequence[str], files: Sequence[str], features: Sequence[Any], label: Any) -> None:
+    """Refuse new files that lack a column the stored build's features or label read,
+    before anything is computed or written: the feature code would name the column only,
+    not the file that lacks it, nor which feature reads it.
+
+    Parameters
+    ----------
+    columns
+        The new files' columns (they share them: the loader checks each file).
+    files
+        The new files, named in the error.
+    features, label
+        The config's ``features.steps`` and ``labels`` (the stored build's: its
+        fingerprint covers them). A ``custom`` feature reads whatever columns it likes,
+        so it is not checked here.
+
+    Raises
+    ------
+    MissingColumnError
+        Naming the first new file (and how many more), the column, the feature
+        (``features.steps[i]``) or label that reads it, and the columns there are.
+    """
+    from pipeline.features.steps import columns_read
+
+    have = set(columns)
+    readers = [(f"feature {spec.name!r} (features.steps[{i}])", columns_read([spec]) or ())
+               for i, spec in enumerate(features)]
+    readers.append((f"label kind {label.kind!r} (labels)", tuple(label.required_columns)))
+    for who, needed in readers:
+        missing = [c for c in needed if c not in have]
+        if missing:
+            more = f" (and the {len(files) - 1} other new file(s))" if len(files) > 1 else ""
+            raise MissingColumnError(
+                files[0], f"append: this new file{more} has no column {missing[0]!r}, which {who} reads (its "
+                f"columns: {', '.join(columns)}); nothing was written. Give the new day the stored days' columns, "
+                "or rebuild with --rebuild")
