@@ -150,7 +150,7 @@ def _yaml_value(value: Any) -> str:
 
 def _spec_classes() -> dict[str, type]:
     """Key path -> the spec class its YAML value is parsed into."""
-    from pipeline.features.sessions import InstrumentSpec, SessionSpec
+    from pipeline.features.sessions import DateSpec, InstrumentSpec, SessionSpec
     from pipeline.features.specs import FeatureSpec, LabelSpec
     from pipeline.features.splits import FoldSpec, NormalizeSpec
     from pipeline.storage.codecs import CodecSpec
@@ -158,6 +158,7 @@ def _spec_classes() -> dict[str, type]:
     return {
         "source.sessions": SessionSpec,
         "source.instrument": InstrumentSpec,
+        "source.date": DateSpec,
         "features.steps": FeatureSpec,
         "features.normalize": NormalizeSpec,
         "labels": LabelSpec,

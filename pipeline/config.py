@@ -98,6 +98,9 @@ class SourceConfig:
     sessions: Any = None
     #: :class:`pipeline.features.sessions.InstrumentSpec` or ``None`` (one instrument).
     instrument: Any = None
+    #: :class:`pipeline.features.sessions.DateSpec` or ``None``: each file's date from its
+    #: path, for timestamps that are times of day (NASDAQ ITCH's ns since midnight).
+    date: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -346,6 +349,12 @@ def _instrument(value: Any, path: str) -> Any:
     return InstrumentSpec.from_value(value, path)
 
 
+def _date(value: Any, path: str) -> Any:
+    from pipeline.features.sessions import DateSpec
+
+    return DateSpec.from_value(value, path)
+
+
 def _rename(value: Any, path: str) -> dict[str, str | tuple[str, ...]]:
     """``{canonical: source}``, a value a source name or a list of alternatives (a vendor
     that renames a column from one day on): each file reads the first it has."""
@@ -439,7 +448,7 @@ def parse_config(data: Any) -> Config:
     sections = {
         "cluster": lambda v, p: _build(ClusterConfig, v, p),
         "source": lambda v, p: _build(SourceConfig, v, p, {"sessions": _sessions, "instrument": _instrument,
-                                                           "rename": _rename, "format": _format,
+                                                           "date": _date, "rename": _rename, "format": _format,
                                                            "scale": _scale, "missing": _missing}),
         "features": _features,
         "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),

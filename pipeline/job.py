@@ -86,6 +86,8 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
         kwargs.update(header=src.header, names=src.names)
     if src.rename:
         kwargs["rename"] = src.rename
+    if src.date is not None:
+        kwargs["date"] = src.date
     if src.scale or src.missing is not None:
         kwargs.update(scale=src.scale or None, missing=src.missing)
     if src.dtype != "float32":  # the tables' default; arrays (npy, HDF5) keep their own dtype without it

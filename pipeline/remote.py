@@ -1,6 +1,6 @@
 """Reaching a remote dask scheduler: what is checked before a ``Client`` starts.
 
-The address's syntax and the TLS files are :class:`~pipeline.errors.ConfigError`\ s naming
+The address's syntax and the TLS files are :class:`~pipeline.errors.ConfigError`\\ s naming
 the key; a scheduler file is waited for up to the connect timeout; then a probe connects
 and asks the scheduler who it is, every step bounded by the timeout (distributed reads
 the handshake with none: the dashboard's port, or a proxy, hung a run), and a failure is

@@ -222,12 +222,12 @@ def test_every_config_field_is_in_the_config_reference():
         for f in dataclasses.fields(cls):
             assert f"| `{section}.{f.name}` |" in page, f"{section}.{f.name}"
     # The specs parsed from YAML values, with their fields.
-    from pipeline.features.sessions import InstrumentSpec, SessionSpec
+    from pipeline.features.sessions import DateSpec, InstrumentSpec, SessionSpec
     from pipeline.features.specs import FEATURE_NAMES, FeatureSpec, LabelSpec
     from pipeline.features.splits import FoldSpec, NormalizeSpec
     from pipeline.storage.codecs import CodecSpec
 
-    for cls in (FeatureSpec, SessionSpec, InstrumentSpec, NormalizeSpec, FoldSpec, CodecSpec):
+    for cls in (FeatureSpec, SessionSpec, InstrumentSpec, DateSpec, NormalizeSpec, FoldSpec, CodecSpec):
         assert f"\n### {cls.__name__}\n" in page, cls.__name__
         for f in dataclasses.fields(cls):
             assert f"| `{f.name}` |" in page, f"{cls.__name__}.{f.name}"

@@ -260,3 +260,33 @@ def test_a_build_decodes_only_the_columns_its_features_and_label_read(raw_dir, s
     cfg = config_dict(wide, tmp_path / "dropped.zarr")
     cfg["source"]["nan"] = "drop"
     assert run(parse_config(cfg), log=None, progress=False).rows_read == 3 * (4000 - 10)
+
+
+def test_times_of_day_dated_by_file_name_build_the_store_of_whole_times(raw_dir, tmp_path):
+    """The demo's days as an ITCH-like feed would deliver them (nanoseconds since
+    midnight, the date only in an MMDDYYYY file name, which does not sort in time
+    order) build the same store as the files with whole timestamps."""
+    itch = tmp_path / "itch"
+    itch.mkdir()
+    for f in sorted(raw_dir.glob("*.parquet")):
+        t = pq.read_table(f)
+        ns = t.column("timestamp").cast(pa.int64()).to_numpy()
+        day = ns // (86_400 * 10**9) * (86_400 * 10**9)
+        name = str(np.datetime64(int(day[0]), "ns").astype("datetime64[D]")).replace("-", "")
+        t = t.set_column(t.schema.get_field_index("timestamp"), "timestamp", pa.array(ns - day))
+        pq.write_table(t, itch / f"{name[4:]}{name[:4]}.parquet")
+    stores = {}
+    for kind in ("whole", "itch"):
+        cfg = config_dict(raw_dir, tmp_path / f"{kind}.zarr")
+        first = sorted(raw_dir.glob("*.parquet"))[0].stem  # the first day: train; the rest: val
+        cfg["output"]["splits"] = {"train": {"until": str(np.datetime64(first) + 1)}, "val": {}}
+        if kind == "itch":
+            cfg["source"].update(paths=str(itch / "*.parquet"), date={"path": "itch/{date}.parquet",
+                                                                      "format": "%m%d%Y"})
+        run(parse_config(cfg), log=None, progress=False)
+        stores[kind] = pipeline.open(tmp_path / f"{kind}.zarr")
+    for split in ("train", "val"):
+        for name in ("x", "y", "t"):
+            want = stores["whole"][split][name][:]
+            assert want.shape[0] > 0
+            np.testing.assert_array_equal(stores["itch"][split][name][:], want)

@@ -26,6 +26,7 @@ import numpy as np
 from pipeline.errors import ConfigError, WindowError
 
 __all__ = [
+    "DateSpec",
     "InstrumentSpec",
     "SegmentTable",
     "SessionSpec",
@@ -165,31 +166,112 @@ class InstrumentSpec:
 
     def path_regex(self) -> re.Pattern[str]:
         """The ``path`` pattern as a regular expression with an ``instrument`` group."""
-        text = self.path or ""
-        out = []
-        i = 0
-        while i < len(text):
-            if text.startswith("{instrument}", i):
-                out.append(r"(?P<instrument>[^/]+?)")
-                i += len("{instrument}")
-            elif text.startswith("**", i):
-                out.append(".*")
-                i += 2
-            elif text[i] == "*":
-                out.append("[^/]*")
-                i += 1
-            elif text[i] == "?":
-                out.append("[^/]")
-                i += 1
-            else:
-                out.append(re.escape(text[i]))
-                i += 1
-        return re.compile("(?:^|.*/)" + "".join(out) + "$")
+        return path_pattern_regex(self.path or "", "instrument")
 
     def instrument_of(self, file: str) -> str | None:
         """The instrument named in ``file``'s path, or ``None`` when it does not match."""
         m = self.path_regex().match(file.replace("\\", "/"))
         return m.group("instrument") if m else None
+
+
+def path_pattern_regex(text: str, field: str) -> re.Pattern[str]:
+    """A path pattern (``data/{instrument}/*.parquet``) as a regular expression that
+    matches a file's whole path, or its end after a ``/``, with a group named ``field``
+    for ``{field}``. ``*`` matches within one path component, ``**`` across them."""
+    token = "{" + field + "}"
+    out = []
+    i = 0
+    while i < len(text):
+        if text.startswith(token, i):
+            out.append(f"(?P<{field}>[^/]+?)")
+            i += len(token)
+        elif text.startswith("**", i):
+            out.append(".*")
+            i += 2
+        elif text[i] == "*":
+            out.append("[^/]*")
+            i += 1
+        elif text[i] == "?":
+            out.append("[^/]")
+            i += 1
+        else:
+            out.append(re.escape(text[i]))
+            i += 1
+    return re.compile("(?:^|.*/)" + "".join(out) + "$")
+
+
+#: The date formats tried, in order, when ``source.date.format`` is not given.
+DATE_FORMATS = ("%Y-%m-%d", "%Y%m%d")
+
+
+@dataclass(frozen=True, slots=True)
+class DateSpec:
+    """Where each file's date comes from when its timestamps are times of day
+    (``source.date``): NASDAQ ITCH's nanoseconds since midnight, a feed's
+    ``HH:MM:SS.fff`` strings, Parquet's ``time64`` type, with the date only in the file
+    name.
+
+    Each row's time is the file's date at 00:00 plus its time of day: a wall-clock time
+    of the exchange's own day, naive as LOBSTER's (sessions by ``date`` and split dates
+    are that day's).
+
+    Attributes
+    ----------
+    path
+        A path pattern with ``{date}`` in it (``data/itch/{date}.csv``,
+        ``data/{date}/book.parquet``). ``*`` matches within one path component, ``**``
+        across components.
+    format
+        The date's ``strptime`` format in the path (``%m%d%Y`` for ITCH's
+        ``01302019``); ``None`` takes ``YYYY-MM-DD`` or ``YYYYMMDD``.
+    """
+
+    path: str
+    format: str | None = None
+
+    @classmethod
+    def from_value(cls, value: Any, path: str) -> "DateSpec | None":
+        """Parse ``{path: PATTERN with {date}, format: STRPTIME}`` (``format`` optional)."""
+        if value is None:
+            return None
+        if isinstance(value, DateSpec):
+            return value
+        expected = "{path: PATTERN with {date}} and, optionally, format: a strptime format such as '%m%d%Y'"
+        if not isinstance(value, Mapping) or "path" not in value or set(value) - {"path", "format"}:
+            raise ConfigError(path, expected, value)
+        text, fmt = value["path"], value.get("format")
+        if not isinstance(text, str) or text.count("{date}") != 1:
+            raise ConfigError(f"{path}.path", "a pattern with {date} in it once", text)
+        if fmt is not None and (not isinstance(fmt, str) or "%" not in fmt):
+            raise ConfigError(f"{path}.format", "a strptime format such as '%Y%m%d' or '%m%d%Y'", fmt)
+        return cls(path=text, format=fmt)
+
+    def to_value(self) -> dict[str, str]:
+        """The ``source.date`` value that parses back to this spec."""
+        return {"path": self.path} if self.format is None else {"path": self.path, "format": self.format}
+
+    def day_ns(self, file: str) -> int:
+        """Midnight of the date in ``file``'s path, in nanoseconds since the epoch.
+
+        Raises
+        ------
+        ValueError
+            Saying what does not match: the pattern, or the date's format.
+        """
+        import datetime as _dt
+
+        m = path_pattern_regex(self.path, "date").match(file.replace("\\", "/"))
+        if m is None:
+            raise ValueError(f"does not match source.date.path {self.path!r}")
+        text = m.group("date")
+        for fmt in (self.format,) if self.format else DATE_FORMATS:
+            try:
+                day = _dt.datetime.strptime(text, fmt).date()
+            except ValueError:
+                continue
+            return (day - _dt.date(1970, 1, 1)).days * _DAY_NS
+        shown = repr(self.format) if self.format else "YYYY-MM-DD or YYYYMMDD (set source.date.format)"
+        raise ValueError(f"the date {text!r} in its path is not a date in the format {shown}")
 
 
 @dataclass(frozen=True, slots=True)

@@ -210,6 +210,7 @@ def open_source(
     header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
     scale: Mapping[str, float] | None = None, missing: Any = None,
+    date: Any = None,
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -286,6 +287,12 @@ def open_source(
         :mod:`pipeline.loaders.conversions`).
     missing
         CSV, Parquet: values that mean "no value", read as NaN.
+    date
+        CSV, Parquet: each file's date from its path, for a ``timestamp`` column of times
+        of day (NASDAQ ITCH's nanoseconds since midnight, ``HH:MM:SS`` strings, a
+        ``time64`` column): ``{"path": "data/{date}.csv", "format": "%m%d%Y"}`` or a
+        :class:`~pipeline.features.sessions.DateSpec`. Each row's time is the date at
+        00:00 plus its time of day, naive; files are joined in date order.
 
     Returns
     -------
@@ -294,19 +301,32 @@ def open_source(
     """
     from pipeline.loaders.registry import FORMATS
 
+    from pipeline.features.sessions import DateSpec
+
     rules = ValueRules.from_options(scale, missing)  # refused before any file is read
+    date = DateSpec.from_value(date, "date")
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so)
     if rules and kind != "table":
         raise FormatMismatchError(str(paths), "source.scale and source.missing are for CSV and Parquet tables")
+    if date is not None and kind != "table":
+        raise FormatMismatchError(str(paths), "source.date dates the rows of CSV and Parquet tables")
     opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
-    results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
-                                                names=names, rename=rename, on_error=on_error, part_rows=chunk_rows)
+    try:
+        results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
+                                                    names=names, rename=rename, on_error=on_error,
+                                                    part_rows=chunk_rows)
+    except LoaderError as exc:
+        if labels in (None, "folder"):
+            raise
+        from pipeline.loaders.labels import in_manifest
+
+        raise in_manifest(exc, str(labels), files) from None  # the line listing the file, not the file alone
     probed, classes, label_values = _readable(results, classes, label_values, labels, str(paths or labels))
     if kind == "table":
         return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
-                             names=names, nan=nan, fill_value=fill_value, rules=rules)
+                             names=names, nan=nan, fill_value=fill_value, rules=rules, date=date)
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
     return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
@@ -400,7 +420,7 @@ def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
     else:
         if paths is None:
             raise EmptyInputError("<none>", "no paths given")
-        files = expand_paths(paths, so)
+        files = _globbed_files(paths, format, so)
     fmts = {p: format_of(p, format) for p in files}
     kinds = {("table" if f in TABLES else f) for f in fmts.values()}
     if len(kinds) > 1:
@@ -408,6 +428,21 @@ def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
         raise FormatMismatchError(files[0], "files of different formats cannot be combined: "
                                   + ", ".join(f"{k} ({p})" for k, p in sorted(by_kind.items())))
     return files, classes, label_values, fmts, kinds.pop()
+
+
+def _globbed_files(paths: Any, format: str | None, so: dict) -> list[str]:
+    """The files ``paths`` name, of a glob or folder of images only the images
+    (:func:`~pipeline.loaders.images.image_files`). With ``format="image"`` a local
+    folder is read as torchvision's ``ImageFolder`` reads one: every image below it."""
+    from pipeline.loaders.images import image_files
+
+    items = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+    if format == "image":
+        items = [os.path.join(i, "**", "*") if "://" not in i and os.path.isdir(os.path.expanduser(i)) else i
+                 for i in items]
+    files = expand_paths(items, so)
+    named = {i if "://" in i else _absolute(i) for i in items if not any(ch in i for ch in "*?[")}
+    return image_files(files, named, format, ", ".join(items))
 
 
 def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, so: dict, *,
@@ -580,8 +615,10 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
 def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
                   instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
-                  read: Sequence[str] | None = None, combine: str | None = None, rules: Any = None) -> Source:
-    """The :class:`Source` of probed table files, their parts joined by :func:`_table`."""
+                  read: Sequence[str] | None = None, combine: str | None = None, rules: Any = None,
+                  date: Any = None) -> Source:
+    """The :class:`Source` of probed table files, their parts joined by :func:`_table`
+    (``date``: a :class:`~pipeline.features.sessions.DateSpec` dating times of day)."""
     if combine == "stack":
         raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
     from pipeline.loaders.tables import check_time_zones
@@ -589,6 +626,14 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     parts = [part for _, _, _, ps in probed for part in ps]
     if not parts:  # every file empty: nothing to read, though headers were found
         raise EmptyInputError(probed[0][0], f"every one of the {len(probed)} file(s) has no data rows")
+    if date is not None:
+        from pipeline.loaders.columns import dated_parts
+
+        dated = dated_parts(parts, date, timestamp, timestamp_unit)
+        # Joined in date order: names such as ITCH's 12312018 and 01302019 do not sort so.
+        day = {p.path: p.day_ns for p in dated}
+        probed = sorted(probed, key=lambda f: day.get(f[0], 0))
+        parts = sorted(dated, key=lambda p: day[p.path])
     # Before the time order: a naive file among aware ones is the cause, not its order.
     zones = check_time_zones(parts, timestamp) if timestamp else ()
     exact = dtype is not None and np.dtype(dtype) == np.float64

@@ -33,7 +33,7 @@ from pipeline.loaders.tables import (
     row_place,
 )
 
-__all__ = ["TIMESTAMP_UNITS", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
+__all__ = ["TIMESTAMP_UNITS", "dated_parts", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
            "to_ns"]
 
 #: Nanoseconds per unit of numeric timestamps (``source.timestamp_unit``).
@@ -42,6 +42,7 @@ TIMESTAMP_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 #: used to tell the units apart: their ranges do not overlap (epoch seconds of those
 #: dates are about 6e8 to 4e9, milliseconds 6e11 to 4e12, and so on).
 _PLAUSIBLE_NS = (631_152_000 * 10**9, 4_102_444_800 * 10**9)
+_DAY_NS = 86_400 * 10**9
 
 
 def _first_null(col: Any) -> int:
@@ -131,6 +132,109 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
     return pc.cast(ns, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def times_of_day_to_ns(col: Any, path: str, name: str, unit: str | None = None,
+                       where: Callable[[int], str] = _at_row) -> np.ndarray:
+    """A pyarrow column of times of day as int64 nanoseconds since midnight.
+
+    Time types (Parquet's ``time32``/``time64``) are cast; strings are ``HH:MM:SS``
+    with any fraction; integers are counts of ``unit`` since midnight (default
+    nanoseconds, NASDAQ ITCH's), floats of ``unit`` (default seconds). A value outside
+    the day (negative, or 24:00 and after) is refused, naming its row: a whole time
+    there would be read as a time of day, its date added twice.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    t = col.type
+    if col.null_count:
+        raise LoaderError(path, f"timestamp column {name!r}: missing value at {where(_first_null(col))}")
+    if pa.types.is_timestamp(t) or pa.types.is_date(t):
+        raise LoaderError(path, f"timestamp column {name!r} is {t}, a time with its date: source.date is for "
+                          "columns of times of day; leave source.date unset")
+    try:
+        if pa.types.is_time(t):
+            ns = pc.cast(pc.cast(col, pa.time64("ns")), pa.int64()).to_numpy(zero_copy_only=False)
+        elif pa.types.is_string(t) or pa.types.is_large_string(t):
+            stamped = pc.binary_join_element_wise("1970-01-01T", pc.cast(col, pa.string()), "")
+            ns = pc.cast(pc.cast(stamped, pa.timestamp("ns")), pa.int64()).to_numpy(zero_copy_only=False)
+        elif pa.types.is_integer(t) or pa.types.is_floating(t):
+            ns = to_ns(col, path, name, unit or ("ns" if pa.types.is_integer(t) else "s"), where)
+        else:
+            raise LoaderError(path, f"timestamp column {name!r}: expected times of day (a time type, HH:MM:SS "
+                              f"strings, or numbers since midnight), got {t}")
+    except pa.ArrowException as exc:
+        raise LoaderError(path, f"timestamp column {name!r}: cannot read {t} values as times of day (expected "
+                          f"HH:MM:SS with any fraction; {exc})") from None
+    ns = np.asarray(ns, dtype=np.int64)
+    out = np.flatnonzero((ns < 0) | (ns >= _DAY_NS))
+    if out.size:
+        r = int(out[0])
+        raise LoaderError(path, f"timestamp column {name!r}: {where(r)} holds {col[r].as_py()!r}, "
+                          f"{ns[r] / 1e9:.9g} s from midnight, outside one day; source.date reads the column as "
+                          f"times of day{'' if unit else ' (set source.timestamp_unit if this is another unit)'}")
+    return ns
+
+
+def footer_time_of_day(value: Any, unit: str | None) -> int | None:
+    """A Parquet footer's bound of a times-of-day column in ns since midnight, or
+    ``None`` when it is none (or outside the day: the rows' own check names it)."""
+    import datetime as _dt
+
+    if isinstance(value, _dt.time):
+        ns = ((value.hour * 60 + value.minute) * 60 + value.second) * 10**9 + value.microsecond * 1000
+    elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        ns = int(value) * TIMESTAMP_UNITS[unit or "ns"]
+    elif isinstance(value, (float, np.floating)) and np.isfinite(value):
+        ns = int(round(float(value) * TIMESTAMP_UNITS[unit or "s"]))
+    else:
+        return None
+    return ns if 0 <= ns < _DAY_NS else None
+
+
+def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, unit: str | None
+                ) -> list[TablePart]:
+    """Parts whose timestamp column holds times of day, each given the date of its
+    file's path (``spec``, a :class:`~pipeline.features.sessions.DateSpec`) and its
+    footer bounds as whole times, so that files are ordered and sessions dated.
+
+    Raises
+    ------
+    LoaderError
+        Naming a file whose path does not match the pattern, or whose date does not
+        parse, or whose timestamp column is a timestamp type (it has its date).
+    FormatMismatchError
+        For LOBSTER and FI-2010 files, and without a timestamp column.
+    """
+    from dataclasses import replace
+
+    from pipeline.errors import FormatMismatchError
+
+    first = parts[0]
+    if first.fmt in ("lobster", "fi2010"):
+        raise FormatMismatchError(first.path, f"{first.fmt} files date their rows themselves; leave source.date "
+                                  "unset")
+    if timestamp is None:
+        raise FormatMismatchError(first.path, "source.date dates a timestamp column of times of day: set "
+                                  "source.timestamp")
+    days: dict[str, int] = {}
+    out = []
+    for p in parts:
+        if p.tz is not None:
+            raise LoaderError(p.path, f"timestamp column {timestamp!r} is a timestamp type, a time with its date: "
+                              "source.date is for columns of times of day; leave source.date unset")
+        if p.path not in days:
+            try:
+                days[p.path] = spec.day_ns(p.path)
+            except ValueError as exc:
+                raise LoaderError(p.path, str(exc)) from None
+        day = days[p.path]
+        lo, hi = footer_time_of_day(p.first_ts, unit), footer_time_of_day(p.last_ts, unit)
+        out.append(replace(p, day_ns=day, times_of_day=True,
+                           first_ts=None if lo is None or hi is None else np.datetime64(day + lo, "ns"),
+                           last_ts=None if lo is None or hi is None else np.datetime64(day + hi, "ns")))
+    return out
+
+
 def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.ndarray | None = None) -> None:
     """Refuse a part whose timestamps go back in time from one row to the next of the
     same instrument (``codes``: each row's instrument, when a column names it; equal
@@ -172,7 +276,11 @@ def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | No
     per_row = instrument_column is not None and part.instrument is None
     # Both columns in one read: a CSV part is parsed once, not once per column.
     cols = read_columns(part, [timestamp, instrument_column] if per_row else [timestamp], so)
-    ns = to_ns(cols[timestamp], part.path, timestamp, unit, lambda i: row_place(part, i))
+    if part.times_of_day:  # source.date: the file's date plus each row's time of day
+        ns = part.day_ns + times_of_day_to_ns(cols[timestamp], part.path, timestamp, unit,
+                                              lambda i: row_place(part, i))
+    else:
+        ns = to_ns(cols[timestamp], part.path, timestamp, unit, lambda i: row_place(part, i))
     if not per_row:
         return ns, None
     labels = _labels(part, instrument_column, so, cols[instrument_column])

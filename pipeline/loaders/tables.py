@@ -87,7 +87,8 @@ class TablePart:
     companion
         A second file read with this one (LOBSTER: the message file).
     day_ns
-        LOBSTER: midnight of the file's date, in nanoseconds since the epoch.
+        LOBSTER, and files whose timestamps are ``times_of_day``: midnight of the file's
+        date, in nanoseconds since the epoch.
     instrument
         LOBSTER: the ticker in the file name.
     """
@@ -105,6 +106,8 @@ class TablePart:
     companion: str | None = None
     day_ns: int = 0
     instrument: str | None = None
+    #: The timestamp column holds times of day, ``day_ns`` the date (``source.date``).
+    times_of_day: bool = False
     #: Parquet: the file's own names of columns that do not hold numbers (timestamps,
     #: text), left out of the default columns.
     non_numeric: tuple[str, ...] = ()

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError, WindowError
 from pipeline.features import FeatureSpec, LabelSpec, build_training_set, windows
-from pipeline.features.sessions import (InstrumentSpec, SegmentTable, SessionSpec, WindowRuns, calendar_days,
+from pipeline.features.sessions import (DateSpec, InstrumentSpec, SegmentTable, SessionSpec, WindowRuns, calendar_days,
                                        window_runs)
 from pipeline.features.splits import NormalizeSpec
 from tests.features.test_steps import COLS, book, reference
@@ -326,3 +326,23 @@ def test_calendar_days_are_the_dates_pandas_gives_in_the_zone(tz):
     local = stamps.tz_convert(tz) if tz else stamps
     expect = (pd.DatetimeIndex(local.date).as_unit("ns").asi8 // (86_400 * 10**9))
     np.testing.assert_array_equal(calendar_days(ns, tz), expect)
+
+
+def test_date_spec_takes_each_files_date_from_its_path_and_refuses_what_does_not_parse():
+    itch = DateSpec.from_value({"path": "itch/{date}.csv", "format": "%m%d%Y"}, "d")
+    assert itch.day_ns("/data/itch/01302019.csv") == int(np.datetime64("2019-01-30", "ns").astype(np.int64))
+    iso = DateSpec.from_value({"path": "book/{date}/*.parquet"}, "d")
+    for name in ("2024-02-29", "20240229"):  # either default format
+        assert iso.day_ns(f"s3://b/book/{name}/part-0.parquet") == int(np.datetime64("2024-02-29", "ns").astype(int))
+    assert DateSpec.from_value(itch.to_value(), "d") == itch
+    with pytest.raises(ValueError, match="does not match source.date.path"):
+        itch.day_ns("/data/other/01302019.csv")
+    with pytest.raises(ValueError, match="'13302019'.*'%m%d%Y'"):
+        itch.day_ns("/data/itch/13302019.csv")  # no 13th month
+    with pytest.raises(ValueError, match="'2024-02-30'.*YYYYMMDD"):
+        iso.day_ns("book/2024-02-30/p.parquet")
+    for bad, key in (({"path": "itch/*.csv"}, "d.path"), ({"path": "{date}/{date}"}, "d.path"),
+                     ({"path": "{date}.csv", "format": "mmddyyyy"}, "d.format"), ("itch/{date}.csv", "d"),
+                     ({"path": "{date}.csv", "zone": "UTC"}, "d")):
+        with pytest.raises(ConfigError, match=f"^{key}"):
+            DateSpec.from_value(bad, "d")

@@ -459,3 +459,78 @@ def test_files_out_of_order_show_their_integer_times_as_iso(tmp_path):
     with pytest.raises(LoaderError, match=r"b.parquet: starts at 2024-03-08T14:00:00.000000000, before the previous "
                        r"file .*a.parquet ends at 2024-03-08T14:00:00.000000014; files must be in time order"):
         open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp")
+
+
+# -- times of day, dated by the file's path (source.date) -----------------------------------
+
+_ITCH_DAYS = ("12312018", "01022019", "01032019")  # MMDDYYYY: name order is not time order
+
+
+def _itch_files(d: Path, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """ITCH-like files, one a day, times of day in the ``kind`` the feed uses; the
+    values and the whole times in date order, by pandas, as the reference."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    values, stamps = [], []
+    d.mkdir(parents=True, exist_ok=True)
+    for name in sorted(_ITCH_DAYS, key=lambda s: s[4:] + s[:4]):  # in date order
+        tod = np.sort(rng.integers(34_200, 57_600, 50)) * NS + rng.integers(0, 1000, 50) * 10**6  # to the ms
+        bid = np.round(100 + np.cumsum(rng.integers(-2, 3, 50)) * 0.01, 2)
+        table = {"bid_price_1": bid, "ask_price_1": bid + 0.01}
+        if kind == "ns":
+            pacsv.write_csv(pa.table({"timestamp": tod, **table}), d / f"{name}.csv")
+        elif kind == "text":
+            text = [str(np.datetime64(int(t), "ns")).split("T")[1] for t in tod]
+            pacsv.write_csv(pa.table({"timestamp": text, **table}), d / f"{name}.csv")
+        else:  # Parquet's time type, in microseconds
+            col = pa.array(tod // 1000, pa.int64()).cast(pa.time64("us"))
+            pq.write_table(pa.table({"timestamp": col, **table}), d / f"{name}.parquet", row_group_size=20)
+        stamps.append(pd.Timestamp(pd.to_datetime(name, format="%m%d%Y")).value + tod)
+        values.append(np.stack([table["bid_price_1"], table["ask_price_1"]], axis=1).astype(np.float32))
+    return np.concatenate(values), np.concatenate(stamps)
+
+
+@pytest.mark.parametrize("kind", ["ns", "text", "time64"])
+def test_times_of_day_take_the_date_in_the_file_name_and_join_in_date_order(tmp_path, kind):
+    values, stamps = _itch_files(tmp_path / "itch", kind)
+    suffix = "parquet" if kind == "time64" else "csv"
+    src = open_segmented(str(tmp_path / "itch" / f"*.{suffix}"), timestamp="timestamp",
+                         date={"path": f"itch/{{date}}.{suffix}", "format": "%m%d%Y"},
+                         sessions=SessionSpec(mode="date"))
+    np.testing.assert_array_equal(src.timestamps.compute(), stamps)
+    np.testing.assert_array_equal(src.array.compute(), values)
+    assert [Path(f.path).stem for f in src.sources[0].files] == ["12312018", "01022019", "01032019"]
+    assert src.segments.session.tolist() == [0, 1, 2] and (src.segments.stops - src.segments.starts).tolist() == [50] * 3
+
+
+def test_times_of_day_that_do_not_fit_their_day_or_path_are_named(tmp_path):
+    d = tmp_path / "itch"
+    _itch_files(d, "ns")
+    opts = dict(timestamp="timestamp", date={"path": "itch/{date}.csv", "format": "%m%d%Y"})
+    (d / "notes.csv").write_bytes((d / "01022019.csv").read_bytes())
+    with pytest.raises(LoaderError, match=r"notes\.csv: the date 'notes' in its path is not a date in the format "
+                       "'%m%d%Y'"):
+        open_segmented(str(d / "*.csv"), **opts)
+    (d / "notes.csv").unlink()
+    (tmp_path / "01022019.csv").write_bytes((d / "01022019.csv").read_bytes())
+    with pytest.raises(LoaderError, match=r"01022019\.csv: does not match source.date.path 'itch/\{date\}.csv'"):
+        open_segmented([str(tmp_path / "01022019.csv")], **opts)
+    # Whole times (epoch ns) where times of day were said: named, with their line.
+    t = pacsv.read_csv(d / "01022019.csv")
+    whole = pc_add(t.column("timestamp"), int(np.datetime64("2019-01-02", "ns").astype(np.int64)))
+    pacsv.write_csv(t.set_column(0, "timestamp", whole), d / "01022019.csv")
+    with pytest.raises(LoaderError, match=r"01022019\.csv.*line 2.*outside one day"):
+        open_segmented(str(d / "*.csv"), **opts).timestamps.compute()
+    # A timestamp type has its date already.
+    pq.write_table(pa.table({"timestamp": pa.array([1, 2], pa.timestamp("ns")), "bid_price_1": [1.0, 2.0],
+                             "ask_price_1": [1.5, 2.5]}), tmp_path / "01022019.parquet")
+    with pytest.raises(LoaderError, match=r"01022019\.parquet.*timestamp type.*leave source.date unset"):
+        open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", date={"path": "{date}.parquet",
+                                                                               "format": "%m%d%Y"})
+
+
+def pc_add(col, n: int):
+    import pyarrow.compute as pc
+
+    return pc.add(col, n)
