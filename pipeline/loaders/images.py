@@ -1,5 +1,8 @@
 """Images (jpg, png, tiff) decoded with Pillow; optional resize and channel mode.
 
+A glob or folder of images reads the files with an image suffix only
+(:func:`image_files`); files named one by one are read whatever their suffix.
+
 The probe opens the file and reads only its header (Pillow decodes lazily), so the
 size and mode of 100,000 images are known without decoding any pixels. A file whose
 bytes are not an image, or not the image its suffix says, is named with what was
@@ -17,18 +20,59 @@ torchvision's ``decode_image`` give them by default).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Collection, Sequence
 
 import fsspec
 import numpy as np
 
-from pipeline.errors import FormatMismatchError, LoaderError, MissingDependencyError
+from pipeline.errors import EmptyInputError, FormatMismatchError, LoaderError, MissingDependencyError
 
-__all__ = ["probe_image", "read_image"]
+__all__ = ["IMAGE_SUFFIXES", "image_files", "probe_image", "read_image"]
+
+#: Suffixes of the files a glob or a folder of images reads (in any case, ``.PNG`` as
+#: ``.png``): the formats Pillow decodes that torchvision's ``ImageFolder`` and Keras'
+#: ``image_dataset_from_directory`` list. Other files found beside the images (a
+#: README, ``Thumbs.db``, a labels ``.csv``) are left out, as those tools leave them.
+IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".webp")
+#: Formats that beside images make a glob ambiguous: refused as files of different formats.
+_ARRAY_SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
 
 _CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4, "I;16": 1, "I": 1, "F": 1}
 _DTYPES = {"I;16": np.uint16, "I": np.int32, "F": np.float32}
 _EXPECTED = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".tif": "TIFF", ".tiff": "TIFF"}
+
+
+def _suffix(path: str) -> str:
+    name = path.rsplit("/", 1)[-1]
+    return "." + name.rsplit(".", 1)[-1].lower() if "." in name.lstrip(".") else ""
+
+
+def image_files(files: Sequence[str], named: Collection[str], format: str | None, where: str) -> list[str]:
+    """Of the files globs or folders matched, those to read as images, in order.
+
+    With ``format="image"``, or without a format when the globs matched files with an
+    image suffix (:data:`IMAGE_SUFFIXES`) and no npy, npz or HDF5 file, only the files
+    with an image suffix are kept, and the files named one by one (``named``). Other
+    globs come back as they are. A file with an image suffix that is not an image is
+    still probed, and refused or skipped by ``on_error``.
+
+    Raises
+    ------
+    EmptyInputError
+        For ``format="image"`` globs that matched no file with an image suffix.
+    """
+    globbed = [p for p in files if p not in named]
+    if format is None:
+        if not any(_suffix(p) in IMAGE_SUFFIXES for p in globbed) or any(
+                _suffix(p) in _ARRAY_SUFFIXES for p in globbed):
+            return list(files)
+    elif format != "image":
+        return list(files)
+    kept = [p for p in files if p in named or _suffix(p) in IMAGE_SUFFIXES]
+    if not kept:
+        raise EmptyInputError(where, f"matched no image file (suffixes {' '.join(IMAGE_SUFFIXES)}, in any case), but "
+                              f"{len(files)} other file(s), such as {files[0]}")
+    return kept
 
 
 def _pil() -> Any:

@@ -16,7 +16,7 @@ import numpy as np
 
 from pipeline.errors import LoaderError, MissingColumnError, MissingDependencyError
 
-__all__ = ["folder_labels", "read_manifest"]
+__all__ = ["folder_labels", "in_manifest", "read_manifest"]
 
 
 def _classes(values: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
@@ -50,6 +50,15 @@ def _place(manifest: str, row: int) -> str:
     if manifest.endswith((".parquet", ".pq")):
         return f"row {row + 1} (counted from 1)"
     return f"line {row + 2} (the header is line 1)"
+
+
+def in_manifest(exc: LoaderError, manifest: str, paths: Sequence[str]) -> LoaderError:
+    """``exc`` (a listed file's error) of the same class, also naming the manifest and the
+    line (CSV) or row (Parquet) that lists the file; ``exc`` itself for another file."""
+    if exc.path not in paths:
+        return exc
+    place = _place(manifest, list(paths).index(exc.path))
+    return type(exc)(exc.path, f"{exc.problem}; listed on {place} of the manifest {manifest}")
 
 
 def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[list[str], tuple[str, ...] | None, np.ndarray]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 
 import h5py
 import numpy as np
@@ -204,6 +205,25 @@ def test_manifest_row_without_a_path_or_label_is_named_where_its_reader_finds_it
     pq.write_table(pa.table({"path": ["a.png", "b.png"], "label": ["cat", None]}), tmp_path / "m.parquet")
     with pytest.raises(LoaderError, match=r"m\.parquet: row 2 \(counted from 1\) \(.*b.png\) has no label"):
         open_source(labels=str(tmp_path / "m.parquet"))
+
+
+def test_manifest_row_of_a_missing_file_is_named_by_the_manifest_and_its_line(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    Image.fromarray(np.zeros((2, 2), np.uint8)).save(tmp_path / "a.png")
+    assert not (tmp_path / "gone.png").exists()
+    (tmp_path / "m.csv").write_text("path,label\na.png,cat\na.png,dog\ngone.png,cat\n")
+    missing = re.escape(str(tmp_path / "gone.png"))
+    with pytest.raises(LoaderError, match=rf"^{missing}: no such file; listed on line 4 \(the header is line 1\) of "
+                                          rf"the manifest {re.escape(str(tmp_path / 'm.csv'))}$"):
+        open_source(labels=str(tmp_path / "m.csv"))
+    pq.write_table(pa.table({"path": ["gone.png", "a.png"], "label": [1, 0]}), tmp_path / "m.parquet")
+    with pytest.raises(LoaderError, match=rf"^{missing}: no such file; listed on row 1 \(counted from 1\) of the "
+                                          r"manifest .*m\.parquet$"):
+        open_source(labels=str(tmp_path / "m.parquet"))
+    src = open_source(labels=str(tmp_path / "m.csv"), on_error="skip")  # skipping still drops that row alone
+    assert [p for p, _ in src.skipped] == [str(tmp_path / "gone.png")] and src.labels.compute().tolist() == [0, 1]
 
 
 # -- messages of damaged files -------------------------------------------------------------------

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 import pipeline
-from pipeline.errors import FormatMismatchError
+import pipeline.loaders
+from pipeline.errors import EmptyInputError, FormatMismatchError
 from pipeline.loaders import images
 
 
@@ -90,3 +91,50 @@ def test_exif_orientation_is_not_applied(tmp_path):
     got = pipeline.load(str(tmp_path / "r.jpg")).compute()[0]
     np.testing.assert_array_equal(got, np.asarray(Image.open(tmp_path / "r.jpg")))  # as stored: (10, 20, 3)
     assert got.shape == (10, 20, 3)
+
+
+def _class_folders(root, names=("cat/0.png", "cat/1.jpg", "dog/0.png", "dog/1.PNG")) -> list:
+    """Class folders of RGB images (one with an upper-case suffix), and the files tools
+    such as Finder, Explorer or a labelling script leave beside them."""
+    paths = []
+    for i, name in enumerate(names):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(_pixels((6, 5, 3), seed=i)).save(root / name, "JPEG" if name.endswith("jpg") else "PNG")
+        paths.append(root / name)
+    (root / "README.txt").write_text("cats and dogs\n")
+    (root / "labels.csv").write_text("path,label\ncat/0.png,cat\n")
+    (root / "cat" / ".DS_Store").write_bytes(b"\x00\x00\x00\x01Bud1")
+    (root / "dog" / "Thumbs.db").write_bytes(b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1")
+    return paths
+
+
+@pytest.mark.parametrize("pattern, fmt", [("*/*", None), ("**/*", None), ("*/*", "image"), ("", "image")])
+def test_files_that_are_not_images_beside_them_are_left_out_of_a_glob_or_folder(tmp_path, pattern, fmt):
+    images = _class_folders(tmp_path)
+    where = str(tmp_path / pattern) if pattern else str(tmp_path)  # "": the folder itself
+    src = pipeline.loaders.open_source(where, format=fmt, labels="folder")
+    assert [f.path for f in src.files] == sorted(map(str, images))
+    expected = np.stack([np.asarray(Image.open(p)) for p in sorted(map(str, images))])
+    np.testing.assert_array_equal(src.array.compute(), expected)
+    assert src.classes == ("cat", "dog") and src.labels.compute().tolist() == [0, 0, 1, 1]
+
+
+def test_named_files_are_read_whatever_their_suffix_and_an_image_suffix_is_still_checked(tmp_path):
+    _class_folders(tmp_path)
+    with pytest.raises(FormatMismatchError, match=r"README\.txt: expected an image \(jpg, png, tiff\), found text"):
+        pipeline.load([str(tmp_path / "*" / "*"), str(tmp_path / "README.txt")], format="image")
+    (tmp_path / "dog" / "fake.png").write_text("not a png")  # an image's suffix: probed, and on_error applies
+    with pytest.raises(FormatMismatchError, match=r"fake\.png: expected an image"):
+        pipeline.load(str(tmp_path / "*" / "*"))
+    x = pipeline.load(str(tmp_path / "*" / "*"), on_error="skip")
+    assert [p for p, _ in x.attrs["skipped"]] == [str(tmp_path / "dog" / "fake.png")] and x.shape[0] == 4
+    with pytest.raises(EmptyInputError, match=r"matched no image file .*README\.txt"):
+        pipeline.load(str(tmp_path / "*.*"), format="image")
+
+
+def test_arrays_beside_images_in_a_glob_are_still_refused_as_two_formats(tmp_path):
+    _class_folders(tmp_path)
+    np.save(tmp_path / "cat" / "extra.npy", np.zeros(3))  # which of the two was meant is not guessed
+    (tmp_path / "dog" / "Thumbs.db").unlink()  # the glob is taken as it is: this one would be named first
+    with pytest.raises(FormatMismatchError, match="files of different formats cannot be combined"):
+        pipeline.load(str(tmp_path / "*" / "*.*"))
