@@ -329,3 +329,23 @@ def test_a_new_day_without_a_column_a_feature_reads_is_refused_naming_the_file_c
     assert "ask_size_1" not in pq.read_schema(moved[0][1]).names
     _refused(path, r"raw/AAA/2026-01-09\.parquet: append: this new file \(and the 1 other new file\(s\)\) has no "
                    r"column 'ask_size_1', which feature 'imbalance' \(features\.steps\[2\]\) reads")
+
+
+def test_date_splits_after_the_first_days_start_empty_and_appends_fill_them(tmp_path, address):
+    """A daily store set up with only its training days: validation and test are created
+    empty, with the chunks a full build gives them, and appended days fill them to
+    the bytes of a build of every file."""
+    files = _write_days(tmp_path, [[200] * 4, [150] * 4])
+    moved = _hold_back(tmp_path, files, 2)
+    splits = {"train": {"until": "2026-01-07"}, "val": {"until": "2026-01-08"}, "test": {}}
+    grown = _config(tmp_path, address, "grown.zarr", splits=splits)
+    first = _run(grown)
+    assert first.samples["train"] > 0 and (first.samples["val"], first.samples["test"]) == (0, 0)
+    with pytest.raises(PipelineError, match="split 'test' of .* holds no samples"):
+        next(iter(pipeline.stream(str(tmp_path / "grown.zarr"), split="test", batch_size=8)))
+    for held, home in moved:
+        shutil.move(held, home)
+    appended = _run(grown)
+    assert appended.samples["val"] > 0 and appended.samples["test"] > 0
+    _run(_config(tmp_path, address, "full.zarr", splits=splits))
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")

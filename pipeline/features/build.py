@@ -233,8 +233,9 @@ def build_training_set(
     where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
         size, scales, stride, fwd, back - H), progress=progress)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
+    future = _future_splits(where, splits)
     if prior is None:
-        _check_splits_hold_windows(runs, where, splits, norm)
+        _check_splits_hold_windows(runs, where, splits, norm, future)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
     f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,
@@ -246,7 +247,7 @@ def build_training_set(
         _refuse_bad(bad, runs, H, fwd)
 
     # -- the arrays of each split --------------------------------------------------------
-    per_split = _split_runs(runs, where, bad, splits, norm, empty_ok=prior is not None)
+    per_split = _split_runs(runs, where, bad, splits, norm, empty_ok=prior is not None, future=future)
     out = _split_outputs(f, per_split, labels_steps, timestamps, segs, norm, stats, label=label, size=size,
                          scales=scales, halo=H, materialize=materialize, block_windows=block_windows, prior=prior)
     geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
@@ -392,30 +393,45 @@ def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, str
 
 
 def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
-                splits: Mapping[str, Any], norm: NormalizeSpec, empty_ok: bool = False) -> dict[str, WindowRuns]:
+                splits: Mapping[str, Any], norm: NormalizeSpec, empty_ok: bool = False,
+                future: frozenset[str] = frozenset()) -> dict[str, WindowRuns]:
     """The windows of each split, NaN ones left out.
 
     Raises
     ------
     WindowError
-        When a split gets no window (unless ``empty_ok``: an append's new sessions).
+        When a split gets no window (unless ``empty_ok``: an append's new sessions;
+        or it is one of the ``future`` splits).
     """
     out = {}
     for k, name in enumerate(splits):
         mine = where == k
         out[name] = runs.subset(mine & ~bad)
-        if out[name].n == 0 and not empty_ok:
+        if out[name].n == 0 and not empty_ok and name not in future:
             _refuse_empty(name, runs.n, int(mine.sum()), splits, norm)
     return out
 
 
+def _future_splits(where: np.ndarray, splits: Mapping[str, Any]) -> frozenset[str]:
+    """Date splits after the data: every one after the first that no window reaches,
+    nor any split after it (a daily store set up before its validation or test days
+    exist; appended days fill them). An empty split between two that hold windows is
+    a mistake, and stays refused."""
+    if not is_dated(splits):
+        return frozenset()
+    names = list(splits)
+    last = int(where.max()) if where.size and where.max() >= 0 else -1
+    return frozenset(names[max(last + 1, 1):])
+
+
 def _check_splits_hold_windows(runs: WindowRuns, where: np.ndarray, splits: Mapping[str, Any],
-                               norm: NormalizeSpec) -> None:
+                               norm: NormalizeSpec, future: frozenset[str] = frozenset()) -> None:
     """Refuse a split that no window falls in, from the counts alone (before the pass
-    that fits the normalization on the first split: an empty one has nothing to fit)."""
+    that fits the normalization on the first split: an empty one has nothing to fit),
+    but for ``future`` splits (:func:`_future_splits`)."""
     per_split = np.bincount(np.asarray(where[where >= 0], dtype=np.int64), minlength=len(splits))
     for k, name in enumerate(splits):
-        if not per_split[k]:
+        if not per_split[k] and name not in future:
             _refuse_empty(name, runs.n, 0, splits, norm)
 
 

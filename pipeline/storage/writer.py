@@ -863,7 +863,9 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
             if name in sub:
                 continue
             n = int(a.shape[0])
-            chunks = (max(1, min(per_chunks[split], n)),) + tuple(a.shape[1:])
+            # An empty split (a date split after the data, for appends to fill) gets the
+            # chunks a full one would: appended samples keep the array's chunks.
+            chunks = (min(per_chunks[split], n) if n else per_chunks[split],) + tuple(a.shape[1:])
             shards = None
             if shard_chunks and split != SHARED:
                 shards = (chunks[0] * int(shard_chunks),) + tuple(a.shape[1:])

@@ -111,6 +111,28 @@ def test_a_date_split_inside_the_sessions_trailing_normalization_skips_says_so()
     assert "trailing normalization serves no window of each instrument's first session" in str(plain.value)
 
 
+def test_date_splits_after_the_data_are_empty_and_one_between_two_is_refused():
+    """A daily store set up before its validation and test days exist: the splits after
+    the data are empty (appended days fill them); the first split holds what a single
+    split would. An empty split with windows after it is still refused."""
+    lengths = [300, 300]
+    x = book(600, seed=4)
+    t = _times(lengths, [0, 1])
+    kw = dict(columns=COLS, features=SPECS, size=4, label=LabelSpec(horizon=5), normalize="global",
+              segments=SegmentTable.from_lengths(lengths, session=[0, 1]), timestamps=da.from_array(t, chunks=100))
+    after = int(t[-1]) + 10**9
+    ts = build_training_set(da.from_array(x, chunks=(64, -1)), **kw,
+                            splits={"train": {"until": after}, "val": {"until": after + 86_400 * 10**9},
+                                    "test": {"until": None}})
+    alone = build_training_set(da.from_array(x, chunks=(64, -1)), **kw, splits={"train": 1.0})
+    assert [ts.splits[s]["x"].shape[0] for s in ("val", "test")] == [0, 0]
+    np.testing.assert_array_equal(ts.splits["train"]["x"].compute(), alone.splits["train"]["x"].compute())
+    with pytest.raises(WindowError, match=r"split 'val': no window left"):
+        build_training_set(da.from_array(x, chunks=(64, -1)), **kw,
+                           splits={"train": {"until": int(t[300])}, "val": {"until": int(t[300]) + 1},
+                                   "test": {"until": None}})
+
+
 def test_date_splits_inside_one_session_leave_the_straddling_windows_out():
     lengths = [400]
     x = book(400, seed=4)
