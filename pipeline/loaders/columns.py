@@ -228,11 +228,18 @@ def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, un
             except ValueError as exc:
                 raise LoaderError(p.path, str(exc)) from None
         day = days[p.path]
-        lo, hi = footer_time_of_day(p.first_ts, unit), footer_time_of_day(p.last_ts, unit)
-        out.append(replace(p, day_ns=day, times_of_day=True,
-                           first_ts=None if lo is None or hi is None else np.datetime64(day + lo, "ns"),
-                           last_ts=None if lo is None or hi is None else np.datetime64(day + hi, "ns")))
+        first, last = _dated_bounds(p.first_ts, p.last_ts, day, unit)
+        out.append(replace(p, day_ns=day, times_of_day=True, first_ts=first, last_ts=last,
+                           group_bounds=tuple(_dated_bounds(a, b, day, unit) for a, b in p.group_bounds)))
     return out
+
+
+def _dated_bounds(first: Any, last: Any, day: int, unit: str | None) -> tuple[Any, Any]:
+    """Footer bounds of times of day as whole times on ``day`` (ns), or ``None``s."""
+    lo, hi = footer_time_of_day(first, unit), footer_time_of_day(last, unit)
+    if lo is None or hi is None:
+        return None, None
+    return np.datetime64(day + lo, "ns"), np.datetime64(day + hi, "ns")
 
 
 def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.ndarray | None = None) -> None:

@@ -4,8 +4,9 @@ Values are float32 by default, float64 with ``dtype`` (``source.dtype``): float3
 about 7 digits, less than a high-priced book's ticks need (:mod:`pipeline.loaders.precision`
 checks each part read in float32 for that).
 
-Parquet row counts and column names come from the file footer (no data read); each row
-group becomes one dask chunk. CSV has no footer: the cheapest correct row count is a
+Parquet row counts and column names come from the file footer (no data read);
+consecutive row groups become one dask chunk of up to ``chunk_rows`` rows (a larger row
+group is a chunk alone). CSV has no footer: the cheapest correct row count is a
 newline count of the raw bytes (one sequential read per file, parallel across files,
 about 1-2 GB/s per core), and each file becomes one chunk.
 
@@ -36,11 +37,11 @@ from pipeline.errors import (
 )
 from pipeline.loaders.registry import compression_of
 
-__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_file_times", "check_time_order", "check_time_zones",
-           "check_units", "count_lines", "files_out_of_order", "inexact_integers", "is_datum", "is_number", "looks_like_data",
-           "open_text", "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table", "project_columns",
-           "read_columns", "read_range", "repeated_hour_advice", "require_pyarrow", "row_place", "split_fields",
-           "table_array", "text_ranges"]
+__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_file_times", "check_time_order",
+           "check_time_zones", "check_units", "count_lines", "files_out_of_order", "group_parts", "inexact_integers",
+           "is_datum", "is_number", "looks_like_data", "merged_groups", "open_text", "part_rows_of", "part_specs",
+           "parts_array", "previous_line", "probe_table", "project_columns", "read_columns", "read_range",
+           "repeated_hour_advice", "require_pyarrow", "row_place", "split_fields", "table_array", "text_ranges"]
 
 
 def require_pyarrow() -> Any:
@@ -129,6 +130,17 @@ class TablePart:
     #: integers from decimal prices across files (:func:`check_units`).
     kinds: tuple[str, ...] = ()
     magnitudes: tuple[float | None, ...] = ()
+    #: Parquet: a part of several consecutive row groups (``group`` the first) holds
+    #: the rows of each and their footer bounds ``(first_ts, last_ts)``, so that rows
+    #: and row groups are still named, and row groups still ordered, one by one. Empty:
+    #: the part is the one row group ``group``.
+    group_rows: tuple[int, ...] = ()
+    group_bounds: tuple[tuple[Any, Any], ...] = ()
+
+    @property
+    def groups(self) -> tuple[int, ...]:
+        """The Parquet row groups of the part, in file order."""
+        return tuple(range(self.group, self.group + max(1, len(self.group_rows))))
 
     def source_of(self, column: str) -> str:
         """The file's own name of canonical ``column``."""
@@ -141,7 +153,12 @@ def row_place(part: TablePart, i: int) -> str:
     and ``sed -n`` count), whichever part of the file holds it (LOBSTER's orderbook and
     message files share their line numbers)."""
     if part.fmt == "parquet":
-        return f"row {i} of row group {part.group}"
+        group, row = part.group, i
+        for rows in part.group_rows:  # a part of several row groups: the one holding row i
+            if row < rows:
+                break
+            group, row = group + 1, row - rows
+        return f"row {row} of row group {group}"
     return f"line {part.row0 + i + 1 + int(part.fmt == 'csv' and part.header)}"
 
 
@@ -183,7 +200,10 @@ def _renamed(path: str, file_columns: tuple[str, ...], rename: Mapping[str, str 
     return out
 
 
-def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: dict) -> list[TablePart]:
+def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: dict,
+                   part_rows: int = TEXT_PART_ROWS) -> list[TablePart]:
+    """The parts of a Parquet file from its footer: consecutive row groups joined into
+    parts of up to ``part_rows`` rows (:func:`merged_groups`)."""
     require_pyarrow()
     import pyarrow.parquet as pq
 
@@ -206,7 +226,7 @@ def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: 
     kinds = tuple("i" if pa.types.is_integer(f.type) else "f" if pa.types.is_floating(f.type) else ""
                   for f in schema)
     magnitudes = _magnitudes(meta, kinds)
-    parts = []
+    rows, bounds = [], []
     for g in range(meta.num_row_groups):
         rg = meta.row_group(g)
         first = last = None
@@ -214,9 +234,51 @@ def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: 
             st = rg.column(ts_idx).statistics
             if st is not None and st.has_min_max:
                 first, last = statistics_bounds(st)
-        parts.append(TablePart(path, "parquet", g, rg.num_rows, cols, first, last, sources=cols, non_numeric=text,
-                               tz=tz, kinds=kinds, magnitudes=magnitudes))
+        rows.append(rg.num_rows)
+        bounds.append((first, last))
+    parts = []
+    for lo, hi in merged_groups(rows, part_rows):
+        known = all(b[0] is not None and b[1] is not None for b in bounds[lo:hi])
+        several = hi - lo > 1
+        parts.append(TablePart(path, "parquet", lo, sum(rows[lo:hi]), cols,
+                               bounds[lo][0] if known else None, bounds[hi - 1][1] if known else None,
+                               sources=cols, non_numeric=text, tz=tz, kinds=kinds, magnitudes=magnitudes,
+                               group_rows=tuple(rows[lo:hi]) if several else (),
+                               group_bounds=tuple(bounds[lo:hi]) if several else ()))
     return parts
+
+
+def merged_groups(rows: Sequence[int], part_rows: int) -> list[tuple[int, int]]:
+    """``[lo, hi)`` ranges of consecutive row groups (of ``rows`` rows each) joined into
+    parts of at most ``part_rows`` rows; a row group larger than that is a part alone
+    (a row group is never split).
+
+    Streaming writers write row groups of a few rows: one part (a dask task) per row
+    group, each reading the file's footer (which grows with the row groups), made a
+    read cost the square of their number."""
+    out: list[tuple[int, int]] = []
+    lo, total = 0, 0
+    for g, n in enumerate(rows):
+        if g > lo and total + n > part_rows:
+            out.append((lo, g))
+            lo, total = g, 0
+        total += n
+    if len(rows) > lo:
+        out.append((lo, len(rows)))
+    return out
+
+
+def group_parts(parts: Sequence[TablePart]) -> list[TablePart]:
+    """Each Parquet row group of ``parts`` as a part of its own with its footer bounds
+    (other parts as they are), for checks made row group by row group."""
+    out: list[TablePart] = []
+    for p in parts:
+        if not p.group_rows:
+            out.append(p)
+            continue
+        out += [replace(p, group=g, rows=n, first_ts=lo, last_ts=hi, group_rows=(), group_bounds=())
+                for g, n, (lo, hi) in zip(p.groups, p.group_rows, p.group_bounds)]
+    return out
 
 
 def _magnitudes(meta: Any, kinds: Sequence[str]) -> tuple[float | None, ...]:
@@ -430,7 +492,7 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
     part_rows = part_rows or TEXT_PART_ROWS
     rename = dict(rename or {})
     if fmt == "parquet":
-        parts = _parquet_parts(path, rename.get(timestamp, timestamp) if timestamp else None, so)
+        parts = _parquet_parts(path, rename.get(timestamp, timestamp) if timestamp else None, so, part_rows)
     elif fmt == "lobster":
         from pipeline.loaders.lobster import probe_lobster
 
@@ -483,7 +545,8 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
             import pyarrow.parquet as pq
 
             with fsspec.open(part.path, "rb", **so) as fh:
-                table = pq.ParquetFile(fh).read_row_group(part.group, columns=sources)
+                # One read of the footer per part, however many row groups it holds.
+                table = pq.ParquetFile(fh).read_row_groups(list(part.groups), columns=sources)
         else:
             import pyarrow.csv as pacsv
 
@@ -743,8 +806,9 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
     statistics; rows inside a part are checked as they are read). With an
     ``instrument_column`` a file may hold its instruments one after another, each in
     time order, so its row groups are not compared."""
+    groups = group_parts(parts)
     prev = None
-    for p in parts:
+    for p in groups:
         if p.first_ts is None:
             continue
         if prev is not None and prev.last_ts is not None and p.first_ts < prev.last_ts:
@@ -752,7 +816,7 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
                 prev = p
                 continue
             if p.path != prev.path:
-                span = _file_spans(parts)
+                span = _file_spans(groups)
                 raise files_out_of_order(p.path, p.first_ts, prev.path, prev.last_ts,
                                          times_of_day=_times_of_day(*span[p.path], *span[prev.path]))
             advice = repeated_hour_advice(_ns_between(p.first_ts, prev.last_ts), p.tz)

@@ -48,7 +48,12 @@ def test_tables_join_in_sorted_order_and_equal_the_files(tmp_path, fmt):
     np.testing.assert_allclose(src.array.compute(), expected.astype(np.float32))
     assert [f.rows for f in src.files] == [50] * 4
     if fmt == "parquet":
-        assert src.array.numblocks[0] == 4 * 3  # one chunk per row group, known sizes, nothing read
+        # Row groups of 20, 20 and 10 rows: one chunk per file under chunk_rows, known sizes, nothing read;
+        # one per row group when chunk_rows is a row group's size.
+        assert src.array.chunks[0] == (50,) * 4
+        by_group = open_source(str(tmp_path / f"*.{fmt}"), timestamp="timestamp", columns=["b", "a"], chunk_rows=20)
+        assert by_group.array.chunks[0] == (20, 20, 10) * 4
+        np.testing.assert_array_equal(by_group.array.compute(), src.array.compute())
     meta = src.metadata()
     assert meta["files"][0]["size"] > 0 and meta["files"][0]["mtime"] > 0
 
@@ -63,7 +68,7 @@ def test_building_reads_no_data(tmp_path, monkeypatch):
     arr = pipeline.load(str(tmp_path / "*.parquet"), timestamp="timestamp")
     assert calls == [] and arr.shape == (150, 3)
     arr.compute(scheduler="sync")
-    assert len(calls) == 9
+    assert len(calls) == 3  # a read per file: its three row groups are one part
 
 
 def test_graph_layers_do_not_grow_with_files(tmp_path):
@@ -387,7 +392,7 @@ def test_timestamps_from_parquet_timestamp_types(tmp_path):
         typ = pa.timestamp(unit, tz="UTC" if unit == "us" else None)
         t = pa.table({"t": pa.array(ts.astype(f"datetime64[{unit}]"), typ), "v": np.arange(40.0)})
         pq.write_table(t, tmp_path / f"{unit}.parquet", row_group_size=16)
-        src = open_source(str(tmp_path / f"{unit}.parquet"), timestamp="t")
+        src = open_source(str(tmp_path / f"{unit}.parquet"), timestamp="t", chunk_rows=16)
         assert src.timestamps.dtype == np.int64 and src.timestamps.chunks == src.array.chunks[:1] == ((16, 16, 8),)
         expected = ts.astype(f"datetime64[{unit}]").astype("datetime64[ns]").astype(np.int64)
         np.testing.assert_array_equal(src.timestamps.compute(), expected)
@@ -839,3 +844,83 @@ def test_rename_alternatives_read_the_first_name_each_file_has(tmp_path, fmt):
                        r"columns \['ask', 'askP'\], which the file lacks; the file has" % fmt):
         open_source(str(tmp_path / f"*.{fmt}"), rename={**rename, "ask_price_1": ["ask", "askP"]})
 
+
+
+def _small_groups(path, n: int = 600, group: int = 10, start: str = "2026-01-05T09:30:00") -> "pd.DataFrame":
+    """A Parquet file of ``n`` rows in row groups of ``group`` rows, as streaming writers make them."""
+    import pandas as pd
+
+    df = pd.DataFrame({"timestamp": pd.date_range(start, periods=n, freq="s", tz="UTC"),
+                       "bid_price_1": np.round(100 + np.arange(n) * 0.01, 2), "size": np.arange(n, dtype=np.int64)})
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path, row_group_size=group)
+    return df
+
+
+def test_many_small_row_groups_are_read_as_few_parts_each_parsing_the_footer_once(tmp_path, monkeypatch):
+    import dask
+    import pandas as pd
+
+    p = tmp_path / "stream.parquet"
+    ref = _small_groups(p)
+    assert pq.ParquetFile(p).num_row_groups == 60
+    footers = []
+    original = pq.ParquetFile.__init__
+
+    def counted(self, *a, **k):
+        footers.append(1)
+        original(self, *a, **k)
+
+    src = open_source(str(p), timestamp="timestamp", dtype="float64", chunk_rows=250)
+    assert src.array.chunks[0] == (250, 250, 100)  # 25, 25 and 10 row groups: a row group is never split
+    monkeypatch.setattr(pq.ParquetFile, "__init__", counted)
+    got, ns = dask.compute(src.array, src.timestamps, scheduler="sync")
+    assert len(footers) == 2 * 3  # values and times, once per part (each row group's read parsed it: 120)
+    ref = pd.read_parquet(p)
+    np.testing.assert_array_equal(got, ref[["bid_price_1", "size"]].to_numpy(np.float64))
+    np.testing.assert_array_equal(ns, ref["timestamp"].dt.tz_convert(None).to_numpy().astype("datetime64[ns]").astype(np.int64))
+    whole = open_source(str(p), timestamp="timestamp", dtype="float64")  # default chunk_rows: one part
+    assert whole.array.chunks[0] == (600,)
+
+
+def test_merged_row_groups_still_name_rows_and_order_row_groups(tmp_path):
+    p = tmp_path / "nan.parquet"
+    df = _small_groups(p, n=60)
+    df.loc[37, "bid_price_1"] = np.nan  # row 7 of row group 3, in the file's one part
+    pq.write_table(pa.Table.from_pandas(df, preserve_index=False), p, row_group_size=10)
+    with pytest.raises(InvalidValueError, match=r"nan\.parquet: NaN or inf in column 'bid_price_1' at row 7 of "
+                       r"row group 3;"):
+        open_source(str(p), timestamp="timestamp").array.compute()
+    swapped = df.assign(bid_price_1=100.0)
+    swapped.loc[[43, 44], "timestamp"] = swapped.loc[[44, 43], "timestamp"].to_numpy()  # inside row group 4
+    pq.write_table(pa.Table.from_pandas(swapped, preserve_index=False), p, row_group_size=10)
+    with pytest.raises(LoaderError, match=r"row 4 of row group 4 is at 2026-01-05T09:30:43.*before the row above it "
+                       r"\(row 3 of row group 4\)"):
+        open_source(str(p), timestamp="timestamp").timestamps.compute()
+    # Row groups out of order are still seen one by one in the footer, before anything is read.
+    late = pa.Table.from_pandas(df.iloc[30:].assign(bid_price_1=1.0), preserve_index=False)
+    early = pa.Table.from_pandas(df.iloc[:30].assign(bid_price_1=1.0), preserve_index=False)
+    pq.write_table(pa.concat_tables([late, early]), p, row_group_size=10)
+    src_parts = tables.probe_table(str(p), "parquet", "timestamp", {})
+    assert len(src_parts) == 1 and src_parts[0].groups == tuple(range(6))
+    with pytest.raises(LoaderError, match=r"nan\.parquet: row group 3 starts at .* before row group 2 ends"):
+        open_source(str(p), timestamp="timestamp")
+
+
+def test_merged_row_groups_of_times_of_day_are_dated_and_ordered(tmp_path):
+    import pandas as pd
+
+    d = tmp_path / "itch"
+    d.mkdir()
+    tod = (np.arange(40, dtype=np.int64) + 34_200) * 10**9  # 09:30:00 on, ns since midnight
+    for day in ("01022024", "01032024"):
+        pq.write_table(pa.table({"t": tod, "v": np.arange(40.0)}), d / f"{day}.parquet", row_group_size=8)
+    src = open_source(str(d / "*.parquet"), timestamp="t", date={"path": str(d / "{date}.parquet"),
+                                                                  "format": "%m%d%Y"})
+    assert src.array.chunks[0] == (40, 40)
+    want = np.concatenate([pd.Timestamp(day).value + tod for day in ("2024-01-02", "2024-01-03")])
+    np.testing.assert_array_equal(src.timestamps.compute(), want)
+    back = np.r_[tod[16:24], tod[:16], tod[24:]]  # row group 2 before row groups 0 and 1
+    pq.write_table(pa.table({"t": back, "v": np.arange(40.0)}), d / "01032024.parquet", row_group_size=8)
+    with pytest.raises(LoaderError, match=r"01032024\.parquet: row group 1 starts at 2024-01-03T09:30:00.* before "
+                       r"row group 0 ends at 2024-01-03T09:30:23"):
+        open_source(str(d / "*.parquet"), timestamp="t", date={"path": str(d / "{date}.parquet"), "format": "%m%d%Y"})
