@@ -218,7 +218,11 @@ def build_training_set(
     segs = segments if segments is not None else SegmentTable.single(int(x.shape[0]))
     _check_inputs(x, segs, norm, materialize)
     finish = _finisher(segs, feature_lookback(features), fill_value if nan == "fill" else None)
-    frame = compute_features(x, columns=columns, specs=features, post=finish)
+    # Float64 sources keep float64 features until they are normalized: a 97,000-level price
+    # rounded to float32 first (0.004 apart) moves its z-score by that over a small std.
+    # Unnormalized features are stored as float32 whatever they were computed in.
+    exact = x.dtype == np.float64 and norm.kind != "none"
+    frame = compute_features(x, columns=columns, specs=features, post=finish, dtype="float64" if exact else "float32")
     L = frame.lookback
     H = halo(size, scales)
     label_back, fwd = label.reach

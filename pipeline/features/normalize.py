@@ -195,10 +195,12 @@ def row_scaler(spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTabl
 
 
 def apply_normalization(f: da.Array, spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> da.Array:
-    """``f`` z-scored with ``stats`` (global: one mean and std; trailing: per segment)."""
+    """``f`` z-scored with ``stats`` (global: one mean and std; trailing: per segment),
+    as float32 (``none`` and ``window``: ``f`` as it is, in float32)."""
     scaler = row_scaler(spec, stats, segments)
     if scaler is None:
-        return f
+        # Stored windows are float32 whatever the features were computed in.
+        return f if f.dtype == np.float32 else f.astype(np.float32)
     starts = chunk_bounds(f.chunks[0])
 
     def block(b: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
