@@ -18,6 +18,14 @@ the pass was served:
 - more (``steps_per_epoch`` below the pass's length): the next Keras epoch goes on with
   the same pass where this one stopped.
 
+Keras asking for index 0 again, after the indices ``0, 1, ..., k - 1`` of this pass in
+order, starts the pass again from its start point: that is a new iteration of the
+dataset, as ``evaluate`` makes every time (``fit``'s ``validation_steps``,
+``evaluate(ds, steps=k)``), and Keras serves any other PyDataset's batches ``0 .. k-1``
+again then. A frozen model's validation loss stays the same from epoch to epoch.
+Training with ``shuffle=True`` (Keras's default) asks for indices out of order, and
+``steps_per_epoch`` continues a pass with index ``k``, so neither is taken for one.
+
 Keras reads ``len`` once per ``fit``: after ``load_state_dict``, ``fit(ds, epochs=1)``
 finishes the interrupted epoch, and later epochs (whole ones) come from another ``fit``.
 
@@ -101,6 +109,7 @@ class KerasDataset(_Base):
         self._start: dict[str, Any] | None = None  # the pass's start point, once it served a batch
         self._taken = 0  # batches served in the pass (over Keras epochs when it goes on)
         self._restarted = False  # the pass was started again after a peek
+        self._in_order = True  # Keras asked for the pass's indices 0, 1, ... in order
         self._moves = -1  # the stream's moves when the pass started (see _follow_moves)
         self._lock = threading.Lock()
 
@@ -151,13 +160,26 @@ class KerasDataset(_Base):
     def _end_pass(self) -> None:
         if self._iter is not None:
             self._iter.close()  # releases the reader threads
-        self._iter, self._start, self._taken, self._restarted = None, None, 0, False
+        self._iter, self._start, self._taken, self._restarted, self._in_order = None, None, 0, False, True
+
+    def _restart_pass(self) -> None:
+        """Serve the pass again from its start point (the same batches, in order)."""
+        start = self._start
+        self._iter.close()
+        self._iter, self._taken, self._in_order = None, 0, True
+        self.stream.load_state_dict(start)
+        self._moves = getattr(self.stream, "_moves", -1)
 
     def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
         with self._lock:
             self._follow_moves()
             if index < 0 or index >= self._pass_length():
                 raise IndexError(index)
+            if index == 0 and self._taken and self._in_order and self._iter is not None:
+                # A new iteration from index 0 after indices 0 .. k-1 in order: evaluate
+                # (validation_steps, steps=) serves the same first batches every time.
+                self._restart_pass()
+            self._in_order = self._in_order and index == self._taken
             if self._start is not None and self._taken >= self._pass_length():
                 # Asked for more after a whole pass, with no on_epoch_end between (an
                 # iterator made again within an epoch): the next epoch, as after it.
@@ -222,11 +244,8 @@ class KerasDataset(_Base):
                 # Keras looked at the first batches (to build the model) and trains from
                 # the pass's start next. Only once per pass: a loop of so few steps per
                 # epoch goes on with the pass the time after.
-                start = self._start
-                self._iter.close()
-                self._iter, self._taken, self._restarted = None, 0, True
-                self.stream.load_state_dict(start)
-                self._moves = getattr(self.stream, "_moves", -1)
+                self._restart_pass()
+                self._restarted = True
             elif self._taken >= length:
                 self._next_epoch()
             # else: steps_per_epoch ended Keras's epoch inside the pass, which goes on.

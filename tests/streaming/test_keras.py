@@ -183,3 +183,40 @@ def _peek_reads(s) -> int:
     ``prefetch`` groups ahead of that; at the epoch's end the next epoch's first group
     is read ahead. Seeking per shuffled index would read a group per batch instead."""
     return 2 * s.buffer_chunks * (3 + s.prefetch)
+
+
+def test_validation_steps_and_evaluate_steps_serve_the_same_first_batches_every_time(tmp_path):
+    """fit(validation_steps=k) and evaluate(steps=k) validate batches 0..k-1 each time,
+    as Keras does with any PyDataset: a frozen model's val_loss is one value (it moved
+    between epochs when the pass went on, and EarlyStopping acted on it)."""
+    n = 1200
+    x = np.broadcast_to(np.arange(n, dtype=np.float32)[:, None, None], (n, 4, 3)).copy()  # the sample's id
+    y = np.random.default_rng(0).normal(size=n).astype(np.float32)
+    store = pipeline.write(tmp_path / "s.zarr", {"train": {"x": x[:600], "y": y[:600]},
+                                                 "val": {"x": x[600:], "y": y[600:]}}, chunk_samples=100,
+                           progress=False)
+    firsts: list[list[float]] = []
+
+    class Recording(KerasDataset):
+        def __getitem__(self, index):
+            batch = super().__getitem__(index)
+            firsts[-1].append(float(np.asarray(batch[0])[0, 0, 0]))
+            return batch
+
+    class Validations(keras.callbacks.Callback):
+        def on_test_begin(self, logs=None):
+            firsts.append([])
+
+    model = _tiny_model()
+    model.compile(keras.optimizers.SGD(learning_rate=0.0), "mse")  # frozen
+    for k in (1, 2, 3):
+        firsts.clear()
+        vds = Recording(pipeline.stream(store, split="val", batch_size=100, shuffle=False))
+        train = pipeline.stream(store, split="train", batch_size=100, seed=0)
+        h = model.fit(train.keras(), validation_data=vds, validation_steps=k, epochs=4, verbose=0,
+                      callbacks=[Validations()])
+        assert firsts == [[600.0 + 100 * b for b in range(k)]] * 4, (k, firsts)
+        assert len(set(h.history["val_loss"])) == 1
+    firsts.append([])
+    again = [model.evaluate(vds, steps=2, verbose=0) for _ in range(3)]
+    assert len(set(again)) == 1 and firsts[-1] == [600.0, 700.0] * 3

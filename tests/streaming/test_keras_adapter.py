@@ -214,7 +214,9 @@ def test_the_pass_protocol(store):
     new pass where it now stands."""
     s = pipeline.stream(store, **KW)
     ds = s.keras()
-    ids = lambda: ds[0][1].tolist()  # noqa: E731 - the index does not choose the batch
+    # Indices out of order, as Keras's shuffled ones: the index does not choose the batch
+    # (index 0 again after 0, 1, ... in order is a new iteration: see the next test).
+    ids = lambda: ds[len(ds) - 1][1].tolist()  # noqa: E731
     epoch0 = [_order(store, 0)[i * 100:(i + 1) * 100] for i in range(10)]
     assert ids() == epoch0[0]
     ds.on_epoch_end()  # a peek: the pass starts again
@@ -233,6 +235,18 @@ def test_the_pass_protocol(store):
     t.load_state_dict({"epoch": 2, "batches_served": 10})
     other = t.keras()
     assert len(other) == 10 and other[0][1].tolist() == _order(store, 3)[:100]
+
+
+def test_index_zero_after_indices_in_order_serves_the_pass_again(store):
+    """Keras iterating the dataset again from index 0 (evaluate, validation_steps) gets
+    the pass's first batches again; indices out of order (shuffled training) never do."""
+    s = pipeline.stream(store, **KW)
+    ds = s.keras()
+    epoch0 = [_order(store, 0)[i * 100:(i + 1) * 100] for i in range(10)]
+    assert [ds[i][1].tolist() for i in range(4)] == epoch0[:4]
+    assert [ds[i][1].tolist() for i in range(2)] == epoch0[:2]  # a new iteration
+    assert [ds[i][1].tolist() for i in (5, 0, 3)] == epoch0[2:5]  # shuffled: the pass goes on
+    assert ds[0][1].tolist() == epoch0[5]
 
 
 @pytest.mark.parametrize("kwargs", [dict(workers=2), dict(workers=2, use_multiprocessing=True),

@@ -423,6 +423,18 @@ def test_len_never_promises_batches_that_iteration_refuses(n, world, drop_last):
         assert len(s) == promised == sum(1 for _ in s)
 
 
+@pytest.mark.parametrize("kw", [dict(batch_size=512), dict(batch_size=200, rank=0, world_size=2),
+                                dict(global_batch_size=1000, rank=1, world_size=2)])
+def test_drop_last_with_no_whole_batch_is_refused_rather_than_serving_empty_epochs(kw):
+    """300 samples, batches of 512 (or 200 per rank of 2, a global 1000) with drop_last:
+    every epoch had no batch, silently (Keras then failed on a None input)."""
+    ids = np.arange(300)
+    arrays = (ids[:, None].astype(np.float32), ids)
+    with pytest.raises(StreamError, match=r"300 samples fill no whole batch: .*drop_last=True"):
+        pipeline.stream(arrays, drop_last=True, **kw)
+    assert len(pipeline.stream(arrays, drop_last=False, **kw)) == 1  # the remainder is one batch
+
+
 def test_an_empty_split_is_named_with_its_store(tmp_path):
     path = str(tmp_path / "e.zarr")
     ids = np.arange(50)
