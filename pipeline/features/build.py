@@ -28,7 +28,7 @@ from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
 from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, fraction_cuts, is_dated
-from pipeline.features.steps import compute_features, feature_lookback
+from pipeline.features.steps import FeatureFrame, compute_features, feature_lookback
 from pipeline.features.windows import gather_rows, windows_at
 from pipeline.progress import compute
 from pipeline.storage.layout import unit_chunks
@@ -217,12 +217,8 @@ def build_training_set(
     scales = tuple(scales)
     segs = segments if segments is not None else SegmentTable.single(int(x.shape[0]))
     _check_inputs(x, segs, norm, materialize)
-    finish = _finisher(segs, feature_lookback(features), fill_value if nan == "fill" else None)
-    # Float64 sources keep float64 features until they are normalized: a 97,000-level price
-    # rounded to float32 first (0.004 apart) moves its z-score by that over a small std.
-    # Unnormalized features are stored as float32 whatever they were computed in.
-    exact = x.dtype == np.float64 and norm.kind != "none"
-    frame = compute_features(x, columns=columns, specs=features, post=finish, dtype="float64" if exact else "float32")
+    frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features),
+                                                                 fill_value if nan == "fill" else None))
     L = frame.lookback
     H = halo(size, scales)
     label_back, fwd = label.reach
@@ -264,6 +260,15 @@ def build_training_set(
     if folds is not None:
         fold_index, attrs["folds"] = _fold_output(fold_sets, where, bad, folds, segs, per_split, prior)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _feature_frame(x: da.Array, columns: Sequence[str], features: Sequence[FeatureSpec], norm: NormalizeSpec,
+                   finish: Callable[[np.ndarray, int], np.ndarray] | None) -> FeatureFrame:
+    """The per-step features of ``x``. Float64 sources keep float64 features until they
+    are normalized: a 97,000-level price rounded to float32 first (0.0078 apart) moves
+    its z-score by that over a small std. Unnormalized features are float32, as stored."""
+    exact = x.dtype == np.float64 and norm.kind != "none"
+    return compute_features(x, columns=columns, specs=features, post=finish, dtype="float64" if exact else "float32")
 
 
 def _split_outputs(f: da.Array, per_split: Mapping[str, WindowRuns], labels_steps: da.Array,
