@@ -82,6 +82,10 @@ class SourceConfig:
     #: headerless file (``header: false``).
     header: bool = True
     names: tuple[str, ...] | None = None
+    #: CSV only: the field delimiter (one character; ``";"`` where numbers have a
+    #: decimal comma) and the decimal mark of its numbers.
+    delimiter: str = ","
+    decimal: Literal[".", ","] = "."
     #: ``{canonical: source_name}``: feeds with their own column names
     #: (``bid_price_1: "bids[0].price"``); a list of alternatives
     #: (``ask_price_1: [best_ask_price, askPrice]``) for a vendor that renames a column

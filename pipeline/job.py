@@ -7,6 +7,7 @@ This module only wires stages together; each stage lives in its subpackage. It i
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import IO, Any, Literal, NoReturn
 import yaml
 
 from pipeline.config import Config, config_fingerprint
-from pipeline.errors import ConfigError, PipelineError, StoreConflictError
+from pipeline.errors import ConfigError, EmptyInputError, PipelineError, StoreConflictError
 
 __all__ = ["RunSummary", "run"]
 
@@ -84,6 +85,8 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
     }
     if not src.header or src.names:
         kwargs.update(header=src.header, names=src.names)
+    if (src.delimiter, src.decimal) != (",", "."):
+        kwargs.update(delimiter=src.delimiter, decimal=src.decimal)
     if src.rename:
         kwargs["rename"] = src.rename
     if src.date is not None:
@@ -122,7 +125,17 @@ def _check_table_source(src: Any) -> None:
 
     paths = (src.paths,) if isinstance(src.paths, str) else tuple(src.paths)
     if not any("://" in str(p) for p in paths):
-        expand_paths(src.paths)  # a glob that matches nothing is named now, not once connected
+        try:
+            expand_paths(src.paths)  # a glob that matches nothing is named now, not once connected
+        except EmptyInputError as exc:
+            relative = [str(p) for p in paths if not os.path.isabs(os.path.expanduser(str(p)))]
+            if not relative:
+                raise
+            # A relative glob is resolved against the working directory, which in a
+            # container or a batch job is not the config's folder (a DaskJob's is /data).
+            raise EmptyInputError(", ".join(map(str, paths)), (
+                f"matched no file (relative paths are resolved against the working directory {os.getcwd()}, "
+                f"not the config's folder: {os.path.join(os.getcwd(), relative[0])})")) from None
     try:
         formats = {format_of(str(p), src.format) for p in paths}
     except PipelineError:  # no suffix to go by (a directory, a URL): the files will tell
@@ -171,7 +184,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     -------
     RunSummary
     """
-    from pipeline.cluster import cluster, start_worker_server
+    from pipeline.cluster import start_worker_server
     from pipeline.daskimport import import_dask_array
 
     import_dask_array()  # dask.array without xarray, before anything imports it
@@ -180,22 +193,39 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         # First: the LocalCluster's workers are forked from a server process that imports
         # what they run while this process imports the same for itself, on another core.
         start_worker_server()
-    from pipeline.features import build_training_set
-    from pipeline import update
-    from pipeline.loaders.segments import open_segmented
-    from pipeline.storage.layout import task_block, unit_samples
 
     def say(msg: str) -> None:
         if log is not None:
             print(msg, file=log, flush=True)
 
-    from pipeline.storage.writer import check_target, local_absolute
+    from pipeline.remote import remote_errors_explained
+    from pipeline.storage.lock import write_lock
+    from pipeline.storage.writer import local_absolute
 
     t0 = time.perf_counter()
-    src_cfg = config.source
     # The workers of a remote cluster write the store: a relative path would be theirs.
     config = dataclasses.replace(config, output=dataclasses.replace(
         config.output, path=local_absolute(config.output.path), overwrite=config.output.overwrite or mode != "auto"))
+    # The store's write lock first, before the source is read or the cluster starts: a
+    # run that another run's lock refuses costs nothing. The writer takes it again
+    # within this hold (pipeline.storage.lock is re-entrant).
+    remote = config.cluster.address is not None or config.cluster.scheduler_file is not None
+    sources = (config.source.paths,) if isinstance(config.source.paths, str) else tuple(config.source.paths)
+    with write_lock(config.output.path), remote_errors_explained(config.output.path, sources=sources, remote=remote):
+        return _run_locked(config, mode=mode, say=say, progress=progress, log=log, t0=t0)
+
+
+def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[str] | None,
+                t0: float) -> RunSummary:
+    """:func:`run`'s work, under the store's write lock."""
+    from pipeline import update
+    from pipeline.cluster import cluster
+    from pipeline.features import build_training_set
+    from pipeline.loaders.segments import open_segmented
+    from pipeline.storage.layout import task_block, unit_samples
+    from pipeline.storage.writer import check_target
+
+    src_cfg = config.source
     out = config.output
     stored = update.stored_build(config) if mode == "auto" and not out.overwrite else None
     files = update.new_files(config, stored) if stored is not None else []
@@ -220,7 +250,9 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
 
     # Frozen once the cluster is up: full collections then scan only what the build
     # makes (pipeline.gcfreeze).
-    with cluster(**_cluster_kwargs(config), log=log), frozen_heap():
+    with cluster(**_cluster_kwargs(config), log=log) as client, frozen_heap():
+        if config.cluster.address is not None or config.cluster.scheduler_file is not None:
+            _check_workers_see(client, config)
         if stored is not None:
             done = update.build_append(config, stored, files, say=say, progress=progress,
                                        source_kwargs=_source_kwargs(config), block_windows=block_windows)
@@ -261,6 +293,31 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
             + ("" if config.windows.materialize else " (virtual: features stored once)"))
         _write_build(config, tset, source, progress)
     return _summary(config, rows, t0, "build")
+
+
+#: How many of the local raw files the workers of a remote cluster are asked to see
+#: (the first and the last ones): each worker answers in one call, whatever the count.
+_FILES_CHECKED = 16
+
+
+def _check_workers_see(client: Any, config: Config) -> None:
+    """Refuse, before any task, a remote cluster whose workers cannot see the local
+    output's folder (the write lock this process holds beside the store) or the local
+    raw files (a sample of them), naming the workers (:func:`pipeline.remote.check_workers_see`)."""
+    from pipeline.loaders import expand_paths
+    from pipeline.remote import check_workers_see
+    from pipeline.storage.lock import lock_path
+    from pipeline.storage.store import is_remote
+
+    out, src = config.output, config.source
+    paths = (src.paths,) if isinstance(src.paths, str) else tuple(src.paths)
+    files: list[str] = []
+    if not any("://" in str(p) for p in paths):
+        found = [str(f) for f in expand_paths(src.paths)]
+        half = _FILES_CHECKED // 2
+        files = found if len(found) <= _FILES_CHECKED else found[:half] + found[-half:]
+    marker = None if is_remote(out.path) else lock_path(out.path)
+    check_workers_see(client, store=out.path, marker=marker, files=files)
 
 
 def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None:

@@ -210,7 +210,7 @@ def open_source(
     header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
     scale: Mapping[str, float] | None = None, missing: Any = None,
-    date: Any = None,
+    date: Any = None, delimiter: str = ",", decimal: str = ".",
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -293,6 +293,11 @@ def open_source(
         ``time64`` column): ``{"path": "data/{date}.csv", "format": "%m%d%Y"}`` or a
         :class:`~pipeline.features.sessions.DateSpec`. Each row's time is the date at
         00:00 plus its time of day, naive; files are joined in date order.
+    delimiter
+        CSV: the field delimiter, one character (``;`` for a file whose numbers have a
+        decimal comma).
+    decimal
+        CSV: the decimal mark of numbers, ``.`` or ``,``.
 
     Returns
     -------
@@ -311,11 +316,14 @@ def open_source(
         raise FormatMismatchError(str(paths), "source.scale and source.missing are for CSV and Parquet tables")
     if date is not None and kind != "table":
         raise FormatMismatchError(str(paths), "source.date dates the rows of CSV and Parquet tables")
+    if timestamp is not None and kind != "table":  # arrays have no columns: it would be ignored silently
+        raise FormatMismatchError(str(paths), f"timestamp={timestamp!r} names a column of a table (CSV, Parquet); "
+                                  f"{kind} files have no columns and no times: leave source.timestamp unset")
     opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
     try:
         results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
                                                     names=names, rename=rename, on_error=on_error,
-                                                    part_rows=chunk_rows)
+                                                    part_rows=chunk_rows, delimiter=delimiter, decimal=decimal)
     except LoaderError as exc:
         if labels in (None, "folder"):
             raise
@@ -447,7 +455,7 @@ def _globbed_files(paths: Any, format: str | None, so: dict) -> list[str]:
 
 def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, so: dict, *,
                  timestamp: str | None, header: bool, names: Sequence[str] | None, rename: Mapping[str, str] | None,
-                 on_error: str, part_rows: int | None = None
+                 on_error: str, part_rows: int | None = None, delimiter: str = ",", decimal: str = "."
                  ) -> tuple[list, list[tuple[str, str]], dict[str, FileInfo]]:
     """Every file's header (``None`` for a file skipped with ``on_error="skip"``), the
     skipped files with their reasons, and the companion files read with tables (LOBSTER's
@@ -463,7 +471,7 @@ def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, 
             size, mtime = _stat(path, so)
             if kind == "table":
                 parts = tables.probe_table(path, fmts[path], timestamp, so, header=header, names=names,
-                                           rename=rename, part_rows=part_rows)
+                                           rename=rename, part_rows=part_rows, delimiter=delimiter, decimal=decimal)
                 if parts and parts[0].companion:
                     companions[path] = FileInfo(parts[0].companion, *_stat(parts[0].companion, so),
                                                 rows=sum(p.rows for p in parts))

@@ -31,9 +31,10 @@ SUFFIXES = {
 #: share a suffix with others (``.csv``, ``.txt``).
 NAMED = ("lobster", "fi2010")
 
-#: Compression suffixes of text files (fsspec's codec names): a ``day.csv.gz`` is CSV,
-#: read through a decompressing stream. Real order-book data is often shipped so.
-TEXT_COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz"}
+#: Compression suffixes of text files (fsspec's codec names; zstd is decompressed by
+#: pyarrow): a ``day.csv.gz`` is CSV, read through a decompressing stream. Real
+#: order-book data is often shipped so.
+TEXT_COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
 #: Formats whose files may be compressed that way.
 TEXT_FORMATS = ("csv", "lobster")
 

@@ -19,16 +19,19 @@ for its own names.
 
 from __future__ import annotations
 
+import io
 import json
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import dask.array as da
 import fsspec
 import numpy as np
 
 from pipeline.errors import (
+    ConfigError,
     FormatMismatchError,
     InvalidValueError,
     LoaderError,
@@ -37,11 +40,12 @@ from pipeline.errors import (
 )
 from pipeline.loaders.registry import compression_of
 
-__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_file_times", "check_time_order",
-           "check_time_zones", "check_units", "count_lines", "files_out_of_order", "group_parts", "inexact_integers",
-           "is_datum", "is_number", "looks_like_data", "merged_groups", "open_text", "part_rows_of", "part_specs",
-           "parts_array", "previous_line", "probe_table", "project_columns", "read_columns", "read_range",
-           "repeated_hour_advice", "require_pyarrow", "row_place", "split_fields", "table_array", "text_ranges"]
+__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_csv_marks", "check_file_times", "check_time_order",
+           "check_time_zones", "check_units", "compressed_kind", "count_lines", "files_out_of_order", "group_parts",
+           "inexact_integers", "is_datum", "is_number", "looks_like_data", "merged_groups", "open_text",
+           "part_rows_of", "part_specs", "parts_array", "previous_line", "probe_table", "project_columns",
+           "read_columns", "read_range", "repeated_header", "repeated_hour_advice", "require_pyarrow", "row_place",
+           "split_fields", "table_array", "text_ranges", "trailing_blank_lines"]
 
 
 def require_pyarrow() -> Any:
@@ -55,8 +59,37 @@ def require_pyarrow() -> Any:
 
 def open_text(path: str, so: dict) -> Any:
     """A text file (CSV, LOBSTER) opened for reading its bytes: decompressed as read when
-    its name ends in a compression suffix (``.csv.gz``, ``.bz2``, ``.xz``)."""
-    return fsspec.open(path, "rb", compression=compression_of(path), **so)
+    its name ends in a compression suffix (``.csv.gz``, ``.bz2``, ``.xz``, ``.zst``)."""
+    codec = compression_of(path)
+    if codec == "zstd":  # fsspec's zstd needs the zstandard package; pyarrow has the codec
+        return _zstd_text(path, so)
+    return fsspec.open(path, "rb", compression=codec, **so)
+
+
+class _ArrowRaw(io.RawIOBase):
+    """A pyarrow input stream as a raw Python file, so that ``io.BufferedReader`` gives
+    it ``readline`` and line iteration (pyarrow's streams have neither)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self._stream.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+@contextmanager
+def _zstd_text(path: str, so: dict) -> Iterator[Any]:
+    """A zstd-compressed file's bytes, decompressed as read by pyarrow's codec."""
+    pa = require_pyarrow()
+    with fsspec.open(path, "rb", **so) as raw:
+        stream = pa.CompressedInputStream(pa.PythonFile(raw, mode="r"), "zstd")
+        with io.BufferedReader(_ArrowRaw(stream), 1 << 20) as fh:
+            yield fh
 
 
 def part_rows_of(path: str, part_rows: int) -> int:
@@ -136,6 +169,10 @@ class TablePart:
     #: the part is the one row group ``group``.
     group_rows: tuple[int, ...] = ()
     group_bounds: tuple[tuple[Any, Any], ...] = ()
+    #: CSV: the field delimiter and the decimal mark (``source.delimiter``,
+    #: ``source.decimal``).
+    delimiter: str = ","
+    decimal: str = "."
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -352,13 +389,34 @@ def looks_like_data(fields: Sequence[str]) -> bool:
     return values > 0 and values * 2 > len(fields)
 
 
-def split_fields(line: bytes, path: str) -> list[str]:
-    """The comma-separated fields of one CSV line, unquoted (for header probes only)."""
+#: The first bytes of compressed files, by codec (for a message about a file that is).
+_SIGNATURES = {b"\x1f\x8b": "gzip", b"BZh": "bz2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd",
+               b"PK\x03\x04": "zip", b"\x04\x22\x4d\x18": "lz4"}
+#: The compression suffix of each codec the text readers decompress.
+_CODEC_SUFFIX = {"gzip": ".gz", "bz2": ".bz2", "xz": ".xz", "zstd": ".zst"}
+
+
+def compressed_kind(head: bytes) -> str | None:
+    """The codec whose signature ``head`` (a file's first bytes) starts with, or None."""
+    return next((codec for sig, codec in _SIGNATURES.items() if head.startswith(sig)), None)
+
+
+def split_fields(line: bytes, path: str, delimiter: str = ",") -> list[str]:
+    """The ``delimiter``-separated fields of one CSV line, unquoted (for header probes
+    only); a UTF-8 byte order mark before the first (Excel's, pandas'
+    ``encoding="utf-8-sig"``) is no part of its name, as pyarrow's reader drops it."""
     try:
-        text = line.decode("utf-8").rstrip("\r\n")
+        text = line.decode("utf-8-sig").rstrip("\r\n")
     except UnicodeDecodeError:
+        codec = compressed_kind(line)
+        if codec is not None:
+            known = _CODEC_SUFFIX.get(codec)
+            fix = (f"name it with its compression suffix (.csv{known}), which is read decompressed" if known else
+                   "decompress it first (the text readers decompress .gz, .bz2, .xz and .zst)")
+            raise FormatMismatchError(path, f"expected CSV text, found {codec}-compressed bytes (its first bytes are "
+                                      f"the {codec} signature); {fix}") from None
         raise FormatMismatchError(path, "expected UTF-8 CSV text, found undecodable bytes in its first line") from None
-    return [c.strip().strip('"') for c in text.split(",")]
+    return [c.strip().strip('"') for c in text.split(delimiter)]
 
 
 #: Bytes per read while counting a text file's lines.
@@ -369,9 +427,11 @@ _HEAD_BYTES = 1 << 16
 
 def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[bytes, int, list[int], bytes]:
     """The first line of a text file, its number of lines (a last line without a
-    newline counts), with ``every`` the byte offset where each line ``base + k * every``
-    (``k >= 1``) starts, and its second line (``b""`` without one), from one sequential
-    read.
+    newline counts; blank lines at its end do not, as pyarrow's reader and pandas skip
+    them), with ``every`` the byte offset where each line ``base + k * every``
+    (``k >= 1``) starts, and the bytes after the first line (up to
+    :data:`_HEAD_BYTES`, or to the end of the second line if that is longer), from one
+    sequential read.
 
     Offsets are found only in the blocks that hold them, so a file without parts costs
     a newline count."""
@@ -380,7 +440,8 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
         with open_text(path, so) as fh:
             first = fh.readline()
             count = 1 if first.endswith(b"\n") else 0  # newlines so far: line i starts after newline i
-            pos, last, head = len(first), first, b""  # head: the start of the second line
+            pos, last, head = len(first), first, b""  # head: the bytes after the first line
+            tail = first  # the file's last bytes, for its blank lines at the end
             target = base + every if every else None
             if target is not None and target <= count:  # line 1 starts right after the first line
                 starts.append(pos)
@@ -389,8 +450,9 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
                 block = fh.read(_READ_BLOCK)
                 if not block:
                     break
-                if b"\n" not in head and len(head) < _HEAD_BYTES:  # the first data line under a header
+                if len(head) < _HEAD_BYTES or b"\n" not in head:  # the first data lines under a header
                     head += block[:_HEAD_BYTES]
+                tail = block[-_HEAD_BYTES:] if len(block) >= _HEAD_BYTES else (tail + block)[-_HEAD_BYTES:]
                 n = block.count(b"\n")
                 if target is not None and count + n >= target:
                     newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n"))
@@ -402,12 +464,25 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
                 last = block
             if last and not last.endswith(b"\n"):
                 count += 1  # a final line without a newline
+            count -= trailing_blank_lines(tail, whole=pos <= len(tail))
     except FileNotFoundError:
         raise LoaderError(path, "no such file") from None
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
-    # A newline that ends the file starts no line.
-    return first, count, [o for k, o in enumerate(starts) if base + (k + 1) * every < count], head.split(b"\n", 1)[0]
+    # A newline that ends the file starts no line; nor does a part start in its blank end.
+    return first, count, [o for k, o in enumerate(starts) if base + (k + 1) * every < count], head
+
+
+def trailing_blank_lines(tail: bytes, whole: bool = False) -> int:
+    """How many empty lines (``\\n`` or ``\\r\\n`` alone) end a text file whose last bytes
+    are ``tail`` (``whole``: ``tail`` is the whole file). An editor or a concatenation
+    leaves them (``df.to_csv() + "\\n"``); pyarrow's reader and pandas skip them."""
+    body = tail.rstrip(b"\r\n")
+    end = tail[len(body):]
+    lines = end.count(b"\n") + int(bool(end) and not end.endswith(b"\n"))  # lines the end holds or closes
+    if not body:
+        return lines if whole else max(0, lines - 1)
+    return max(0, lines - 1)  # its first newline ends the last line of data
 
 
 def text_ranges(head: int, starts: Sequence[int], rows: int,
@@ -421,15 +496,19 @@ def text_ranges(head: int, starts: Sequence[int], rows: int,
 
 
 def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
-               part_rows: int = TEXT_PART_ROWS, timestamp: str | Sequence[str] | None = None) -> list[TablePart]:
+               part_rows: int = TEXT_PART_ROWS, timestamp: str | Sequence[str] | None = None,
+               delimiter: str = ",", decimal: str = ".") -> list[TablePart]:
     """The parts of a CSV file (a newline count), with ``tz`` from the first row's time in
-    column ``timestamp`` (see :func:`_csv_time_kind`)."""
+    column ``timestamp`` (see :func:`_csv_time_kind`) and the columns that do not hold
+    numbers (:func:`_csv_text_columns`)."""
     part_rows = part_rows_of(path, part_rows)
-    first, lines, starts, second = count_lines(path, so, every=part_rows, base=int(header))
-    fields = split_fields(first, path)
+    first, lines, starts, head = count_lines(path, so, every=part_rows, base=int(header))
+    second = head.split(b"\n", 1)[0]
+    fields = split_fields(first, path, delimiter)
     if not first.strip():
         raise FormatMismatchError(path, f"expected a CSV {'header' if header else 'data'} line, found an empty file")
-    if header and looks_like_data(fields):
+    _check_delimiter(path, fields, first, second, delimiter)
+    if header and looks_like_data([f.replace(decimal, ".") for f in fields]):
         shown = first.decode("utf-8", "replace").rstrip("\r\n")
         shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise FormatMismatchError(
@@ -451,12 +530,70 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
         # row group has none. Read, it would give columns of pyarrow's null type.
         return []
     timestamp = _first_present(timestamp, cols)  # a rename may list alternatives
-    tz = _csv_time_kind(path, second if header else first, cols, timestamp) if timestamp else None
+    tz = _csv_time_kind(path, second if header else first, cols, timestamp, delimiter) if timestamp else None
+    base = TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz,
+                     delimiter=delimiter, decimal=decimal)
+    base = replace(base, non_numeric=_csv_text_columns(base, first + head))
     if rows <= part_rows:
-        return [TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz)]
+        return [base]
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
-    return [TablePart(path, "csv", k, min(part_rows, rows - row0), cols, sources=cols, header=header, names=given,
-                      data=data, row0=row0, tz=tz) for k, (row0, data) in enumerate(ranges)]
+    return [replace(base, group=k, rows=min(part_rows, rows - row0), data=data, row0=row0)
+            for k, (row0, data) in enumerate(ranges)]
+
+
+#: Delimiters a CSV file of one field per line is likely to use instead of the one set.
+_OTHER_DELIMITERS = (";", "\t", "|")
+
+
+def _check_delimiter(path: str, fields: Sequence[str], first: bytes, second: bytes, delimiter: str) -> None:
+    """Refuse a file read as one field per line whose first two lines split into the
+    same number of fields by another common delimiter (``;``, where the decimal mark is
+    a comma; a tab; ``|``): read so, every column would be one of text."""
+    if len(fields) != 1:
+        return
+    for other in _OTHER_DELIMITERS:
+        if other == delimiter:
+            continue
+        n = len(split_fields(first, path, other))
+        if n > 1 and (not second or len(split_fields(second, path, other)) == n):
+            shown = "\\t" if other == "\t" else other
+            raise FormatMismatchError(
+                path, f"its first line has one field split by {delimiter!r} but {n} split by {other!r}: it looks "
+                f"{other!r}-delimited; set source.delimiter: {shown!r} (pipeline.load(..., delimiter={other!r})), and "
+                "source.decimal: ',' if its numbers have a decimal comma")
+
+
+def _csv_text_columns(part: TablePart, block: bytes) -> tuple[str, ...]:
+    """The file's own names of a CSV file's columns that do not hold numbers (text,
+    times), from the types pyarrow infers on ``block`` (its first bytes, cut at a line's
+    end), as Parquet's schema tells them: left out of the default columns."""
+    pa = require_pyarrow()
+    import pyarrow.csv as pacsv
+
+    cut = block.rfind(b"\n")
+    block = block[: cut + 1] if cut >= 0 else block
+    try:
+        table = pacsv.read_csv(io.BytesIO(block), read_options=_read_options(part),
+                               parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
+                               convert_options=pacsv.ConvertOptions(decimal_point=part.decimal))
+    except (pa.ArrowException, ValueError):  # a quoted newline cut, say: the read itself will say what is wrong
+        return ()
+    _check_no_header_rows(part, table, table.column_names)  # else its columns would seem to hold text
+    numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
+               pa.types.is_null)  # null: empty in the first rows, numbers (or NaN) as far as is known
+    return tuple(f.name for f in table.schema if not any(test(f.type) for test in numeric))
+
+
+def _read_options(part: TablePart) -> Any:
+    """pyarrow's ``ReadOptions`` for a CSV part: the header's names, or the names given
+    (the header, if any, skipped), or, for a part after the first, the file's names."""
+    import pyarrow.csv as pacsv
+
+    if part.data is not None:  # a part's lines, without the header: named by the file's names
+        return pacsv.ReadOptions(column_names=list(part.sources))
+    if part.names is not None:  # names given: the header, if any, is skipped, not read
+        return pacsv.ReadOptions(column_names=list(part.names), skip_rows=1 if part.header else 0)
+    return pacsv.ReadOptions()
 
 
 #: An ISO time that names its offset from UTC (``Z``, ``+11:00``, ``-0500``) at its end.
@@ -465,7 +602,8 @@ _OFFSET = re.compile(r"(Z|[+-]\d{2}:?\d{2})$")
 _ISO_TIME = re.compile(r"^\d{4}-\d{2}-\d{2}")
 
 
-def _csv_time_kind(path: str, line: bytes, columns: Sequence[str], column: str) -> str | None:
+def _csv_time_kind(path: str, line: bytes, columns: Sequence[str], column: str, delimiter: str = ","
+                   ) -> str | None:
     """Whether a CSV file's times are instants, from its first data ``line``: ``"UTC"``
     when the time in ``column`` names an offset (pyarrow reads such times as UTC
     instants), ``""`` when it is an ISO wall-clock time without one (naive), ``None``
@@ -474,7 +612,7 @@ def _csv_time_kind(path: str, line: bytes, columns: Sequence[str], column: str) 
     its true instants."""
     if column not in columns:
         return None
-    fields = split_fields(line, path)
+    fields = split_fields(line, path, delimiter)
     at = list(columns).index(column)
     value = fields[at] if at < len(fields) else ""
     if not _ISO_TIME.match(value):
@@ -484,11 +622,14 @@ def _csv_time_kind(path: str, line: bytes, columns: Sequence[str], column: str) 
 
 def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header: bool = True,
                 names: Sequence[str] | None = None, rename: Mapping[str, str | Sequence[str]] | None = None,
-                part_rows: int | None = None) -> list[TablePart]:
+                part_rows: int | None = None, delimiter: str = ",", decimal: str = ".") -> list[TablePart]:
     """Row counts and column names of one file, from metadata only (Parquet) or a
     newline count (CSV, LOBSTER), with canonical names after ``rename`` (a value may
     list alternative source names: the first the file has is read). Text files of
-    more than ``part_rows`` rows (default :data:`TEXT_PART_ROWS`) come in parts."""
+    more than ``part_rows`` rows (default :data:`TEXT_PART_ROWS`) come in parts;
+    Parquet row groups are joined into parts of up to as many. A CSV file's fields are
+    split by ``delimiter``, its numbers read with the decimal mark ``decimal``."""
+    check_csv_marks(delimiter, decimal)
     part_rows = part_rows or TEXT_PART_ROWS
     rename = dict(rename or {})
     if fmt == "parquet":
@@ -502,11 +643,30 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
 
         parts = probe_fi2010(path, so)  # one part per file: its events run along each line
     else:
-        parts = _csv_parts(path, so, header, names, part_rows, rename.get(timestamp, timestamp) if timestamp else None)
+        parts = _csv_parts(path, so, header, names, part_rows, rename.get(timestamp, timestamp) if timestamp else None,
+                           delimiter, decimal)
     if not rename or not parts:
         return parts
     cols = _renamed(path, parts[0].sources, rename)
     return [replace(p, columns=cols) for p in parts]
+
+
+def check_csv_marks(delimiter: str, decimal: str) -> None:
+    """Refuse a CSV delimiter that is not one character (a newline, a quote or the
+    decimal mark among them) and a decimal mark other than ``.`` and ``,``.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``delimiter`` or ``decimal`` (``source.delimiter``, ``source.decimal``).
+    """
+    if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in "\r\n\"":
+        raise ConfigError("delimiter", "one character (not a newline or a quote), such as ',' or ';'", delimiter)
+    if decimal not in (".", ","):
+        raise ConfigError("decimal", "'.' or ','", decimal)
+    if decimal == delimiter:
+        raise ConfigError("decimal", f"a mark other than the delimiter {delimiter!r} (set source.delimiter: ';' "
+                          "for numbers with a decimal comma)", decimal)
 
 
 def previous_line(path: str, start: int, so: dict) -> int:
@@ -550,19 +710,65 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
         else:
             import pyarrow.csv as pacsv
 
-            read = pacsv.ReadOptions()
-            if part.names is not None:  # names given: the header, if any, is skipped, not read
-                read = pacsv.ReadOptions(column_names=list(part.names), skip_rows=1 if part.header else 0)
-            if part.data is not None:  # a part's lines, without the header: named by the file's names
-                read = pacsv.ReadOptions(column_names=list(part.sources))
             with open_text(part.path, so) as fh:
-                table = pacsv.read_csv(fh if part.data is None else read_range(fh, part.data), read_options=read,
-                                       convert_options=pacsv.ConvertOptions(include_columns=sources))
+                table = pacsv.read_csv(fh if part.data is None else read_range(fh, part.data),
+                                       read_options=_read_options(part),
+                                       parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
+                                       convert_options=pacsv.ConvertOptions(include_columns=sources,
+                                                                            decimal_point=part.decimal))
     except Exception as exc:  # noqa: BLE001
+        line = repeated_header(part, so) if part.fmt == "csv" else None
+        if line is not None:
+            raise _header_again(part, line) from None
         raise LoaderError(part.path, f"cannot read {part.fmt} data ({exc})") from None
+    if part.fmt == "csv":
+        _check_no_header_rows(part, table, sources)
     if table.num_rows != part.rows:
-        raise LoaderError(part.path, f"expected {part.rows} rows from its metadata, read {table.num_rows}")
+        if part.fmt == "parquet":
+            raise LoaderError(part.path, f"expected {part.rows} rows from its metadata, read {table.num_rows}")
+        raise LoaderError(part.path, f"expected {part.rows} rows (its lines, counted when the source was opened), "
+                          f"read {table.num_rows}: a blank line inside the file, a quoted field holding a newline, "
+                          "or the file changed since")
     return {c: table.column(s) for c, s in zip(columns, sources)}
+
+
+def _header_again(part: TablePart, line: int) -> LoaderError:
+    """The error for a CSV file whose header appears again at ``line`` (from 1)."""
+    return LoaderError(part.path, f"line {line} repeats the header (line 1): files joined with their headers "
+                       "(cat a.csv b.csv)? Keep the first header only")
+
+
+def _check_no_header_rows(part: TablePart, table: Any, sources: Sequence[str]) -> None:
+    """Refuse a CSV part holding its header again as a row: a column of text whose value
+    is the column's own name (two files joined with their headers) would otherwise be
+    read as a column of text, and refused as that."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if not part.header:
+        return
+    for name in sources:
+        col = table.column(name)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            at = pc.index(col, pa.scalar(name, col.type)).as_py()
+            if at is not None and at >= 0:
+                raise _header_again(part, part.row0 + at + 2)  # from 1, the header line counted
+
+
+def repeated_header(part: TablePart, so: dict) -> int | None:
+    """The line (from 1) where a CSV file's header appears again, or None: read line by
+    line, only to explain a part that failed to read."""
+    if not part.header:
+        return None
+    try:
+        with open_text(part.path, so) as fh:
+            header = fh.readline().lstrip(b"\xef\xbb\xbf").rstrip(b"\r\n")
+            for k, line in enumerate(fh, start=2):
+                if line.rstrip(b"\r\n") == header:
+                    return k
+    except OSError:
+        return None
+    return None
 
 
 def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any = np.float32,
@@ -736,10 +942,12 @@ def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp:
 def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, timestamp: str | None,
                   instrument: str | None = None) -> tuple[str, ...]:
     """The columns to read: the requested ones (each present in every file) or every
-    column but the timestamp and the instrument column."""
+    numeric column but the timestamp and the instrument column (and but a column without
+    a name: the index pandas' ``to_csv`` writes, which is no feature)."""
     first = parts[0]
     wanted = tuple(columns) if columns else tuple(
-        c for c in first.columns if c not in (timestamp, instrument) and first.source_of(c) not in first.non_numeric)
+        c for c in first.columns
+        if c not in (timestamp, instrument, "") and first.source_of(c) not in first.non_numeric)
     for p in parts:
         missing = [c for c in wanted if c not in p.columns]
         if missing:

@@ -128,3 +128,16 @@ def test_a_huge_declared_shape_in_a_tiny_file_is_refused_before_reading(tmp_path
         fh.write(b"\x00" * 64)
     with pytest.raises(LoaderError, match=r"huge\.npy: truncated: the header declares \(1000000000, 1000\)"):
         pipeline.load(str(tmp_path / "huge.npy"))
+
+
+def test_timestamp_for_files_without_columns_is_refused(tmp_path):
+    # npy, HDF5 and images have no columns: a timestamp column was ignored silently.
+    np.save(tmp_path / "x.npy", np.zeros((5, 2)))
+    with h5py.File(tmp_path / "x.h5", "w") as f:
+        f["x"] = np.zeros((5, 2))
+    Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "x.png")
+    for name, kind in (("x.npy", "npy"), ("x.h5", "hdf5"), ("x.png", "image")):
+        with pytest.raises(FormatMismatchError, match=rf"x\.{name[2:]}: timestamp='timestamp' names a column of a "
+                           rf"table \(CSV, Parquet\); {kind} files have no columns"):
+            open_source(str(tmp_path / name), combine="concat" if kind != "image" else None, timestamp="timestamp")
+    assert open_source(str(tmp_path / "x.h5"), combine="concat").array.shape == (5, 2)  # without it, read as before
