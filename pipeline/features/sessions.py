@@ -140,7 +140,8 @@ class InstrumentSpec:
     path
         A path pattern with ``{instrument}`` in it (``data/{instrument}/*.parquet``):
         the instrument of each file. ``*`` matches within one path component, ``**``
-        across components.
+        across components; another ``{name}`` (a hive layout's ``date={date}``) matches
+        like ``*``.
     """
 
     column: str | None = None
@@ -174,17 +175,27 @@ class InstrumentSpec:
         return m.group("instrument") if m else None
 
 
+#: A ``{name}`` placeholder in a path pattern.
+_PLACEHOLDER = re.compile(r"\{[A-Za-z_]\w*\}")
+
+
 def path_pattern_regex(text: str, field: str) -> re.Pattern[str]:
     """A path pattern (``data/{instrument}/*.parquet``) as a regular expression that
     matches a file's whole path, or its end after a ``/``, with a group named ``field``
-    for ``{field}``. ``*`` matches within one path component, ``**`` across them."""
+    for ``{field}``. ``*`` matches within one path component, ``**`` across them; any
+    other ``{name}`` (``date={date}`` of a hive layout beside ``{instrument}``) is
+    matched like ``*``, not taken literally."""
     token = "{" + field + "}"
     out = []
     i = 0
     while i < len(text):
+        other = _PLACEHOLDER.match(text, i)
         if text.startswith(token, i):
             out.append(f"(?P<{field}>[^/]+?)")
             i += len(token)
+        elif other is not None:
+            out.append("[^/]*")
+            i = other.end()
         elif text.startswith("**", i):
             out.append(".*")
             i += 2

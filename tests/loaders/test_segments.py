@@ -534,3 +534,27 @@ def pc_add(col, n: int):
     import pyarrow.compute as pc
 
     return pc.add(col, n)
+
+
+def test_other_placeholders_in_the_instrument_path_match_one_component(tmp_path):
+    # A hive layout: date={date}/instrument={instrument}/part-0.parquet; {date} is no
+    # instrument and matches like *, within one path component.
+    import pandas as pd
+
+    frames = {}
+    for k, (day, name) in enumerate([("2024-01-02", "X"), ("2024-01-02", "Y"), ("2024-01-03", "X"),
+                                     ("2024-01-03", "Y")]):
+        d = tmp_path / "hive" / f"date={day}" / f"instrument={name}"
+        d.mkdir(parents=True)
+        df = pd.DataFrame({"timestamp": pd.date_range(f"{day} 14:30", periods=5, freq="s"),
+                           "bid_price_1": 100.0 + k + np.arange(5)})
+        df.to_parquet(d / "part-0.parquet", index=False)
+        frames[(day, name)] = df
+    pattern = str(tmp_path / "hive" / "date={date}" / "instrument={instrument}" / "part-0.parquet")
+    src = open_segmented(str(tmp_path / "hive" / "*" / "*" / "*.parquet"), timestamp="timestamp",
+                         instrument=InstrumentSpec(path=pattern), sessions=SessionSpec(mode="date"), dtype="float64")
+    assert src.segments.instruments == ("X", "Y")
+    want = np.concatenate([frames[(day, name)]["bid_price_1"].to_numpy() for day in ("2024-01-02", "2024-01-03")
+                           for name in ("X", "Y")])  # session after session, instrument after instrument
+    np.testing.assert_array_equal(src.array.compute()[:, 0], want)
+    assert InstrumentSpec(path="data/{venue}/{instrument}.csv").instrument_of("data/a/b/X.csv") is None  # one component
