@@ -192,25 +192,18 @@ def _stat(path: str, so: dict) -> tuple[int, float]:
 
 
 def open_source(
-    paths: str | os.PathLike[str] | Sequence[str] | None = None,
-    *,
-    format: str | None = None, combine: Literal["stack", "concat"] | None = None,
-    columns: Sequence[str] | None = None, read: Sequence[str] | None = None,
-    timestamp: str | None = None,
-    timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None,
-    dtype: str | None = None,
-    shape: Sequence[int] | None = None, mode: str | None = None,
-    dataset: str | None = None, key: str | None = None,
-    labels: str | None = None,
-    on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
+    paths: str | os.PathLike[str] | Sequence[str] | None = None, *, format: str | None = None,
+    combine: Literal["stack", "concat"] | None = None, columns: Sequence[str] | None = None,
+    read: Sequence[str] | None = None, timestamp: str | None = None,
+    timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None, dtype: str | None = None,
+    shape: Sequence[int] | None = None, mode: str | None = None, dataset: str | None = None, key: str | None = None,
+    labels: str | None = None, on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
     nan: Literal["raise", "drop", "fill"] = "raise", fill_value: float = 0.0,
-    on_error: Literal["raise", "skip"] = "raise",
-    chunk_rows: int | None = None, files_per_chunk: int | None = None,
-    storage_options: dict | None = None,
-    header: bool = True, names: Sequence[str] | None = None,
+    on_error: Literal["raise", "skip"] = "raise", chunk_rows: int | None = None, files_per_chunk: int | None = None,
+    storage_options: dict | None = None, header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
-    scale: Mapping[str, float] | None = None, missing: Any = None,
-    date: Any = None, delimiter: str = ",", decimal: str = ".",
+    scale: Mapping[str, float] | None = None, missing: Any = None, date: Any = None, delimiter: str = ",",
+    decimal: str = ".",
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -219,9 +212,8 @@ def open_source(
     paths
         A glob (``**`` recursive), paths, or fsspec URLs; may be left out with a manifest.
     format
-        Force a format (``npy``, ``npz``, ``image``, ``hdf5``, ``csv``, ``parquet``, or by
-        name only ``lobster`` and ``fi2010``: see :mod:`pipeline.loaders.lobster` and
-        :mod:`pipeline.loaders.fi2010`) instead of the suffix.
+        Force a format instead of the suffix: ``npy``, ``npz``, ``image``, ``hdf5``, ``csv``,
+        ``parquet``, or by name only ``lobster`` and ``fi2010``.
     combine
         ``stack``: one sample per file (arrays' default); ``concat``: join along axis 0
         (the only choice for tables).
@@ -239,11 +231,9 @@ def open_source(
         ``ns``); default: integers are nanoseconds and floats seconds, and a column that
         holds dates only in another unit is refused, naming it.
     dtype
-        Output dtype (default float32 for tables, the files' own for arrays). Tables are
-        read in float64 when it is ``float64`` (prices whose ticks float32 cannot hold:
-        near 97,000 float32 resolves only 0.0078), else in float32, each part's level-1
-        prices checked for ticks that float32 loses (a
-        :class:`~pipeline.errors.PriceResolutionWarning`).
+        Output dtype (default float32 for tables, the files' own for arrays); ``float64``
+        reads tables exactly (float32 resolves 0.0078 near 97,000: float32 parts are checked
+        for lost ticks, a :class:`~pipeline.errors.PriceResolutionWarning`).
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode
@@ -265,8 +255,9 @@ def open_source(
     on_error
         ``"skip"`` leaves out files whose header probe fails, recording why.
     chunk_rows
-        Rows per chunk of joined npy/HDF5 arrays, and per part of CSV and LOBSTER files
-        (default :data:`~pipeline.loaders.tables.TEXT_PART_ROWS`; Parquet: per row group).
+        Rows per chunk of joined npy/HDF5 arrays and per part of CSV and LOBSTER files, and
+        at most per part of consecutive Parquet row groups (default
+        :data:`~pipeline.loaders.tables.TEXT_PART_ROWS`; a row group is never split).
     files_per_chunk
         Samples per chunk when stacking (default about 16 MiB).
     storage_options
@@ -288,14 +279,11 @@ def open_source(
     missing
         CSV, Parquet: values that mean "no value", read as NaN.
     date
-        CSV, Parquet: each file's date from its path, for a ``timestamp`` column of times
-        of day (NASDAQ ITCH's nanoseconds since midnight, ``HH:MM:SS`` strings, a
-        ``time64`` column): ``{"path": "data/{date}.csv", "format": "%m%d%Y"}`` or a
-        :class:`~pipeline.features.sessions.DateSpec`. Each row's time is the date at
-        00:00 plus its time of day, naive; files are joined in date order.
+        CSV, Parquet: each file's date from its path (``{"path": "data/{date}.csv",
+        "format": "%m%d%Y"}``, a :class:`~pipeline.features.sessions.DateSpec`) for a
+        ``timestamp`` of times of day (ITCH); rows are dated naive, files in date order.
     delimiter
-        CSV: the field delimiter, one character (``;`` for a file whose numbers have a
-        decimal comma).
+        CSV: the field delimiter, one character (``;`` beside a decimal comma).
     decimal
         CSV: the decimal mark of numbers, ``.`` or ``,``.
 
@@ -304,32 +292,18 @@ def open_source(
     Source
         The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
     """
-    from pipeline.loaders.registry import FORMATS
-
     from pipeline.features.sessions import DateSpec
+    from pipeline.loaders.registry import FORMATS
 
     rules = ValueRules.from_options(scale, missing)  # refused before any file is read
     date = DateSpec.from_value(date, "date")
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so)
-    if rules and kind != "table":
-        raise FormatMismatchError(str(paths), "source.scale and source.missing are for CSV and Parquet tables")
-    if date is not None and kind != "table":
-        raise FormatMismatchError(str(paths), "source.date dates the rows of CSV and Parquet tables")
-    if timestamp is not None and kind != "table":  # arrays have no columns: it would be ignored silently
-        raise FormatMismatchError(str(paths), f"timestamp={timestamp!r} names a column of a table (CSV, Parquet); "
-                                  f"{kind} files have no columns and no times: leave source.timestamp unset")
+    _check_table_options(kind, str(paths), rules, date, timestamp)
     opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
-    try:
-        results, skipped, companions = _probe_files(files, kind, fmts, opts, so, timestamp=timestamp, header=header,
-                                                    names=names, rename=rename, on_error=on_error,
-                                                    part_rows=chunk_rows, delimiter=delimiter, decimal=decimal)
-    except LoaderError as exc:
-        if labels in (None, "folder"):
-            raise
-        from pipeline.loaders.labels import in_manifest
-
-        raise in_manifest(exc, str(labels), files) from None  # the line listing the file, not the file alone
+    results, skipped, companions = _probe_listed(files, kind, fmts, opts, so, labels, timestamp=timestamp,
+                                                 header=header, names=names, rename=rename, on_error=on_error,
+                                                 part_rows=chunk_rows, delimiter=delimiter, decimal=decimal)
     probed, classes, label_values = _readable(results, classes, label_values, labels, str(paths or labels))
     if kind == "table":
         return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
@@ -338,6 +312,33 @@ def open_source(
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
     return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
+
+
+def _check_table_options(kind: str, where: str, rules: Any, date: Any, timestamp: str | None) -> None:
+    """Refuse options that only tables take, for files of another ``kind``: ignored,
+    they would leave the user believing they applied."""
+    if kind == "table":
+        return
+    if rules:
+        raise FormatMismatchError(where, "source.scale and source.missing are for CSV and Parquet tables")
+    if date is not None:
+        raise FormatMismatchError(where, "source.date dates the rows of CSV and Parquet tables")
+    if timestamp is not None:
+        raise FormatMismatchError(where, f"timestamp={timestamp!r} names a column of a table (CSV, Parquet); "
+                                  f"{kind} files have no columns and no times: leave source.timestamp unset")
+
+
+def _probe_listed(files: list[str], kind: str, fmts: Any, opts: Any, so: dict, labels: str | None,
+                  **probe: Any) -> tuple:
+    """:func:`_probe_files`, a file listed by a manifest named with its line there."""
+    try:
+        return _probe_files(files, kind, fmts, opts, so, **probe)
+    except LoaderError as exc:
+        if labels in (None, "folder"):
+            raise
+        from pipeline.loaders.labels import in_manifest
+
+        raise in_manifest(exc, str(labels), files) from None  # the line listing the file, not the file alone
 
 
 def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, dtype: str | None,
