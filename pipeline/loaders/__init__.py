@@ -630,7 +630,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     (``date``: a :class:`~pipeline.features.sessions.DateSpec` dating times of day)."""
     if combine == "stack":
         raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
-    from pipeline.loaders.tables import check_time_zones
+    from pipeline.loaders.timeorder import check_time_zones
 
     parts = [part for _, _, _, ps in probed for part in ps]
     if not parts:  # every file empty: nothing to read, though headers were found
@@ -669,6 +669,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
 
     from pipeline.loaders import columns as side
     from pipeline.loaders import tables
+    from pipeline.loaders.timeorder import check_time_order
 
     first = parts[0]
     if first.fmt == "lobster":
@@ -697,7 +698,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
 
         check_rules(rules, parts, every)
     cols = tables.project_columns(every, read)
-    tables.check_time_order(parts, instrument_column)
+    check_time_order(parts, instrument_column)
     if exact:
         arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float64, rules=rules)
     else:

@@ -29,9 +29,9 @@ from pipeline.loaders.tables import (
     part_specs,
     parts_array,
     read_columns,
-    repeated_hour_advice,
     row_place,
 )
+from pipeline.loaders.timeorder import repeated_hour_advice
 
 __all__ = ["TIMESTAMP_UNITS", "dated_parts", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
            "to_ns"]
@@ -247,7 +247,7 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
     same instrument (``codes``: each row's instrument, when a column names it; equal
     times are fine: many book events share a timestamp). Windows, labels and sessions
     take each instrument's rows in file order as time order; files are checked against
-    each other by :func:`~pipeline.loaders.tables.check_time_order`."""
+    each other by :func:`~pipeline.loaders.timeorder.check_time_order`."""
     if codes is None:
         rows = np.arange(ns.size)
     else:  # each instrument's rows in file order, one instrument after another

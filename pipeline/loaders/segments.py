@@ -28,7 +28,7 @@ from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, calendar_days
 from pipeline.loaders import Source, expand_paths, open_source
-from pipeline.loaders.tables import check_file_times
+from pipeline.loaders.timeorder import check_file_times
 
 __all__ = ["SegmentedSource", "open_segmented", "session_major_order", "zone_of"]
 

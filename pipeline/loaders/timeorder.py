@@ -1,0 +1,186 @@
+"""Time order across a table's files and row groups: each file starts no earlier than the
+one before it ends (from Parquet footers, or the rows of CSV and LOBSTER files), naive
+and time-zone-aware files are not mixed, and a step back in time is explained where it
+has a likely cause (a repeated daylight-saving hour, times of day without their date).
+
+Pure checks over :class:`~pipeline.loaders.tables.TablePart` bounds and int64
+nanoseconds: no file is read here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from pipeline.errors import LoaderError
+from pipeline.loaders.tables import TablePart, group_parts
+
+__all__ = ["DAY_NS", "check_file_times", "check_time_order", "check_time_zones", "files_out_of_order",
+           "repeated_hour_advice"]
+
+
+def check_time_order(parts: Sequence[TablePart], instrument_column: str | None = None) -> None:
+    """Files must join in time order: each file starts no earlier than the previous ends,
+    and each Parquet row group no earlier than the one before it (from the footers'
+    statistics; rows inside a part are checked as they are read). With an
+    ``instrument_column`` a file may hold its instruments one after another, each in
+    time order, so its row groups are not compared."""
+    groups = group_parts(parts)
+    prev = None
+    for p in groups:
+        if p.first_ts is None:
+            continue
+        if prev is not None and prev.last_ts is not None and p.first_ts < prev.last_ts:
+            if p.path == prev.path and instrument_column is not None:
+                prev = p
+                continue
+            if p.path != prev.path:
+                span = _file_spans(groups)
+                raise files_out_of_order(p.path, p.first_ts, prev.path, prev.last_ts,
+                                         times_of_day=_times_of_day(*span[p.path], *span[prev.path]))
+            advice = repeated_hour_advice(_ns_between(p.first_ts, prev.last_ts), p.tz)
+            advice = advice or "rows must be in time order: sort the file by time"
+            raise LoaderError(p.path, f"row group {p.group} starts at {p.first_ts}, before row group {prev.group} "
+                              f"ends at {prev.last_ts}; {advice}")
+        prev = p
+
+
+#: How far back naive wall-clock times step when a daylight-saving change repeats an
+#: hour: up to one hour (the rows just before the change are at most an hour later than
+#: the first rows after it), and more than half of one (Lord Howe's change is 30 minutes).
+_REPEATED_HOUR_NS = (30 * 60 * 10**9, 3600 * 10**9)
+
+
+def _ns_between(first: Any, last: Any) -> int:
+    """Nanoseconds from ``first`` to ``last`` (footer statistics: datetime64 or integer
+    ns), or 0 when they are not times (text, floats)."""
+    try:
+        return int((np.datetime64(last, "ns") - np.datetime64(first, "ns")).astype(np.int64))
+    except (TypeError, ValueError):
+        return 0
+
+
+def repeated_hour_advice(step: int, tz: str | None) -> str | None:
+    """What to do about times that go back by ``step`` ns from one row to the next,
+    when they look like naive local times across a daylight-saving fall-back (a step
+    back of half an hour to an hour, in a column that stores no zone: ``tz`` ``""`` or
+    unknown; an aware column's instants never repeat), else ``None``.
+
+    Sorting such rows, the usual advice, would interleave two real hours."""
+    lo, hi = _REPEATED_HOUR_NS
+    if tz or not lo <= step <= hi:
+        return None
+    return (f"the time steps back {_duration(step)}, as naive local wall-clock times do when a daylight-saving "
+            "change repeats an hour (sorting would interleave two real hours): store the times with their zone "
+            "(a Parquet timestamp type with a time zone, or ISO times with their UTC offset in the CSV, "
+            "2024-11-03T01:30:00-04:00) or in UTC")
+
+
+def _duration(ns: int) -> str:
+    """``ns`` as minutes and seconds (``59 min 30 s``), for a message."""
+    minutes, seconds = divmod(ns / 1e9, 60)
+    return f"{int(minutes)} min" + (f" {seconds:.3g} s" if seconds else "")
+
+
+#: Nanoseconds in a day: times below it are within the epoch's first day.
+DAY_NS = 86_400 * 10**9
+#: Epoch nanoseconds of 1990-01-01 and 2100-01-01, the dates an order book can have.
+_PLAUSIBLE_NS = (631_152_000 * 10**9, 4_102_444_800 * 10**9)
+
+
+def _as_ns(value: Any) -> int | None:
+    """A footer statistic or a row's time as int ns: a datetime64, or an integer (taken
+    as ns, the default unit); ``None`` for anything else (text, floats)."""
+    if isinstance(value, np.datetime64):
+        return int(value.astype("datetime64[ns]").astype(np.int64))
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return int(value)
+    return None
+
+
+def _shown_time(value: Any) -> str:
+    """A time for a message: ISO, from an integer too when it is a date of an order book
+    in ns or a time within the epoch's first day (a time of day); otherwise as it is
+    (an integer in another unit would show a wrong ISO time)."""
+    ns = _as_ns(value)
+    if ns is None or isinstance(value, np.datetime64):
+        return str(value)
+    lo, hi = _PLAUSIBLE_NS
+    return str(np.datetime64(ns, "ns")) if lo <= ns < hi or 0 <= ns < DAY_NS else str(value)
+
+
+def _file_spans(parts: Sequence[TablePart]) -> dict[str, tuple[int | None, int | None]]:
+    """Each file's earliest and latest time in ns from its row groups' footers (``None``
+    where a footer has none, or not a time)."""
+    out: dict[str, tuple[int | None, int | None]] = {}
+    for p in parts:
+        lo, hi = _as_ns(p.first_ts), _as_ns(p.last_ts)
+        old_lo, old_hi = out.get(p.path, (lo, hi))
+        out[p.path] = (None if lo is None or old_lo is None else min(lo, old_lo),
+                       None if hi is None or old_hi is None else max(hi, old_hi))
+    return out
+
+
+def _times_of_day(*bounds: int | None) -> bool:
+    """Whether every one of ``bounds`` (files' first and last times, ns) is within the
+    epoch's first day: times of day without their date (NASDAQ ITCH's nanoseconds since
+    midnight), which make every file 1970-01-01."""
+    return all(b is not None and 0 <= b < DAY_NS for b in bounds)
+
+
+def files_out_of_order(path: str, first: Any, previous: str, last: Any, *, times_of_day: bool = False
+                       ) -> LoaderError:
+    """The error for file ``path`` that starts (at ``first``) before the ``previous``
+    file ends (at ``last``): one message whether the times came from Parquet footers or
+    from the rows (CSV, LOBSTER). ``times_of_day``: every time of both files is within
+    the epoch's first day, which the message explains instead of the file order."""
+    where = f"starts at {_shown_time(first)}, before the previous file {previous} ends at {_shown_time(last)}"
+    if times_of_day:
+        return LoaderError(path, f"{where}; every timestamp of both files is within a day of 1970-01-01T00:00: they "
+                           "look like times of day (nanoseconds since midnight, as NASDAQ ITCH gives them) without "
+                           "their date, so every file is read as 1970-01-01. Store whole times in the timestamp "
+                           "column (the file's date added: ns since the epoch, or a timestamp type): only "
+                           "LOBSTER's dates are taken from the file names")
+    return LoaderError(path, f"{where}; files must be in time order when sorted by name")
+
+
+def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[int]) -> None:
+    """Refuse files that do not follow one another in time: ``first[i]`` and ``last[i]``
+    are file ``paths[i]``'s first and last timestamps (int64 ns), files in name order.
+
+    Parquet files are checked from their footers (:func:`check_time_order`); a CSV or
+    LOBSTER file has no footer, so its bounds are read from its rows. A file may start
+    at the instant the one before it ends (events share timestamps), not earlier: a day
+    supplied twice, or a name that sorts out of time order, would put windows across
+    it back in time.
+    """
+    for k in range(1, len(paths)):
+        if int(first[k]) < int(last[k - 1]):
+            raise files_out_of_order(paths[k], np.datetime64(int(first[k]), "ns"), paths[k - 1],
+                                     np.datetime64(int(last[k - 1]), "ns"),
+                                     times_of_day=_times_of_day(first[k - 1], last[k - 1], first[k], last[k]))
+
+
+def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:
+    """The distinct time zones of the files' timestamp columns (sorted; empty when the
+    schemas name none), refusing naive timestamp columns beside time-zone-aware ones.
+
+    An aware timestamp is an instant; a naive one is a wall-clock time, which would be
+    read as UTC: beside files of another zone it lands hours away from its true time.
+    """
+    files: dict[str, str] = {}
+    for p in parts:
+        if p.tz is not None:
+            files.setdefault(p.path, p.tz)
+    naive = [f for f, tz in files.items() if tz == ""]
+    aware = [f for f, tz in files.items() if tz != ""]
+    if naive and aware:
+        # Name a file of the minority kind (the odd one out, usually), then both kinds.
+        odd = naive[0] if len(naive) <= len(aware) else aware[0]
+        kind = "naive (no time zone)" if files[odd] == "" else f"time-zone-aware ({files[odd]})"
+        raise LoaderError(odd, f"timestamp column {timestamp!r} is {kind}, but time-zone-aware: {len(aware)} "
+                          f"file(s) (first {aware[0]}, {files[aware[0]]}), naive: {len(naive)} file(s) (first "
+                          f"{naive[0]}); a naive time would be read as UTC, hours from its true instant. Store "
+                          "every file's timestamps with their time zone, or every one naive")
+    return tuple(sorted({tz for tz in files.values() if tz}))
