@@ -210,6 +210,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     # run that another run's lock refuses costs nothing. The writer takes it again
     # within this hold (pipeline.storage.lock is re-entrant).
     remote = config.cluster.address is not None or config.cluster.scheduler_file is not None
+    _check_table_source(config.source)  # no file, or arrays: refused before anything is written
     sources = (config.source.paths,) if isinstance(config.source.paths, str) else tuple(config.source.paths)
     with write_lock(config.output.path), remote_errors_explained(config.output.path, sources=sources, remote=remote):
         return _run_locked(config, mode=mode, say=say, progress=progress, log=log, t0=t0)
@@ -239,7 +240,6 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
             raise StoreConflictError(f"{exc}{_what_changed(config)}") from None
         if not out.overwrite:
             update.check_resume_files(config)
-    _check_table_source(src_cfg)
 
     def block_windows(window_bytes: int) -> int:
         # Windows made in the blocks the writer's tasks write: see build_training_set.

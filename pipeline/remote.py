@@ -10,23 +10,32 @@ one :class:`~pipeline.errors.ClusterError` naming the address and the likely cau
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import logging
 import os
 import socket
 import ssl
 import threading
 import time
-from typing import IO, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Callable, Iterator, Mapping, Sequence
 
-from pipeline.errors import ClusterError, ConfigError
+if TYPE_CHECKING:  # pragma: no cover
+    import distributed
+
+from pipeline.errors import ClusterError, ConfigError, PipelineError
 
 __all__ = [
     "DASHBOARD_PORT",
     "SCHEDULER_PORT",
     "check_address",
+    "check_same_code",
     "check_tls_files",
+    "code_fingerprint",
     "connect_remote",
+    "remote_errors_explained",
     "scheduler_file_address",
+    "scheduler_lost",
 ]
 
 
@@ -440,6 +449,216 @@ def connect_remote(address: str | None, scheduler_file: str | None, timeout: flo
     if scheme != "inproc":  # in this process: neither a dashboard's port nor a proxy can be there
         _probe(address, args, timeout, origin)
     try:
-        return Client(address, timeout=timeout, security=security)
+        client = Client(address, timeout=timeout, security=security)
     except Exception as exc:  # noqa: BLE001 - the scheduler answered the probe a moment ago
         raise ClusterError(f"cannot reach {address}{origin}: {type(exc).__name__}: {exc}") from exc
+    try:
+        check_same_code(client, f"{address}{origin}")
+    except BaseException:
+        client.close()
+        raise
+    return client
+
+
+#: How a future is cancelled when its client loses the scheduler (distributed's reason).
+_LOST_REASON = "scheduler-connection-lost"
+
+
+def scheduler_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it was raised from) says the client lost its scheduler:
+    distributed cancels every future then (``FutureCancelledError`` for the reason
+    ``scheduler-connection-lost``), or the client's own calls fail on the closed comm."""
+    from distributed.comm.core import CommClosedError
+
+    for cause in _causes(exc):
+        if _LOST_REASON in str(cause) or isinstance(cause, CommClosedError):
+            return True
+    return False
+
+
+class _ReconnectNoise(logging.Filter):
+    """Drops the client's records of its failed attempts to reach a lost scheduler
+    (connection refused, then a cancelled sleep, each with its traceback): the run
+    says in one line what happened."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from distributed.comm.core import CommClosedError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is None:
+            msg = record.getMessage()
+            return not ("connection to the scheduler" in msg.lower() or "reconnect" in msg.lower())
+        return not any(isinstance(c, (CommClosedError, OSError, asyncio.CancelledError)) for c in _causes(exc))
+
+
+@contextlib.contextmanager
+def remote_errors_explained(store: str, *, sources: Sequence[str] = (), remote: bool) -> Iterator[None]:
+    """Around a run on a remote cluster (``remote``), one
+    :class:`~pipeline.errors.ClusterError` for what fails there rather than here: a
+    lost scheduler (``store`` is incomplete and the same command resumes it; without
+    distributed's tracebacks of its reconnection attempts), and workers that find no S3
+    credentials for ``store`` or one of ``sources``. A no-op for a LocalCluster, which
+    lives and dies with this process and shares its environment."""
+    if not remote:
+        yield
+        return
+    quiet = _ReconnectNoise()
+    loggers = [logging.getLogger(name) for name in ("distributed.client", "distributed.utils", "distributed.core")]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception as exc:
+        if _no_credentials(exc):
+            raise _credentials_error(store, sources, exc) from None
+        if scheduler_lost(exc):
+            raise ClusterError(
+                f"the connection to the dask scheduler was lost while writing {store}: the store is incomplete "
+                f"(nothing written is lost); once the scheduler is back, rerun the same command to resume it"
+            ) from None
+        raise
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
+def _fingerprint_function() -> Callable[[], str | None]:
+    """The function that fingerprints the installed pipeline package, made anew so that
+    it is a local function: cloudpickle ships a local function by value, and a worker
+    runs it whatever pipeline it has (an older one lacks this module's functions)."""
+
+    def fingerprint() -> str | None:
+        import hashlib
+        import importlib
+        import os
+
+        try:
+            package = importlib.import_module("pipeline")
+        except ImportError:
+            return None
+        cached = getattr(package, "_code_fingerprint", None)
+        if isinstance(cached, str):
+            return cached
+        root = os.path.dirname(os.path.abspath(package.__file__))
+        sources = sorted(os.path.relpath(os.path.join(folder, name), root).replace(os.sep, "/")
+                         for folder, dirs, files in os.walk(root) if "__pycache__" not in folder
+                         for name in files if name.endswith(".py"))
+        digest = hashlib.sha256()
+        for rel in sources:  # in one order wherever the package is installed
+            with open(os.path.join(root, rel), "rb") as fh:
+                digest.update(rel.encode() + b"\0" + fh.read() + b"\0")
+        found = f"{getattr(package, '__version__', '?')}+{digest.hexdigest()[:12]}"
+        package._code_fingerprint = found  # once per process: the files do not change under it
+        return found
+
+    return fingerprint
+
+
+def code_fingerprint() -> str:
+    """This process's pipeline: its version and a hash of its ``.py`` sources (computed
+    once per process), such as ``0.1.0+3f2a9c01b7de``."""
+    return _fingerprint_function()() or "?"
+
+
+def _differing(client_fp: str, found: Mapping[str, object]) -> dict[str, str]:
+    """Those of ``found`` (an address -> its fingerprint, ``None`` where pipeline is not
+    installed, or the exception that computing it raised) that differ from
+    ``client_fp``, as the text to show; an exception is no evidence, and left out."""
+    out = {}
+    for address, fp in found.items():
+        if fp is None:
+            out[address] = "pipeline not installed"
+        elif isinstance(fp, str) and fp != client_fp:
+            out[address] = f"pipeline {fp}"
+    return out
+
+
+def check_same_code(client: "distributed.Client", where: str) -> None:
+    """Raise a one-line :class:`~pipeline.errors.ClusterError` when the workers of
+    ``client`` (or its scheduler, where it has pipeline installed: it unpickles the
+    graph) run another pipeline than this process: an image not rebuilt after an
+    upgrade ran this version's tasks with the old code, and failed deep inside a task.
+
+    One function call per worker (``client.run``) and one on the scheduler; each
+    process hashes its sources once.
+    """
+    fingerprint = _fingerprint_function()
+    mine = code_fingerprint()
+    workers = _differing(mine, client.run(fingerprint, on_error="return"))
+    try:
+        on_scheduler = client.run_on_scheduler(fingerprint)
+    except Exception:  # noqa: BLE001 - a scheduler that runs no code of ours: nothing to compare
+        on_scheduler = None
+    differ = dict(sorted(workers.items()))
+    if isinstance(on_scheduler, str) and on_scheduler != mine:
+        differ = {f"the scheduler {where}": f"pipeline {on_scheduler}", **differ}
+    if not differ:
+        return
+    shown = "; ".join(f"{a}: {fp}" for a, fp in list(differ.items())[:4])
+    more = f" and {len(differ) - 4} more" if len(differ) > 4 else ""
+    raise ClusterError(
+        f"the cluster at {where} runs other pipeline code than this client (pipeline {mine}): {shown}{more}; "
+        f"install the same pipeline on the client, the scheduler and every worker (rebuild and redeploy the "
+        f"workers' image after an upgrade)")
+
+
+def _sees(paths: Sequence[str]) -> list[str]:
+    """Those of ``paths`` this process cannot see (run on each worker)."""
+    import os
+
+    return [p for p in paths if not os.path.exists(p)]
+
+
+def check_workers_see(client: "distributed.Client", *, store: str, marker: str | None,
+                      files: Sequence[str]) -> None:
+    """Raise a one-line :class:`~pipeline.errors.ClusterError` naming the workers of a
+    remote cluster that cannot see ``marker`` (a file this client holds beside the
+    local output ``store``: its write lock) or one of the local raw ``files``.
+
+    The workers read the raw files and write the store themselves: a worker without the
+    client's folder failed deep inside a task ("no zarr group found", a file not found),
+    as if the store or the file were at fault. One call per worker, before any task.
+    """
+    paths = ([marker] if marker else []) + list(files)
+    if not paths:
+        return
+    missing = {a: m for a, m in client.run(_sees, paths, on_error="return").items() if isinstance(m, list) and m}
+    if not missing:
+        return
+    workers = sorted(missing)
+    named = ", ".join(workers[:3]) + (f" and {len(workers) - 3} more" if len(workers) > 3 else "")
+    lost = missing[workers[0]]
+    if marker and marker in lost:
+        raise ClusterError(
+            f"{store}: the workers {named} cannot see this output folder ({os.path.dirname(store)} is a local "
+            f"path of this client's machine): they write the store themselves; use a folder the client and every "
+            f"worker share (a shared filesystem mounted at the same path) or an object store (s3://...)")
+    raise ClusterError(
+        f"{lost[0]}: the workers {named} cannot see this raw file ({len(lost)} of the {len(files)} checked), "
+        f"which this client reads: they read the raw files themselves; put them on a filesystem every worker "
+        f"mounts at the same path, or in an object store (s3://...)")
+
+
+def _no_credentials(exc: BaseException) -> bool:
+    """Whether ``exc`` (or its cause) is botocore's ``NoCredentialsError``, told by name:
+    botocore is imported only where S3 is used."""
+    return any(type(c).__name__ in ("NoCredentialsError", "PartialCredentialsError") for c in _causes(exc))
+
+
+def _credentials_error(store: str, sources: Sequence[str], exc: BaseException) -> ClusterError:
+    """The one line for a worker's task that found no S3 credentials: the URL it read or
+    wrote (by where the task failed) and that the workers, not this client, lack them."""
+    import traceback
+
+    frames = [f.filename.replace(os.sep, "/") for c in _causes(exc) for f in traceback.extract_tb(c.__traceback__)]
+    remote_sources = [s for s in sources if "://" in s]
+    reading = any("/pipeline/loaders/" in f for f in frames) or "://" not in store
+    url = (remote_sources[0] if remote_sources else store) if reading else store
+    what = "source" if reading and remote_sources else "output"
+    return ClusterError(
+        f"{url} ({what}): the workers could not find S3 credentials (this client has them, and the workers read and "
+        f"write the data themselves): give every worker the same credentials (AWS_ACCESS_KEY_ID and "
+        f"AWS_SECRET_ACCESS_KEY in its environment, a role, or ~/.aws/credentials), or put them in "
+        f"{what}.storage_options (key, secret)")

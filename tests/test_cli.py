@@ -292,3 +292,18 @@ def test_the_installed_console_script_prints_the_same_version():
         pytest.skip(f"no console script beside {sys.executable}: the project is not installed in this environment")
     result = subprocess.run([str(script), "--version"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout == f"pipeline {pipeline.__version__}\n"
+
+
+def test_a_relative_glob_that_matches_nothing_names_the_working_directory(tmp_path):
+    """A container's or a batch job's working directory is not the config's folder
+    (a DaskJob runs in /data): the message says where the relative glob was looked for."""
+    (tmp_path / "job").mkdir()
+    (tmp_path / "c.yaml").write_text(
+        "source: {paths: data/raw/*.parquet, timestamp: timestamp}\nfeatures: {steps: [mid_price]}\n"
+        "windows: {size: 4}\noutput: {path: out.zarr}\n")
+    result = cli("run", str(tmp_path / "c.yaml"), "--no-progress", cwd=tmp_path / "job")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"pipeline run: data/raw/*.parquet: matched no file (relative paths are resolved against the working "
+        f"directory {tmp_path / 'job'}, not the config's folder: {tmp_path / 'job' / 'data/raw/*.parquet'})")
+    assert not (tmp_path / "job" / "out.zarr").exists()

@@ -319,3 +319,147 @@ def test_a_stale_scheduler_file_names_the_file(tmp_path):
     with pytest.raises(ConfigError, match=r"^cluster\.scheduler_file: 'http://127\.0\.0\.1:8787' is a web address"):
         with cluster(scheduler_file=str(path), timeout=1, log=None):
             pass
+
+
+def _fingerprint_of(root: Path) -> str:
+    """pipeline's version and a hash of its .py files, read independently of pipeline."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+        if "__pycache__" in path.parts:
+            continue
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    version = re.search(r'__version__ = "([^"]+)"', (root / "__init__.py").read_text()).group(1)
+    return f"{version}+{digest.hexdigest()[:12]}"
+
+
+def test_workers_running_other_pipeline_code_are_named(plain, tmp_path):
+    """A worker whose image was not rebuilt runs the old code: refused when the client
+    connects, naming that worker and both fingerprints (the other worker is not named)."""
+    import shutil
+
+    import pipeline
+
+    address, _, worker, _ = plain
+    here = Path(pipeline.__file__).parent
+    shutil.copytree(here, tmp_path / "old" / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(tmp_path / "old" / "pipeline" / "errors.py", "a") as fh:
+        fh.write("# an older build\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "old")}
+    old = subprocess.Popen(
+        [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard",
+         "--no-nanny", "--name", "old-image", "--local-directory", str(tmp_path / "w")],
+        cwd=tmp_path / "old", env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    from distributed import Client
+
+    try:
+        with Client(address, timeout=30) as c:
+            c.wait_for_workers(2, timeout=60)
+            (old_worker,) = set(c.scheduler_info()["workers"]) - {worker}
+        mine, theirs = _fingerprint_of(here), _fingerprint_of(tmp_path / "old" / "pipeline")
+        assert mine != theirs
+        with pytest.raises(ClusterError) as err:
+            with cluster(address, timeout=TIMEOUT, log=None):
+                pass
+        msg = str(err.value)
+        assert "\n" not in msg and f"(pipeline {mine})" in msg and f"{old_worker}: pipeline {theirs}" in msg
+        assert f"{worker}:" not in msg
+    finally:
+        old.terminate()
+        old.wait(timeout=30)
+        with Client(address, timeout=30) as c:
+            assert wait_until(lambda: len(c.scheduler_info()["workers"]) == 1, timeout=30, watch=tmp_path)
+    with cluster(address, timeout=TIMEOUT, log=None) as client:  # the same code everywhere: connected
+        assert client.submit(sum, [1, 2]).result() == 3
+
+
+_LOST = """
+import sys, time
+from pipeline.cluster import cluster
+from pipeline.errors import PipelineError
+from pipeline.remote import remote_errors_explained
+
+try:
+    with remote_errors_explained("/data/out.zarr", remote=True):
+        with cluster(sys.argv[1], timeout=2, log=None) as client:
+            future = client.submit(time.sleep, 60)
+            print("submitted", flush=True)
+            future.result()
+except PipelineError as exc:
+    print(f"pipeline run: {exc}", file=sys.stderr)
+    sys.exit(1)
+"""
+
+
+def test_a_scheduler_lost_mid_run_is_one_line_saying_the_rerun_resumes(tmp_path):
+    sched_file = tmp_path / "s.json"
+    procs = [subprocess.Popen(
+        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+         "--scheduler-file", str(sched_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        assert wait_until(lambda: scheduler_address(sched_file) is not None, timeout=60, watch=tmp_path, procs=procs)
+        address = scheduler_address(sched_file)
+        procs.append(subprocess.Popen(
+            [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--host", "127.0.0.1", "--no-dashboard",
+             "--no-nanny", "--local-directory", str(tmp_path / "w")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout=30) as c:
+            c.wait_for_workers(1, timeout=60)
+        run = subprocess.Popen([sys.executable, "-c", _LOST, address], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+        assert run.stdout.readline().strip() == "submitted"
+        time.sleep(0.5)
+        procs[0].kill()  # the scheduler dies, as a SIGKILL or a lost node does
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == 1
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert "connection to the dask scheduler was lost while writing /data/out.zarr" in err
+        assert "incomplete" in err and "rerun the same command to resume it" in err
+    finally:
+        for p in procs:  # a worker whose scheduler is gone would wait for it to close
+            p.kill()
+            p.wait()
+
+
+def test_workers_without_s3_credentials_are_named_not_the_client(plain):
+    """botocore's NoCredentialsError, raised in a task on a worker, is one line naming
+    the output URL and the workers."""
+    from pipeline.remote import remote_errors_explained
+
+    address, *_ = plain
+
+    def write_chunk() -> None:  # a local function: shipped by value, the worker imports no test module
+        from botocore.exceptions import NoCredentialsError
+
+        raise NoCredentialsError()
+
+    with pytest.raises(ClusterError) as err:
+        with remote_errors_explained("s3://bucket/set.zarr", sources=("data/raw/*.parquet",), remote=True):
+            with cluster(address, timeout=TIMEOUT, log=None) as client:
+                client.submit(write_chunk).result()
+    msg = str(err.value)
+    assert msg.startswith("s3://bucket/set.zarr (output): the workers could not find S3 credentials")
+    assert "this client has them" in msg and "\n" not in msg
+
+
+def test_workers_that_cannot_see_the_output_folder_or_a_raw_file_are_named(plain, tmp_path):
+    from pipeline.remote import check_workers_see
+
+    address, _, worker, _ = plain
+    raw = tmp_path / "a.parquet"
+    raw.write_bytes(b"x")
+    # What the client has and a worker does not: here, a path that exists nowhere.
+    hidden = "/nonexistent-client-disk/out.zarr"
+    with cluster(address, timeout=TIMEOUT, log=None) as client:
+        check_workers_see(client, store=str(tmp_path / "out.zarr"), marker=str(raw), files=[str(raw)])
+        with pytest.raises(ClusterError, match=re.escape(
+                f"{hidden}: the workers {worker} cannot see this output folder (/nonexistent-client-disk is a "
+                f"local path of this client's machine)")):
+            check_workers_see(client, store=hidden, marker=hidden + ".lock", files=[str(raw)])
+        with pytest.raises(ClusterError, match=re.escape(
+                f"/nonexistent-client-disk/b.parquet: the workers {worker} cannot see this raw file")):
+            check_workers_see(client, store=str(tmp_path / "out.zarr"), marker=None,
+                              files=[str(raw), "/nonexistent-client-disk/b.parquet"])
