@@ -299,7 +299,7 @@ def _row_above(part: TablePart, so: dict) -> TablePart | None:
     row (so that order is checked across the parts' boundary too), or None."""
     from dataclasses import replace
 
-    from pipeline.loaders.tables import previous_line
+    from pipeline.loaders.textfiles import previous_line
 
     if part.data is None or part.row0 == 0:
         return None

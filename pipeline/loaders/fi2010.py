@@ -37,7 +37,8 @@ import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
 from pipeline.loaders.lobster import book_columns
-from pipeline.loaders.tables import TablePart, open_text
+from pipeline.loaders.tables import TablePart
+from pipeline.loaders.textfiles import open_text
 
 __all__ = ["COLUMNS", "HORIZONS", "ROWS", "check_fold_files", "fold_days", "line_of", "probe_fi2010",
            "read_values"]

@@ -39,8 +39,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
-from pipeline.loaders.tables import (TEXT_PART_ROWS, TablePart, count_lines, is_number, open_text, part_rows_of,
-                                     read_range, require_pyarrow, row_place, split_fields, text_ranges)
+from pipeline.loaders.tables import TEXT_PART_ROWS, TablePart, part_rows_of, row_place
+from pipeline.loaders.textfiles import (count_lines, is_number, open_text, read_range, require_pyarrow, split_fields,
+                                        text_ranges)
 
 __all__ = ["ASK_DUMMY", "BID_DUMMY", "PRICE_SCALE", "book_columns", "message_path", "parse_name",
            "probe_lobster", "read_book", "read_timestamps"]

@@ -225,19 +225,19 @@ def test_text_parts_are_the_data_lines_in_order(tmp_path_factory, lengths, heade
     # Any line lengths and endings, read in blocks of any size (a line, a newline, a
     # part's start across a block's end): the parts' byte ranges hold the data lines,
     # each once, in order.
-    import pipeline.loaders.tables as tables
-    from pipeline.loaders.tables import count_lines, text_ranges
+    import pipeline.loaders.textfiles as textfiles
+    from pipeline.loaders.textfiles import count_lines, text_ranges
 
     end = b"\r\n" if crlf else b"\n"
     lines = [b"h" * 3] * header + [b"x" * n + str(i).encode() for i, n in enumerate(lengths)]
     blob = end.join(lines) + (end if final_newline else b"")
     path = tmp_path_factory.mktemp("t") / "f.csv"
     path.write_bytes(blob)
-    saved, tables._READ_BLOCK = tables._READ_BLOCK, block
+    saved, textfiles._READ_BLOCK = textfiles._READ_BLOCK, block
     try:
         first, count, starts, second = count_lines(str(path), {}, every=every, base=int(header))
     finally:
-        tables._READ_BLOCK = saved
+        textfiles._READ_BLOCK = saved
     assert count == len(lines) and first == lines[0] + (end if len(lines) > 1 or final_newline else b"")
     # The bytes after the first line: the second line whole, whatever the block size.
     assert second.split(b"\n", 1)[0].rstrip(b"\r") == (lines[1] if len(lines) > 1 else b"")
@@ -252,7 +252,7 @@ def test_text_parts_are_the_data_lines_in_order(tmp_path_factory, lengths, heade
 
 
 def test_the_line_above_a_part_is_found_however_long(tmp_path):
-    from pipeline.loaders.tables import previous_line
+    from pipeline.loaders.textfiles import previous_line
 
     lines = [b"a" * n for n in (10, 20_000, 5, 70_000, 0, 3)]
     (tmp_path / "long.csv").write_bytes(b"\n".join(lines) + b"\n")
