@@ -83,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     insp.add_argument("store", metavar="STORE", help="store path or URL (directory, .zarr.zip, s3://...)")
     insp.add_argument("--plot", metavar="FILE", help="also draw sample windows and feature histograms to a PNG "
                       "(stores pipeline wrote)")
+    insp.add_argument("--storage-options", default=None, metavar="MAPPING",
+                      help="fsspec options of a remote store, as a YAML or JSON mapping, e.g. "
+                      "'{endpoint_url: http://minio:9000, anon: true}'")
     insp.add_argument(
         "--verify",
         action="store_true",
@@ -190,12 +193,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from pipeline.storage import format_report, inspect_store, plot_store, verify_store
 
-    report = inspect_store(args.store)
+    options, problem = _storage_options(args.storage_options)
+    if problem:
+        print(f"pipeline inspect: {problem}", file=sys.stderr)
+        return 2
+    remote = {"storage_options": options} if options is not None else {}
+    report = inspect_store(args.store, **remote)
     print(format_report(report))
     if args.plot:
-        print(f"plot: {plot_store(args.store, args.plot)}")
+        print(f"plot: {plot_store(args.store, args.plot, **remote)}")
     if args.verify:
-        problems = verify_store(args.store)
+        problems = verify_store(args.store, **remote)
         for line in problems:
             print(f"CORRUPT {line}")
         fine = ("no checksums recorded (a store pipeline did not write): every chunk decodes" if report.foreign
@@ -284,20 +292,32 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _storage_options(text: str | None) -> tuple[dict | None, str]:
+    """The mapping ``--storage-options`` gives (``None`` without the flag), or a
+    one-line problem with it."""
+    import yaml
+
+    if text is None:
+        return None, ""
+    try:
+        options = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        return None, f"--storage-options: not YAML or JSON ({str(exc).splitlines()[0]})"
+    if not isinstance(options, dict):
+        return None, f"--storage-options: expected a mapping such as '{{anon: true}}', got {text!r}"
+    return options, ""
+
+
 def _bench_remote_options(args: argparse.Namespace) -> tuple[dict, str]:
     """``pipeline.stream``'s ``storage_options``, ``cache_dir`` and ``cache_bytes`` from
     the bench's flags, or a one-line problem with them."""
-    import yaml
     from dask.utils import parse_bytes
 
     out: dict = {}
-    if args.storage_options is not None:
-        try:
-            options = yaml.safe_load(args.storage_options)
-        except yaml.YAMLError as exc:
-            return {}, f"--storage-options: not YAML or JSON ({str(exc).splitlines()[0]})"
-        if not isinstance(options, dict):
-            return {}, f"--storage-options: expected a mapping such as '{{anon: true}}', got {args.storage_options!r}"
+    options, problem = _storage_options(args.storage_options)
+    if problem:
+        return {}, problem
+    if options is not None:
         out["storage_options"] = options
     if (args.cache_dir is None) != (args.cache_bytes is None):  # the stream needs both: say so by the flags' names
         given, missing = ("--cache-dir", "--cache-bytes") if args.cache_bytes is None else ("--cache-bytes",

@@ -307,3 +307,22 @@ def test_a_relative_glob_that_matches_nothing_names_the_working_directory(tmp_pa
         f"pipeline run: data/raw/*.parquet: matched no file (relative paths are resolved against the working "
         f"directory {tmp_path / 'job'}, not the config's folder: {tmp_path / 'job' / 'data/raw/*.parquet'})")
     assert not (tmp_path / "job" / "out.zarr").exists()
+
+
+def test_inspect_takes_storage_options_like_bench(tmp_path, s3):
+    import json
+
+    import numpy as np
+
+    from pipeline.storage import write
+
+    url = "s3://training/cli/inspect.zarr"
+    write(url, {"x": np.ones((300, 4), np.float32), "y": np.arange(300)}, chunk_samples=100, progress=False,
+          storage_options=s3, overwrite=True)
+    result = cli("inspect", url, "--verify", "--storage-options", json.dumps(s3))
+    assert result.returncode == 0, result.stderr
+    assert "train" in result.stdout and "300" in result.stdout.replace(",", "")
+    assert "verify: every chunk matches its checksum" in result.stdout
+    bad = cli("inspect", url, "--storage-options", "[1, 2]")
+    assert bad.returncode == 2 and bad.stderr.strip().startswith(
+        "pipeline inspect: --storage-options: expected a mapping")

@@ -120,3 +120,47 @@ def test_the_image_gives_dask_workers_the_allocator_settings_of_a_local_cluster(
     text = (DEPLOY / "Dockerfile").read_text()
     env = dict(re.findall(r"^\s*(?:ENV\s+)?([A-Z_]+)=(\S+?)\s*\\?$", text, re.M))
     assert {k: env.get(k) for k in WORKER_MALLOC} == WORKER_MALLOC
+
+
+def test_pins_are_the_versions_make_install_puts_in_the_venv():
+    """The client runs from the Makefile's .venv and the workers from the image built on
+    these pins: a pin other than the installed version is a client and workers that
+    differ (dask and distributed refuse that; cloudpickle and pyyaml change silently)."""
+    import importlib.metadata
+
+    differ = {}
+    for name, pinned in pins().items():
+        try:
+            installed = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue  # an extra this environment does not install
+        if installed != pinned:
+            differ[name] = (pinned, installed)
+    assert not differ, f"deploy/requirements.txt pins differ from the installed versions (pin, installed): {differ}"
+
+
+def test_the_image_installs_the_plot_extra_for_inspect_plot():
+    text = (DEPLOY / "Dockerfile").read_text()
+    (extras,) = re.findall(r"'\.\[([a-z0-9,]+)\]'", text)
+    assert "plot" in extras.split(",") and "matplotlib" in pins()
+
+
+def test_slurm_script_help_works_without_dask_jobqueue_and_exports_the_worker_settings():
+    import importlib.util
+    import subprocess
+    import sys
+
+    from pipeline.cluster import WORKER_MALLOC
+
+    script = DEPLOY / "slurm" / "run_slurm.py"
+    result = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "--jobs" in result.stdout, result.stderr
+    if importlib.util.find_spec("dask_jobqueue") is None:
+        result = subprocess.run([sys.executable, str(script), "c.yaml"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "pip install dask-jobqueue" in result.stderr
+    spec = importlib.util.spec_from_file_location("run_slurm", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    lines = module.worker_prologue()
+    for key, value in {**WORKER_MALLOC, "DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED": "False"}.items():
+        assert f"export {key}={value}" in lines
