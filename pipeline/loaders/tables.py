@@ -246,17 +246,20 @@ def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: 
 
 
 def merged_groups(rows: Sequence[int], part_rows: int) -> list[tuple[int, int]]:
-    """``[lo, hi)`` ranges of consecutive row groups (of ``rows`` rows each) joined into
-    parts of at most ``part_rows`` rows; a row group larger than that is a part alone
-    (a row group is never split).
+    """``[lo, hi)`` ranges of consecutive row groups (of ``rows`` rows each): a row group
+    of at least a quarter of ``part_rows`` rows is a part alone, as every row group was
+    (files written with the usual row groups keep their chunks, and a build its tasks);
+    smaller ones next to each other are joined until a part holds that quarter (never more
+    than ``part_rows`` rows). A row group is never split.
 
     Streaming writers write row groups of a few rows: one part (a dask task) per row
     group, each reading the file's footer (which grows with the row groups), made a
     read cost the square of their number."""
+    alone = max(1, part_rows // 4)
     out: list[tuple[int, int]] = []
     lo, total = 0, 0
     for g, n in enumerate(rows):
-        if g > lo and total + n > part_rows:
+        if g > lo and (n >= alone or total >= alone or total + n > part_rows):
             out.append((lo, g))
             lo, total = g, 0
         total += n

@@ -871,8 +871,10 @@ def test_many_small_row_groups_are_read_as_few_parts_each_parsing_the_footer_onc
         footers.append(1)
         original(self, *a, **k)
 
-    src = open_source(str(p), timestamp="timestamp", dtype="float64", chunk_rows=250)
-    assert src.array.chunks[0] == (250, 250, 100)  # 25, 25 and 10 row groups: a row group is never split
+    # Row groups of 10 rows joined until a part holds a quarter of chunk_rows (250 rows):
+    # 25, 25 and 10 row groups; a row group is never split.
+    src = open_source(str(p), timestamp="timestamp", dtype="float64", chunk_rows=1000)
+    assert src.array.chunks[0] == (250, 250, 100)
     monkeypatch.setattr(pq.ParquetFile, "__init__", counted)
     got, ns = dask.compute(src.array, src.timestamps, scheduler="sync")
     assert len(footers) == 2 * 3  # values and times, once per part (each row group's read parsed it: 120)
@@ -1057,3 +1059,18 @@ def test_a_header_repeated_inside_a_csv_is_named_by_its_line(tmp_path, rows):
         open_source(str(tmp_path / "rep.csv"), timestamp="timestamp").array.compute()
     with pytest.raises(LoaderError, match=rf"rep\.csv: line {line} repeats the header"):
         open_source(str(tmp_path / "rep.csv"), timestamp="timestamp").timestamps.compute()
+
+
+def test_row_groups_of_a_quarter_part_or_more_stay_parts_of_their_own():
+    """Files written with the usual row groups (the demo's 131,072 + 68,928 rows) keep a
+    chunk per row group, so builds keep their tasks; only small row groups are joined."""
+    from pipeline.loaders.tables import merged_groups
+
+    assert merged_groups([131_072, 68_928], 262_144) == [(0, 1), (1, 2)]
+    assert merged_groups([5, 5, 100, 5, 5], 40) == [(0, 2), (2, 3), (3, 5)]
+    assert merged_groups([10] * 2000, 262_144) == [(0, 2000)]
+    for rows, part in (([7] * 300, 100), ([3, 90, 1, 1, 200, 2], 120)):
+        got = merged_groups(rows, part)
+        assert [g for lo, hi in got for g in range(lo, hi)] == list(range(len(rows)))  # each once, in order
+        assert all(hi - lo == 1 or sum(rows[lo:hi]) <= part for lo, hi in got)
+        assert all(hi - lo == 1 for lo, hi in got if max(rows[lo:hi]) >= part // 4)
