@@ -13,6 +13,10 @@ checked, so bad input still leaves it whole. Siblings that a killed run left set
 (``.<name>.replaced-<hex>``, a name nothing else makes) are removed by the next write
 of the same store, an overwrite or the resumed run. Object stores have no rename: theirs
 is removed at once, as before.
+
+A stream reading the old store when it is set aside would go on to open the new store's
+chunk files at the same paths; it remembers the directory it opened and fails at its
+next group instead, naming the store (:mod:`pipeline.streaming.storeid`).
 """
 
 from __future__ import annotations

@@ -277,6 +277,9 @@ class GroupLoader:
         # The groups after those wanted whose chunk files the kernel is asked to read
         # ahead (a local store's, when not in the page cache): READAHEAD_BYTES of samples.
         self._advise = getattr(source, "advise", None)
+        # A local store's source checks that its directory is still the one it opened
+        # (an overwrite would mix two stores' chunks in a group): one stat per check.
+        self._check = getattr(source, "check_intact", None)
         self._advised = 0  # groups before this one were named to the read ahead
         row_bytes = sum(int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize
                         for tail, dtype in (source.sample_shape(n) for n in self.names if not source.assembled(n)))
@@ -330,6 +333,16 @@ class GroupLoader:
         all of them are done."""
         a, b = self.plan.groups[g]
         pieces = self.plan.pieces[a:b]
+        if self._check is not None:
+            # Before the reads: a store replaced since the last group fails this one
+            # with nothing read; after them (settle) catches a swap during its reads.
+            try:
+                self._check()
+            except Exception as exc:  # noqa: BLE001 - handed to whoever takes the group
+                refused: Future = Future()
+                refused.set_running_or_notify_cancel()
+                refused.set_exception(exc)
+                return refused
         if not self._announced:
             # A source over the network (a remote store's cache) fetches the rest of the
             # plan ahead of the reads, in order, from the first group read (a resumed
@@ -393,6 +406,8 @@ class GroupLoader:
                            if f.cancelled() or f.exception() is not None), None)
             if failed is None:
                 try:
+                    if self._check is not None:
+                        self._check()
                     if rows:
                         from pipeline.streaming.virtual import WindowRows
 

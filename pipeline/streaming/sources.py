@@ -18,6 +18,7 @@ from pipeline.streaming.chunks import ChunkReader, native_dtype
 from pipeline.streaming.localstore import is_group, open_root
 from pipeline.streaming.maps import MapCache
 from pipeline.streaming.readahead import ReadAhead, local_files
+from pipeline.streaming.storeid import DirIdentity, StoreGuard, local_store_dir
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader
 
 __all__ = ["ArraySource", "StoreSource", "available_splits", "is_split_group", "read_part"]
@@ -48,16 +49,21 @@ class StoreSource:
 
     def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False, version: int | None = None,
-                 cache: Any = None):
+                 cache: Any = None, identity: DirIdentity | None = None):
         from pipeline.storage.store import ATTRS_KEY, store_root_attrs
         from pipeline.streaming.cache import open_remote_cache
         from pipeline.storage.versions import pinned_array, select_version, verified_sums
 
         self.location, self.split, self.names = location, split, tuple(names)
         self.partial, self.storage_options, self.verify = partial, storage_options, verify
+        label = location if isinstance(location, (str, os.PathLike)) else "<group>"
+        # A local store's directory, opened before its metadata is read: an overwrite
+        # that replaces it later is caught at the next group (storeid). ``identity`` is
+        # the first opening's, for a DataLoader worker or another version opening again.
+        directory = local_store_dir(location)
+        self.guard = None if directory is None else StoreGuard(directory, str(label), identity)
         group = open_root(location, storage_options)
         meta = store_root_attrs(group)
-        label = location if isinstance(location, (str, os.PathLike)) else "<group>"
         # A group another tool wrote makes no completeness claim and streams as it is; a
         # store this package writes is refused until its writer marks it complete.
         foreign = ATTRS_KEY not in group.attrs
@@ -132,19 +138,38 @@ class StoreSource:
             location = _GroupAt(location, forked=False)
         return {"location": location, "split": self.split, "names": self.names,
                 "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify,
-                "version": self.version, "cache": self.cache_spec}
+                "version": self.version, "cache": self.cache_spec, "identity": self.identity}
 
     def __setstate__(self, state: dict) -> None:
         location = state["location"]
         if isinstance(location, _GroupAt):
             location = location.open()
         self.__init__(location, state["split"], state["names"], state["partial"], state["storage_options"],
-                      state.get("verify", False), state.get("version"), cache=state.get("cache"))
+                      state.get("verify", False), state.get("version"), cache=state.get("cache"),
+                      identity=state.get("identity"))
+
+    @property
+    def identity(self) -> DirIdentity | None:
+        """The local store's directory as this source opened it (None for other stores)."""
+        return None if self.guard is None else self.guard.identity
+
+    def check_intact(self) -> None:
+        """Refuse to go on when the store's path names another directory than the one
+        opened (an overwrite replaced it): called before and after each group's reads.
+
+        Raises
+        ------
+        StreamError
+            Naming the store, and saying to open the stream again.
+        """
+        if self.guard is not None:
+            self.guard.check()
 
     def at_version(self, version: int | None) -> "StoreSource":
-        """The same split at another version of the store (``None``: the newest)."""
+        """The same split at another version of the store (``None``: the newest); an
+        overwritten store has no newer version, only another store (refused)."""
         return StoreSource(self.location, self.split, self.names, self.partial, self.storage_options, self.verify,
-                           version, cache=self.cache_spec)
+                           version, cache=self.cache_spec, identity=self.identity)
 
     def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         if self._pid != os.getpid():
@@ -225,7 +250,7 @@ class StoreSource:
                 if not isinstance(location, (str, os.PathLike)):
                     location = _GroupAt(location, forked=True).open()
                 self.__init__(location, self.split, self.names, self.partial, self.storage_options,
-                              self.verify, self.version, cache=self.cache_spec)
+                              self.verify, self.version, cache=self.cache_spec, identity=self.identity)
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         r = self.readers[name]

@@ -196,6 +196,12 @@ class SubsetSource:
         if advise is not None:
             advise(list(dict.fromkeys(int(self.layout.chunks[c]) for c in chunks)))
 
+    def check_intact(self) -> None:
+        """Refuse to go on when the base's store was replaced (see ``StoreSource.check_intact``)."""
+        check = getattr(self.base, "check_intact", None)
+        if check is not None:
+            check()
+
     def release(self) -> None:
         """Give back what the base source keeps between epochs (mapped chunk files)."""
         release = getattr(self.base, "release", None)
@@ -231,16 +237,22 @@ class FoldSource(SubsetSource):
 
     def __init__(self, location: Any, fold: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False, version: int | None = None,
-                 cache: Any = None):
+                 cache: Any = None, identity: Any = None):
         from pipeline.storage.store import FOLDS, store_root_attrs
         from pipeline.storage.versions import attrs_at, select_version
         from pipeline.streaming.sources import StoreSource
+        from pipeline.streaming.storeid import StoreGuard, local_store_dir
 
         self.location, self.fold, self.partial = location, fold, partial
         self.storage_options, self.verify = storage_options, verify
+        label = location if isinstance(location, (str, os.PathLike)) else "<group>"
+        # The directory whose fold index is read below: the base split must be read from
+        # the same one (see StoreSource).
+        directory = local_store_dir(location)
+        if directory is not None:
+            identity = StoreGuard(directory, str(label), identity).identity
         group = open_root(location, storage_options)
         meta = store_root_attrs(group)
-        label = location if isinstance(location, (str, os.PathLike)) else "<group>"
         self.version = select_version(meta, version, str(label)).number
         info = attrs_at(meta, select_version(meta, self.version, str(label)))["folds"]
         if fold not in (info.get("names") or ()):
@@ -252,7 +264,7 @@ class FoldSource(SubsetSource):
         except KeyError as exc:
             raise StoreError(f"{where}: listed in the store's attributes, but its index array is missing") from exc
         base = StoreSource(location, info["base"], names, partial, storage_options, verify, self.version,
-                           cache=cache)
+                           cache=cache, identity=identity)
         expected = (info.get("counts") or {}).get(fold)
         if expected is not None and int(index.size) != int(expected):
             raise StoreError(f"{where}: {index.size} sample indices stored, {expected} recorded")
@@ -264,18 +276,18 @@ class FoldSource(SubsetSource):
     def at_version(self, version: int | None) -> "FoldSource":
         """The same fold at another version of the store (``None``: the newest)."""
         return FoldSource(self.location, self.fold, self.names, self.partial, self.storage_options, self.verify,
-                          version, cache=self.base.cache_spec)
+                          version, cache=self.base.cache_spec, identity=self.base.identity)
 
     def __getstate__(self) -> dict:
         if not isinstance(self.location, (str, os.PathLike)):
             raise StreamError("a stream over an open zarr group cannot be sent to worker processes; pass its path")
         return {"location": self.location, "fold": self.fold, "names": self.names, "partial": self.partial,
                 "storage_options": self.storage_options, "verify": self.verify, "version": self.version,
-                "cache": self.base.cache_spec}
+                "cache": self.base.cache_spec, "identity": self.base.identity}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["location"], state["fold"], state["names"], state["partial"], state["storage_options"],
-                      state["verify"], state.get("version"), cache=state.get("cache"))
+                      state["verify"], state.get("version"), cache=state.get("cache"), identity=state.get("identity"))
 
 
 def open_store_source(location: Any, split: str, names: Sequence[str], partial: bool,
