@@ -15,7 +15,12 @@ workers with its own (:class:`CacheStats`, ``Stream.cache_stats``).
 
 Sharing and safety: every rank and DataLoader worker of a node may use the same
 directory at once, never sees a torn file, and the cache deletes nothing but its own
-files, in its own subfolder (:mod:`~pipeline.streaming.diskcache`).
+files, in its own subfolder (:mod:`~pipeline.streaming.diskcache`). A cache file that
+fails to decode or to match its checksum (a disk error on the node, a copy torn by a
+crash) is not the store's fault: the reader drops it (:meth:`RemoteCache.drop`) and
+fetches the object again once, with a warning naming the file; only bytes fetched again
+that fail too are reported as the store's
+(:meth:`~pipeline.streaming.chunks.ChunkReader.read`).
 
 Staleness: an object is cached under the store's URL, endpoint and identity (a pipeline
 store's ``created`` time and fingerprint, so a store rebuilt at the same URL is a new
@@ -342,6 +347,18 @@ class RemoteCache:
             self._returned(name)
         self._publish()
         return data if kept is None else kept
+
+    def drop(self, path: str, tag: str = "") -> str:
+        """Forget the cached copy of object ``path`` (it failed to decode or to match its
+        checksum): unmapped and deleted, so that the next :meth:`get` fetches it from the
+        store again. Returns the cache file's path, for messages."""
+        self._check_process()
+        name = self.name(path, tag)
+        file = self.disk.path(name)
+        with self._lock:
+            self._maps.discard(file)
+        self.disk.remove(name)
+        return file
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:

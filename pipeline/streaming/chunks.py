@@ -393,12 +393,56 @@ class ChunkReader:
 
     def read(self, i: int, out: np.ndarray | None = None) -> np.ndarray:
         """Chunk ``i`` as an array of ``length(i)`` rows, decoded into ``out`` if given."""
+        return self._refetching(i, self._read_verified, i, out)
+
+    def _read_verified(self, i: int, out: np.ndarray | None) -> np.ndarray:
         try:
             out = self._read(i, out)
         finally:
             self._release_read_buffer()
         self._verify(i, out)
         return out
+
+    def _refetching(self, i: int, attempt: Any, *args: Any) -> Any:
+        """``attempt(*args)``; for chunk ``i`` read through the node-local cache, a
+        failure to decode or to match its checksum drops the cached object and tries
+        once more with the store's bytes.
+
+        A cache file can be damaged on the node (a disk error, a copy torn by a crash)
+        while the store's object is intact: blaming the store would send its owner
+        hunting for a fault that is not there, and the stream could go on. A warning
+        names the cache file dropped. Only when the store's own bytes fail too is the
+        chunk reported as the store's.
+
+        Raises
+        ------
+        CorruptChunkError
+            Naming the store, split, array and chunk, when the bytes fetched again fail too.
+        """
+        try:
+            return attempt(*args)
+        except CorruptChunkError as first:
+            if self.cache is None:
+                raise
+            path, tag = self.object_key(i)
+            dropped = self.cache.drop(path, tag)
+            if self._per_shard:
+                with self._index_lock:  # the index may have come from the damaged copy
+                    self._indexes.pop(i // self._per_shard, None)
+            problem = _problem(first)
+            try:
+                result = attempt(*args)
+            except CorruptChunkError as again:
+                store, split, name = self.where
+                raise CorruptChunkError(store, split, name, i, f"{_problem(again)}; also when fetched "
+                                        f"again from the store (its cached copy {dropped} failed first and was "
+                                        "dropped): the store's object is damaged") from again
+            import warnings
+
+            warnings.warn(f"{dropped}: a damaged file in the chunk cache (chunk {i} of {self.where[1]}/"
+                          f"{self.where[2]} of {self.where[0]}: {problem}); dropped, and the chunk fetched again "
+                          "from the store, which is intact", RuntimeWarning, stacklevel=2)
+            return result
 
     def _verify(self, i: int, decoded: np.ndarray) -> None:
         """With checksums, refuse a decoded chunk whose CRC32 was not recorded for it."""
@@ -446,6 +490,10 @@ class ChunkReader:
         CorruptChunkError
             Naming the store, split, array and chunk, when the chunk cannot be decoded.
         """
+        self._refetching(i, self._scatter_runs, i, starts, stops, out, rows)
+
+    def _scatter_runs(self, i: int, starts: Sequence[int], stops: Sequence[int], out: np.ndarray,
+                      rows: np.ndarray) -> None:
         try:
             raw = None if self._decoder is None else self._fetch(i)
             if (raw is not None and blosc.BLOSC_GETITEM is not None and self._blockwise
@@ -565,6 +613,14 @@ class ChunkReader:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
         return out
+
+
+def _problem(exc: CorruptChunkError) -> str:
+    """What went wrong with a chunk, without the store, split, array and index its
+    message starts with."""
+    text = str(exc)
+    where = f"{exc.store}: {exc.split}/{exc.array} chunk {exc.index}: "
+    return text[len(where):] if text.startswith(where) else text
 
 
 def _block_places(shape: Sequence[int], chunks: Sequence[int]) -> list[tuple[str, tuple, tuple]]:

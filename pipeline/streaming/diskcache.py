@@ -196,6 +196,19 @@ class DiskCache:
             self._write_usage(used)
         return True
 
+    def remove(self, name: str) -> bool:
+        """Delete the cache file ``name`` (found damaged), its bytes taken off the count;
+        False when it is not there."""
+        with self._locked():
+            path = os.path.join(self.root, name)
+            try:
+                size = os.stat(path).st_size
+                os.unlink(path)
+            except FileNotFoundError:
+                return False
+            self._write_usage(max(0, self._read_usage() - size))
+        return True
+
     @contextmanager
     def _locked(self) -> Iterator[None]:
         with self._thread_lock:

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeline
-from pipeline.errors import StreamError
+from pipeline.errors import CorruptChunkError, StreamError
 from pipeline.storage import write
 from pipeline.streaming.cache import CacheStats, RemoteCache, cache_spec
 from pipeline.streaming.diskcache import SUBDIR, CachedFile, DiskCache, eviction_target, lru_victims
@@ -377,3 +377,53 @@ def test_file_names_differ_by_store_object_and_length(tmp_path):
     names = {a.name("train/y/c/0"), a.name("train/y/c/0", "@10"), a.name("train/x/c/0"), b.name("train/y/c/0")}
     assert len(names) == 4
     assert all(re.fullmatch(r"[0-9a-f]{16}-[0-9a-f]{32}\.chunk", n) for n in names)
+
+
+# -- damaged cache files ------------------------------------------------------------------
+
+
+def damage(path: Path) -> None:
+    """64 zero bytes in the middle of a file, in place (a disk error, a torn copy)."""
+    data = bytearray(path.read_bytes())
+    mid = len(data) // 2
+    data[mid : mid + 64] = bytes(min(64, len(data) - mid))
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_cache_file_is_named_dropped_and_fetched_again(remote, tmp_path):
+    url, s3 = remote
+    x_ref = reference_x()
+    # verify: the random x chunks still decode once damaged; their CRC32 tells.
+    s = pipeline.stream(url, batch_size=50, seed=5, storage_options=s3, cache_dir=tmp_path, cache_bytes=1 << 30,
+                        verify=True)
+    assert sorted(served(s, x_ref).tolist()) == list(range(N))
+    s.close()  # nothing read ahead of epoch 1 before the damage
+    files = sorted((tmp_path / SUBDIR).glob("*.chunk"))
+    for f in files:
+        damage(f)
+    s.set_epoch(1)
+    with pytest.warns(RuntimeWarning, match="a damaged file in the chunk cache") as caught:
+        assert sorted(served(s, x_ref).tolist()) == list(range(N))  # the store's bytes, every sample
+        s.stop_read_ahead()  # epoch 2's first reads, of cache files whole again, are not counted here
+    named = {str(w.message).split(":")[0] for w in caught if "chunk cache" in str(w.message)}
+    assert named == {str(f) for f in files}  # each damaged file named once
+    assert set(cache_files(tmp_path).values()) == set(store_objects(url, s3).values())  # cached again, whole
+    assert s.cache_stats(1).requests == len(files)
+
+
+def test_a_chunk_damaged_in_the_store_too_is_the_stores(s3, tmp_path):
+    import s3fs
+
+    url = "s3://training/cache/damaged.zarr"
+    y = np.arange(N, dtype=np.int64)
+    write(url, {"x": reference_x(), "y": y}, chunk_samples=CHUNK, progress=False, storage_options=s3, overwrite=True)
+    fs = s3fs.S3FileSystem(key=s3["key"], secret=s3["secret"], client_kwargs={"endpoint_url": s3["endpoint_url"]})
+    key = url.removeprefix("s3://") + "/train/y/c/3"
+    fs.pipe_file(key, b"\x02\x01garbage" * 30)  # not a blosc frame: fails to decode wherever it comes from
+    s = pipeline.stream(url, batch_size=50, seed=5, storage_options=s3, cache_dir=tmp_path, cache_bytes=1 << 30)
+    with pytest.raises(CorruptChunkError) as err:
+        for _ in s:
+            pass
+    message = str(err.value)
+    assert message.startswith(f"{url}: train/y chunk 3: cannot decode") and "fetched again from the store" in message
+    assert "the store's object is damaged" in message
