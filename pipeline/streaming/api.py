@@ -101,7 +101,10 @@ def stream(
         Threads decoding chunks.
     verify
         Check every chunk read against the CRC32 recorded when it was written (unsharded
-        stores), at about a third of the speed.
+        stores). Without it, a damaged chunk is refused only when it fails to decode (a
+        codec's frame check, a wrong size, a truncated shard): a flipped byte that still
+        decodes is served. It costs a CRC pass over every decoded byte, and large blosc
+        chunks are then decoded whole rather than block by block.
     read_niceness
         How many steps nicer than the process the read threads run (Linux, 0 to 19):
         reading ahead must not take cores from the training loop.
@@ -125,6 +128,17 @@ def stream(
     -------
     Stream
         (a :class:`~pipeline.streaming.mix.Mix` with ``weights``)
+
+    Notes
+    -----
+    A local store that an overwrite replaces while the stream reads it (the path then
+    names another directory) is never served mixed with the new one: the next group
+    read fails with :class:`~pipeline.errors.StreamError` naming the store, in the
+    process and in DataLoader workers; open the stream again. Appends, which add
+    versions inside the same directory, are not affected: the stream keeps its version.
+    A chunk of a remote store that fails in the node-local cache is dropped from it and
+    fetched again once (a warning names the cache file); only if the store's own bytes
+    fail too is it reported as the store's (:class:`~pipeline.errors.CorruptChunkError`).
     """
     seed = check_seed(seed, "stream")
     if weights is not None:

@@ -525,3 +525,38 @@ def test_chunks_that_split_samples_are_read_block_by_block_as_zarr_reads_them(tm
     if split != tail:
         assert reader._blocks is not None
     _chunks_equal_zarr(reader, arr)
+
+
+def test_a_flipped_byte_that_still_decodes_is_refused_with_verify(tmp_path):
+    """The default codec (blosc lz4, shuffled): a byte flipped in a chunk's compressed
+    payload that still decodes, to other values. The default stream refuses only what
+    fails to decode, so it serves them (as the README says); ``verify=True`` refuses
+    the chunk, naming the store, split, array and chunk."""
+    import numcodecs
+
+    import pipeline
+
+    y = np.arange(400)
+    x = np.random.default_rng(3).standard_normal((400, 8)).astype(np.float32)
+    x[:, 0] = y  # each sample's id, to find what was served
+    path = write(tmp_path / "b.zarr", {"x": x, "y": y}, chunk_samples=50, progress=False)
+    chunk = tmp_path / "b.zarr" / "train" / "x" / "c" / "6" / "0"
+    good = chunk.read_bytes()
+    for k in range(len(good) // 2, len(good)):  # the first flip past the middle that decodes, to other bytes
+        bad = bytearray(good)
+        bad[k] ^= 0x10
+        try:
+            decoded = np.frombuffer(numcodecs.Blosc().decode(bytes(bad)), dtype=np.float32).reshape(50, 8)
+        except Exception:  # noqa: BLE001 - this flip fails to decode: the default stream refuses it already
+            continue
+        if not np.array_equal(decoded, x[300:350]):
+            break
+    else:
+        pytest.fail("no flipped byte of the chunk decodes")
+    chunk.write_bytes(bytes(bad))
+    served = np.concatenate([xb.copy() for xb, _ in pipeline.stream(path, batch_size=40)])
+    assert len(served) == 400 and not np.array_equal(np.sort(served, axis=0), np.sort(x, axis=0))  # served, wrong
+    with pytest.raises(CorruptChunkError) as err:
+        for _ in pipeline.stream(path, batch_size=40, verify=True):
+            pass
+    assert str(err.value).startswith(f"{path}: train/x chunk 6: checksum mismatch")
