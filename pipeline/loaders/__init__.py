@@ -197,7 +197,7 @@ def open_source(
     read: Sequence[str] | None = None, timestamp: str | None = None,
     timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None, dtype: str | None = None,
     shape: Sequence[int] | None = None, mode: str | None = None, dataset: str | None = None, key: str | None = None,
-    labels: str | None = None, on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
+    labels: str | None = None, classes: Sequence[str] | None = None, on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
     nan: Literal["raise", "drop", "fill"] = "raise", fill_value: float = 0.0,
     on_error: Literal["raise", "skip"] = "raise", chunk_rows: int | None = None, files_per_chunk: int | None = None,
     storage_options: dict | None = None, header: bool = True, names: Sequence[str] | None = None,
@@ -237,17 +237,25 @@ def open_source(
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode
-        Images: convert to ``mode`` (``L``, ``RGB``).
+        Images: convert to ``mode`` (``L``, ``RGB``, ``RGBA``, ``I;16``, or another of
+        :data:`~pipeline.loaders.images.MODES`; anything else is refused up front).
     dataset
         The HDF5 dataset path read from each file.
     key
         The ``.npz`` member read from each file.
     labels
-        ``"folder"`` (each file's parent folder) or a manifest (CSV/Parquet with ``path``
-        and ``label`` columns).
+        ``"folder"`` (each file's class folder: its parent, or with ``format="image"``
+        on a directory the first folder below it, as ``ImageFolder``) or a manifest
+        (CSV/Parquet with ``path`` and ``label`` columns). With ``paths`` beside a
+        manifest, the manifest's rows whose files ``paths`` match, in the manifest's order.
+    classes
+        Class names in index order, pinning the index of each folder (or of each text
+        label of a manifest), as Keras' ``class_names``; one it does not list is refused.
+        Without it, classes are the sorted names found in the files listed.
     on_mismatch
         Stacked files whose shapes differ: ``raise`` (naming the first offenders), or
-        ``pad``, ``crop``, ``resize`` to the first one's shape.
+        ``pad``, ``crop``, ``resize`` to the first one's shape (images: their height and
+        width only; another number of channels is refused, naming ``mode=``).
     nan
         NaN/inf in tables: ``raise`` (naming file, column, row), ``fill`` or ``drop``.
     fill_value
@@ -295,16 +303,21 @@ def open_source(
     from pipeline.features.sessions import DateSpec
     from pipeline.loaders.registry import FORMATS
 
+    from pipeline.loaders.images import check_mode
+    from pipeline.loaders.labels import check_classes
+
     rules = ValueRules.from_options(scale, missing)  # refused before any file is read
     date = DateSpec.from_value(date, "date")
+    check_mode(mode)
+    pinned = check_classes(classes, labels)
     so = dict(storage_options or {})
-    files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so)
+    files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so, pinned)
     _check_table_options(kind, str(paths), rules, date, timestamp)
     opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
     results, skipped, companions = _probe_listed(files, kind, fmts, opts, so, labels, timestamp=timestamp,
                                                  header=header, names=names, rename=rename, on_error=on_error,
                                                  part_rows=chunk_rows, delimiter=delimiter, decimal=decimal)
-    probed, classes, label_values = _readable(results, classes, label_values, labels, str(paths or labels))
+    probed, label_values = _readable(results, label_values, str(paths or labels))
     if kind == "table":
         return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
@@ -383,38 +396,37 @@ def _array_options(kind: str, files: list[str], so: dict, on_error: str, *, shap
             "dataset_from": dataset_from}
 
 
-def _readable(results: Sequence[Any], classes: tuple[str, ...] | None, label_values: np.ndarray | None,
-              labels: str | None, where: str) -> tuple[list[Any], tuple[str, ...] | None, np.ndarray | None]:
+def _readable(results: Sequence[Any], label_values: np.ndarray | None, where: str
+              ) -> tuple[list[Any], np.ndarray | None]:
     """The probed files that are readable (``on_error: skip`` left the others out as
-    None), with their labels: the manifest's, or each file's folder.
+    None), with their labels (the classes were taken from every file listed, so a
+    skipped file shifts no index).
 
     Raises
     ------
     EmptyInputError
         When no file is left.
     """
-    from pipeline.loaders import labels as labels_mod
-
     keep = [i for i, r in enumerate(results) if r is not None]
     probed = [results[i] for i in keep]
     if not probed:
         raise EmptyInputError(where, "no readable file left after skipping bad ones")
     if label_values is not None:
         label_values = label_values[keep]
-    elif labels == "folder":
-        classes, label_values = labels_mod.folder_labels([p for p, *_ in probed])
-    return probed, classes, label_values
+    return probed, label_values
 
 
-def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
+def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict,
+                  pinned: tuple[str, ...] | None = None
                   ) -> tuple[list[str], tuple[str, ...] | None, np.ndarray | None, dict[str, str], str]:
-    """The files to read (from ``paths``, or a manifest's with their labels and
-    classes), each one's format, and the kind they share (``table`` for every table).
+    """The files to read (from ``paths``, or a manifest's, chosen by ``paths`` when
+    given) with their labels and classes (``pinned``: the classes in index order), each
+    one's format, and the kind they share (``table`` for every table).
 
     Raises
     ------
     EmptyInputError
-        For no paths, or an empty manifest.
+        For no paths, an empty manifest, or paths that match no file it lists.
     FormatMismatchError
         For files of different kinds, naming one of each.
     """
@@ -423,13 +435,19 @@ def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
 
     classes, label_values = None, None
     if labels not in (None, "folder"):
-        files, classes, label_values = labels_mod.read_manifest(str(labels), so)
+        files, classes, label_values = labels_mod.read_manifest(str(labels), so, pinned)
         if not files:
             raise EmptyInputError(str(labels), "the manifest lists no file")
+        if paths is not None:
+            files, label_values = _manifest_rows(files, label_values, paths, str(labels), so)
     else:
         if paths is None:
             raise EmptyInputError("<none>", "no paths given")
         files = _globbed_files(paths, format, so)
+        if labels == "folder":
+            # From every file listed, before any is skipped: a file that fails to decode
+            # must not shift the index of the classes after its own (torchvision's rule).
+            classes, label_values = labels_mod.folder_labels(files, _image_roots(_items(paths), format), pinned)
     fmts = {p: format_of(p, format) for p in files}
     kinds = {("table" if f in TABLES else f) for f in fmts.values()}
     if len(kinds) > 1:
@@ -439,16 +457,62 @@ def _listed_files(paths: Any, labels: str | None, format: str | None, so: dict
     return files, classes, label_values, fmts, kinds.pop()
 
 
+def _items(paths: Any) -> list[str]:
+    """``paths`` as a list of strings."""
+    return [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+
+
+def _is_dir(item: str) -> bool:
+    return "://" not in item and os.path.isdir(os.path.expanduser(item))
+
+
+def _image_roots(items: Sequence[str], format: str | None) -> list[str]:
+    """The local directories read whole as ``ImageFolder`` reads them (``format="image"``),
+    absolute: folder labels are the first folder below them."""
+    return [_absolute(i) for i in items if format == "image" and _is_dir(i)]
+
+
+def _manifest_rows(files: list[str], label_values: np.ndarray, paths: Any, manifest: str, so: dict
+                   ) -> tuple[list[str], np.ndarray]:
+    """The manifest's files (and labels) that ``paths`` match, in the manifest's order:
+    one manifest for a whole data set, ``paths`` choosing a split (``val/*.png``). A
+    directory in ``paths`` matches every file below it.
+
+    Raises
+    ------
+    EmptyInputError
+        For a glob that matches no file (as without a manifest), or paths that match no
+        file the manifest lists, naming both.
+    LoaderError
+        For a file named one by one that the manifest does not list (it has no label).
+    """
+    items = [os.path.join(i, "**", "*") if _is_dir(i) else i for i in _items(paths)]
+    matched = expand_paths(items, so)
+    listed = set(files)
+    named = [_absolute(i) for i in items if "://" not in i and not any(ch in i for ch in "*?[")]
+    unlisted = next((p for p in named if p not in listed), None)
+    if unlisted is not None:
+        raise LoaderError(unlisted, f"is named in paths but not listed in the manifest {manifest}, so it has no "
+                          "label; add it to the manifest or leave it out of paths")
+    wanted = set(matched)
+    keep = [i for i, f in enumerate(files) if f in wanted]
+    if not keep:
+        raise EmptyInputError(", ".join(_items(paths)), f"matched {len(matched)} file(s) (such as {matched[0]}), "
+                              f"none of them listed in the manifest {manifest} (its {len(files)} file(s) such as "
+                              f"{files[0]}); paths choose among the manifest's files: give a glob of files it lists, "
+                              "or leave paths out")
+    return [files[i] for i in keep], label_values[keep]
+
+
 def _globbed_files(paths: Any, format: str | None, so: dict) -> list[str]:
     """The files ``paths`` name, of a glob or folder of images only the images
     (:func:`~pipeline.loaders.images.image_files`). With ``format="image"`` a local
     folder is read as torchvision's ``ImageFolder`` reads one: every image below it."""
     from pipeline.loaders.images import image_files
 
-    items = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+    items = _items(paths)
     if format == "image":
-        items = [os.path.join(i, "**", "*") if "://" not in i and os.path.isdir(os.path.expanduser(i)) else i
-                 for i in items]
+        items = [os.path.join(i, "**", "*") if _is_dir(i) else i for i in items]
     files = expand_paths(items, so)
     named = {i if "://" in i else _absolute(i) for i in items if not any(ch in i for ch in "*?[")}
     return image_files(files, named, format, ", ".join(items))
@@ -528,9 +592,10 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
                            rows_per_chunk=chunk_rows)
         return arr, combine
     target = shapes[paths[0]][0]
-    _check_stack_shapes(paths[0], target, {p: s for p, (s, _) in shapes.items()}, on_mismatch)
+    image = kind == "image"
+    _check_stack_shapes(paths[0], target, {p: s for p, (s, _) in shapes.items()}, on_mismatch, image=image)
     arr = stack_array(paths, target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
-                      files_per_chunk=files_per_chunk, on_mismatch=on_mismatch)
+                      files_per_chunk=files_per_chunk, on_mismatch=on_mismatch, fit_axes=2 if image else None)
     return arr, combine
 
 
@@ -594,8 +659,13 @@ def _concat_tail(first: str, shapes: Mapping[str, tuple[int, ...]]) -> tuple[int
     return tail
 
 
+def _channels(shape: tuple[int, ...]) -> int:
+    """An image's channels from its array shape: ``(H, W)`` is 1, ``(H, W, C)`` is C."""
+    return shape[2] if len(shape) > 2 else 1
+
+
 def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]],
-                        on_mismatch: str) -> None:
+                        on_mismatch: str, *, image: bool = False) -> None:
     """Refuse, from the headers, stacked files that ``on_mismatch`` cannot make ``target``.
 
     Raises
@@ -603,15 +673,20 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
     ShapeMismatchError
         With ``raise``, for any file of another shape; with ``pad``, ``crop`` or
         ``resize``, for a file of another number of dimensions (a trailing axis of
-        length 1 aside), naming it and both shapes.
+        length 1 aside), naming it and both shapes. Images (``image``), whatever
+        ``on_mismatch``: for another number of channels (pad, crop and resize fit height
+        and width only), naming the ``mode=`` that reads them all alike.
     """
     from pipeline.loaders.blocks import can_fit
 
     bad = [(p, s) for p, s in shapes.items() if s != target]
+    if image:
+        _check_channels(first, target, bad, on_mismatch)
     if bad and on_mismatch == "raise":
         listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
+        fix = "set shape=(H, W) to resize every image, or " if image else "set "
         raise ShapeMismatchError(
-            first, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); set "
+            first, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); {fix}"
             "on_mismatch: pad, crop or resize to make them fit")
     unfit = next(((p, s) for p, s in bad if not can_fit(s, target)), None)
     if unfit is not None:
@@ -619,6 +694,31 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
             unfit[0], f"has shape {unfit[1]} ({len(unfit[1])}-d), but {first} has {target} ({len(target)}-d): "
             f"on_mismatch={on_mismatch!r} changes the length of axes, not their number; "
             "give files of one number of dimensions")
+
+
+def _check_channels(first: str, target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]],
+                    on_mismatch: str) -> None:
+    """Refuse images of another number of channels than the first: RGB beside RGBA
+    would be padded with a zero alpha or resampled into ``[R, R, G, B]``, and grayscale
+    beside RGB cannot be fitted at all; converting them to one mode is the fix.
+
+    Raises
+    ------
+    ShapeMismatchError
+        Naming the file, both shapes and the ``mode=`` to set.
+    """
+    from pipeline.loaders.images import mode_advice
+
+    want = _channels(target)
+    other = next(((p, s) for p, s in bad if _channels(s) != want), None)
+    if other is None:
+        return
+    got = _channels(other[1])
+    raise ShapeMismatchError(
+        other[0], f"has shape {other[1]} ({got} channel(s)), but {first} has {target} ({want} channel(s)): images "
+        f"of different channel counts are not stacked (on_mismatch={on_mismatch!r}: pad, crop and resize fit height "
+        f"and width only); set {mode_advice(want)} to read every image with {want} channel(s) (mode='RGB': 3, "
+        "'RGBA': 4, 'L': 1)")
 
 
 def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,

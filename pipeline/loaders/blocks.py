@@ -27,22 +27,33 @@ def can_fit(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     return len(shape) == len(target) + 1 and shape[-1] == 1
 
 
-def fit_shape(a: np.ndarray, shape: tuple[int, ...], how: str) -> np.ndarray:
+def fit_shape(a: np.ndarray, shape: tuple[int, ...], how: str, *, axes: int | None = None) -> np.ndarray:
     """Make ``a`` have ``shape``: ``pad`` with zeros at the end of each axis, ``crop``
-    from the start, ``resize`` by nearest-neighbour resampling (or ``raise``: unchanged).
-    Only shapes :func:`can_fit` accepts are fitted (a ``ValueError`` otherwise); the
-    loaders check them from the headers when the array is built."""
-    if a.shape == tuple(shape) or how == "raise":
+    from the start (both keep the leading, top-left part), ``resize`` by nearest-neighbour
+    resampling (or ``raise``: unchanged).
+
+    ``axes`` fits the leading ``axes`` axes only (an image's height and width), the
+    others (its channels) must already be equal: padding or resampling channels would
+    make RGB into ``[R, R, G, B]`` or give it a zero alpha. Only shapes :func:`can_fit`
+    accepts, and with ``axes`` equal trailing axes, are fitted (a ``ValueError``
+    otherwise); the loaders check them from the headers when the array is built."""
+    shape = tuple(shape)
+    if a.shape == shape or how == "raise":
         return a
+    if axes is not None and (a.ndim != len(shape) or a.shape[axes:] != shape[axes:]):
+        raise ValueError(f"cannot fit an array of shape {a.shape} to {shape}: only its first {axes} axes are fitted")
     if a.ndim != len(shape):
         if not can_fit(a.shape, shape):
             raise ValueError(f"cannot fit an array of shape {a.shape} to {shape}")
         a = a[..., None] if a.ndim < len(shape) else a[..., 0]
+    n = len(shape) if axes is None else axes
     if how == "resize":
-        idx = np.ix_(*[np.minimum((np.arange(t) * s) // max(t, 1), s - 1) for s, t in zip(a.shape, shape)])
-        return a[idx]
+        for ax in range(n):
+            s, t = a.shape[ax], shape[ax]
+            a = np.take(a, np.minimum((np.arange(t) * s) // max(t, 1), s - 1), axis=ax)
+        return a
     out = np.zeros(shape, dtype=a.dtype)
-    common = tuple(slice(0, min(s, t)) for s, t in zip(a.shape, shape))
+    common = tuple(slice(0, min(s, t)) for s, t in zip(a.shape[:n], shape[:n]))
     out[common] = a[common]  # pad and crop both keep the leading part of each axis
     return out
 
@@ -55,8 +66,13 @@ def stack_array(
     *,
     files_per_chunk: int | None = None,
     on_mismatch: str = "raise",
+    fit_axes: int | None = None,
 ) -> da.Array:
-    """``(N, *shape)``: one sample per file, ``files_per_chunk`` files per dask chunk."""
+    """``(N, *shape)``: one sample per file, ``files_per_chunk`` files per dask chunk.
+
+    A file of another shape is refused (``on_mismatch="raise"``) or fitted by
+    :func:`fit_shape`, on its first ``fit_axes`` axes only when given (images: height
+    and width)."""
     sample_bytes = max(1, int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize)
     per = files_per_chunk or max(1, min(4096, (16 << 20) // sample_bytes))
     names = np.empty(len(paths), dtype=object)
@@ -68,11 +84,15 @@ def stack_array(
         for i, p in enumerate(block):
             a = np.asarray(read(p))
             if a.shape != tuple(shape):
-                if on_mismatch == "raise":
-                    from pipeline.errors import ShapeMismatchError
+                from pipeline.errors import ShapeMismatchError
 
+                if on_mismatch == "raise":
                     raise ShapeMismatchError(p, f"expected shape {tuple(shape)} (from the header), read {a.shape}")
-                a = fit_shape(a, shape, on_mismatch)
+                try:
+                    a = fit_shape(a, shape, on_mismatch, axes=fit_axes)
+                except ValueError as exc:  # the header said another shape than the data has
+                    raise ShapeMismatchError(p, f"read shape {a.shape}, which on_mismatch={on_mismatch!r} cannot "
+                                             f"fit to {tuple(shape)} ({exc})") from None
             out[i] = a
         return out
 

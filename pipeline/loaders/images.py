@@ -11,6 +11,14 @@ was not cut short (see :func:`_cut_short`): a file that fails that check is deco
 once, and refused only when Pillow cannot decode it, so a complete image with bytes
 after its end is still read.
 
+Pixels come in the file's mode when it is ``L``, ``RGB``, ``RGBA``, ``I``, ``F`` or 16-bit
+grayscale (``I;16``, and the big-endian ``I;16B`` of ImageJ's and other "MM" TIFFs, both
+as native ``uint16``); files of other modes (palette ``P``, ``LA``, ``CMYK``, ``1``...)
+come as ``RGB``, as torchvision's loader converts them. ``mode=`` converts to any mode of
+:data:`MODES`, whose array shape and dtype are known before a pixel is decoded; a
+conversion Pillow cannot make is refused when the array is built. Multi-page TIFFs and
+animated GIFs give their first frame.
+
 16-bit grayscale images converted to an 8-bit mode (``mode="L"``, ``"RGB"``) keep their
 high byte (``value >> 8``), as OpenCV's ``imread`` and Pillow's own 16-bit RGB PNG
 decoding do; Pillow's ``convert`` would clip every value above 255 to 255. EXIF
@@ -20,14 +28,16 @@ torchvision's ``decode_image`` give them by default).
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any, Collection, Sequence
 
 import fsspec
 import numpy as np
 
-from pipeline.errors import EmptyInputError, FormatMismatchError, LoaderError, MissingDependencyError
+from pipeline.errors import ConfigError, EmptyInputError, FormatMismatchError, LoaderError, MissingDependencyError
 
-__all__ = ["IMAGE_SUFFIXES", "image_files", "probe_image", "read_image"]
+__all__ = ["IMAGE_SUFFIXES", "MODES", "check_mode", "image_files", "mode_advice", "probe_image", "read_image"]
 
 #: Suffixes of the files a glob or a folder of images reads (in any case, ``.PNG`` as
 #: ``.png``): the formats Pillow decodes that torchvision's ``ImageFolder`` and Keras'
@@ -37,8 +47,20 @@ IMAGE_SUFFIXES = (".bmp", ".gif", ".jpeg", ".jpg", ".png", ".tif", ".tiff", ".we
 #: Formats that beside images make a glob ambiguous: refused as files of different formats.
 _ARRAY_SUFFIXES = (".npy", ".npz", ".h5", ".hdf5")
 
-_CHANNELS = {"L": 1, "RGB": 3, "RGBA": 4, "I;16": 1, "I": 1, "F": 1}
-_DTYPES = {"I;16": np.uint16, "I": np.int32, "F": np.float32}
+#: The modes ``mode=`` takes: Pillow mode -> (channels, dtype) of ``np.asarray`` of an
+#: image in that mode (1 channel: ``(H, W)``, else ``(H, W, C)``), so that the array's
+#: shape is known from the header. Byte-order variants (``I;16B``) are left out: 16-bit
+#: images come as ``I;16``, native ``uint16``.
+MODES: dict[str, tuple[int, type]] = {
+    "1": (1, np.bool_), "L": (1, np.uint8), "P": (1, np.uint8), "I;16": (1, np.uint16), "I": (1, np.int32),
+    "F": (1, np.float32), "LA": (2, np.uint8), "La": (2, np.uint8), "PA": (2, np.uint8), "RGB": (3, np.uint8),
+    "YCbCr": (3, np.uint8), "LAB": (3, np.uint8), "HSV": (3, np.uint8), "RGBA": (4, np.uint8),
+    "RGBa": (4, np.uint8), "RGBX": (4, np.uint8), "CMYK": (4, np.uint8),
+}
+#: Modes a file is read in when ``mode`` is not given (others come as RGB).
+_NATIVE = ("L", "RGB", "RGBA", "I;16", "I", "F")
+#: 16-bit grayscale in any byte order: read as ``I;16`` (native ``uint16``).
+_SIXTEEN = ("I;16", "I;16B", "I;16L", "I;16N")
 _EXPECTED = {".jpg": "JPEG", ".jpeg": "JPEG", ".png": "PNG", ".tif": "TIFF", ".tiff": "TIFF"}
 
 
@@ -100,7 +122,7 @@ def _not_opened(path: str, head: bytes, exc: Exception) -> FormatMismatchError:
     are an image's signature (with Pillow's reason), else what the bytes look like."""
     fmt = _signature(head)
     if fmt is not None:
-        reason = str(exc) or type(exc).__name__
+        reason = _reason(exc)
         return FormatMismatchError(path, f"is a truncated or damaged {fmt} image (its first bytes are {fmt}'s "
                                    f"signature, but Pillow cannot read its header: {reason})")
     return FormatMismatchError(path, f"expected an image (jpg, png, tiff), found {_sniff(head)}")
@@ -192,7 +214,7 @@ def _check_complete(path: str, fh: Any, fmt: str, head: bytes, data_end: int | N
             im.load()
     except Exception as exc:  # noqa: BLE001 - Pillow raises OSError, SyntaxError, struct.error...
         raise FormatMismatchError(path, f"is a truncated {fmt} image: {why}, and Pillow cannot decode it "
-                                  f"({str(exc) or type(exc).__name__})") from None
+                                  f"({_reason(exc)})") from None
 
 
 def probe_image(path: str, so: dict, *, shape: tuple[int, ...] | None = None, mode: str | None = None) -> tuple[tuple[int, ...], np.dtype]:
@@ -221,17 +243,80 @@ def probe_image(path: str, so: dict, *, shape: tuple[int, ...] | None = None, mo
             _check_complete(path, fh, fmt, head, data_end)
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
-    out_mode = mode or src_mode
-    if out_mode not in _CHANNELS:
-        out_mode = "RGB"
+    out_mode = _target(src_mode, mode)
+    if not _convertible(src_mode, out_mode):
+        raise FormatMismatchError(path, f"is a {src_mode} image, which Pillow cannot convert to mode={out_mode!r}; "
+                                  "choose another mode (such as 'RGB' or 'L')")
     h, w = (shape[0], shape[1]) if shape else (size[1], size[0])
-    channels = _CHANNELS[out_mode]
+    channels, dtype = MODES[out_mode]
     dims = (h, w) if channels == 1 else (h, w, channels)
-    return dims, np.dtype(_DTYPES.get(out_mode, np.uint8))
+    return dims, np.dtype(dtype)
 
 
 #: Modes that hold 16-bit values whole: a 16-bit image converted to any other keeps its high byte.
-_WIDE = ("I;16", "I;16B", "I;16L", "I;16N", "I", "F")
+_WIDE = ("I;16", "I", "F")
+
+
+def check_mode(mode: str | None) -> None:
+    """Refuse a ``mode`` option that is not one of :data:`MODES`, before any file is read.
+
+    Raises
+    ------
+    ConfigError
+        Naming the option, the modes it takes and the value given.
+    """
+    if mode is not None and mode not in MODES:
+        raise ConfigError("mode", f"a Pillow mode whose array shape is known: {', '.join(MODES)}", mode)
+
+
+def mode_advice(channels: int) -> str:
+    """The ``mode=`` that reads every image with ``channels`` channels, for an error."""
+    mode = {1: "L", 2: "LA", 3: "RGB", 4: "RGBA"}.get(channels, "RGB")
+    return f"mode={mode!r}"
+
+
+def _target(src_mode: str, mode: str | None) -> str:
+    """The mode an image stored in ``src_mode`` is read in."""
+    if mode is not None:
+        return mode
+    if src_mode in _SIXTEEN:
+        return "I;16"
+    return src_mode if src_mode in _NATIVE else "RGB"
+
+
+def _to_mode(im: Any, target: str) -> Any:
+    """``im`` converted to ``target``; 16-bit grayscale as :func:`_high_byte` says for
+    8-bit targets, and in native byte order for 16-bit and wider ones."""
+    if im.mode in _SIXTEEN:
+        if target not in _WIDE:
+            im = _high_byte(im)
+        elif im.mode != "I;16":  # I;16B: Pillow converts it to few modes, numpy to native uint16 exactly
+            im = _pil().fromarray(np.asarray(im).astype(np.uint16))
+    return im if im.mode == target else im.convert(target)
+
+
+@functools.lru_cache(maxsize=256)
+def _convertible(src_mode: str, target: str) -> bool:
+    """Whether :func:`_to_mode` converts ``src_mode`` to ``target`` (tried on one pixel,
+    once per pair of modes), so that a conversion Pillow lacks is refused when the array
+    is built rather than when it is computed."""
+    Image = _pil()
+    try:
+        one = Image.new(src_mode, (1, 1))
+    except (ValueError, OSError):  # a mode Image.new does not make: left to the read
+        return True
+    try:
+        _to_mode(one, target)
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def _reason(exc: Exception) -> str:
+    """Pillow's message without the object reprs it holds (``<_io.BufferedReader ...>``):
+    the error names the file itself."""
+    text = re.sub(r"\s*<[^<>]*>", "", str(exc)).strip()
+    return text or type(exc).__name__
 
 
 def _high_byte(im: Any) -> Any:
@@ -246,13 +331,10 @@ def read_image(path: str, so: dict, *, shape: tuple[int, ...] | None = None, mod
     Image = _pil()
     try:
         with fsspec.open(path, "rb", **so) as fh, Image.open(fh) as im:
-            target = mode or (im.mode if im.mode in _CHANNELS else "RGB")
-            if im.mode.startswith("I;16") and target not in _WIDE:
-                im = _high_byte(im)
-            if im.mode != target:
-                im = im.convert(target)
+            im = _to_mode(im, _target(im.mode, mode))
             if shape and (im.size[1], im.size[0]) != tuple(shape[:2]):
                 im = im.resize((shape[1], shape[0]), Image.Resampling.BILINEAR)
-            return np.asarray(im)
-    except OSError as exc:  # a truncated or corrupt image fails at decode time
-        raise LoaderError(path, f"cannot decode the image ({exc})") from None
+            a = np.asarray(im)
+    except (OSError, ValueError) as exc:  # a truncated or corrupt image fails at decode time
+        raise LoaderError(path, f"cannot decode the image ({_reason(exc)})") from None
+    return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))

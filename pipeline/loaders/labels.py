@@ -3,32 +3,115 @@
 A manifest is a CSV or Parquet table with a ``path`` column (relative to the manifest's
 folder, or absolute, or a URL) and a ``label`` column; other columns are ignored. Its
 rows give the samples and their order, so filtered or reordered subsets need no folder
-structure. Class names are sorted, and their index is the label.
+structure. Text labels are class names: sorted (or in the order ``classes=`` pins), and
+their index is the label. Numeric labels are kept as numbers: integers, and floats that
+are all whole numbers (``1.0``, ``2.0``, as tools export integer classes), as int64,
+other floats (regression targets) as float64.
+
+Folder labels are the class folder of each file: the first folder below a directory
+read as torchvision's ``ImageFolder`` reads one (``cat/indoor/2.png`` is ``cat``), else
+the file's parent folder. Classes come from the files listed, before any is skipped, so
+a file that does not decode never shifts another class's index.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import posixpath
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.errors import LoaderError, MissingColumnError, MissingDependencyError
+from pipeline.errors import ConfigError, LoaderError, MissingColumnError, MissingDependencyError
 
-__all__ = ["folder_labels", "in_manifest", "read_manifest"]
+__all__ = ["check_classes", "folder_labels", "in_manifest", "read_manifest"]
 
 
-def _classes(values: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
-    classes = tuple(sorted(set(values)))
+def check_classes(classes: Sequence[str] | None, labels: str | None) -> tuple[str, ...] | None:
+    """``classes=`` as a tuple, refused (before any file is read) when it is not a list
+    of distinct names, or is given without text labels to name.
+
+    Raises
+    ------
+    ConfigError
+        Naming the option and what it needs.
+    """
+    if classes is None:
+        return None
+    if isinstance(classes, str) or not all(isinstance(c, str) and c for c in classes):
+        raise ConfigError("classes", "a list of class names (strings), such as ['cat', 'dog']", classes)
+    pinned = tuple(classes)
+    if not pinned or len(set(pinned)) != len(pinned):
+        raise ConfigError("classes", "a non-empty list of distinct class names", classes)
+    if labels is None:
+        raise ConfigError("classes", "labels='folder' or a manifest of text labels to name", classes,
+                          detail="classes= pins the index of each class, but no labels= was given")
+    return pinned
+
+
+def _classes(values: Sequence[str], pinned: tuple[str, ...] | None = None, paths: Sequence[str] = (),
+             what: str = "label") -> tuple[tuple[str, ...], np.ndarray]:
+    """Classes (sorted, or ``pinned``) and each value's index.
+
+    Raises
+    ------
+    LoaderError
+        For a value ``pinned`` does not list, naming its file.
+    """
+    classes = pinned if pinned is not None else tuple(sorted(set(values)))
     index = {c: i for i, c in enumerate(classes)}
+    unknown = next((i for i, v in enumerate(values) if v not in index), None)
+    if unknown is not None:
+        where = paths[unknown] if paths else "classes"
+        raise LoaderError(where, f"has {what} {values[unknown]!r}, which classes={list(classes)} does not list; "
+                          "add it to classes=, or leave such files out")
     return classes, np.array([index[v] for v in values], dtype=np.int64)
 
 
-def folder_labels(paths: Sequence[str]) -> tuple[tuple[str, ...], np.ndarray]:
-    """Classes (sorted folder names) and each file's label index."""
-    names = [posixpath.basename(posixpath.dirname(p.replace(os.sep, "/"))) for p in paths]
-    return _classes(names)
+def _norm(path: str) -> str:
+    return path.replace(os.sep, "/").rstrip("/")
+
+
+def _class_folder(path: str, roots: Sequence[str]) -> str:
+    """The class of ``path``: the first folder below the deepest of ``roots`` holding it,
+    else its parent folder's name.
+
+    Raises
+    ------
+    LoaderError
+        For a file directly in a root, which has no class folder.
+    """
+    p = _norm(path)
+    for root in sorted(roots, key=len, reverse=True):
+        if p.startswith(root + "/"):
+            rel = p[len(root) + 1:]
+            if "/" not in rel:
+                raise LoaderError(path, f"is directly in {root}, not in a class folder below it: labels='folder' "
+                                  "takes each image's class from the first folder below the directory read (as "
+                                  "torchvision's ImageFolder, which leaves such files out); move it into its "
+                                  "class folder, or name the files with a glob")
+            return rel.split("/", 1)[0]
+    return posixpath.basename(posixpath.dirname(p))
+
+
+def folder_labels(paths: Sequence[str], roots: Sequence[str] = (),
+                  classes: tuple[str, ...] | None = None) -> tuple[tuple[str, ...], np.ndarray]:
+    """Classes (sorted folder names, or ``classes``) and each file's label index.
+
+    Parameters
+    ----------
+    paths
+        Every file listed, before any is skipped: the classes do not depend on which
+        files decode.
+    roots
+        Directories read whole (``format="image"``): a file below one is labelled by the
+        first folder under it (``root/cat/indoor/2.png`` is ``cat``), as ``ImageFolder``.
+    classes
+        Class names in index order; a folder it does not list is refused.
+    """
+    names = [_class_folder(p, [_norm(r) for r in roots]) for p in paths]
+    return _classes(names, classes, paths, "class folder")
 
 
 def _resolve(manifest: str, paths: Sequence[str]) -> list[str]:
@@ -61,8 +144,31 @@ def in_manifest(exc: LoaderError, manifest: str, paths: Sequence[str]) -> Loader
     return type(exc)(exc.path, f"{exc.problem}; listed on {place} of the manifest {manifest}")
 
 
-def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[list[str], tuple[str, ...] | None, np.ndarray]:
-    """Paths, classes (None for integer labels) and labels from a manifest.
+def _numbers(manifest: str, paths: Sequence[str], raw: list[Any]) -> np.ndarray:
+    """Numeric labels as numbers: int64 when every one is a whole number (``2.0`` as
+    ``2``), else float64.
+
+    Raises
+    ------
+    LoaderError
+        For a label that is NaN or infinite, naming its line.
+    """
+    bad = next((i for i, v in enumerate(raw) if isinstance(v, float) and not math.isfinite(v)), None)
+    if bad is not None:
+        raise LoaderError(manifest, f"{_place(manifest, bad)} ({paths[bad]}) has label {raw[bad]}; expected a "
+                          "finite number")
+    values = np.asarray(raw, dtype=np.float64)
+    # Whole numbers as int64 only where float64 holds them exactly (below 2**53).
+    if all(isinstance(v, int) for v in raw) or (np.all(values == np.round(values)) and np.all(abs(values) < 2.0**53)):
+        return np.asarray([int(v) for v in raw], dtype=np.int64)
+    return values
+
+
+def read_manifest(manifest: str, storage_options: dict | None = None, classes: tuple[str, ...] | None = None
+                  ) -> tuple[list[str], tuple[str, ...] | None, np.ndarray]:
+    """Paths, classes (None for numeric labels) and labels from a manifest: numbers
+    (:func:`_numbers`), or text labels as indices into the sorted class names (or into
+    ``classes``, which must list every one).
 
     Paths are resolved by :func:`_resolve`: a local manifest's come back absolute, even
     when the manifest is given by a relative path.
@@ -70,7 +176,8 @@ def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[l
     Raises
     ------
     LoaderError
-        For a manifest that cannot be read, or a row without a path or a label.
+        For a manifest that cannot be read, a row without a path or a label, a label
+        ``classes`` does not list, or ``classes`` beside numeric labels.
     MissingColumnError
         For a manifest without a ``path`` or ``label`` column.
     """
@@ -101,7 +208,15 @@ def read_manifest(manifest: str, storage_options: dict | None = None) -> tuple[l
     if any(v is None for v in raw):
         row = raw.index(None)
         raise LoaderError(manifest, f"{_place(manifest, row)} ({paths[row]}) has no label")
-    if all(isinstance(v, int) for v in raw):
-        return paths, None, np.asarray(raw, dtype=np.int64)
-    classes, labels = _classes([str(v) for v in raw])
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in raw):
+        if classes is not None:
+            raise LoaderError(manifest, f"its labels are numbers, which classes={list(classes)} cannot name; "
+                              "classes= pins text labels (class names) to indices")
+        return paths, None, _numbers(manifest, paths, raw)
+    names = [str(v) for v in raw]
+    unknown = next((i for i, v in enumerate(names) if v not in classes), None) if classes is not None else None
+    if unknown is not None:
+        raise LoaderError(manifest, f"{_place(manifest, unknown)} ({paths[unknown]}) has label {names[unknown]!r}, "
+                          f"which classes={list(classes)} does not list; add it to classes=")
+    classes, labels = _classes(names, classes)
     return paths, classes, labels

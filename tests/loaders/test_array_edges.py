@@ -287,3 +287,22 @@ def test_a_directory_is_named_with_a_glob_of_its_files(tmp_path):
         pipeline.load(str(tmp_path / "flat"))
     with pytest.raises(FormatMismatchError, match=r"classes: is a directory.*'.*/classes/\*/\*\.jpg'"):
         pipeline.load(str(tmp_path / "classes") + "/")
+
+
+# -- fitting images: height and width only ------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["pad", "crop", "resize"])
+def test_fit_shape_with_axes_fits_the_leading_axes_and_keeps_the_channels(how):
+    from pipeline.loaders.blocks import fit_shape
+
+    a = np.arange(4 * 5 * 3).reshape(4, 5, 3)
+    got = fit_shape(a, (6, 3, 3), how, axes=2)
+    if how == "resize":
+        expected = a[np.arange(6) * 4 // 6][:, np.arange(3) * 5 // 3]
+    else:
+        expected = np.zeros((6, 3, 3), a.dtype)
+        expected[:4] = a[:, :3]
+    np.testing.assert_array_equal(got, expected)
+    with pytest.raises(ValueError, match=r"only its first 2 axes are fitted"):
+        fit_shape(a, (4, 5, 4), how, axes=2)  # RGB into RGBA: never

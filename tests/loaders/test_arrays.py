@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 import pipeline
-from pipeline.errors import FormatMismatchError, LoaderError, ShapeMismatchError
+from pipeline.errors import EmptyInputError, FormatMismatchError, LoaderError, ShapeMismatchError
 from pipeline.loaders import open_source
 
 
@@ -141,3 +141,74 @@ def test_timestamp_for_files_without_columns_is_refused(tmp_path):
                            rf"table \(CSV, Parquet\); {kind} files have no columns"):
             open_source(str(tmp_path / name), combine="concat" if kind != "image" else None, timestamp="timestamp")
     assert open_source(str(tmp_path / "x.h5"), combine="concat").array.shape == (5, 2)  # without it, read as before
+
+
+def _split_tree(root) -> None:
+    """train/ and val/ of 4 gray images each (pixel value = index + 10 * split), and one
+    manifest for both splits, as many public data sets ship it."""
+    for s, split in enumerate(("train", "val")):
+        (root / split).mkdir()
+        for i in range(4):
+            Image.new("L", (3, 3), color=i + 10 * s).save(root / split / f"{i}.png")
+    rows = [(f"{split}/{i}.png", "ab"[i % 2]) for split in ("val", "train") for i in (3, 2, 1, 0)]
+    pacsv.write_csv(pa.table({"path": [p for p, _ in rows], "label": [y for _, y in rows]}), root / "labels.csv")
+
+
+def test_paths_beside_a_manifest_choose_its_rows_in_manifest_order(tmp_path):
+    _split_tree(tmp_path)
+    manifest = pacsv.read_csv(tmp_path / "labels.csv").to_pandas()
+    val = manifest[manifest.path.str.startswith("val/")]  # the reference: the manifest's val rows, its order
+    for paths in (str(tmp_path / "val" / "*.png"), str(tmp_path / "val")):
+        src = open_source(paths, labels=str(tmp_path / "labels.csv"))
+        assert [f.path for f in src.files] == [str(tmp_path / p) for p in val.path]
+        expected = np.stack([np.asarray(Image.open(tmp_path / p)) for p in val.path])
+        np.testing.assert_array_equal(src.array.compute(), expected)
+        assert src.classes == ("a", "b")
+        assert [src.classes[i] for i in src.labels.compute()] == list(val.label)
+
+
+def test_paths_beside_a_manifest_that_match_none_of_its_files_are_refused(tmp_path):
+    _split_tree(tmp_path)
+    manifest = str(tmp_path / "labels.csv")
+    with pytest.raises(EmptyInputError, match=r"no_such_dir/\*\.png: matched no file"):
+        open_source(str(tmp_path / "no_such_dir" / "*.png"), labels=manifest)
+    (tmp_path / "test").mkdir()
+    Image.new("L", (3, 3)).save(tmp_path / "test" / "0.png")
+    with pytest.raises(EmptyInputError, match=r"test/\*\.png: matched 1 file\(s\) .*none of them listed in the "
+                                              r"manifest .*labels\.csv"):
+        open_source(str(tmp_path / "test" / "*.png"), labels=manifest)
+    with pytest.raises(LoaderError, match=r"test/0\.png: is named in paths but not listed in the manifest"):
+        open_source([str(tmp_path / "val" / "*.png"), str(tmp_path / "test" / "0.png")], labels=manifest)
+
+
+@pytest.mark.parametrize("labels, dtype", [
+    (["1.0", "2.0", "10.0", "2.5"], np.float64),  # regression targets: the numbers
+    (["1.0", "2.0", "10.0", "3.0"], np.int64),  # integer classes a tool exported as floats
+    (["1", "2", "10", "3"], np.int64),
+])
+@pytest.mark.parametrize("suffix", ["csv", "parquet"])
+def test_numeric_manifest_labels_are_kept_as_numbers(tmp_path, labels, dtype, suffix):
+    import pandas as pd
+
+    for i in range(4):
+        Image.new("L", (2, 2), color=i).save(tmp_path / f"{i}.png")
+    text = "path,label\n" + "".join(f"{i}.png,{y}\n" for i, y in enumerate(labels))
+    (tmp_path / "m.csv").write_text(text)  # written by hand: "1.0" stays "1.0"
+    expected = pd.read_csv(tmp_path / "m.csv")
+    if suffix == "parquet":  # a float64 (or int64) column
+        expected.to_parquet(tmp_path / "m.parquet")
+    src = open_source(labels=str(tmp_path / f"m.{suffix}"))
+    y = src.labels.compute()
+    assert src.classes is None and y.dtype == dtype
+    np.testing.assert_array_equal(y, expected.label.to_numpy())
+
+
+def test_classes_pin_text_manifest_labels(tmp_path):
+    _split_tree(tmp_path)
+    src = open_source(labels=str(tmp_path / "labels.csv"), classes=["b", "c", "a"])
+    manifest = pacsv.read_csv(tmp_path / "labels.csv").to_pandas()
+    assert src.classes == ("b", "c", "a")
+    np.testing.assert_array_equal(src.labels.compute(), [("b", "c", "a").index(y) for y in manifest.label])
+    with pytest.raises(LoaderError, match=r"labels\.csv: line 2 \(the header is line 1\) \(.*val/3\.png\) has "
+                                          r"label 'b', which classes=\['a'\] does not list"):
+        open_source(labels=str(tmp_path / "labels.csv"), classes=["a"])

@@ -4,6 +4,7 @@ what is left as stored (EXIF orientation)."""
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from PIL import Image
 
 import pipeline
 import pipeline.loaders
-from pipeline.errors import EmptyInputError, FormatMismatchError
+from pipeline.errors import ConfigError, EmptyInputError, FormatMismatchError, LoaderError, ShapeMismatchError
 from pipeline.loaders import images
 
 
@@ -138,3 +139,184 @@ def test_arrays_beside_images_in_a_glob_are_still_refused_as_two_formats(tmp_pat
     (tmp_path / "dog" / "Thumbs.db").unlink()  # the glob is taken as it is: this one would be named first
     with pytest.raises(FormatMismatchError, match="files of different formats cannot be combined"):
         pipeline.load(str(tmp_path / "*" / "*.*"))
+
+
+def _png(path, pixels, mode=None) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(pixels, mode).save(path)
+
+
+def _tiff_16(path, pixels: np.ndarray, big_endian: bool) -> None:
+    """A 16-bit grayscale TIFF in either byte order (ImageJ writes big-endian, "MM")."""
+    h, w = pixels.shape
+    if big_endian:
+        Image.frombuffer("I;16B", (w, h), pixels.astype(">u2").tobytes(), "raw", "I;16B", 0, 1).save(path)
+    else:
+        Image.fromarray(pixels).save(path)
+
+
+@pytest.mark.parametrize("big_endian", [False, True])
+def test_16_bit_tiff_reads_as_uint16_in_either_byte_order(tmp_path, big_endian):
+    wide = np.random.default_rng(3).integers(0, 65536, (12, 16), dtype=np.uint16)
+    _tiff_16(tmp_path / "a.tif", wide, big_endian)
+    with Image.open(tmp_path / "a.tif") as im:
+        assert im.mode == ("I;16B" if big_endian else "I;16")
+        reference = np.asarray(im).astype(np.uint16)  # Pillow's values, in native byte order
+    np.testing.assert_array_equal(reference, wide)
+    got = pipeline.load(str(tmp_path / "a.tif")).compute()[0]
+    assert got.dtype == np.uint16 and got.shape == (12, 16)
+    np.testing.assert_array_equal(got, wide)
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "a.tif"), mode="L").compute()[0],
+                                  (wide >> 8).astype(np.uint8))
+    resized = pipeline.load(str(tmp_path / "a.tif"), shape=(6, 8)).compute()[0]
+    np.testing.assert_array_equal(resized, np.asarray(Image.fromarray(wide).resize((8, 6), Image.Resampling.BILINEAR)))
+
+
+def test_16_bit_tiffs_of_both_byte_orders_stack_in_one_folder(tmp_path):
+    rng = np.random.default_rng(4)
+    stored = [rng.integers(0, 65536, (5, 7), dtype=np.uint16) for _ in range(2)]
+    _tiff_16(tmp_path / "a.tif", stored[0], big_endian=False)
+    _tiff_16(tmp_path / "b.tif", stored[1], big_endian=True)
+    x = pipeline.load(str(tmp_path / "*.tif"))
+    assert x.dtype == np.uint16 and x.shape == (2, 5, 7)
+    np.testing.assert_array_equal(x.compute(), np.stack(stored))
+
+
+@pytest.mark.parametrize("mode", sorted(images.MODES))
+def test_every_mode_has_the_shape_and_values_of_pillows_convert(tmp_path, mode):
+    _png(tmp_path / "a.png", _pixels((6, 8, 3), seed=5))
+    x = pipeline.load(str(tmp_path / "a.png"), mode=mode)
+    with Image.open(tmp_path / "a.png") as im:
+        reference = np.asarray(im.convert(mode))
+    assert x.shape[1:] == reference.shape and x.dtype == reference.dtype  # known before decoding
+    np.testing.assert_array_equal(x.compute()[0], reference)
+
+
+@pytest.mark.parametrize("mode", ["bogus", "I;16B", "rgb"])
+def test_an_unknown_mode_is_refused_before_any_file_is_read(tmp_path, mode):
+    with pytest.raises(ConfigError, match=rf"^mode: expected a Pillow mode .*RGBA.*, got '{re.escape(mode)}'"):
+        pipeline.load(str(tmp_path / "nothing-here-*.png"), mode=mode)  # no glob looked at
+
+
+def test_a_conversion_pillow_lacks_is_refused_when_the_array_is_built(tmp_path):
+    Image.fromarray(np.zeros((4, 4), np.uint8)).save(tmp_path / "a.png")
+    with Image.open(tmp_path / "a.png") as im, pytest.raises(ValueError):
+        im.convert("RGBa")
+    with pytest.raises(FormatMismatchError, match=r"a\.png: is a L image, which Pillow cannot convert to mode='RGBa'"):
+        pipeline.load(str(tmp_path / "a.png"), mode="RGBa")
+
+
+def test_palette_and_la_images_come_as_rgb_by_default(tmp_path):
+    rgb = _pixels((6, 5, 3), seed=6)
+    Image.fromarray(rgb).convert("P").save(tmp_path / "p.png")
+    Image.fromarray(rgb).convert("LA").save(tmp_path / "la.png")
+    for name in ("la.png", "p.png"):
+        with Image.open(tmp_path / name) as im:
+            reference = np.asarray(im.convert("RGB"))
+        x = pipeline.load(str(tmp_path / name))
+        assert x.shape == (1, 6, 5, 3)
+        np.testing.assert_array_equal(x.compute()[0], reference)
+
+
+@pytest.mark.parametrize("how", ["raise", "pad", "crop", "resize"])
+def test_another_channel_count_is_refused_naming_the_mode_to_set(tmp_path, how):
+    _png(tmp_path / "a_logo.png", _pixels((8, 8, 4), seed=7), "RGBA")
+    _png(tmp_path / "b_photo.png", _pixels((8, 8, 3), seed=8))
+    with pytest.raises(ShapeMismatchError, match=r"b_photo\.png: has shape \(8, 8, 3\) \(3 channel\(s\)\), but "
+                                                 r".*a_logo\.png has \(8, 8, 4\) \(4 channel\(s\)\).* set mode='RGBA'"):
+        pipeline.load(str(tmp_path / "*.png"), on_mismatch=how)
+    both = pipeline.load(str(tmp_path / "*.png"), mode="RGBA", on_mismatch=how).compute()
+    with Image.open(tmp_path / "b_photo.png") as im:  # alpha 255, as Pillow's convert gives it
+        np.testing.assert_array_equal(both[1], np.asarray(im.convert("RGBA")))
+
+
+@pytest.mark.parametrize("how", ["raise", "pad", "resize"])
+def test_a_grayscale_image_among_rgb_ones_is_told_to_set_mode_rgb(tmp_path, how):
+    Image.fromarray(_pixels((8, 8, 3))).save(tmp_path / "a.jpg")
+    Image.fromarray(_pixels((8, 8), seed=1)).save(tmp_path / "b.jpg")
+    with pytest.raises(ShapeMismatchError, match=r"b\.jpg: has shape \(8, 8\) \(1 channel\(s\)\).*set mode='RGB'"):
+        pipeline.load(str(tmp_path / "*.jpg"), on_mismatch=how)
+    with Image.open(tmp_path / "b.jpg") as im:
+        reference = np.asarray(im.convert("RGB"))
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "*.jpg"), mode="RGB").compute()[1], reference)
+
+
+@pytest.mark.parametrize("how", ["pad", "crop", "resize"])
+def test_on_mismatch_fits_height_and_width_and_keeps_every_channel(tmp_path, how):
+    first, second = _pixels((6, 8, 3), seed=9), _pixels((4, 10, 3), seed=10)
+    _png(tmp_path / "a.png", first)
+    _png(tmp_path / "b.png", second)
+    got = pipeline.load(str(tmp_path / "*.png"), on_mismatch=how).compute()
+    if how == "resize":  # nearest neighbour on rows and columns, channels untouched
+        rows, cols = np.arange(6) * 4 // 6, np.arange(8) * 10 // 8
+        expected = second[rows][:, cols]
+    else:  # the top-left part kept, zeros below
+        expected = np.zeros((6, 8, 3), np.uint8)
+        expected[:4] = second[:, :8]
+    np.testing.assert_array_equal(got[1], expected)
+    np.testing.assert_array_equal(got[0], first)
+
+
+def _image_tree(root, layout) -> None:
+    for i, rel in enumerate(layout):
+        _png(root / rel, _pixels((4, 4), seed=i))
+
+
+def test_a_directory_labels_each_image_by_its_top_level_class_folder(tmp_path):
+    layout = ["cat/1.png", "cat/indoor/2.png", "cat/outdoor/3.png", "dog/4.png", "dog/indoor/5.png"]
+    _image_tree(tmp_path, layout)
+    src = pipeline.loaders.open_source(str(tmp_path), format="image", labels="folder")
+    got = {str(p.relative_to(tmp_path)) for p in map(type(tmp_path), (f.path for f in src.files))}
+    assert got == set(layout)
+    assert src.classes == ("cat", "dog")  # torchvision's ImageFolder: the folders right below the root
+    names = [f.path.split(str(tmp_path) + "/")[1].split("/")[0] for f in src.files]
+    assert [src.classes[i] for i in src.labels.compute()] == names
+    (tmp_path / "loose.png").write_bytes((tmp_path / "dog" / "4.png").read_bytes())
+    with pytest.raises(LoaderError, match=r"loose\.png: is directly in .*, not in a class folder below it"):
+        pipeline.loaders.open_source(str(tmp_path), format="image", labels="folder")
+
+
+def test_a_skipped_file_does_not_shift_class_indices(tmp_path):
+    _image_tree(tmp_path, ["ant/1.png", "cow/1.png"])
+    (tmp_path / "bee").mkdir()
+    (tmp_path / "bee" / "1.png").write_bytes(b"\x89PNG\r\n\x1a\n")  # a cut-off download
+    src = pipeline.loaders.open_source(str(tmp_path), format="image", labels="folder", on_error="skip")
+    assert [p for p, _ in src.skipped] == [str(tmp_path / "bee" / "1.png")]
+    assert src.classes == ("ant", "bee", "cow") and src.labels.compute().tolist() == [0, 2]
+    assert src.array.shape[0] == 2
+
+
+def test_classes_pin_the_index_of_each_folder_and_refuse_others(tmp_path):
+    _image_tree(tmp_path, ["cow/1.png", "ant/1.png"])
+    src = pipeline.loaders.open_source(str(tmp_path / "*" / "*.png"), labels="folder", classes=["cow", "bee", "ant"])
+    assert src.classes == ("cow", "bee", "ant")
+    assert [f.path for f in src.files] == [str(tmp_path / "ant" / "1.png"), str(tmp_path / "cow" / "1.png")]
+    assert src.labels.compute().tolist() == [2, 0]
+    with pytest.raises(LoaderError, match=r"ant/1\.png: has class folder 'ant', which classes=\['cow'\] does not list"):
+        pipeline.loaders.open_source(str(tmp_path / "*" / "*.png"), labels="folder", classes=["cow"])
+    with pytest.raises(ConfigError, match=r"^classes: "):
+        pipeline.loaders.open_source(str(tmp_path / "*" / "*.png"), labels="folder", classes="cow")
+    with pytest.raises(ConfigError, match=r"^classes: classes= pins .* no labels= was given"):
+        pipeline.loaders.open_source(str(tmp_path / "*" / "*.png"), classes=["cow"])
+
+
+def test_a_store_written_with_the_sources_metadata_records_classes_and_skipped_files(tmp_path):
+    root = tmp_path / "im"
+    _image_tree(root, ["cat/0.png", "cat/1.png", "dog/0.png"])
+    (root / "cat" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 10)
+    src = pipeline.loaders.open_source(str(root), format="image", labels="folder", on_error="skip")
+    store = tmp_path / "set.zarr"
+    pipeline.write(str(store), {"x": src.array, "y": src.labels}, attrs=src.metadata(), progress=False)
+    ds = pipeline.open(str(store))
+    assert ds.attrs["classes"] == ["cat", "dog"]
+    assert [p for p, _ in ds.attrs["skipped"]] == [str(root / "cat" / "bad.png")]
+    np.testing.assert_array_equal(np.asarray(ds["train"]["y"]), [0, 0, 1])
+    expected = np.stack([np.asarray(Image.open(root / p)) for p in ("cat/0.png", "cat/1.png", "dog/0.png")])
+    np.testing.assert_array_equal(np.asarray(ds["train"]["x"]), expected)
+
+
+def test_pillows_object_repr_is_left_out_of_errors(tmp_path):
+    (tmp_path / "a.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 10)
+    with pytest.raises(FormatMismatchError) as info:
+        pipeline.load(str(tmp_path / "a.png"))
+    assert "<" not in str(info.value) and "a.png: is a truncated or damaged PNG image" in str(info.value)
