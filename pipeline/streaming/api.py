@@ -7,6 +7,7 @@ into its source and shares.
 
 from __future__ import annotations
 
+import contextvars
 import numbers
 import os
 import sys
@@ -21,7 +22,11 @@ from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
 
-__all__ = ["check_seed", "stream"]
+__all__ = ["EMPTY_EPOCHS_OK", "check_seed", "stream"]
+
+#: Set while :func:`~pipeline.streaming.mix.mix` opens its sources: a source without a
+#: batch per epoch is the mix's to judge (weight 0 is fine), not refused when made.
+EMPTY_EPOCHS_OK: contextvars.ContextVar[bool] = contextvars.ContextVar("pipeline_empty_epochs_ok", default=False)
 
 def stream(
     source: Any,
@@ -153,11 +158,20 @@ def stream(
     src = _open_source(source, split, arrays, partial, storage_options, verify, version,
                        cache_spec(cache_dir, cache_bytes), dim)
     if not sum(src.lengths):
-        raise StreamError(f"stream: {_empty(source, split)}; there is nothing to stream")
-    return Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
-                  buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
-                  prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
-                  global_batch_size=global_batch_size)
+        raise StreamError(f"stream: {_where(source, split)} no samples; there is nothing to stream")
+    s = Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
+               buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
+               prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
+               global_batch_size=global_batch_size)
+    if drop_last and len(s) == 0 and not EMPTY_EPOCHS_OK.get():
+        # Silently empty epochs train on nothing (Keras then fails on a None input).
+        s.close()
+        per = (f"a global batch of {global_batch_size}" if global_batch_size is not None
+               else f"batches of {batch_size}" + (f" on each of {world_size} ranks" if world_size > 1 else ""))
+        raise StreamError(f"stream: {_where(source, split)} {s.n_samples} samples, which fill no whole batch: "
+                          f"{per} with drop_last=True leaves every epoch without a batch; use a smaller batch "
+                          "size, or drop_last=False")
+    return s
 
 
 def check_seed(seed: Any, caller: str) -> int:
@@ -184,13 +198,14 @@ def check_seed(seed: Any, caller: str) -> int:
     return int(seed)
 
 
-def _empty(source: Any, split: str) -> str:
-    """That ``stream(source, split=split)`` has no samples, naming where it looked."""
+def _where(source: Any, split: str) -> str:
+    """What ``stream(source, split=split)`` streams, as the subject of "holds": the
+    split and its store, the zarr group's split, or the arrays."""
     if isinstance(source, (str, os.PathLike)):
-        return f"split {split!r} of {os.fspath(source)} holds no samples"
+        return f"split {split!r} of {os.fspath(source)} holds"
     if is_zarr(source, "Group"):
-        return f"split {split!r} of the zarr group passed holds no samples"
-    return "the arrays passed hold no samples"
+        return f"split {split!r} of the zarr group passed holds"
+    return "the arrays passed hold"
 
 
 def _check_shares(batch_size: int | None, global_batch_size: int | None, buffer_chunks: int, read_niceness: int,

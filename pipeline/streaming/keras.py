@@ -11,10 +11,12 @@ batches of the pending pass. What Keras's ``on_epoch_end`` does depends on how m
 the pass was served:
 
 - all of it: the next pass is the stream's next epoch, from its start;
-- at most :data:`PEEK_BATCHES` batches, the first time in this pass: the pass starts
-  again from its start point. Keras takes a batch to build an unbuilt model and then
-  calls ``on_epoch_end`` before training; moving on would skip what it looked at (on a
-  fresh ``fit`` after a resume, the start of the rest of the epoch);
+- at most :data:`PEEK_BATCHES` batches, at the first epoch end of a fit: the pass
+  starts again from its start point. Keras takes a batch to build an unbuilt model and
+  then calls ``on_epoch_end`` before training; moving on would skip what it looked at
+  (on a fresh ``fit`` after a resume, the start of the rest of the epoch). A fit whose
+  model is built calls ``on_epoch_end`` first with nothing taken; after that, and after
+  any epoch end, Keras epochs of one or two steps are epochs, and the pass goes on;
 - more (``steps_per_epoch`` below the pass's length): the next Keras epoch goes on with
   the same pass where this one stopped.
 
@@ -108,7 +110,9 @@ class KerasDataset(_Base):
         self._iter: Iterator[tuple[np.ndarray, ...]] | None = None
         self._start: dict[str, Any] | None = None  # the pass's start point, once it served a batch
         self._taken = 0  # batches served in the pass (over Keras epochs when it goes on)
-        self._restarted = False  # the pass was started again after a peek
+        # Keras may yet peek (build the model on a batch, then end the "epoch"): only
+        # before the first epoch end of a fit; see on_epoch_end.
+        self._peek_possible = True
         self._in_order = True  # Keras asked for the pass's indices 0, 1, ... in order
         self._moves = -1  # the stream's moves when the pass started (see _follow_moves)
         self._lock = threading.Lock()
@@ -156,11 +160,12 @@ class KerasDataset(_Base):
         now stands."""
         if self._start is not None and getattr(self.stream, "_moves", self._moves) != self._moves:
             self._end_pass()
+            self._peek_possible = True  # a resumed stream: a fresh fit (and model) may peek
 
     def _end_pass(self) -> None:
         if self._iter is not None:
             self._iter.close()  # releases the reader threads
-        self._iter, self._start, self._taken, self._restarted, self._in_order = None, None, 0, False, True
+        self._iter, self._start, self._taken, self._in_order = None, None, 0, True
 
     def _restart_pass(self) -> None:
         """Serve the pass again from its start point (the same batches, in order)."""
@@ -237,15 +242,17 @@ class KerasDataset(_Base):
     def on_epoch_end(self) -> None:
         with self._lock:
             self._follow_moves()
+            peek, self._peek_possible = self._peek_possible, False
             if self._start is None or self._taken == 0:
-                return  # nothing served since the pass started
+                # Nothing served: a fit resetting its iterator before it trains, without a
+                # peek (its model is built). Its first epochs may be as short as a peek.
+                return
             length = self._pass_length()
-            if self._taken <= PEEK_BATCHES and not self._restarted:
+            if self._taken <= PEEK_BATCHES and peek:
                 # Keras looked at the first batches (to build the model) and trains from
-                # the pass's start next. Only once per pass: a loop of so few steps per
-                # epoch goes on with the pass the time after.
+                # the pass's start next. Only before the first epoch end: later, epochs of
+                # so few steps go on with the pass.
                 self._restart_pass()
-                self._restarted = True
             elif self._taken >= length:
                 self._next_epoch()
             # else: steps_per_epoch ended Keras's epoch inside the pass, which goes on.

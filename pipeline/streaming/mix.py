@@ -65,7 +65,7 @@ import numpy as np
 
 from pipeline.errors import StreamError
 from pipeline.streaming.plan import resumed_share
-from pipeline.streaming.api import check_seed, stream
+from pipeline.streaming.api import EMPTY_EPOCHS_OK, check_seed, stream
 from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value, warn_continued
 
 __all__ = ["Mix", "MixPlan", "apportion", "epoch_steps", "mix", "quota_schedule", "shares"]
@@ -483,7 +483,11 @@ def _open_source(i: int, item: Any, batch_size: int | None, seed: int, rank: int
         item, kwargs["split"] = item
     if batch_size is None and kwargs.get("global_batch_size") is None:
         raise StreamError(f"mix: batch_size or global_batch_size is needed to open source {i} ({item!r}); got None")
-    return stream(item, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, **kwargs)
+    token = EMPTY_EPOCHS_OK.set(True)  # the mix refuses a weighted source without batches itself
+    try:
+        return stream(item, batch_size=batch_size, seed=seed, rank=rank, world_size=world_size, **kwargs)
+    finally:
+        EMPTY_EPOCHS_OK.reset(token)
 
 
 def mix(

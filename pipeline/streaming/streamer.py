@@ -204,12 +204,6 @@ class Stream:
             group = buffer_chunks * max(source.lengths, default=0)
             self.prefetch = groups_ahead(prefetch, buffer_chunks, -(-batch_size // max(1, group)))
         self._init_process_state()
-        if drop_last and len(self) == 0:
-            # Silently empty epochs train on nothing (Keras then fails on a None input).
-            per = (f"a global batch of {global_batch_size}" if global_batch_size is not None
-                   else f"batches of {batch_size}" + (f" on each of {world_size} ranks" if world_size > 1 else ""))
-            raise StreamError(f"stream: {self.n_samples} samples fill no whole batch: {per} with drop_last=True "
-                              "leave every epoch without a batch; use a smaller batch size, or drop_last=False")
 
     def _init_process_state(self) -> None:
         """Buffers and the next epoch's early loader: per process, never pickled or forked."""

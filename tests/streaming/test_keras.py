@@ -220,3 +220,23 @@ def test_validation_steps_and_evaluate_steps_serve_the_same_first_batches_every_
     firsts.append([])
     again = [model.evaluate(vds, steps=2, verbose=0) for _ in range(3)]
     assert len(set(again)) == 1 and firsts[-1] == [600.0, 700.0] * 3
+
+
+def test_a_second_fit_with_short_epochs_repeats_no_batch(store):
+    """A fit of a built model calls on_epoch_end before training with nothing taken; its
+    epochs of two steps are epochs, not a peek to serve again (Keras epochs 0 and 1 of a
+    second fit trained on the same two batches)."""
+    firsts: list[int] = []
+
+    class Recording(KerasDataset):
+        def __getitem__(self, index):
+            batch = super().__getitem__(index)
+            firsts.append(int(np.asarray(batch[1])[0]))
+            return batch
+
+    ds = Recording(pipeline.stream(store, batch_size=100, seed=3))
+    model = _tiny_model()
+    model.fit(ds, epochs=1, verbose=0, callbacks=[ds.epoch_callback()])
+    firsts.clear()
+    model.fit(ds, steps_per_epoch=2, epochs=3, verbose=0)
+    assert len(firsts) == 6 and len(set(firsts)) == 6, firsts

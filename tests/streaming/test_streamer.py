@@ -430,7 +430,7 @@ def test_drop_last_with_no_whole_batch_is_refused_rather_than_serving_empty_epoc
     every epoch had no batch, silently (Keras then failed on a None input)."""
     ids = np.arange(300)
     arrays = (ids[:, None].astype(np.float32), ids)
-    with pytest.raises(StreamError, match=r"300 samples fill no whole batch: .*drop_last=True"):
+    with pytest.raises(StreamError, match=r"the arrays passed hold 300 samples, which fill no whole batch: .*drop_last=True"):
         pipeline.stream(arrays, drop_last=True, **kw)
     assert len(pipeline.stream(arrays, drop_last=False, **kw)) == 1  # the remainder is one batch
 
