@@ -186,6 +186,9 @@ def path_pattern_regex(text: str, field: str) -> re.Pattern[str]:
     other ``{name}`` (``date={date}`` of a hive layout beside ``{instrument}``) is
     matched like ``*``, not taken literally."""
     token = "{" + field + "}"
+    # "./data/{date}.csv" names the same files as "data/{date}.csv": the files it is
+    # matched against are absolute paths, with no "." component left in them.
+    text = _without_dot_components(text)
     out = []
     i = 0
     while i < len(text):
@@ -209,6 +212,15 @@ def path_pattern_regex(text: str, field: str) -> re.Pattern[str]:
             out.append(re.escape(text[i]))
             i += 1
     return re.compile("(?:^|.*/)" + "".join(out) + "$")
+
+
+def _without_dot_components(text: str) -> str:
+    """A path pattern without its ``.`` components (``./data/x``, ``data/./x``)."""
+    while text.startswith("./"):
+        text = text[2:]
+    while "/./" in text:
+        text = text.replace("/./", "/")
+    return text
 
 
 #: The date formats tried, in order, when ``source.date.format`` is not given.

@@ -33,7 +33,7 @@ from pipeline.loaders.tables import (
 )
 from pipeline.loaders.timeorder import repeated_hour_advice
 
-__all__ = ["TIMESTAMP_UNITS", "dated_parts", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
+__all__ = ["TIMESTAMP_UNITS", "check_day_unit", "dated_parts", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
            "to_ns"]
 
 #: Nanoseconds per unit of numeric timestamps (``source.timestamp_unit``).
@@ -43,6 +43,10 @@ TIMESTAMP_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 #: dates are about 6e8 to 4e9, milliseconds 6e11 to 4e12, and so on).
 _PLAUSIBLE_NS = (631_152_000 * 10**9, 4_102_444_800 * 10**9)
 _DAY_NS = 86_400 * 10**9
+#: One day in microseconds. Integer times of day all below it, read as nanoseconds (their
+#: default), would put a whole file in the first 86.4 s after midnight: no trading day
+#: is that short, so they are taken for another unit and refused, naming it.
+_DAY_US = 86_400 * 10**6
 
 
 def _first_null(col: Any) -> int:
@@ -132,15 +136,34 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
     return pc.cast(ns, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
 
 
+def check_day_unit(largest: Any, path: str, name: str) -> None:
+    """Refuse integer times of day read as nanoseconds (no ``source.timestamp_unit``)
+    whose ``largest`` value is below one day in microseconds: a file's whole day would
+    fit in its first 86.4 s. Names the unit the value's range suggests (below 86,400:
+    seconds; below 86,400,000: milliseconds; else microseconds) and what it is then."""
+    if isinstance(largest, bool) or not isinstance(largest, (int, np.integer)) or not 0 < int(largest) < _DAY_US:
+        return
+    largest = int(largest)
+    unit = "s" if largest < 86_400 else "ms" if largest < 86_400_000 else "us"
+    clock = str(np.datetime64(largest * TIMESTAMP_UNITS[unit], "ns"))[11:]
+    raise LoaderError(path, f"timestamp column {name!r}: times of day up to {largest}, read as nanoseconds since "
+                      f"midnight (integers default to ns, as NASDAQ ITCH's), would put the file's whole day in its first "
+                      f"{largest / 1e9:.3g} s; as {unit} since midnight the last is {clock}: set "
+                      f"source.timestamp_unit: {unit} (timestamp_unit={unit!r} in pipeline.load), or ns to keep ns")
+
+
 def times_of_day_to_ns(col: Any, path: str, name: str, unit: str | None = None,
-                       where: Callable[[int], str] = _at_row) -> np.ndarray:
+                       where: Callable[[int], str] = _at_row, check_unit: bool = True) -> np.ndarray:
     """A pyarrow column of times of day as int64 nanoseconds since midnight.
 
     Time types (Parquet's ``time32``/``time64``) are cast; strings are ``HH:MM:SS``
-    with any fraction; integers are counts of ``unit`` since midnight (default
-    nanoseconds, NASDAQ ITCH's), floats of ``unit`` (default seconds). A value outside
-    the day (negative, or 24:00 and after) is refused, naming its row: a whole time
-    there would be read as a time of day, its date added twice.
+    (or ``H:MM:SS``) with any fraction; integers are counts of ``unit`` since midnight
+    (default nanoseconds, NASDAQ ITCH's), floats of ``unit`` (default seconds). Without
+    ``unit``, integers all below one day in microseconds are refused, naming the unit
+    they look like (:func:`check_day_unit`; ``check_unit=False`` leaves that to a check
+    over the whole file). A value outside the day (negative, or 24:00 and after) is
+    refused, naming its row: a whole time there would be read as a time of day, its
+    date added twice.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -155,9 +178,14 @@ def times_of_day_to_ns(col: Any, path: str, name: str, unit: str | None = None,
         if pa.types.is_time(t):
             ns = pc.cast(pc.cast(col, pa.time64("ns")), pa.int64()).to_numpy(zero_copy_only=False)
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
-            stamped = pc.binary_join_element_wise("1970-01-01T", pc.cast(col, pa.string()), "")
+            # A single-digit hour (9:30:00.5, as many feeds and pandas' to_timedelta write
+            # it) padded: ISO parsing wants two digits.
+            padded = pc.replace_substring_regex(pc.cast(col, pa.string()), pattern=r"^(\d):", replacement=r"0\1:")
+            stamped = pc.binary_join_element_wise("1970-01-01T", padded, "")
             ns = pc.cast(pc.cast(stamped, pa.timestamp("ns")), pa.int64()).to_numpy(zero_copy_only=False)
         elif pa.types.is_integer(t) or pa.types.is_floating(t):
+            if unit is None and check_unit and pa.types.is_integer(t) and len(col):
+                check_day_unit(pc.max(col).as_py(), path, name)
             ns = to_ns(col, path, name, unit or ("ns" if pa.types.is_integer(t) else "s"), where)
         else:
             raise LoaderError(path, f"timestamp column {name!r}: expected times of day (a time type, HH:MM:SS "
@@ -217,6 +245,7 @@ def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, un
         raise FormatMismatchError(first.path, "source.date dates a timestamp column of times of day: set "
                                   "source.timestamp")
     days: dict[str, int] = {}
+    largest = _files_largest(parts)
     out = []
     for p in parts:
         if p.tz is not None:
@@ -227,11 +256,28 @@ def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, un
                 days[p.path] = spec.day_ns(p.path)
             except ValueError as exc:
                 raise LoaderError(p.path, str(exc)) from None
+            if unit is None:  # from the footers, before anything is read
+                check_day_unit(largest.get(p.path), p.path, timestamp)
         day = days[p.path]
         first, last = _dated_bounds(p.first_ts, p.last_ts, day, unit)
         out.append(replace(p, day_ns=day, times_of_day=True, first_ts=first, last_ts=last,
                            group_bounds=tuple(_dated_bounds(a, b, day, unit) for a, b in p.group_bounds)))
     return out
+
+
+def _files_largest(parts: Sequence[TablePart]) -> dict[str, int]:
+    """Each file's largest integer time of day from its row groups' footers; a file is
+    left out when a footer has no bound or one that is no integer (a time type, a
+    float), its rows then checked as they are read."""
+    largest: dict[str, int] = {}
+    unknown: set[str] = set()
+    for p in parts:
+        for _, last in p.group_bounds or ((p.first_ts, p.last_ts),):
+            if isinstance(last, bool) or not isinstance(last, (int, np.integer)):
+                unknown.add(p.path)
+            else:
+                largest[p.path] = max(largest.get(p.path, int(last)), int(last))
+    return {path: n for path, n in largest.items() if path not in unknown}
 
 
 def _dated_bounds(first: Any, last: Any, day: int, unit: str | None) -> tuple[Any, Any]:
@@ -285,13 +331,23 @@ def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | No
     cols = read_columns(part, [timestamp, instrument_column] if per_row else [timestamp], so)
     if part.times_of_day:  # source.date: the file's date plus each row's time of day
         ns = part.day_ns + times_of_day_to_ns(cols[timestamp], part.path, timestamp, unit,
-                                              lambda i: row_place(part, i))
+                                              lambda i: row_place(part, i), _ends_unchecked_file(part))
     else:
         ns = to_ns(cols[timestamp], part.path, timestamp, unit, lambda i: row_place(part, i))
     if not per_row:
         return ns, None
     labels = _labels(part, instrument_column, so, cols[instrument_column])
     return ns, labels.combine_chunks() if hasattr(labels, "combine_chunks") else labels
+
+
+def _ends_unchecked_file(part: TablePart) -> bool:
+    """Whether a part's own times of day decide their unit (:func:`check_day_unit`):
+    the last part of a text file, which holds the file's latest times (an earlier part
+    of a 24-hour market's day may all be just after midnight); a Parquet part only
+    without footer bounds, as :func:`dated_parts` checked the whole file from them."""
+    if part.fmt == "parquet":
+        return part.first_ts is None
+    return part.data is None or part.data[1] is None
 
 
 def _row_above(part: TablePart, so: dict) -> TablePart | None:

@@ -9,7 +9,7 @@ nanoseconds: no file is read here.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -26,24 +26,40 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
     statistics; rows inside a part are checked as they are read). With an
     ``instrument_column`` a file may hold its instruments one after another, each in
     time order, so its row groups are not compared."""
-    groups = group_parts(parts)
-    prev = None
-    for p in groups:
-        if p.first_ts is None:
+    prev = None  # (part, row group, first, last) of the row group before
+    for here in _row_group_bounds(parts):
+        p, group, first, _ = here
+        if first is None:
             continue
-        if prev is not None and prev.last_ts is not None and p.first_ts < prev.last_ts:
-            if p.path == prev.path and instrument_column is not None:
-                prev = p
+        if prev is not None and prev[3] is not None and first < prev[3]:
+            q, prev_group, _, last = prev
+            if p.path == q.path and instrument_column is not None:
+                prev = here
                 continue
-            if p.path != prev.path:
-                span = _file_spans(groups)
-                raise files_out_of_order(p.path, p.first_ts, prev.path, prev.last_ts,
-                                         times_of_day=_times_of_day(*span[p.path], *span[prev.path]))
-            advice = repeated_hour_advice(_ns_between(p.first_ts, prev.last_ts), p.tz)
+            if p.path != q.path:
+                span = _file_spans(group_parts(parts))
+                # source.date joins files in date order: two that overlap share their date.
+                dated = p.times_of_day and q.times_of_day and p.day_ns == q.day_ns
+                raise files_out_of_order(p.path, first, q.path, last,
+                                         times_of_day=_times_of_day(*span[p.path], *span[q.path]),
+                                         day=_date_of(p.day_ns) if dated else None, dated=bool(dated))
+            advice = repeated_hour_advice(_ns_between(first, last), p.tz)
             advice = advice or "rows must be in time order: sort the file by time"
-            raise LoaderError(p.path, f"row group {p.group} starts at {p.first_ts}, before row group {prev.group} "
-                              f"ends at {prev.last_ts}; {advice}")
-        prev = p
+            raise LoaderError(p.path, f"row group {group} starts at {first}, before row group {prev_group} "
+                              f"ends at {last}; {advice}")
+        prev = here
+
+
+def _row_group_bounds(parts: Sequence[TablePart]) -> Iterator[tuple[TablePart, int, Any, Any]]:
+    """``(part, row group, first, last)`` of each Parquet row group of ``parts`` from its
+    footer (another part as one), without a part made per row group: a source of
+    thousands of small row groups is checked in milliseconds."""
+    for p in parts:
+        if not p.group_rows:
+            yield p, p.group, p.first_ts, p.last_ts
+            continue
+        for g, (lo, hi) in zip(p.groups, p.group_bounds):
+            yield p, g, lo, hi
 
 
 #: How far back naive wall-clock times step when a daylight-saving change repeats an
@@ -129,19 +145,35 @@ def _times_of_day(*bounds: int | None) -> bool:
     return all(b is not None and 0 <= b < DAY_NS for b in bounds)
 
 
-def files_out_of_order(path: str, first: Any, previous: str, last: Any, *, times_of_day: bool = False
-                       ) -> LoaderError:
+def _date_of(ns: int) -> str:
+    """The calendar date of int64 ``ns`` (a naive time), ``YYYY-MM-DD``."""
+    return str(np.datetime64(int(ns) // DAY_NS, "D"))
+
+
+def files_out_of_order(path: str, first: Any, previous: str, last: Any, *, times_of_day: bool = False,
+                       day: str | None = None, dated: bool | None = False) -> LoaderError:
     """The error for file ``path`` that starts (at ``first``) before the ``previous``
     file ends (at ``last``): one message whether the times came from Parquet footers or
     from the rows (CSV, LOBSTER). ``times_of_day``: every time of both files is within
-    the epoch's first day, which the message explains instead of the file order."""
+    the epoch's first day, which the message explains instead of the file order.
+    ``day``: both files hold that date (``YYYY-MM-DD``), a day supplied twice, likely;
+    ``dated``: their dates came from their paths (``source.date``), which ordered them
+    (``None``: not known)."""
     where = f"starts at {_shown_time(first)}, before the previous file {previous} ends at {_shown_time(last)}"
+    if day is not None and dated:
+        return LoaderError(path, f"{where}: both carry the date {day} (a day supplied twice?); source.date joins "
+                           "files in the order of the dates in their paths, one date's files in name order, each "
+                           "starting no earlier than the one before it ends: keep one file per day, or name a "
+                           "day's files in time order")
+    if day is not None:  # from the rows: whether source.date ordered them is not known here
+        return LoaderError(path, f"{where}; files must be in time order when sorted by name (by the dates in their "
+                           f"paths under source.date): both hold times of {day} (a day supplied twice?)")
     if times_of_day:
         return LoaderError(path, f"{where}; every timestamp of both files is within a day of 1970-01-01T00:00: they "
                            "look like times of day (nanoseconds since midnight, as NASDAQ ITCH gives them) without "
                            "their date, so every file is read as 1970-01-01. Store whole times in the timestamp "
-                           "column (the file's date added: ns since the epoch, or a timestamp type): only "
-                           "LOBSTER's dates are taken from the file names")
+                           "column (the file's date added: ns since the epoch, or a timestamp type), or take each "
+                           "file's date from its path with source.date ({path: 'data/{date}.parquet'})")
     return LoaderError(path, f"{where}; files must be in time order when sorted by name")
 
 
@@ -157,9 +189,13 @@ def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[
     """
     for k in range(1, len(paths)):
         if int(first[k]) < int(last[k - 1]):
+            # Both files' times on one date (source.date's dated times of day among them).
+            days = {int(t) // DAY_NS for t in (first[k - 1], last[k - 1], first[k], last[k])}
+            day = _date_of(int(first[k])) if len(days) == 1 else None
             raise files_out_of_order(paths[k], np.datetime64(int(first[k]), "ns"), paths[k - 1],
                                      np.datetime64(int(last[k - 1]), "ns"),
-                                     times_of_day=_times_of_day(first[k - 1], last[k - 1], first[k], last[k]))
+                                     times_of_day=_times_of_day(first[k - 1], last[k - 1], first[k], last[k]),
+                                     day=day if not _times_of_day(first[k], last[k - 1]) else None, dated=None)
 
 
 def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:

@@ -346,3 +346,19 @@ def test_date_spec_takes_each_files_date_from_its_path_and_refuses_what_does_not
                      ({"path": "{date}.csv", "zone": "UTC"}, "d")):
         with pytest.raises(ConfigError, match=f"^{key}"):
             DateSpec.from_value(bad, "d")
+
+
+def test_a_leading_dot_component_in_a_path_pattern_matches_like_the_pattern_without_it():
+    # Files are matched as absolute paths, which hold no "." component: "./itch/{date}.csv"
+    # names the same files as "itch/{date}.csv".
+    import pandas as pd
+
+    want = pd.Timestamp("2019-01-30").value
+    for pattern in ("itch/{date}.csv", "./itch/{date}.csv", "././itch/./{date}.csv"):
+        spec = DateSpec.from_value({"path": pattern, "format": "%m%d%Y"}, "d")
+        assert spec.day_ns("/data/itch/01302019.csv") == want, pattern
+        with pytest.raises(ValueError, match="does not match source.date.path"):
+            spec.day_ns("/data/other/01302019.csv")
+        inst = InstrumentSpec(path=pattern.replace("{date}", "{instrument}"))
+        assert inst.instrument_of("/data/itch/AAPL.csv") == "AAPL", pattern
+        assert inst.instrument_of("/data/xitch/AAPL.csv") is None

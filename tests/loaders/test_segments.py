@@ -558,3 +558,90 @@ def test_other_placeholders_in_the_instrument_path_match_one_component(tmp_path)
                            for name in ("X", "Y")])  # session after session, instrument after instrument
     np.testing.assert_array_equal(src.array.compute()[:, 0], want)
     assert InstrumentSpec(path="data/{venue}/{instrument}.csv").instrument_of("data/a/b/X.csv") is None  # one component
+
+
+def _tod_day(path: Path, values: np.ndarray, fmt: str, **kw) -> None:
+    table = pa.table({"timestamp": values, "bid_price_1": np.arange(values.size, dtype=float) + 100.0})
+    (pq.write_table(table, path, **kw) if fmt == "parquet" else pacsv.write_csv(table, path))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "parquet-no-statistics", "csv"])
+@pytest.mark.parametrize("unit", ["s", "ms", "us"])
+def test_integer_times_of_day_below_a_day_in_us_are_refused_naming_their_unit(tmp_path, fmt, unit):
+    """Without source.timestamp_unit, integers are nanoseconds: times of day in s, ms or
+    us would put the whole day in its first 86.4 s. Refused from Parquet's footers at
+    open, or from the rows as read, naming the unit; set, they equal pandas' times."""
+    import pandas as pd
+
+    per = {"s": 1, "ms": 10**3, "us": 10**6}[unit]
+    days = ["2026-01-05", "2026-01-06"]
+    raw = {d: np.arange(9 * 3600, 16 * 3600, 600, dtype=np.int64) * per + k for k, d in enumerate(days)}
+    suffix = "csv" if fmt == "csv" else "parquet"
+    for d in days:
+        _tod_day(tmp_path / f"{d}.{suffix}", raw[d], fmt.split("-")[0],
+                 **({"write_statistics": False} if fmt == "parquet-no-statistics" else {}))
+    opts = dict(timestamp="timestamp", date={"path": f"{{date}}.{suffix}"})
+    # Either file may be read first: each is named with its own latest time.
+    largest = "|".join(str(raw[d].max()) for d in days)
+    with pytest.raises(LoaderError, match=rf"2026-01-0[56]\.{suffix}: timestamp column 'timestamp': times of day up "
+                       rf"to ({largest}), read as nanoseconds.*set source\.timestamp_unit: {unit} "):
+        open_segmented(str(tmp_path / f"*.{suffix}"), **opts).timestamps.compute()
+    want = np.concatenate([(pd.Timestamp(d) + pd.to_timedelta(raw[d], unit=unit)).as_unit("ns").asi8 for d in days])
+    got = open_segmented(str(tmp_path / f"*.{suffix}"), timestamp_unit=unit, **opts).timestamps.compute()
+    np.testing.assert_array_equal(got, want)
+    # ns said explicitly: taken as it is, the day's first 86.4 s.
+    as_ns = open_segmented(str(tmp_path / f"*.{suffix}"), timestamp_unit="ns", **opts).timestamps.compute()
+    np.testing.assert_array_equal(as_ns, np.concatenate([pd.Timestamp(d).value + raw[d] for d in days]))
+
+
+def test_a_csv_part_of_the_first_seconds_after_midnight_is_not_taken_for_another_unit(tmp_path):
+    # A 24-hour market's file read in parts: its first part may end within 86.4 s of
+    # midnight; only the file's last part (its latest times) decides the unit.
+    import pandas as pd
+
+    ns = np.concatenate([np.arange(40) * 10**9, 3600 * 10**9 + np.arange(40) * 10**9])
+    _tod_day(tmp_path / "2026-01-05.csv", ns, "csv")
+    src = open_segmented(str(tmp_path / "*.csv"), timestamp="timestamp", date={"path": "{date}.csv"}, chunk_rows=40)
+    assert src.sources[0].array.chunks[0] == (40, 40)
+    np.testing.assert_array_equal(src.timestamps.compute(), pd.Timestamp("2026-01-05").value + ns)
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+def test_a_date_carried_by_two_files_under_source_date_is_named(tmp_path, fmt):
+    """Two files of one date that overlap: a day supplied twice, named so, not as a name
+    order that source.date does not use. One date's files in time order (a day written
+    in parts) are joined."""
+    import pandas as pd
+
+    tod = np.arange(9 * 3600, 9 * 3600 + 50, dtype=np.int64) * 10**9
+    _tod_day(tmp_path / f"2026-01-05.{fmt}", tod, fmt)
+    _tod_day(tmp_path / f"20260105.{fmt}", tod, fmt)
+    opts = dict(timestamp="timestamp", date={"path": f"{{date}}.{fmt}"})
+    with pytest.raises(LoaderError, match=r"2026-01-05\.%s.*: both (carry the date|hold times of) 2026-01-05 \(a "
+                       r"day supplied twice\?\)" % fmt):
+        open_segmented(str(tmp_path / f"*.{fmt}"), **opts)
+    (tmp_path / f"20260105.{fmt}").unlink()
+    (tmp_path / "parts").mkdir()
+    for k in range(2):  # a day in two parts, in time order
+        (tmp_path / "parts" / f"date=2026-01-05").mkdir(exist_ok=True)
+        _tod_day(tmp_path / "parts" / "date=2026-01-05" / f"part-{k}.{fmt}", tod + k * 3600 * 10**9, fmt)
+    src = open_segmented(str(tmp_path / "parts" / "*" / f"*.{fmt}"), timestamp="timestamp",
+                         date={"path": f"date={{date}}/*.{fmt}"})
+    want = np.concatenate([pd.Timestamp("2026-01-05").value + tod + k * 3600 * 10**9 for k in range(2)])
+    np.testing.assert_array_equal(src.timestamps.compute(), want)
+
+
+def test_times_of_day_with_a_single_digit_hour_parse_as_pandas_reads_them(tmp_path):
+    # "9:59:35.827201005" is text to pyarrow; "09:59:35" a time32 it infers: both dated.
+    import pandas as pd
+
+    for name, text in (("2026-01-05", ["9:59:35.827201005", "10:00:01.000000001", "10:00:01.5"]),
+                       ("2026-01-06", ["09:59:35", "9:59:36", "10:00:01"]), ("2026-01-07", ["09:59:35", "10:00:01"])):
+        (tmp_path / f"{name}.csv").write_text("timestamp,bid_price_1\n" + "".join(f"{t},1.5\n" for t in text))
+    inferred = pacsv.read_csv(tmp_path / "2026-01-07.csv").schema.field("timestamp").type
+    assert pa.types.is_time(inferred)  # the time-type path is taken for that file
+    src = open_segmented(str(tmp_path / "*.csv"), timestamp="timestamp", date={"path": "{date}.csv"})
+    want = np.concatenate([(pd.Timestamp(n) + pd.to_timedelta(pd.read_csv(tmp_path / f"{n}.csv")["timestamp"]))
+                           .to_numpy().astype("datetime64[ns]").astype(np.int64)
+                           for n in ("2026-01-05", "2026-01-06", "2026-01-07")])
+    np.testing.assert_array_equal(src.timestamps.compute(), want)
