@@ -84,16 +84,14 @@ def _is_local_dir(path: str) -> bool:
 
 
 def _listdir(path: str) -> list[str]:
-    """A local directory's entries, and (when none has a known suffix) those of its
-    subdirectories as ``sub/name`` (class folders), at most :data:`_SCANNED` of them."""
+    """A local directory's entries, and those of its subdirectories as ``sub/name``
+    (class folders, perhaps beside a ``labels.csv``), at most :data:`_SCANNED` of them."""
     root = path.removeprefix("file://")
     try:
         names = os.listdir(root)
     except OSError:
         return []
-    if any(os.path.splitext(n)[1].lower() in SUFFIXES for n in names):
-        return names
-    out: list[str] = []
+    out: list[str] = list(names)
     for sub in sorted(n for n in names if os.path.isdir(os.path.join(root, n)))[:_SCANNED]:
         try:
             out += [f"{sub}/{n}" for n in os.listdir(os.path.join(root, sub))]
@@ -108,9 +106,10 @@ _SCANNED = 32
 
 def directory_glob(path: str, names: list[str]) -> str:
     """A glob of a directory's files to suggest for ``path``, from ``names`` (its
-    entries, or ``sub/name`` for files in its subdirectories): ``path/*.png`` (or
-    ``path/*/*.png``) for the most common known suffix (ties go to the first in sorted
-    order), else ``path/**/*``."""
+    entries, and ``sub/name`` for files in its subdirectories): ``path/*.png`` (or
+    ``path/*/*.png``) for the most common known suffix, images before other formats (a
+    manifest such as ``labels.csv`` beside class folders of images names no files to
+    read; ties go to the first in sorted order), else ``path/**/*``."""
     counts: dict[tuple[str, bool], int] = {}
     for name in names:
         suffix = os.path.splitext(name)[1].lower()
@@ -120,7 +119,7 @@ def directory_glob(path: str, names: list[str]) -> str:
     base = path.rstrip("/" + os.sep) or path
     if not counts:
         return f"{base}/**/*"
-    suffix, nested = min(counts, key=lambda k: (-counts[k], k))
+    suffix, nested = min(counts, key=lambda k: (SUFFIXES[k[0]] != "image", -counts[k], k))
     return f"{base}/*/*{suffix}" if nested else f"{base}/*{suffix}"
 
 

@@ -19,6 +19,7 @@ for its own names.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import re
@@ -133,6 +134,16 @@ class TablePart:
     #: ``source.decimal``).
     delimiter: str = ","
     decimal: str = "."
+    #: CSV: ``(file's name, a value)`` of each text column whose first values all look
+    #: like numbers with a decimal comma (``97121,65``) while ``decimal`` is ``.``.
+    comma_numbers: tuple[tuple[str, str], ...] = ()
+
+    def __dask_tokenize__(self) -> tuple[str, str]:
+        # Each task's part is in its graph's name (parts_array, part_specs): dask would
+        # pickle every footer bound of a part one by one (seconds to open a source of
+        # files of thousands of small row groups, once per array of it); the dataclass's
+        # repr names every field's value as well, in one string.
+        return ("TablePart", repr(self))
 
     @property
     def groups(self) -> tuple[int, ...]:
@@ -302,6 +313,13 @@ def _magnitudes(meta: Any, kinds: Sequence[str]) -> tuple[float | None, ...]:
 _PARQUET_UNITS = {"milliseconds": "ms", "microseconds": "us", "nanoseconds": "ns"}
 
 
+@functools.lru_cache(maxsize=64)
+def _timestamp_unit(logical: str) -> str | None:
+    """numpy's unit of a Parquet timestamp's logical type (its JSON), parsed once per
+    kind rather than once per row group."""
+    return _PARQUET_UNITS.get(json.loads(logical).get("timeUnit", ""))
+
+
 def statistics_bounds(st: Any) -> tuple[Any, Any]:
     """The min and max of a Parquet column chunk's statistics; a timestamp's as numpy
     ``datetime64`` in the file's own unit, from the stored integers.
@@ -313,7 +331,7 @@ def statistics_bounds(st: Any) -> tuple[Any, Any]:
     UTC-adjusted timestamp is stored as UTC)."""
     logical = st.logical_type
     if st.physical_type == "INT64" and getattr(logical, "type", None) == "TIMESTAMP":
-        unit = _PARQUET_UNITS.get(json.loads(logical.to_json()).get("timeUnit", ""))
+        unit = _timestamp_unit(logical.to_json())
         if unit is not None:
             return np.datetime64(st.min_raw, unit), np.datetime64(st.max_raw, unit)
     return st.min, st.max
@@ -357,7 +375,8 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
     tz = _csv_time_kind(path, second if header else first, cols, timestamp, delimiter) if timestamp else None
     base = TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz,
                      delimiter=delimiter, decimal=decimal)
-    base = replace(base, non_numeric=_csv_text_columns(base, first + head))
+    text, commas = _csv_text_columns(base, first + head)
+    base = replace(base, non_numeric=text, comma_numbers=commas)
     if rows <= part_rows:
         return [base]
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
@@ -380,17 +399,28 @@ def _check_delimiter(path: str, fields: Sequence[str], first: bytes, second: byt
             continue
         n = len(split_fields(first, path, other))
         if n > 1 and (not second or len(split_fields(second, path, other)) == n):
-            shown = "\\t" if other == "\t" else other
             raise FormatMismatchError(
                 path, f"its first line has one field split by {delimiter!r} but {n} split by {other!r}: it looks "
-                f"{other!r}-delimited; set source.delimiter: {shown!r} (pipeline.load(..., delimiter={other!r})), and "
-                "source.decimal: ',' if its numbers have a decimal comma")
+                f"{other!r}-delimited; set source.delimiter: {_yaml_string(other)} (pipeline.load(..., "
+                f"delimiter={other!r})), and source.decimal: \",\" if its numbers have a decimal comma")
 
 
-def _csv_text_columns(part: TablePart, block: bytes) -> tuple[str, ...]:
+def _yaml_string(text: str) -> str:
+    """``text`` as a double-quoted YAML string that reads back as ``text``: a tab as
+    ``"\\t"`` (in single quotes YAML keeps the backslash, two characters)."""
+    return json.dumps(text)
+
+
+#: A number written with a decimal comma (``97121,65``, ``-0,5``), as a whole field.
+_COMMA_NUMBER = r"^\s*[+-]?(\d+,\d*|,\d+)([eE][+-]?\d+)?\s*$"
+
+
+def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
     """The file's own names of a CSV file's columns that do not hold numbers (text,
     times), from the types pyarrow infers on ``block`` (its first bytes, cut at a line's
-    end), as Parquet's schema tells them: left out of the default columns."""
+    end), as Parquet's schema tells them: left out of the default columns. And, with
+    ``decimal`` ``.``, those of them whose values all look like numbers with a decimal
+    comma, each with its first value (:func:`check_columns` refuses them)."""
     pa = require_pyarrow()
     import pyarrow.csv as pacsv
 
@@ -401,11 +431,29 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[str, ...]:
                                parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
                                convert_options=pacsv.ConvertOptions(decimal_point=part.decimal))
     except (pa.ArrowException, ValueError):  # a quoted newline cut, say: the read itself will say what is wrong
-        return ()
+        return (), ()
     _check_no_header_rows(part, table, table.column_names)  # else its columns would seem to hold text
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
                pa.types.is_null)  # null: empty in the first rows, numbers (or NaN) as far as is known
-    return tuple(f.name for f in table.schema if not any(test(f.type) for test in numeric))
+    text = tuple(f.name for f in table.schema if not any(test(f.type) for test in numeric))
+    return text, (_comma_numbers(table, text) if part.decimal == "." else ())
+
+
+def _comma_numbers(table: Any, names: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """Of ``names`` (text columns of ``table``), those whose values (some, none missing
+    but empty fields) all look like numbers with a decimal comma, each with its first."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    out = []
+    for name in names:
+        col = table.column(name)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
+            continue
+        values = pc.drop_null(col)
+        if len(values) and pc.all(pc.match_substring_regex(values, _COMMA_NUMBER)).as_py():
+            out.append((name, values[0].as_py()))
+    return tuple(out)
 
 
 def _read_options(part: TablePart) -> Any:
@@ -454,6 +502,12 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
     Parquet row groups are joined into parts of up to as many. A CSV file's fields are
     split by ``delimiter``, its numbers read with the decimal mark ``decimal``."""
     check_csv_marks(delimiter, decimal)
+    if fmt != "csv" and (delimiter, decimal) != (",", "."):
+        # Ignored, they would leave the user believing they applied.
+        given = [key for key, value, default in (("source.delimiter", delimiter, ","), ("source.decimal", decimal, "."))
+                 if value != default]
+        raise FormatMismatchError(path, f"{' and '.join(given)} {'are' if len(given) > 1 else 'is'} for CSV "
+                                  f"files, not {fmt} ones: leave {'them' if len(given) > 1 else 'it'} unset")
     part_rows = part_rows or TEXT_PART_ROWS
     rename = dict(rename or {})
     if fmt == "parquet":
@@ -485,12 +539,16 @@ def check_csv_marks(delimiter: str, decimal: str) -> None:
         Naming ``delimiter`` or ``decimal`` (``source.delimiter``, ``source.decimal``).
     """
     if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in "\r\n\"":
-        raise ConfigError("delimiter", "one character (not a newline or a quote), such as ',' or ';'", delimiter)
+        # A tab written '\t' in YAML (single quotes) arrives as a backslash and a "t".
+        tab = ' (a tab is "\\t" in double quotes in YAML; in single quotes the backslash stays)' \
+            if delimiter in ("\\t", "\\\\t") else ""
+        raise ConfigError("source.delimiter", f'one character (not a newline or a quote), such as "," or ";"{tab}',
+                          delimiter)
     if decimal not in (".", ","):
-        raise ConfigError("decimal", "'.' or ','", decimal)
+        raise ConfigError("source.decimal", '"." or ","', decimal)
     if decimal == delimiter:
-        raise ConfigError("decimal", f"a mark other than the delimiter {delimiter!r} (set source.delimiter: ';' "
-                          "for numbers with a decimal comma)", decimal)
+        raise ConfigError("source.decimal", f"a mark other than the delimiter {delimiter!r} (set source.delimiter: "
+                          '";" for numbers with a decimal comma)', decimal)
 
 
 def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str, Any]:
@@ -745,6 +803,8 @@ def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, tim
     wanted = tuple(columns) if columns else tuple(
         c for c in first.columns
         if c not in (timestamp, instrument, "") and first.source_of(c) not in first.non_numeric)
+    _check_comma_numbers(parts, wanted if columns else tuple(c for c in first.columns if c not in
+                                                                 (timestamp, instrument, "")))
     for p in parts:
         missing = [c for c in wanted if c not in p.columns]
         if missing:
@@ -754,6 +814,27 @@ def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, tim
                 raise MissingColumnError(p.path, f"missing {what} column {name!r}; the file has {list(p.columns)}")
     check_units(parts, wanted)
     return wanted
+
+
+def _check_comma_numbers(parts: Sequence[TablePart], columns: Sequence[str]) -> None:
+    """Refuse a CSV column of ``columns`` that holds numbers written with a decimal comma
+    while ``source.decimal`` is ``.``: read so, they are text, left out of the default
+    columns (a file of such prices gave an array of no column) or refused as no numbers.
+
+    Raises
+    ------
+    LoaderError
+        Naming the file, the column, a value and ``source.decimal: ","``.
+    """
+    for p in parts:
+        for source, value in p.comma_numbers:
+            name = next((c for c in columns if p.source_of(c) == source), None)
+            if name is None:
+                continue
+            fix = ('set source.decimal: "," (decimal="," in pipeline.load)' if p.delimiter != "," else
+                   'write the file with another delimiter (";") and set source.delimiter: ";" and source.decimal: ","')
+            raise LoaderError(p.path, f"column {name!r} holds numbers with a decimal comma, such as {value!r}, read "
+                              f"as text with the decimal mark '.': {fix}")
 
 
 #: Price magnitudes that differ by this factor or more, between a file that stores a

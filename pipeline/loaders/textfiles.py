@@ -114,6 +114,33 @@ def compressed_kind(head: bytes) -> str | None:
     return next((codec for sig, codec in _SIGNATURES.items() if head.startswith(sig)), None)
 
 
+def _codec_mismatch(path: str, so: dict) -> FormatMismatchError | None:
+    """For a file whose compression suffix (``.csv.zst``) failed to decompress: the
+    error naming what its first bytes are instead (another codec's signature, or
+    uncompressed text), as for a plain ``.csv`` holding compressed bytes; else None."""
+    codec = compression_of(path)
+    if codec is None:
+        return None
+    try:
+        with fsspec.open(path, "rb", **so) as raw:
+            head = raw.read(8)
+    except OSError:
+        return None
+    found = compressed_kind(head)
+    if found == codec or not head:
+        return None
+    suffix = _CODEC_SUFFIX[codec]
+    if found is None:
+        what, fix = "bytes that are not", f"if it is plain text, name it without {suffix}"
+    else:
+        known = _CODEC_SUFFIX.get(found)
+        what = f"{found}-compressed bytes (its first bytes are the {found} signature), not"
+        fix = (f"name it with its compression suffix (.csv{known} for CSV), which is read decompressed" if known else
+               "decompress it first (the text readers decompress .gz, .bz2, .xz and .zst)")
+    return FormatMismatchError(path, f"its {suffix} suffix says {codec}, but it holds {what} {codec}-compressed; "
+                               f"{fix}")
+
+
 def split_fields(line: bytes, path: str, delimiter: str = ",") -> list[str]:
     """The ``delimiter``-separated fields of one CSV line, unquoted (for header probes
     only); a UTF-8 byte order mark before the first (Excel's, pandas'
@@ -182,8 +209,8 @@ def count_lines(path: str, so: dict, every: int = 0, base: int = 0) -> tuple[byt
             count -= trailing_blank_lines(tail, whole=pos <= len(tail))
     except FileNotFoundError:
         raise LoaderError(path, "no such file") from None
-    except OSError as exc:
-        raise LoaderError(path, f"cannot read ({exc})") from None
+    except (OSError, EOFError) as exc:
+        raise _codec_mismatch(path, so) or LoaderError(path, f"cannot read ({exc})") from None
     # A newline that ends the file starts no line; nor does a part start in its blank end.
     return first, count, [o for k, o in enumerate(starts) if base + (k + 1) * every < count], head
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -1009,7 +1010,7 @@ def test_csv_semicolons_and_decimal_commas(tmp_path):
     np.testing.assert_array_equal(src.timestamps.compute(), pd.to_datetime(ref["timestamp"]).dt.tz_convert(None)
                                   .to_numpy().astype("datetime64[ns]").astype(np.int64))
     with pytest.raises(FormatMismatchError, match=r"semi\.csv: its first line has one field split by ',' but 3 split "
-                       r"by ';': it looks ';'-delimited; set source\.delimiter: ';'"):
+                       r"by ';': it looks ';'-delimited; set source\.delimiter: \";\""):
         open_source(str(p), timestamp="timestamp")
     from pipeline.errors import ConfigError
 
@@ -1074,3 +1075,110 @@ def test_row_groups_of_a_quarter_part_or_more_stay_parts_of_their_own():
         assert [g for lo, hi in got for g in range(lo, hi)] == list(range(len(rows)))  # each once, in order
         assert all(hi - lo == 1 or sum(rows[lo:hi]) <= part for lo, hi in got)
         assert all(hi - lo == 1 for lo, hi in got if max(rows[lo:hi]) >= part // 4)
+
+
+def test_the_tab_hint_is_a_yaml_value_that_reads_the_file_and_bad_marks_name_their_key(tmp_path):
+    import pandas as pd
+    import yaml
+
+    from pipeline.errors import ConfigError
+
+    p = tmp_path / "tab.csv"
+    _frame().to_csv(p, index=False, sep="\t")
+    with pytest.raises(FormatMismatchError, match=r'set source\.delimiter: "\\t"') as info:
+        open_source(str(p), timestamp="timestamp")
+    hint = str(info.value).split("set source.delimiter: ")[1].split(" (")[0]
+    delimiter = yaml.safe_load(f"delimiter: {hint}")["delimiter"]  # pasted into a config as shown
+    assert delimiter == "\t"
+    ref = pd.read_csv(p, sep="\t")
+    src = open_source(str(p), timestamp="timestamp", delimiter=delimiter, dtype="float64")
+    np.testing.assert_array_equal(src.array.compute(), ref[["bid_price_1", "ask_price_1"]].to_numpy())
+    single = yaml.safe_load("delimiter: '\\t'")["delimiter"]  # single quotes keep the backslash
+    with pytest.raises(ConfigError, match=r'^source\.delimiter: expected one character.*a tab is "\\t" in double '
+                       r"quotes"):
+        open_source(str(p), delimiter=single)
+    with pytest.raises(ConfigError, match=r"^source\.decimal: "):
+        open_source(str(p), delimiter="\t", decimal=";")
+
+
+@pytest.mark.parametrize("columns", [None, ["ask_price_1"]])
+def test_decimal_comma_numbers_read_without_decimal_comma_are_refused_naming_column_and_value(tmp_path, columns):
+    import pandas as pd
+
+    p = tmp_path / "semi.csv"
+    _frame().to_csv(p, index=False, sep=";", decimal=",")
+    text = pd.read_csv(p, sep=";", dtype=str)  # pandas reads them as text without decimal=","
+    name = columns[0] if columns else "bid_price_1"
+    with pytest.raises(LoaderError, match=rf"semi\.csv: column '{name}' holds numbers with a decimal comma, such as "
+                       rf"'{text[name][0]}'.*set source\.decimal: \",\""):
+        open_source(str(p), timestamp="timestamp", delimiter=";", columns=columns)
+    ref = pd.read_csv(p, sep=";", decimal=",")
+    src = open_source(str(p), timestamp="timestamp", delimiter=";", decimal=",", columns=columns, dtype="float64")
+    np.testing.assert_array_equal(src.array.compute(), ref[list(src.columns)].to_numpy())
+    # A text column that is no number (a symbol) stays a text column left out.
+    pd.DataFrame({"sym": ["A,B"] * 3, "bid_price_1": [1.5, 2.5, 3.5]}).to_csv(tmp_path / "sym.csv", sep=";", index=False)
+    assert open_source(str(tmp_path / "sym.csv"), delimiter=";").columns == ("bid_price_1",)
+
+
+def test_csv_marks_given_for_parquet_are_refused(tmp_path):
+    _frame().to_parquet(tmp_path / "x.parquet")
+    for kw, keys in (({"delimiter": ";"}, r"source\.delimiter is"),
+                     ({"delimiter": ";", "decimal": ","}, r"source\.delimiter and source\.decimal are")):
+        with pytest.raises(FormatMismatchError, match=rf"x\.parquet: {keys} for CSV files, not parquet ones"):
+            open_source(str(tmp_path / "x.parquet"), timestamp="timestamp", **kw)
+
+
+@pytest.mark.parametrize("name, codec, found", [("g.csv.zst", None, "gzip"), ("z.csv.gz", "zstd", "zstd"),
+                                                ("t.csv.gz", "plain", None)])
+def test_a_compressed_csv_of_another_codec_names_what_it_holds(tmp_path, name, codec, found):
+    import gzip
+
+    text = _frame().to_csv(index=False).encode()
+    if codec == "zstd":
+        with pa.CompressedOutputStream(str(tmp_path / name), "zstd") as f:
+            f.write(text)
+    else:
+        (tmp_path / name).write_bytes(text if codec == "plain" else gzip.compress(text))
+    if found == "gzip":  # what it holds, by gzip itself
+        assert gzip.decompress((tmp_path / name).read_bytes()) == text
+    what = rf"{found}-compressed bytes \(its first bytes are the {found} signature\)" if found else \
+        "bytes that are not gzip-compressed"
+    escaped = re.escape(name)
+    with pytest.raises(FormatMismatchError, match=rf"{escaped}: its \.\w+ suffix says \w+, but it holds {what}"):
+        open_source(str(tmp_path / name), timestamp="timestamp")
+
+
+def test_a_folder_of_class_folders_beside_a_manifest_suggests_the_class_folder_glob(tmp_path):
+    import os
+
+    img = tmp_path / "img"
+    for cls in ("cats", "dogs"):
+        (img / cls).mkdir(parents=True)
+        for k in range(2):
+            (img / cls / f"{k}.jpg").write_bytes(b"")
+    (img / "labels.csv").write_text("path,label\n")
+    assert sorted(os.listdir(img)) == ["cats", "dogs", "labels.csv"]
+    with pytest.raises(FormatMismatchError, match=r"img: is a directory.*such as '.*/img/\*/\*\.jpg'"):
+        pipeline.load(str(img))
+
+
+def test_parquet_parts_tokenize_by_their_content_and_open_without_a_cost_per_row_group(tmp_path):
+    # Thousands of small row groups: each part's footer bounds tokenize as one string
+    # (dask pickled each bound, seconds per source). Tokens still follow every bound.
+    from dask.base import tokenize
+
+    import pandas as pd
+
+    n = 2000
+    df = pd.DataFrame({"timestamp": pd.date_range("2024-01-02", periods=n, freq="s"), "bid_price_1": np.arange(n) / 8})
+    for i in range(4):
+        day = df.assign(timestamp=df.timestamp + pd.Timedelta(days=i))
+        pq.write_table(pa.Table.from_pandas(day, preserve_index=False), tmp_path / f"d{i}.parquet", row_group_size=4)
+    src = open_source(str(tmp_path / "*.parquet"), timestamp="timestamp", dtype="float64")
+    ref = pd.concat([pd.read_parquet(tmp_path / f"d{i}.parquet") for i in range(4)])
+    np.testing.assert_array_equal(src.array.compute()[:, 0], ref["bid_price_1"].to_numpy())
+    np.testing.assert_array_equal(src.timestamps.compute(), ref["timestamp"].to_numpy().astype("datetime64[ns]").astype(np.int64))
+    part = tables.probe_table(str(tmp_path / "d0.parquet"), "parquet", "timestamp", {})[0]
+    assert len(part.group_bounds) == 500
+    moved = tables.replace(part, group_bounds=part.group_bounds[:-1] + ((part.group_bounds[-1][0], None),))
+    assert tokenize(part) == tokenize(tables.replace(part)) != tokenize(moved)
