@@ -88,9 +88,16 @@ def stream(
         Seeds the chunk order and the in-buffer mixing with ``(seed, epoch)``: an integer,
         0 or more, the same on every rank (not None: ranks would not share one order).
     buffer_chunks
-        Chunks whose samples are mixed together (memory: about ``(3 + prefetch) *
-        buffer_chunks`` chunks; with batches over a sixth of that, also the groups six
-        batches span, since queued batches are views of them).
+        Chunks whose samples are mixed together (a group). Memory, per rank or
+        DataLoader worker process, while the loop keeps no batch: at most
+        ``(min(S, (A + 2 + V) * G) + 2 * B) * b`` bytes, where ``b`` is one sample's bytes
+        over ``arrays``, ``G = buffer_chunks * C`` (``C`` the longest chunk's samples),
+        ``B = batch_size``, ``S`` the samples of this rank's epoch, ``A`` the groups read
+        ahead (``Stream.prefetch``, see ``prefetch``) and ``V = max(1, ceil((Q + 2) * B /
+        G))`` the groups that the batches queued for the loop (``Q``:
+        ``Stream.prefetch_batches``, 4, or 2-3 for batches over 16 MiB), the one it holds
+        and the one being cut still view. A split smaller than that window costs its own
+        size plus two batches. ``Stream.memory_bound()`` computes it.
     drop_last
         Drop each rank's incomplete last batch.
     rank
@@ -101,7 +108,8 @@ def stream(
         Read a store that is not marked complete.
     prefetch
         Groups read ahead in the background; groups under 4 chunks, and groups smaller
-        than a batch, are read further ahead (:func:`~pipeline.streaming.streamer.groups_ahead`).
+        than a batch, are read further ahead, those additions bounded to 256 MiB or one
+        batch's groups (:func:`~pipeline.streaming.streamer.groups_ahead`).
     threads
         Threads decoding chunks.
     verify

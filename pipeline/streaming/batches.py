@@ -80,6 +80,11 @@ class BatchSlabs:
         return np.empty((n,) + self.tail, self.dtype)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of the slabs made so far (for tests and diagnostics)."""
+        return sum(slab.nbytes for slab in self._slabs)
+
+    @property
     def slabs(self) -> int:
         """Slabs made so far (for tests and diagnostics)."""
         return len(self._slabs)

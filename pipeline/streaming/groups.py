@@ -139,14 +139,27 @@ class BufferPool:
     keep
         Groups in use at once in the steady state (served, viewed by queued batches, read
         ahead): the ring holds that many full groups.
+    share
+        The most samples one epoch of the stream serves (its rank's, or DataLoader
+        worker's, share): the ring holds no more rows than that, however many groups
+        ``keep`` asks for. A split smaller than the read-ahead window then costs its
+        own size, not ``keep`` groups (the next epoch's first group is read ahead only
+        where it fits, see :meth:`fits`).
     """
 
-    def __init__(self, source: Any, names: Sequence[str], capacity: int, keep: int):
+    def __init__(self, source: Any, names: Sequence[str], capacity: int, keep: int, share: int | None = None):
         # Assembled arrays (virtual windows) need no buffer: their batches are built
         # from the group's feature rows.
         self.names = tuple(n for n in names if not source.assembled(n))
         self.source, self.capacity, self.keep = source, int(capacity), int(keep)
         self.rows = self.keep * self.capacity  # the ring's rows
+        if share is not None and share > 0:
+            self.rows = min(self.rows, int(share))
+        self.row_bytes = sum(int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize
+                             for tail, dtype in (source.sample_shape(n) for n in self.names))
+        self._high = 0  # the most ring rows ever placed (pages of the ring never touched cost nothing)
+        self._lent: list[Lease] = []  # buffers of their own handed out and not yet given back
+        self.peak_bytes = 0  # the most bytes of group buffers in use at once (ring touched + own)
         self._ring: dict[str, np.ndarray] | None = None
         self._head = 0  # the ring row after the last region placed
         self._placed: list[Lease] = []  # ring regions not yet reclaimed, oldest first
@@ -161,12 +174,13 @@ class BufferPool:
         size = int(size)
         with self._lock:
             self._placed = [lease for lease in self._placed if not (lease.returned and lease.unviewed())]
-            lease = self._place(size) if 0 < size <= self.capacity and self.names else None
+            lease = self._place(size) if self._ringed(size) else None
             if lease is None:
                 for k, old in enumerate(self._free):
                     if old.unviewed():
                         own = self._free.pop(k).owner
                         lease = Lease({n: own[n][:size] for n in self.names}, own)
+                        self._lent.append(lease)
                         break
             in_use = len(self._placed) + sum(1 for lease in self._free if not lease.unviewed())
             pinned = sum(1 for old in self._placed + self._free if old.returned and not old.unviewed())
@@ -177,13 +191,41 @@ class BufferPool:
                 own[n] = np.empty((max(self.capacity, size),) + tuple(tail), dtype=dtype)
             lease = Lease({n: own[n][:size] for n in self.names}, own)
             in_use += 1
+            with self._lock:
+                self._lent.append(lease)
             # The batch queue pins a group or two; more than ``keep`` is the loop keeping batches.
             if pinned > self.keep and not self._warned:
                 self._warned = True
                 nbytes = sum(a.nbytes for a in own.values())
                 warnings.warn(KeptBatchesWarning(pinned, pinned * nbytes), stacklevel=2)
         self.made = max(self.made, in_use)
+        with self._lock:
+            self.peak_bytes = max(self.peak_bytes, self._bytes_in_use())
         return lease
+
+    def _ringed(self, size: int) -> bool:
+        """Whether a group of ``size`` samples goes in the ring (else in buffers of its own)."""
+        return 0 < size <= min(self.capacity, self.rows) and bool(self.names)
+
+    def _bytes_in_use(self) -> int:
+        """Bytes of group buffers alive: the ring's rows ever touched, and buffers of their
+        own lent out or still viewed (called with the lock held)."""
+        own = [lease for lease in self._lent] + [lease for lease in self._free if not lease.unviewed()]
+        return (self._high + len(own) * self.capacity) * self.row_bytes
+
+    def fits(self, size: int) -> bool:
+        """Whether a group of ``size`` samples would get buffers without new memory: the
+        ring's next region is free, or a buffer of its own given back is. The next
+        epoch's first group is read ahead only then: reading it into new memory while
+        the current epoch holds the ring would cost a group more than the stream's bound."""
+        with self._lock:
+            if self._ringed(size):
+                start = self._head if self._head + size <= self.rows else 0
+                stop = start + size
+                if not any(lease.start < stop and start < lease.stop and not (lease.returned and lease.unviewed())
+                           for lease in self._placed):
+                    return True
+            return any(old.unviewed() for old in self._free)
 
     def _place(self, size: int) -> Lease | None:
         """A ring region of ``size`` rows after the last one placed (from the ring's start
@@ -201,6 +243,7 @@ class BufferPool:
         lease = Lease(arrays, arrays, start, stop)
         self._placed.append(lease)
         self._head = stop
+        self._high = max(self._high, stop)
         return lease
 
     def put(self, lease: Lease) -> None:
@@ -211,6 +254,7 @@ class BufferPool:
             if lease.start is None:
                 lease.arrays = {}  # views of the owner: only views held elsewhere count now
                 self._free.append(lease)
+                self._lent = [other for other in self._lent if other is not lease]
 
     def span(self, name: str, parts: Sequence[tuple[Lease, int, int]]) -> np.ndarray | None:
         """Rows ``[lo, hi)`` of each part's region, one after another, as one view of the

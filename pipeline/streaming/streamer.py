@@ -18,12 +18,13 @@ one spanning the ring's end is copied.
 
 The ``buffer_chunks`` trade-off: a batch drawn from a buffer of ``k`` chunks mixes
 samples of up to ``k`` chunks, so larger buffers decorrelate batches better (the quality
-report's mean distinct chunks per batch grows with ``k``), at the price of
-``(3 + prefetch) * k`` chunks in memory (the group being served, the one before it
-while its last batches wait in the queue to the training loop, ``prefetch`` groups being
-read, and near an epoch's end the next epoch's first): with the default ``prefetch=2``,
-``5 * buffer_chunks`` chunks (40 chunks of 4 MiB for ``buffer_chunks=8``). Batches larger
-than a sixth of a group add the groups that the queued batches span.
+report's mean distinct chunks per batch grows with ``k``), at the price of memory: the
+group being served, the one before it, the groups read ahead, the groups that queued
+batches still view, and near an epoch's end the next epoch's first. The bound is
+:func:`memory_bound` (stated in :func:`pipeline.stream`'s docstring): the ring of group
+buffers never holds more than an epoch's samples, the read-ahead is bounded in bytes
+(:data:`AHEAD_BYTES`) and the batch queue too (:data:`QUEUE_BYTES`), and the next epoch's
+first group is read ahead only where the ring has room for it.
 
 Why two groups ahead: the read threads then always have the next group's chunks queued
 behind the current group's, and never wait for a group's slowest chunk; with one group
@@ -86,7 +87,8 @@ from pipeline.streaming.plan import (
     worker_plan,
 )
 
-__all__ = ["AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "Stream", "groups_ahead", "saved_value", "warn_continued"]
+__all__ = ["AHEAD_BYTES", "AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "QUEUE_BYTES", "Stream", "groups_ahead", "memory_bound",
+           "saved_value", "warn_continued"]
 
 #: What an epoch's order depends on besides the seed, epoch, rank and world size: recorded
 #: by :meth:`Stream.state_dict` and checked on loading a state saved mid-epoch.
@@ -125,7 +127,17 @@ def warn_continued(what: str, epoch: int, served: int, total: int) -> None:
 AHEAD_GROUP_CHUNKS = 4
 
 
-def groups_ahead(prefetch: int, buffer_chunks: int, batch_groups: int = 1) -> int:
+#: Bytes of groups read ahead at most (beyond the groups a batch takes at once): the
+#: counts of :func:`groups_ahead` keep the read threads' queue full for chunks of a few
+#: MiB, and with chunks of 64 MiB they held half a GB ahead for no more speed.
+AHEAD_BYTES = 256 << 20
+
+
+#: Bytes of batches queued for the training loop beyond two (see ``Stream.prefetch_batches``).
+QUEUE_BYTES = 64 << 20
+
+
+def groups_ahead(prefetch: int, buffer_chunks: int, batch_groups: int = 1, group_bytes: int = 0) -> int:
     """Groups read ahead for ``prefetch`` at ``buffer_chunks`` chunks per group: smaller
     groups are read further ahead, so that as many chunks are queued as ``prefetch``
     groups of :data:`AHEAD_GROUP_CHUNKS` chunks hold. With 2-chunk groups, two groups
@@ -136,13 +148,51 @@ def groups_ahead(prefetch: int, buffer_chunks: int, batch_groups: int = 1) -> in
     A batch spanning ``batch_groups`` groups takes them all at once, so that many more
     less one are read ahead: with two groups ahead and batches of two groups, the read
     threads had nothing queued while the producer waited for a batch's second group.
+
+    Given ``group_bytes`` (a group's bytes, over the arrays held in buffers), these
+    additions hold at most :data:`AHEAD_BYTES` (never fewer than ``prefetch`` groups or
+    one batch's groups): counted in groups alone, large chunks and large batches multiplied the memory
+    read ahead (8 groups of 64 MiB for 1-chunk groups, and a batch's groups on top).
     """
     if prefetch <= 0:
         return prefetch
     extra = max(0, batch_groups - 1)
     if buffer_chunks >= AHEAD_GROUP_CHUNKS:
-        return prefetch + extra
-    return max(prefetch, -(-prefetch * AHEAD_GROUP_CHUNKS // max(1, buffer_chunks))) + extra
+        ahead = prefetch + extra
+    else:
+        ahead = max(prefetch, -(-prefetch * AHEAD_GROUP_CHUNKS // max(1, buffer_chunks))) + extra
+    if group_bytes > 0:
+        ahead = min(ahead, max(prefetch, batch_groups, AHEAD_BYTES // group_bytes))
+    return ahead
+
+
+def memory_bound(*, sample_bytes: int, share_samples: int, group_samples: int, batch_size: int, ahead: int,
+                 queued_batches: int = 4) -> int:
+    """The most bytes of batch memory a stream holds (group buffers and copied batches),
+    per rank or DataLoader worker process, while its loop keeps no batch.
+
+    ``min(share, (ahead + 2 + viewed) * group) + 2 * batch``, in bytes: ``group`` is
+    ``group_samples`` (``buffer_chunks`` times the longest chunk) samples, ``batch``
+    is ``batch_size`` samples, ``share`` is ``share_samples`` (the epoch's samples of
+    this rank or worker), ``ahead`` the groups read ahead (``Stream.prefetch``) and
+    ``viewed = max(1, ceil((queued_batches + 2) * batch / group))`` the groups that
+    the batches queued for the loop, held by it and being cut still view. The two
+    batches are those copied where a batch spans the end of the ring of group buffers.
+    """
+    viewed = max(1, -(-(queued_batches + 2) * batch_size // max(1, group_samples)))
+    rows = min(share_samples, (ahead + 2 + viewed) * group_samples)
+    return int((rows + 2 * batch_size) * sample_bytes)
+
+
+def _sample_bytes(source: Any, names: Sequence[str]) -> int:
+    """Bytes of one sample over the arrays held in group buffers (not assembled ones)."""
+    total = 0
+    for n in names:
+        if source.assembled(n):
+            continue
+        tail, dtype = source.sample_shape(n)
+        total += int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return total
 
 
 class Stream:
@@ -169,10 +219,16 @@ class Stream:
         self.drop_last = drop_last
         self.rank = rank
         self.world_size = world_size
-        self.prefetch = groups_ahead(prefetch, buffer_chunks)
+        self.prefetch = groups_ahead(prefetch, buffer_chunks, 1, self._group_bytes(source, names, buffer_chunks))
         self.threads = threads or min(32, (os.cpu_count() or 2))
         self.read_niceness = read_niceness
-        self.prefetch_batches = 4
+        # Batches queued for the loop: four, or fewer where four batches would hold more
+        # than QUEUE_BYTES. A queued batch is a view that keeps its groups' buffers from
+        # reuse, so four batches of 64 MiB kept 384 MiB of groups alive (with the one
+        # held and the one being cut); views cost nothing to make, and two queued
+        # suffice to cover a wait for a group.
+        row = _sample_bytes(source, names)
+        self.prefetch_batches = max(2, min(4, QUEUE_BYTES // max(1, batch_size * row)))
         self.epoch = 0
         self._served = 0  # batches served in the current epoch, for state_dict
         # The stream's own iteration stopped inside the epoch (a break): the next one
@@ -202,8 +258,42 @@ class Stream:
             # Batches larger than a group take several groups at once (an elastic plan's
             # groups hold whole batches).
             group = buffer_chunks * max(source.lengths, default=0)
-            self.prefetch = groups_ahead(prefetch, buffer_chunks, -(-batch_size // max(1, group)))
+            self.prefetch = groups_ahead(prefetch, buffer_chunks, -(-batch_size // max(1, group)),
+                                         self._group_bytes(source, names, buffer_chunks))
         self._init_process_state()
+
+    @staticmethod
+    def _group_bytes(source: Any, names: Sequence[str], buffer_chunks: int) -> int:
+        """Bytes of one full group's buffers (arrays assembled per batch hold none)."""
+        return buffer_chunks * max(source.lengths, default=0) * _sample_bytes(source, names)
+
+    def memory_bound(self) -> int:
+        """The most bytes of batch memory this stream holds per process while its loop
+        keeps no batch (:func:`memory_bound` of its settings; an estimate before the
+        first iteration of a stream with ``global_batch_size``)."""
+        capacity, share = self._group_rows(), self._share_rows()
+        return memory_bound(sample_bytes=_sample_bytes(self.source, self.names), share_samples=share,
+                            group_samples=capacity, batch_size=self.batch_size, ahead=self.prefetch,
+                            queued_batches=self.prefetch_batches)
+
+    def peak_buffer_bytes(self) -> int:
+        """The most bytes of group buffers in use at once so far, plus the batch memory made
+        for copied batches (for tests and diagnostics; compare :meth:`memory_bound`)."""
+        pool = self._pool
+        return (0 if pool is None else pool.peak_bytes) + sum(slabs.nbytes for slabs in self._slabs.values())
+
+    def _group_rows(self) -> int:
+        """Samples a group holds at most: ``buffer_chunks`` whole chunks, or with
+        ``global_batch_size`` a group of global steps (this rank's share of each)."""
+        lanes = self._lanes()
+        if lanes is not None:
+            return lanes.group_steps * self.batch_size
+        return self.buffer_chunks * max(self.source.lengths, default=0)
+
+    def _share_rows(self) -> int:
+        """Samples of this rank's epoch (the first worker's share of a DataLoader has no more)."""
+        plan = self.plan(0, 1)
+        return int(sum(p.hi - p.lo for p in plan.pieces))
 
     def _init_process_state(self) -> None:
         """Buffers and the next epoch's early loader: per process, never pickled or forked."""
@@ -832,12 +922,12 @@ class Stream:
                 # for the group served, those loading ahead, the next epoch's first, and
                 # the groups that batches queued for the loop or held by it still view
                 # (one or two groups, unless batches are larger than groups).
-                capacity = self.buffer_chunks * max(self.source.lengths, default=0)
-                lanes = self._lanes()
-                if lanes is not None:  # a group of global steps, this rank's share of each
-                    capacity = lanes.group_steps * self.batch_size
+                # The ring holds no more than an epoch's samples: a split smaller than the
+                # read-ahead window costs its own size (see BufferPool's ``share``).
+                capacity = self._group_rows()
                 viewed = -(-(self.prefetch_batches + 2) * self.batch_size // max(1, capacity))
-                self._pool = BufferPool(self.source, self.names, capacity, keep=self.prefetch + 2 + max(1, viewed))
+                self._pool = BufferPool(self.source, self.names, capacity, keep=self.prefetch + 2 + max(1, viewed),
+                                        share=self._share_rows())
             return self._pool
 
     def _assembled(self) -> bool:
@@ -886,6 +976,12 @@ class Stream:
         epoch = self.epoch + self._epoch_step
         plan = self.plan(worker, num_workers, epoch=epoch)
         if not plan.batch_sizes:
+            return
+        a, b = plan.groups[0]
+        if not self._buffer_pool().fits(sum(p.hi - p.lo for p in plan.pieces[a:b])):
+            # The epoch's groups still hold the ring (a split of a group or two): reading
+            # the next epoch's first group now would take new memory, a group beyond the
+            # bound; it is read when the next epoch starts.
             return
         loader = self._loader(plan, epoch, worker)
         loader.want(0, 1)

@@ -1,6 +1,13 @@
 """PyTorch adapter: an ``IterableDataset`` that shares chunks among ranks and workers.
 
 Use it with ``DataLoader(ds, batch_size=None, num_workers=k)``: batches come ready-made.
+Start from ``num_workers=0``: the stream already reads and decodes chunks on its own
+threads and cuts batches on another, in the training process, so workers add no reading
+speed; what they add is torch's cost of moving every batch between processes, which on
+2 cores made the loop wait more and run slower than with no workers (a plain zarr
+``IterableDataset`` fared the same; the measurement is in ``benchmarks/README.md``).
+Workers help only when per-batch Python work in the loader is heavy (a ``collate_fn``,
+transforms on each batch) or cores are many.
 Each DataLoader worker serves a contiguous share of its rank's batches, so across all
 ranks and workers every sample appears exactly once per epoch. Only the store location
 is pickled to workers; each opens the store itself after the fork (no zarr, fsspec or

@@ -82,3 +82,22 @@ def test_unviewed_sees_views_and_tensors_whatever_the_interpreter_counts():
     assert not unviewed(held.values())
     del t
     assert unviewed(held.values())
+
+
+def test_large_batches_queue_fewer_views(tmp_path, monkeypatch):
+    """Queued batches keep their groups' buffers alive: beyond QUEUE_BYTES of batches the
+    queue holds two, and every sample is still served once."""
+    from pipeline.streaming import streamer
+    from tests.streaming.conftest import make_store
+
+    store = make_store(tmp_path / "q.zarr", n=1000, chunk=64)
+    sample = 4 * 3 * 4 + 8  # x (4, 3) float32, y int64
+    assert pipeline.stream(store, batch_size=100, seed=0).prefetch_batches == 4
+    monkeypatch.setattr(streamer, "QUEUE_BYTES", 100 * sample * 3)
+    s = pipeline.stream(store, batch_size=100, seed=0)
+    assert s.prefetch_batches == 3
+    monkeypatch.setattr(streamer, "QUEUE_BYTES", 100 * sample)
+    s = pipeline.stream(store, batch_size=100, seed=0)
+    assert s.prefetch_batches == 2
+    ids = np.concatenate([yb.copy() for _, yb in s])
+    assert np.array_equal(np.sort(ids), np.arange(1000))

@@ -308,3 +308,28 @@ def test_batches_of_several_groups_are_read_further_ahead(store):
     assert pipeline.stream(store, batch_size=128, buffer_chunks=2).prefetch == groups_ahead(2, 2)
     # An elastic plan's groups hold whole batches: nothing more.
     assert pipeline.stream(store, global_batch_size=300, buffer_chunks=2).prefetch == groups_ahead(2, 2)
+
+
+def test_groups_read_ahead_are_bounded_in_bytes_too():
+    """Small groups and large batches add groups ahead; in bytes, not beyond AHEAD_BYTES
+    (never below ``prefetch`` groups or one batch's groups)."""
+    from pipeline.streaming.streamer import AHEAD_BYTES, groups_ahead
+
+    mib = 1 << 20
+    assert groups_ahead(2, 1, 1, group_bytes=4 * mib) == 8  # 32 MiB ahead: as before
+    assert groups_ahead(2, 1, 1, group_bytes=128 * mib) == max(2, AHEAD_BYTES // (128 * mib))
+    assert groups_ahead(2, 1, 100, group_bytes=4 * mib) == 100  # one batch's groups, not 107
+    assert groups_ahead(2, 4, 1, group_bytes=4 << 30) == 2  # prefetch groups, however large
+
+
+def test_a_split_of_one_group_is_held_once(store):
+    """With the whole split in one group the ring holds the split, and the next epoch's
+    first group is not read into new memory while the epoch still holds it; every epoch
+    still serves every sample once."""
+    s = pipeline.stream(store, batch_size=128, seed=4, buffer_chunks=16)
+    for epoch in range(3):
+        s.set_epoch(epoch)
+        ids = np.concatenate([yb.copy() for _, yb in s])
+        assert np.array_equal(np.sort(ids), np.arange(1000))
+    assert s._pool.rows == 1000  # not (prefetch + 3) groups of 1024
+    assert s._ahead is None and s._pool.made == 1

@@ -695,3 +695,53 @@ def test_a_group_another_tool_wrote_streams_as_it_is(tmp_path, as_group):
     np.testing.assert_array_equal(np.sort(seen), np.arange(1000))
     xb, yb = next(iter(pipeline.stream(source, split="train", batch_size=64, seed=1)))
     np.testing.assert_array_equal(xb, x[yb])
+
+
+# -- memory: the bound stream()'s docstring states -------------------------------------------------
+
+
+def _bound(path, *, batch_size, buffer_chunks, ahead, chunk, queued=4):
+    """stream()'s documented bound, from the store's own metadata (zarr) and the formula:
+    ``(min(share, (ahead + 2 + viewed) * group) + 2 * batch) * sample_bytes``."""
+    x, y = (zarr.open_array(f"{path}/train/{k}", mode="r") for k in ("x", "y"))
+    sample = x.dtype.itemsize * int(np.prod(x.shape[1:])) + y.dtype.itemsize
+    group = buffer_chunks * chunk
+    viewed = max(1, -(-(queued + 2) * batch_size // group))
+    return (min(x.shape[0], (ahead + 2 + viewed) * group) + 2 * batch_size) * sample, sample
+
+
+@pytest.mark.parametrize("batch_size, buffer_chunks", [(50, 2), (300, 1), (1000, 4), (64, 32), (700, 40)])
+def test_peak_batch_memory_stays_within_the_documented_bound(tmp_path, batch_size, buffer_chunks):
+    """Peak numpy allocations (tracemalloc, not RSS) over two epochs stay within the
+    formula of stream()'s docstring, plus the decoders' scratch of a few chunks; a split
+    of one or two groups costs about its own size, not the read-ahead window's."""
+    import tracemalloc
+
+    n, chunk = 2048, 64
+    y = np.arange(n, dtype=np.int64)
+    x = np.broadcast_to(y[:, None, None].astype(np.float32), (n, 64, 16)).copy()
+    from pipeline.storage import write
+
+    write(tmp_path / "m.zarr", {"x": x, "y": y}, chunk_samples=chunk, progress=False)
+    path = str(tmp_path / "m.zarr")
+    s = pipeline.stream(path, batch_size=batch_size, buffer_chunks=buffer_chunks, seed=1, threads=2)
+    bound, sample = _bound(path, batch_size=batch_size, buffer_chunks=buffer_chunks, ahead=s.prefetch, chunk=chunk)
+    assert s.memory_bound() == bound
+    scratch = 4 * chunk * sample
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        seen = []
+        for epoch in range(2):
+            s.set_epoch(epoch)
+            seen.append(np.sort(np.concatenate([b[1].copy() for b in s])))
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+        s.close()
+    assert all(np.array_equal(ids, y) for ids in seen)
+    # the copied ids: what the test itself keeps, not the stream's memory
+    assert peak <= bound + scratch + 2 * n * 8, (peak, bound)
+    assert s.peak_buffer_bytes() <= bound
+    if buffer_chunks * chunk >= n:  # one group holds the whole split
+        assert peak <= n * sample + 2 * batch_size * sample + scratch + 2 * n * 8
