@@ -22,6 +22,22 @@ from pipeline.errors import ConfigError, PipelineError
 __all__ = ["main"]
 
 
+class _Command(argparse.ArgumentParser):
+    """A subcommand's parser, which refuses an argument it does not take itself.
+
+    argparse hands a subcommand's unknown arguments back to the top-level parser, whose
+    error printed the top-level usage (``pipeline [-h] [--version] COMMAND ...``) for
+    ``pipeline run c.yaml --bogus``: this one prints ``pipeline run``'s.
+    """
+
+    def parse_known_args(self, args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, unknown = super().parse_known_args(args, namespace)
+        if unknown:
+            self.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed, unknown
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipeline",
@@ -33,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
     # The package's own version, which the installed distribution's metadata repeats.
     parser.add_argument("--version", action="version", version=f"pipeline {__version__}",
                         help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Command)
 
     run = sub.add_parser(
         "run",

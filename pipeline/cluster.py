@@ -272,8 +272,10 @@ def cluster(
         server that does not speak dask's protocol) is one line: a ConfigError for
         the config, a ClusterError for the scheduler.
     log
-        Where to print the dashboard address, and a warning for workers paused at
-        their memory limit; ``None`` prints nothing.
+        Where to print the cluster, its workers and its dashboard's address (a remote
+        scheduler without workers is given up to :data:`FIRST_WORKER_WAIT` seconds for
+        its first, or said to have none yet), and a warning for workers paused at their
+        memory limit; ``None`` prints nothing (and waits for no worker).
     preload
         Modules a LocalCluster's worker processes hold imported from their start: they
         are forked from a server process that imported them once (see
@@ -350,11 +352,34 @@ def _enter_local_settings(settings: contextlib.ExitStack, processes: bool) -> No
     settings.enter_context(quiet_cancelled_feeds())
 
 
+#: Seconds the announcement of a remote cluster waits for its first worker to register:
+#: workers started with the scheduler (a DaskJob, a SLURM allocation) join it a moment
+#: later. Bounded: a run goes on without them, its tasks waiting for the workers.
+FIRST_WORKER_WAIT = 5.0
+
+
+def _workers(client: Any, wait: float) -> int:
+    """How many workers the scheduler of ``client`` has, waiting up to ``wait`` seconds
+    for the first one when it has none."""
+    n = len(client.scheduler_info().get("workers", {}))
+    if n or wait <= 0:
+        return n
+    try:
+        client.wait_for_workers(1, timeout=wait)
+    except TimeoutError:
+        return 0
+    return len(client.scheduler_info().get("workers", {}))
+
+
 def _announce(client: Any, local: Any, log: IO[str]) -> None:
     """The cluster's kind, its workers and its dashboard's address, on ``log``."""
     kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"
-    n = len(client.scheduler_info().get("workers", {}))
-    print(f"cluster: {kind} with {n} workers", file=log)
+    # A LocalCluster's workers are up once it has started; a remote scheduler's may be
+    # starting still: "with 0 workers" read as a cluster that would never compute.
+    n = _workers(client, 0.0 if local is not None else FIRST_WORKER_WAIT)
+    workers = (f"{n} workers" if n or local is not None
+               else "0 workers yet; waiting for workers (the tasks start when one joins)")
+    print(f"cluster: {kind} with {workers}", file=log)
     link = dashboard_link(client)
     if link:
         print(f"dashboard: {link}", file=log)

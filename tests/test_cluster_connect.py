@@ -463,3 +463,37 @@ def test_workers_that_cannot_see_the_output_folder_or_a_raw_file_are_named(plain
                 f"/nonexistent-client-disk/b.parquet: the workers {worker} cannot see this raw file")):
             check_workers_see(client, store=str(tmp_path / "out.zarr"), marker=None,
                               files=[str(raw), "/nonexistent-client-disk/b.parquet"])
+
+
+def test_a_remote_scheduler_without_workers_yet_is_said_to_wait_for_them(monkeypatch):
+    """"with 0 workers" read as a cluster that would never compute, while its workers
+    were still starting: the announcement waits (bounded) for the first, and says so
+    when none has come."""
+    import pipeline.cluster
+
+    monkeypatch.setattr(pipeline.cluster, "FIRST_WORKER_WAIT", 0.3)
+    with in_process_cluster(n_workers=0, dashboard_address=None) as local:
+        log = io.StringIO()
+        t0 = time.monotonic()
+        with cluster(local.scheduler_address, timeout=TIMEOUT, log=log, paused_after=None) as client:
+            assert client.scheduler_info()["workers"] == {}
+        assert time.monotonic() - t0 < TIMEOUT + 5
+    assert log.getvalue().splitlines()[0] == (
+        f"cluster: scheduler {local.scheduler_address} with 0 workers yet; waiting for workers (the tasks start "
+        f"when one joins)")
+
+
+def test_a_worker_that_joins_while_the_run_connects_is_counted(monkeypatch):
+    import pipeline.cluster
+
+    monkeypatch.setattr(pipeline.cluster, "FIRST_WORKER_WAIT", 30.0)
+    with in_process_cluster(n_workers=0, dashboard_address=None) as local:
+        joins = threading.Timer(1.0, local.scale, args=(1,))
+        log = io.StringIO()
+        joins.start()
+        try:
+            with cluster(local.scheduler_address, timeout=TIMEOUT, log=log, paused_after=None) as client:
+                assert len(client.scheduler_info()["workers"]) == 1
+        finally:
+            joins.join()
+    assert log.getvalue().splitlines()[0] == f"cluster: scheduler {local.scheduler_address} with 1 workers"
