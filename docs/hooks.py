@@ -211,6 +211,35 @@ def _load_notes(problems: list[str]) -> dict[str, str]:
     return {k: str(v).strip() for k, v in notes.items()}
 
 
+def _words(text: str) -> str:
+    """``text`` as lower-case words, markup and punctuation left out, for comparing."""
+    return " ".join(re.findall(r"[a-z0-9_]+", text.lower()))
+
+
+def _restates(note: str, sentence: str) -> bool:
+    """Whether ``note`` says again what ``sentence`` opens with: its first clause (up to
+    a ``;``, ``:`` or ``(``), of four words or more, its article aside, in the note."""
+    clause = _words(re.split(r"[;:(]", sentence, maxsplit=1)[0]).split()
+    while clause and clause[0] in ("a", "an", "the"):
+        clause = clause[1:]
+    return len(clause) >= 4 and " ".join(clause) in _words(note)
+
+
+def _meaning(comment: str, note: str) -> str:
+    """A key's text in the reference, each thing said once: its ``#:`` comment, then its
+    note from config_notes.yml. A note written as the fuller version of a sentence of
+    the comment (it opens with the same words) takes that sentence's place, and the
+    comment's other sentences follow it: ``source.timestamp_unit`` said its unit twice
+    in one cell."""
+    if not note or not comment:
+        return note or comment
+    sentences = re.split(r"(?<=\.)\s+(?=[A-Z`])", comment)
+    kept = [s for s in sentences if not _restates(note, s)]
+    if len(kept) == len(sentences):
+        return f"{comment} {note}"
+    return " ".join([note, *kept])
+
+
 def _cell(text: str) -> str:
     """Text for a markdown table cell: one line, ``|`` escaped outside code spans."""
     parts = re.split(r"(`+[^`]*`+)", " ".join(text.split()))
@@ -244,7 +273,7 @@ def _field_rows(section: str, cls: type, notes: dict[str, str], specs: dict[str,
         # A module constant DEFAULT_<FIELD> is what the parser fills in (features.steps).
         default = getattr(config_module, f"DEFAULT_{f.name.upper()}", default)
         shown = "**required**" if default is dataclasses.MISSING else f"`{_yaml_value(default)}`"
-        meaning = " ".join(t for t in (comments.get(f.name, ""), notes.get(path, "")) if t)
+        meaning = _meaning(comments.get(f.name, ""), notes.get(path, ""))
         rows.append(f"| `{path}` | {_cell(accepts)} | {_cell(shown)} | {_cell(meaning)} |")
     return rows
 
@@ -286,7 +315,7 @@ def _spec_section(cls: type, paths: list[str], notes: dict[str, str]) -> list[st
         tp = hints[f.name]
         tp_text = tp.__name__ if isinstance(tp, type) else str(tp).replace("typing.", "")
         default = "**required**" if f.default is dataclasses.MISSING else f"`{_yaml_value(f.default)}`"
-        meaning = " ".join(t for t in (comments.get(f.name, ""), notes.get(f"{cls.__name__}.{f.name}", "")) if t)
+        meaning = _meaning(comments.get(f.name, ""), notes.get(f"{cls.__name__}.{f.name}", ""))
         out.append(f"| `{f.name}` | `{tp_text}` | {_cell(default)} | {_cell(meaning)} |")
     out.append("")
     return out

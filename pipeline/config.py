@@ -67,7 +67,9 @@ class SourceConfig:
     columns: tuple[str, ...] | None = None
     timestamp: str | None = None
     #: Unit of a numeric timestamp column since the epoch; ``None``: integers are
-    #: nanoseconds and floats seconds (see :mod:`pipeline.loaders.columns`).
+    #: nanoseconds and floats seconds (see :mod:`pipeline.loaders.columns`). Under
+    #: ``source.date`` the unit applies to the times of day: numbers since midnight
+    #: (``null``: integers nanoseconds, as NASDAQ ITCH gives them, and floats seconds).
     timestamp_unit: Literal["s", "ms", "us", "ns"] | None = None
     nan: Literal["raise", "drop", "fill"] = "raise"
     #: The value ``nan: fill`` writes (LOBSTER's empty levels: 0 gives back its size of 0).
@@ -410,6 +412,69 @@ def _format(value: Any, path: str) -> str | None:
     return value
 
 
+def _paths(value: Any, path: str) -> str | tuple[str, ...]:
+    """``source.paths``: a path, glob or URL, or a non-empty list of them (an empty list
+    or string would only be refused once the run lists the files)."""
+    expected = "a path or glob (a string) or a non-empty list of them"
+    paths = _coerce(value, str | tuple[str, ...], path, "paths")
+    if isinstance(paths, str):
+        if not paths.strip():
+            raise ConfigError(path, expected, value)
+        return paths
+    if not paths:
+        raise ConfigError(path, expected, value)
+    for i, item in enumerate(paths):
+        if not item.strip():
+            raise ConfigError(f"{path}.{i}", "a path or glob (a non-empty string)", item)
+    return paths
+
+
+def _output_path(value: Any, path: str) -> str:
+    """``output.path``: a non-empty string (an empty one is the working directory)."""
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(path, "a store path or URL (a non-empty string)", value)
+    return value
+
+
+def _csv_marks(source: SourceConfig, path: str) -> SourceConfig:
+    """``source.delimiter`` and ``source.decimal`` checked by the loader's own rule
+    (:func:`pipeline.loaders.tables.check_csv_marks`, which the loader applies again),
+    so that ``--print-config`` refuses what the run would, naming the key path."""
+    from pipeline.loaders.tables import check_csv_marks
+
+    try:
+        check_csv_marks(source.delimiter, source.decimal)
+    except ConfigError as exc:
+        if exc.path.startswith(f"{path}."):
+            raise
+        # A loader's message may name the bare option (delimiter): the key path is the section's.
+        raise ConfigError(f"{path}.{exc.path}", exc.expected, exc.got) from None
+    return source
+
+
+def _cluster(value: Any, path: str) -> ClusterConfig:
+    """The cluster section, its address checked as :func:`pipeline.remote.connect_remote`
+    checks it before a client starts (syntax, scheme, port, TLS files set for an
+    unencrypted address), so that ``--print-config`` refuses what the run would.
+
+    What needs the file system (the TLS files, the scheduler file's folder) is checked
+    when a run starts (:func:`pipeline.remote.check_remote`): a config is often written
+    and checked on another machine than the one it runs on.
+    """
+    from pipeline.remote import check_address, check_encryption
+
+    cfg = _build(ClusterConfig, value, path)
+    for name in ("scheduler_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
+        given = getattr(cfg, name)
+        if given is not None and not given.strip():
+            raise ConfigError(f"{path}.{name}", "a file path (a non-empty string) or null", given)
+    if cfg.address is not None:
+        check_address(cfg.address, key=f"{path}.address")
+        tls_files = any((cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file))
+        check_encryption(cfg.address, key=f"{path}.address", tls_files=tls_files)
+    return cfg
+
+
 def _scales(value: Any, path: str) -> tuple[int, ...]:
     scales = _coerce(value, tuple[int, ...], path, "size")
     if not scales:
@@ -450,14 +515,15 @@ def parse_config(data: Any) -> Config:
     if not isinstance(data, Mapping):
         raise ConfigError("<root>", "a mapping of sections", data)
     sections = {
-        "cluster": lambda v, p: _build(ClusterConfig, v, p),
-        "source": lambda v, p: _build(SourceConfig, v, p, {"sessions": _sessions, "instrument": _instrument,
-                                                           "date": _date, "rename": _rename, "format": _format,
-                                                           "scale": _scale, "missing": _missing}),
+        "cluster": _cluster,
+        "source": lambda v, p: _csv_marks(_build(SourceConfig, v, p, {
+            "paths": _paths, "sessions": _sessions, "instrument": _instrument, "date": _date, "rename": _rename,
+            "format": _format, "scale": _scale, "missing": _missing}), p),
         "features": _features,
         "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),
         "labels": _labels,
-        "output": lambda v, p: _build(OutputConfig, v, p, {"splits": _splits, "codec": _codec, "folds": _folds}),
+        "output": lambda v, p: _build(OutputConfig, v, p, {"path": _output_path, "splits": _splits,
+                                                           "codec": _codec, "folds": _folds}),
         "stream": lambda v, p: _build(StreamConfig, v, p),
     }
     for key in data:
@@ -505,7 +571,7 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         try:
             value = _safe_load(text) if text.strip() else ""
         except yaml.YAMLError:
-            raise ConfigError(key, "a YAML value", text) from None
+            raise ConfigError(key, "a YAML value", text, detail=_unparsed_value(key, text)) from None
         node: Any = result
         for depth, part in enumerate(parts[:-1]):
             here = ".".join(parts[: depth + 1])
@@ -527,6 +593,16 @@ def apply_overrides(data: Mapping[str, Any], overrides: Sequence[str]) -> dict[s
         else:
             raise ConfigError(key, "a mapping or list to index into", node)
     return result
+
+
+def _unparsed_value(key: str, text: str) -> str:
+    """What ``--set key=text`` says when YAML cannot parse ``text`` alone, with the
+    override that quotes it: a ``,`` or a leading ``%`` (``source.decimal=,``,
+    ``source.date.format=%Y%m%d``) is YAML syntax, but fine as a string."""
+    quoted = json.dumps(text)  # a JSON string is a YAML double-quoted scalar
+    # The single quotes keep the shell from eating the double quotes.
+    shown = f"--set '{key}={quoted}'" if "'" not in quoted else f"--set {key}={quoted}"
+    return f"expected a YAML value, got {text!r}; quote a string: {shown}"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

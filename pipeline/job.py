@@ -206,10 +206,18 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     # The workers of a remote cluster write the store: a relative path would be theirs.
     config = dataclasses.replace(config, output=dataclasses.replace(
         config.output, path=local_absolute(config.output.path), overwrite=config.output.overwrite or mode != "auto"))
+    remote = config.cluster.address is not None or config.cluster.scheduler_file is not None
+    if remote:
+        # Before anything else, whether or not there turns out to be work: a run on an
+        # up-to-date store connects to no scheduler, and a typo'd address or a missing
+        # TLS file passed there unseen (exit 0) until the day there was work to do.
+        from pipeline.remote import check_remote
+
+        c = config.cluster
+        check_remote(c.address, c.scheduler_file, c.tls_ca_file, c.tls_cert_file, c.tls_key_file)
     # The store's write lock first, before the source is read or the cluster starts: a
     # run that another run's lock refuses costs nothing. The writer takes it again
     # within this hold (pipeline.storage.lock is re-entrant).
-    remote = config.cluster.address is not None or config.cluster.scheduler_file is not None
     _check_table_source(config.source)  # no file, or arrays: refused before anything is written
     sources = (config.source.paths,) if isinstance(config.source.paths, str) else tuple(config.source.paths)
     with write_lock(config.output.path), remote_errors_explained(config.output.path, sources=sources, remote=remote):
@@ -231,7 +239,11 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
     stored = update.stored_build(config) if mode == "auto" and not out.overwrite else None
     files = update.new_files(config, stored) if stored is not None else []
     if stored is not None and not files:
-        say(f"{out.path}: up to date (every file the config matches is in the store)")
+        remote = config.cluster.address is not None or config.cluster.scheduler_file is not None
+        # Its settings were checked (run), but nothing is asked of the scheduler: say so,
+        # lest an up-to-date run be taken for proof that the scheduler answers.
+        contacted = "; nothing to compute, so the cluster was not contacted" if remote else ""
+        say(f"{out.path}: up to date (every file the config matches is in the store{contacted})")
         return _summary(config, 0, t0, "up to date")
     if stored is None:  # a build: refuse a target it would damage before the cluster starts
         try:

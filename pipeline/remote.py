@@ -29,7 +29,10 @@ __all__ = [
     "DASHBOARD_PORT",
     "SCHEDULER_PORT",
     "check_address",
+    "check_encryption",
+    "check_remote",
     "check_same_code",
+    "check_scheduler_folder",
     "check_tls_files",
     "code_fingerprint",
     "connect_remote",
@@ -169,6 +172,85 @@ def check_tls_files(ca_file: str | None, cert_file: str | None, key_file: str | 
                 f"unencrypted private key ({exc.reason or exc})")) from None
 
 
+_SCHEDULER_FILE = "the file dask scheduler --scheduler-file writes"
+
+
+def check_scheduler_folder(path: str) -> None:
+    """Raise a ConfigError naming ``cluster.scheduler_file`` when no folder holds, or
+    could hold, the scheduler file ``path``; nothing is contacted and nothing waited for.
+
+    The file itself may be missing for a moment (a scheduler started with the run
+    writes it); a missing folder is a typo no scheduler will fix.
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise ConfigError("cluster.scheduler_file", _SCHEDULER_FILE, path, detail=(
+            f"{path}: no such file, and no folder {folder} for a scheduler to write it in"))
+
+
+def check_encryption(address: str, *, key: str, tls_files: bool) -> None:
+    """Raise a ConfigError naming ``key`` when the cluster.tls_* files are set
+    (``tls_files``) for an unencrypted ``address``: distributed encrypts every
+    connection then, and a tcp:// scheduler could never answer."""
+    scheme = address.partition("://")[0] if "://" in address else "tcp"
+    if tls_files and scheme in ("tcp", "ws"):
+        raise ConfigError(key, "a tls:// address", address, detail=(
+            f"{address!r} is unencrypted, but cluster.tls_* files are set, which make every connection "
+            f"encrypted: a TLS scheduler's address is tls://{address.partition('://')[2] or address}"))
+
+
+def _security(tls_ca_file: str | None, tls_cert_file: str | None,
+              tls_key_file: str | None) -> "distributed.security.Security | None":
+    """distributed's Security for the TLS files, ``None`` when none is set."""
+    from distributed.security import Security
+
+    if not (tls_ca_file or tls_cert_file or tls_key_file):
+        return None
+    return Security(tls_ca_file=tls_ca_file, tls_client_cert=tls_cert_file, tls_client_key=tls_key_file,
+                    require_encryption=True)
+
+
+def _connection_args(address: str, security: "distributed.security.Security | None",
+                     where: str) -> dict[str, object]:
+    """The client's connection arguments for ``address``, or a ClusterError for a
+    tls:// address without an SSL context to reach it with."""
+    from distributed.security import Security
+
+    # Without an SSL context distributed raises a bare TypeError for tls:// and leaves
+    # the half-started Client behind. When the garbage collector later finalizes it
+    # inside the IO-loop thread of the next Client being started, its close() waits for
+    # the lock that Client's starter holds, and that next Client fails after 10 s. So
+    # check first, by distributed's own rule (the dask config may hold the TLS files
+    # too), and never start that Client.
+    args = (security if security is not None else Security()).get_connection_args("client")
+    scheme = address.partition("://")[0] if "://" in address else "tcp"
+    if scheme in ("tls", "wss") and args["ssl_context"] is None:
+        raise _needs_tls_files(where, "no CA file and certificate to build an SSL context from")
+    return args
+
+
+def check_remote(address: str | None, scheduler_file: str | None, tls_ca_file: str | None,
+                 tls_cert_file: str | None, tls_key_file: str | None) -> None:
+    """Everything :func:`connect_remote` checks before it contacts anything: the TLS
+    files, the address (or the scheduler file's folder: the address in the file is
+    read when connecting), TLS files with an unencrypted address (ConfigErrors naming
+    the key), and a tls:// address without an SSL context (a ClusterError).
+
+    ``pipeline run`` calls it before it decides whether there is anything to do: a run
+    on an up-to-date store connects to no scheduler, and a typo in the cluster section
+    must not pass there unseen (a cron job reported success).
+    """
+    check_tls_files(tls_ca_file, tls_cert_file, tls_key_file)
+    if address is None:
+        if scheduler_file is not None:  # else a LocalCluster: nothing remote to check
+            check_scheduler_folder(scheduler_file)
+        return
+    check_address(address)
+    security = _security(tls_ca_file, tls_cert_file, tls_key_file)
+    check_encryption(address, key="cluster.address", tls_files=security is not None)
+    _connection_args(address, security, address)
+
+
 def scheduler_file_address(path: str, *, timeout: float, log: IO[str] | None = None) -> str:
     """The address in a scheduler file, waiting up to ``timeout`` seconds for a
     scheduler that is starting to write it (saying so on ``log``).
@@ -178,11 +260,8 @@ def scheduler_file_address(path: str, *, timeout: float, log: IO[str] | None = N
     moment, though, when the scheduler and the run are started together.
     """
     key = "cluster.scheduler_file"
-    expected = "the file dask scheduler --scheduler-file writes"
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise ConfigError(key, expected, path, detail=(
-            f"{path}: no such file, and no folder {folder} for a scheduler to write it in"))
+    expected = _SCHEDULER_FILE
+    check_scheduler_folder(path)
     deadline = time.monotonic() + timeout
     said = False
     while True:
@@ -419,7 +498,6 @@ def connect_remote(address: str | None, scheduler_file: str | None, timeout: flo
     """A client of the remote scheduler at ``address`` (or in ``scheduler_file``), once
     the address, the TLS files and a probe of the scheduler found nothing wrong."""
     from distributed import Client
-    from distributed.security import Security
 
     check_tls_files(tls_ca_file, tls_cert_file, tls_key_file)
     if address is None:
@@ -428,24 +506,10 @@ def connect_remote(address: str | None, scheduler_file: str | None, timeout: flo
     else:
         key, origin = "cluster.address", ""
     check_address(address, key=key)
-    security = None
-    if tls_ca_file or tls_cert_file or tls_key_file:
-        security = Security(tls_ca_file=tls_ca_file, tls_client_cert=tls_cert_file, tls_client_key=tls_key_file,
-                            require_encryption=True)
+    security = _security(tls_ca_file, tls_cert_file, tls_key_file)
+    check_encryption(address, key=key, tls_files=security is not None)
+    args = _connection_args(address, security, f"{address}{origin}")
     scheme = address.partition("://")[0] if "://" in address else "tcp"
-    if security is not None and scheme in ("tcp", "ws"):
-        raise ConfigError(key, "a tls:// address", address, detail=(
-            f"{address!r} is unencrypted, but cluster.tls_* files are set, which make every connection "
-            f"encrypted: a TLS scheduler's address is tls://{address.partition('://')[2] or address}"))
-    # Without an SSL context distributed raises a bare TypeError for tls:// and leaves
-    # the half-started Client behind. When the garbage collector later finalizes it
-    # inside the IO-loop thread of the next Client being started, its close() waits for
-    # the lock that Client's starter holds, and that next Client fails after 10 s. So
-    # check first, by distributed's own rule (the dask config may hold the TLS files
-    # too), and never start that Client.
-    args = (security if security is not None else Security()).get_connection_args("client")
-    if scheme in ("tls", "wss") and args["ssl_context"] is None:
-        raise _needs_tls_files(f"{address}{origin}", "no CA file and certificate to build an SSL context from")
     if scheme != "inproc":  # in this process: neither a dashboard's port nor a proxy can be there
         _probe(address, args, timeout, origin)
     try:

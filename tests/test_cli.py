@@ -326,3 +326,29 @@ def test_inspect_takes_storage_options_like_bench(tmp_path, s3):
     bad = cli("inspect", url, "--storage-options", "[1, 2]")
     assert bad.returncode == 2 and bad.stderr.strip().startswith(
         "pipeline inspect: --storage-options: expected a mapping")
+
+
+def test_an_unknown_argument_after_a_command_prints_that_commands_usage(tmp_path):
+    result = cli("run", "c.yaml", "--bogus", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("usage: pipeline run [-h] [--scheduler ADDR]"), result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "pipeline run: error: unrecognized arguments: --bogus"
+    # Before the command, it is the top-level parser's to refuse.
+    top = cli("--bogus", "run", "c.yaml", cwd=tmp_path)
+    assert top.returncode == 2 and top.stderr.startswith("usage: pipeline [-h] [--version] COMMAND")
+    assert top.stderr.strip().splitlines()[-1] == "pipeline: error: unrecognized arguments: --bogus"
+
+
+def test_print_config_refuses_what_the_run_refuses(tmp_path):
+    """``--print-config`` validates: a value the run would refuse is refused there, one
+    line naming the key path (the run's CSV check named ``delimiter:`` alone)."""
+    (tmp_path / "c.yaml").write_text("source: {paths: x/*.csv}\nwindows: {size: 8}\noutput: {path: s.zarr}\n")
+    result = cli("run", "c.yaml", "--print-config", "--set", "source.delimiter=';;'", "--set",
+                 "cluster.address=tcp://h:1", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("pipeline run: source.delimiter: expected one character"), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    result = cli("run", "c.yaml", "--print-config", "--set", "source.decimal=,", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("pipeline run: source.decimal: expected a YAML value, got ','; quote a string: "
+                                     "--set 'source.decimal=\",\"'")

@@ -275,3 +275,92 @@ def test_config_rename_takes_a_list_of_alternatives():
                      ({"a": ["x", "y"], "b": "y"}, r"distinct source column names \('y' given twice\)")):
         with pytest.raises(ConfigError, match=r"^source\.rename: expected " + why):
             _rename(bad, "source.rename")
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("source.paths=[]", r"^source\.paths: expected a path or glob \(a string\) or a non-empty list of them, got \[\]"),
+    ("source.paths=''", r"^source\.paths: expected a path or glob"),
+    ("source.paths=[a.csv, '']", r"^source\.paths\.1: expected a path or glob \(a non-empty string\), got ''"),
+    ("output.path=", r"^output\.path: expected a store path or URL \(a non-empty string\), got ''"),
+    ("source.delimiter=';;'", r"^source\.delimiter: expected one character \(not a newline or a quote\).*got ';;'"),
+    ('source.delimiter="\\n"', r"^source\.delimiter: expected one character"),
+    ("source.delimiter='\"'", r"^source\.delimiter: expected one character"),
+    ("source.decimal=','", r"^source\.decimal: expected a mark other than the delimiter ','"),
+    ("cluster.address=http://h:8787", r"^cluster\.address: 'http://h:8787' is a web address.*tcp://h:8786"),
+    ("cluster.address=tcp://h", r"^cluster\.address: 'tcp://h' has no port"),
+    ("cluster.address=foo://h:1", r"^cluster\.address: 'foo://h:1': unknown scheme foo://"),
+    ("cluster.address=tcp://h:99999", r"^cluster\.address: 'tcp://h:99999': port 99999 is out of range"),
+    ("cluster.scheduler_file=''", r"^cluster\.scheduler_file: expected a file path"),
+])
+def test_what_the_run_refuses_is_refused_when_parsed_naming_the_key_path(override, message):
+    """``--print-config`` (validate the config) accepted these, which the run refused
+    later, one of them (``paths: []``) without the ``source.`` of its key path."""
+    with pytest.raises(ConfigError, match=message):
+        parse_config(apply_overrides(base(), [override]))
+
+
+def test_csv_marks_are_refused_when_parsed_by_the_loaders_own_rule():
+    """Parsing and the loader agree on every delimiter: the loader's check, run on what
+    parsing kept, passes; what parsing refused, the loader refuses too."""
+    from pipeline.loaders.tables import check_csv_marks
+
+    for delimiter in (",", ";", "\t", "|", " ", ";;", "", "\n", "\r", '"', "ab"):
+        try:
+            cfg = parse_config(apply_overrides(base(), [f"source.delimiter={yaml.safe_dump(delimiter).strip()}",
+                                                        "source.decimal=."]))
+        except ConfigError as exc:
+            assert str(exc).startswith("source.delimiter: ")
+            with pytest.raises(ConfigError, match=r"^(source\.)?delimiter: "):
+                check_csv_marks(delimiter, ".")
+        else:
+            assert cfg.source.delimiter == delimiter and len(delimiter) == 1 and delimiter not in '\r\n"'
+            check_csv_marks(cfg.source.delimiter, cfg.source.decimal)
+
+
+def test_tls_files_with_an_unencrypted_address_are_refused_when_parsed():
+    data = apply_overrides(base(), ["cluster.address=tcp://h:8786", "cluster.tls_ca_file=ca.pem"])
+    with pytest.raises(ConfigError, match=r"^cluster\.address: 'tcp://h:8786' is unencrypted.*tls://h:8786"):
+        parse_config(data)
+    # Only the syntax: the files themselves are looked for when a run starts.
+    cfg = parse_config(apply_overrides(data, ["cluster.address=tls://h:8786"]))
+    assert cfg.cluster.address == "tls://h:8786" and cfg.cluster.tls_ca_file == "ca.pem"
+    assert load_config(EXAMPLE, scheduler="tcp://127.0.0.1:8786").cluster.address == "tcp://127.0.0.1:8786"
+    with pytest.raises(ConfigError, match=r"^cluster\.address: 'http://127\.0\.0\.1:8787' is a web address"):
+        load_config(EXAMPLE, scheduler="http://127.0.0.1:8787")
+
+
+@pytest.mark.parametrize(("key", "value"), [("source.decimal", ","), ("source.date.format", "%Y%m%d"),
+                                            ("source.missing", "[@, 1]")])
+def test_a_set_value_yaml_cannot_parse_says_how_to_quote_it(key, value):
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(base(), [f"{key}={value}"])
+    msg = str(err.value)
+    assert msg.startswith(f"{key}: expected a YAML value, got {value!r}; quote a string: --set '")
+    # The hint, as the shell hands it over, parses (plain PyYAML) to the text given.
+    hint = msg.split("--set ", 1)[1]
+    assert hint.startswith("'") and hint.endswith("'")
+    hinted_key, _, hinted_value = hint[1:-1].partition("=")
+    assert hinted_key == key and yaml.safe_load(hinted_value) == value
+    assert apply_overrides(base(), [hint[1:-1]])["source"][key.split(".")[1]] == \
+        ({"format": value} if key == "source.date.format" else value)
+
+
+def test_the_reference_says_timestamp_units_meaning_once_and_what_it_means_under_source_date():
+    """docs/hooks.py joined the ``#:`` comment and the config note, which said the same."""
+    import importlib.util
+    import sys
+
+    spec = importlib.util.spec_from_file_location("pipeline_docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("pipeline_docs_hooks", hooks)
+    spec.loader.exec_module(hooks)
+    problems: list[str] = []
+    (row,) = [line for line in hooks.config_reference(problems).splitlines()
+              if line.startswith("| `source.timestamp_unit` |")]
+    meaning = row.split(" | ")[3].lower()
+    assert meaning.count("numeric timestamp column since the epoch") == 1, row
+    assert meaning.count("integers are nanoseconds and floats seconds") == 1, row
+    assert "under ``source.date`` the unit applies to the times of day" in meaning, row
+    assert problems == []
+    # A comment and a note that say different things are both kept, in that order.
+    assert hooks._meaning("CSV only: one character.", "Tabs too.") == "CSV only: one character. Tabs too."

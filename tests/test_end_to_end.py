@@ -290,3 +290,36 @@ def test_times_of_day_dated_by_file_name_build_the_store_of_whole_times(raw_dir,
             want = stores["whole"][split][name][:]
             assert want.shape[0] > 0
             np.testing.assert_array_equal(stores["itch"][split][name][:], want)
+
+
+def test_an_up_to_date_store_still_refuses_a_wrong_cluster_section_and_contacts_no_scheduler(store, raw_dir,
+                                                                                              tmp_path, monkeypatch):
+    """A cron job whose scheduler file or TLS file is wrong reported success (exit 0)
+    as long as the store was up to date: the cluster section is checked before the run
+    decides there is nothing to do; the scheduler itself is not contacted then."""
+    import io
+
+    import pipeline.cluster
+    from pipeline.errors import ClusterError, ConfigError
+
+    monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    before = sorted(p.relative_to(store) for p in store.rglob("*"))
+
+    def run_with(cluster_section: dict, log: io.StringIO | None = None):
+        cfg = config_dict(raw_dir, store)
+        cfg["cluster"] = cluster_section  # not part of the data: the same build
+        return run(parse_config(cfg), log=log, progress=False)
+
+    with pytest.raises(ConfigError, match=r"^cluster\.scheduler_file: .*nodir/s\.json: no such file, and no folder"):
+        run_with({"scheduler_file": str(tmp_path / "nodir" / "s.json")})
+    with pytest.raises(ConfigError, match=r"^cluster\.tls_ca_file: .*ca\.pem: no such file"):
+        run_with({"address": "tls://127.0.0.1:8786", "tls_ca_file": str(tmp_path / "ca.pem")})
+    with pytest.raises(ClusterError, match=r"tls://127\.0\.0\.1:8786: a tls:// scheduler needs cluster\.tls_ca_file"):
+        run_with({"address": "tls://127.0.0.1:8786"})
+    assert sorted(p.relative_to(store) for p in store.rglob("*")) == before
+    # Nothing listens there, and nothing needs to: the store is up to date.
+    log = io.StringIO()
+    summary = run_with({"address": "tcp://127.0.0.1:1"}, log)
+    assert summary.action == "up to date"
+    assert "up to date (every file the config matches is in the store; nothing to compute, so the cluster was not " \
+           "contacted)" in log.getvalue()
