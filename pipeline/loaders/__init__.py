@@ -313,7 +313,7 @@ def open_source(
     pinned = check_classes(classes, labels)
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so, pinned)
-    _check_table_options(kind, str(paths), rules, date, timestamp)
+    _check_table_options(kind, str(paths), rules, date, timestamp, (delimiter, decimal))
     opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
     results, skipped, companions = _probe_listed(files, kind, fmts, opts, so, labels, timestamp=timestamp,
                                                  header=header, names=names, rename=rename, on_error=on_error,
@@ -328,11 +328,16 @@ def open_source(
     return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
 
 
-def _check_table_options(kind: str, where: str, rules: Any, date: Any, timestamp: str | None) -> None:
+def _check_table_options(kind: str, where: str, rules: Any, date: Any, timestamp: str | None,
+                         marks: tuple[str, str] = (",", ".")) -> None:
     """Refuse options that only tables take, for files of another ``kind``: ignored,
-    they would leave the user believing they applied."""
+    they would leave the user believing they applied (``marks``: the CSV delimiter and
+    decimal mark given)."""
     if kind == "table":
         return
+    if marks != (",", "."):
+        raise FormatMismatchError(where, f"source.delimiter and source.decimal are for CSV files; {kind} files have "
+                                  "no fields to split: leave them unset")
     if rules:
         raise FormatMismatchError(where, "source.scale and source.missing are for CSV and Parquet tables")
     if date is not None:

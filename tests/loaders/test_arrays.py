@@ -141,6 +141,9 @@ def test_timestamp_for_files_without_columns_is_refused(tmp_path):
                            rf"table \(CSV, Parquet\); {kind} files have no columns"):
             open_source(str(tmp_path / name), combine="concat" if kind != "image" else None, timestamp="timestamp")
     assert open_source(str(tmp_path / "x.h5"), combine="concat").array.shape == (5, 2)  # without it, read as before
+    for marks in (dict(delimiter=";"), dict(decimal=",")):  # CSV's marks: ignored silently before
+        with pytest.raises(FormatMismatchError, match=r"x\.npy: source\.delimiter and source\.decimal are for CSV"):
+            open_source(str(tmp_path / "x.npy"), **marks)
 
 
 def _split_tree(root) -> None:
