@@ -137,6 +137,11 @@ class TablePart:
     #: CSV: ``(file's name, a value)`` of each text column whose first values all look
     #: like numbers with a decimal comma (``97121,65``) while ``decimal`` is ``.``.
     comma_numbers: tuple[tuple[str, str], ...] = ()
+    #: CSV: ``(file's name, "i" or "f")`` of the columns pyarrow read as integers or
+    #: floats in the file's first bytes: read with those types, pyarrow infers none (a
+    #: third of a CSV's parse); a value that does not fit makes the part be read again,
+    #: inferring, as before.
+    csv_types: tuple[tuple[str, str], ...] = ()
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # Each task's part is in its graph's name (parts_array, part_specs): dask would
@@ -375,8 +380,8 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
     tz = _csv_time_kind(path, second if header else first, cols, timestamp, delimiter) if timestamp else None
     base = TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz,
                      delimiter=delimiter, decimal=decimal)
-    text, commas = _csv_text_columns(base, first + head)
-    base = replace(base, non_numeric=text, comma_numbers=commas)
+    text, commas, types = _csv_text_columns(base, first + head)
+    base = replace(base, non_numeric=text, comma_numbers=commas, csv_types=types)
     if rows <= part_rows:
         return [base]
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
@@ -415,12 +420,14 @@ def _yaml_string(text: str) -> str:
 _COMMA_NUMBER = r"^\s*[+-]?(\d+,\d*|,\d+)([eE][+-]?\d+)?\s*$"
 
 
-def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...],
+                                                               tuple[tuple[str, str], ...]]:
     """The file's own names of a CSV file's columns that do not hold numbers (text,
     times), from the types pyarrow infers on ``block`` (its first bytes, cut at a line's
     end), as Parquet's schema tells them: left out of the default columns. And, with
     ``decimal`` ``.``, those of them whose values all look like numbers with a decimal
-    comma, each with its first value (:func:`check_columns` refuses them)."""
+    comma, each with its first value (:func:`check_columns` refuses them). And the
+    integer (``"i"``) and floating (``"f"``) columns (:attr:`TablePart.csv_types`)."""
     pa = require_pyarrow()
     import pyarrow.csv as pacsv
 
@@ -431,12 +438,14 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
                                parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
                                convert_options=pacsv.ConvertOptions(decimal_point=part.decimal))
     except (pa.ArrowException, ValueError):  # a quoted newline cut, say: the read itself will say what is wrong
-        return (), ()
+        return (), (), ()
     _check_no_header_rows(part, table, table.column_names)  # else its columns would seem to hold text
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
                pa.types.is_null)  # null: empty in the first rows, numbers (or NaN) as far as is known
     text = tuple(f.name for f in table.schema if not any(test(f.type) for test in numeric))
-    return text, (_comma_numbers(table, text) if part.decimal == "." else ())
+    types = tuple((f.name, "i" if pa.types.is_integer(f.type) else "f") for f in table.schema
+                  if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
+    return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types
 
 
 def _comma_numbers(table: Any, names: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -563,14 +572,7 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
                 # One read of the footer per part, however many row groups it holds.
                 table = pq.ParquetFile(fh).read_row_groups(list(part.groups), columns=sources)
         else:
-            import pyarrow.csv as pacsv
-
-            with open_text(part.path, so) as fh:
-                table = pacsv.read_csv(fh if part.data is None else read_range(fh, part.data),
-                                       read_options=_read_options(part),
-                                       parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
-                                       convert_options=pacsv.ConvertOptions(include_columns=sources,
-                                                                            decimal_point=part.decimal))
+            table = _read_csv(part, sources, so)
     except Exception as exc:  # noqa: BLE001
         line = repeated_header(part, so) if part.fmt == "csv" else None
         if line is not None:
@@ -585,6 +587,32 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
                           f"read {table.num_rows}: a blank line inside the file, a quoted field holding a newline, "
                           "or the file changed since")
     return {c: table.column(s) for c, s in zip(columns, sources)}
+
+
+def _read_csv(part: TablePart, sources: Sequence[str], so: dict) -> Any:
+    """Columns ``sources`` of a CSV part as a pyarrow table: with the types its first
+    bytes showed (:attr:`TablePart.csv_types`), and inferred again where a value does not
+    fit them (an integer column with a fraction further down), as without them."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    known = dict(part.csv_types)
+    types = {s: pa.int64() if known[s] == "i" else pa.float64() for s in sources if s in known}
+
+    def read(column_types: dict) -> Any:
+        with open_text(part.path, so) as fh:
+            return pacsv.read_csv(fh if part.data is None else read_range(fh, part.data),
+                                  read_options=_read_options(part),
+                                  parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
+                                  convert_options=pacsv.ConvertOptions(include_columns=sources, column_types=column_types,
+                                                                       decimal_point=part.decimal))
+
+    if types:
+        try:
+            return read(types)
+        except pa.ArrowInvalid:
+            pass  # a value the first bytes' types do not hold: read as before
+    return read({})
 
 
 def _header_again(part: TablePart, line: int) -> LoaderError:

@@ -1182,3 +1182,24 @@ def test_parquet_parts_tokenize_by_their_content_and_open_without_a_cost_per_row
     assert len(part.group_bounds) == 500
     moved = tables.replace(part, group_bounds=part.group_bounds[:-1] + ((part.group_bounds[-1][0], None),))
     assert tokenize(part) == tokenize(tables.replace(part)) != tokenize(moved)
+
+
+def test_csv_columns_read_with_their_first_bytes_types_fall_back_where_a_value_does_not_fit(tmp_path):
+    """CSV parts are read with the types pyarrow saw in the file's first bytes (no type
+    inference: a third of the parse); an integer column that holds a fraction, or a
+    float column that holds a word for a missing value, further down is read again,
+    inferring, and equals pandas."""
+    import pandas as pd
+
+    n = 30_000  # past the first 64 KiB the types are taken from
+    size = np.arange(n, dtype=np.float64)
+    size[-3] = 2.5  # integers first, a fraction near the end
+    price = 100 + np.arange(n) * 0.01
+    text = ["timestamp,bid_price_1,bid_size_1"] + [f"{1_767_600_000_000_000_000 + i},{price[i]:.2f},"
+                                                   f"{size[i]:g}" for i in range(n)]
+    text[n - 10] = text[n - 10].rsplit(",", 2)[0] + ",NaN," + text[n - 10].rsplit(",", 1)[1]  # a missing price
+    (tmp_path / "day.csv").write_text("\n".join(text) + "\n")
+    src = open_source(str(tmp_path / "day.csv"), timestamp="timestamp", dtype="float64", nan="fill", chunk_rows=12_000)
+    assert src.files[0].path.endswith("day.csv") and src.array.numblocks[0] == 3
+    ref = pd.read_csv(tmp_path / "day.csv")[["bid_price_1", "bid_size_1"]].fillna(0.0).to_numpy(np.float64)
+    np.testing.assert_array_equal(src.array.compute(), ref)
