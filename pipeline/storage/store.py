@@ -16,7 +16,7 @@ from pipeline.errors import StoreError
 if TYPE_CHECKING:  # pragma: no cover
     import zarr
 
-__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "open_store_group", "store_root_attrs", "stored_bytes"]
+__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "local_path", "open_store_group", "store_root_attrs", "stored_bytes"]
 
 #: Key under which the package keeps its metadata in the root group's attributes.
 ATTRS_KEY = "pipeline"
@@ -33,6 +33,17 @@ def is_remote(location: str) -> bool:
     """Whether ``location`` is an fsspec URL other than a local ``file://`` path."""
     loc = str(location)
     return "://" in loc and not loc.startswith("file://")
+
+
+def local_path(location: Any) -> str | None:
+    """``location`` as a path of the local file system (a ``file://`` URL's path), or
+    None for anything else: an object store's URL, a zip file, an open group."""
+    if not isinstance(location, (str, os.PathLike)):
+        return None
+    loc = os.fspath(location)
+    if is_zip(loc) or is_remote(loc):
+        return None
+    return loc[len("file://"):] if loc.startswith("file://") else loc
 
 
 def open_store_group(

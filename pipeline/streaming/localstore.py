@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from pipeline.errors import StoreError
-from pipeline.storage.store import ATTRS_KEY, is_remote, is_zip
+from pipeline.storage.store import ATTRS_KEY, local_path
 
 __all__ = ["LocalArray", "LocalGroup", "is_group", "is_zarr", "one_reading", "open_local", "open_root"]
 
@@ -89,13 +89,9 @@ def _read_meta(directory: str, strict: bool = False) -> dict[str, Any] | None:
 def open_local(location: Any) -> "LocalGroup | None":
     """The root group of a store this package wrote in a local directory, or None for
     any other location (zarr opens those)."""
-    if not isinstance(location, (str, os.PathLike)):
+    loc = local_path(location)
+    if loc is None:
         return None
-    loc = os.fspath(location)
-    if is_zip(loc) or is_remote(loc):
-        return None
-    if loc.startswith("file://"):
-        loc = loc[len("file://"):]
     meta = _read_meta(loc)
     if meta is None or meta.get("node_type") != "group" or ATTRS_KEY not in (meta.get("attributes") or {}):
         return None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipeline.errors import StreamError
-from pipeline.storage.store import is_remote, is_zip
+from pipeline.storage.store import local_path
 
 __all__ = ["DirIdentity", "StoreGuard", "local_store_dir"]
 
@@ -41,14 +41,8 @@ class DirIdentity:
 def local_store_dir(location: Any) -> str | None:
     """The absolute path of a store held in a local directory, or None for any other
     location (an object store, a zip file, an open group)."""
-    if not isinstance(location, (str, os.PathLike)):
-        return None
-    loc = os.fspath(location)
-    if is_zip(loc) or is_remote(loc):
-        return None
-    if loc.startswith("file://"):
-        loc = loc[len("file://"):]
-    return os.path.abspath(loc) if os.path.isdir(loc) else None
+    loc = local_path(location)
+    return os.path.abspath(loc) if loc is not None and os.path.isdir(loc) else None
 
 
 def replaced_message(label: str) -> str:
