@@ -99,9 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     insp.add_argument("store", metavar="STORE", help="store path or URL (directory, .zarr.zip, s3://...)")
     insp.add_argument("--plot", metavar="FILE", help="also draw sample windows and feature histograms to a PNG "
                       "(stores pipeline wrote)")
-    insp.add_argument("--storage-options", default=None, metavar="MAPPING",
-                      help="fsspec options of a remote store, as a YAML or JSON mapping, e.g. "
-                      "'{endpoint_url: http://minio:9000, anon: true}'")
+    _storage_options_argument(insp)
     insp.add_argument(
         "--verify",
         action="store_true",
@@ -153,15 +151,20 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
     bench.add_argument("--buffer-chunks", type=int, default=4, help="chunks mixed in memory (default 4)")
     bench.add_argument("--epochs", type=int, default=3, help="epochs to time (default 3)")
-    bench.add_argument("--storage-options", default=None, metavar="MAPPING",
-                       help="fsspec options of a remote store, as a YAML or JSON mapping, e.g. "
-                       "'{endpoint_url: http://minio:9000, anon: true}'")
+    _storage_options_argument(bench)
     bench.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="a remote store: cache its chunks in DIR and print each epoch's hit rate; needs "
                        "--cache-bytes")
     bench.add_argument("--cache-bytes", default=None, metavar="SIZE",
                        help="the most the cache keeps on disk (bytes, or a size such as 50GiB); needs --cache-dir")
     return parser
+
+
+def _storage_options_argument(command: argparse.ArgumentParser) -> None:
+    """``--storage-options`` of the commands that read a store (inspect, bench)."""
+    command.add_argument("--storage-options", default=None, metavar="MAPPING",
+                         help="fsspec options of a remote store, as a YAML or JSON mapping, e.g. "
+                         "'{endpoint_url: http://minio:9000, anon: true}'")
 
 
 def _starts_a_local_cluster(args: argparse.Namespace) -> bool:

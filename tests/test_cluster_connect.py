@@ -380,10 +380,14 @@ from pipeline.cluster import cluster
 from pipeline.errors import PipelineError
 from pipeline.remote import remote_errors_explained
 
+def task(marker):  # says it runs on the worker, then outlives the scheduler
+    open(marker, "w").close()
+    time.sleep(60)
+
 try:
     with remote_errors_explained("/data/out.zarr", remote=True):
         with cluster(sys.argv[1], timeout=2, log=None) as client:
-            future = client.submit(time.sleep, 60)
+            future = client.submit(task, sys.argv[2])
             print("submitted", flush=True)
             future.result()
 except PipelineError as exc:
@@ -408,10 +412,11 @@ def test_a_scheduler_lost_mid_run_is_one_line_saying_the_rerun_resumes(tmp_path)
 
         with Client(address, timeout=30) as c:
             c.wait_for_workers(1, timeout=60)
-        run = subprocess.Popen([sys.executable, "-c", _LOST, address], stdout=subprocess.PIPE,
+        marker = tmp_path / "task-started"
+        run = subprocess.Popen([sys.executable, "-c", _LOST, address, str(marker)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True)
         assert run.stdout.readline().strip() == "submitted"
-        time.sleep(0.5)
+        assert wait_until(marker.exists, timeout=60, watch=tmp_path, procs=[run])  # the task runs
         procs[0].kill()  # the scheduler dies, as a SIGKILL or a lost node does
         _, err = run.communicate(timeout=60)
         assert run.returncode == 1

@@ -222,19 +222,17 @@ def open_source(
         Table columns to read (default every numeric column but the timestamp and the
         instrument column).
     read
-        Tables: of those columns, decode only these (each of ``columns`` must still be
-        in every file); ignored when it names one outside them.
+        Tables: of ``columns`` (each still checked in every file), decode only these.
     timestamp
         The timestamp column: files must join in time order; ``Source.timestamps`` in
         int64 ns (:mod:`pipeline.loaders.columns`; LOBSTER derives its own).
     timestamp_unit
-        The unit of a numeric timestamp column since the epoch (``s``, ``ms``, ``us``,
-        ``ns``); default: integers are nanoseconds and floats seconds, and a column that
-        holds dates only in another unit is refused, naming it.
+        The unit of a numeric timestamp column (``s``, ``ms``, ``us``, ``ns``); default:
+        integers ns, floats s, and dates only in another unit refused, naming it.
     dtype
         Output dtype (default float32 for tables, the files' own for arrays); ``float64``
-        reads tables exactly (float32 resolves 0.0078 near 97,000: float32 parts are checked
-        for lost ticks, a :class:`~pipeline.errors.PriceResolutionWarning`).
+        reads tables exactly (float32 parts are checked for lost ticks, a
+        :class:`~pipeline.errors.PriceResolutionWarning`).
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode
@@ -245,14 +243,12 @@ def open_source(
     key
         The ``.npz`` member read from each file.
     labels
-        ``"folder"`` (each file's class folder: its parent, or with ``format="image"``
-        on a directory the first folder below it, as ``ImageFolder``) or a manifest
-        (CSV/Parquet with ``path`` and ``label`` columns). With ``paths`` beside a
-        manifest, the manifest's rows whose files ``paths`` match, in the manifest's order.
+        ``"folder"`` (each file's parent; with ``format="image"`` on a directory the first
+        folder below it, as ``ImageFolder``) or a manifest (CSV/Parquet, ``path`` and
+        ``label`` columns; with ``paths``, its rows whose files they match).
     classes
-        Class names in index order, pinning the index of each folder (or of each text
-        label of a manifest), as Keras' ``class_names``; one it does not list is refused.
-        Without it, classes are the sorted names found in the files listed.
+        Class names in index order (as Keras' ``class_names``), pinning each folder's or
+        text label's index; one not listed is refused (default: the sorted names found).
     on_mismatch
         Stacked files whose shapes differ: ``raise`` (naming the first offenders), or
         ``pad``, ``crop``, ``resize`` to the first one's shape (images: their height and
@@ -262,7 +258,7 @@ def open_source(
     fill_value
         The value ``nan="fill"`` writes.
     on_error
-        ``"skip"`` leaves out files whose header probe fails, recording why.
+        ``"skip"`` leaves out files whose probe fails, recording why.
     chunk_rows
         Rows per chunk of joined npy/HDF5 arrays and per part of CSV and LOBSTER files, and
         at most per part of consecutive Parquet row groups (default
@@ -272,45 +268,35 @@ def open_source(
     storage_options
         fsspec options for URLs.
     header
-        CSV: ``True`` reads names from the first line, refusing one that looks like data;
-        ``False`` reads every line as data, named by ``names``.
+        CSV: the first line holds the names (refused if it looks like data); ``False``:
+        every line is data, named by ``names``.
     names
         CSV column names; with a header, they replace its names.
     rename
-        ``{canonical: source_name}`` (CSV, Parquet), e.g. ``{"bid_price_1":
-        "bids[0].price"}``; every other option uses the canonical names.
+        ``{canonical: source_name}`` (CSV, Parquet); every other option uses the canonical names.
     instrument_column
-        A column naming each row's instrument: ``Source.instruments`` (sorted distinct
-        values) and ``Source.instrument_codes`` (int32 indices; LOBSTER: the file's ticker).
+        A column naming each row's instrument: ``Source.instruments`` and
+        ``Source.instrument_codes`` (LOBSTER: the file's ticker).
     scale
-        CSV, Parquet: ``{column or glob: factor}`` for fixed-point integer columns (see
-        :mod:`pipeline.loaders.conversions`).
+        CSV, Parquet: ``{column or glob: factor}`` for fixed-point integers (:mod:`pipeline.loaders.conversions`).
     missing
         CSV, Parquet: values that mean "no value", read as NaN.
     date
-        CSV, Parquet: each file's date from its path (``{"path": "data/{date}.csv",
-        "format": "%m%d%Y"}``, a :class:`~pipeline.features.sessions.DateSpec`) for a
-        ``timestamp`` of times of day (ITCH); rows are dated naive, files in date order.
+        CSV, Parquet: a :class:`~pipeline.features.sessions.DateSpec` (``{"path":
+        "data/{date}.csv", "format": "%m%d%Y"}``): times of day dated by the file's path.
     delimiter
         CSV: the field delimiter, one character (``;`` beside a decimal comma).
     decimal
-        CSV: the decimal mark of numbers, ``.`` or ``,``.
+        CSV: the decimal mark, ``.`` or ``,``.
 
     Returns
     -------
     Source
         The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
     """
-    from pipeline.features.sessions import DateSpec
     from pipeline.loaders.registry import FORMATS
 
-    from pipeline.loaders.images import check_mode
-    from pipeline.loaders.labels import check_classes
-
-    rules = ValueRules.from_options(scale, missing)  # refused before any file is read
-    date = DateSpec.from_value(date, "date")
-    check_mode(mode)
-    pinned = check_classes(classes, labels)
+    rules, date, pinned = _checked_options(scale, missing, date, mode, classes, labels)
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so, pinned)
     _check_table_options(kind, str(paths), rules, date, timestamp, (delimiter, decimal))
@@ -326,6 +312,21 @@ def open_source(
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
     return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
+
+
+def _checked_options(scale: Any, missing: Any, date: Any, mode: str | None, classes: Any, labels: str | None
+                     ) -> tuple[Any, Any, Any]:
+    """``open_source``'s options that need no file, refused before any is read: the
+    value rules of ``scale`` and ``missing``, the ``date`` spec, the image ``mode`` and
+    the pinned ``classes``."""
+    from pipeline.features.sessions import DateSpec
+    from pipeline.loaders.images import check_mode
+    from pipeline.loaders.labels import check_classes
+
+    rules = ValueRules.from_options(scale, missing)
+    spec = DateSpec.from_value(date, "date")
+    check_mode(mode)
+    return rules, spec, check_classes(classes, labels)
 
 
 def _check_table_options(kind: str, where: str, rules: Any, date: Any, timestamp: str | None,

@@ -3,6 +3,15 @@
 The streamer itself (:mod:`~pipeline.streaming.streamer`) runs epochs; this module turns
 what a user passes (a store path, a zarr group, arrays, several sources with weights)
 into its source and shares.
+
+A local store that an overwrite replaces while a stream reads it (the path then names
+another directory) is never served mixed with the new one: the next group read fails
+with :class:`~pipeline.errors.StreamError` naming the store, in the process and in
+DataLoader workers; open the stream again. Appends, which add versions inside the same
+directory, are not affected: the stream keeps its version. A chunk of a remote store
+that fails in the node-local cache is dropped from it and fetched again once (a warning
+names the cache file); only if the store's own bytes fail too is it reported as the
+store's (:class:`~pipeline.errors.CorruptChunkError`).
 """
 
 from __future__ import annotations
@@ -29,30 +38,13 @@ __all__ = ["EMPTY_EPOCHS_OK", "check_seed", "stream"]
 EMPTY_EPOCHS_OK: contextvars.ContextVar[bool] = contextvars.ContextVar("pipeline_empty_epochs_ok", default=False)
 
 def stream(
-    source: Any,
-    *,
-    split: str = "train",
-    arrays: Sequence[str] = ("x", "y"),
-    batch_size: int | None = None,
-    global_batch_size: int | None = None,
-    shuffle: bool = True,
-    seed: int = 0,
-    buffer_chunks: int = 4,
-    drop_last: bool = False,
-    rank: int | None = None,
-    world_size: int | None = None,
-    partial: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    prefetch: int = 2,
-    threads: int | None = None,
-    verify: bool = False,
-    read_niceness: int = 5,
-    version: int | None = None,
-    follow: bool = False,
-    weights: Sequence[float] | None = None,
-    cache_dir: str | os.PathLike[str] | None = None,
-    cache_bytes: int | None = None,
-    dim: str | None = None,
+    source: Any, *, split: str = "train", arrays: Sequence[str] = ("x", "y"), batch_size: int | None = None,
+    global_batch_size: int | None = None, shuffle: bool = True, seed: int = 0, buffer_chunks: int = 4,
+    drop_last: bool = False, rank: int | None = None, world_size: int | None = None, partial: bool = False,
+    storage_options: dict[str, Any] | None = None, prefetch: int = 2, threads: int | None = None,
+    verify: bool = False, read_niceness: int = 5, version: int | None = None, follow: bool = False,
+    weights: Sequence[float] | None = None, cache_dir: str | os.PathLike[str] | None = None,
+    cache_bytes: int | None = None, dim: str | None = None,
 ) -> Stream:
     """Stream shuffled, aligned batches of a split.
 
@@ -140,18 +132,8 @@ def stream(
     Returns
     -------
     Stream
-        (a :class:`~pipeline.streaming.mix.Mix` with ``weights``)
-
-    Notes
-    -----
-    A local store that an overwrite replaces while the stream reads it (the path then
-    names another directory) is never served mixed with the new one: the next group
-    read fails with :class:`~pipeline.errors.StreamError` naming the store, in the
-    process and in DataLoader workers; open the stream again. Appends, which add
-    versions inside the same directory, are not affected: the stream keeps its version.
-    A chunk of a remote store that fails in the node-local cache is dropped from it and
-    fetched again once (a warning names the cache file); only if the store's own bytes
-    fail too is it reported as the store's (:class:`~pipeline.errors.CorruptChunkError`).
+        (a :class:`~pipeline.streaming.mix.Mix` with ``weights``); an overwrite of its
+        store or a damaged cache file: see :mod:`pipeline.streaming.api`.
     """
     seed = check_seed(seed, "stream")
     if weights is not None:
@@ -172,14 +154,19 @@ def stream(
                prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
                global_batch_size=global_batch_size)
     if drop_last and len(s) == 0 and not EMPTY_EPOCHS_OK.get():
-        # Silently empty epochs train on nothing (Keras then fails on a None input).
         s.close()
-        per = (f"a global batch of {global_batch_size}" if global_batch_size is not None
-               else f"batches of {batch_size}" + (f" on each of {world_size} ranks" if world_size > 1 else ""))
-        raise StreamError(f"stream: {_where(source, split)} {s.n_samples} samples, which fill no whole batch: "
-                          f"{per} with drop_last=True leaves every epoch without a batch; use a smaller batch "
-                          "size, or drop_last=False")
+        raise _no_whole_batch(_where(source, split), s.n_samples, batch_size, global_batch_size, world_size)
     return s
+
+
+def _no_whole_batch(where: str, n: int, batch_size: int, global_batch_size: int | None, world_size: int
+                    ) -> StreamError:
+    """The refusal of a stream whose ``drop_last`` leaves every epoch without a batch:
+    silently empty epochs train on nothing (Keras then fails on a None input)."""
+    per = (f"a global batch of {global_batch_size}" if global_batch_size is not None
+           else f"batches of {batch_size}" + (f" on each of {world_size} ranks" if world_size > 1 else ""))
+    return StreamError(f"stream: {where} {n} samples, which fill no whole batch: {per} with drop_last=True "
+                       "leaves every epoch without a batch; use a smaller batch size, or drop_last=False")
 
 
 def check_seed(seed: Any, caller: str) -> int:
