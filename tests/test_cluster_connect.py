@@ -375,14 +375,14 @@ def test_workers_running_other_pipeline_code_are_named(plain, tmp_path):
 
 
 _LOST = """
-import sys, time
+import sys, threading
 from pipeline.cluster import cluster
 from pipeline.errors import PipelineError
 from pipeline.remote import remote_errors_explained
 
 def task(marker):  # says it runs on the worker, then outlives the scheduler
     open(marker, "w").close()
-    time.sleep(60)
+    threading.Event().wait(60)
 
 try:
     with remote_errors_explained("/data/out.zarr", remote=True):
