@@ -418,6 +418,9 @@ def _yaml_string(text: str) -> str:
 
 #: A number written with a decimal comma (``97121,65``, ``-0,5``), as a whole field.
 _COMMA_NUMBER = r"^\s*[+-]?(\d+,\d*|,\d+)([eE][+-]?\d+)?\s*$"
+#: A whole number in groups of thousands (``1,234``, ``12,500,000``): as likely a
+#: thousands separator as a decimal comma, so no evidence of either.
+_THOUSANDS = r"^\s*[+-]?\d{1,3}(,\d{3})+\s*$"
 
 
 def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...],
@@ -443,14 +446,28 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
                pa.types.is_null)  # null: empty in the first rows, numbers (or NaN) as far as is known
     text = tuple(f.name for f in table.schema if not any(test(f.type) for test in numeric))
-    types = tuple((f.name, "i" if pa.types.is_integer(f.type) else "f") for f in table.schema
-                  if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
+    types = tuple((f.name, "i" if pa.types.is_integer(f.type) or _overflowed(table.column(f.name)) else "f")
+                  for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
     return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types
+
+
+def _overflowed(col: Any) -> bool:
+    """Whether a column pyarrow read as doubles holds only whole numbers, one past 2**53:
+    integers past int64 (a vendor's sentinel), rounded (:func:`_refuse_rounded_integers`)."""
+    import pyarrow as pa
+
+    if not pa.types.is_floating(col.type) or not len(col):
+        return False
+    values = np.asarray(col.drop_null().to_numpy(zero_copy_only=False), dtype=np.float64)
+    finite = values[np.isfinite(values)]
+    return bool(finite.size and np.all(finite == np.floor(finite)) and np.abs(finite).max() >= 2.0**53)
 
 
 def _comma_numbers(table: Any, names: Sequence[str]) -> tuple[tuple[str, str], ...]:
     """Of ``names`` (text columns of ``table``), those whose values (some, none missing
-    but empty fields) all look like numbers with a decimal comma, each with its first."""
+    but empty fields) all look like numbers with a decimal comma, each with its first.
+    A column whose every value could be thousands (``1,234``) is text, as pandas reads
+    it: a decimal comma there would be a guess."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -460,8 +477,11 @@ def _comma_numbers(table: Any, names: Sequence[str]) -> tuple[tuple[str, str], .
         if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
             continue
         values = pc.drop_null(col)
-        if len(values) and pc.all(pc.match_substring_regex(values, _COMMA_NUMBER)).as_py():
-            out.append((name, values[0].as_py()))
+        if not len(values) or not pc.all(pc.match_substring_regex(values, _COMMA_NUMBER)).as_py():
+            continue
+        decimal = pc.invert(pc.match_substring_regex(values, _THOUSANDS))
+        if pc.any(decimal).as_py():
+            out.append((name, pc.filter(values, decimal)[0].as_py()))
     return tuple(out)
 
 
@@ -573,6 +593,8 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
                 table = pq.ParquetFile(fh).read_row_groups(list(part.groups), columns=sources)
         else:
             table = _read_csv(part, sources, so)
+    except LoaderError:
+        raise
     except Exception as exc:  # noqa: BLE001
         line = repeated_header(part, so) if part.fmt == "csv" else None
         if line is not None:
@@ -612,7 +634,28 @@ def _read_csv(part: TablePart, sources: Sequence[str], so: dict) -> Any:
             return read(types)
         except pa.ArrowInvalid:
             pass  # a value the first bytes' types do not hold: read as before
-    return read({})
+    table = read({})
+    for s in sources:
+        if known.get(s) == "i" and pa.types.is_floating(table.column(s).type):
+            _refuse_rounded_integers(part, s, table.column(s))
+    return table
+
+
+def _refuse_rounded_integers(part: TablePart, source: str, col: Any) -> None:
+    """A column of integers (by the file's first bytes) that pyarrow read as doubles
+    further down, because a number there does not fit int64: a whole value past 2**53
+    was rounded (a vendor's sentinel past int64, a fixed-point price of too many digits):
+    refused, naming it and its row. Fractions (``2.5``) and smaller whole numbers are
+    held exactly."""
+    import pyarrow.compute as pc
+
+    values = np.asarray(pc.fill_null(col, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
+    big = np.flatnonzero((np.abs(values) >= 2.0**53) & (values == np.floor(values)))
+    if big.size:
+        r = int(big[0])
+        raise LoaderError(part.path, f"column {source!r}: the integer at {row_place(part, r)} (about "
+                          f"{values[r]:.6g}) does not fit int64, and no float holds it exactly; if it is a vendor's "
+                          "\"no value\" sentinel, list it in source.missing, else store the column in a unit that fits")
 
 
 def _header_again(part: TablePart, line: int) -> LoaderError:
@@ -699,6 +742,9 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
             out[:, j] = scaled[name]
             continue
         col = table[name]
+        if pa.types.is_unsigned_integer(col.type) and len(col) and \
+                (pc.max(col).as_py() or 0) > _EXACT_INTEGERS[out.dtype]:  # a safe cast rounds these
+            raise inexact_integers(part, name, col, out.dtype)
         try:
             out[:, j] = pc.cast(col, target).to_numpy(zero_copy_only=False)
         except Exception as exc:  # noqa: BLE001

@@ -1203,3 +1203,39 @@ def test_csv_columns_read_with_their_first_bytes_types_fall_back_where_a_value_d
     assert src.files[0].path.endswith("day.csv") and src.array.numblocks[0] == 3
     ref = pd.read_csv(tmp_path / "day.csv")[["bid_price_1", "bid_size_1"]].fillna(0.0).to_numpy(np.float64)
     np.testing.assert_array_equal(src.array.compute(), ref)
+
+
+@pytest.mark.parametrize("value", [2**63 + 5, 2**64 + 1])
+@pytest.mark.parametrize("row", [2, 19_997])
+def test_csv_integers_past_int64_are_refused_not_rounded(tmp_path, value, row):
+    """pyarrow reads an integer past int64 as a double, rounded (pandas: uint64 or
+    text): a vendor's sentinel read as a price. Refused naming its line, early in the
+    file (the first bytes' types) or late (a part read again)."""
+    import pandas as pd
+
+    n = 20_000
+    a = (np.arange(n) % 97).astype(object)
+    a[row] = str(value)
+    pd.DataFrame({"timestamp": np.arange(n) * 1000 + 10**18, "a": a}).to_csv(tmp_path / "big.csv", index=False)
+    with pytest.raises(LoaderError, match=rf"big\.csv: column 'a': the integer at line {row + 2} .*does not fit "
+                                          r"int64.*source\.missing"):
+        open_source(str(tmp_path / "big.csv"), timestamp="timestamp", dtype="float64", chunk_rows=4096
+                    ).array.compute()
+
+
+def test_a_csv_column_of_thousands_is_text_not_a_decimal_comma(tmp_path):
+    """'1,234' is as likely thousands as a decimal comma: such a column is text, left
+    out of the default columns as pandas reads it (it was refused, with advice that would
+    read it 1000 times too small); '97121,65' is still named as a decimal comma."""
+    import pandas as pd
+
+    df = pd.DataFrame({"timestamp": np.arange(50) + 10**18, "vol": [f"{1 + i % 9},{250 * (i % 4):03d}"
+                                                                    for i in range(50)], "px": np.arange(50) / 4})
+    df.to_csv(tmp_path / "t.csv", index=False)
+    src = open_source(str(tmp_path / "t.csv"), timestamp="timestamp")
+    assert list(src.columns) == ["px"]
+    np.testing.assert_array_equal(src.array.compute()[:, 0], df["px"].to_numpy(np.float32))
+    df["vol"] = [f"{97121 + i},{i % 100:02d}" for i in range(50)]
+    df.to_csv(tmp_path / "t.csv", index=False)
+    with pytest.raises(Exception, match=r"column 'vol' holds numbers with a decimal comma, such as '97121,00'"):
+        open_source(str(tmp_path / "t.csv"), timestamp="timestamp")
