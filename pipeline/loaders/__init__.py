@@ -314,6 +314,16 @@ def open_source(
     return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
 
 
+def _carrying(source: "Source") -> "Source":
+    """``source`` with its provenance on its array as ``array.attrs``, which
+    :func:`pipeline.write` records in the store (files, classes, skipped files)."""
+    try:
+        source.array.attrs = source.metadata()
+    except AttributeError:  # pragma: no cover - a dask version with slots-only arrays
+        pass
+    return source
+
+
 def _checked_options(scale: Any, missing: Any, date: Any, mode: str | None, classes: Any, labels: str | None
                      ) -> tuple[Any, Any, Any]:
     """``open_source``'s options that need no file, refused before any is read: the
@@ -379,8 +389,8 @@ def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, dtyp
     label_arr = None
     if label_values is not None:
         label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
-    return Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos, labels=label_arr,
-                  classes=classes, skipped=tuple(skipped))
+    return _carrying(Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos,
+                            labels=label_arr, classes=classes, skipped=tuple(skipped)))
 
 
 def _array_options(kind: str, files: list[str], so: dict, on_error: str, *, shape: Sequence[int] | None,
@@ -760,10 +770,10 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
     if dtype is not None and not exact:
         arr = arr.astype(dtype)  # read in float32
-    return Source(array=arr, columns=cols, files=infos, timestamps=times,
-                  skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
-                  file_chunks=tuple(len(ps) for _, _, _, ps in probed), time_zones=zones,
-                  times_from_metadata=known)
+    return _carrying(Source(array=arr, columns=cols, files=infos, timestamps=times,
+                            skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
+                            file_chunks=tuple(len(ps) for _, _, _, ps in probed), time_zones=zones,
+                            times_from_metadata=known))
 
 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
@@ -858,10 +868,4 @@ def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = 
         # load returns the samples alone: labels passed here were silently dropped.
         raise LoaderError(str(paths), "pipeline.load returns the samples only; for their labels use "
                           "pipeline.loaders.open_source(..., labels=...), whose .array and .labels are aligned")
-    source = open_source(paths, format=format, combine=combine, **options)
-    arr = source.array
-    try:
-        arr.attrs = source.metadata()
-    except AttributeError:  # pragma: no cover - a dask version with slots-only arrays
-        pass
-    return arr
+    return open_source(paths, format=format, combine=combine, **options).array  # carrying its provenance

@@ -502,6 +502,21 @@ def _write_attrs(attrs: Mapping[str, Any] | None, features: Sequence[str] | None
     return attrs
 
 
+def _with_provenance(attrs: dict[str, Any], arrays: Mapping[str, Any]) -> dict[str, Any]:
+    """``attrs`` with the provenance the first array carries (``x.attrs`` from
+    :func:`pipeline.load` or :func:`pipeline.loaders.open_source`: files, columns,
+    classes, skipped files) under its own keys, unless ``attrs`` records files already:
+    a store of labelled images keeps its class names without the caller passing them."""
+    if "files" in attrs:
+        return attrs
+    for value in arrays.values():
+        for a in value.values() if isinstance(value, Mapping) else (value,):
+            carried = getattr(a, "attrs", None)
+            if isinstance(carried, Mapping) and "files" in carried:
+                return {**json.loads(json.dumps(dict(carried), default=str)), **attrs}
+    return attrs
+
+
 def _write_zip(location: str, overwrite: bool, write_dir: Callable[[str, dict[str, Any] | None], None]) -> str:
     """A ``.zarr.zip`` store: written as a directory beside it (``write_dir``), then
     packed. An existing zip (checked by :func:`check_target`: one this package wrote, of
@@ -634,6 +649,8 @@ def write(
     if fingerprint is None:
         fingerprint = content_fingerprint(groups, fold_index, attrs, codec, chunk_samples, target_chunk_bytes,
                                           shard_chunks, shared_chunk_rows)
+    # After the fingerprint: a file touched with the same bytes is the same write.
+    attrs = _with_provenance(attrs, arrays)
 
     def write_dir(path: str, options: dict[str, Any] | None) -> None:
         _write_dir(path, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs, fingerprint,

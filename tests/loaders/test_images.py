@@ -300,13 +300,17 @@ def test_classes_pin_the_index_of_each_folder_and_refuse_others(tmp_path):
         pipeline.loaders.open_source(str(tmp_path / "*" / "*.png"), classes=["cow"])
 
 
-def test_a_store_written_with_the_sources_metadata_records_classes_and_skipped_files(tmp_path):
+@pytest.mark.parametrize("given", [False, True])
+def test_a_store_written_from_a_source_records_its_classes_and_skipped_files(tmp_path, given):
+    """The array carries the source's provenance, which pipeline.write records by itself
+    (the class names were lost unless the caller knew to pass attrs=src.metadata())."""
     root = tmp_path / "im"
     _image_tree(root, ["cat/0.png", "cat/1.png", "dog/0.png"])
     (root / "cat" / "bad.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\0" * 10)
     src = pipeline.loaders.open_source(str(root), format="image", labels="folder", on_error="skip")
     store = tmp_path / "set.zarr"
-    pipeline.write(str(store), {"x": src.array, "y": src.labels}, attrs=src.metadata(), progress=False)
+    pipeline.write(str(store), {"x": src.array, "y": src.labels}, progress=False,
+                   **({"attrs": src.metadata()} if given else {}))
     ds = pipeline.open(str(store))
     assert ds.attrs["classes"] == ["cat", "dog"]
     assert [p for p, _ in ds.attrs["skipped"]] == [str(root / "cat" / "bad.png")]
