@@ -646,11 +646,9 @@ def write(
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
     fold_index = _check_folds(folds, fold_base, groups, attrs)
     attrs = _write_attrs(attrs, features, arrays, groups, used_gap, fold_index, fold_base)
-    if fingerprint is None:
-        fingerprint = content_fingerprint(groups, fold_index, attrs, codec, chunk_samples, target_chunk_bytes,
-                                          shard_chunks, shared_chunk_rows)
-    # After the fingerprint: a file touched with the same bytes is the same write.
-    attrs = _with_provenance(attrs, arrays)
+    fingerprint = fingerprint or content_fingerprint(groups, fold_index, attrs, codec, chunk_samples,
+                                                     target_chunk_bytes, shard_chunks, shared_chunk_rows)
+    attrs = _with_provenance(attrs, arrays)  # after the fingerprint: a file touched is the same write
 
     def write_dir(path: str, options: dict[str, Any] | None) -> None:
         _write_dir(path, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs, fingerprint,
