@@ -31,7 +31,7 @@ from pipeline.loaders.tables import (
     read_columns,
     row_place,
 )
-from pipeline.loaders.timeorder import repeated_hour_advice
+from pipeline.loaders.timeorder import DAY_NS, repeated_hour_advice
 
 __all__ = ["TIMESTAMP_UNITS", "check_day_unit", "dated_parts", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
            "to_ns"]
@@ -42,7 +42,6 @@ TIMESTAMP_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 #: used to tell the units apart: their ranges do not overlap (epoch seconds of those
 #: dates are about 6e8 to 4e9, milliseconds 6e11 to 4e12, and so on).
 _PLAUSIBLE_NS = (631_152_000 * 10**9, 4_102_444_800 * 10**9)
-_DAY_NS = 86_400 * 10**9
 #: One day in microseconds. Integer times of day all below it, read as nanoseconds (their
 #: default), would put a whole file in the first 86.4 s after midnight: no trading day
 #: is that short, so they are taken for another unit and refused, naming it.
@@ -194,7 +193,7 @@ def times_of_day_to_ns(col: Any, path: str, name: str, unit: str | None = None,
         raise LoaderError(path, f"timestamp column {name!r}: cannot read {t} values as times of day (expected "
                           f"HH:MM:SS with any fraction; {exc})") from None
     ns = np.asarray(ns, dtype=np.int64)
-    out = np.flatnonzero((ns < 0) | (ns >= _DAY_NS))
+    out = np.flatnonzero((ns < 0) | (ns >= DAY_NS))
     if out.size:
         r = int(out[0])
         raise LoaderError(path, f"timestamp column {name!r}: {where(r)} holds {col[r].as_py()!r}, "
@@ -216,7 +215,7 @@ def footer_time_of_day(value: Any, unit: str | None) -> int | None:
         ns = int(round(float(value) * TIMESTAMP_UNITS[unit or "s"]))
     else:
         return None
-    return ns if 0 <= ns < _DAY_NS else None
+    return ns if 0 <= ns < DAY_NS else None
 
 
 def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, unit: str | None

@@ -451,6 +451,13 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
     return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types
 
 
+def _rounded(values: np.ndarray) -> np.ndarray:
+    """Where float64 ``values`` are whole numbers past 2**53: integers a double holds
+    only rounded."""
+    return np.isfinite(values) & (values == np.floor(values)) & \
+        (np.abs(values) >= _EXACT_INTEGERS[np.dtype(np.float64)])
+
+
 def _overflowed(col: Any) -> bool:
     """Whether a column pyarrow read as doubles holds only whole numbers, one past 2**53:
     integers past int64 (a vendor's sentinel), rounded (:func:`_refuse_rounded_integers`)."""
@@ -460,7 +467,7 @@ def _overflowed(col: Any) -> bool:
         return False
     values = np.asarray(col.drop_null().to_numpy(zero_copy_only=False), dtype=np.float64)
     finite = values[np.isfinite(values)]
-    return bool(finite.size and np.all(finite == np.floor(finite)) and np.abs(finite).max() >= 2.0**53)
+    return bool(finite.size and np.all(finite == np.floor(finite)) and _rounded(finite).any())
 
 
 def _comma_numbers(table: Any, names: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -650,7 +657,7 @@ def _refuse_rounded_integers(part: TablePart, source: str, col: Any) -> None:
     import pyarrow.compute as pc
 
     values = np.asarray(pc.fill_null(col, 0.0).to_numpy(zero_copy_only=False), dtype=np.float64)
-    big = np.flatnonzero((np.abs(values) >= 2.0**53) & (values == np.floor(values)))
+    big = np.flatnonzero(_rounded(values))
     if big.size:
         r = int(big[0])
         raise LoaderError(part.path, f"column {source!r}: the integer at {row_place(part, r)} (about "
