@@ -227,6 +227,19 @@ def evaluate(model: keras.Model, store: str, batch_size: int, split: str = "test
               f"(majority class '{CLASSES[majority]}': {counts[majority] / len(y):.3f})")
 
 
+def label_names(labels: dict, label_shape: tuple) -> list:
+    """One name per stored label column: its horizon, or for column labels (FI-2010's
+    ``label_10``, or all five of its columns) the column it was read from."""
+    columns = labels.get("column", "label")
+    columns = list(columns) if isinstance(columns, (list, tuple)) else [columns]
+    if labels.get("horizons"):
+        return list(labels["horizons"])
+    if labels.get("horizon") is not None and label_shape:
+        return [labels["horizon"]]
+    width = label_shape[0] if label_shape else 1
+    return columns if len(columns) == width else [f"label {j}" for j in range(width)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="data/lobster", help="folder of LOBSTER pairs (demo data is written "
@@ -293,8 +306,7 @@ def train_model(store: str, train_split: str, val_split: str | None, test_split:
     val = pipeline.stream(store, split=val_split, batch_size=args.batch_size, shuffle=False) if val_split else None
     size, width = train.shapes["x"][0]  # virtual windows: the shape the streamer assembles
     label_shape = train.shapes["y"][0]
-    labels = ds.attrs.get("labels", {})  # a column label (FI-2010's label_10) is named by its column
-    horizons = labels.get("horizons") or [labels.get("horizon") if label_shape else labels.get("column", "label")]
+    horizons = label_names(ds.attrs.get("labels", {}), label_shape)
     print(f"keras backend: {keras.backend.backend()}; {train_split} ({train.n_samples:,}, {size}, {width}), "
           + (f"{val_split} {val.n_samples:,}, " if val is not None else "") + f"{len(train)} batches/epoch")
 

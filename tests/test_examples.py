@@ -63,6 +63,33 @@ def test_deeplob_refuses_too_few_days(tmp_path: Path):
     assert not (tmp_path / "s.zarr").exists()
 
 
+def test_deeplob_names_each_of_several_label_columns(tmp_path: Path):
+    """``--store`` on a store of FI-2010's five label columns (``column: [label_1, ...,
+    label_10]``, as its recipe offers): one accuracy line per column, named by it (the
+    store records no horizon; the evaluation crashed formatting ``None``)."""
+    from pipeline.storage import write
+
+    rng = np.random.default_rng(1)
+    columns = ["label_1", "label_2", "label_3", "label_5", "label_10"]
+    split = {name: {"x": rng.standard_normal((n, 20, 8)).astype(np.float32), "y": rng.integers(0, 3, (n, 5))}
+             for name, n in (("train", 128), ("test", 64))}
+    store = write(tmp_path / "fi5.zarr", split, features=[f"f{j}" for j in range(8)],
+                  attrs={"labels": {"kind": "column", "column": columns, "dtype": "int64"}}, progress=False)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "deeplob.py"), "--store", store, "--val", "none", "--epochs", "1",
+         "--batch-size", "64"],
+        cwd=tmp_path, env={**os.environ, "KERAS_BACKEND": "torch"}, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    y = split["test"]["y"]
+    for j, name in enumerate(columns):
+        counts = np.bincount(y[:, j], minlength=3)
+        line = re.search(rf"^  k={name} +accuracy 0\.\d{{3}}  \(majority class '\w+': (0\.\d{{3}})\)$",
+                         done.stdout, re.MULTILINE)
+        assert line, done.stdout
+        assert float(line.group(1)) == pytest.approx(counts.max() / len(y), abs=1e-3)
+
+
 def test_deeplob_trains_on_a_store_built_already_with_one_label_column(tmp_path: Path):
     """``--store``: a store as the FI-2010 recipe writes one (windows of 100 x 40, one
     label column as 0 down, 1 stationary, 2 up, folds or splits named), trained as it is."""
