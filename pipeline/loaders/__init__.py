@@ -204,7 +204,7 @@ def open_source(
     storage_options: dict | None = None, header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
     scale: Mapping[str, float] | None = None, missing: Any = None, date: Any = None, delimiter: str = ",",
-    decimal: str = ".",
+    decimal: str = ".", halts: Literal["drop", "keep"] | None = None,
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -288,15 +288,20 @@ def open_source(
         CSV: the field delimiter, one character (``;`` beside a decimal comma).
     decimal
         CSV: the decimal mark, ``.`` or ``,``.
+    halts
+        LOBSTER: ``drop`` (``None``: the default) leaves trading-halt rows (event type 7)
+        out, ``keep`` keeps them (:mod:`pipeline.loaders.lobster`).
 
     Returns
     -------
     Source
         The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
     """
+    from pipeline.loaders.lobster import halts_option
     from pipeline.loaders.registry import FORMATS
 
     rules, date, pinned = _checked_options(scale, missing, date, mode, classes, labels)
+    halts = halts_option(halts, format)
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so, pinned)
     _check_table_options(kind, str(paths), rules, date, timestamp, (delimiter, decimal))
@@ -308,7 +313,7 @@ def open_source(
     if kind == "table":
         return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
-                             names=names, nan=nan, fill_value=fill_value, rules=rules, date=date)
+                             names=names, nan=nan, fill_value=fill_value, rules=rules, date=date, halts=halts)
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
     return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
@@ -742,7 +747,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
                   instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
                   read: Sequence[str] | None = None, combine: str | None = None, rules: Any = None,
-                  date: Any = None) -> Source:
+                  date: Any = None, halts: str | None = None) -> Source:
     """The :class:`Source` of probed table files, their parts joined by :func:`_table`
     (``date``: a :class:`~pipeline.features.sessions.DateSpec` dating times of day)."""
     if combine == "stack":
@@ -764,7 +769,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     zones = check_time_zones(parts, timestamp) if timestamp else ()
     exact = dtype is not None and np.dtype(dtype) == np.float64
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                   fill_value, so, timestamp_unit, read, exact, rules)
+                                                   fill_value, so, timestamp_unit, read, exact, rules, halts)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
@@ -779,9 +784,10 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
            names: Sequence[str] | None, nan: str, fill_value: float, so: dict,
            timestamp_unit: str | None = None, read: Sequence[str] | None = None, exact: bool = False,
-           rules: Any = None) -> tuple:
+           rules: Any = None, halts: str | None = None) -> tuple:
     """The values (float64 when ``exact``, else float32), columns, timestamps,
-    instrument codes and names of joined table parts."""
+    instrument codes and names of joined table parts (LOBSTER's trading halts left
+    out under ``halts="drop"``)."""
     import dask
 
     from pipeline.loaders import columns as side
@@ -797,6 +803,10 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
             raise FormatMismatchError(first.path, "LOBSTER files name their instrument (the ticker in the file "
                                       "name); leave source.instrument unset")
         timestamp = None
+        if columns is None:  # the message columns a feature or label reads, beside the book's
+            from pipeline.loaders.lobster import named_columns
+
+            columns = named_columns(first, read)
     if first.fmt == "fi2010":
         from pipeline.loaders.fi2010 import check_fold_files
 
@@ -831,8 +841,14 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
     if instrument_column is not None or first.fmt == "lobster":
         instruments = side.instrument_names(parts, instrument_column, so)
         codes = side.instrument_array(parts, instrument_column, instruments, so)
+    keep = None
+    if halts == "drop":
+        from pipeline.loaders.lobster import not_halted
+
+        keep = tables.parts_array(parts, not_halted, so, token="lobster-halts", dtype=bool)
     if nan == "drop":
-        keep = side.keep_mask(arr)
+        keep = side.keep_mask(arr) if keep is None else keep & side.keep_mask(arr)
+    if keep is not None:
         # One pass for the kept rows per block: later stages need known lengths.
         counts = keep.map_blocks(lambda k: np.array([int(k.sum())]), dtype=np.int64,
                                  chunks=((1,) * keep.numblocks[0],))

@@ -219,3 +219,167 @@ def test_a_compressed_pair_equals_the_hand_written_values(tmp_path):
     np.testing.assert_array_equal(src.array.compute(), EXPECTED)
     assert src.timestamps.compute().tolist() == TIMES_NS
     assert src.instruments == ("AAPL",)
+
+
+# -- the message file's fields, and trading halts ----------------------------------------
+
+MESSAGE_COLUMNS = ("event_type", "order_id", "event_size", "event_price", "direction")
+
+
+def write_halted_day(d, ticker: str, date: str, n: int = 40, seed: int = 0, halt_at: int = 20):
+    """A LOBSTER day of one level in the real layout, with a trading halt in it as LOBSTER
+    writes one: three type 7 messages (price -1 halt, 0 quote, 1 resume; order id 0, size
+    0, direction -1) whose book rows repeat the row before them. Returns the orderbook path."""
+    rng = np.random.default_rng(seed)
+    seconds = 34_200 + np.cumsum(rng.integers(1, 10**9, n)) / 1e9
+    bid = 2_000_000 + np.cumsum(rng.integers(-1, 2, n)) * 100
+    ask = bid + rng.integers(1, 4, n) * 100
+    book = np.stack([ask, rng.integers(1, 500, n) * 100, bid, rng.integers(1, 500, n) * 100], axis=1)
+    types = rng.choice([1, 2, 3, 4, 5], n)
+    direction = rng.choice([-1, 1], n)
+    message = np.stack([types, rng.integers(10**7, 10**8, n), rng.integers(1, 500, n),
+                        np.where(direction == 1, bid, ask), direction], axis=1)
+    for j, code in enumerate((-1, 0, 1)):
+        message[halt_at + j] = (7, 0, 0, code, -1)
+        book[halt_at + j] = book[halt_at - 1]
+    stem = d / f"{ticker}_{date}_34200000_57600000"
+    (d / f"{stem.name}_message_1.csv").write_text(
+        "".join(f"{t:.9f}," + ",".join(map(str, m)) + "\n" for t, m in zip(seconds, message)))
+    path = d / f"{stem.name}_orderbook_1.csv"
+    path.write_text("".join(",".join(map(str, r)) + "\n" for r in book))
+    return path
+
+
+def pandas_day(path) -> tuple:
+    """An independent reading of a pair: the book in dollars, the message columns (prices
+    in dollars, a halt's price its code), the timestamps in ns, and the halt rows."""
+    import pandas as pd
+
+    book = pd.read_csv(path, header=None).to_numpy(np.float64)
+    book[:, 0::2] /= 10_000
+    msg = pd.read_csv(str(path).replace("_orderbook_", "_message_"), header=None,
+                      names=["time", "type", "id", "size", "price", "direction"])
+    halt = (msg["type"] == 7).to_numpy()
+    price = np.where(halt, msg["price"], msg["price"] / 10_000)
+    fields = np.stack([msg["type"], msg["id"], msg["size"], price, msg["direction"]], axis=1).astype(np.float64)
+    date = pd.Timestamp(path.name.split("_")[1])
+    times = (date + pd.to_timedelta(msg["time"].round(9), unit="s")).to_numpy().astype("datetime64[ns]")
+    return book, fields, times.astype(np.int64), halt
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 7])
+def test_message_columns_equal_a_pandas_reading_and_halts_are_kept_when_asked(tmp_path, chunk_rows):
+    path = write_halted_day(tmp_path, "AAPL", "2012-06-21")
+    book, fields, times, halt = pandas_day(path)
+    assert halt.sum() == 3
+    src = open_source(str(path), format="lobster", columns=["bid_price_1", *MESSAGE_COLUMNS], halts="keep",
+                      dtype="float64", chunk_rows=chunk_rows)
+    assert src.columns == ("bid_price_1", *MESSAGE_COLUMNS)
+    got = src.array.compute()
+    np.testing.assert_array_equal(got[:, 0], book[:, 2])
+    np.testing.assert_array_equal(got[:, 1:], fields)
+    assert got[halt, 4].tolist() == [-1, 0, 1]  # the halt codes, as written
+    np.testing.assert_array_equal(src.timestamps.compute(), times)
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 7])
+def test_halt_rows_are_left_out_by_default(tmp_path, chunk_rows):
+    paths = [write_halted_day(tmp_path, "AAPL", date, seed=k, halt_at=5 + 10 * k)
+             for k, date in enumerate(("2012-06-21", "2012-06-22"))]
+    days = [pandas_day(p) for p in paths]
+    src = open_source(str(tmp_path / "*_orderbook_1.csv"), format="lobster", chunk_rows=chunk_rows,
+                      columns=["ask_price_1", "bid_price_1", "event_type", "event_price"], dtype="float64")
+    kept = [~halt for *_, halt in days]
+    np.testing.assert_array_equal(src.array.compute(), np.concatenate(
+        [np.column_stack([b[:, [0, 2]], f[:, [0, 3]]])[k] for (b, f, _, _), k in zip(days, kept)]))
+    np.testing.assert_array_equal(src.timestamps.compute(), np.concatenate([t[k] for (_, _, t, _), k in zip(days, kept)]))
+    assert src.instrument_codes.compute().tolist() == [0] * (2 * 40 - 6)
+    assert src.timestamps.chunks == src.array.chunks[:1] == src.instrument_codes.chunks
+    # The default columns are still the book's, whatever the halts.
+    assert open_source(str(paths[0]), format="lobster").columns == ("ask_price_1", "ask_size_1", "bid_price_1",
+                                                                    "bid_size_1")
+    assert open_source(str(paths[0]), format="lobster", halts="keep").array.shape == (40, 4)
+
+
+def test_halts_and_nan_drop_leave_out_the_rows_of_either(tmp_path):
+    path = write_halted_day(tmp_path, "AAPL", "2012-06-21")
+    book_text = path.read_text().splitlines(keepends=True)
+    row = book_text[3].split(",")
+    book_text[3] = ",".join(["9999999999", "0", *row[2:]])  # an empty best ask at line 4
+    path.write_text("".join(book_text))
+    book, _, times, halt = pandas_day(path)
+    src = open_source(str(path), format="lobster", nan="drop", dtype="float64")
+    keep = ~halt & (np.arange(40) != 3)
+    book[3, :2] = np.nan
+    np.testing.assert_array_equal(src.array.compute(), book[keep])
+    np.testing.assert_array_equal(src.timestamps.compute(), times[keep])
+
+
+def test_the_halts_option_is_refused_where_it_does_not_apply(tmp_path):
+    from pipeline.errors import ConfigError
+
+    path = write_halted_day(tmp_path, "AAPL", "2012-06-21")
+    with pytest.raises(ConfigError, match=r"source.halts: expected drop or keep .*got 'skip'"):
+        open_source(str(path), format="lobster", halts="skip")
+    (tmp_path / "t.csv").write_text("timestamp,x\n1,2\n")
+    with pytest.raises(ConfigError, match=r"source.halts: expected null for a format chosen by suffix: halts are "
+                                          r"the trading-halt messages \(event type 7\) of LOBSTER files"):
+        open_source(str(tmp_path / "t.csv"), halts="keep")
+
+
+@pytest.mark.parametrize(("line", "error", "match"), [
+    ("34200.5,9,1,1,5859100,1\n", InvalidValueError,
+     r"message_2\.csv: expected an event type 1 to 7 \(field 2 of a LOBSTER message\) at line 3, found 9"),
+    ("34200.5,1,,1,5859100,1\n", LoaderError, r"message_2\.csv: expected an integer order_id \(field 2\) at line 3"),
+])
+def test_bad_message_fields_are_named_by_file_and_line(tmp_path, line, error, match):
+    lines = MESSAGE.splitlines(keepends=True)
+    path = write_pair(tmp_path, message="".join([lines[0], lines[1], line, lines[3]]))
+    with pytest.raises(error, match=match):
+        open_source(str(path), format="lobster", nan="fill", columns=["order_id"]).array.compute()
+
+
+def test_a_message_file_of_another_layout_is_refused_when_opened(tmp_path):
+    path = write_pair(tmp_path, message="".join(f"{line.split(',')[0]}\n" for line in MESSAGE.splitlines()))
+    with pytest.raises(FormatMismatchError, match=r"message_2\.csv: expected a LOBSTER message file of 6 numeric "
+                                                  r"fields per line .*its first line has \['34200\.000000001'\]"):
+        open_source(str(path), format="lobster")
+
+
+def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path):
+    """`pipeline run` over days with a trading halt: the `column` feature stores the
+    message fields as pandas reads them, and the windows, labels and times are those of
+    a pandas computation on each day's rows without its halt rows."""
+    import pipeline
+    from pipeline.config import parse_config
+    from pipeline.job import run
+
+    size, stride, horizon = 4, 3, 2
+    paths = [write_halted_day(tmp_path, "AAPL", date, n=30, seed=k, halt_at=8 + 6 * k)
+             for k, date in enumerate(("2012-06-21", "2012-06-22"))]
+    config = parse_config({
+        "cluster": {"n_workers": 1, "threads_per_worker": 1},
+        "source": {"paths": str(tmp_path / "*_orderbook_1.csv"), "format": "lobster", "dtype": "float64",
+                   "chunk_rows": 8},
+        "features": {"steps": ["mid_price", *({"name": "column", "column": c} for c in
+                                               ("event_type", "event_size", "event_price", "direction"))],
+                     "normalize": "none"},
+        "windows": {"size": size, "stride": stride},
+        "labels": {"kind": "return", "horizon": horizon},
+        "output": {"path": str(tmp_path / "set.zarr")},
+    })
+    run(config, log=None, progress=False)
+    xs, ys, ts = [], [], []
+    for path in paths:
+        book, fields, times, halt = pandas_day(path)
+        mid = (book[~halt, 0] + book[~halt, 2]) / 2
+        feats = np.column_stack([mid, fields[~halt][:, [0, 2, 3, 4]]])
+        ends = np.arange(size - 1, len(mid) - horizon, stride)
+        xs.append(np.stack([feats[e - size + 1: e + 1] for e in ends]))
+        ys.append(np.log(mid[ends + horizon]) - np.log(mid[ends]))
+        ts.append(times[~halt][ends])
+    train = pipeline.open(str(tmp_path / "set.zarr"))["train"]
+    np.testing.assert_array_equal(train["x"][:], np.concatenate(xs).astype(np.float32))
+    np.testing.assert_allclose(train["y"][:].ravel(), np.concatenate(ys), rtol=1e-6)
+    np.testing.assert_array_equal(train["t"][:], np.concatenate(ts))
+    assert 7 not in train["x"][:][..., 1]
