@@ -16,6 +16,7 @@ instead, naming the arrays and the fix (rechunk them alike).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pickle
@@ -30,7 +31,8 @@ from pipeline.streaming.chunks import native_dtype
 from pipeline.streaming.readahead import ReadAhead, local_files
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader, dimension_names
 
-__all__ = ["MAX_GRID_RATIO", "ZarrSource", "common_rows", "open_store", "open_variables", "store_state"]
+__all__ = ["MAX_GRID_RATIO", "ZarrSource", "array_layout", "as_opened", "common_rows", "open_store", "open_variables", "pin_rows",
+           "store_state"]
 
 #: Largest stream chunk, in multiples of the largest array chunk, that arrays chunked
 #: differently are streamed over: beyond, a stream chunk (and the buffers holding a few of
@@ -58,6 +60,42 @@ def common_rows(rows: Mapping[str, int], length: int, label: str) -> int:
                           "chunk. Rechunk them alike (zarr: write with the same chunks[0]; xarray: "
                           "ds.chunk({dim: n}).to_zarr(...); dask: da.rechunk)")
     return max(1, int(grid))
+
+
+def pin_rows(array: zarr.Array, rows: int, label: str, name: str) -> zarr.Array:
+    """``array`` seen with its first ``rows`` samples only, as the stream opened it.
+
+    Another tool may grow a store while a stream reads it (xarray's ``append_dim``): a
+    DataLoader worker that opens it again must serve the samples the stream planned,
+    not those appended since, which its epoch has no place for (they would be served
+    beyond ``len(stream)``, or twice where workers disagree on the length). The
+    metadata is changed in memory only; nothing is written.
+
+    Raises
+    ------
+    StreamError
+        When the array now holds fewer than ``rows`` samples (the store shrank, or
+        another store was written at its path), naming the store and the array.
+    """
+    have = int(array.shape[0])
+    if have == rows:
+        return array
+    if have < rows:
+        raise StreamError(f"{label}: array {name!r} holds {have} samples, fewer than the {rows} this stream opened "
+                          "with: the store shrank or was replaced since; open the stream again")
+    from zarr.core.array import AsyncArray
+
+    aa = array.async_array
+    meta = aa.metadata.update_shape((int(rows), *array.shape[1:]))
+    return zarr.Array(AsyncArray(metadata=meta, store_path=aa.store_path, config=aa.config))
+
+
+def array_layout(array: zarr.Array) -> str:
+    """What an array's samples are, as a stream planned them: its metadata without its
+    length and attributes (which appends change), as canonical JSON (a NaN fill value
+    compares equal to itself there)."""
+    doc = {k: v for k, v in array.metadata.to_dict().items() if k not in ("shape", "attributes")}
+    return json.dumps(doc, sort_keys=True, default=str)
 
 
 def store_state(store: Any, what: str, forked: bool = False) -> tuple[str, Any]:
@@ -243,16 +281,22 @@ class ZarrSource:
         The stream's node-local cache settings (:class:`~pipeline.streaming.cache.CacheSpec`):
         zarr arrays of a remote store read their chunk objects through it. Local stores
         ignore it.
+    opened
+        How the stream's first opening saw the arrays (:meth:`opened`), given when a
+        DataLoader worker opens them again: their first ``rows`` samples are served,
+        whatever was appended since, and a store replaced meanwhile is refused.
 
     Raises
     ------
     StreamError
         For arrays of different lengths, a grid too coarse, a CF-encoded variable, or a
-        cache asked for arrays of several remote stores.
+        cache asked for arrays of several remote stores; with ``opened``, for arrays
+        that shrank below its rows or a store that was replaced (another directory, or
+        arrays of another layout at its path).
     """
 
     def __init__(self, arrays: Mapping[str, Any], names: Sequence[str], label: str = "<zarr arrays>",
-                 cache: Any = None):
+                 cache: Any = None, opened: Mapping[str, Any] | None = None):
         self.names, self.label, self.cache_spec = tuple(names), label, cache
         missing = [n for n in self.names if n not in arrays]
         if missing:
@@ -267,6 +311,9 @@ class ZarrSource:
             problem = cf_problem(a) if isinstance(a, zarr.Array) else None
             if problem is not None:
                 raise StreamError(f"{label}: variable {n!r}: {problem}")
+        self.guards = _store_guards(self.arrays, label, None if opened is None else opened["dirs"])
+        if opened is not None:
+            self.arrays = as_opened(self.arrays, opened, label)
         lens = {n: int(a.shape[0]) for n, a in self.arrays.items()}
         if len(set(lens.values())) != 1:
             raise StreamError(f"{label}: arrays must have the same length along the samples' axis, got {lens}")
@@ -293,11 +340,19 @@ class ZarrSource:
         # Zarr arrays travel as their store's location: each worker opens them itself.
         state = {n: ("zarr", _store_state(a, n, self.label, forked)) if isinstance(a, zarr.Array) else ("numpy", a)
                  for n, a in self.arrays.items()}
-        return {"arrays": state, "names": self.names, "label": self.label, "cache": self.cache_spec}
+        return {"arrays": state, "names": self.names, "label": self.label, "cache": self.cache_spec,
+                "opened": self.opened()}
+
+    def opened(self) -> dict[str, Any]:
+        """How this source saw its arrays: their samples, their layouts and their local
+        stores' directories, which a worker opening them again must find the same."""
+        return {"rows": self.n,
+                "layouts": {n: array_layout(a) for n, a in self.arrays.items() if isinstance(a, zarr.Array)},
+                "dirs": {root: g.identity for root, g in self.guards.items()}}
 
     def __setstate__(self, state: dict) -> None:
         arrays = {n: _reopen_array(v) if kind == "zarr" else v for n, (kind, v) in state["arrays"].items()}
-        self.__init__(arrays, state["names"], state["label"], cache=state.get("cache"))
+        self.__init__(arrays, state["names"], state["label"], cache=state.get("cache"), opened=state.get("opened"))
 
     def _check_process(self) -> None:
         # After a fork (a DataLoader worker) open the stores again: a zip store's file
@@ -353,6 +408,48 @@ class ZarrSource:
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         a = self.arrays[name]
         return tuple(int(s) for s in a.shape[1:]), native_dtype(a.dtype)
+
+
+def _store_guards(arrays: Mapping[str, Any], label: str, expected: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The directory of each local store the zarr arrays live in, by path
+    (:class:`~pipeline.streaming.storeid.StoreGuard`): with ``expected``, the identities
+    the stream's first opening recorded, refused when the path names another directory
+    now (the store was written anew there)."""
+    from pipeline.streaming.storeid import StoreGuard
+
+    guards: dict[str, Any] = {}
+    for a in arrays.values():
+        store = a.store_path.store if isinstance(a, zarr.Array) else None
+        if isinstance(store, zarr.storage.LocalStore):
+            root = os.path.abspath(str(store.root))
+            if root not in guards:
+                guards[root] = StoreGuard(root, root if label == "<zarr arrays>" else label,
+                                          None if expected is None else expected.get(root))
+    return guards
+
+
+def as_opened(arrays: Mapping[str, Any], opened: Mapping[str, Any], label: str) -> dict[str, Any]:
+    """``arrays`` opened again, seen as the stream first opened them: each zarr array's
+    first ``opened["rows"]`` samples (:func:`pin_rows`), refused when its layout changed.
+
+    Raises
+    ------
+    StreamError
+        For an array that shrank below those rows, or whose layout (dtype, chunks,
+        codecs, sample shape) is another one: another store was written at its path.
+    """
+    rows, layouts = int(opened["rows"]), opened["layouts"]
+    out = {}
+    for n, a in arrays.items():
+        if isinstance(a, zarr.Array):
+            where = _location(a) if label == "<zarr arrays>" else label
+            if n in layouts and array_layout(a) != layouts[n]:
+                raise StreamError(f"{where}: array {n!r} is not laid out as when this stream opened it (another "
+                                  "dtype, chunking, codec or sample shape): the store was replaced since; open "
+                                  "the stream again")
+            a = pin_rows(a, rows, where, n)
+        out[n] = a
+    return out
 
 
 def _remote_cache(spec: Any, arrays: Sequence[zarr.Array], label: str) -> Any:

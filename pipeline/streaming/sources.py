@@ -49,7 +49,7 @@ class StoreSource:
 
     def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False, version: int | None = None,
-                 cache: Any = None, identity: DirIdentity | None = None):
+                 cache: Any = None, identity: DirIdentity | None = None, opened: Mapping[str, Any] | None = None):
         from pipeline.storage.store import ATTRS_KEY, store_root_attrs
         from pipeline.streaming.cache import open_remote_cache
         from pipeline.storage.versions import pinned_array, select_version, verified_sums
@@ -94,6 +94,18 @@ class StoreSource:
                 raise StreamError(f"{label}: split {split!r}: variable {n!r}: {problem}")
         if samples is not None:
             arrays = {n: pinned_array(a, samples) for n, a in arrays.items()}
+        if foreign and opened is not None:
+            # Another tool's group has no versions: a DataLoader worker opening it again
+            # serves the samples the stream opened with, whatever was appended since.
+            from pipeline.streaming.foreign import as_opened
+
+            arrays = as_opened(arrays, opened, f"{label}: split {split!r}")
+        self._opened = None
+        if foreign:
+            from pipeline.streaming.foreign import array_layout
+
+            self._opened = {"rows": int(next(iter(arrays.values())).shape[0]),
+                            "layouts": {n: array_layout(a) for n, a in arrays.items()}}
         shapes = {n: (a.shape[0], a.chunks[0]) for n, a in arrays.items()}
         if len(set(shapes.values())) != 1:
             raise StreamError(f"{label}: split {split!r}: arrays differ in length or chunking: {shapes}")
@@ -138,7 +150,8 @@ class StoreSource:
             location = _GroupAt(location, forked=False)
         return {"location": location, "split": self.split, "names": self.names,
                 "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify,
-                "version": self.version, "cache": self.cache_spec, "identity": self.identity}
+                "version": self.version, "cache": self.cache_spec, "identity": self.identity,
+                "opened": self._opened}
 
     def __setstate__(self, state: dict) -> None:
         location = state["location"]
@@ -146,7 +159,7 @@ class StoreSource:
             location = location.open()
         self.__init__(location, state["split"], state["names"], state["partial"], state["storage_options"],
                       state.get("verify", False), state.get("version"), cache=state.get("cache"),
-                      identity=state.get("identity"))
+                      identity=state.get("identity"), opened=state.get("opened"))
 
     @property
     def identity(self) -> DirIdentity | None:
@@ -250,7 +263,8 @@ class StoreSource:
                 if not isinstance(location, (str, os.PathLike)):
                     location = _GroupAt(location, forked=True).open()
                 self.__init__(location, self.split, self.names, self.partial, self.storage_options,
-                              self.verify, self.version, cache=self.cache_spec, identity=self.identity)
+                              self.verify, self.version, cache=self.cache_spec, identity=self.identity,
+                              opened=self._opened)
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         r = self.readers[name]

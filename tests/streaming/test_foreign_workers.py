@@ -250,3 +250,94 @@ def test_an_icechunk_group_with_splits_is_refused_in_forked_workers(tmp_path, re
     with pytest.raises(StreamError, match=r"<group> lives in IcechunkStore .*tokio.*num_workers=0.*'spawn'"):
         served(s)
     assert_once_each(*served(s, workers=0), g["train/x"], g["train/y"])
+
+
+# -- a store another tool grows, shrinks or replaces under the stream -------------------
+
+def xarray_store(path, ids: np.ndarray, zarr_format: int, mode: str = "w", chunk: int | None = 100) -> None:
+    """An xarray Dataset of ``x[i] = i`` (4 columns) and ``y = ids`` at ``path``; with
+    ``mode="a"`` appended along ``time``, as another tool grows a store."""
+    import xarray as xr
+
+    ds = xr.Dataset({"x": (("time", "f"), np.repeat(ids[:, None].astype("float32"), 4, axis=1)),
+                     "y": (("time",), ids.astype(np.int64))})
+    if chunk is not None:
+        ds = ds.chunk({"time": chunk})
+    if mode == "a":
+        ds.to_zarr(path, append_dim="time", zarr_format=zarr_format, consolidated=False)
+    else:
+        ds.to_zarr(path, mode="w", zarr_format=zarr_format, consolidated=False)
+
+
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_workers_serve_the_samples_the_stream_opened_with_after_the_store_grew(tmp_path, zarr_format):
+    """xarray appends 400 samples after the stream opened 1050: every rank's workers
+    serve exactly the first 1050, each once, as the stream planned (num_workers=0 did;
+    workers opening the store again served all 1450)."""
+    p = str(tmp_path / "grow.zarr")
+    n = 1050  # the last chunk partial: the append rewrites it with more samples
+    xarray_store(p, np.arange(n), zarr_format)
+    streams = [pipeline.stream(p, dim="time", batch_size=64, seed=0, buffer_chunks=2, rank=r, world_size=2)
+               for r in range(2)]
+    xarray_store(p, np.arange(n, n + 400), zarr_format, mode="a", chunk=None)
+    assert zarr.open_group(p, mode="r")["y"].shape[0] == n + 400
+    ys = []
+    for s in streams:
+        s.set_epoch(1)
+        xs_r, ys_r = served(s)
+        assert len(ys_r) == s.n_samples // 2 and len(s) == -(-len(ys_r) // 64)
+        np.testing.assert_array_equal(xs_r, np.repeat(ys_r[:, None].astype("float32"), 4, axis=1))
+        ys.append(ys_r)
+    np.testing.assert_array_equal(np.sort(np.concatenate(ys)), np.arange(n))
+
+
+def test_spawned_workers_pin_the_samples_too(tmp_path):
+    """A spawned worker's copy (pickled) opens the grown store at the opened length."""
+    p = str(tmp_path / "grow.zarr")
+    xarray_store(p, np.arange(250), 3)
+    s = pipeline.stream(p, dim="time", batch_size=64, seed=0)
+    xarray_store(p, np.arange(250, 330), 3, mode="a", chunk=None)
+    copy = pickle.loads(pickle.dumps(s.source))
+    assert copy.n == 250 and copy.lengths == s.source.lengths == (100, 100, 50)
+    np.testing.assert_array_equal(copy.read("y", 2), np.arange(200, 250))
+
+
+def test_a_store_that_shrank_or_was_replaced_is_refused_naming_it(tmp_path):
+    """Below the opened samples, another layout, or another directory at the path: a
+    worker opening the store again refuses, naming the store."""
+    import shutil
+
+    p = str(tmp_path / "s.zarr")
+    xarray_store(p, np.arange(250), 3)
+    s = pipeline.stream(p, dim="time", batch_size=64, seed=0)
+    zarr.open_array(p, path="y", mode="r+").resize((200,))
+    with pytest.raises(StreamError, match=rf"{p}: array 'y' holds 200 samples, fewer than the 250"):
+        pickle.loads(pickle.dumps(s.source))
+    g = zarr.open_group(p, mode="r+")  # x written again in place, chunked otherwise
+    g.create_array("x", data=np.zeros((250, 4), "f4"), chunks=(50, 4), dimension_names=("time", "f"), overwrite=True)
+    g["y"].resize((250,))
+    with pytest.raises(StreamError, match=rf"{p}: array 'x' is not laid out as when this stream opened it"):
+        pickle.loads(pickle.dumps(s.source))
+    t = pipeline.stream(p, dim="time", batch_size=64, seed=0)
+    shutil.rmtree(p)
+    xarray_store(p, np.arange(250), 3)  # the same layout in a new directory
+    with pytest.raises(StreamError, match=rf"{p}: the store was replaced"):
+        pickle.loads(pickle.dumps(t.source))
+
+
+def test_a_foreign_split_that_grew_is_served_as_opened_by_workers(tmp_path):
+    """A plain zarr store laid out in splits (read like a pipeline store) grows: workers
+    serve the samples the stream opened with."""
+    p = str(tmp_path / "splits.zarr")
+    g = zarr.open_group(p, mode="w")
+    tr = g.create_group("train")
+    tr.create_array("x", data=np.repeat(np.arange(230, dtype="f4")[:, None], 3, axis=1), chunks=(50, 3))
+    tr.create_array("y", data=np.arange(230), chunks=(50,))
+    s = pipeline.stream(p, batch_size=32, seed=0)
+    for name, extra in (("x", np.repeat(np.arange(230, 300, dtype="f4")[:, None], 3, axis=1)),
+                        ("y", np.arange(230, 300))):
+        a = zarr.open_array(p, path=f"train/{name}", mode="r+")
+        a.append(extra)
+    xs, ys = served(s)
+    np.testing.assert_array_equal(np.sort(ys), np.arange(230))
+    np.testing.assert_array_equal(xs[:, 0], ys.astype("f4"))
