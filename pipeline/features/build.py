@@ -7,22 +7,30 @@ reach covers (:mod:`pipeline.features.splits`) -> normalization statistics from 
 train split's steps only, or per session from the sessions before it -> windows, labels,
 timestamps, session and instrument of each window -> NaN policy. Only small reductions
 run here; the windows stay lazy until the writer stores them.
+
+A window is left out of every split, as one whose label runs past its segment is, when
+its label reads a price the source filled in (``source.nan: fill``: an empty level,
+such as a one-sided book): that label would be a fabricated move. Its features are
+kept as the source gives them; the build warns how many windows it left out and which
+price column was empty.
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal, Mapping, Sequence
 
 import dask.array as da
 import numpy as np
 
-from pipeline.errors import FeatureError, InvalidValueError, WindowError
+from pipeline.errors import FeatureError, InvalidValueError, PriceResolutionWarning, WindowError
 from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds, halo, split_gap_windows, split_ranges
 from pipeline.features.history import Prior, continue_folds
-from pipeline.features.labels import class_balance, finalize_labels, label_steps
+from pipeline.features.labels import (class_balance, finalize_labels, gaps_message, label_gaps, label_steps,
+                                      rounding_message)
 from pipeline.features.normalize import apply_normalization, fit_normalization, row_scaler
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
@@ -160,6 +168,7 @@ def build_training_set(
     timestamps: da.Array | None = None,
     folds: FoldSpec | None = None,
     prior: Prior | None = None,
+    source_fill: float | None = None,
 ) -> TrainingSet:
     """Windows and labels per split; no step shared between splits, sessions or instruments.
 
@@ -207,10 +216,24 @@ def build_training_set(
     prior
         Append: ``x`` holds only new sessions after the stored build ``prior``
         (:mod:`pipeline.features.history`), windowed with its statistics.
+    source_fill
+        The value the source wrote where a value was empty (``source.fill`` under
+        ``source.nan: fill``), else ``None``. A window whose mid-price label reads a
+        price holding it (at either end of a horizon, or in a smoothed mean) is left
+        out of every split, with a warning naming the column; its features are kept.
 
     Returns
     -------
     TrainingSet
+
+    Warns
+    -----
+    UserWarning
+        How many windows ``source_fill`` left out, and which price was empty.
+    PriceResolutionWarning
+        Class labels (``class``, ``smoothed`` with ``alpha``) from float32 prices that
+        lie so close to a class boundary that exact prices could put them in the other
+        class (:func:`~pipeline.features.labels.rounding_message`).
     """
     splits = dict(splits or {"train": 1.0})
     norm = NormalizeSpec.from_value(normalize, "normalize")
@@ -226,8 +249,10 @@ def build_training_set(
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
                              prior=None if prior is None else prior.segments)
     f = frame.array
+    gaps = (label_gaps(x, columns=columns, spec=label, empty=source_fill)
+            if source_fill is not None and label.kind != "column" else None)
     # Read by every pass below: held when they fit, so the raw files are decoded once.
-    f, labels_steps, timestamps = hold(f, label_steps(x, columns=columns, spec=label), timestamps)
+    f, labels_steps, timestamps, gaps = hold(f, label_steps(x, columns=columns, spec=label), timestamps, gaps)
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
     where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
@@ -238,27 +263,35 @@ def build_training_set(
         _check_splits_hold_windows(runs, where, splits, norm, future)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
     fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
-    f, stats, bad, y_values, seg_times = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm,
-                                                        size=size, scales=scales, lookback=L, progress=progress,
-                                                        prior=prior)
+    f, stats, bad, y_values, seg_times, empty_reads = _fit_and_check(
+        f, runs, fit_runs, labels_steps, timestamps, segs, norm, size=size, scales=scales, lookback=L,
+        progress=progress, prior=prior, gaps=gaps)
     if norm.kind == "global" and prior is None:
         stats.update(fit_on=names[0] if fold_sets is None else "fold0/train", features=list(frame.names))
+    unlabelled = empty_reads.any(axis=1)
+    bad &= ~unlabelled  # left out for its label, whatever else it holds: not a NaN window
     if bad.any() and nan == "raise":
         _refuse_bad(bad, runs, H, fwd)
+    dropped = bad | unlabelled
+    for text, category in ((gaps_message(empty_reads[where >= 0], label), UserWarning),
+                           (rounding_message(y_values[(where >= 0) & ~dropped], label)
+                            if x.dtype == np.float32 else None, PriceResolutionWarning)):
+        if text is not None:
+            warnings.warn(text, category, stacklevel=2)
 
     # -- the arrays of each split --------------------------------------------------------
-    per_split = _split_runs(runs, where, bad, splits, norm, empty_ok=prior is not None, future=future)
+    per_split = _split_runs(runs, where, dropped, splits, norm, empty_ok=prior is not None, future=future)
     out = _split_outputs(f, per_split, labels_steps, timestamps, segs, norm, stats, label=label, size=size,
                          scales=scales, halo=H, materialize=materialize, block_windows=block_windows, prior=prior)
     geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
-                      windows=geometry, splits=_split_attrs(per_split, key_kind, cuts, gap, H, fwd))
+                      windows=geometry, splits=_split_attrs(per_split, key_kind, cuts, gap, H, fwd), dropped=dropped)
     shared: dict[str, da.Array] = {} if materialize else {"features": apply_normalization(f, norm, stats, segs)}
     if not materialize:
         attrs["virtual"] = {k: geometry[k] for k in ("size", "stride", "scales", "halo")}
     fold_index: dict[str, np.ndarray] = {}
     if folds is not None:
-        fold_index, attrs["folds"] = _fold_output(fold_sets, where, bad, folds, segs, per_split, prior)
+        fold_index, attrs["folds"] = _fold_output(fold_sets, where, dropped, folds, segs, per_split, prior)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
 
 
@@ -344,10 +377,13 @@ def _continued_chunks(n: int, unit: int, first: int) -> tuple[int, ...]:
 
 def _metadata(features: Sequence[str], lookback: int, label: LabelSpec, stats: dict[str, Any], segs: SegmentTable,
               per_split: Mapping[str, WindowRuns], where: np.ndarray, bad: np.ndarray, y_values: np.ndarray,
-              seg_times: np.ndarray | None, *, windows: dict[str, Any], splits: dict[str, Any]) -> dict[str, Any]:
+              seg_times: np.ndarray | None, *, windows: dict[str, Any], splits: dict[str, Any],
+              dropped: np.ndarray | None = None) -> dict[str, Any]:
     """What the store records about how its windows were made: geometry, labels and their
-    class balance, normalization, the splits, and the session table."""
+    class balance, normalization, the splits, and the session table. ``bad``: the
+    windows left out for NaN; ``dropped``: every window left out (default ``bad``)."""
     names = list(per_split)
+    kept = ~(bad if dropped is None else dropped)
     attrs: dict[str, Any] = {
         "features": list(features),
         "lookback": lookback,
@@ -361,10 +397,10 @@ def _metadata(features: Sequence[str], lookback: int, label: LabelSpec, stats: d
         "sessions": segs.describe(windows=_windows_per_segment(per_split, len(segs)), times=seg_times),
     }
     if label.class_names is not None:
-        attrs["class_balance"] = {n: class_balance(finalize_labels(y_values[(where == k) & ~bad], label), label)
+        attrs["class_balance"] = {n: class_balance(finalize_labels(y_values[(where == k) & kept], label), label)
                                   for k, n in enumerate(names)}
     elif label.map:  # a value the map does not name is refused now, before anything is written
-        finalize_labels(y_values[(where >= 0) & ~bad], label)
+        finalize_labels(y_values[(where >= 0) & kept], label)
     return attrs
 
 
@@ -451,25 +487,30 @@ def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, A
     skipped = (f"; trailing normalization serves no window of each instrument's {first}"
                if norm.kind == "trailing" else "")
     raise WindowError(
-        f"split {name!r}: no window left ({total} windows in all, {before_nan} in this split before "
-        f"NaN windows were dropped, splits {_describe_splits(splits)}{skipped}); use more data, another split "
-        "point, or a smaller window, horizon or stride")
+        f"split {name!r}: no window left ({total} windows in all, {before_nan} in this split before those "
+        f"holding NaN, or whose label reads an empty price, were left out, splits {_describe_splits(splits)}"
+        f"{skipped}); use more data, another split point, or a smaller window, horizon or stride")
 
 
 def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_steps: da.Array,
                    timestamps: da.Array | None, segs: SegmentTable, norm: NormalizeSpec, *, size: int,
-                   scales: Sequence[int], lookback: int, progress: bool, prior: Prior | None = None
-                   ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None]:
+                   scales: Sequence[int], lookback: int, progress: bool, prior: Prior | None = None,
+                   gaps: da.Array | None = None
+                   ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
     """One pass over the data for everything needed before the write: the normalization
     statistics, every window's label values and whether any row a window uses is not
-    finite, and each segment's first and last time. Returns the features (as given:
-    :func:`~pipeline.features.normalize.row_scaler` applies the statistics), the
-    statistics, which windows hold NaN or inf, the label values and the times."""
+    finite, each segment's first and last time, and (with ``gaps``, from
+    :func:`~pipeline.features.labels.label_gaps`) which prices each window's label reads
+    empty. Returns the features (as given: :func:`~pipeline.features.normalize.row_scaler`
+    applies the statistics), the statistics, which windows hold NaN or inf, the label
+    values, the times, and ``(n, columns)`` bool empty reads (``(n, 0)`` without ``gaps``)."""
     # The label values themselves (a few numbers per window) rather than only whether
     # they are finite: the class balance then needs no second pass over the data.
     reductions = [_bad_row_counts(f, segs, lookback), gather_rows(labels_steps, runs, _chunks(runs.n))]
     if timestamps is not None:
         reductions.append(take_rows(timestamps, np.stack([segs.starts, segs.stops - 1], axis=1).reshape(-1)))
+    if gaps is not None:
+        reductions.append(gather_rows(gaps, runs, _chunks(runs.n)))
     if prior is not None and norm.kind == "global":
         # Frozen at the first build: an append scales new sessions as the stored ones.
         stats_tasks, finish = [], lambda res: dict(prior.stats)
@@ -481,6 +522,8 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
     bad_steps_n, y_values = int(np.sum(results[0])), np.asarray(results[1])
     bad = ~np.isfinite(y_values).all(axis=1)
     seg_times = np.asarray(results[2]).reshape(-1, 2) if timestamps is not None else None
+    empty_reads = (np.asarray(results[len(reductions) - 1], dtype=bool).reshape(runs.n, int(gaps.shape[1]))
+                   if gaps is not None else np.zeros((runs.n, 0), dtype=bool))
     stats = finish(results[len(reductions):])
     if bad_steps_n:
         # Only now pay for a windowed pass: which windows hold one of the bad rows.
@@ -488,7 +531,7 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
         (flagged,) = compute(windows_at(flags, runs, size=size, scales=scales).max(axis=(1, 2)),
                              desc="locating NaN windows", progress=progress)
         bad |= np.asarray(flagged, dtype=bool)
-    return f, stats, bad, y_values, seg_times
+    return f, stats, bad, y_values, seg_times, empty_reads
 
 
 def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], timestamps: da.Array | None, *,

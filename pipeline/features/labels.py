@@ -11,6 +11,12 @@ non-finite label be seen before it becomes an arbitrary class number.
 Every value depends on steps ``e - back .. e + fwd`` only (``LabelSpec.reach``); each
 block borrows that many steps from its neighbours and sums in a fixed order, so the
 values are bit-identical whatever the chunking.
+
+A source read with ``nan: fill`` holds its fill value (0 by default) where a price was
+empty (LOBSTER's dummy prices, a one-sided book): a mid price made of it is half the
+other side, or 0, and a label read from it is a fabricated move of 69% or more.
+:func:`label_gaps` says, for every step, whether the label of a window ending there
+reads such a price, so that the build leaves those windows out.
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import numpy as np
 from pipeline.errors import FeatureError
 from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import LabelSpec
+from pipeline.loaders.precision import boundary_message, near_boundaries
 
-__all__ = ["class_balance", "finalize_labels", "label_steps", "label_steps_numpy"]
+__all__ = ["class_balance", "finalize_labels", "gaps_message", "label_gaps", "label_gaps_numpy", "label_steps",
+           "label_steps_numpy", "rounding_message"]
 
 
 def _col(columns: Sequence[str], name: str) -> int:
@@ -142,6 +150,152 @@ def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.A
     # Only the columns the label reads reach its step, selected in the step's task.
     return map_with_halo(x, lambda block: label_steps_numpy(block, needed, spec), back=back, fwd=fwd,
                          width=spec.width, dtype=np.float64, token="label-steps", columns=idx)
+
+
+def _any_within(flags: np.ndarray, first: int, last: int) -> np.ndarray:
+    """Whether any of ``flags[e + first .. e + last]`` is set, at each row ``e``; rows
+    outside ``flags`` count as unset (a label reaching them is NaN, and its window is
+    never made)."""
+    n = flags.size
+    counts = np.concatenate([[0], np.cumsum(flags, dtype=np.int64)])  # integers: exact in any block
+    e = np.arange(n)
+    return counts[np.clip(e + last + 1, 0, n)] - counts[np.clip(e + first, 0, n)] > 0
+
+
+def label_gaps_numpy(block: np.ndarray, columns: Sequence[str], spec: LabelSpec, empty: float) -> np.ndarray:
+    """Whether the label of a window ending at each step reads an empty price.
+
+    Parameters
+    ----------
+    block
+        ``(rows, C)`` consecutive steps of the raw table.
+    columns
+        Names of ``block``'s columns.
+    spec
+        The label (a mid-price kind: ``return``, ``class`` or ``smoothed``).
+    empty
+        The value the source wrote where a price was empty (``source.fill`` under
+        ``source.nan: fill``), compared in ``block``'s dtype; NaN matches NaN.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, len(spec.required_columns))`` bool, one column per price the label
+        reads, in ``spec.required_columns`` order: set at row ``e`` when a row the label
+        of a window ending at ``e`` reads, for any horizon, holds ``empty`` in that
+        column. ``return`` and ``class`` read rows ``e`` and ``e + k``; ``smoothed``
+        reads ``e + 1 .. e + k`` and ``e`` (``reference: current``) or ``e - k + 1 ..
+        e`` (``past_mean``), as :func:`label_steps_numpy` does.
+    """
+    b = np.asarray(block)
+    idx = [_col(columns, name) for name in spec.required_columns]
+    target = np.asarray(empty, dtype=b.dtype)
+    out = np.zeros((b.shape[0], len(idx)), dtype=bool)
+    for j, c in enumerate(idx):
+        flags = np.isnan(b[:, c]) if np.isnan(target) else b[:, c] == target
+        if not flags.any():
+            continue
+        for k in spec.horizon_list:
+            if spec.kind in ("return", "class"):
+                out[:, j] |= flags | _any_within(flags, k, k)
+            else:
+                back = 0 if spec.reference == "current" else k - 1
+                out[:, j] |= _any_within(flags, -back, k)
+    return out
+
+
+def label_gaps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec, empty: float) -> da.Array:
+    """:func:`label_gaps_numpy` over the whole series, blockwise.
+
+    Parameters
+    ----------
+    x
+        ``(T, C)`` raw table, time along axis 0.
+    columns
+        Names of ``x``'s columns.
+    spec
+        The label (a mid-price kind).
+    empty
+        The value the source wrote where a price was empty.
+
+    Returns
+    -------
+    dask.array.Array
+        ``(T, len(spec.required_columns))`` bool, chunked like ``x`` along time, equal
+        to :func:`label_gaps_numpy` over the whole series whatever the chunking.
+
+    Raises
+    ------
+    FeatureError
+        Before anything is computed, for a ``column`` label (it reads no price), or
+        when a column the label reads is missing.
+    """
+    if spec.kind == "column":
+        raise FeatureError("labels: a column label reads no price; empty prices apply to return, class and "
+                           "smoothed labels")
+    cols = tuple(columns)
+    idx = [_col(cols, name) for name in spec.required_columns]
+    back, fwd = spec.reach
+    needed = spec.required_columns
+    return map_with_halo(x, lambda block: label_gaps_numpy(block, needed, spec, empty), back=back, fwd=fwd,
+                         width=len(needed), dtype=bool, token="label-gaps", columns=idx)
+
+
+def gaps_message(reads: np.ndarray, spec: LabelSpec) -> str | None:
+    """The warning for windows left out because their label reads an empty price.
+
+    Parameters
+    ----------
+    reads
+        ``(n, len(spec.required_columns))`` bool: which prices each window's label reads
+        empty (:func:`label_gaps` at the windows' ends).
+    spec
+        The label.
+
+    Returns
+    -------
+    str or None
+        How many windows, and which price column was empty (with each column's count
+        when both were); ``None`` when no window reads one.
+    """
+    reads = np.asarray(reads, dtype=bool).reshape(len(reads), -1)
+    n = int(reads.any(axis=1).sum())
+    if not n:
+        return None
+    per_column = [(name, int(c)) for name, c in zip(spec.required_columns, reads.sum(axis=0)) if c]
+    which = (per_column[0][0] if len(per_column) == 1
+             else " or ".join(f"{name} ({c:,} windows)" for name, c in per_column))
+    return (f"labels: {n:,} windows left out: their label reads {which} where it was empty (source.nan: fill); "
+            "their labels would be computed from the fill value, not a price")
+
+
+def rounding_message(values: np.ndarray, spec: LabelSpec) -> str | None:
+    """The warning for class labels computed from float32 prices that lie so near a class
+    boundary that exact prices could put them in the other class.
+
+    Parameters
+    ----------
+    values
+        Unfinalized label values (:func:`label_steps`) of the stored windows, computed
+        from prices read as float32.
+    spec
+        The label.
+
+    Returns
+    -------
+    str or None
+        How many labels are that near (:func:`~pipeline.loaders.precision.near_boundaries`),
+        the boundaries and the fix; ``None`` when none is, or the labels are not classes
+        of a mid price (``return``, ``smoothed`` without ``alpha``, ``column``).
+    """
+    if spec.class_names is None or spec.kind == "column":
+        return None
+    if spec.kind == "class":
+        bounds, what = tuple(spec.thresholds), "thresholds " + ", ".join(f"{t:g}" for t in spec.thresholds)
+    else:
+        bounds, what = (-spec.alpha, spec.alpha), f"alpha {spec.alpha:g}"
+    near = int(near_boundaries(values, bounds, spec.scale).sum())
+    return boundary_message(near, int(np.asarray(values).size), what) if near else None
 
 
 def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:

@@ -24,6 +24,13 @@ scheduler, and the client that built the source (:func:`arm`, when the lazy arra
 made) turns the first report into a warning: once per client, which is once per
 ``pipeline run``. Without a distributed worker (dask's local schedulers) the warning is
 raised where the part is read, once per source.
+
+Ticks that survive are not enough for class labels: a label computed from float32
+prices differs from the exact one by up to about ``2 * 2**-24`` of ``1 + |label|``, and a
+label that close to a class boundary (``alpha``, a threshold) can land in the other
+class. Prices on a tick grid make such near-ties common. :func:`near_boundaries` finds
+those labels among a build's label values (no pass over the data: the build has them),
+and :func:`boundary_message` is the warning the build gives, with the fix.
 """
 
 from __future__ import annotations
@@ -40,8 +47,8 @@ import numpy as np
 
 from pipeline.errors import PriceResolutionWarning
 
-__all__ = ["CHECK_ROWS", "PRICE_COLUMNS", "TOPIC", "PriceGuard", "arm", "check_prices",
-           "message", "pending", "price_columns", "resolution_problem"]
+__all__ = ["CHECK_ROWS", "LABEL_ROUNDING", "PRICE_COLUMNS", "TOPIC", "PriceGuard", "arm", "boundary_message",
+           "check_prices", "message", "near_boundaries", "pending", "price_columns", "resolution_problem"]
 
 #: The level-1 price columns of an order book (LOBSTER's, the demo's, and those the
 #: ``mid_price``, ``spread`` and ``book`` features read).
@@ -58,6 +65,12 @@ CHECK_ROWS = 1 << 12
 #: Neighbouring prices must lie this many times float32's resolution apart: prices a few
 #: resolutions apart are still stored off by up to half a resolution each.
 _MARGIN = 8
+
+#: How far, relative to ``1 + |label|``, rounding prices to float32 can move a mid-price
+#: label (unscaled): each price moves by at most 2**-24 of itself, so does a mid price
+#: or a mean of them (prices of one sign), and a ratio or a log difference of two of
+#: them by at most twice that; the rest is room for float64's own rounding.
+LABEL_ROUNDING = 2.5 * 2.0**-24
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +126,46 @@ def message(path: str, column: str, move: float, resolution: float, top: float) 
             f"{resolution:.6g} near them (prices up to {top:.10g}): read as float32 (source.dtype's default) their "
             "ticks are lost, and spreads and returns computed from them are wrong. Set source.dtype: float64 "
             "(the stored windows stay float32)")
+
+
+def near_boundaries(values: np.ndarray, boundaries: Sequence[float], scale: float = 1.0) -> np.ndarray:
+    """Which labels computed from float32 prices may fall in another class than exact
+    prices give.
+
+    Parameters
+    ----------
+    values
+        Unscaled mid-price label values (log returns, smoothed relative changes)
+        computed in float64 from prices read as float32, any shape.
+    boundaries
+        The class boundaries, on the scaled value (``thresholds``; ``-alpha, alpha``).
+    scale
+        The label's ``scale``, applied before the boundaries are compared.
+
+    Returns
+    -------
+    numpy.ndarray
+        bool, the shape of ``values``: set where the scaled value lies within
+        ``|scale| * LABEL_ROUNDING * (1 + |value|)`` of a boundary; exact prices give the
+        same class everywhere else. NaN is not set.
+    """
+    v = np.asarray(values, dtype=np.float64)
+    room = abs(scale) * LABEL_ROUNDING * (1.0 + np.abs(v))
+    out = np.zeros(v.shape, dtype=bool)
+    with np.errstate(invalid="ignore"):
+        scaled = v * scale
+        for b in boundaries:
+            out |= np.abs(scaled - b) <= room
+    return out
+
+
+def boundary_message(near: int, total: int, boundaries: str) -> str:
+    """The warning's text for labels near a class boundary: how many, of how many, the
+    boundaries, and the fix."""
+    return (f"labels: {near:,} of {total:,} labels lie within float32's rounding of a class boundary "
+            f"({boundaries}): computed from prices read as float32 (source.dtype's default), each may be in "
+            "another class than exact prices give. Set source.dtype: float64 for exact labels (the stored "
+            "windows stay float32)")
 
 
 #: Sources this process has reported on (a read task reports once per source).

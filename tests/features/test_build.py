@@ -195,3 +195,103 @@ def test_float64_prices_are_normalized_from_float64_features(materialize):
         ends = ts.splits["train"]["ends"].compute()
         got = np.stack([ts.shared["features"].compute()[e - 3 : e + 1] for e in ends])
     np.testing.assert_allclose(got, want[: len(got)], rtol=0, atol=2e-6)
+
+
+# -- labels that read an empty price (source.nan: fill) -----------------------------------
+
+ASK_DUMMY, BID_DUMMY = 9_999_999_999, -9_999_999_999
+
+
+def write_lobster_day(d, n: int, seed: int, empty_ask=(), empty_bid=()):
+    """A one-level LOBSTER pair on a cent grid around $200, with the dummy price (and size
+    0) on the ask side at rows ``empty_ask`` and on the bid side at ``empty_bid``, as
+    LOBSTER writes a one-sided book. Returns the orderbook file."""
+    rng = np.random.default_rng(seed)
+    bid = 2_000_000 + np.cumsum(rng.integers(-1, 2, n)) * 100
+    ask = bid + rng.integers(1, 4, n) * 100
+    ask_size, bid_size = rng.integers(1, 500, (2, n)) * 100
+    for rows, price, size, dummy in ((empty_ask, ask, ask_size, ASK_DUMMY), (empty_bid, bid, bid_size, BID_DUMMY)):
+        price[list(rows)], size[list(rows)] = dummy, 0
+    stem = d / "AAA_2012-06-21_34200000_57600000"
+    (d / f"{stem.name}_message_1.csv").write_text(
+        "".join(f"{34_200 + i / 1000:.9f},1,{10**7 + i},1,2000000,1\n" for i in range(n)))
+    path = d / f"{stem.name}_orderbook_1.csv"
+    path.write_text("".join(",".join(map(str, r)) + "\n" for r in zip(ask, ask_size, bid, bid_size)))
+    return path
+
+
+def pandas_windows(path, label: LabelSpec, size: int):
+    """An independent build with pandas: mid_price and spread features from the filled
+    prices (0 where empty, as source.nan: fill gives them), labels from the prices with
+    NaN where empty, and only the windows whose every label is finite. Returns the
+    windows, the labels (scaled, float32) and how many windows each side's emptiness
+    left out."""
+    import pandas as pd
+
+    book = pd.read_csv(path, header=None).to_numpy(np.float64)
+    empty_ask, empty_bid = book[:, 0] == ASK_DUMMY, book[:, 2] == BID_DUMMY
+    ask = pd.Series(np.where(empty_ask, np.nan, book[:, 0] / 10_000))
+    bid = pd.Series(np.where(empty_bid, np.nan, book[:, 2] / 10_000))
+    filled_ask, filled_bid = ask.fillna(0.0), bid.fillna(0.0)
+    feats = np.stack([(filled_bid + filled_ask) / 2, filled_ask - filled_bid], axis=1).astype(np.float32)
+
+    def values(a: pd.Series, b: pd.Series) -> np.ndarray:
+        mid = (b + a) / 2
+        cols = []
+        for k in label.horizon_list:
+            if label.kind == "return":
+                cols.append(np.log(mid).shift(-k) - np.log(mid))
+            else:  # smoothed, past_mean
+                past = mid.rolling(k).mean()
+                cols.append((past.shift(-k) - past) / past)
+        return np.stack(cols, axis=1) * label.scale
+
+    y = values(ask, bid)
+    n = len(book)
+    back, fwd = max(size - 1, label.reach[0]), label.reach[1]
+    ends = np.arange(back, n - fwd)
+    kept = ends[np.isfinite(y[ends]).all(axis=1)]
+    x = np.stack([feats[e - size + 1 : e + 1] for e in kept])
+    # Which side's emptiness each left-out window's label reads (the other side priced).
+    by_ask = ~np.isfinite(values(ask, filled_bid)[ends]).all(axis=1)
+    by_bid = ~np.isfinite(values(filled_ask, bid)[ends]).all(axis=1)
+    return x, y[kept].astype(np.float32).reshape(len(kept), -1), int(by_ask.sum()), int(by_bid.sum())
+
+
+@pytest.mark.parametrize("label", [LabelSpec(kind="return", horizons=(1, 3), scale=1e4),
+                                   LabelSpec(kind="smoothed", horizons=(2, 4), reference="past_mean")])
+def test_windows_whose_label_reads_an_empty_price_are_left_out(tmp_path, label):
+    """A one-sided book under source.nan: fill (ask price 0 at three rows, bid price 0 at
+    one): no label is computed from the fill. The build gives exactly the windows and
+    labels of a pandas computation that drops the windows whose label horizon touches
+    an empty level, and warns how many it left out and which price was empty."""
+    from pipeline.loaders.segments import open_segmented
+
+    path = write_lobster_day(tmp_path, 160, seed=4, empty_ask=(40, 41, 42), empty_bid=(100,))
+    src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster", nan="fill", dtype="float64")
+    specs = [FeatureSpec.from_mapping(v, "f") for v in ("mid_price", "spread")]
+    kw = dict(columns=src.columns, features=specs, size=5, label=label, normalize="none",
+              segments=src.segments, timestamps=src.timestamps.rechunk(13))
+    with pytest.warns(UserWarning) as caught:
+        ts = build_training_set(src.array.rechunk((13, -1)), source_fill=0.0, **kw)
+    xr, yr, by_ask, by_bid = pandas_windows(path, label, 5)
+    np.testing.assert_array_equal(ts.splits["train"]["x"].compute(), xr)
+    y = ts.splits["train"]["y"].compute()
+    if label.kind == "return":
+        np.testing.assert_array_equal(y, yr)
+    else:  # pandas' rolling mean sums in another order: the last bit may differ
+        np.testing.assert_allclose(y, yr, rtol=1e-6, atol=0)
+    assert np.abs(y).max() < 0.01 * label.scale  # no 69% "move" to a price of 0
+    left_out = ts.attrs["window_counts"]["train"]
+    assert [str(w.message) for w in caught if "left out" in str(w.message)] == [
+        f"labels: {len(np.arange(4, 160 - label.reach[1])) - left_out} windows left out: their label reads "
+        f"bid_price_1 ({by_bid} windows) or ask_price_1 ({by_ask} windows) where it was empty (source.nan: fill); "
+        "their labels would be computed from the fill value, not a price"]
+    assert ts.attrs["nan_windows_dropped"]["train"] == 0  # left out for the label, not counted as NaN
+    # The windows that remain are those of a build that does not know the fill, bit for bit.
+    blind = build_training_set(src.array, **kw)
+    t_all, t_kept = blind.splits["train"]["t"].compute(), ts.splits["train"]["t"].compute()
+    same = np.isin(t_all, t_kept)
+    assert same.sum() == len(t_kept)
+    np.testing.assert_array_equal(blind.splits["train"]["x"].compute()[same], ts.splits["train"]["x"].compute())
+    np.testing.assert_array_equal(blind.splits["train"]["y"].compute()[same], y)

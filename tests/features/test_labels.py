@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pipeline.demo import DemoSpec, generate_day, orderbook_columns
 from pipeline.errors import ConfigError, FeatureError
 from pipeline.features import LabelSpec, class_balance, finalize_labels, label_steps
-from pipeline.features.labels import label_steps_numpy
+from pipeline.features.labels import label_gaps, label_gaps_numpy, label_steps_numpy
 
 NAN = math.nan
 #: Mid prices of 8 steps; the book quotes them half a tick either side (exact in float32).
@@ -270,6 +270,57 @@ def test_label_steps_are_identical_for_any_chunking(n, sizes, which, seed):
         b = k - 1 if back else 0
         inside = (np.arange(n) >= b) & (np.arange(n) + k < n)
         assert np.isfinite(whole[inside, j]).all() and np.isnan(whole[~inside, j]).all()
+
+
+# -- labels that read an empty price (source.nan: fill) ------------------------------------
+
+
+def rows_read(label: LabelSpec, e: int) -> set[int]:
+    """The rows the label of a window ending at ``e`` reads, written out per kind from
+    the formulas of LabelSpec's docstring."""
+    rows = set()
+    for k in label.horizon_list:
+        if label.kind in ("return", "class"):
+            rows |= {e, e + k}
+        else:
+            rows |= set(range(e + 1, e + k + 1))
+            rows |= {e} if label.reference == "current" else set(range(e - k + 1, e + 1))
+    return rows
+
+
+@pytest.mark.parametrize("value", SPECS[:4])
+def test_label_gaps_flag_the_windows_whose_label_reads_a_filled_price(value):
+    """Against a row-by-row reading of the formulas, whatever the chunking; the gaps are
+    exactly the steps whose label a NaN in place of the fill makes NaN."""
+    x, cols = book(120, 3)
+    rng = np.random.default_rng(7)
+    ask, bid = cols.index("ask_price_1"), cols.index("bid_price_1")
+    empty_ask, empty_bid = rng.random(120) < 0.04, rng.random(120) < 0.03
+    x[empty_ask, ask], x[empty_bid, bid] = 0.0, 0.0  # as source.nan: fill writes them
+    label = spec(**value)
+    got = label_gaps_numpy(x, cols, label, 0.0)
+    n = len(x)
+    expected = np.zeros((n, 2), dtype=bool)
+    for e in range(n):
+        read = [r for r in rows_read(label, e) if 0 <= r < n]
+        expected[e] = [empty_bid[read].any(), empty_ask[read].any()]  # required_columns: bid, ask
+    np.testing.assert_array_equal(got, expected)
+    for chunks in (7, 31, 120):
+        lazy = label_gaps(da.from_array(x, chunks=(chunks, -1)), columns=cols, spec=label, empty=0.0)
+        np.testing.assert_array_equal(lazy.compute(scheduler="sync"), expected)
+    # The same steps as the label's own NaN where the empty prices are NaN, inside the reach.
+    holed = x.copy()
+    holed[empty_ask, ask], holed[empty_bid, bid] = np.nan, np.nan
+    back, fwd = label.reach
+    inside = (np.arange(n) >= back) & (np.arange(n) + fwd < n)
+    nan_label = ~np.isfinite(label_steps_numpy(holed, cols, label)).all(axis=1)
+    np.testing.assert_array_equal(got.any(axis=1)[inside], nan_label[inside])
+
+
+def test_label_gaps_refuse_a_column_label():
+    x, cols = book(10, 0)
+    with pytest.raises(FeatureError, match="column label reads no price"):
+        label_gaps(da.from_array(x), columns=cols, spec=spec(kind="column", column="ask_size_2"), empty=0.0)
 
 
 def test_missing_label_column_fails_before_computing():
