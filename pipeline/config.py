@@ -107,6 +107,13 @@ class SourceConfig:
     #: :class:`pipeline.features.sessions.DateSpec` or ``None``: each file's date from its
     #: path, for timestamps that are times of day (NASDAQ ITCH's ns since midnight).
     date: Any = None
+    #: LOBSTER only: its trading-halt messages (event type 7), whose rows repeat the
+    #: book row before them: ``drop`` leaves those rows out of the series (no window,
+    #: lookback or label horizon counts them as events), ``keep`` keeps them (their
+    #: ``event_type`` column is 7, their ``event_price`` the halt code: -1 halt, 0
+    #: quote, 1 resume). ``null``: ``drop`` for LOBSTER; set for another format it is
+    #: refused.
+    halts: Literal["drop", "keep"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,6 +459,40 @@ def _csv_marks(source: SourceConfig, path: str) -> SourceConfig:
     return source
 
 
+def _halts(source: SourceConfig, path: str) -> SourceConfig:
+    """``source.halts`` checked against ``source.format`` by the loader's own rule
+    (:func:`pipeline.loaders.lobster.halts_option`): set for a format other than
+    ``lobster`` it would change nothing, so it is refused when the config is read."""
+    from pipeline.loaders.lobster import halts_option
+
+    try:
+        halts_option(source.halts, source.format)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}.halts", exc.expected, exc.got) from None
+    return source
+
+
+def _check_order_ids(source: SourceConfig, features: FeaturesConfig, labels: Any) -> None:
+    """Refuse LOBSTER's ``order_id`` read in float32: its ids (8 digits and more) run
+    past 2**24, from where float32 rounds integers to even ones, and more, so two orders
+    would share an id, silently.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``source.dtype`` and the fix.
+    """
+    if source.format != "lobster" or source.dtype != "float32":
+        return
+    from pipeline.features.steps import columns_read
+
+    read = set(source.columns or ()) | set(columns_read(features.steps, labels) or ())
+    if "order_id" in read:
+        raise ConfigError("source.dtype", "float64 when order_id is read (LOBSTER's order ids run past 2**24 = "
+                          "16,777,216, beyond which float32 rounds integers: two orders would share an id)",
+                          source.dtype)
+
+
 def _cluster(value: Any, path: str) -> ClusterConfig:
     """The cluster section, its address checked as :func:`pipeline.remote.connect_remote`
     checks it before a client starts (syntax, scheme, port, TLS files set for an
@@ -516,9 +557,9 @@ def parse_config(data: Any) -> Config:
         raise ConfigError("<root>", "a mapping of sections", data)
     sections = {
         "cluster": _cluster,
-        "source": lambda v, p: _csv_marks(_build(SourceConfig, v, p, {
+        "source": lambda v, p: _halts(_csv_marks(_build(SourceConfig, v, p, {
             "paths": _paths, "sessions": _sessions, "instrument": _instrument, "date": _date, "rename": _rename,
-            "format": _format, "scale": _scale, "missing": _missing}), p),
+            "format": _format, "scale": _scale, "missing": _missing}), p), p),
         "features": _features,
         "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),
         "labels": _labels,
@@ -542,6 +583,7 @@ def parse_config(data: Any) -> Config:
         kwargs[name] = build(data[name], name)
     if "features" not in kwargs:
         kwargs["features"] = _features({}, "features")
+    _check_order_ids(kwargs["source"], kwargs["features"], kwargs["labels"])
     raw = yaml.safe_dump(_plain(data), sort_keys=False)
     return Config(**kwargs, raw_yaml=raw)
 

@@ -364,3 +364,41 @@ def test_the_reference_says_timestamp_units_meaning_once_and_what_it_means_under
     assert problems == []
     # A comment and a note that say different things are both kept, in that order.
     assert hooks._meaning("CSV only: one character.", "Tabs too.") == "CSV only: one character. Tabs too."
+
+
+def lobster_config(**source) -> dict:
+    data = base()
+    data["source"] = {"paths": "data/lobster/*_orderbook_10.csv", "format": "lobster", **source}
+    return data
+
+
+def test_source_halts_is_drop_or_keep_for_lobster_and_refused_for_other_formats():
+    assert parse_config(lobster_config()).source.halts is None  # the loader's default for LOBSTER: drop
+    assert parse_config(lobster_config(halts="keep")).source.halts == "keep"
+    assert parse_config(apply_overrides(lobster_config(), ["source.halts=drop"])).source.halts == "drop"
+    with pytest.raises(ConfigError, match=r"^source.halts: expected one of 'drop', 'keep' or null, got 'skip'$"):
+        parse_config(lobster_config(halts="skip"))
+    data = base()
+    data["source"]["halts"] = "drop"  # a CSV/Parquet source: it would change nothing
+    with pytest.raises(ConfigError, match=r"^source.halts: expected null for a format chosen by suffix: halts are "
+                                          r"the trading-halt messages \(event type 7\) of LOBSTER files"):
+        parse_config(data)
+    data["source"]["format"] = "parquet"
+    with pytest.raises(ConfigError, match=r"^source.halts: expected null for format 'parquet'"):
+        parse_config(data)
+
+
+@pytest.mark.parametrize("where", ["feature", "label", "columns"])
+def test_lobster_order_ids_in_float32_are_refused_when_parsed(where):
+    data = lobster_config()
+    if where == "feature":
+        data["features"] = {"steps": ["mid_price", {"name": "column", "column": "order_id"}]}
+    elif where == "label":
+        data["labels"] = {"kind": "column", "column": "order_id"}
+    else:
+        data["source"]["columns"] = ["ask_price_1", "bid_price_1", "order_id"]
+    with pytest.raises(ConfigError, match=r"^source.dtype: expected float64 when order_id is read \(LOBSTER's order "
+                                          r"ids run past 2\*\*24 = 16,777,216.*got 'float32'$"):
+        parse_config(data)
+    data["source"]["dtype"] = "float64"
+    assert parse_config(data).source.dtype == "float64"
