@@ -217,7 +217,7 @@ def build_training_set(
         Append: ``x`` holds only new sessions after the stored build ``prior``
         (:mod:`pipeline.features.history`), windowed with its statistics.
     source_fill
-        The value the source wrote where a value was empty (``source.fill`` under
+        The value the source wrote where a value was empty (``source.fill_value`` under
         ``source.nan: fill``), else ``None``. A window whose mid-price label reads a
         price holding it (at either end of a horizon, or in a smoothed mean) is left
         out of every split, with a warning naming the column; its features are kept.

@@ -174,7 +174,7 @@ def label_gaps_numpy(block: np.ndarray, columns: Sequence[str], spec: LabelSpec,
     spec
         The label (a mid-price kind: ``return``, ``class`` or ``smoothed``).
     empty
-        The value the source wrote where a price was empty (``source.fill`` under
+        The value the source wrote where a price was empty (``source.fill_value`` under
         ``source.nan: fill``), compared in ``block``'s dtype; NaN matches NaN.
 
     Returns

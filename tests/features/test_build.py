@@ -3,6 +3,8 @@ splits, train-only normalization, NaN policies."""
 
 from __future__ import annotations
 
+import warnings
+
 import dask.array as da
 import numpy as np
 import pytest
@@ -295,3 +297,45 @@ def test_windows_whose_label_reads_an_empty_price_are_left_out(tmp_path, label):
     assert same.sum() == len(t_kept)
     np.testing.assert_array_equal(blind.splits["train"]["x"].compute()[same], ts.splits["train"]["x"].compute())
     np.testing.assert_array_equal(blind.splits["train"]["y"].compute()[same], y)
+
+
+def test_class_labels_from_float32_prices_warn_where_exact_prices_could_change_them(tmp_path):
+    """source.dtype float32 (the default): a $200 book on a cent grid keeps its ticks, but
+    smoothed labels that tie with alpha, as tick moves do, land in either class with the
+    prices' float32 rounding. The build warns, counting at least every label whose class
+    differs from pandas' float64 computation; with float64 prices the labels equal it and
+    nothing warns."""
+    import re
+
+    import pandas as pd
+
+    from pipeline.errors import PriceResolutionWarning
+    from pipeline.loaders.segments import open_segmented
+
+    path = write_lobster_day(tmp_path, 1500, seed=1)
+    book = pd.read_csv(path, header=None).to_numpy(np.float64)
+    mid = pd.Series((book[:, 2] / 10_000 + book[:, 0] / 10_000) / 2)
+    change = ((mid.shift(-1) - mid) / mid).to_numpy()[:-1]  # FI-2010's label at k = 1
+    moves, counts = np.unique(change[change > 0], return_counts=True)
+    alpha = float(moves[counts.argmax()])  # the commonest one-tick move: many labels tie with alpha
+    label = LabelSpec(kind="smoothed", horizon=1, alpha=alpha)
+    exact = np.where(change > alpha, 2, np.where(change < -alpha, 0, 1))
+    specs = [FeatureSpec.from_mapping("spread", "f")]
+    ys = {}
+    for dtype in ("float32", "float64"):
+        src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster", dtype=dtype)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ts = build_training_set(src.array, columns=src.columns, features=specs, size=1, label=label,
+                                    normalize="none", segments=src.segments, timestamps=src.timestamps)
+        ys[dtype] = ts.splits["train"]["y"].compute()
+        found = [str(w.message) for w in caught if issubclass(w.category, PriceResolutionWarning)]
+        if dtype == "float64":
+            assert not found
+            np.testing.assert_array_equal(ys[dtype], exact)
+            continue
+        flipped = int((ys[dtype] != exact).sum())
+        assert flipped > 0  # the problem is real: float32 prices change some classes
+        assert len(found) == 1 and f"alpha {alpha:g}" in found[0] and "source.dtype: float64" in found[0]
+        near, total = (int(v.replace(",", "")) for v in re.match(r"labels: ([\d,]+) of ([\d,]+) ", found[0]).groups())
+        assert flipped <= near < total == len(exact)

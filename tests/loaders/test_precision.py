@@ -20,7 +20,9 @@ import pipeline
 from pipeline.demo import DemoSpec, write_demo_data
 from pipeline.loaders import open_source, precision
 from pipeline.errors import PriceResolutionWarning
-from pipeline.loaders.precision import resolution_problem
+from pipeline.features.labels import label_steps_numpy
+from pipeline.features.specs import LabelSpec
+from pipeline.loaders.precision import near_boundaries, resolution_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 #: A BTC-USD-like book: about 97,123.45 with a tick of 0.01 (float32 resolves 0.0078125 there).
@@ -198,3 +200,76 @@ def test_pipeline_run_with_float64_stores_exact_features_and_labels(tmp_path):
     np.testing.assert_array_equal(x[:, -1, 1], mid[ends].astype(np.float32))
     np.testing.assert_array_equal(x[:, -1, 2], ret[ends - 1].astype(np.float32))
     np.testing.assert_array_equal(y, (ret[ends] * 10000).astype(np.float32))
+
+
+# -- class labels from float32 prices -------------------------------------------------------
+
+LABELS = [
+    LabelSpec(kind="smoothed", horizon=1),                               # (p[e+1] - p[e]) / p[e]
+    LabelSpec(kind="smoothed", horizons=(3, 8), reference="past_mean"),  # DeepLOB's
+    LabelSpec(kind="return", horizons=(2,), scale=1e4),                  # basis points
+]
+
+
+def pandas_label_values(path: Path, label: LabelSpec) -> np.ndarray:
+    """The label values (scaled) of a one-level LOBSTER book, in float64 with pandas from
+    the file's integers: the exact computation."""
+    import pandas as pd
+
+    book = pd.read_csv(path, header=None).to_numpy(np.float64)
+    mid = pd.Series((book[:, 2] / 10_000 + book[:, 0] / 10_000) / 2)
+    cols = []
+    for k in label.horizon_list:
+        if label.kind == "return":
+            cols.append(np.log(mid).shift(-k) - np.log(mid))
+        elif label.reference == "current":
+            cols.append((mid.rolling(k).mean().shift(-k) - mid) / mid)
+        else:
+            past = mid.rolling(k).mean()
+            cols.append((past.shift(-k) - past) / past)
+    return np.stack(cols, axis=1) * label.scale
+
+
+@pytest.mark.parametrize("label", LABELS)
+def test_near_boundaries_flags_every_class_label_float32_prices_flip(tmp_path, label):
+    """A $200 book on a cent grid keeps its ticks in float32 (no resolution warning), but
+    a label on a class boundary, as tick prices often put one, can change class with the
+    prices' float32 rounding. For boundaries at exact label values, every label whose
+    class from the float32 source differs from pandas' float64 class is flagged, and only
+    labels that near a boundary are."""
+    from tests.features.test_build import write_lobster_day
+
+    path = write_lobster_day(tmp_path, 3000, seed=1)
+    src = open_source(str(tmp_path / "*_orderbook_1.csv"), format="lobster")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PriceResolutionWarning)
+        x32 = src.array.compute(scheduler="sync")
+    assert x32.dtype == np.float32
+    got = label_steps_numpy(x32, src.columns, label) * label.scale
+    exact = pandas_label_values(path, label)
+    finite = np.isfinite(exact)
+    np.testing.assert_array_equal(np.isfinite(got), finite)
+    values, counts = np.unique(np.abs(exact[finite]), return_counts=True)
+    # Boundaries of the size alphas and thresholds have, that most labels tie with.
+    ties = values[(values > 1e-6 * label.scale) & (counts > 1)]
+    ties = ties[np.argsort(-counts[np.isin(values, ties)], kind="stable")][:40]
+    flips = 0
+    for b in ties:
+        classes = [np.where(v > b, 2, np.where(v < -b, 0, 1))[finite] for v in (got, exact)]
+        near = near_boundaries(got / label.scale, (-b, b), label.scale)[finite]
+        differ = classes[0] != classes[1]
+        assert not (differ & ~near).any(), f"boundary {b!r}: a flipped label was not flagged"
+        # ... and only labels whose exact value lies that near the boundary are.
+        room = 2 * label.scale * precision.LABEL_ROUNDING * (1 + np.abs(exact[finite] / label.scale))
+        assert (np.abs(np.abs(exact[finite][near]) - b) <= room[near]).all()
+        flips += int(differ.sum())
+    assert flips > 0
+
+
+def test_near_boundaries_scales_the_room_with_the_label():
+    bound = precision.LABEL_ROUNDING * (1 + 1e-4)
+    values = np.array([1e-4, 1e-4 + 0.9 * bound, 1e-4 + 1.1 * bound, -1e-4 - 0.9 * bound, np.nan])
+    np.testing.assert_array_equal(near_boundaries(values, (-1e-4, 1e-4)), [True, True, False, True, False])
+    # return labels in basis points: the boundary is on the scaled value, the room too
+    np.testing.assert_array_equal(near_boundaries(values, (-1.0, 1.0), 1e4), [True, True, False, True, False])
+    assert "3 of 10 labels" in precision.boundary_message(3, 10, "alpha 0.0001")
