@@ -159,6 +159,20 @@ def _field_type(dt: np.dtype) -> str:
     return f"{dt.base}{list(dt.shape)}" if dt.shape else str(dt)
 
 
+def _object_kind(dt: np.dtype) -> str:
+    """What an HDF5 type h5py reads as ``dtype=object`` holds, in words."""
+    h5py = _h5py()
+    if h5py.check_string_dtype(dt) is not None:
+        return "variable-length strings"
+    base = h5py.check_vlen_dtype(dt)
+    if base is not None:
+        return f"variable-length (ragged) arrays of {base}"
+    ref = h5py.check_ref_dtype(dt)
+    if ref is not None:
+        return "region references" if ref is h5py.RegionReference else "object references"
+    return "values of an HDF5 type without a fixed size"
+
+
 def _check_dataset(path: str, name: str, ds: Any) -> None:
     """Refuse, naming the file and the dataset, what would otherwise be read as
     something other than a numeric array, or fail inside HDF5 (or crash it).
@@ -167,7 +181,9 @@ def _check_dataset(path: str, name: str, ds: Any) -> None:
     ------
     LoaderError
         For a null dataspace (``h5py.Empty``), a compound dtype (a table, e.g. one
-        pandas wrote with ``format="table"``), a filter this HDF5 cannot decode (a
+        pandas wrote with ``format="table"``), a type h5py reads as Python objects
+        (variable-length strings, ragged arrays, references: numpy's ``.npy`` object
+        arrays are refused too, and zarr cannot store them), a filter this HDF5 cannot decode (a
         plugin such as blosc, as PyTables writes), or a virtual dataset in a file read
         over a URL.
     """
@@ -180,6 +196,10 @@ def _check_dataset(path: str, name: str, ds: Any) -> None:
                           "as pandas writes with format='table'), not an array of numbers; read it with "
                           "pandas.read_hdf and save it as Parquet (format: parquet reads tables), or store "
                           "each field as a dataset of its own")
+    if ds.dtype.hasobject:
+        raise LoaderError(path, f"dataset {name!r} holds {_object_kind(ds.dtype)}, which h5py reads as Python "
+                          "objects (dtype=object), not an array of numbers; choose a numeric dataset, or store "
+                          "these values as one (fixed-length bytes for strings, padded rows for ragged arrays)")
     missing = _unavailable_filters(ds)
     if missing:
         raise LoaderError(path, f"dataset {name!r} is compressed with the HDF5 filter {', '.join(missing)}, whose "

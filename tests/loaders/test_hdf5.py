@@ -154,3 +154,21 @@ def test_a_filter_without_its_plugin_is_named_when_the_array_is_built(tmp_path):
     with pytest.raises(LoaderError, match=r"blosc\.h5: dataset 'values' is compressed with the HDF5 filter blosc "
                                           r"\(id 32001\), whose plugin .*hdf5plugin"):
         pipeline.load(str(tmp_path / "blosc.h5"), combine="concat")
+
+
+@pytest.mark.parametrize("name, kind", [
+    ("names", "variable-length strings"),
+    ("ragged", r"variable-length \(ragged\) arrays of float32"),
+    ("refs", "object references"),
+])
+def test_datasets_h5py_reads_as_objects_are_refused_when_the_array_is_built(tmp_path, name, kind):
+    with h5py.File(tmp_path / "events.h5", "w") as f:
+        f.create_dataset("names", data=["ab", "cde"], dtype=h5py.string_dtype())
+        rag = f.create_dataset("ragged", (2,), dtype=h5py.vlen_dtype("f4"))
+        rag[0], rag[1] = np.arange(3, dtype="f4"), np.arange(5, dtype="f4")
+        f.create_dataset("refs", data=np.array([f.ref, f.ref], dtype=h5py.ref_dtype))
+    with h5py.File(tmp_path / "events.h5", "r") as f:
+        assert f[name].dtype == object  # what would reach zarr, which cannot store it
+    with pytest.raises(LoaderError, match=rf"events\.h5: dataset '{name}' holds {kind}, which h5py reads as Python "
+                       r"objects \(dtype=object\)"):
+        pipeline.load(str(tmp_path / "events.h5"), combine="concat", dataset=name)
