@@ -266,9 +266,17 @@ class Mix:
         state = {"epoch": self.epoch, "batches_served": served,
                  "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "steps_per_epoch": self.steps,
                  "counts": list(self.counts), "sources": [self._source_keys(s) for s in self.streams]}
-        if num_workers is not None:
-            state["num_workers"] = max(1, int(num_workers))
+        if num_workers is not None or self._served_workers is not None:
+            # Recorded whoever served (a loop in this process is one server): a loader
+            # of another number of workers would take its turns over other shares.
+            state["num_workers"] = max(1, int(num_workers if num_workers is not None else self._served_workers))
         return state
+
+    def serving_in_process(self) -> None:
+        """An iteration in this process begins (a plain loop, ``DataLoader(num_workers=0)``):
+        one server, recorded by ``state_dict`` (see :meth:`Stream.serving_in_process`)."""
+        if self._served_workers is None:
+            self._served_workers = 1
 
     @staticmethod
     def _source_keys(s: Stream) -> dict[str, Any]:

@@ -440,11 +440,13 @@ class Stream:
             ``epoch``, ``batches_served``, ``seed``, ``rank``, ``world_size`` (and
             ``version``), and what the order depends on, checked on loading:
             ``batch_size``, ``buffer_chunks``, ``shuffle``, ``drop_last`` and
-            ``n_samples``. With ``global_batch_size`` also ``global_batch_size``,
-            ``steps_per_epoch`` (checked on loading), ``done``, the
+            ``n_samples``; ``num_workers``, the DataLoader workers that served the
+            batches counted (beyond ``done``), once given or once this process iterated
+            the stream (1: a plain loop, Keras or ``DataLoader(num_workers=0)``, one
+            server). With ``global_batch_size`` also ``global_batch_size``,
+            ``steps_per_epoch`` (checked on loading) and ``done``, the
             global steps served before the iteration in progress as ``[start, stop)``
-            runs, and ``num_workers``, the DataLoader workers that served the batches
-            counted beyond them (known only once given or iterated); ``rank``,
+            runs; ``rank``,
             ``world_size`` and ``batch_size`` (this rank's share of a step) are then for
             information, not checked.
         """
@@ -472,8 +474,10 @@ class Stream:
                          done=[list(p) for p in done])
             if workers is not None:
                 state["num_workers"] = workers
-        elif num_workers is not None:
-            state["num_workers"] = max(1, int(num_workers))
+        elif num_workers is not None or self._served_workers is not None:
+            # Recorded whoever served: a loader of another number of workers would take
+            # its turns over other shares, serving some batches twice and others never.
+            state["num_workers"] = max(1, int(num_workers if num_workers is not None else self._served_workers))
         if self.version is not None:
             state["version"] = self.version
         return state
@@ -657,11 +661,7 @@ class Stream:
         if self._served and self._cut_short:
             warn_continued("stream", self.epoch, self._served, len(self))
         whole = self._served == 0
-        if self.global_batch_size is not None:
-            # This iteration is the one in progress: what came before it is done.
-            left = self._remaining(1)
-            self._done = step_intervals(np.setdiff1d(np.arange(len(self)), left, assume_unique=True))
-            self._served_workers = 1
+        self.serving_in_process()
         for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
             self._cut_short = True  # until the epoch's end
@@ -670,6 +670,23 @@ class Stream:
         self._done, self._served_workers = [], None
         if whole:
             self._quality_epoch = self.epoch
+
+    def serving_in_process(self) -> None:
+        """An iteration in this process begins: a plain loop, Keras, or a
+        ``DataLoader(num_workers=0)``, one server that takes every batch in order (as a
+        loader of one worker does). ``state_dict`` then records ``num_workers: 1``, so
+        that a loader of other workers resumes its state exactly (``global_batch_size``)
+        or refuses it, rather than take turns over shares this loop never had.
+
+        A state served by other workers is left as it is: without ``global_batch_size``
+        the iteration refuses it (:meth:`iter_resumed`)."""
+        if self.global_batch_size is not None:
+            # This iteration is the one in progress: what came before it is done.
+            left = self._remaining(1)
+            self._done = step_intervals(np.setdiff1d(np.arange(len(self)), left, assume_unique=True))
+            self._served_workers = 1
+        elif self._served_workers is None:
+            self._served_workers = 1
 
     def iter_resumed(self, worker: int, num_workers: int, *, read_ahead: bool = False
                      ) -> Iterator[tuple[np.ndarray, ...]]:
@@ -689,9 +706,10 @@ class Stream:
         skip, share = 0, worker
         if self._served:
             if self._served_workers not in (None, num_workers):
-                raise StreamError(f"state_dict was saved while {self._served_workers} DataLoader workers served, "
-                                  f"this loader has {num_workers}; resuming on another number of workers needs "
-                                  "global_batch_size")
+                who = (f"{self._served_workers} DataLoader workers" if self._served_workers > 1 else
+                       "1 server (a loop in one process: plain, Keras or DataLoader num_workers=0)")
+                raise StreamError(f"state_dict was saved while {who} served, this loader has {num_workers}; "
+                                  "resuming on another number of workers needs global_batch_size")
             # The DataLoader took batches from the workers in turn: each share skips what
             # it delivered, and the turns go on where they stopped.
             counts = [len(self.plan(k, num_workers).batch_sizes) for k in range(num_workers)]

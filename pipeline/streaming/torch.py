@@ -15,7 +15,8 @@ blosc thread state crosses it), with blosc's internal threads off.
 
 To resume mid-epoch, count the batches the loop consumed this epoch and save
 ``stream.state_dict(batches_served=n, num_workers=k)`` (``k`` the loader's
-``num_workers``); before the next ``iter(loader)``, call ``stream.load_state_dict`` with
+``num_workers``; a loop in this process, ``num_workers=0`` included, is recorded as one
+server without it); before the next ``iter(loader)``, call ``stream.load_state_dict`` with
 it: each worker then serves its share of exactly what is left, in the order the
 uninterrupted loop would have served it (a new DataLoader iterator starts its turns at
 worker 0, so after an odd count on 2 workers worker 0 serves what worker 1 would have
@@ -173,6 +174,12 @@ class TorchDataset(IterableDataset):
             follow = getattr(self.stream, "follow_board", None)
             if follow is not None:
                 follow()
+        else:
+            # num_workers=0: this process serves every batch in order, as a plain loop
+            # does; its state says so (a loader of other workers must not take turns).
+            here = getattr(self.stream, "serving_in_process", None)
+            if here is not None:
+                here()
         pin = self.pin_memory and torch.cuda.is_available() and info is None
         # Resuming (Stream.load_state_dict): each worker serves its share of what the
         # loop has not consumed yet.

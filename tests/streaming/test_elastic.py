@@ -16,7 +16,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
@@ -121,15 +121,17 @@ def layouts(tmp_path_factory):
     return [make_store(root / f"{n}-{c}.zarr", n=n, chunk=c) for n, c in LAYOUTS]
 
 
-def _run_loader(streams, workers: int, batches: int | None):
+def _run_loader(streams, workers: int, batches: int | None, torch0: bool = False):
     """What a loop over one DataLoader per rank takes in its first ``batches`` steps (all
     when None): per loop step, the labels every rank served. ``workers=0`` iterates the
-    stream itself; otherwise workers are simulated in this process, taking turns."""
+    stream itself (``torch0``: through its torch dataset in this process, as
+    ``DataLoader(num_workers=0)`` does); otherwise workers are simulated in this
+    process, taking turns."""
     steps: list[list[np.ndarray]] = []
     per_rank = []
     for s in streams:
         if workers == 0:
-            its = [iter(s)]
+            its = [iter(s.torch()) if torch0 else iter(s)]
         else:
             its = [s.iter_resumed(k, workers) for k in range(workers)]
         out = []
@@ -143,6 +145,7 @@ def _run_loader(streams, workers: int, batches: int | None):
             if got is None:
                 live.remove(k)
                 continue
+            got = tuple(g.numpy() if isinstance(g, torch.Tensor) else g for g in got)
             assert (np.asarray(got[0]).reshape(len(got[1]), -1)[:, 0] == got[1]).all()  # x and y aligned
             out.append(np.array(got[1]))
         for it in its:
@@ -162,11 +165,15 @@ def _run_loader(streams, workers: int, batches: int | None):
     layout=st.integers(0, len(LAYOUTS) - 1),
     global_batch=st.sampled_from((8, 12, 16, 24)),
     buffer=st.integers(1, 4),
-    phases=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 3), st.floats(0, 0.6)), min_size=1, max_size=3),
+    phases=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 3), st.floats(0, 0.6), st.booleans()),
+                    min_size=1, max_size=3),
     saver=st.integers(0, 7),
     drop_last=st.booleans(),
     seed=st.integers(0, 9),
 )
+# A state of DataLoader(num_workers=0) saved without num_workers=, resumed on 2 workers.
+@example(layout=0, global_batch=8, buffer=1, phases=[(0, 0, 0.5, True), (0, 2, 0.3, False)], saver=0,
+         drop_last=False, seed=0)
 def test_resumes_on_other_world_sizes_and_workers_serve_the_rest_once_as_the_same_steps(
         layouts, layout, global_batch, buffer, phases, saver, drop_last, seed):
     source = layouts[layout]
@@ -179,7 +186,7 @@ def test_resumes_on_other_world_sizes_and_workers_serve_the_rest_once_as_the_sam
     served = collections.Counter()
     state = None
     done = 0
-    for i, (w, workers, share) in enumerate(phases + [(0, 0, 1.0)]):
+    for i, (w, workers, share, torch0) in enumerate(phases + [(0, 0, 1.0, False)]):
         world = sizes[w % len(sizes)]
         try:
             streams = [pipeline.stream(source, rank=r, world_size=world, **kw) for r in range(world)]
@@ -191,7 +198,7 @@ def test_resumes_on_other_world_sizes_and_workers_serve_the_rest_once_as_the_sam
                 s.load_state_dict(state)
         last = i == len(phases)
         take = None if last else int(share * (len(reference) - done))
-        steps = _run_loader(streams, workers, take)
+        steps = _run_loader(streams, workers, take, torch0)
         for ranks in steps:
             union = set(np.concatenate(ranks).tolist())
             assert sum(len(r) for r in ranks) == len(union)
@@ -199,8 +206,10 @@ def test_resumes_on_other_world_sizes_and_workers_serve_the_rest_once_as_the_sam
             served[reference.index(union)] += 1
         done += len(steps)
         saving = streams[saver % world]
-        state = (saving.state_dict() if workers == 0 else
-                 saving.state_dict(batches_served=done, num_workers=workers))
+        # A loop in this process (plain, or DataLoader(num_workers=0) saving the loop's
+        # count without num_workers) records who served by itself.
+        state = (saving.state_dict(batches_served=done) if workers == 0 and torch0 else saving.state_dict()
+                 if workers == 0 else saving.state_dict(batches_served=done, num_workers=workers))
         assert last or state["batches_served"] == done  # (a finished epoch starts afresh)
     assert sorted(served) == list(range(len(reference))) and max(served.values()) == 1
 

@@ -404,3 +404,24 @@ def test_stream_with_weights_passes_every_option_on(tmp_path):
         pipeline.stream(paths, weights=[0.5, 0.5], batch_size=16, dim="nope")
     with pytest.raises(StreamError, match="cache_bytes"):
         pipeline.stream(paths, weights=[0.5, 0.5], batch_size=16, cache_dir=tmp_path / "cache")
+
+
+def test_a_mix_state_served_in_this_process_records_one_server():
+    """A mix's plain loop (or DataLoader(num_workers=0)) is one server: its state says so,
+    resumes on one and is refused by a loader of 2 workers, which would take turns over
+    shares the loop never had."""
+    def make():
+        return pipeline.mix([arrays(0, 300), arrays(1, 200)], weights=[3, 2], batch_size=10, seed=4)
+
+    m = make()
+    it = iter(m)
+    first = [next(it) for _ in range(5)]
+    state = m.state_dict()
+    assert state["num_workers"] == 1 and state["batches_served"] == 5
+    it.close()
+    r = make()
+    r.load_state_dict(state)
+    assert len(first) + len(list(r)) == r.steps
+    r.load_state_dict(state)
+    with pytest.raises(StreamError, match="saved while 1 DataLoader workers served, this loader has 2"):
+        next(r.iter_resumed(0, 2))

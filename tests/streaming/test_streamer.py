@@ -226,7 +226,8 @@ def test_resume_on_every_rank_and_epoch_matches_an_uninterrupted_run(odd_store, 
             state = s.state_dict()
             assert state == {"epoch": epoch, "batches_served": stop_after, "seed": 9, "rank": rank,
                              "world_size": world, "version": 0, "batch_size": 30, "buffer_chunks": 3,
-                             "shuffle": True, "drop_last": drop_last, "n_samples": 1003}
+                             "shuffle": True, "drop_last": drop_last, "n_samples": 1003,
+                             "num_workers": 1}  # a plain loop: one server, whoever resumes it
             resumed = pipeline.stream(odd_store, rank=rank, **kw)
             resumed.load_state_dict(state)
             rest = epoch_ids(resumed)

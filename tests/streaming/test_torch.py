@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from torch.utils.data import DataLoader
 
 import pipeline
+from pipeline.errors import StreamError
 from tests.streaming.conftest import in_turns, make_store
 
 
@@ -229,3 +230,28 @@ def test_real_dataloader_workers_resume_in_the_uninterrupted_order(two_stores, k
         resumed = make()
         resumed.load_state_dict(s.state_dict(batches_served=stop, num_workers=workers))
         assert head + run(resumed) == full
+
+
+@pytest.mark.parametrize("via", ["plain", "dataloader0"])
+def test_a_state_served_in_this_process_records_one_server(store, via):
+    """A plain loop and DataLoader(num_workers=0) are one server in this process: the
+    state says so without num_workers=, resumes exactly on 0 workers and is refused on 2
+    (which would take turns over shares the loop never had: 7 batches twice, 7 never)."""
+    def make():
+        s = pipeline.stream(store, batch_size=32, seed=3, buffer_chunks=3)
+        s.set_epoch(2)
+        return s
+
+    a = make()
+    src = iter(a) if via == "plain" else iter(DataLoader(a.torch(), batch_size=None, num_workers=0))
+    first = [np.asarray(next(src)[1]).copy() for _ in range(7)]
+    state = a.state_dict(batches_served=7)
+    assert state["num_workers"] == 1
+    b = make()
+    b.load_state_dict(state)
+    rest = [y.numpy() for _, y in DataLoader(b.torch(), batch_size=None, num_workers=0)]
+    np.testing.assert_array_equal(np.sort(np.concatenate(first + rest)), np.arange(1000))
+    c = make()
+    c.load_state_dict(state)
+    with pytest.raises(StreamError, match="saved while 1 server .* served, this loader has 2; .* global_batch_size"):
+        next(c.iter_resumed(0, 2))
