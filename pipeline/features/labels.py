@@ -258,14 +258,18 @@ def gaps_message(reads: np.ndarray, spec: LabelSpec) -> str | None:
         How many windows, and which price column was empty (with each column's count
         when both were); ``None`` when no window reads one.
     """
-    reads = np.asarray(reads, dtype=bool).reshape(len(reads), -1)
+    reads = np.asarray(reads, dtype=bool)
+    reads = reads[:, None] if reads.ndim == 1 else reads
     n = int(reads.any(axis=1).sum())
     if not n:
         return None
+    def windows(count: int) -> str:
+        return f"{count:,} window{'' if count == 1 else 's'}"
+
     per_column = [(name, int(c)) for name, c in zip(spec.required_columns, reads.sum(axis=0)) if c]
     which = (per_column[0][0] if len(per_column) == 1
-             else " or ".join(f"{name} ({c:,} windows)" for name, c in per_column))
-    return (f"labels: {n:,} windows left out: their label reads {which} where it was empty (source.nan: fill); "
+             else " or ".join(f"{name} ({windows(c)})" for name, c in per_column))
+    return (f"labels: {windows(n)} left out: their label reads {which} where it was empty (source.nan: fill); "
             "their labels would be computed from the fill value, not a price")
 
 

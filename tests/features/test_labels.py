@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from pipeline.demo import DemoSpec, generate_day, orderbook_columns
 from pipeline.errors import ConfigError, FeatureError
 from pipeline.features import LabelSpec, class_balance, finalize_labels, label_steps
-from pipeline.features.labels import label_gaps, label_gaps_numpy, label_steps_numpy
+from pipeline.features.labels import gaps_message, label_gaps, label_gaps_numpy, label_steps_numpy
 
 NAN = math.nan
 #: Mid prices of 8 steps; the book quotes them half a tick either side (exact in float32).
@@ -315,6 +315,17 @@ def test_label_gaps_flag_the_windows_whose_label_reads_a_filled_price(value):
     inside = (np.arange(n) >= back) & (np.arange(n) + fwd < n)
     nan_label = ~np.isfinite(label_steps_numpy(holed, cols, label)).all(axis=1)
     np.testing.assert_array_equal(got.any(axis=1)[inside], nan_label[inside])
+
+
+def test_gaps_message_names_the_empty_column_and_counts_windows():
+    label = spec(kind="return", horizon=2)  # reads bid_price_1, ask_price_1
+    assert gaps_message(np.zeros((0, 2), dtype=bool), label) is None  # no window at all
+    assert gaps_message(np.zeros((5, 2), dtype=bool), label) is None
+    reads = np.array([[False, True], [False, True], [True, True], [False, False]])
+    assert gaps_message(reads, label).startswith(
+        "labels: 3 windows left out: their label reads bid_price_1 (1 window) or ask_price_1 (3 windows) where it "
+        "was empty (source.nan: fill)")
+    assert gaps_message(reads[:1], label).startswith("labels: 1 window left out: their label reads ask_price_1 where")
 
 
 def test_label_gaps_refuse_a_column_label():
