@@ -9,9 +9,11 @@ feature stage where no window, feature lookback or label may cross.
 Instruments come from the path (``data/{instrument}/*.parquet``: each instrument's files
 are opened as a source of their own, so time order is checked per instrument) or from a
 column (rows are picked out of every chunk by their instrument code, one task per chunk
-and instrument, after one pass that counts them). Sessions come from files (known from
-the file list), from calendar dates or from gaps in time (one pass over the timestamps,
-each chunk compared with its neighbour for the breaks between chunks).
+and instrument, after one pass that counts them and checks each instrument's time order
+across the files and parts holding it: files of one symbol each may interleave).
+Sessions come from files (known from the file list), from calendar dates or from gaps
+in time (one pass over the timestamps, each chunk compared with its neighbour for the
+breaks between chunks).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, calendar_days
 from pipeline.loaders import Source, expand_paths, open_source
-from pipeline.loaders.timeorder import check_file_times
+from pipeline.loaders.timeorder import check_file_times, check_instrument_times, instrument_spans
 
 __all__ = ["SegmentedSource", "open_segmented", "session_major_order", "zone_of"]
 
@@ -141,16 +143,16 @@ def _day_label(day: int) -> str:
     return str(np.datetime64(int(day), "D"))
 
 
-def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, files: Sequence[str],
-                  file_rows: Sequence[int], key_of: Any, tz: str | None = None) -> tuple[list[int], list[str]]:
+def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, file_keys: Sequence[str],
+                  file_rows: Sequence[int], tz: str | None = None) -> tuple[list[int], list[str]]:
     """Row counts of one instrument's sessions and a key per session (equal keys across
-    instruments are the same period: the same file name or date). ``key_of(file)``: the
-    file's name with its instrument replaced by ``{instrument}``; ``tz``: the zone of
-    the calendar dates."""
+    instruments are the same period: the same file name or date). ``file_keys``: per
+    file of the instrument, its name with the instrument replaced by ``{instrument}``,
+    and ``file_rows`` its rows; ``tz``: the zone of the calendar dates."""
     if spec.mode == "none":
         return [rows], [""]
     if spec.mode == "file":
-        return list(file_rows), [key_of(f) for f in files]
+        return list(file_rows), list(file_keys)
     if ts is None:
         raise ConfigError("source.sessions", "", detail=f"{spec.mode} sessions need timestamps; set source.timestamp")
     cuts = _breaks(ts, spec.mode, spec.gap_ns, tz).tolist()
@@ -162,18 +164,33 @@ def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, files: Sequ
     return lengths, [f"#{i}" for i in range(len(lengths))]
 
 
-def _by_code(src: Source) -> list[tuple[str, da.Array, da.Array | None, list[int]]]:
-    """Each instrument's rows of a source whose rows carry instrument codes."""
+def _by_code(src: Source) -> list[tuple[str, da.Array, da.Array | None, list[int], list[str]]]:
+    """Each instrument's rows of a source whose rows carry instrument codes: its name, rows,
+    timestamps, and the rows and session key of each file holding it (a file without
+    its rows is none of its sessions: files of one symbol each hold one instrument).
+
+    One pass over the codes and timestamps counts each instrument's rows per chunk and
+    finds its first and last time there, for the time order of each instrument across
+    files and parts (:func:`~pipeline.loaders.timeorder.check_instrument_times`),
+    before anything is written.
+    """
     codes = src.instrument_codes
     names = src.instruments
     x = src.array.rechunk({1: -1})
     c2 = codes.rechunk((x.chunks[0],))[:, None]
-
-    def count(b: np.ndarray) -> np.ndarray:
-        return np.bincount(np.asarray(b).ravel(), minlength=len(names))
-
-    counts = np.stack(dask.compute(*(dask.delayed(count)(b) for b in c2.to_delayed().ravel())))
+    t1 = None if src.timestamps is None else src.timestamps.rechunk((x.chunks[0],))
+    code_blocks = c2.to_delayed().ravel()
+    time_blocks = [None] * len(code_blocks) if t1 is None else t1.to_delayed().ravel()
+    spans = np.stack(dask.compute(*(dask.delayed(instrument_spans)(c, t, len(names))
+                                    for c, t in zip(code_blocks, time_blocks))))
+    counts = spans[:, 0, :]
     chunk_file = np.repeat(np.arange(len(src.files)), _chunks_per_file(src))
+    paths = [f.path for f in src.files]
+    if t1 is not None:
+        check_instrument_times([paths[i] for i in chunk_file], names, spans)
+    per_file = np.zeros((len(src.files), len(names)), dtype=np.int64)
+    np.add.at(per_file, chunk_file, counts)
+    alone = (per_file > 0).sum(axis=1) == 1  # files of one instrument
     out = []
     for k, name in enumerate(names):
         kc = tuple(int(v) for v in counts[:, k])
@@ -183,12 +200,25 @@ def _by_code(src: Source) -> list[tuple[str, da.Array, da.Array | None, list[int
 
         xk = da.map_blocks(pick, x, c2, dtype=x.dtype, chunks=(kc, x.chunks[1]), token=f"instrument-{k}")
         tk = None
-        if src.timestamps is not None:
-            t2 = src.timestamps.rechunk((x.chunks[0],))[:, None]
+        if t1 is not None:
+            t2 = t1[:, None]
             tk = da.map_blocks(pick, t2, c2, dtype=t2.dtype, chunks=(kc, (1,)), token=f"instrument-t-{k}")[:, 0]
-        per_file = np.bincount(chunk_file, weights=counts[:, k], minlength=len(src.files)).astype(int).tolist()
-        out.append((str(name), xk, tk, per_file))
+        # Every file stays when none holds a row of it (all dropped): one empty segment each.
+        held = np.flatnonzero(per_file[:, k] > 0) if per_file[:, k].any() else np.arange(len(src.files))
+        keys = [_column_key(paths[i], str(name)) if alone[i] else paths[i].replace("\\", "/") for i in held]
+        out.append((str(name), xk, tk, per_file[held, k].tolist(), keys))
     return out
+
+
+def _column_key(path: str, name: str) -> str:
+    """The session key of a file holding instrument ``name`` alone: its path with the
+    name in the file's base name replaced by ``{instrument}``, where it appears once
+    (``..._2024-03-01_{instrument}.csv.gz``), as a path pattern's files are keyed;
+    else the path itself."""
+    head, sep, base = path.replace("\\", "/").rpartition("/")
+    if not name or base.count(name) != 1:
+        return head + sep + base
+    return head + sep + base.replace(name, "{instrument}")
 
 
 def _chunks_per_file(src: Source) -> Sequence[int]:
@@ -360,8 +390,8 @@ def _check_file_order(sources: Sequence[Source]) -> None:
     first and last timestamps, read where no footer gave them (CSV, LOBSTER): one task
     per file part holding them, all in one compute, before anything is written.
 
-    Each source is one instrument's files (or, with an instrument column, every file:
-    a file then holds all instruments, as Parquet's footers are compared).
+    Each source is one instrument's files, or every file of no instrument; with an
+    instrument column :func:`_by_code` checks each instrument's rows instead.
     """
     checks = []
     for src in sources:
@@ -418,11 +448,12 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     by_name, key_of = _instrument_files(files, instrument, options.get("format"))
     groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str], str | None]] = []
     sources: list[Source] = []
+    checked = False  # whether the files' time order was checked per instrument already
     if by_name is not None:
         for name in sorted(by_name):
             src = open_source(by_name[name], storage_options=so, **options)
             sources.append(src)
-            groups.append((name, src.array, src.timestamps, _file_rows(src), [f.path for f in src.files],
+            groups.append((name, src.array, src.timestamps, _file_rows(src), [key_of(f.path) for f in src.files],
                            zone_of(src, spec)))
         cols = {s.columns for s in sources}
         if len(cols) > 1:
@@ -432,20 +463,22 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     elif instrument is not None and instrument.column:
         src = open_source(files, storage_options=so, instrument_column=instrument.column, **options)
         sources.append(src)
-        for name, xk, tk, per_file in _by_code(src):
-            groups.append((name, xk, tk, per_file, [f.path for f in src.files], zone_of(src, spec)))
+        for name, xk, tk, per_file, file_keys in _by_code(src):  # time order checked per instrument
+            groups.append((name, xk, tk, per_file, file_keys, zone_of(src, spec)))
+        checked = True
     else:
         src = open_source(files, storage_options=so, **options)
         sources.append(src)
-        groups.append(("", src.array, src.timestamps, _file_rows(src), [f.path for f in src.files],
+        groups.append(("", src.array, src.timestamps, _file_rows(src), [key_of(f.path) for f in src.files],
                        zone_of(src, spec)))
-    _check_file_order(sources)
+    if not checked:
+        _check_file_order(sources)
 
     lengths: list[int] = []
     inst: list[int] = []
     keys: list[str] = []
-    for k, (_, xk, tk, per_file, fnames, tz) in enumerate(groups):
-        rows, ks = _session_runs(int(xk.shape[0]), tk, spec, fnames, per_file, key_of, tz)
+    for k, (_, xk, tk, per_file, file_keys, tz) in enumerate(groups):
+        rows, ks = _session_runs(int(xk.shape[0]), tk, spec, file_keys, per_file, tz)
         lengths += rows
         inst += [k] * len(rows)
         keys += ks

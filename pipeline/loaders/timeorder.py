@@ -1,7 +1,9 @@
 """Time order across a table's files and row groups: each file starts no earlier than the
-one before it ends (from Parquet footers, or the rows of CSV and LOBSTER files), naive
-and time-zone-aware files are not mixed, and a step back in time is explained where it
-has a likely cause (a repeated daylight-saving hour, times of day without their date).
+one before it ends (from Parquet footers, or the rows of CSV and LOBSTER files), or,
+with an instrument column, each instrument's rows in a file start no earlier than its
+rows in the previous file holding it end; naive and time-zone-aware files are not
+mixed, and a step back in time is explained where it has a likely cause (a repeated
+daylight-saving hour, times of day without their date).
 
 Pure checks over :class:`~pipeline.loaders.tables.TablePart` bounds and int64
 nanoseconds: no file is read here.
@@ -16,16 +18,23 @@ import numpy as np
 from pipeline.errors import LoaderError
 from pipeline.loaders.tables import TablePart, group_parts
 
-__all__ = ["DAY_NS", "check_file_times", "check_time_order", "check_time_zones", "files_out_of_order",
-           "repeated_hour_advice"]
+__all__ = ["DAY_NS", "check_file_times", "check_instrument_times", "check_time_order", "check_time_zones",
+           "files_out_of_order", "instrument_spans", "repeated_hour_advice"]
 
 
 def check_time_order(parts: Sequence[TablePart], instrument_column: str | None = None) -> None:
     """Files must join in time order: each file starts no earlier than the previous ends,
     and each Parquet row group no earlier than the one before it (from the footers'
-    statistics; rows inside a part are checked as they are read). With an
-    ``instrument_column`` a file may hold its instruments one after another, each in
-    time order, so its row groups are not compared."""
+    statistics; rows inside a part are checked as they are read).
+
+    With an ``instrument_column`` nothing is compared here: a footer bounds every
+    instrument of its file together, and time order holds per instrument (files of one
+    symbol each overlap in time, as may a file's instruments one after another).
+    :func:`~pipeline.loaders.segments.open_segmented` checks each instrument's rows
+    across its files and parts (:func:`check_instrument_times`) once the instruments of
+    each part are known."""
+    if instrument_column is not None:
+        return
     prev = None  # (part, row group, first, last) of the row group before
     for here in _row_group_bounds(parts):
         p, group, first, _ = here
@@ -33,9 +42,6 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
             continue
         if prev is not None and prev[3] is not None and first < prev[3]:
             q, prev_group, _, last = prev
-            if p.path == q.path and instrument_column is not None:
-                prev = here
-                continue
             if p.path != q.path:
                 span = _file_spans(group_parts(parts))
                 # source.date joins files in date order: two that overlap share their date.
@@ -151,35 +157,46 @@ def _date_of(ns: int) -> str:
 
 
 def files_out_of_order(path: str, first: Any, previous: str, last: Any, *, times_of_day: bool = False,
-                       day: str | None = None, dated: bool | None = False) -> LoaderError:
+                       day: str | None = None, dated: bool | None = False,
+                       instrument: str | None = None) -> LoaderError:
     """The error for file ``path`` that starts (at ``first``) before the ``previous``
     file ends (at ``last``): one message whether the times came from Parquet footers or
     from the rows (CSV, LOBSTER). ``times_of_day``: every time of both files is within
     the epoch's first day, which the message explains instead of the file order.
     ``day``: both files hold that date (``YYYY-MM-DD``), a day supplied twice, likely;
     ``dated``: their dates came from their paths (``source.date``), which ordered them
-    (``None``: not known)."""
-    where = f"starts at {_shown_time(first)}, before the previous file {previous} ends at {_shown_time(last)}"
+    (``None``: not known). ``instrument``: the times are that instrument's rows in the
+    two files (an instrument column), which are compared with no other instrument's."""
+    if instrument is None:
+        where = (f"starts at {_shown_time(first)}, before the previous file {previous} ends at "
+                 f"{_shown_time(last)}")
+        order = "files must be in time order when sorted by name"
+    else:
+        where = (f"rows of instrument {instrument!r} start at {_shown_time(first)}, before its rows in the "
+                 f"previous file holding it, {previous}, end at {_shown_time(last)}")
+        order = "each instrument's files must be in time order when sorted by name"
     if day is not None and dated:
         return LoaderError(path, f"{where}: both carry the date {day} (a day supplied twice?); source.date joins "
                            "files in the order of the dates in their paths, one date's files in name order, each "
                            "starting no earlier than the one before it ends: keep one file per day, or name a "
                            "day's files in time order")
     if day is not None:  # from the rows: whether source.date ordered them is not known here
-        return LoaderError(path, f"{where}; files must be in time order when sorted by name (by the dates in their "
-                           f"paths under source.date): both hold times of {day} (a day supplied twice?)")
+        return LoaderError(path, f"{where}; {order} (by the dates in their paths under source.date): both hold "
+                           f"times of {day} (a day supplied twice?)")
     if times_of_day:
         return LoaderError(path, f"{where}; every timestamp of both files is within a day of 1970-01-01T00:00: they "
                            "look like times of day (nanoseconds since midnight, as NASDAQ ITCH gives them) without "
                            "their date, so every file is read as 1970-01-01. Store whole times in the timestamp "
                            "column (the file's date added: ns since the epoch, or a timestamp type), or take each "
                            "file's date from its path with source.date ({path: 'data/{date}.parquet'})")
-    return LoaderError(path, f"{where}; files must be in time order when sorted by name")
+    return LoaderError(path, f"{where}; {order}")
 
 
-def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[int]) -> None:
+def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[int], *,
+                     instrument: str | None = None) -> None:
     """Refuse files that do not follow one another in time: ``first[i]`` and ``last[i]``
-    are file ``paths[i]``'s first and last timestamps (int64 ns), files in name order.
+    are file ``paths[i]``'s first and last timestamps (int64 ns), files in name order
+    (``instrument``: the times are that instrument's rows in each file).
 
     Parquet files are checked from their footers (:func:`check_time_order`); a CSV or
     LOBSTER file has no footer, so its bounds are read from its rows. A file may start
@@ -195,7 +212,63 @@ def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[
             raise files_out_of_order(paths[k], np.datetime64(int(first[k]), "ns"), paths[k - 1],
                                      np.datetime64(int(last[k - 1]), "ns"),
                                      times_of_day=_times_of_day(first[k - 1], last[k - 1], first[k], last[k]),
-                                     day=day if not _times_of_day(first[k], last[k - 1]) else None, dated=None)
+                                     day=day if not _times_of_day(first[k], last[k - 1]) else None, dated=None,
+                                     instrument=instrument)
+
+
+def instrument_spans(codes: np.ndarray, ns: np.ndarray | None, n: int) -> np.ndarray:
+    """``(3, n)`` int64: per instrument code ``0 .. n-1``, its rows in a chunk, and the
+    timestamps (``ns``, int64) of its first and last of them (0 where it has none, or
+    without ``ns``): all a chunk tells of an instrument's time order across chunks, as
+    its rows within the chunk are checked when read."""
+    codes = np.asarray(codes).reshape(-1).astype(np.int64, copy=False)
+    out = np.zeros((3, n), dtype=np.int64)
+    out[0] = np.bincount(codes, minlength=n)[:n]
+    if ns is not None and codes.size:
+        ns = np.asarray(ns, dtype=np.int64).reshape(-1)
+        # A code's first row is where it first appears; its last, where it first appears
+        # in the reversed rows.
+        present, at = np.unique(codes, return_index=True)
+        out[1, present] = ns[at]
+        present, back = np.unique(codes[::-1], return_index=True)
+        out[2, present] = ns[::-1][back]
+    return out
+
+
+def check_instrument_times(paths: Sequence[str], names: Sequence[str], spans: np.ndarray) -> None:
+    """Refuse an instrument whose rows go back in time from one chunk holding it to the
+    next: ``paths[i]`` is the file of chunk ``i`` (chunks in file order, a file's chunks
+    one after another), ``spans[i]`` the chunk's :func:`instrument_spans` over the
+    instrument ``names``.
+
+    Each instrument is compared with itself only, so files of one instrument each (a
+    vendor's file per symbol and day), or of several, may come in any name order that
+    keeps each instrument's own files in time order; a file of an instrument that
+    starts before the previous one holding it ends (a day supplied twice, a name out of
+    order) is refused naming both files and the instrument, as are its rows going back
+    from one part of a file to the next (a file's parts are read apart).
+    """
+    spans = np.asarray(spans, dtype=np.int64).reshape(len(paths), 3, len(names))
+    for k, name in enumerate(names):
+        files: list[str] = []
+        lo: list[int] = []
+        hi: list[int] = []
+        for i in np.flatnonzero(spans[:, 0, k] > 0):
+            first, last = int(spans[i, 1, k]), int(spans[i, 2, k])
+            if files and files[-1] == paths[i]:
+                if first < hi[-1]:
+                    advice = repeated_hour_advice(hi[-1] - first, None) or \
+                        "rows must be in time order: sort the file by time"
+                    raise LoaderError(paths[i], f"rows of instrument {name!r} go back in time inside the file: a row at "
+                                      f"{np.datetime64(first, 'ns')} follows one at {np.datetime64(hi[-1], 'ns')} "
+                                      f"in an earlier part of the file (its row groups or lines are read in parts); "
+                                      f"{advice}")
+                hi[-1] = last
+                continue
+            files.append(paths[i])
+            lo.append(first)
+            hi.append(last)
+        check_file_times(files, lo, hi, instrument=name)
 
 
 def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:

@@ -3,10 +3,12 @@ that delimits them, against what the files say (read back with pyarrow)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
@@ -21,6 +23,7 @@ from pipeline.loaders.segments import _chunks_in_order, _rows_in_order, open_seg
 from pipeline.loaders.tables import parts_array
 
 NS = 10**9
+DAY_NS_2024 = np.datetime64("2024-03-01", "ns").astype(np.int64)
 
 
 def _rows(path: Path, columns: list[str]) -> np.ndarray:
@@ -645,3 +648,178 @@ def test_times_of_day_with_a_single_digit_hour_parse_as_pandas_reads_them(tmp_pa
                            .to_numpy().astype("datetime64[ns]").astype(np.int64)
                            for n in ("2026-01-05", "2026-01-06", "2026-01-07")])
     np.testing.assert_array_equal(src.timestamps.compute(), want)
+
+
+SYMBOLS = (("BTCUSDT", 97_000.0), ("ETHUSDT", 3_400.0))
+DAYS = ("2024-03-01", "2024-03-02")
+
+
+def _tardis_days(n: int = 60, seed: int = 0) -> dict[tuple[str, str], pd.DataFrame]:
+    """Per (symbol, day) a Tardis book snapshot: a ``symbol`` column, integer us times
+    anywhere in the day (the symbols' days overlap), and the top level."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    out = {}
+    for sym, price in SYMBOLS:
+        for day in DAYS:
+            ts = pd.Timestamp(day).value // 1000 + np.sort(rng.integers(0, 86_400_000_000, n))
+            bid = price + np.cumsum(rng.integers(-3, 4, n)) * 0.01
+            out[sym, day] = pd.DataFrame({"exchange": "binance-futures", "symbol": sym, "timestamp": ts,
+                                          "asks[0].price": (bid + 0.01).round(2), "bids[0].price": bid.round(2)})
+    return out
+
+
+def _write(frame: pd.DataFrame, path: Path) -> None:
+    frame.to_parquet(path, index=False) if path.suffix == ".parquet" else frame.to_csv(path, index=False)
+
+
+TARDIS = dict(timestamp="timestamp", timestamp_unit="us", dtype="float64",
+              rename={"ask_price_1": "asks[0].price", "bid_price_1": "bids[0].price"})
+
+
+@pytest.mark.parametrize("suffix", [".csv.gz", ".parquet"])
+@pytest.mark.parametrize("symbol_first", [False, True])
+def test_files_of_one_symbol_each_with_an_instrument_column_equal_one_interleaved_file(tmp_path, suffix,
+                                                                                       symbol_first):
+    """Tardis/Binance files, one per symbol and day (date first, or symbol first): the
+    same rows, timestamps and segments as the one file holding both symbols interleaved
+    in time, and as the files given by {path: ...}; each symbol's rows in time order."""
+    import pandas as pd
+
+    days = _tardis_days()
+    (tmp_path / "files").mkdir()
+    for (sym, day), frame in days.items():
+        name = f"{sym}_{day}" if symbol_first else f"binance-futures_book_snapshot_25_{day}_{sym}"
+        _write(frame, tmp_path / "files" / f"{name}{suffix}")
+    mixed = pd.concat(days.values()).sort_values("timestamp", kind="stable")
+    _write(mixed, tmp_path / f"mixed{suffix}")
+    by_column = InstrumentSpec(column="symbol")
+    by_path = InstrumentSpec(path=str(tmp_path / "files" / ("{instrument}_*" if symbol_first else "*_{instrument}")
+                                      ) + suffix)
+    files = str(tmp_path / "files" / f"*{suffix}")
+    # Independent reference: each symbol's days one after another, session after session.
+    want = pd.concat([days[sym, day] for sym, _ in SYMBOLS for day in DAYS])
+    for mode in ("none", "date"):
+        spec = SessionSpec(mode=mode)
+        got = open_segmented(files, instrument=by_column, sessions=spec, **TARDIS)
+        one = open_segmented(str(tmp_path / f"mixed{suffix}"), instrument=by_column, sessions=spec, **TARDIS)
+        x, t = got.array.compute(), got.timestamps.compute()
+        np.testing.assert_array_equal(x, one.array.compute())
+        np.testing.assert_array_equal(t, one.timestamps.compute())
+        for a in ("starts", "stops", "instrument", "session"):
+            np.testing.assert_array_equal(getattr(got.segments, a), getattr(one.segments, a))
+        if mode == "none":
+            np.testing.assert_array_equal(x, want[["asks[0].price", "bids[0].price"]].to_numpy())
+            np.testing.assert_array_equal(t, want["timestamp"].to_numpy() * 1000)
+    # One session per file, as the path pattern makes them: the same segments, labels too.
+    got = open_segmented(files, instrument=by_column, sessions=SessionSpec(mode="file"), **TARDIS)
+    ref = open_segmented(files, instrument=by_path, sessions=SessionSpec(mode="file"), **TARDIS)
+    np.testing.assert_array_equal(got.array.compute(), ref.array.compute())
+    np.testing.assert_array_equal(got.timestamps.compute(), ref.timestamps.compute())
+    assert got.segments.instrument.tolist() == [0, 1, 0, 1] and got.segments.session.tolist() == [0, 0, 1, 1]
+    for a in ("starts", "stops", "instrument", "session", "labels"):
+        np.testing.assert_array_equal(getattr(got.segments, a), getattr(ref.segments, a))
+    assert got.session_keys == ref.session_keys
+
+
+@pytest.mark.parametrize("suffix", [".csv.gz", ".parquet"])
+def test_a_symbols_day_given_twice_or_out_of_name_order_is_refused_naming_both_files_and_the_symbol(tmp_path,
+                                                                                                     suffix):
+    days = _tardis_days()
+    for (sym, day), frame in days.items():
+        _write(frame, tmp_path / f"{day}_{sym}{suffix}")
+    again = tmp_path / f"2024-03-01a_ETHUSDT{suffix}"  # a re-download, sorting after the first
+    _write(days["ETHUSDT", "2024-03-01"], again)
+    ends = days["ETHUSDT", "2024-03-01"]["timestamp"].to_numpy() * 1000
+    with pytest.raises(LoaderError, match=rf"2024-03-01a_ETHUSDT{re.escape(suffix)}: rows of instrument 'ETHUSDT' "
+                                          rf"start at {np.datetime64(int(ends[0]), 'ns')}, before its rows in the "
+                                          rf"previous file holding it, .*2024-03-01_ETHUSDT{re.escape(suffix)}, end at "
+                                          rf"{np.datetime64(int(ends[-1]), 'ns')}.*a day supplied twice"):
+        open_segmented(str(tmp_path / f"*{suffix}"), instrument=InstrumentSpec(column="symbol"), **TARDIS)
+    again.unlink()
+    (tmp_path / f"2024-03-02_BTCUSDT{suffix}").rename(tmp_path / f"2024-02-29_BTCUSDT{suffix}")  # named out of order
+    with pytest.raises(LoaderError, match=rf"2024-03-01_BTCUSDT{re.escape(suffix)}: rows of instrument 'BTCUSDT' "
+                                          rf"start at .*before its rows in the previous file holding it, "
+                                          rf".*2024-02-29_BTCUSDT{re.escape(suffix)}, end at"):
+        open_segmented(str(tmp_path / f"*{suffix}"), instrument=InstrumentSpec(column="symbol"), **TARDIS)
+
+
+def test_a_symbol_going_back_between_row_groups_of_a_mixed_parquet_file_is_refused(tmp_path):
+    """A file of both symbols read in parts (row groups): each symbol's rows are compared
+    across the parts too, not only within each."""
+    n = 40
+    stamps = DAY_NS_2024 + np.arange(n, dtype=np.int64) * NS
+    sym = np.where(np.arange(n) % 2 == 0, "BTC", "ETH")
+    stamps[20] = stamps[18] - NS // 2  # BTC's first row of row group 1 is before its last of row group 0
+    table = pa.table({"timestamp": pa.array(stamps, pa.timestamp("ns")), "symbol": sym,
+                      "bid_price_1": np.arange(n, dtype=float)})
+    pq.write_table(table, tmp_path / "mixed.parquet", row_group_size=20)
+    with pytest.raises(LoaderError, match=r"mixed\.parquet: rows of instrument 'BTC' go back in time inside the file: "
+                                          r"a row at 2024-03-01T00:00:17\.5.* follows one at "
+                                          r"2024-03-01T00:00:18\.0+ in an earlier part"):
+        open_segmented(str(tmp_path / "mixed.parquet"), timestamp="timestamp", chunk_rows=40,
+                       instrument=InstrumentSpec(column="symbol"))
+
+
+def test_files_of_one_symbol_each_without_timestamps_number_sessions_as_a_path_pattern(tmp_path):
+    days = _tardis_days(n=10)
+    for (sym, day), frame in days.items():
+        _write(frame.drop(columns="timestamp"), tmp_path / f"{day}_{sym}.csv")
+    opts = dict(rename=TARDIS["rename"], sessions=SessionSpec(mode="file"), dtype="float64")
+    got = open_segmented(str(tmp_path / "*.csv"), instrument=InstrumentSpec(column="symbol"), **opts)
+    ref = open_segmented(str(tmp_path / "*.csv"), instrument=InstrumentSpec(path="*_{instrument}.csv"), **opts)
+    assert got.segments.session.tolist() == ref.segments.session.tolist() == [0, 0, 1, 1]
+    np.testing.assert_array_equal(got.array.compute(), ref.array.compute())
+
+
+def test_a_build_of_files_of_one_symbol_each_equals_one_interleaved_file_the_path_build_and_pandas(tmp_path):
+    """`pipeline run` over Tardis's per-symbol days with {column: symbol}: the store of
+    the same rows in one interleaved file, and of {path: ...}, value for value; each
+    window and label equal to pandas over each symbol's rows alone."""
+    import zarr
+
+    from pipeline.cluster import cluster
+    from pipeline.config import parse_config
+    from pipeline.job import run
+
+    size, horizon = 6, 3
+    days = _tardis_days(n=30)
+    (tmp_path / "files").mkdir()
+    for (sym, day), frame in days.items():
+        frame.to_csv(tmp_path / "files" / f"binance-futures_book_snapshot_25_{day}_{sym}.csv.gz", index=False)
+    pd.concat(days.values()).sort_values("timestamp", kind="stable").to_csv(tmp_path / "mixed.csv.gz", index=False)
+    files = str(tmp_path / "files" / "*.csv.gz")
+    stores = {}
+    # One cluster for the three builds (a LocalCluster started per run costs seconds).
+    with cluster(n_workers=1, processes=False, dashboard_address=None, log=None) as client:
+        for name, paths, inst in (("column", files, {"column": "symbol"}),
+                                  ("mixed", str(tmp_path / "mixed.csv.gz"), {"column": "symbol"}),
+                                  ("path", files, {"path": files.replace("*.csv", "*_{instrument}.csv")})):
+            stores[name] = tmp_path / f"{name}.zarr"
+            run(parse_config({"cluster": {"address": client.scheduler.address},
+                              "source": {"paths": paths, "instrument": inst, "sessions": "none", **TARDIS},
+                              "features": {"steps": ["mid_price"], "normalize": "none"},
+                              "windows": {"size": size}, "labels": {"kind": "return", "horizon": horizon},
+                              "output": {"path": str(stores[name])}}), log=None, progress=False)
+    got = {name: {a: zarr.open_group(str(p), mode="r")["train"][a][:] for a in ("x", "y", "t", "instrument")}
+           for name, p in stores.items()}
+    for other in ("mixed", "path"):
+        for a in ("x", "y", "t", "instrument"):
+            np.testing.assert_array_equal(got["column"][a], got[other][a], err_msg=f"{other} {a}")
+    # Pandas: each symbol's days one after another, windows and labels over its rows alone.
+    x, y, t, inst = [], [], [], []
+    for k, (sym, _) in enumerate(SYMBOLS):
+        rows = pd.concat([days[sym, day] for day in DAYS])
+        mid = ((rows["asks[0].price"] + rows["bids[0].price"]) / 2).to_numpy()
+        for e in range(size - 1, len(rows) - horizon):
+            x.append(mid[e - size + 1:e + 1])
+            y.append(np.log(mid[e + horizon]) - np.log(mid[e]))
+            t.append(rows["timestamp"].iloc[e] * 1000)
+            inst.append(k)
+    store = got["column"]
+    order = np.lexsort((store["t"], store["instrument"]))
+    np.testing.assert_array_equal(store["instrument"][order], inst)
+    np.testing.assert_array_equal(store["t"][order], t)
+    np.testing.assert_allclose(store["x"][order][..., 0], np.asarray(x, np.float32), rtol=1e-7)
+    np.testing.assert_allclose(store["y"][order].reshape(-1), np.asarray(y), rtol=1e-5, atol=1e-9)
