@@ -16,11 +16,13 @@ from pipeline.errors import WindowError
 __all__ = [
     "aligned_window_chunks",
     "block_window_counts",
+    "bounded_window_chunks",
     "chunk_bounds",
     "halo",
     "input_chunks_for_windows",
     "merge_short_chunks",
     "row_pieces",
+    "rows_per_block",
     "split_gap_windows",
     "split_long_chunks",
     "split_ranges",
@@ -99,6 +101,57 @@ def split_long_chunks(chunks: Sequence[int], max_len: int) -> tuple[int, ...]:
     for c in chunks:
         full, rest = divmod(c, step)
         out += [step] * full + ([rest] if rest else [])
+    return tuple(out)
+
+
+def rows_per_block(budget_rows: int, reach: int) -> int:
+    """The most rows the window ends of one block may cover.
+
+    A block reads ``reach`` rows before its first window's end as well as the rows its
+    ends cover, so the ends get the budget less the reach. Never less than the reach
+    itself (nor 1): a window longer than the budget still makes progress, its block
+    then reading at most twice the rows one window needs.
+    """
+    return max(1, int(budget_rows) - int(reach), int(reach))
+
+
+def bounded_window_chunks(
+    first: Sequence[int] | np.ndarray,
+    count: Sequence[int] | np.ndarray,
+    stride: int,
+    *,
+    span: int,
+    max_windows: int,
+) -> tuple[int, ...]:
+    """Windows per output block, in order, each block at most ``max_windows`` windows
+    whose end rows lie within ``span`` rows (``last - first < span``).
+
+    Windows are given as runs in increasing row order: run ``r`` ends windows at
+    ``first[r], first[r] + stride, ...`` (``count[r]`` of them), as
+    :class:`~pipeline.features.sessions.WindowRuns` holds them. Bounding the count
+    alone bounds a block's output but not the rows its task reads: with a stride of 50
+    a block of 40,000 small windows read two million rows (the whole source). A block
+    holds at least one window whatever the bounds. Packed greedily, a search per block:
+    no array of every end.
+    """
+    first = np.asarray(first, dtype=np.int64)
+    count = np.asarray(count, dtype=np.int64)
+    keep = count > 0
+    first, count = first[keep], count[keep]
+    offsets = np.concatenate([[0], np.cumsum(count)])
+    n = int(offsets[-1])
+    span, max_windows = max(1, int(span)), max(1, int(max_windows))
+    out: list[int] = []
+    w = 0
+    while w < n:
+        r = int(np.searchsorted(offsets, w, side="right")) - 1
+        limit = int(first[r]) + (w - int(offsets[r])) * stride + span - 1  # the last end row allowed
+        # Runs do not overlap: every run before the last one starting by `limit` ends before it.
+        last = int(np.searchsorted(first, limit, side="right")) - 1
+        upto = int(offsets[last]) + min(int(count[last]), (limit - int(first[last])) // stride + 1)
+        stop = max(w + 1, min(w + max_windows, upto))
+        out.append(stop - w)
+        w = stop
     return tuple(out)
 
 

@@ -11,7 +11,7 @@ row indices, not a ``sliding_window_view`` copy of the block per scale.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import dask.array as da
 import numpy as np
@@ -24,15 +24,27 @@ from pipeline.features.blockwise import rows_task
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.geometry import (
     block_window_counts,
+    bounded_window_chunks,
     chunk_bounds,
     halo,
     input_chunks_for_windows,
     merge_short_chunks,
+    rows_per_block,
     split_long_chunks,
     window_count,
+    window_ends,
 )
 
-__all__ = ["check_window_ends", "row_offsets", "windows", "windows_at", "windows_numpy_block"]
+__all__ = [
+    "check_window_ends",
+    "file_sessions",
+    "row_offsets",
+    "session_rows",
+    "window_end_rows",
+    "windows",
+    "windows_at",
+    "windows_numpy_block",
+]
 
 
 def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
@@ -64,6 +76,99 @@ def _series(x: da.Array | np.ndarray) -> da.Array:
         raise WindowError(f"windows: the series' length is unknown (shape {x.shape}, as after a boolean mask); "
                           "call x.compute_chunk_sizes() first")
     return x
+
+
+#: ``sessions=`` values that name a rule instead of giving rows, spelled as the config's
+#: ``source.sessions`` spells them.
+SESSION_RULES = ("file", "none")
+
+
+def file_sessions(x: Any) -> list[int] | None:
+    """Rows per file of an array joined from several files, from the provenance it
+    carries, or ``None`` when it carries none.
+
+    :func:`pipeline.load` and ``open_source(...).array`` set ``x.attrs`` to the files
+    read, in array order (``attrs["files"]``, each with its ``rows`` (tables) or its
+    ``shape`` (npy, HDF5), and ``attrs["shape"]``). Files joined along time
+    (``combine="concat"``) are separate recordings: a window over the seam of two
+    mixes them. ``None`` for one file, files stacked one sample each, a numpy array,
+    or a dask array computed from the loaded one (dask drops ``attrs``).
+
+    Raises
+    ------
+    WindowError
+        When the files' rows do not add up to ``x``'s length (rows dropped by
+        ``nan="drop"``, or attrs copied from another array) or a file does not say how
+        many rows it holds: where one file ends is then not known.
+    """
+    attrs = getattr(x, "attrs", None)
+    files = attrs.get("files") if isinstance(attrs, Mapping) else None
+    if not isinstance(files, (list, tuple)) or len(files) < 2:
+        return None
+    shape = attrs.get("shape")
+    ndim = len(shape) if isinstance(shape, (list, tuple)) else len(x.shape)
+    T = int(x.shape[0])
+    rows: list[int | None] = []
+    for f in files:
+        f = f if isinstance(f, Mapping) else {}
+        n, fshape = f.get("rows"), f.get("shape")
+        if isinstance(n, (int, np.integer)) and not isinstance(n, bool):
+            rows.append(int(n))
+        elif isinstance(fshape, (list, tuple)) and len(fshape) == ndim:  # joined row by row
+            rows.append(int(fshape[0]))
+        elif isinstance(fshape, (list, tuple)) and len(fshape) == ndim - 1:  # one sample per file
+            rows.append(None)
+        else:
+            raise WindowError(f"windows: x carries the files it was read from (x.attrs['files']), but "
+                              f"{f.get('path', f)!r} does not say how many rows it holds, so where it ends is not "
+                              "known; pass sessions=[rows per session], or sessions='none' for one series")
+    if all(n is None for n in rows):
+        return None  # stacked: each row is a file, and the series runs across them
+    known = [n for n in rows if n is not None]
+    if len(known) != len(rows) or sum(known) != T:
+        path = files[0].get("path", "?") if isinstance(files[0], Mapping) else "?"
+        raise WindowError(
+            f"windows: x carries the {len(files)} files it was read from (x.attrs['files'], the first {path}), "
+            f"whose rows add up to {sum(known)}, not x's {T} (rows dropped by nan='drop', or the attrs of another "
+            "array), so where one file ends is not known; pass sessions=[rows per file] (no window spans two), "
+            "or sessions='none' for one continuous series"
+        )
+    return known
+
+
+def session_rows(x: Any, sessions: Sequence[int] | str | None) -> list[int] | None:
+    """The rows per session that windows of ``x`` are made within, or ``None`` for
+    one continuous series: ``sessions`` of :func:`windows`, resolved.
+
+    Raises
+    ------
+    WindowError
+        For session lengths that are not whole rows or do not add up to ``x``'s length,
+        an unknown rule, ``"file"`` for an array that carries no files, or files whose
+        rows do not add up (see :func:`file_sessions`).
+    """
+    T = int(x.shape[0])
+    if isinstance(sessions, str):
+        if sessions == "none":
+            return None
+        if sessions != "file":
+            raise WindowError(f"windows: sessions must be rows per session, one of {SESSION_RULES} or None, "
+                              f"got {sessions!r}")
+        lengths = file_sessions(x)
+        if lengths is None:
+            raise WindowError(
+                "windows: sessions='file' needs an array joined from several files (pipeline.load or "
+                "open_source(...).array with combine='concat'), which carries them in x.attrs['files']; this one "
+                "carries none (dask drops attrs when an array is computed on: copy them back, x2.attrs = x.attrs, "
+                "or pass sessions=[rows per session])"
+            )
+        return lengths
+    if sessions is None:
+        return file_sessions(x)
+    lengths = _session_lengths(sessions)
+    if sum(lengths) != T:
+        raise WindowError(f"windows: sessions of {sum(lengths)} rows in all for a series of {T} steps")
+    return lengths
 
 
 def _session_lengths(sessions: Sequence[int]) -> list[int]:
@@ -175,7 +280,7 @@ def windows(
     scales: Sequence[int] = (1,),
     max_block_bytes: int = MAX_BLOCK_BYTES,
     out_chunks: Sequence[int] | None = None,
-    sessions: Sequence[int] | None = None,
+    sessions: Sequence[int] | str | None = None,
     names: Sequence[str] | None = None,
 ) -> da.Array:
     """Windows of a ``(T, F)`` series: ``(n, size, F * len(scales))``, lazily.
@@ -195,7 +300,9 @@ def windows(
     scales
         Sampling intervals, one block of ``F`` columns each, in the order given.
     max_block_bytes
-        Input chunks are split so that no output block exceeds this.
+        Blocks of windows are cut so that neither a block nor the rows its task reads
+        (its windows' steps and their history, at least the rows one window needs)
+        exceed this.
     out_chunks
         Windows per output block, instead of ``max_block_bytes`` (for example the
         writer's units: see :func:`~pipeline.features.geometry.aligned_window_chunks`).
@@ -203,7 +310,11 @@ def windows(
     sessions
         Rows per session (summing to ``T``): windows are then made within each session
         only, with ends counted from each session's start, and sessions too short for
-        a window make none. ``None``: one session.
+        a window make none. ``None`` (the default): the files ``x`` was joined from when
+        it carries them (an array of several files from :func:`pipeline.load` or
+        ``open_source(...).array`` with ``combine="concat"``, see
+        :func:`file_sessions`), otherwise one series. ``"file"``: the files, refused
+        for an array that carries none; ``"none"``: one continuous series, across files.
     names
         One name per column of ``x`` (``["mid", "spread", ...]``), recorded once (the
         last axis holds them once per scale) in ``attrs["windows"]["features"]``, from
@@ -212,45 +323,38 @@ def windows(
     Returns
     -------
     dask.array.Array
-        Chunked along windows: one chunk per input block (possibly empty). Its
-        ``attrs["windows"]`` holds the geometry (``size``, ``stride``, ``scales``,
-        ``halo``) and, when given, the feature names.
+        Chunked along windows: one chunk per input block (possibly empty), or per
+        span of rows within the sessions. Its ``attrs["windows"]`` holds the geometry
+        (``size``, ``stride``, ``scales``, ``halo``, the ``sessions`` used) and, when
+        given, the feature names. :func:`window_end_rows` gives each window's end row.
 
     Raises
     ------
     WindowError
-        When ``x`` is not 2-D, no window fits in ``T`` steps, or ``names`` are not one
-        string per column of ``x``.
+        When ``x`` is not 2-D, no window fits in ``T`` steps (or in any session),
+        ``sessions`` do not add up to ``T``, or ``names`` are not one string per
+        column of ``x``.
     """
     scales = _validate(size, stride, scales)
+    lengths, runs, n = _plan(x, size, stride, scales, sessions)
     x = _series(x)
     T, F = x.shape
     features = _feature_names(names, F)
     h = halo(size, scales)
-    if sessions is not None:
-        lengths = _session_lengths(sessions)
-        if sum(lengths) != T:
-            raise WindowError(f"windows: sessions of {sum(lengths)} rows in all for a series of {T} steps")
-        runs = window_runs(SegmentTable.from_lengths(lengths), size=size, stride=stride, scales=scales, back=h, fwd=0)
-        if runs.n == 0:
-            raise WindowError(f"windows: no session of {max(lengths)} steps or fewer fits a window of "
-                              f"size={size} at scales={scales} ({h + 1} steps)")
+    if runs is not None:
         out = windows_at(x, runs, size=size, scales=scales, out_chunks=out_chunks, max_block_bytes=max_block_bytes)
         out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h),
                                  "sessions": lengths, **features}}
         return out
-    n = window_count(T, size, stride, scales)
-    if n == 0:
-        raise WindowError(
-            f"windows: a series of {T} steps is too short for size={size} and scales={scales}: "
-            f"the first window needs {h + 1} steps"
-        )
     x = x.rechunk({1: -1})
     if out_chunks is not None:
         chunks = input_chunks_for_windows(out_chunks, T, size, stride, scales)
     else:
         window_bytes = size * F * len(scales) * x.dtype.itemsize
-        max_steps = max(stride, (max_block_bytes // max(1, window_bytes)) * stride)
+        # Bounded by the rows a block reads as well as by its output: with a stride
+        # larger than the window, few output bytes cover many input rows.
+        max_steps = min(max(stride, (max_block_bytes // max(1, window_bytes)) * stride),
+                        rows_per_block(max_block_bytes // max(1, F * x.dtype.itemsize), h))
         chunks = split_long_chunks(x.chunks[0], max(max_steps, h))
         if h > 0:
             chunks = merge_short_chunks(chunks, h)
@@ -285,6 +389,70 @@ def windows(
     out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h),
                              **features}}
     return out
+
+
+def _plan(x: Any, size: int, stride: int, scales: tuple[int, ...], sessions: Sequence[int] | str | None
+          ) -> tuple[list[int] | None, WindowRuns | None, int]:
+    """The sessions of ``x`` (``None``: one series), their windows' runs (``None`` for
+    one series) and the number of windows, for :func:`windows` and
+    :func:`window_end_rows` alike.
+
+    Raises
+    ------
+    WindowError
+        For another shape than ``(T, F)``, bad sessions, or when no window fits.
+    """
+    T = int(_series(x).shape[0])
+    h = halo(size, scales)
+    lengths = session_rows(x, sessions)
+    if lengths is None:
+        n = window_count(T, size, stride, scales)
+        if n == 0:
+            raise WindowError(
+                f"windows: a series of {T} steps is too short for size={size} and scales={scales}: "
+                f"the first window needs {h + 1} steps"
+            )
+        return None, None, n
+    runs = window_runs(SegmentTable.from_lengths(lengths), size=size, stride=stride, scales=scales, back=h, fwd=0)
+    if runs.n == 0:
+        whose = ("; the sessions are the files x was read from (sessions='none' makes one series of them)"
+                 if sessions is None else "")
+        raise WindowError(f"windows: no session of {max(lengths)} steps or fewer fits a window of "
+                          f"size={size} at scales={scales} ({h + 1} steps){whose}")
+    return lengths, runs, runs.n
+
+
+def window_end_rows(
+    x: Any,
+    *,
+    size: int,
+    stride: int = 1,
+    scales: Sequence[int] = (1,),
+    sessions: Sequence[int] | str | None = None,
+) -> np.ndarray:
+    """The row of ``x`` each window of ``windows(x, ...)`` ends at, with the same
+    arguments: ``(n,)`` int64, in the windows' order. Arithmetic only: nothing is read.
+
+    A per-step label kept apart from ``x`` (a file of its own, one row per step of
+    ``x``) aligns with the windows as ``labels[window_end_rows(x, ...)]``; within a
+    session the ends are ``start + (size-1)*max(scales) + i*stride``.
+
+    Parameters
+    ----------
+    x
+        The ``(T, F)`` array given to :func:`windows` (its length and, for the default
+        ``sessions``, the files it carries).
+    size, stride, scales, sessions
+        As for :func:`windows`.
+
+    Raises
+    ------
+    WindowError
+        As :func:`windows` does for the same arguments.
+    """
+    scales = _validate(size, stride, scales)
+    _, runs, n = _plan(x, size, stride, scales, sessions)
+    return window_ends(n, size, stride, scales) if runs is None else runs.ends()
 
 
 def _feature_names(names: Sequence[str] | None, width: int) -> dict[str, list[str]]:
@@ -342,7 +510,10 @@ def windows_at(
     -------
     dask.array.Array
         Chunked as ``out_chunks`` along windows: one task per block, which slices the
-        rows its windows span straight from ``x``'s chunks.
+        rows its windows span straight from ``x``'s chunks. By default a block holds
+        at most ``max_block_bytes`` of windows whose rows (steps and history) span at
+        most ``max_block_bytes`` of ``x`` and no more than ``x``'s longest chunk (or
+        one window's rows), as :func:`windows` cuts a series without sessions.
     """
     scales = tuple(int(s) for s in scales)
     T, F = (int(v) for v in x.shape)
@@ -350,8 +521,7 @@ def windows_at(
     n = runs.n
     width = F * len(scales)
     if out_chunks is None:
-        per = max(1, max_block_bytes // max(1, size * width * x.dtype.itemsize))
-        out_chunks = (per,) * (n // per) + ((n % per,) if n % per else ())
+        out_chunks = _default_blocks(x, runs, h, size * width * x.dtype.itemsize, max_block_bytes)
     counts = tuple(int(c) for c in out_chunks)
     if sum(counts) != n:
         raise WindowError(f"windows: blocks of {sum(counts)} windows for {n} windows")
@@ -376,6 +546,20 @@ def windows_at(
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
     return da.Array(graph, name, chunks=(counts, (size,), (width,)), dtype=x.dtype,
                     meta=np.empty((0, 0, 0), dtype=x.dtype))
+
+
+def _default_blocks(x: da.Array, runs: WindowRuns, h: int, window_bytes: int, max_block_bytes: int
+                    ) -> tuple[int, ...]:
+    """Windows per block, bounded by output bytes and by the rows each task reads.
+
+    The rows a task reads are sliced from whole chunks of ``x``: keeping a block's rows
+    within ``x``'s longest chunk keeps a task's input near what a task of the
+    unsessioned path holds (its chunk and the halo borrowed from its neighbour).
+    """
+    row_bytes = max(1, int(x.shape[1]) * x.dtype.itemsize)
+    span = min(rows_per_block(max_block_bytes // row_bytes, h), max(max(x.chunks[0], default=1), h, 1))
+    return bounded_window_chunks(runs.first, runs.count, runs.stride, span=span,
+                                 max_windows=max_block_bytes // max(1, window_bytes))
 
 
 def _windows_of_rows(rows: np.ndarray, local: WindowRuns, size: int, scales: tuple[int, ...]) -> np.ndarray:

@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import dask.array as da
+import h5py
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import WindowError
 from pipeline.features import windows
+from pipeline.features.windows import window_end_rows
+from pipeline.loaders import load as pipeline_load
+from pipeline.loaders import open_source
 from pipeline.features.geometry import (
     aligned_window_chunks,
     input_chunks_for_windows,
     block_window_counts,
     halo,
     merge_short_chunks,
+    rows_per_block,
     split_gap_windows,
     split_ranges,
     window_count,
@@ -75,11 +84,77 @@ def test_output_blocks_are_bounded_and_still_exact(case, budget):
                 max_block_bytes=budget)
     window_bytes = size * F * len(scales) * 4
     H = (size - 1) * max(scales)
-    max_steps = max(stride, (budget // window_bytes) * stride)
-    # A block is at most one piece plus a short neighbour merged in to cover the halo.
+    # A piece of input is bounded by its windows' bytes and by its own rows (the rows
+    # its task reads: with a large stride few windows cover many rows).
+    piece = max(min(max(stride, (budget // window_bytes) * stride), rows_per_block(budget // (F * 4), H)), H)
     # A block is one piece plus at most two short remainders (< H each) merged into it.
-    assert max(w.chunks[0]) <= (2 * H + max(max_steps, H)) // stride + 1
+    assert max(w.chunks[0]) <= (2 * H + piece) // stride + 1
+    ends = window_ends(w.shape[0], size, stride, scales)
+    edges = np.cumsum((0,) + w.chunks[0])
+    for a, b in zip(edges[:-1], edges[1:]):
+        if b > a:  # the rows of its windows: ends apart, and H before the first
+            assert ends[b - 1] - ends[a] + 1 <= piece + 2 * H
     np.testing.assert_array_equal(w.compute(scheduler="sync"), reference(x, size, stride, scales))
+
+
+@settings(max_examples=40, deadline=None)
+@given(case=cases(), budget=st.integers(1, 4000), data=st.data())
+def test_session_blocks_bound_their_windows_and_the_rows_they_read(case, budget, data):
+    """With sessions each block holds at most the windows of ``budget`` bytes whose rows
+    (ends and history) span at most ``budget`` bytes of input and no more than the
+    longest input chunk, unless one window needs more."""
+    T, F, size, stride, scales, chunks = case
+    cuts = sorted(data.draw(st.lists(st.integers(0, T), max_size=3)))
+    lengths = [b - a for a, b in zip([0] + cuts, cuts + [T])]
+    x = np.random.default_rng(T).standard_normal((T, F)).astype(np.float32)
+    H = (size - 1) * max(scales)
+    parts = [reference(x[a:b], size, stride, scales) for a, b in zip(np.cumsum([0] + lengths), np.cumsum(lengths))]
+    expect = np.concatenate(parts)
+    if not len(expect):
+        return
+    ends = np.concatenate([a + H + stride * np.arange(len(p)) for a, p in zip(np.cumsum([0] + lengths), parts)])
+    w = windows(da.from_array(x, chunks=(chunks, F)), size=size, stride=stride, scales=scales, sessions=lengths,
+                max_block_bytes=budget)
+    span = min(rows_per_block(budget // (F * 4), H), max(max(chunks), H, 1))
+    edges = np.cumsum((0,) + w.chunks[0])
+    for a, b in zip(edges[:-1], edges[1:]):
+        assert b - a == 1 or (ends[b - 1] - ends[a] < span and b - a <= budget // (size * F * len(scales) * 4))
+    np.testing.assert_array_equal(w.compute(scheduler="sync"), expect)
+
+
+def block_rows(w: da.Array, ends: np.ndarray, h: int) -> list[int]:
+    """Rows each block's task reads: from its first window's oldest step to its last end."""
+    edges = np.cumsum((0,) + w.chunks[0])
+    return [int(ends[b - 1] - ends[a] + h + 1) for a, b in zip(edges[:-1], edges[1:]) if b > a]
+
+
+def test_strided_windows_over_sessions_read_a_block_of_rows_per_task_not_the_whole_source():
+    """The user trial, scaled down: 420 windows of 4 steps, 50 rows apart, in three
+    sessions of 16 float64 columns. Counted by output bytes alone, the 420 windows (215
+    KB) were one block, whose task read all 21,000 rows (2.7 MB); each task now reads
+    at most its share: an input chunk's rows or the byte budget's."""
+    lengths = [7000, 9000, 5000]
+    x = np.random.default_rng(5).standard_normal((sum(lengths), 16))
+    parts = [reference(x[a:b], 4, 50, (1,)) for a, b in zip(np.cumsum([0] + lengths), np.cumsum(lengths))]
+    ends = np.concatenate([a + 3 + 50 * np.arange(len(p)) for a, p in zip(np.cumsum([0] + lengths), parts)])
+    w = windows(da.from_array(x, chunks=(2000, -1)), size=4, stride=50, sessions=lengths, max_block_bytes=2**20)
+    rows = block_rows(w, ends, 3)
+    assert len(w.chunks[0]) >= 10 and max(rows) <= 2000 + 3  # an input chunk's rows and the halo
+    np.testing.assert_array_equal(w.compute(scheduler="sync"), np.concatenate(parts))
+    one_chunk = windows(da.from_array(x, chunks=(-1, -1)), size=4, stride=50, sessions=lengths,
+                        max_block_bytes=2**20)
+    assert max(block_rows(one_chunk, ends, 3)) <= 2**20 // (16 * 8)  # the budget's rows, halo included
+    np.testing.assert_array_equal(one_chunk.compute(scheduler="sync"), np.concatenate(parts))
+
+
+def test_strided_windows_of_one_series_bound_the_rows_of_a_task_too():
+    """Without sessions a long input chunk was split only by its windows' bytes: with a
+    stride of 50 a block of 2,048 windows (1 MiB) covered 102,400 rows (13 MB)."""
+    x = np.random.default_rng(6).standard_normal((21000, 16))
+    w = windows(da.from_array(x, chunks=(-1, -1)), size=4, stride=50, sessions="none", max_block_bytes=2**20)
+    ends = window_ends(w.shape[0], 4, 50, (1,))
+    assert len(w.chunks[0]) >= 3 and max(block_rows(w, ends, 3)) <= 2**20 // (16 * 8)
+    np.testing.assert_array_equal(w.compute(scheduler="sync"), reference(x, 4, 50, (1,)))
 
 
 def test_scales_keep_the_given_order_not_sorted():
@@ -367,3 +442,143 @@ def test_windows_at_equal_numpy_for_any_input_chunks_and_blocks(lengths, data):
     if runs.n:  # no windows at all: one empty block
         assert got.chunks[0] == tuple(out)
     np.testing.assert_array_equal(got.compute(scheduler="sync"), want)
+
+
+def write_recordings(folder: Path, lengths: list[int], F: int = 2, seed: int = 0) -> list[np.ndarray]:
+    """One HDF5 file per recording, ``rec{i}.h5`` (dataset ``x``), and the arrays written."""
+    rng = np.random.default_rng(seed)
+    parts = [rng.standard_normal((n, F)) + 1000 * i for i, n in enumerate(lengths)]  # thousands: the file
+    for i, part in enumerate(parts):
+        with h5py.File(folder / f"rec{i}.h5", "w") as f:
+            f["x"] = part
+    return parts
+
+
+def per_session(parts: list[np.ndarray], size: int, stride: int, scales: tuple[int, ...]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of each part on its own, joined, and their end rows in the joined array."""
+    h = (size - 1) * max(scales)
+    starts = np.cumsum([0] + [len(p) for p in parts])
+    wins = [reference(p, size, stride, scales) for p in parts]
+    ends = [s + h + stride * np.arange(len(w), dtype=np.int64) for s, w in zip(starts, wins)]
+    return np.concatenate(wins), np.concatenate(ends)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=2, max_size=4),
+    size=st.integers(1, 5),
+    stride=st.integers(1, 4),
+    scales=SCALES,
+    chunk=st.integers(1, 50),
+)
+def test_files_joined_along_time_are_sessions_by_default(lengths, size, stride, scales, chunk):
+    """open_source(combine="concat") of several recordings: by default no window spans
+    two files (each file's windows as numpy makes them from that file alone), and
+    window_end_rows names each window's end row; sessions="none" joins them."""
+    scales = tuple(scales)
+    with tempfile.TemporaryDirectory() as d:
+        parts = write_recordings(Path(d), lengths, seed=sum(lengths))
+        src = open_source(f"{d}/rec*.h5", combine="concat", chunk_rows=chunk)
+        expect, ends = per_session(parts, size, stride, scales)
+        joined = np.concatenate(parts)
+        if not len(expect):
+            with pytest.raises(WindowError, match="no session of .*the sessions are the files x was read from"):
+                windows(src.array, size=size, stride=stride, scales=scales)
+        else:
+            got = windows(src.array, size=size, stride=stride, scales=scales)
+            assert got.attrs["windows"]["sessions"] == lengths
+            np.testing.assert_array_equal(got.compute(scheduler="sync"), expect)
+            np.testing.assert_array_equal(window_end_rows(src.array, size=size, stride=stride, scales=scales), ends)
+            np.testing.assert_array_equal(joined[ends], expect[:, -1, : joined.shape[1]])  # a window ends at its row
+        whole = reference(joined, size, stride, scales)
+        if len(whole):
+            np.testing.assert_array_equal(
+                windows(src.array, size=size, stride=stride, scales=scales, sessions="none").compute(), whole)
+            np.testing.assert_array_equal(
+                window_end_rows(src.array, size=size, stride=stride, scales=scales, sessions="none"),
+                window_ends(len(whole), size, stride, scales))
+
+
+def test_window_end_rows_align_per_step_labels_kept_in_other_files(tmp_path):
+    """Labels of each step, one .npy per recording beside the HDF5 features: the label of
+    window i is the label of its end row, as a plain loop over each file finds it."""
+    lengths = [37, 120, 64]
+    parts = write_recordings(tmp_path, lengths)
+    labels = [np.arange(n) * 10 + i for i, n in enumerate(lengths)]  # step t of file i: 10 t + i
+    for i, lab in enumerate(labels):
+        np.save(tmp_path / f"lab{i}.npy", lab)
+    x = open_source(f"{tmp_path}/rec*.h5", combine="concat").array
+    y = pipeline_load(f"{tmp_path}/lab*.npy", combine="concat")
+    ends = window_end_rows(x, size=10, stride=3, scales=(1, 2))
+    want = [lab[e] for lab in labels for e in range(18, len(lab), 3)]  # halo 18, in each file alone
+    np.testing.assert_array_equal(y.compute()[ends], want)
+    w = windows(x, size=10, stride=3, scales=(1, 2)).compute()
+    assert len(w) == len(want) and not any(len(np.unique(np.round(win / 1000))) > 1 for win in w)  # none mixes files
+
+
+def test_an_explicit_session_list_wins_over_the_files(tmp_path):
+    parts = write_recordings(tmp_path, [30, 50])
+    x = open_source(f"{tmp_path}/rec*.h5", combine="concat").array
+    joined = np.concatenate(parts)
+    got = windows(x, size=4, sessions=[20, 60])
+    np.testing.assert_array_equal(got.compute(), np.concatenate([reference(joined[:20], 4, 1, (1,)),
+                                                                 reference(joined[20:], 4, 1, (1,))]))
+    np.testing.assert_array_equal(windows(x, size=4, sessions="file").compute(), per_session(parts, 4, 1, (1,))[0])
+
+
+def test_tables_read_from_several_files_are_sessions_by_their_rows(tmp_path):
+    frames = [pd.DataFrame({"a": np.arange(n, dtype=float) + 1000 * i, "b": np.ones(n)})
+              for i, n in enumerate([25, 40])]
+    for i, df in enumerate(frames):
+        df.to_csv(tmp_path / f"day{i}.csv", index=False)
+    x = pipeline_load(f"{tmp_path}/day*.csv")
+    expect, _ = per_session([df.to_numpy() for df in frames], 5, 2, (1,))
+    np.testing.assert_array_equal(windows(x, size=5, stride=2).compute(), expect)
+
+
+def test_files_whose_rows_do_not_add_up_are_refused_not_joined(tmp_path):
+    """nan="drop" left out a row: which rows came from which file is not known from the
+    files' row counts, so windows refuse rather than guess; sessions= resolves it."""
+    for i, n in enumerate([25, 40]):
+        df = pd.DataFrame({"a": np.arange(n, dtype=float), "b": np.ones(n)})
+        df.loc[3, "a"] = np.nan
+        df.to_csv(tmp_path / f"day{i}.csv", index=False)
+    x = pipeline_load(f"{tmp_path}/day*.csv", nan="drop")
+    assert x.shape[0] == 63
+    with pytest.raises(WindowError, match=r"day0\.csv\), whose rows add up to 65, not x's 63.*sessions='none'"):
+        windows(x, size=5)
+    with pytest.raises(WindowError, match="add up to 65"):
+        window_end_rows(x, size=5)
+    assert windows(x, size=5, sessions=[24, 39]).shape[0] == 20 + 35
+    assert windows(x, size=5, sessions="none").shape[0] == 59
+
+
+def test_files_stacked_one_sample_each_stay_one_series(tmp_path):
+    """combine="stack" of 1-D files: each row is a file, and windows run across them."""
+    rows = np.arange(24, dtype=np.float64).reshape(8, 3)
+    for i, r in enumerate(rows):
+        np.save(tmp_path / f"v{i}.npy", r)
+    x = pipeline_load(f"{tmp_path}/v*.npy")
+    assert x.shape == (8, 3)
+    np.testing.assert_array_equal(windows(x, size=3).compute(), reference(rows, 3, 1, (1,)))
+
+
+@pytest.mark.parametrize(
+    ("sessions", "message"),
+    [
+        ("file", r"sessions='file' needs an array joined from several files"),
+        ("daily", r"sessions must be rows per session, one of \('file', 'none'\) or None, got 'daily'"),
+        ([10, 5], "sessions of 15 rows in all for a series of 20 steps"),
+    ],
+)
+def test_session_rules_that_do_not_fit_the_array_are_refused(sessions, message):
+    with pytest.raises(WindowError, match=message):
+        windows(np.zeros((20, 2)), size=3, sessions=sessions)
+    with pytest.raises(WindowError, match=message):
+        window_end_rows(np.zeros((20, 2)), size=3, sessions=sessions)
+
+
+def test_window_end_rows_of_one_series_are_the_design_formula():
+    np.testing.assert_array_equal(window_end_rows(np.zeros((30, 1)), size=4, stride=5, scales=(1, 3)),
+                                  [9 + 5 * i for i in range(5)])  # e_i = (size-1)*max(scales) + i*stride <= 29
