@@ -26,9 +26,11 @@ from pipeline.errors import FormatMismatchError, LoaderError
 
 __all__ = ["NpzMember", "probe_npz", "read_npz"]
 
-#: Compressed bytes read from the file at a time while inflating.
-_READ = 256 << 10
-#: Inflate checkpoints kept per member (about 40 KiB each: zlib's state and window).
+#: Compressed bytes read from the file at a time while inflating (a checkpoint holds up
+#: to this much input that zlib had not consumed yet).
+_READ = 64 << 10
+#: Inflate checkpoints kept per member (each about 40 KiB of zlib's state and window, and
+#: up to :data:`_READ` of input).
 _KEPT = 32
 #: Members whose checkpoints a process keeps.
 _MEMBERS = 4
@@ -197,7 +199,7 @@ def _inflate(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytearray:
         st.crc = zlib.crc32(chunk, st.crc)
         lo = max(st.pos, start)
         if st.pos + len(chunk) > lo:
-            out[lo - start : st.pos + len(chunk) - start] = chunk[lo - st.pos :]
+            out[lo - start : st.pos + len(chunk) - start] = memoryview(chunk)[lo - st.pos :]
         st.pos += len(chunk)
         if st.pos - mark >= every and st.pos < end:
             _save(lay.key, st)
