@@ -231,6 +231,10 @@ class ChunkReader:
     def _key(self, i: int) -> str:
         return "c/" + "/".join([str(i)] + ["0"] * len(self.tail_shape))
 
+    def _object_index(self, key: str) -> int:
+        """The index along axis 0 of the stored object ``key`` (:meth:`_key`'s inverse)."""
+        return int(key.split("/")[1])
+
     def object_key(self, i: int) -> tuple[str, str] | None:
         """The stored object holding chunk ``i`` as the cache names it: its path in the
         store and a tag, or None when reads of this array bypass the cache.
@@ -265,7 +269,7 @@ class ChunkReader:
 
     def _cached(self, key: str, start: int | None, stop: int | None, suffix: int | None) -> Any:
         """:meth:`_get` through the cache: the whole object, or a range of it."""
-        k = int(key.split("/")[1])
+        k = self._object_index(key)
         path, tag = self.object_key(k * self._per_shard if self._per_shard else k)
         whole = self.cache.get(path, tag)
         if whole is None or (start is None and suffix is None):

@@ -95,10 +95,9 @@ def cf_problem(array: zarr.Array) -> str | None:
 
 
 def chunk_reader(array: zarr.Array, where: tuple[str, str, str], **kwargs: Any) -> ChunkReader:
-    """A :class:`ChunkReader` for ``array``, zarr 2 or 3 (a zarr 2 array's objects are
-    read from the store itself, not through a node-local cache, whose keys are zarr 3's)."""
+    """A :class:`ChunkReader` for ``array``, zarr 2 or 3; a remote store's chunk objects
+    of either go through the node-local cache when one is given."""
     if array.metadata.zarr_format == 2:
-        kwargs.pop("cache", None)
         return V2ChunkReader(array, where, **kwargs)
     return ChunkReader(array, where, **kwargs)
 
@@ -133,6 +132,10 @@ class V2ChunkReader(ChunkReader):
 
     def _key(self, i: int) -> str:
         return self._separator.join([str(i)] + ["0"] * len(self.tail_shape))
+
+    def _object_index(self, key: str) -> int:
+        # ``5.0`` or ``5/0``: the node-local cache names the object by this index.
+        return int(key.split(self._separator)[0])
 
     def _decode(self, i: int, raw: Any, out: np.ndarray) -> np.ndarray:
         if raw is None and self.array.fill_value is None:

@@ -164,6 +164,36 @@ def test_a_store_another_tool_wrote_streams_through_the_cache(s3, tmp_path):
         pipeline.stream((root["x"], other["y"]), batch_size=50, cache_dir=tmp_path, cache_bytes=1 << 30)
 
 
+@pytest.mark.parametrize("separator", [".", "/"])
+def test_a_zarr_2_store_streams_through_the_cache(s3, tmp_path, separator):
+    """Zarr 2 chunk keys (``x/5.0``, or ``x/5/0``) are cached as zarr 3's are: every
+    object fetched once in the first epoch, read from the cache after, byte for byte
+    the store's objects."""
+    import zarr
+
+    url = f"s3://training/cache/v2-{'dot' if separator == '.' else 'slash'}.zarr"
+    store = zarr.storage.FsspecStore.from_url(url, storage_options=s3)
+    root = zarr.open_group(store, mode="w", zarr_format=2)
+    x_ref = reference_x()
+    keys = {"name": "v2", "separator": separator}
+    root.create_array("x", data=x_ref, chunks=(CHUNK, WIDTH), chunk_key_encoding=keys)
+    root.create_array("y", data=np.arange(N), chunks=(CHUNK,), chunk_key_encoding=keys)
+    objects = 2 * -(-N // CHUNK)
+    s = pipeline.stream(url, arrays=("x", "y"), batch_size=50, seed=1, storage_options=s3,
+                        cache_dir=tmp_path, cache_bytes=1 << 30)
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        assert sorted(served(s, x_ref).tolist()) == list(range(N))
+        stats = s.cache_stats()
+        assert (stats.reads, stats.hits, stats.requests) == ((objects, 0, objects) if epoch == 0 else (objects,) * 2 + (0,))
+    import s3fs
+
+    fs = s3fs.S3FileSystem(key=s3["key"], secret=s3["secret"], client_kwargs={"endpoint_url": s3["endpoint_url"]})
+    stored = sorted(fs.cat_file(k) for k in fs.find(url.removeprefix("s3://"))
+                    if not k.rsplit("/", 1)[-1].startswith(".z"))
+    assert len(stored) == objects and sorted(cache_files(tmp_path).values()) == stored
+
+
 def test_the_last_object_is_cached_for_the_length_it_was_read_at(remote, tmp_path):
     url, s3 = remote
     s = pipeline.stream(url, batch_size=50, storage_options=s3, cache_dir=tmp_path, cache_bytes=1 << 30)
