@@ -253,29 +253,77 @@ def _check_signature(path: str, head: bytes) -> None:
         raise FormatMismatchError(path, f"expected an HDF5 file, found bytes {head!r}")
 
 
-@contextlib.contextmanager
-def _open(path: str, so: dict) -> Iterator[Any]:
-    """The ``h5py.File``, opened for reading after its signature is checked. A local
-    file is opened by name: HDF5 opens the files its external links and virtual
-    datasets point to only from a file it opened by name (from a Python file object,
-    reading a virtual dataset crashes the process). A URL is opened through fsspec."""
+#: What HDF5 says when a file's writer still holds it (or was killed holding it).
+_HELD = ("already open for write", "unable to lock file")
+
+
+def _held_message(exc: OSError, swmr: bool) -> str | None:
+    """What to tell the user when ``h5py.File`` failed because a writer holds the file,
+    or None for another failure. HDF5 says "file is already open for write" for a file
+    whose superblock marks a writer (an SWMR writer, or any writer of the latest file
+    format killed before closing), and "unable to lock file, errno = 11" for a file
+    another process has open for writing with HDF5's file locking."""
+    text = str(exc)
+    if not any(h in text for h in _HELD):
+        return None
+    why = text[text.find("(") + 1 : text.rfind(")")] if "(" in text else text
+    if "unable to lock" in text:
+        return (f"another process has the file open for writing (HDF5: {why}); read it after that process closes "
+                "it, or read a copy. A file written in SWMR mode (h5py: f.swmr_mode = True) can be read while it "
+                "is written, with swmr=True")
+    if swmr:
+        return (f"the file is marked open for writing (HDF5: {why}), and reading it with swmr=True failed too, so "
+                "its writer is not in SWMR mode, or was killed before closing it: then `h5clear -s FILE` clears the "
+                "mark (rows it had not flushed are lost)")
+    return (f"another process has the file open for writing (HDF5: {why}): to read a file an SWMR writer is "
+            "appending to, read it with swmr=True (h5py's SWMR read mode; the rows the writer has flushed when "
+            "the array is built are read); if no process writes it, its writer was killed before closing it: "
+            "`h5clear -s FILE` clears the mark (rows it had not flushed are lost)")
+
+
+def _h5file(path: str, target: Any, swmr: bool) -> Any:
+    """``h5py.File(target, "r", swmr=swmr)``, a writer holding the file named as such.
+
+    Raises
+    ------
+    LoaderError
+        For a file another process holds open for writing (or whose writer was killed
+        holding it), saying what to do.
+    """
     h5py = _h5py()
+    try:
+        return h5py.File(target, "r", swmr=swmr)
+    except OSError as exc:
+        held = _held_message(exc, swmr)
+        if held is None:
+            raise
+        raise LoaderError(path, held) from None
+
+
+@contextlib.contextmanager
+def _open(path: str, so: dict, swmr: bool = False) -> Iterator[Any]:
+    """The ``h5py.File``, opened for reading after its signature is checked (``swmr``:
+    in HDF5's SWMR read mode, beside a writer appending to it). A local file is opened
+    by name: HDF5 opens the files its external links and virtual datasets point to
+    only from a file it opened by name (from a Python file object, reading a virtual
+    dataset crashes the process). A URL is opened through fsspec."""
     if _is_local(path):
         local = path.removeprefix("file://")
         with open(local, "rb") as fh:
             _check_signature(path, fh.read(8))
-        with h5py.File(local, "r") as f:
+        with _h5file(path, local, swmr) as f:
             yield f
         return
     with fsspec.open(path, "rb", **so) as fh:
         _check_signature(path, fh.read(8))
         fh.seek(0)
-        with h5py.File(fh, "r") as f:
+        with _h5file(path, fh, swmr) as f:
             yield f
 
 
-def default_dataset(path: str, so: dict) -> str:
-    """The one dataset of a file (groups searched too), read when ``dataset`` is not given.
+def default_dataset(path: str, so: dict, *, swmr: bool = False) -> str:
+    """The one dataset of a file (groups searched too), read when ``dataset`` is not given
+    (``swmr``: see :func:`probe_hdf5`).
 
     Raises
     ------
@@ -283,13 +331,14 @@ def default_dataset(path: str, so: dict) -> str:
         For a file that is not HDF5, cannot be read, or holds no dataset or several.
     """
     try:
-        with _open(path, so) as f:
+        with _open(path, so, swmr) as f:
             return _only_dataset(path, f)
     except OSError as exc:
         raise LoaderError(path, f"cannot read HDF5 ({exc})") from None
 
 
-def shared_dataset(paths: Sequence[str], so: dict, *, skip: bool = False) -> tuple[str | None, str | None]:
+def shared_dataset(paths: Sequence[str], so: dict, *, skip: bool = False,
+                   swmr: bool = False) -> tuple[str | None, str | None]:
     """The dataset every file is read at when ``dataset`` is not given, and the file it
     comes from: the first file's one dataset (with ``skip``, the first readable file's;
     ``(None, None)`` when none is).
@@ -301,15 +350,15 @@ def shared_dataset(paths: Sequence[str], so: dict, *, skip: bool = False) -> tup
     """
     for path in paths:
         try:
-            return default_dataset(path, so), path
+            return default_dataset(path, so, swmr=swmr), path
         except LoaderError:
             if not skip:
                 raise
     return None, None
 
 
-def probe_hdf5(path: str, so: dict, *, dataset: str | None = None,
-               dataset_from: str | None = None) -> tuple[tuple[int, ...], np.dtype]:
+def probe_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from: str | None = None,
+               swmr: bool = False) -> tuple[tuple[int, ...], np.dtype]:
     """Shape and dtype of the dataset, without reading it.
 
     Parameters
@@ -320,9 +369,19 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None,
         The dataset path; default the file's one dataset.
     dataset_from
         The file ``dataset`` was chosen in (it was not given), named when this one lacks it.
+    swmr
+        Open the file in HDF5's SWMR read mode (h5py's ``swmr=True``), to read a file
+        that a writer in SWMR mode is appending to: the rows it has flushed are read.
+        Without it, such a file is refused, saying so.
+
+    Raises
+    ------
+    LoaderError
+        For a file another process holds open for writing, saying what to do; for a
+        dataset :func:`_dataset` refuses.
     """
     try:
-        with _open(path, so) as f:
+        with _open(path, so, swmr) as f:
             ds = _dataset(path, f, dataset if dataset is not None else _only_dataset(path, f), dataset_from)
             return tuple(int(s) for s in ds.shape), np.dtype(ds.dtype)
     except OSError as exc:
@@ -330,10 +389,10 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None,
 
 
 def read_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from: str | None = None,
-              rows: slice | None = None) -> np.ndarray:
-    """The dataset, or a block of its rows (``dataset_from``: see :func:`probe_hdf5`)."""
+              rows: slice | None = None, swmr: bool = False) -> np.ndarray:
+    """The dataset, or a block of its rows (``dataset_from``, ``swmr``: see :func:`probe_hdf5`)."""
     try:
-        with _open(path, so) as f:
+        with _open(path, so, swmr) as f:
             ds = _dataset(path, f, dataset if dataset is not None else _only_dataset(path, f), dataset_from)
             return ds[rows] if rows is not None else ds[()]
     except OSError as exc:

@@ -172,3 +172,55 @@ def test_datasets_h5py_reads_as_objects_are_refused_when_the_array_is_built(tmp_
     with pytest.raises(LoaderError, match=rf"events\.h5: dataset '{name}' holds {kind}, which h5py reads as Python "
                        r"objects \(dtype=object\)"):
         pipeline.load(str(tmp_path / "events.h5"), combine="concat", dataset=name)
+
+
+def _writer(path, *, swmr):
+    """A child process that holds ``path`` open for writing (in SWMR mode or not), with
+    3,000 rows of ``x`` flushed, until it is killed."""
+    code = textwrap.dedent(f"""
+        import h5py, numpy as np, time
+        f = h5py.File({str(path)!r}, "w", libver="latest")
+        ds = f.create_dataset("x", shape=(0, 4), maxshape=(None, 4), chunks=(100, 4), dtype="f8")
+        if {swmr}:
+            f.swmr_mode = True
+        ds.resize((3000, 4)); ds[:] = np.arange(12000.0).reshape(3000, 4); ds.flush(); f.flush()
+        print("ready", flush=True); time.sleep(60)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    return proc
+
+
+def test_a_file_an_swmr_writer_holds_is_named_and_read_with_swmr(tmp_path):
+    from pipeline.loaders.blocks import concat_array
+    from pipeline.loaders.hdf5 import probe_hdf5, read_hdf5
+
+    path = tmp_path / "live.h5"
+    proc = _writer(path, swmr=True)
+    try:
+        with pytest.raises(LoaderError, match=r"live\.h5: another process has the file open for writing .* read it "
+                                              r"with swmr=True"):
+            pipeline.load(str(path), combine="concat", dataset="x")
+        with h5py.File(path, "r", swmr=True) as f:
+            expected = f["x"][()]
+        shape, dtype = probe_hdf5(str(path), {}, dataset="x", swmr=True)
+        assert shape == expected.shape == (3000, 4)
+        x = concat_array([str(path)], [shape[0]], shape[1:], dtype, rows_per_chunk=700,
+                         read_rows=lambda p, lo, hi: read_hdf5(p, {}, dataset="x", rows=slice(lo, hi), swmr=True))
+        np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_file_a_plain_writer_holds_is_named(tmp_path):
+    path = tmp_path / "held.h5"
+    proc = _writer(path, swmr=False)
+    try:
+        with pytest.raises(OSError, match="lock|open for write"):
+            h5py.File(path, "r")  # what HDF5 says
+        with pytest.raises(LoaderError, match=r"held\.h5: another process has the file open for writing"):
+            pipeline.load(str(path), combine="concat", dataset="x")
+    finally:
+        proc.kill()
+        proc.wait()
