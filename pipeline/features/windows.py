@@ -442,8 +442,19 @@ def window_end_rows(
     x
         The ``(T, F)`` array given to :func:`windows` (its length and, for the default
         ``sessions``, the files it carries).
-    size, stride, scales, sessions
-        As for :func:`windows`.
+    size
+        Steps per window, as for :func:`windows`.
+    stride
+        Steps between consecutive window ends, as for :func:`windows`.
+    scales
+        Sampling intervals, as for :func:`windows`.
+    sessions
+        Rows per session, ``"file"``, ``"none"`` or ``None``, as for :func:`windows`.
+
+    Returns
+    -------
+    numpy.ndarray
+        One end row per window, counted from ``x``'s first row.
 
     Raises
     ------
