@@ -30,6 +30,7 @@ from pipeline.streaming.localstore import is_zarr, one_reading, open_root
 from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
+from pipeline.streaming.zarrmeta import METADATA_FILES, damaged_json, metadata_error
 
 __all__ = ["EMPTY_EPOCHS_OK", "check_seed", "stream"]
 
@@ -145,8 +146,8 @@ def stream(
         return mix(source, weights=weights, **options)
     rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,
                                                  world_size)
-    src = _open_source(source, split, arrays, partial, storage_options, verify, version,
-                       cache_spec(cache_dir, cache_bytes), dim)
+    src = _opened(source, split, arrays, partial, storage_options, verify, version,
+                  cache_spec(cache_dir, cache_bytes), dim)
     if not sum(src.lengths):
         raise StreamError(f"stream: {_where(source, split)} no samples; there is nothing to stream")
     s = Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
@@ -235,6 +236,29 @@ def _check_shares(batch_size: int | None, global_batch_size: int | None, buffer_
                               f"{world_size} ranks disagree (that is {per_rank} per rank); pass only one of them")
         batch_size = per_rank
     return rank, world_size, int(batch_size)
+
+
+def _opened(source: Any, split: str, arrays: Sequence[str], partial: bool, storage_options: dict[str, Any] | None,
+            verify: bool, version: int | None, cache: Any, dim: str | None) -> Any:
+    """:func:`_open_source`, with a store's metadata file that is not valid JSON named
+    (zarr raises a bare ``JSONDecodeError`` that names neither the store nor the file).
+
+    Raises
+    ------
+    StoreError
+        For a damaged ``zarr.json``, ``.zarray``, ``.zattrs``, ``.zgroup`` or
+        ``.zmetadata``, naming the store and the file.
+    """
+    try:
+        return _open_source(source, split, arrays, partial, storage_options, verify, version, cache, dim)
+    except Exception as exc:
+        bad = damaged_json(exc)
+        if bad is None or not (isinstance(source, (str, os.PathLike)) or is_zarr(source, "Group")):
+            raise
+        if any(name in str(exc) for name in METADATA_FILES):
+            raise  # named already (a pipeline store's metadata, read without zarr)
+        nodes = ["", split, *arrays, *(f"{split}/{n}" for n in arrays)]
+        raise metadata_error(source, storage_options, nodes, bad) from exc
 
 
 def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,

@@ -14,19 +14,26 @@ such an encoding is refused by name (:func:`cf_problem`) rather than served wron
 from __future__ import annotations
 
 import base64
+import json
 import math
+import os
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numcodecs
 import numpy as np
 
+from pipeline.errors import StoreError
 from pipeline.streaming.chunks import ChunkReader, local_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     import zarr
 
-__all__ = ["V2ChunkReader", "cf_problem", "chunk_reader", "dimension_names"]
+__all__ = ["METADATA_FILES", "V2ChunkReader", "cf_problem", "chunk_reader", "damaged_json", "dimension_names",
+           "metadata_error"]
+
+#: The files a zarr store's metadata lives in: zarr 3's, zarr 2's and consolidated.
+METADATA_FILES = ("zarr.json", ".zmetadata", ".zgroup", ".zattrs", ".zarray")
 
 #: Attributes under which the stored numbers are not the values meant, and why.
 _ENCODINGS = {
@@ -142,3 +149,86 @@ class V2ChunkReader(ChunkReader):
             out[...] = 0  # zarr reads a chunk never written, without a fill value, as zeros
             return out
         return super()._decode(i, raw, out)
+
+
+# -- damaged metadata ----------------------------------------------------------------------
+
+
+def damaged_json(exc: BaseException | None) -> json.JSONDecodeError | None:
+    """The JSON decoding error behind ``exc`` (itself, or what it was raised from), or
+    None: zarr lets a damaged metadata file's error out bare, naming no file."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, json.JSONDecodeError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
+
+
+def metadata_error(source: Any, storage_options: dict[str, Any] | None, paths: Sequence[str],
+                   error: json.JSONDecodeError) -> StoreError:
+    """The error that names a store's metadata file that is not valid JSON.
+
+    Parameters
+    ----------
+    source
+        The store's path or URL, or an open group.
+    storage_options
+        The fsspec options it was opened with.
+    paths
+        Nodes whose metadata opening the store read (``""`` the root, a split, its
+        arrays): their files are searched for the document that failed.
+    error
+        The decoding error, whose document is matched against those files.
+    """
+    label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<group>"
+    key = _damaged_file(source, storage_options, paths, error.doc)
+    what = key if key is not None else f"a metadata file ({', '.join(METADATA_FILES)})"
+    return StoreError(f"{label}: {what} is not valid JSON ({error.msg}: line {error.lineno} column {error.colno}); "
+                      "the store's metadata is damaged (a write cut short, or edited by hand): restore the file or "
+                      "write the store again")
+
+
+def _damaged_file(source: Any, storage_options: dict[str, Any] | None, paths: Sequence[str], doc: str
+                  ) -> str | None:
+    """The key, in the store, of the metadata file that holds ``doc``, or None when none
+    of the nodes ``paths`` has it (or the store cannot be read to tell)."""
+    try:
+        get = _metadata_reader(source, storage_options)
+        for path in dict.fromkeys(paths):
+            for name in METADATA_FILES:
+                key = f"{path.strip('/')}/{name}".lstrip("/")
+                raw = get(key)
+                if raw is not None and raw.decode("utf-8", "replace") == doc:
+                    return key
+    except Exception:  # noqa: BLE001 - an error message is being made: the store unreadable says no file
+        return None
+    return None
+
+
+def _metadata_reader(source: Any, storage_options: dict[str, Any] | None) -> Any:
+    """``get(key) -> bytes | None`` reading the store ``source`` (path, URL or group)
+    through zarr's store classes, as opening it did."""
+    import zarr
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    from pipeline.storage.store import is_remote, is_zip
+
+    prefix = ""
+    if isinstance(source, zarr.Group):
+        store, prefix = source.store, source.path
+    else:
+        loc = os.fspath(source).removeprefix("file://")
+        if is_zip(loc):
+            store = zarr.storage.ZipStore(loc, mode="r")
+        elif is_remote(loc):
+            store = zarr.storage.FsspecStore.from_url(loc, storage_options=storage_options, read_only=True)
+        else:
+            store = zarr.storage.LocalStore(loc, read_only=True)
+
+    def get(key: str) -> bytes | None:
+        buf = sync(store.get(f"{prefix}/{key}".lstrip("/"), prototype=default_buffer_prototype()))
+        return None if buf is None else buf.to_bytes()
+
+    return get

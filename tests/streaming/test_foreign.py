@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeline
-from pipeline.errors import StreamError
+from pipeline.errors import StoreError, StreamError
 from pipeline.streaming.chunks import ChunkReader
 from pipeline.streaming.foreign import ZarrSource
 from pipeline.streaming.sources import StoreSource
@@ -374,3 +374,26 @@ def test_cf_encoded_variable_of_a_foreign_split_is_refused(tmp_path, reference):
     ds.to_zarr(path, group="train", mode="w", zarr_format=3, consolidated=False)
     with pytest.raises(StreamError, match="split 'train': variable 'other': attribute add_offset"):
         pipeline.stream(path, arrays=("x", "other"), batch_size=64)
+
+
+@pytest.mark.parametrize("zarr_format, consolidated, damaged", [
+    (3, False, "zarr.json"), (3, False, "y/zarr.json"), (3, True, "zarr.json"), (2, False, ".zgroup"),
+    (2, False, ".zattrs"), (2, False, "y/.zarray"), (2, False, "y/.zattrs"), (2, True, ".zmetadata")])
+def test_a_damaged_metadata_file_is_named_with_its_store(tmp_path, reference, zarr_format, consolidated, damaged):
+    """Another tool's store with one metadata file that is not JSON: the error names the
+    store and the file (zarr's own is a bare JSONDecodeError naming neither)."""
+    import json
+
+    x, y = reference
+    path = str(tmp_path / "ds.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        xarray_dataset(x, y).chunk({"sample": 120}).to_zarr(path, mode="w", zarr_format=zarr_format,
+                                                           consolidated=consolidated)
+    (tmp_path / "ds.zarr" / damaged).write_text("{not json")
+    with pytest.raises(json.JSONDecodeError):  # the reference: plain json refuses the file
+        json.loads((tmp_path / "ds.zarr" / damaged).read_text())
+    with pytest.raises(StoreError) as err:
+        pipeline.stream(path, arrays=("x", "y"), dim="sample", batch_size=64)
+    assert str(err.value).startswith(f"{path}: {damaged} is not valid JSON (")
+    assert "line 1 column 2" in str(err.value)
