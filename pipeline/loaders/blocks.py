@@ -186,6 +186,7 @@ def concat_array(
     rows_per_chunk: int | None = None,
     probed: Sequence[tuple[tuple[int, ...], np.dtype]] | None = None,
     row_align: Sequence[int | None] | None = None,
+    block_bytes: int = TARGET_BLOCK_BYTES,
 ) -> da.Array:
     """``(sum(rows), *tail)``: files joined along axis 0, each read by blocks of rows and
     cast to ``dtype``, which must hold every file's values (their ``np.result_type``).
@@ -197,7 +198,7 @@ def concat_array(
     read_rows
         ``read_rows(path, lo, hi)``: rows ``lo:hi`` of a file, in its own dtype.
     rows_per_chunk
-        Rows per block; default about 32 MiB, in whole multiples of ``row_align``.
+        Rows per block; default about ``block_bytes``, in whole multiples of ``row_align``.
     probed
         Each file's ``(shape, dtype)`` from its header: every block is checked against
         it by :func:`check_block` (without it, against ``rows`` and ``tail``, and the
@@ -205,13 +206,15 @@ def concat_array(
     row_align
         Each file's row alignment (an HDF5 dataset's chunk rows, None for none): default
         blocks of that file are whole multiples of it (:func:`row_step`).
+    block_bytes
+        Bytes of a default block (in the array's dtype).
     """
     row_bytes = max(1, int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize)
     aligns = list(row_align) if row_align is not None else [None] * len(paths)
     expect = list(probed) if probed is not None else [((n, *tail), None) for n in rows]
     parts = [(p, lo, hi, (tuple(e[0]), None if e[1] is None else np.dtype(e[1])))
              for p, n, a, e in zip(paths, rows, aligns, expect)
-             for lo, hi in row_blocks(n, rows_per_chunk or row_step(row_bytes, a))]
+             for lo, hi in row_blocks(n, rows_per_chunk or row_step(row_bytes, a, target=block_bytes))]
     if not parts:
         # Every file has 0 rows (an empty dataset, an npy of shape (0, F)): the result is
         # empty as np.concatenate makes it, with no block to read (map_blocks over no

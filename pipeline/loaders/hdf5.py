@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError, MissingDependencyError
 
-__all__ = ["default_dataset", "probe_hdf5", "read_hdf5", "shared_dataset"]
+__all__ = ["default_dataset", "probe_hdf5", "read_hdf5", "row_chunk", "shared_dataset"]
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Dataset paths shown in a message, at most.
@@ -357,9 +357,16 @@ def shared_dataset(paths: Sequence[str], so: dict, *, skip: bool = False,
     return None, None
 
 
+def row_chunk(ds: Any) -> int | None:
+    """Rows of one HDF5 chunk of ``ds`` (None for a contiguous dataset): reading whole
+    chunks of rows decodes each chunk once (see ``blocks.row_step``)."""
+    return int(ds.chunks[0]) if ds.chunks and ds.ndim else None
+
+
 def probe_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from: str | None = None,
-               swmr: bool = False) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of the dataset, without reading it.
+               swmr: bool = False, layout: bool = False) -> tuple:
+    """Shape and dtype of the dataset, without reading it (with ``layout``, and its
+    :func:`row_chunk`: ``(shape, dtype, chunk_rows)``).
 
     Parameters
     ----------
@@ -373,6 +380,8 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from:
         Open the file in HDF5's SWMR read mode (h5py's ``swmr=True``), to read a file
         that a writer in SWMR mode is appending to: the rows it has flushed are read.
         Without it, such a file is refused, saying so.
+    layout
+        Return the dataset's chunk rows too (``row_align`` of ``blocks.concat_array``).
 
     Raises
     ------
@@ -383,7 +392,8 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from:
     try:
         with _open(path, so, swmr) as f:
             ds = _dataset(path, f, dataset if dataset is not None else _only_dataset(path, f), dataset_from)
-            return tuple(int(s) for s in ds.shape), np.dtype(ds.dtype)
+            shape, dtype = tuple(int(s) for s in ds.shape), np.dtype(ds.dtype)
+            return (shape, dtype, row_chunk(ds)) if layout else (shape, dtype)
     except OSError as exc:
         raise LoaderError(path, f"cannot read HDF5 ({exc})") from None
 

@@ -12,7 +12,7 @@ import pytest
 import pipeline
 from pipeline.errors import LoaderError, ShapeMismatchError
 from pipeline.loaders.blocks import concat_array, row_blocks, row_step
-from pipeline.loaders.hdf5 import read_hdf5
+from pipeline.loaders.hdf5 import probe_hdf5, read_hdf5
 from pipeline.loaders.npy import read_npy
 
 
@@ -101,8 +101,12 @@ def test_aligned_blocks_start_on_chunk_edges_and_read_as_h5py(tmp_path):
         f.create_dataset("x", data=data, chunks=(64, 1), compression="gzip")
     with h5py.File(tmp_path / "c.h5") as f:
         expected, chunk_rows = f["x"][()], f["x"].chunks[0]
-    x = concat_array([str(tmp_path / "c.h5")], [1000], (4,), np.dtype("f4"),
-                     lambda p, lo, hi: read_hdf5(p, {}, dataset="x", rows=slice(lo, hi)), row_align=[chunk_rows])
+    shape, dtype, align = probe_hdf5(str(tmp_path / "c.h5"), {}, dataset="x", layout=True)
+    assert (shape, dtype, align) == (expected.shape, expected.dtype, chunk_rows)
+    x = concat_array([str(tmp_path / "c.h5")], [1000], (4,), dtype,
+                     lambda p, lo, hi: read_hdf5(p, {}, dataset="x", rows=slice(lo, hi)), row_align=[align],
+                     block_bytes=150 * 16)  # 150 rows: rounded to 128, two chunks
+    assert x.chunks[0] == (128,) * 7 + (104,)
     starts = np.cumsum((0,) + x.chunks[0][:-1])
     assert all(s % chunk_rows == 0 for s in starts)
     np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
