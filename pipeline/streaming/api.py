@@ -148,15 +148,19 @@ def stream(
                                                  world_size)
     src = _opened(source, split, arrays, partial, storage_options, verify, version,
                   cache_spec(cache_dir, cache_bytes), dim)
-    if not sum(src.lengths):
-        raise StreamError(f"stream: {_where(source, split)} no samples; there is nothing to stream")
+    where, n = _where(source, split, src), int(sum(src.lengths))
+    if not n:
+        raise StreamError(f"stream: {where} no samples; there is nothing to stream")
+    if n < world_size:
+        raise StreamError(f"stream: {where} {n} samples, which cannot be shared among {world_size} ranks: every "
+                          "rank needs one at least; stream it on fewer ranks")
     s = Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
                buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
                prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
                global_batch_size=global_batch_size)
     if drop_last and len(s) == 0 and not EMPTY_EPOCHS_OK.get():
         s.close()
-        raise _no_whole_batch(_where(source, split), s.n_samples, batch_size, global_batch_size, world_size)
+        raise _no_whole_batch(where, s.n_samples, batch_size, global_batch_size, world_size)
     return s
 
 
@@ -194,9 +198,15 @@ def check_seed(seed: Any, caller: str) -> int:
     return int(seed)
 
 
-def _where(source: Any, split: str) -> str:
+def _where(source: Any, split: str, src: Any = None) -> str:
     """What ``stream(source, split=split)`` streams, as the subject of "holds": the
-    split and its store, the zarr group's split, or the arrays."""
+    split and its store, the zarr group's split, the variables of another tool's store
+    (``src``, which names it; ``split`` does not apply to them), or the arrays."""
+    from pipeline.streaming.foreign import ZarrSource
+
+    if isinstance(src, ZarrSource) and getattr(src, "group", None) == "":
+        what = src.label if src.label != "<group>" else "the zarr group passed"
+        return f"the variables {', '.join(repr(n) for n in src.names)} of {what} hold"
     if isinstance(source, (str, os.PathLike)):
         return f"split {split!r} of {os.fspath(source)} holds"
     if is_zarr(source, "Group"):

@@ -532,4 +532,6 @@ def open_variables(location: Any, group: zarr.Group, where: str, names: Sequence
             raise StreamError(f"{label}: variable {n!r} has dimensions {d}: samples along {dim!r} must be its "
                               f"first dimension, read chunk by chunk. Write it transposed: "
                               f"ds[{n!r}].transpose({order}) (or ds.transpose({dim!r}, ...)) before to_zarr")
-    return ZarrSource(arrays, names, label, cache=cache)
+    source = ZarrSource(arrays, names, label, cache=cache)
+    source.group = where  # a split's group, or "" for a store's root variables (no split applies)
+    return source

@@ -397,3 +397,21 @@ def test_a_damaged_metadata_file_is_named_with_its_store(tmp_path, reference, za
         pipeline.stream(path, arrays=("x", "y"), dim="sample", batch_size=64)
     assert str(err.value).startswith(f"{path}: {damaged} is not valid JSON (")
     assert "line 1 column 2" in str(err.value)
+
+
+def test_refusals_name_an_xarray_stores_variables_not_a_split(tmp_path):
+    """``split`` does not apply to an xarray store's root variables: refusals name the
+    store and its variables (they spoke of "split 'train'")."""
+    xr = pytest.importorskip("xarray")
+    path = str(tmp_path / "ds.zarr")
+    xr.Dataset({"x": (("time", "f"), np.zeros((5, 4), "f4")), "y": (("time",), np.arange(5))}).to_zarr(
+        path, mode="w", zarr_format=3, consolidated=False)
+    with pytest.raises(StreamError) as err:
+        pipeline.stream(path, arrays=("x", "y"), dim="time", batch_size=8, drop_last=True)
+    assert str(err.value).startswith(f"stream: the variables 'x', 'y' of {path} hold 5 samples, which fill no whole")
+    assert "split" not in str(err.value)
+    with pytest.raises(StreamError) as err:
+        pipeline.stream(path, arrays=("y",), dim="time", batch_size=2, rank=0, world_size=6)
+    assert str(err.value).startswith(f"stream: the variables 'y' of {path} hold 5 samples, which cannot be shared "
+                                     "among 6 ranks")
+    assert "split" not in str(err.value)

@@ -396,7 +396,7 @@ def test_more_bad_arguments(store):
         pipeline.stream({"x": np.zeros(5), "y": np.zeros(6)}, batch_size=2)
     with pytest.raises(StreamError, match=r"\['w'\]"):
         pipeline.stream({"x": np.zeros(5)}, arrays=("x", "w"), batch_size=2)
-    with pytest.raises(StreamError, match="cannot be shared among 4 ranks"):
+    with pytest.raises(StreamError, match="the arrays passed hold 3 samples, which cannot be shared among 4 ranks"):
         pipeline.stream({"x": np.zeros(3), "y": np.zeros(3)}, batch_size=2, rank=0, world_size=4)
     # batch_size 1 with samples not divisible by the ranks cannot give equal batch counts:
     # refused when the stream is made, not at its first batch
@@ -746,3 +746,11 @@ def test_peak_batch_memory_stays_within_the_documented_bound(tmp_path, batch_siz
     assert s.peak_buffer_bytes() <= bound
     if buffer_chunks * chunk >= n:  # one group holds the whole split
         assert peak <= n * sample + 2 * batch_size * sample + scratch + 2 * n * 8
+
+
+def test_too_few_samples_for_the_ranks_names_the_store(tmp_path):
+    """A split of fewer samples than ranks: refused naming the split and its store."""
+    path = make_store(tmp_path / "one.zarr", n=1, chunk=1)
+    with pytest.raises(StreamError, match=f"stream: split 'train' of {path} holds 1 samples, which cannot be shared "
+                                          "among 2 ranks"):
+        pipeline.stream(path, batch_size=1, rank=1, world_size=2)
