@@ -15,6 +15,7 @@ is refused, naming it, instead of crashing the process.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from typing import Any, Iterator, Sequence
 
 import fsspec
@@ -22,7 +23,7 @@ import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError, MissingDependencyError
 
-__all__ = ["default_dataset", "probe_hdf5", "read_hdf5", "row_chunk", "shared_dataset"]
+__all__ = ["default_dataset", "probe_hdf5", "read_hdf5", "row_chunk", "shared_dataset", "unwritten_chunks"]
 
 _SIGNATURE = b"\x89HDF\r\n\x1a\n"
 #: Dataset paths shown in a message, at most.
@@ -357,6 +358,48 @@ def shared_dataset(paths: Sequence[str], so: dict, *, skip: bool = False,
     return None, None
 
 
+def unwritten_chunks(ds: Any) -> tuple[int, int, int] | None:
+    """``(written, needed, rows)`` for a chunked dataset some of whose chunks were never
+    written, which read as the fill value: the chunks stored, those its shape needs,
+    and the rows in a band of chunks missing one (they read the fill value in some or
+    all columns). None when every chunk is stored, or the dataset is not chunked.
+
+    HDF5 stores a chunk when data is first written to it, and records it in the
+    file's chunk index when the file is flushed or closed: a writer killed before that
+    leaves a file whose rows, written or not, read as the fill value. Counting the
+    stored chunks walks the chunk index once (milliseconds for 100,000 chunks); the
+    rows are counted only when chunks are missing.
+    """
+    if ds.chunks is None or ds.is_virtual or not ds.shape or ds.size == 0:
+        return None
+    grid = [-(-int(s) // int(c)) for s, c in zip(ds.shape, ds.chunks)]
+    needed = int(np.prod(grid, dtype=np.int64))
+    written = int(ds.id.get_num_chunks())
+    if written >= needed:
+        return None
+    band, n = int(ds.chunks[0]), int(ds.shape[0])
+    bands: list[int] = []
+    ds.id.chunk_iter(lambda info: bands.append(info.chunk_offset[0] // band))
+    full = np.bincount(np.asarray(bands, dtype=np.int64), minlength=grid[0]) >= needed // grid[0]
+    lengths = np.minimum(band, n - np.arange(grid[0], dtype=np.int64) * band)
+    return written, needed, int(lengths[~full].sum())
+
+
+def _warn_unwritten(path: str, name: str, ds: Any) -> None:
+    """Warn, naming the file and the dataset, when rows will read as the fill value
+    because their chunks were never written (:func:`unwritten_chunks`)."""
+    found = unwritten_chunks(ds)
+    if found is None:
+        return
+    written, needed, rows = found
+    fill = ds.fillvalue.item() if hasattr(ds.fillvalue, "item") else ds.fillvalue
+    warnings.warn(f"{path}: dataset {name!r} has {written} of the {needed} chunks its shape {tuple(ds.shape)} needs "
+                  f"written: {rows} of its {ds.shape[0]} rows read as the fill value {fill!r} (in some or "
+                  "all columns). HDF5 stores a chunk when it is first written and indexes it when the file is "
+                  "closed: a writer killed before closing the file, or one that never wrote those rows, leaves "
+                  "them so; rewrite the file if they should hold data", UserWarning, stacklevel=1)
+
+
 def row_chunk(ds: Any) -> int | None:
     """Rows of one HDF5 chunk of ``ds`` (None for a contiguous dataset): reading whole
     chunks of rows decodes each chunk once (see ``blocks.row_step``)."""
@@ -383,6 +426,13 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from:
     layout
         Return the dataset's chunk rows too (``row_align`` of ``blocks.concat_array``).
 
+    Warns
+    -----
+    UserWarning
+        For a chunked dataset some of whose chunks were never written, which read as
+        the fill value (:func:`unwritten_chunks`), naming the file, the dataset and the
+        rows: a writer killed before closing the file leaves it so.
+
     Raises
     ------
     LoaderError
@@ -393,6 +443,7 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from:
         with _open(path, so, swmr) as f:
             ds = _dataset(path, f, dataset if dataset is not None else _only_dataset(path, f), dataset_from)
             shape, dtype = tuple(int(s) for s in ds.shape), np.dtype(ds.dtype)
+            _warn_unwritten(path, dataset if dataset is not None else ds.name.lstrip("/"), ds)
             return (shape, dtype, row_chunk(ds)) if layout else (shape, dtype)
     except OSError as exc:
         raise LoaderError(path, f"cannot read HDF5 ({exc})") from None

@@ -224,3 +224,35 @@ def test_a_file_a_plain_writer_holds_is_named(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_rows_whose_chunks_were_never_written_are_warned_of(tmp_path):
+    import warnings
+
+    killed = tmp_path / "killed.h5"
+    subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import h5py, os
+        f = h5py.File({str(killed)!r}, "w", libver="earliest")
+        ds = f.create_dataset("x", shape=(10000, 8), dtype="f4", chunks=(500, 8))
+        f.flush()
+        for lo in range(0, 4000, 500):
+            ds[lo:lo + 500] = 1.0
+        os._exit(1)  # killed mid-write: the chunk index was never written
+    """)], check=False, timeout=60)
+    with h5py.File(tmp_path / "sparse.h5", "w") as f:
+        ds = f.create_dataset("x", shape=(10000, 8), dtype="f4", chunks=(500, 4), fillvalue=-1)
+        ds[:4000] = 1.0
+        ds[9000:9500, :4] = 2.0  # one chunk of a band: the band's rows still read -1 in half their columns
+    with h5py.File(tmp_path / "full.h5", "w") as f:
+        f.create_dataset("x", data=np.ones((10000, 8), "f4"), chunks=(500, 8))
+    for name, fill, chunks in (("killed", 0.0, "0 of the 20"), ("sparse", -1.0, "17 of the 40")):
+        with h5py.File(tmp_path / f"{name}.h5", "r") as f:
+            expected = f["x"][()]
+        filled = int((expected == fill).any(axis=1).sum())  # rows holding the fill value, as h5py reads them
+        with pytest.warns(UserWarning, match=rf"{name}\.h5: dataset 'x' has {chunks} chunks its shape \(10000, 8\) "
+                          rf"needs written: {filled} of its 10000 rows read as the fill value {fill}"):
+            x = pipeline.load(str(tmp_path / f"{name}.h5"), combine="concat")
+        np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipeline.load(str(tmp_path / "full.h5"), combine="concat")
