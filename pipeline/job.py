@@ -91,6 +91,8 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
         kwargs["rename"] = src.rename
     if src.date is not None:
         kwargs["date"] = src.date
+    if src.halts is not None:  # LOBSTER's trading halts; unset, the loader's default (drop)
+        kwargs["halts"] = src.halts
     if src.scale or src.missing is not None:
         kwargs.update(scale=src.scale or None, missing=src.missing)
     if src.dtype != "float32":  # the tables' default; arrays (npy, HDF5) keep their own dtype without it
@@ -157,9 +159,17 @@ def _columns_read(config: Config) -> tuple[str, ...] | None:
     rows a store holds does not depend on the features that read them."""
     from pipeline.features.steps import columns_read
 
+    read = columns_read(config.features.steps, config.labels)
     if config.source.nan == "drop":
+        if config.source.format == "lobster":
+            from pipeline.loaders.lobster import EVERY_BOOK_COLUMN, MESSAGE_COLUMNS
+
+            # LOBSTER's message columns are decoded only when named, and hold no NaN:
+            # those read come beside every book column.
+            messages = tuple(c for c in read if c in MESSAGE_COLUMNS)
+            return (EVERY_BOOK_COLUMN, *messages) if messages else None
         return None
-    return columns_read(config.features.steps, config.labels)
+    return read
 
 
 def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = True,

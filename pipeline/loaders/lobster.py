@@ -60,7 +60,8 @@ from pipeline.loaders.tables import TEXT_PART_ROWS, TablePart, part_rows_of, row
 from pipeline.loaders.textfiles import (count_lines, is_number, open_text, read_range, require_pyarrow, split_fields,
                                         text_ranges)
 
-__all__ = ["ASK_DUMMY", "BID_DUMMY", "EVENT_TYPES", "HALT", "MESSAGE_COLUMNS", "PRICE_SCALE", "book_columns",
+__all__ = ["ASK_DUMMY", "BID_DUMMY", "EVENT_TYPES", "EVERY_BOOK_COLUMN", "HALT", "MESSAGE_COLUMNS", "PRICE_SCALE",
+           "book_columns",
            "halts_option", "message_path", "named_columns", "not_halted", "parse_name", "probe_lobster", "read_book",
            "read_timestamps"]
 
@@ -72,6 +73,9 @@ BID_DUMMY = -9_999_999_999
 
 #: The message file's fields after the time, as columns, in the file's order.
 MESSAGE_COLUMNS = ("event_type", "order_id", "event_size", "event_price", "direction")
+#: In a ``read`` list: decode every book column beside the message columns it names
+#: (``source.nan: drop`` drops a row by every book column, whichever a feature reads).
+EVERY_BOOK_COLUMN = "*"
 #: pyarrow's generated name of each message field (``f0`` is the time).
 _MESSAGE_FIELDS = {name: f"f{i}" for i, name in enumerate(MESSAGE_COLUMNS, start=1)}
 #: LOBSTER's event types: 1 to 7.
@@ -216,6 +220,8 @@ def named_columns(part: TablePart, read: Sequence[str] | None) -> tuple[str, ...
     extra = tuple(c for c in part.columns if part.source_of(c) in MESSAGE_COLUMNS and c in wanted)
     if not extra:
         return None
+    # With EVERY_BOOK_COLUMN in ``read`` (``nan: drop``, which judges a row by every
+    # book column), ``tables.project_columns`` decodes all of these: it names none.
     return tuple(c for c in part.columns if part.source_of(c) not in MESSAGE_COLUMNS) + extra
 
 

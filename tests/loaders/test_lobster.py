@@ -346,10 +346,13 @@ def test_a_message_file_of_another_layout_is_refused_when_opened(tmp_path):
         open_source(str(path), format="lobster")
 
 
-def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path):
+@pytest.mark.parametrize("nan,halts", [(None, None), ("drop", None), ("drop", "keep"), (None, "keep")])
+def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path, nan, halts):
     """`pipeline run` over days with a trading halt: the `column` feature stores the
     message fields as pandas reads them, and the windows, labels and times are those of
-    a pandas computation on each day's rows without its halt rows."""
+    a pandas computation on each day's rows without its halt rows (with them, under
+    ``source.halts: keep``; ``nan: drop`` reads every book column, and the message
+    columns the features name beside them)."""
     import pipeline
     from pipeline.config import parse_config
     from pipeline.job import run
@@ -360,7 +363,7 @@ def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path):
     config = parse_config({
         "cluster": {"n_workers": 1, "threads_per_worker": 1},
         "source": {"paths": str(tmp_path / "*_orderbook_1.csv"), "format": "lobster", "dtype": "float64",
-                   "chunk_rows": 8},
+                   "chunk_rows": 8, **({"nan": nan} if nan else {}), **({"halts": halts} if halts else {})},
         "features": {"steps": ["mid_price", *({"name": "column", "column": c} for c in
                                                ("event_type", "event_size", "event_price", "direction"))],
                      "normalize": "none"},
@@ -372,6 +375,8 @@ def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path):
     xs, ys, ts = [], [], []
     for path in paths:
         book, fields, times, halt = pandas_day(path)
+        if halts == "keep":
+            halt = np.zeros_like(halt)
         mid = (book[~halt, 0] + book[~halt, 2]) / 2
         feats = np.column_stack([mid, fields[~halt][:, [0, 2, 3, 4]]])
         ends = np.arange(size - 1, len(mid) - horizon, stride)
@@ -382,4 +387,4 @@ def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path):
     np.testing.assert_array_equal(train["x"][:], np.concatenate(xs).astype(np.float32))
     np.testing.assert_allclose(train["y"][:].ravel(), np.concatenate(ys), rtol=1e-6)
     np.testing.assert_array_equal(train["t"][:], np.concatenate(ts))
-    assert 7 not in train["x"][:][..., 1]
+    assert (7 in train["x"][:][..., 1]) == (halts == "keep")
