@@ -57,6 +57,24 @@ def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in scales)
 
 
+def _length(x: da.Array | np.ndarray) -> int:
+    """The length of ``x``, checked to be a ``(time, features)`` series of known length,
+    without making a dask array of it (which hashes a numpy array's every byte).
+
+    Raises
+    ------
+    WindowError
+        For another number of dimensions, or an unknown length (a boolean mask's).
+    """
+    shape = tuple(x.shape) if isinstance(x, da.Array) else np.shape(x)
+    if len(shape) != 2:
+        raise WindowError(f"windows: expected a (time, features) array, got shape {shape}")
+    if any(np.isnan(c) for c in shape):
+        raise WindowError(f"windows: the series' length is unknown (shape {shape}, as after a boolean mask); "
+                          "call x.compute_chunk_sizes() first")
+    return int(shape[0])
+
+
 def _series(x: da.Array | np.ndarray) -> da.Array:
     """``x`` as a 2-D dask array of known length.
 
@@ -65,16 +83,9 @@ def _series(x: da.Array | np.ndarray) -> da.Array:
     WindowError
         For another number of dimensions, or an unknown length (a boolean mask's).
     """
+    _length(x)  # before from_array, whose chunks are for two axes
     if not isinstance(x, da.Array):
-        x = np.asarray(x)
-        if x.ndim != 2:  # before from_array, whose chunks are for two axes
-            raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
-        x = da.from_array(x, chunks=(max(1, 1 << 16), -1))
-    if x.ndim != 2:
-        raise WindowError(f"windows: expected a (time, features) array, got shape {x.shape}")
-    if any(np.isnan(c) for c in x.shape):
-        raise WindowError(f"windows: the series' length is unknown (shape {x.shape}, as after a boolean mask); "
-                          "call x.compute_chunk_sizes() first")
+        x = da.from_array(np.asarray(x), chunks=(max(1, 1 << 16), -1))
     return x
 
 
@@ -107,7 +118,7 @@ def file_sessions(x: Any) -> list[int] | None:
         return None
     shape = attrs.get("shape")
     ndim = len(shape) if isinstance(shape, (list, tuple)) else len(x.shape)
-    T = int(x.shape[0])
+    T = _length(x)
     rows: list[int | None] = []
     for f in files:
         f = f if isinstance(f, Mapping) else {}
@@ -147,7 +158,7 @@ def session_rows(x: Any, sessions: Sequence[int] | str | None) -> list[int] | No
         an unknown rule, ``"file"`` for an array that carries no files, or files whose
         rows do not add up (see :func:`file_sessions`).
     """
-    T = int(x.shape[0])
+    T = _length(x)
     if isinstance(sessions, str):
         if sessions == "none":
             return None
@@ -176,7 +187,8 @@ def _session_lengths(sessions: Sequence[int]) -> list[int]:
     than truncated (and then blamed on the sessions' sum)."""
     lengths = []
     for k, v in enumerate(sessions):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer, float, np.floating)) or not float(v).is_integer() or v < 0:
+        number = isinstance(v, (int, np.integer, float, np.floating)) and not isinstance(v, bool)
+        if not number or not float(v).is_integer() or v < 0:
             raise WindowError(f"windows: sessions[{k}] must be a number of rows (an integer, 0 or more), got {v!r}")
         lengths.append(int(v))
     return lengths
@@ -336,7 +348,7 @@ def windows(
         column of ``x``.
     """
     scales = _validate(size, stride, scales)
-    lengths, runs, n = _plan(x, size, stride, scales, sessions)
+    lengths, runs, _ = _plan(x, size, stride, scales, sessions)
     x = _series(x)
     T, F = x.shape
     features = _feature_names(names, F)
@@ -402,7 +414,7 @@ def _plan(x: Any, size: int, stride: int, scales: tuple[int, ...], sessions: Seq
     WindowError
         For another shape than ``(T, F)``, bad sessions, or when no window fits.
     """
-    T = int(_series(x).shape[0])
+    T = _length(x)
     h = halo(size, scales)
     lengths = session_rows(x, sessions)
     if lengths is None:
@@ -563,9 +575,9 @@ def _default_blocks(x: da.Array, runs: WindowRuns, h: int, window_bytes: int, ma
                     ) -> tuple[int, ...]:
     """Windows per block, bounded by output bytes and by the rows each task reads.
 
-    The rows a task reads are sliced from whole chunks of ``x``: keeping a block's rows
-    within ``x``'s longest chunk keeps a task's input near what a task of the
-    unsessioned path holds (its chunk and the halo borrowed from its neighbour).
+    A task's rows are sliced from whole chunks of ``x``: keeping its window ends
+    within the span of ``x``'s longest chunk keeps its input near what a task of one
+    series holds (its chunk and the halo borrowed from its neighbour).
     """
     row_bytes = max(1, int(x.shape[1]) * x.dtype.itemsize)
     span = min(rows_per_block(max_block_bytes // row_bytes, h), max(max(x.chunks[0], default=1), h, 1))
