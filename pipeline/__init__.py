@@ -30,6 +30,7 @@ __all__ = [
     "open_source",
     "run",
     "stream",
+    "window_end_rows",
     "windows",
     "write",
 ]
@@ -44,6 +45,7 @@ _LAZY = {
     "open_source": ("pipeline.loaders", "open_source"),
     "run": ("pipeline.job", "run"),
     "stream": ("pipeline.streaming", "stream"),
+    "window_end_rows": ("pipeline.features", "window_end_rows"),
     "windows": ("pipeline.features", "windows"),
     "write": ("pipeline.storage", "write"),
 }
@@ -51,7 +53,7 @@ _LAZY = {
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.cluster import cluster
     from pipeline.config import load_config
-    from pipeline.features import build_training_set, windows
+    from pipeline.features import build_training_set, window_end_rows, windows
     from pipeline.job import run
     from pipeline.loaders import load, open_source
     from pipeline.storage import open, write

@@ -11,7 +11,7 @@ from pipeline.features.geometry import (
 from pipeline.features.labels import class_balance, finalize_labels, label_steps
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.steps import FeatureFrame, compute_features
-from pipeline.features.windows import windows
+from pipeline.features.windows import window_end_rows, windows
 
 __all__ = [
     "FeatureFrame",
@@ -27,6 +27,7 @@ __all__ = [
     "split_gap_windows",
     "split_ranges",
     "window_count",
+    "window_end_rows",
     "window_ends",
     "windows",
 ]
