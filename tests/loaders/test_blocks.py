@@ -110,3 +110,13 @@ def test_aligned_blocks_start_on_chunk_edges_and_read_as_h5py(tmp_path):
     starts = np.cumsum((0,) + x.chunks[0][:-1])
     assert all(s % chunk_rows == 0 for s in starts)
     np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
+
+
+def test_a_stacked_file_rewritten_wider_is_refused_not_cast_back(tmp_path):
+    for name in ("a", "b"):
+        np.save(tmp_path / f"{name}.npy", np.arange(4, dtype="i2"))
+    x = pipeline.load(str(tmp_path / "*.npy"), combine="stack")
+    np.save(tmp_path / "b.npy", np.array([1, 2, 3, 70000], dtype="i4"))  # 70000 does not fit int16
+    assert np.load(tmp_path / "b.npy").astype("i2")[3] != 70000  # what a cast would store
+    with pytest.raises(LoaderError, match=r"b\.npy: read as int32, which the array's dtype int16"):
+        x.compute(scheduler="sync")
