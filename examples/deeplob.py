@@ -111,8 +111,11 @@ def build_config(data: str, out: str, splits: dict, alpha: float, nan: str) -> d
     """The pipeline config, as the YAML of ``pipeline run`` would hold it."""
     return {
         # LOBSTER files name their ticker: the instrument of each file comes from there.
+        # float64 prices: a smoothed change that falls on alpha gets the class exact prices
+        # give it (float32 rounding moves such ties either way; docs/pages/recipes/deeplob.md).
         "source": {"paths": os.path.join(data, f"*_orderbook_{LEVELS}.csv"), "format": "lobster",
-                   "sessions": "file", "nan": nan, **({"fill_value": 0.0} if nan == "fill" else {})},
+                   "sessions": "file", "nan": nan, "dtype": "float64",
+                   **({"fill_value": 0.0} if nan == "fill" else {})},
         "features": {"steps": [{"name": "book", "levels": LEVELS}],
                      "normalize": {"kind": "trailing", "sessions": 1}},
         "windows": {"size": WINDOW, "stride": 1, "scales": [1], "materialize": False},

@@ -310,6 +310,8 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
             segments=segs,
             timestamps=source.timestamps,
             folds=out.folds,
+            # The value the loader wrote into empty cells: no label reads it as a price.
+            source_fill=config.source.fill_value if config.source.nan == "fill" else None,
         )
         say("writing " + ", ".join(f"{k}: {next(iter(v.values())).shape[0]:,} windows" for k, v in tset.splits.items())
             + ("" if config.windows.materialize else " (virtual: features stored once)"))

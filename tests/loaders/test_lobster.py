@@ -388,3 +388,43 @@ def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path, nan
     np.testing.assert_allclose(train["y"][:].ravel(), np.concatenate(ys), rtol=1e-6)
     np.testing.assert_array_equal(train["t"][:], np.concatenate(ts))
     assert (7 in train["x"][:][..., 1]) == (halts == "keep")
+
+
+def test_pipeline_run_leaves_out_windows_whose_label_reads_an_empty_ask_under_nan_fill(tmp_path):
+    """`pipeline run` with ``source.nan: fill``: an empty best ask (LOBSTER's dummy price)
+    is filled with 0 for the features, but no label reads it: the windows whose return
+    label starts or ends on such a row are left out, with a warning naming the column,
+    and the rest equal a pandas computation (the windows built from all rows, without those)."""
+    import pipeline
+    from pipeline.config import parse_config
+    from pipeline.job import run
+
+    size, horizon = 4, 2
+    path = write_halted_day(tmp_path, "AAPL", "2012-06-21", n=40, halt_at=30)
+    lines = path.read_text().splitlines()
+    empty = [12, 13, 20]
+    for r in empty:  # the ask side empty: dummy price, size 0
+        fields = lines[r].split(",")
+        lines[r] = ",".join(["9999999999", "0", *fields[2:]])
+    path.write_text("\n".join(lines) + "\n")
+    config = parse_config({
+        "cluster": {"n_workers": 1, "threads_per_worker": 1},
+        "source": {"paths": str(path), "format": "lobster", "dtype": "float64", "nan": "fill", "halts": "keep"},
+        "features": {"steps": ["mid_price"], "normalize": "none"},
+        "windows": {"size": size, "stride": 1},
+        "labels": {"kind": "return", "horizon": horizon},
+        "output": {"path": str(tmp_path / "set.zarr")},
+    })
+    with pytest.warns(UserWarning, match=r"labels: 6 windows left out: their label reads ask_price_1 where it was "
+                                         r"empty \(source.nan: fill\)"):
+        run(config, log=None, progress=False)
+    book, _, times, _ = pandas_day(path)
+    ask = np.where(np.isin(np.arange(len(book)), empty), 0.0, book[:, 0])  # the fill value
+    mid = (ask + book[:, 2]) / 2
+    ends = np.array([e for e in range(size - 1, len(mid) - horizon) if e not in empty and e + horizon not in empty])
+    assert len(ends) == len(mid) - horizon - (size - 1) - 6  # ends 12, 13, 20 and 10, 11, 18
+    train = pipeline.open(str(tmp_path / "set.zarr"))["train"]
+    np.testing.assert_array_equal(train["x"][:][..., 0],
+                                  np.stack([mid[e - size + 1: e + 1] for e in ends]).astype(np.float32))
+    np.testing.assert_allclose(train["y"][:].ravel(), np.log(mid[ends + horizon]) - np.log(mid[ends]), rtol=1e-6)
+    np.testing.assert_array_equal(train["t"][:], times[ends])
