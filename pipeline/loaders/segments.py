@@ -32,7 +32,7 @@ from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec
 from pipeline.loaders import Source, expand_paths, open_source
 from pipeline.loaders.timeorder import check_file_times, check_instrument_times, instrument_spans
 
-__all__ = ["SegmentedSource", "open_segmented", "session_major_order", "zone_of"]
+__all__ = ["SegmentedSource", "file_groups", "file_types", "open_segmented", "session_major_order", "zone_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +54,10 @@ class SegmentedSource:
     #: The distinct time zones the files' timestamp columns store (empty: naive
     #: timestamps, or none stored); each instrument's dates are taken in its own.
     time_zones: tuple[str, ...] = ()
+    #: What the cross-file checks know of the files' columns, per instrument opened as
+    #: a source of its own (:func:`file_types`), recorded in the store so that an
+    #: append checks its new files against the stored ones without reading them.
+    types: dict[str, Any] | None = None
 
     @property
     def time_zone(self) -> str | None:
@@ -85,6 +89,8 @@ class SegmentedSource:
         out["shape"] = list(self.array.shape)
         out["instruments"] = list(self.segments.instruments)
         out["sessions"] = self.session_mode
+        if self.types is not None:
+            out["types"] = self.types
         return out
 
 
@@ -426,6 +432,82 @@ def zone_of(src: Any, spec: SessionSpec) -> str | None:
     return src.time_zones[0] if len(src.time_zones) == 1 else None
 
 
+def file_groups(files: Sequence[str], instrument: InstrumentSpec | None, fmt: str | None) -> dict[str, list[str]]:
+    """The files opened together as one source, by instrument name when the path names
+    it (LOBSTER: the ticker), else every file under ``""``: the sets whose files a
+    build checks against each other (time zones, timestamp types, price units)."""
+    by_name, _ = _instrument_files(files, instrument, fmt)
+    return by_name if by_name is not None else {"": list(files)}
+
+
+def file_types(files: Sequence[str], *, timestamp: str | None, storage_options: dict | None = None,
+               rename: Any = None, format: str | None = None, files_read: int | None = None,
+               zones: Sequence[str] = ()) -> dict[str, Any]:
+    """What the loader's cross-file checks compare, of the Parquet ``files`` (their
+    footers are read; other formats store no types): how each stores its timestamp
+    column (:func:`~pipeline.loaders.timeorder.time_kinds`) and, per price column, the
+    first file storing it as integers and as floats with its magnitude
+    (:func:`~pipeline.loaders.tables.check_units`).
+
+    Parameters
+    ----------
+    files
+        The files to read the footers of.
+    timestamp, storage_options, rename, format
+        As the source opens them.
+    files_read
+        How many files ``files`` stand for, when they are a sample (a build's first and
+        last files; its checks refused files of mixed kinds, so one kind found is
+        every file's).
+    zones
+        The zones every file stores (the source's ``time_zones``).
+
+    Returns
+    -------
+    dict
+        ``{"time": {kind: [first file, files]}, "units": {column: {"i" or "f": [file,
+        magnitude]}}, "zones": [...]}``, JSON-able.
+    """
+    from pipeline.loaders.registry import format_of
+    from pipeline.loaders.tables import probe_table
+    from pipeline.loaders.timeorder import time_kinds
+
+    so = dict(storage_options or {})
+    parquet = [f for f in files if format_of(f, format) == "parquet"]
+    parts = [p for f in parquet for p in probe_table(f, "parquet", timestamp, so, rename=rename)[:1]]
+    kinds = time_kinds(parts, timestamp) if timestamp else {}
+    if files_read is not None and len(kinds) == 1:
+        next(iter(kinds.values()))[1] = int(files_read)
+    units: dict[str, dict[str, list[Any]]] = {}
+    for p in parts:
+        for name, kind, size in zip(p.columns, p.kinds, p.magnitudes):
+            if "price" in name.lower() and kind in ("i", "f") and size is not None and size > 0:
+                units.setdefault(name, {}).setdefault(kind, [p.path, float(size)])
+    zones = sorted(set(zones) | {k[6:] for k in kinds if k.startswith("aware:")})
+    return {"time": kinds, "units": units, "zones": zones}
+
+
+def _sampled_types(src: Source, timestamp: str | None, options: dict[str, Any],
+                   storage_options: dict | None) -> dict[str, Any]:
+    """:func:`file_types` of a source's first file and first and last files holding
+    rows: a footer read or three, whatever the number of files (the source's own
+    checks compared every file, so these stand for all)."""
+    infos = src.files
+    held = [f.path for f in infos if f.rows]
+    sample = list(dict.fromkeys([infos[0].path, *held[:1], *held[-1:]]))
+    return file_types(sample, timestamp=timestamp, storage_options=storage_options, rename=options.get("rename"),
+                      format=options.get("format"), files_read=len(infos), zones=src.time_zones)
+
+
+def _non_empty(lengths: list[int], inst: list[int], keys: list[str]) -> tuple[list[int], list[int], list[str]]:
+    """The segments that hold rows. A file without rows (a holiday written as a 0-row
+    Parquet file or a header-only CSV, or every row dropped) is no session, wherever it
+    comes, as a build without the file would make: it has no time to place it by, and
+    no window, feature or label to give. With no rows at all, the first segment stays."""
+    keep = [i for i, n in enumerate(lengths) if n > 0] or [0]
+    return [lengths[i] for i in keep], [inst[i] for i in keep], [keys[i] for i in keep]
+
+
 def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
     """Open a table source and divide it into instruments and sessions.
@@ -473,6 +555,12 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
                        zone_of(src, spec)))
     if not checked:
         _check_file_order(sources)
+    timestamp = options.get("timestamp")
+    types = None
+    if timestamp and options.get("format") not in ("lobster", "fi2010"):
+        names = sorted(by_name) if by_name is not None else [""]
+        types = {"timestamp": timestamp,
+                 "groups": {n: _sampled_types(src, timestamp, options, so) for n, src in zip(names, sources)}}
 
     lengths: list[int] = []
     inst: list[int] = []
@@ -482,6 +570,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         lengths += rows
         inst += [k] * len(rows)
         keys += ks
+    lengths, inst, keys = _non_empty(lengths, inst, keys)
     stamps = [g[2] for g in groups]
     timestamps = None
     if all(t is not None for t in stamps):
@@ -511,4 +600,5 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
                            segments=table, sources=tuple(sources), session_mode=spec.mode,
                            session_keys=tuple(keys[i] for i in order),
                            first_times=None if first_ns is None else first_ns[order],
-                           skipped=tuple(s for src in sources for s in src.skipped), time_zones=_zones(sources))
+                           skipped=tuple(s for src in sources for s in src.skipped), time_zones=_zones(sources),
+                           types=types)

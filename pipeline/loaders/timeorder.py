@@ -11,15 +11,16 @@ nanoseconds: no file is read here.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Sequence
+from typing import Any, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from pipeline.errors import LoaderError
 from pipeline.loaders.tables import TablePart, group_parts
 
-__all__ = ["DAY_NS", "check_file_times", "check_instrument_times", "check_time_order", "check_time_zones",
-           "files_out_of_order", "instrument_spans", "repeated_hour_advice"]
+__all__ = ["DAY_NS", "check_file_times", "check_instrument_times", "check_time_kinds", "check_time_order",
+           "check_time_zones", "files_out_of_order", "instrument_spans", "repeated_hour_advice", "time_kind",
+           "time_kinds"]
 
 
 def check_time_order(parts: Sequence[TablePart], instrument_column: str | None = None) -> None:
@@ -271,25 +272,121 @@ def check_instrument_times(paths: Sequence[str], names: Sequence[str], spans: np
         check_file_times(files, lo, hi, instrument=name)
 
 
-def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:
-    """The distinct time zones of the files' timestamp columns (sorted; empty when the
-    schemas name none), refusing naive timestamp columns beside time-zone-aware ones.
+def time_kind(part: TablePart, timestamp: str) -> str | None:
+    """How a file stores its timestamp column, from its schema: ``"naive"`` (a timestamp
+    type without a zone), ``"aware:<zone>"`` (with one), ``"integer"`` or ``"float"``
+    (numbers, read in ``source.timestamp_unit``); ``None`` where no schema says (CSV,
+    LOBSTER) or for text."""
+    if part.tz is not None:
+        return f"aware:{part.tz}" if part.tz else "naive"
+    if not part.kinds or timestamp not in part.columns:
+        return None
+    return {"i": "integer", "f": "float"}.get(part.kinds[part.columns.index(timestamp)])
+
+
+def time_kinds(parts: Sequence[TablePart], timestamp: str) -> dict[str, list[Any]]:
+    """``{kind: [first file, files]}`` of the files' :func:`time_kind` (files without
+    one left out), in the order the kinds first appear: what the cross-file checks of
+    :func:`check_time_kinds` need, and what a store records of its files for an append
+    (``pipeline.update``), whose new files are checked against it."""
+    seen: dict[str, str] = {}
+    for p in parts:
+        kind = time_kind(p, timestamp)
+        if kind is not None:
+            seen.setdefault(p.path, kind)
+    out: dict[str, list[Any]] = {}
+    for path, kind in seen.items():
+        out.setdefault(kind, [path, 0])[1] += 1
+    return out
+
+
+def _said(kind: str) -> str:
+    return "naive (no time zone)" if kind == "naive" else f"time-zone-aware ({kind[6:]})"
+
+
+def check_time_kinds(kinds: Mapping[str, Sequence[Any]], timestamp: str | None,
+                     new: Collection[str] = ()) -> None:
+    """Refuse files whose timestamp columns cannot be joined by instant: naive beside
+    time-zone-aware ones, and a timestamp type beside numbers.
 
     An aware timestamp is an instant; a naive one is a wall-clock time, which would be
-    read as UTC: beside files of another zone it lands hours away from its true time.
+    read as UTC: beside files of another zone it lands hours from its true time. Epoch
+    numbers are instants only in the unit ``source.timestamp_unit`` says, and a vendor
+    that changes a column's type from a timestamp to numbers has likely changed more
+    (unit, zone, precision): the files are refused, as pyarrow refuses to join two
+    schemas, rather than joined by a guess.
+
+    Parameters
+    ----------
+    kinds
+        :func:`time_kinds` of the files (of a store's files and an append's, merged).
+    timestamp
+        The column, for the message.
+    new
+        Files to name as the odd one out (an append's), before the minority kind.
+
+    Raises
+    ------
+    LoaderError
+        Naming a file of the odd kind, a file of each kind and how many files each has.
     """
-    files: dict[str, str] = {}
-    for p in parts:
-        if p.tz is not None:
-            files.setdefault(p.path, p.tz)
-    naive = [f for f, tz in files.items() if tz == ""]
-    aware = [f for f, tz in files.items() if tz != ""]
+    naive = [(k, v) for k, v in kinds.items() if k == "naive"]
+    aware = [(k, v) for k, v in kinds.items() if k.startswith("aware:")]
+    numbers = [(k, v) for k, v in kinds.items() if k in ("integer", "float")]
     if naive and aware:
-        # Name a file of the minority kind (the odd one out, usually), then both kinds.
-        odd = naive[0] if len(naive) <= len(aware) else aware[0]
-        kind = "naive (no time zone)" if files[odd] == "" else f"time-zone-aware ({files[odd]})"
-        raise LoaderError(odd, f"timestamp column {timestamp!r} is {kind}, but time-zone-aware: {len(aware)} "
-                          f"file(s) (first {aware[0]}, {files[aware[0]]}), naive: {len(naive)} file(s) (first "
-                          f"{naive[0]}); a naive time would be read as UTC, hours from its true instant. Store "
-                          "every file's timestamps with their time zone, or every one naive")
-    return tuple(sorted({tz for tz in files.values() if tz}))
+        odd_kind, odd = _odd_one_out(naive, aware, new)
+        (zone, (first_aware, _)), (naive_first, n_naive) = aware[0], naive[0][1]
+        raise LoaderError(odd, f"timestamp column {timestamp!r} is {_said(odd_kind)}, but time-zone-aware: "
+                          f"{_files(aware)} file(s) (first {first_aware}, {zone[6:]}), naive: {n_naive} file(s) "
+                          f"(first {naive_first}); a naive time would be read as UTC, hours from its true instant. "
+                          "Store every file's timestamps with their time zone, or every one naive")
+    typed = naive + aware
+    if typed and numbers:
+        odd_kind, odd = _odd_one_out(numbers, typed, new)
+        other_kind, (other, _) = (typed if odd_kind in dict(numbers) else numbers)[0]
+        n_odd, n_other = (_files(numbers), _files(typed)) if odd_kind in dict(numbers) else \
+            (_files(typed), _files(numbers))
+        raise LoaderError(odd, f"timestamp column {timestamp!r} holds {_type(odd_kind)} in {n_odd} file(s), but "
+                          f"{_type(other_kind)} in {n_other} file(s) (first {other}): a timestamp type and epoch "
+                          "numbers are not joined (the numbers' unit and zone would be a guess). Write every file's "
+                          "timestamps in one type (the numbers as a timestamp type, for example with "
+                          "pd.to_datetime(values, unit='ns', utc=True)), or read each set as a source of its own")
+
+
+def _type(kind: str) -> str:
+    """A :func:`time_kind` as a storage type, for a message."""
+    if kind in ("integer", "float"):
+        return f"{kind}s (epoch times, read in source.timestamp_unit)"
+    return "a naive timestamp type" if kind == "naive" else f"a timestamp type in {kind[6:]}"
+
+
+def _files(group: Sequence[tuple[str, Sequence[Any]]]) -> int:
+    return sum(int(v[1]) for _, v in group)
+
+
+def _odd_one_out(a: Sequence[tuple[str, Sequence[Any]]], b: Sequence[tuple[str, Sequence[Any]]],
+                 new: Collection[str]) -> tuple[str, str]:
+    """``(kind, file)`` to name of two groups of kinds that conflict: a new file's (an
+    append's, which brought the conflict), else the first file of the smaller group
+    (``a`` on a tie), usually the odd one out."""
+    for kind, (path, _) in [*a, *b]:
+        if path in new:
+            return kind, path
+    kind, (path, _) = (a if _files(a) <= _files(b) else b)[0]
+    return kind, path
+
+
+def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:
+    """The distinct time zones of the files' timestamp columns (sorted; empty when the
+    schemas name none), refusing columns that cannot be joined by instant
+    (:func:`check_time_kinds`: naive beside time-zone-aware, a timestamp type beside
+    numbers).
+
+    Raises
+    ------
+    LoaderError
+        Naming the odd file out (the minority kind), and a file of each kind.
+    """
+    kinds = time_kinds(parts, timestamp) if timestamp else {}
+    check_time_kinds(kinds, timestamp)
+    return tuple(sorted({k[6:] for k in kinds if k.startswith("aware:") and k[6:]}))

@@ -823,3 +823,63 @@ def test_a_build_of_files_of_one_symbol_each_equals_one_interleaved_file_the_pat
     np.testing.assert_array_equal(store["t"][order], t)
     np.testing.assert_allclose(store["x"][order][..., 0], np.asarray(x, np.float32), rtol=1e-7)
     np.testing.assert_allclose(store["y"][order].reshape(-1), np.asarray(y), rtol=1e-5, atol=1e-9)
+
+
+def _aware_day(day: str, rows: int, seed: int) -> pd.DataFrame:
+    """A New York session of a one-level book, as a vendor's pandas writes it."""
+    rng = np.random.default_rng(seed)
+    t = pd.Timestamp(f"{day} 09:30", tz="America/New_York") + pd.to_timedelta(np.arange(rows) * 10**8, unit="ns")
+    mid = 100 + np.cumsum(rng.choice([-0.01, 0.0, 0.01], rows))
+    return pd.DataFrame({"timestamp": t, "bid_price_1": mid - 0.01, "ask_price_1": mid + 0.01,
+                         "bid_size_1": rng.integers(1, 99, rows).astype(float)})
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "csv"])
+@pytest.mark.parametrize("empty", [0, 1, 3])
+def test_an_empty_day_file_is_no_session_wherever_it_comes(tmp_path, fmt, empty):
+    """A holiday written as a 0-row Parquet file or a header-only CSV: last, it left a
+    0-row segment at the end that crashed the build (IndexError in _fit_and_check); first,
+    a session of 1970. Wherever it comes, the source is that of the other files."""
+    days = ["2024-11-26", "2024-11-27", "2024-11-28", "2024-11-29"]
+    frames = {d: _aware_day(d, 50 + 10 * k, k) for k, d in enumerate(days)}
+    frames[days[empty]] = frames[days[empty]].iloc[:0]
+    for name in ("with", "without"):
+        (tmp_path / name).mkdir()
+    for d, df in frames.items():
+        for name in ("with", "without") if len(df) else ("with",):
+            path = tmp_path / name / f"{d}.{fmt}"
+            df.to_parquet(path, index=False) if fmt == "parquet" else df.to_csv(path, index=False)
+    cols = ["bid_price_1", "ask_price_1", "bid_size_1"]
+    got, want = (open_segmented(str(tmp_path / name / f"*.{fmt}"), timestamp="timestamp", columns=cols,
+                                dtype="float64", sessions=SessionSpec(mode="file")) for name in ("with", "without"))
+    held = [df for df in frames.values() if len(df)]
+    assert (got.segments.stops - got.segments.starts).tolist() == [len(df) for df in held]
+    assert got.segments.session.tolist() == [0, 1, 2]
+    assert [Path(lb).name for lb in got.segments.labels] == [Path(lb).name for lb in want.segments.labels]
+    np.testing.assert_array_equal(got.array.compute(), pd.concat(held)[cols].to_numpy())
+    np.testing.assert_array_equal(got.timestamps.compute(), pd.concat(held)["timestamp"].astype("int64").to_numpy())
+    np.testing.assert_array_equal(got.first_times, [int(df["timestamp"].iloc[0].value) for df in held])
+
+
+def test_the_store_record_of_file_types_names_each_kinds_first_file(tmp_path):
+    """What the build records for an append's checks: per instrument, how its files
+    store the timestamp column and each price column's first file of each type, equal
+    to what pyarrow's schemas and pandas' maxima say."""
+    for sym, k in (("AAA", 0), ("BBB", 1)):
+        (tmp_path / sym).mkdir()
+        for d, day in enumerate(["2024-11-26", "2024-11-27", "2024-11-28"]):
+            df = _aware_day(day, 40, 10 * k + d)
+            if sym == "BBB":
+                df["timestamp"] = df["timestamp"].dt.tz_convert("Europe/London")
+            df.to_parquet(tmp_path / sym / f"{day}.parquet", index=False)
+    src = open_segmented(str(tmp_path / "*" / "*.parquet"), timestamp="timestamp",
+                         instrument=InstrumentSpec(path=str(tmp_path / "{instrument}" / "*.parquet")))
+    types = src.metadata()["types"]
+    assert types["timestamp"] == "timestamp" and sorted(types["groups"]) == ["AAA", "BBB"]
+    for sym in ("AAA", "BBB"):
+        first = tmp_path / sym / "2024-11-26.parquet"
+        zone = str(pq.read_schema(first).field("timestamp").type.tz)
+        group = types["groups"][sym]
+        assert group["time"] == {f"aware:{zone}": [str(first), 3]} and group["zones"] == [zone]
+        frame = pd.read_parquet(first)
+        assert group["units"]["bid_price_1"] == {"f": [str(first), float(frame["bid_price_1"].abs().max())]}

@@ -94,3 +94,52 @@ def test_parquet_footers_of_two_symbols_overlapping_are_left_to_the_per_instrume
     check_time_order(parts, "symbol")
     with pytest.raises(LoaderError, match=r"d1_ETH\.parquet: starts at .* before the previous file .*d1_BTC\.parquet"):
         check_time_order(parts, None)  # no instruments: one series, refused as before
+
+
+def _ny_day(path, day: str, rows: int = 30, as_int: bool = False, naive: bool = False) -> None:
+    t = pd.Timestamp(f"{day} 09:30", tz="America/New_York") + pd.to_timedelta(np.arange(rows) * NS, unit="ns")
+    frame = pd.DataFrame({"timestamp": t, "bid_price_1": 100.0 + np.arange(rows) * 0.01})
+    if naive:
+        frame["timestamp"] = frame["timestamp"].dt.tz_convert("UTC").dt.tz_localize(None)
+    if as_int:
+        frame["timestamp"] = frame["timestamp"].astype("int64")  # the same instants, as epoch ns
+    frame.to_parquet(path, index=False)
+
+
+@pytest.mark.parametrize("naive", [False, True])
+def test_a_timestamp_type_beside_epoch_integers_is_refused_naming_the_file_and_both_types(tmp_path, naive):
+    """A vendor switching the column to int64 ns: the time order compared a datetime64
+    footer bound with an integer (numpy's UFuncNoLoopError), naming no file."""
+    from pipeline.loaders import open_source
+
+    paths = [tmp_path / f"2024-12-0{2 + d}.parquet" for d in range(3)]
+    for d, path in enumerate(paths):
+        _ny_day(path, f"2024-12-0{2 + d}", as_int=d == 2, naive=naive)
+    stored = {str(p): str(pd.read_parquet(p)["timestamp"].dtype) for p in paths}  # what pandas reads
+    assert stored[str(paths[2])] == "int64" and stored[str(paths[0])].startswith("datetime64[ns")
+    typed = "a naive timestamp type" if naive else "a timestamp type in America/New_York"
+    with pytest.raises(LoaderError, match=rf"^{paths[2]}: timestamp column 'timestamp' holds integers \(epoch times, "
+                                          rf"read in source\.timestamp_unit\) in 1 file\(s\), but {typed} in 2 "
+                                          rf"file\(s\) \(first {paths[0]}\)"):
+        open_source(str(tmp_path / "*.parquet"), timestamp="timestamp")
+
+
+def test_time_kinds_count_each_files_type_as_pyarrow_reads_it(tmp_path):
+    from pipeline.loaders.timeorder import check_time_kinds, time_kinds
+
+    paths = [tmp_path / f"{k}.parquet" for k in range(4)]
+    for k, path in enumerate(paths):
+        _ny_day(path, "2024-12-02", naive=k == 3)
+    parts = [p for path in paths for p in probe_table(str(path), "parquet", "timestamp", {})]
+    want: dict[str, list] = {}
+    for path in paths:
+        tz = pq.read_schema(path).field("timestamp").type.tz
+        want.setdefault(f"aware:{tz}" if tz else "naive", [str(path), 0])[1] += 1
+    assert time_kinds(parts, "timestamp") == want
+    with pytest.raises(LoaderError, match=rf"^{paths[3]}: timestamp column 'timestamp' is naive \(no time zone\), "
+                                          rf"but time-zone-aware: 3 file\(s\) \(first {paths[0]}, America/New_York\)"):
+        check_time_kinds(want, "timestamp")
+    # An append's new file is the one named, though the stored files are the fewer.
+    with pytest.raises(LoaderError, match=rf"^{paths[0]}: timestamp column 'timestamp' is time-zone-aware "):
+        check_time_kinds({"naive": [str(paths[3]), 1], "aware:America/New_York": [str(paths[0]), 1]}, "timestamp",
+                         new={str(paths[0])})
