@@ -37,7 +37,7 @@ from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
 from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, fraction_cuts, is_dated
 from pipeline.features.steps import FeatureFrame, compute_features, feature_lookback
-from pipeline.features.windows import gather_rows, windows_at
+from pipeline.features.windows import file_sessions, gather_rows, windows_at
 from pipeline.progress import compute
 from pipeline.storage.layout import unit_chunks
 
@@ -109,6 +109,13 @@ def _finish_rows(block: np.ndarray, start: int, *, segments: SegmentTable, lookb
     if fill is not None:
         out = np.where(np.isfinite(out), out, np.float32(fill))
     return out
+
+
+def _file_segments(x: da.Array) -> SegmentTable:
+    """One segment per file an array was joined from (no window, lookback or label
+    spans two recordings), or one for an array that carries no files."""
+    lengths = file_sessions(x)
+    return SegmentTable.from_lengths(lengths) if lengths else SegmentTable.single(int(x.shape[0]))
 
 
 def _finisher(segments: SegmentTable, lookback: int,
@@ -208,7 +215,11 @@ def build_training_set(
     block_windows
         Windows per block: the writer's unit (or a function of a window's bytes).
     segments
-        The source's segments (sessions of instruments; default one).
+        The source's segments (sessions of instruments). By default each file of an
+        array joined from several files (``pipeline.load``, ``open_source(...).array``
+        with ``combine="concat"``: the files it carries in ``x.attrs``), as
+        :func:`~pipeline.features.windows.windows` takes them; otherwise one;
+        ``SegmentTable.single(len(x))`` makes one series across files.
     timestamps
         ``(T,)`` int64 ns times: each window's ``t``; date splits and instruments need them.
     folds
@@ -238,7 +249,7 @@ def build_training_set(
     splits = dict(splits or {"train": 1.0})
     norm = NormalizeSpec.from_value(normalize, "normalize")
     scales = tuple(scales)
-    segs = segments if segments is not None else SegmentTable.single(int(x.shape[0]))
+    segs = segments if segments is not None else _file_segments(x)
     _check_inputs(x, segs, norm, materialize)
     frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features),
                                                                  fill_value if nan == "fill" else None))

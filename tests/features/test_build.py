@@ -339,3 +339,35 @@ def test_class_labels_from_float32_prices_warn_where_exact_prices_could_change_t
         assert len(found) == 1 and f"alpha {alpha:g}" in found[0] and "source.dtype: float64" in found[0]
         near, total = (int(v.replace(",", "")) for v in re.match(r"labels: ([\d,]+) of ([\d,]+) ", found[0]).groups())
         assert flipped <= near < total == len(exact)
+
+
+@pytest.mark.parametrize("split_rows", [(300, 420), (250, 250, 200)])
+def test_an_array_joined_from_files_is_built_one_file_at_a_time(tmp_path, split_rows):
+    """An array ``pipeline.load`` joined from several ``.npy`` files: no window, feature
+    lookback or label spans two files, by default (each file's windows and labels are
+    those of the numpy pipeline on that file alone); ``segments=SegmentTable.single``
+    makes one series across them, as before."""
+    import pipeline
+    from pipeline.features.sessions import SegmentTable
+
+    x = book(sum(split_rows), seed=5)
+    paths, start = [], 0
+    for i, n in enumerate(split_rows):
+        paths.append(str(tmp_path / f"rec{i}.npy"))
+        np.save(paths[-1], x[start : start + n])
+        start += n
+    arr = pipeline.load(paths, combine="concat")
+    kwargs = dict(columns=COLS, features=SPECS, size=SIZE, stride=STRIDE, scales=SCALES,
+                  label=LabelSpec(horizon=H), normalize="none")
+    ts = build_training_set(arr, **kwargs)
+    xs, ys, start = [], [], 0
+    for n in split_rows:
+        (xr, yr), = numpy_pipeline(x[start : start + n], {"train": 1.0}, normalize="none")[0].values()
+        xs.append(xr)
+        ys.append(yr)
+        start += n
+    np.testing.assert_allclose(ts.splits["train"]["x"].compute(), np.concatenate(xs), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ts.splits["train"]["y"].compute(), np.concatenate(ys), rtol=1e-5, atol=1e-6)
+    one = build_training_set(arr, segments=SegmentTable.single(int(arr.shape[0])), **kwargs)
+    (xr, _), = numpy_pipeline(x, {"train": 1.0}, normalize="none")[0].values()
+    np.testing.assert_allclose(one.splits["train"]["x"].compute(), xr, rtol=1e-5, atol=1e-5)
