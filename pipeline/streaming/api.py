@@ -202,9 +202,10 @@ def _where(source: Any, split: str, src: Any = None) -> str:
     """What ``stream(source, split=split)`` streams, as the subject of "holds": the
     split and its store, the zarr group's split, the variables of another tool's store
     (``src``, which names it; ``split`` does not apply to them), or the arrays."""
-    from pipeline.streaming.foreign import ZarrSource
-
-    if isinstance(src, ZarrSource) and getattr(src, "group", None) == "":
+    # Asked without importing the foreign module (and zarr with it): a local pipeline
+    # store opens without zarr (pipeline.streaming.localstore).
+    foreign = sys.modules.get("pipeline.streaming.foreign")
+    if foreign is not None and isinstance(src, foreign.ZarrSource) and getattr(src, "group", None) == "":
         what = src.label if src.label != "<group>" else "the zarr group passed"
         return f"the variables {', '.join(repr(n) for n in src.names)} of {what} hold"
     if isinstance(source, (str, os.PathLike)):
