@@ -6,7 +6,11 @@ store's next version (:mod:`pipeline.storage.append`), equal to a build of every
 Everything that would make the result differ from that build is refused before
 anything is read or written, naming the file and ``--rebuild``: a changed or missing
 stored file, fraction splits (they would move stored samples between splits), a new
-instrument, and new data that does not come after every stored session.
+instrument, new data that does not come after every stored session, and new files
+that a build of every file would refuse beside the stored ones (a naive timestamp among
+time-zone-aware ones, a timestamp type beside epoch numbers, another time zone where
+dates need one, prices in another unit), checked against what the store records of its
+files (:func:`check_new_types`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import numpy as np
 from pipeline.config import Config, config_fingerprint
 from pipeline.errors import StoreError
 
-__all__ = ["new_files", "stored_build"]
+__all__ = ["check_new_types", "new_files", "stored_build"]
 
 
 def stored_build(config: Config) -> dict[str, Any] | None:
@@ -161,12 +165,17 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
                          "with --rebuild")
     spec = _session_spec(config, meta)
     so = src_cfg.storage_options or None
+    types = check_new_types(config, meta, files, source_kwargs, dated=bool(out.splits) and is_dated(out.splits))
     source = open_segmented(files, sessions=spec, instrument=src_cfg.instrument, storage_options=so,
                             **source_kwargs)
     check_new_columns(source.columns, [f.path for f in source.files], config.features.steps, config.labels)
     latest = versions_of(meta)[-1]
     stored = attrs_at(meta, latest)
     stored.pop("version", None)
+    if not int(source.array.shape[0]):
+        # Only files without rows (a holiday's empty file): a build of every file makes
+        # nothing of them either. They are recorded as read, so the next run is up to date.
+        return _record_files(config, stored, source, types, say=say, progress=progress)
     base_sessions = None
     if out.folds is not None:
         base = next(iter(out.splits))
@@ -193,6 +202,8 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     new_sources = with_hashes(source.metadata(), so)
     attrs["sources"] = {**stored.get("sources", {}), "files": list(stored.get("sources", {}).get("files") or [])
                         + new_sources["files"], "shape": [prior.rows + rows, int(source.array.shape[1])]}
+    if types is not None:
+        attrs["sources"]["types"] = types
     attrs["rows_read"] = int(stored.get("rows_read") or prior.rows) + rows
     if tset.folds:
         base_name = (stored.get("folds") or {}).get("base", next(iter(out.splits)))
@@ -206,6 +217,158 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     append(out.path, tset.splits, attrs=attrs, token=token, shared=tset.shared or None, folds=tset.folds or None,
            added=list(segs.labels), storage_options=out.storage_options or None, progress=progress)
     return {"rows": rows, "added": len(segs)}
+
+
+def check_new_types(config: Config, meta: Mapping[str, Any], files: list[str], source_kwargs: Mapping[str, Any],
+                    *, dated: bool) -> dict[str, Any] | None:
+    """Refuse new files that a build of every file would refuse beside the stored ones,
+    with the build's message naming the new file, before anything is read or written:
+    the checks a build makes across files (:func:`~pipeline.loaders.timeorder.check_time_kinds`,
+    :func:`~pipeline.loaders.tables.check_units`, one time zone for dates), over what the
+    store records of its files and the new files' footers.
+
+    Parameters
+    ----------
+    config, meta
+        The run's config and the store's attributes.
+    files
+        The new files.
+    source_kwargs
+        The loader options the build opens the files with.
+    dated
+        Whether the splits are dates, which need the files' one time zone.
+
+    Returns
+    -------
+    dict or None
+        The record of every file's types after the append (``sources.types``), or
+        ``None`` without one (no timestamp column, or a store whose record and files
+        are gone).
+
+    Raises
+    ------
+    LoaderError
+        Naming the new file.
+    """
+    from pipeline.loaders.segments import file_groups, file_types
+
+    timestamp, fmt = source_kwargs.get("timestamp"), source_kwargs.get("format")
+    if not timestamp or fmt in ("lobster", "fi2010"):
+        return None
+    src_cfg = config.source
+    so = src_cfg.storage_options or None
+    stored = _stored_types(meta, timestamp, src_cfg.instrument, fmt, so, source_kwargs.get("rename"))
+    if stored is None:
+        return None
+    groups = dict(stored["groups"])
+    columns = source_kwargs.get("columns")
+    by_date = src_cfg.sessions is not None and src_cfg.sessions.mode == "date"
+    for name, paths in file_groups(files, src_cfg.instrument, fmt).items():
+        new = file_types(paths, timestamp=timestamp, storage_options=so, rename=source_kwargs.get("rename"),
+                         format=fmt)
+        old = groups.get(name) or {"time": {}, "units": {}, "zones": []}
+        merged = merge_types(old, new)
+        _check_types(merged, timestamp, set(files), columns)
+        if by_date:  # each instrument's dates in its one zone
+            _check_one_zone(old, merged, new, paths)
+        groups[name] = merged
+    if dated:
+        every = {"zones": sorted({z for g in groups.values() for z in g["zones"]})}
+        _check_one_zone({"zones": sorted({z for g in stored["groups"].values() for z in g["zones"]})}, every,
+                        {"time": {k: v for g in groups.values() for k, v in g["time"].items()}}, files)
+    return {"timestamp": timestamp, "groups": groups}
+
+
+def merge_types(old: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
+    """Two :func:`~pipeline.loaders.segments.file_types` records joined as one of the
+    files of both (``old``'s first): each kind's first file, and the files counted."""
+    time = {k: list(v) for k, v in (old.get("time") or {}).items()}
+    for kind, (path, n) in (new.get("time") or {}).items():
+        time[kind] = [time[kind][0], int(time[kind][1]) + int(n)] if kind in time else [path, int(n)]
+    units = {c: dict(v) for c, v in (old.get("units") or {}).items()}
+    for column, kinds in (new.get("units") or {}).items():
+        for kind, entry in kinds.items():
+            units.setdefault(column, {}).setdefault(kind, list(entry))
+    return {"time": time, "units": units, "zones": sorted(set(old.get("zones") or ()) | set(new.get("zones") or ()))}
+
+
+def _check_types(merged: Mapping[str, Any], timestamp: str, new: set[str], columns: Any) -> None:
+    """The build's checks across files over a merged record."""
+    from pipeline.loaders.tables import TablePart, check_units
+    from pipeline.loaders.timeorder import check_time_kinds
+
+    check_time_kinds(merged["time"], timestamp, new=new)
+    for column, kinds in merged["units"].items():
+        if columns and column not in columns:
+            continue
+        # One stand-in part per recorded first file of each kind: check_units compares
+        # the first integer file with the first float one, as a build of every file does.
+        parts = [TablePart(path, "parquet", 0, 0, (column,), sources=(column,), kinds=(kind,), magnitudes=(size,))
+                 for kind, (path, size) in kinds.items()]
+        check_units(parts, [column])
+
+
+def _check_one_zone(old: Mapping[str, Any], merged: Mapping[str, Any], new: Mapping[str, Any],
+                    paths: list[str]) -> None:
+    """Refuse files that make dates need one zone of several, naming a new file of the
+    zone the stored files lack, in the build's words."""
+    from pipeline.errors import LoaderError
+
+    zones = merged["zones"]
+    if len(zones) < 2:
+        return
+    odd = next((v[0] for k, v in (new.get("time") or {}).items()
+                if k.startswith("aware:") and k[6:] not in (old.get("zones") or ()) and v[0] in paths), paths[0])
+    raise LoaderError(odd, f"the files' timestamps are in several time zones ({', '.join(zones)}): a date "
+                      "(sessions: date, date splits) needs one; store every file in one zone (the stored files "
+                      f"are in {', '.join(old.get('zones') or ()) or 'none'})")
+
+
+def _stored_types(meta: Mapping[str, Any], timestamp: str, instrument: Any, fmt: str | None, so: Any,
+                  rename: Any) -> dict[str, Any] | None:
+    """What the store records of its files' types (``sources.types``, since the build
+    records it); for a store written before, the same read from the footer of each
+    instrument's last stored file holding rows (the build refused files of mixed kinds,
+    so it stands for them all); ``None`` when that file cannot be read."""
+    from pipeline.errors import LoaderError
+    from pipeline.loaders.segments import file_groups, file_types
+
+    sources = meta.get("sources") or {}
+    recorded = sources.get("types")
+    if isinstance(recorded, Mapping) and recorded.get("timestamp") == timestamp:
+        return {"timestamp": timestamp, "groups": dict(recorded.get("groups") or {})}
+    entries = [f for f in sources.get("files") or [] if isinstance(f, Mapping) and f.get("path")]
+    rows = {str(f["path"]): int(f.get("rows") or 0) for f in entries}
+    groups = {}
+    try:
+        for name, paths in file_groups(list(rows), instrument, fmt).items():
+            last = next((p for p in reversed(paths) if rows[p]), paths[-1])
+            groups[name] = file_types([last], timestamp=timestamp, storage_options=so, rename=rename, format=fmt,
+                                      files_read=len(paths))
+    except (LoaderError, OSError):
+        return None
+    return {"timestamp": timestamp, "groups": groups}
+
+
+def _record_files(config: Config, stored: dict[str, Any], source: Any, types: dict[str, Any] | None, *,
+                  say: Callable[[str], None], progress: bool) -> dict[str, Any]:
+    """Append a version that adds no sample, only new files without rows to the
+    store's record of the files it read."""
+    from pipeline.loaders.provenance import with_hashes
+    from pipeline.storage.append import append
+
+    out = config.output
+    new_sources = with_hashes(source.metadata(), config.source.storage_options or None)
+    attrs = dict(stored)
+    attrs["sources"] = {**stored.get("sources", {}),
+                        "files": list(stored.get("sources", {}).get("files") or []) + new_sources["files"]}
+    if types is not None:
+        attrs["sources"]["types"] = types
+    token = hashlib.blake2b(json.dumps(new_sources["files"], sort_keys=True, default=str).encode(),
+                            digest_size=16).hexdigest()
+    say(f"append: {len(new_sources['files'])} new file(s) without rows: no session to add; recorded as read")
+    append(out.path, {}, attrs=attrs, token=token, storage_options=out.storage_options or None, progress=progress)
+    return {"rows": 0, "added": 0}
 
 
 def splits_in_zone(splits: Mapping[str, Any] | None, source: Any) -> Mapping[str, Any] | None:

@@ -4,6 +4,7 @@ build of every file, bit for bit, and what would make it differ is refused first
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -348,4 +349,131 @@ def test_date_splits_after_the_first_days_start_empty_and_appends_fill_them(tmp_
     appended = _run(grown)
     assert appended.samples["val"] > 0 and appended.samples["test"] > 0
     _run(_config(tmp_path, address, "full.zarr", splits=splits))
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+
+
+def _ny_day(path: Path, day: str, rows: int, seed: int, kind: str = "aware") -> None:
+    """A New York session as a vendor's pandas writes it (``kind``: how this day differs
+    from the others, as a trial's quant found it: ``naive`` times, ``utc`` ones, epoch
+    ``int_timestamps``, fixed-point ``int_prices`` x 10^4, or ``empty``, a holiday)."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    t = pd.Timestamp(f"{day} 09:30", tz="America/New_York") + pd.to_timedelta(np.arange(rows) * NS // 10, unit="ns")
+    mid = 100 + np.cumsum(rng.choice([-0.01, 0.0, 0.01], rows))
+    frame = pd.DataFrame({"timestamp": t, "bid_price_1": mid - 0.01, "ask_price_1": mid + 0.01,
+                          "bid_size_1": rng.integers(1, 99, rows).astype(float),
+                          "ask_size_1": rng.integers(1, 99, rows).astype(float)})
+    if kind == "naive":
+        frame["timestamp"] = frame["timestamp"].dt.tz_localize(None)
+    elif kind == "utc":
+        frame["timestamp"] = frame["timestamp"].dt.tz_convert("UTC")
+    elif kind == "int_timestamps":
+        frame["timestamp"] = frame["timestamp"].astype("int64")
+    elif kind == "int_prices":
+        for c in ("bid_price_1", "ask_price_1"):
+            frame[c] = np.rint(frame[c] * 10_000).astype("int64")
+    elif kind == "empty":
+        frame = frame.iloc[:0]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(path, index=False)
+
+
+NY_DAYS = ["2024-12-02", "2024-12-03", "2024-12-04", "2024-12-05", "2024-12-06"]
+
+
+def _ny_store(tmp_path: Path, address: str, days: int = 3) -> Path:
+    for d, day in enumerate(NY_DAYS[:days]):
+        _ny_day(tmp_path / "raw" / "AAA" / f"{day}.parquet", day, 200, seed=d)
+    path = _config(tmp_path, address, "grown.zarr", normalize="none",
+                   splits={"train": {"until": "2024-12-04"}, "test": {}})
+    _run(path)
+    return path
+
+
+def _build_error(tmp_path: Path, address: str) -> str:
+    """What a build of every file says of them."""
+    with pytest.raises(PipelineError) as exc:
+        _run(_config(tmp_path, address, "full.zarr", normalize="none",
+                     splits={"train": {"until": "2024-12-04"}, "test": {}}))
+    return str(exc.value)
+
+
+@pytest.mark.parametrize("kind, says", [
+    ("naive", r"timestamp column 'timestamp' is naive \(no time zone\), but time-zone-aware: 3 file\(s\)"),
+    ("int_prices", r"column 'bid_price_1' holds integers up to 1\.0\d+e\+06, but .*2024-12-02\.parquet holds floats"),
+    ("int_timestamps", r"timestamp column 'timestamp' holds integers \(epoch times, read in source\.timestamp_unit\) "
+                       r"in 1 file\(s\), but a timestamp type in America/New_York in 3 file\(s\)"),
+    ("utc", r"the files' timestamps are in several time zones \(America/New_York, UTC\): a date"),
+])
+def test_an_append_refuses_what_a_build_of_every_file_refuses_with_its_message_naming_the_new_file(
+        tmp_path, address, kind, says):
+    """A trial's quant: each new day was accepted, stored 5 hours early (naive), 10,000x
+    too large (int_prices) or in a zone that made the next --rebuild fail (utc); a build
+    of the same files refused each. The append refuses it before writing anything, in
+    the build's words, naming the new file."""
+    path = _ny_store(tmp_path, address)
+    new = tmp_path / "raw" / "AAA" / "2024-12-05.parquet"
+    _ny_day(new, "2024-12-05", 200, seed=5, kind=kind)
+    _refused(path, rf"^{re.escape(str(new))}: {says}")
+    with pytest.raises(PipelineError) as appended:
+        _run(path)
+    built = _build_error(tmp_path, address)
+    assert re.search(says, built)
+    if kind != "utc":  # the build names its first file there, the append the new one
+        assert str(appended.value) == built
+
+
+def test_a_store_without_the_record_of_file_types_checks_its_last_stored_file(tmp_path, address):
+    """Stores written before ``sources.types``: the last stored file's footer stands for
+    the stored ones (the build refused files of mixed kinds)."""
+    import zarr
+
+    from pipeline.storage.store import ATTRS_KEY
+
+    path = _ny_store(tmp_path, address)
+    group = zarr.open_group(str(tmp_path / "grown.zarr"), mode="r+")
+    meta = dict(group.attrs[ATTRS_KEY])
+    assert meta["sources"].pop("types")["groups"]["AAA"]["time"] == {
+        "aware:America/New_York": [str(tmp_path / "raw" / "AAA" / "2024-12-02.parquet"), 3]}
+    group.attrs[ATTRS_KEY] = meta
+    new = tmp_path / "raw" / "AAA" / "2024-12-05.parquet"
+    _ny_day(new, "2024-12-05", 200, seed=5, kind="naive")
+    _refused(path, rf"^{re.escape(str(new))}: timestamp column 'timestamp' is naive \(no time zone\), but "
+                   r"time-zone-aware: 3 file\(s\) \(first .*2024-12-04\.parquet, America/New_York\)")
+    _ny_day(new, "2024-12-05", 200, seed=5)
+    assert _run(path).action == "append"
+    assert pipeline.open(tmp_path / "grown.zarr").attrs["sources"]["types"]["groups"]["AAA"]["time"] == {
+        "aware:America/New_York": [str(tmp_path / "raw" / "AAA" / "2024-12-04.parquet"), 4]}
+
+
+def test_an_empty_holiday_file_adds_nothing_and_the_append_equals_a_build(tmp_path, address):
+    """A holiday written as a 0-row file was refused as data of 1970 'before or among the
+    stored sessions'; alone, it is recorded as read and the next run is up to date."""
+    path = _ny_store(tmp_path, address)
+    _ny_day(tmp_path / "raw" / "AAA" / "2024-12-05.parquet", "2024-12-05", 200, seed=5, kind="empty")
+    _ny_day(tmp_path / "raw" / "AAA" / "2024-12-06.parquet", "2024-12-06", 150, seed=6)
+    appended = _run(path)
+    assert (appended.action, appended.version) == ("append", 1)
+    full = _config(tmp_path, address, "full.zarr", normalize="none", splits={"train": {"until": "2024-12-04"},
+                                                                             "test": {}})
+    _run(full)
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+    # The last day's windows, against pandas: window i ends at its session's row
+    # lookback + (size - 1) * max(scales) + i * stride.
+    import pandas as pd
+
+    last = pd.read_parquet(tmp_path / "raw" / "AAA" / "2024-12-06.parquet")
+    ds = pipeline.open(tmp_path / "grown.zarr")
+    test = ds["test"]
+    mine = test["session"][:] == test["session"][:].max()
+    ends = last["timestamp"].astype("int64").to_numpy()[int(ds.attrs["lookback"]) + 7 * 2::3]
+    ends = ends[ends <= last["timestamp"].astype("int64").to_numpy()[-1 - 4]]  # its label 4 rows on
+    np.testing.assert_array_equal(test["t"][:][mine].astype(np.int64), ends)
+
+    _ny_day(tmp_path / "raw" / "AAA" / "2024-12-09.parquet", "2024-12-09", 200, seed=9, kind="empty")
+    alone = _run(path)
+    assert (alone.action, alone.version) == ("append", 2) and _run(path).action == "up to date"
+    assert pipeline.open(tmp_path / "grown.zarr").attrs["splits"] == appended.samples
+    _run(full, mode="rebuild")
     assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
