@@ -37,7 +37,8 @@ from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
 from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, fraction_cuts, is_dated
 from pipeline.features.steps import FeatureFrame, compute_features, feature_lookback
-from pipeline.features.windows import file_sessions, gather_rows, windows_at
+from pipeline.features.filesessions import file_sessions
+from pipeline.features.windows import gather_rows, windows_at
 from pipeline.progress import compute
 from pipeline.storage.layout import unit_chunks
 
