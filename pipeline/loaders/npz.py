@@ -4,7 +4,7 @@ A member is read by rows without decompressing all of it for every block of rows
 stored (uncompressed) member is read at its offset in the zip, a deflated one (what
 ``np.savez_compressed`` writes) is inflated forward from its start, keeping only the
 rows asked for. Each process keeps checkpoints of the inflate state along the way
-(zlib's state and 32 KiB window each, at most 32 per member, and block ends), so the
+(zlib's state and 32 KiB window each, a block apart, at most 128 per member), so the
 blocks of a member that one process reads, in any order, inflate each part of it
 about once: time linear in the member's size, memory bounded by a block.
 """
@@ -28,12 +28,14 @@ __all__ = ["NpzMember", "probe_npz", "read_npz"]
 
 #: Compressed bytes read from the file at a time while inflating (a checkpoint holds up
 #: to this much input that zlib had not consumed yet).
-_READ = 64 << 10
+_READ = 16 << 10
+#: Inflated bytes produced at a time (what a block's reader holds beside the block).
+_PIECE = 1 << 20
 #: Inflate checkpoints kept per member (each about 40 KiB of zlib's state and window, and
 #: up to :data:`_READ` of input).
-_KEPT = 32
+_KEPT = 128
 #: Members whose checkpoints a process keeps.
-_MEMBERS = 4
+_MEMBERS = 2
 
 
 def _member(path: str, names: list[str], key: str | None) -> str:
@@ -138,9 +140,11 @@ _CHECKPOINTS: OrderedDict[tuple, list[_Inflate]] = OrderedDict()
 _LOCK = threading.Lock()
 
 
-def _spacing(size: int) -> int:
-    """Inflated bytes between a member's checkpoints: at most :data:`_KEPT` of them."""
-    return max(_READ, -(-size // _KEPT))
+def _spacing(size: int, block: int) -> int:
+    """Inflated bytes between a member's checkpoints: a block's (the blocks of one array
+    are of one size, so the checkpoints fall next to where other blocks start), but no
+    more than :data:`_KEPT` of them along the member."""
+    return max(_READ, block, -(-size // _KEPT))
 
 
 def _resume(key: tuple, start: int) -> _Inflate:
@@ -181,8 +185,8 @@ def _inflate(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytearray:
     """
     out = bytearray(n)
     st = _resume(lay.key, start)
-    end, every = start + n, _spacing(lay.size)
-    mark = st.pos
+    end, every = start + n, _spacing(lay.size, n)
+    mark = (st.pos // every + 1) * every  # checkpoints at multiples of a block: next to block starts
     while st.pos < end and not st.z.eof:
         data = st.tail
         if not data:
@@ -194,16 +198,17 @@ def _inflate(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytearray:
                 break
             st.fed += len(data)
         want = end - st.pos if st.pos >= start else start - st.pos  # skip up to the block, then fill it
-        chunk = st.z.decompress(data, min(want, every))
+        chunk = st.z.decompress(data, min(want, _PIECE, mark - st.pos))
         st.tail = st.z.unconsumed_tail
         st.crc = zlib.crc32(chunk, st.crc)
         lo = max(st.pos, start)
         if st.pos + len(chunk) > lo:
             out[lo - start : st.pos + len(chunk) - start] = memoryview(chunk)[lo - st.pos :]
         st.pos += len(chunk)
-        if st.pos - mark >= every and st.pos < end:
-            _save(lay.key, st)
-            mark = st.pos
+        if st.pos >= mark:
+            if st.pos < end:
+                _save(lay.key, st)
+            mark += every
     if st.pos < end:
         raise LoaderError(path, f"member {lay.member!r} ends after {st.pos} inflated bytes; its headers declare "
                           f"{lay.size} (the archive is truncated or damaged)")
