@@ -29,6 +29,7 @@ __all__ = [
     "StoreError",
     "StoreLockedError",
     "StreamError",
+    "UnwrittenChunksWarning",
     "WindowError",
 ]
 
@@ -190,6 +191,12 @@ class PriceResolutionWarning(RuntimeWarning):
     """Prices read in float32 move by less than float32 resolves near them: their ticks
     (spreads, one-tick returns) are lost. Set ``source.dtype: float64``
     (:mod:`pipeline.loaders.precision`)."""
+
+
+class UnwrittenChunksWarning(UserWarning):
+    """Rows of an HDF5 dataset read as its fill value because their chunks were never
+    written (a writer killed before closing the file, or one that never wrote them):
+    :mod:`pipeline.loaders.hdf5`. Filter it where such rows are expected."""
 
 
 # -- streaming -------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from typing import Any, Iterator, Sequence
 import fsspec
 import numpy as np
 
-from pipeline.errors import FormatMismatchError, LoaderError, MissingDependencyError
+from pipeline.errors import FormatMismatchError, LoaderError, MissingDependencyError, UnwrittenChunksWarning
 
 __all__ = ["default_dataset", "probe_hdf5", "read_hdf5", "row_chunk", "shared_dataset", "unwritten_chunks"]
 
@@ -397,7 +397,7 @@ def _warn_unwritten(path: str, name: str, ds: Any) -> None:
                   f"written: {rows} of its {ds.shape[0]} rows read as the fill value {fill!r} (in some or "
                   "all columns). HDF5 stores a chunk when it is first written and indexes it when the file is "
                   "closed: a writer killed before closing the file, or one that never wrote those rows, leaves "
-                  "them so; rewrite the file if they should hold data", UserWarning, stacklevel=1)
+                  "them so; rewrite the file if they should hold data", UnwrittenChunksWarning, stacklevel=1)
 
 
 def row_chunk(ds: Any) -> int | None:

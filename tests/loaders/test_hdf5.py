@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pipeline
-from pipeline.errors import LoaderError
+from pipeline.errors import LoaderError, UnwrittenChunksWarning
 
 
 def _virtual(path, source, shape, fill):
@@ -249,7 +249,7 @@ def test_rows_whose_chunks_were_never_written_are_warned_of(tmp_path):
         with h5py.File(tmp_path / f"{name}.h5", "r") as f:
             expected = f["x"][()]
         filled = int((expected == fill).any(axis=1).sum())  # rows holding the fill value, as h5py reads them
-        with pytest.warns(UserWarning, match=rf"{name}\.h5: dataset 'x' has {chunks} chunks its shape \(10000, 8\) "
+        with pytest.warns(UnwrittenChunksWarning, match=rf"{name}\.h5: dataset 'x' has {chunks} chunks its shape \(10000, 8\) "
                           rf"needs written: {filled} of its 10000 rows read as the fill value {fill}"):
             x = pipeline.load(str(tmp_path / f"{name}.h5"), combine="concat")
         np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
