@@ -1,5 +1,6 @@
 """Appending new sessions (`pipeline run` on a config whose files grew): the store equals a
-build of every file, bit for bit, and what would make it differ is refused first."""
+build of every file (every array value for value, folds, attributes), and what would make
+it differ, or what a build of every file refuses, is refused first."""
 
 from __future__ import annotations
 
