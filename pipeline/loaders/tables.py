@@ -48,7 +48,8 @@ from pipeline.loaders.textfiles import (
     text_ranges,
 )
 
-__all__ = ["TEXT_PART_ROWS", "TablePart", "check_columns", "check_csv_marks", "check_units", "group_parts",
+__all__ = ["LOBSTER_INTEGERS", "TEXT_PART_ROWS", "TablePart", "check_columns", "check_csv_marks", "check_exact_columns",
+           "check_units", "group_parts",
            "inexact_integers", "merged_groups", "part_rows_of", "part_specs", "parts_array", "probe_table",
            "project_columns", "read_columns", "repeated_header", "row_place", "table_array"]
 
@@ -704,6 +705,39 @@ def repeated_header(part: TablePart, so: dict) -> int | None:
     return None
 
 
+#: LOBSTER message fields of whole numbers: read in float32 only while it holds them
+#: exactly. Order ids run past 2**24 = 16,777,216 (8 digits and more), beyond which
+#: float32 rounds integers, so that two orders would share an id silently.
+LOBSTER_INTEGERS = ("event_type", "order_id", "event_size", "direction")
+
+
+def check_exact_columns(part: TablePart, columns: Sequence[str], values: np.ndarray, dtype: Any) -> None:
+    """Refuse LOBSTER's whole-number message fields (:data:`LOBSTER_INTEGERS`) in
+    ``values`` (float64, as read) that ``dtype`` cannot hold exactly: the tables' rule
+    for integers (:func:`inexact_integers`), which ``source.dtype: float32`` refuses for
+    ``order_id`` when a config is read, applied to ``pipeline.load`` and ``open_source``.
+
+    Raises
+    ------
+    LoaderError
+        Naming the file, the column, the first such value, its line and ``dtype='float64'``.
+    """
+    dtype = np.dtype(dtype)
+    if part.fmt != "lobster" or dtype == np.float64:
+        return
+    limit = _EXACT_INTEGERS[dtype]
+    for j, name in enumerate(columns):
+        if part.source_of(name) not in LOBSTER_INTEGERS:
+            continue
+        bad = np.flatnonzero(np.abs(values[:, j]) > limit)  # NaN compares False
+        if bad.size:
+            r = int(bad[0])
+            why = ": two order ids would read as one" if part.source_of(name) == "order_id" else ""
+            raise LoaderError(part.path, f"column {name!r}: the value {int(values[r, j])} at {row_place(part, r)} of "
+                              f"its message file does not fit {dtype} exactly ({dtype} holds integers exactly up to "
+                              f"{limit:,}{why}); pass dtype='float64' (source.dtype: float64)")
+
+
 def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any = np.float32,
                  guard: Any = None, rules: Any = None) -> np.ndarray:
     """``(rows, len(columns))`` values of one part in ``dtype`` (float32 or float64), NaN
@@ -719,6 +753,7 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
         from pipeline.loaders.lobster import read_book
 
         values = read_book(part, [part.source_of(c) for c in columns], so)  # float64
+        check_exact_columns(part, columns, values, dtype)
         if checked:
             precision.check_prices(part.path, {c: values[:, columns.index(c)] for c in checked}, guard)
         return values if exact else values.astype(np.float32)

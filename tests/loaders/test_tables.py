@@ -1239,3 +1239,21 @@ def test_a_csv_column_of_thousands_is_text_not_a_decimal_comma(tmp_path):
     df.to_csv(tmp_path / "t.csv", index=False)
     with pytest.raises(Exception, match=r"column 'vol' holds numbers with a decimal comma, such as '97121,00'"):
         open_source(str(tmp_path / "t.csv"), timestamp="timestamp")
+
+
+def test_lobster_order_ids_float32_cannot_hold_are_refused_through_the_python_api(tmp_path):
+    """The rule ``source.dtype: float32`` refuses in a config (order ids past 2**24 would
+    read as one another), for pipeline.load and open_source: named by file, line and value."""
+    name = "AAPL_2012-06-21_34200000_57600000_{}_1.csv"
+    (tmp_path / name.format("orderbook")).write_text("5859400,200,5853300,18\n" * 3)
+    ids = [16_777_216, 285_934_001, 285_934_002]  # 2**24 fits float32; the next two read as one
+    (tmp_path / name.format("message")).write_text(
+        "".join(f"3420{i}.5,1,{oid},18,5859100,-1\n" for i, oid in enumerate(ids)))
+    path = str(tmp_path / name.format("orderbook"))
+    assert np.float32(ids[1]) == np.float32(ids[2])  # what float32 would store
+    with pytest.raises(LoaderError, match=r"orderbook_1\.csv: column 'order_id': the value 285934001 at line 2 of its "
+                                          r"message file does not fit float32 exactly .*pass dtype='float64'"):
+        pipeline.load(path, format="lobster", columns=["ask_price_1", "order_id"]).compute()
+    got = open_source(path, format="lobster", columns=["order_id"], dtype="float64").array.compute()
+    expected = np.loadtxt(tmp_path / name.format("message"), delimiter=",", usecols=2, dtype=np.int64)
+    assert got.dtype == np.float64 and got[:, 0].astype(np.int64).tolist() == expected.tolist() == ids
