@@ -126,31 +126,62 @@ class Source:
 
 
 def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options: dict | None = None) -> list[str]:
-    """Files matched by globs or URLs, deduplicated, in sorted (deterministic) order.
+    """Files matched by globs or URLs, in sorted (deterministic) order, each once.
 
     Local paths come back absolute: the files are read by dask workers, whose working
     directory (a remote cluster's) is not this process's. URLs (``s3://``, ``file://``)
     are kept as they are.
+
+    Raises
+    ------
+    EmptyInputError
+        For paths that match no file.
+    LoaderError
+        For a file that ``paths`` reach twice (:func:`_refuse_repeats`): named twice
+        (``a.npy`` and ``./a.npy``, or a symlink to it), matched by two globs, or by one
+        glob through a symlink loop.
     """
     items = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
-    out: list[str] = []
+    found: list[tuple[str, str]] = []  # (file, the item of paths that reached it)
     for item in items:
         if "://" in item and not item.startswith("file://"):
             fs, _, matched = fsspec.get_fs_token_paths(item, storage_options=storage_options or {})
             proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
-            out += [f"{proto}://{m}" for m in sorted(matched)]
+            found += [(f"{proto}://{m}", item) for m in sorted(matched)]
         elif any(ch in item for ch in "*?["):
-            item = os.path.expanduser(item)
-            matched = sorted(_absolute(p) for p in glob.glob(item, recursive=True) if os.path.isfile(p))
-            _refuse_aliases(item, matched)
-            out += matched
+            pattern = os.path.expanduser(item)
+            matched = sorted(_absolute(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+            _refuse_aliases(pattern, matched)
+            found += [(m, item) for m in matched]
         else:
-            out.append(_absolute(item))
-    seen: set[str] = set()
-    unique = [p for p in out if not (p in seen or seen.add(p))]
-    if not unique:
+            found.append((_absolute(item), item))
+    if not found:
         raise EmptyInputError(", ".join(items) or "paths", "matched no file" if items else "no path given (an empty list)")
-    return unique
+    _refuse_repeats(found)
+    return [f for f, _ in found]
+
+
+def _refuse_repeats(found: Sequence[tuple[str, str]]) -> None:
+    """Refuse a file that two items of ``paths`` reach (``found``: each file with its
+    item): kept once, the data would silently hold fewer samples or rows than the paths
+    listed; kept twice, one recording would be joined to itself. A file named by a
+    symlink counts as the file it links to; a directory reached through a link is not
+    resolved (that costs a system call per path component of every file).
+
+    Raises
+    ------
+    LoaderError
+        Naming the file and both items that reach it.
+    """
+    seen: dict[str, str] = {}
+    for path, item in found:
+        key = os.path.realpath(path) if "://" not in path and os.path.islink(path) else path
+        if key in seen:
+            first = seen[key]
+            how = f" (as {first!r} and {item!r})" if first != item else ""
+            raise LoaderError(path, f"is listed twice in paths{how}: list each file once (to weight a file's "
+                              "samples, repeat or weight them after loading)")
+        seen[key] = item
 
 
 def _absolute(path: str) -> str:
@@ -199,7 +230,7 @@ def open_source(
     shape: Sequence[int] | None = None, mode: str | None = None, dataset: str | None = None, key: str | None = None,
     labels: str | None = None, classes: Sequence[str] | None = None,
     on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
-    nan: Literal["raise", "drop", "fill"] = "raise", fill_value: float = 0.0,
+    nan: Literal["raise", "drop", "fill"] | None = None, fill_value: float = 0.0,
     on_error: Literal["raise", "skip"] = "raise", chunk_rows: int | None = None, files_per_chunk: int | None = None,
     storage_options: dict | None = None, header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
@@ -208,10 +239,15 @@ def open_source(
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
+    An option that does not apply to the files (``dataset`` for ``.npy`` files,
+    ``columns`` for HDF5, ``chunk_rows`` for stacked files) is refused, naming it,
+    before any file is read.
+
     Parameters
     ----------
     paths
         A glob (``**`` recursive), paths, or fsspec URLs; may be left out with a manifest.
+        A file that they reach twice is refused (:func:`expand_paths`).
     format
         Force a format instead of the suffix: ``npy``, ``npz``, ``image``, ``hdf5``, ``csv``,
         ``parquet``, or by name only ``lobster`` and ``fi2010``.
@@ -230,9 +266,14 @@ def open_source(
         The unit of a numeric timestamp column (``s``, ``ms``, ``us``, ``ns``); default:
         integers ns, floats s, and dates only in another unit refused, naming it.
     dtype
-        Output dtype (default float32 for tables, the files' own for arrays); ``float64``
-        reads tables exactly (float32 parts are checked for lost ticks, a
-        :class:`~pipeline.errors.PriceResolutionWarning`).
+        Output dtype, a numpy dtype of numbers (another name is refused up front). Tables:
+        ``float32`` (default) or ``float64``, which reads them exactly (float32 parts are
+        checked for lost ticks, a :class:`~pipeline.errors.PriceResolutionWarning`).
+        Arrays: default the files' common dtype, which must hold every file's values
+        exactly; a ``dtype`` that may not hold them (int64 as int8 or float32; float64
+        as float32, which rounds by design but must not overflow) has each value checked
+        as it is read, and one it would change refused naming the file and its index;
+        floats as integers are refused up front.
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode
@@ -254,15 +295,19 @@ def open_source(
         ``pad``, ``crop``, ``resize`` to the first one's shape (images: their height and
         width only; another number of channels is refused, naming ``mode=``).
     nan
-        NaN/inf in tables: ``raise`` (naming file, column, row), ``fill`` or ``drop``.
+        NaN/inf: ``raise`` (naming file, column, row; arrays: file and index), ``fill``
+        or ``drop`` (tables only: an array file has no rows to drop with their times).
+        ``None``: ``raise`` for tables; arrays' values as they are.
     fill_value
         The value ``nan="fill"`` writes.
     on_error
         ``"skip"`` leaves out files whose probe fails, recording why.
     chunk_rows
-        Rows per chunk of joined npy/HDF5 arrays and per part of CSV and LOBSTER files, and
-        at most per part of consecutive Parquet row groups (default
-        :data:`~pipeline.loaders.tables.TEXT_PART_ROWS`; a row group is never split).
+        Rows per part of CSV and LOBSTER files, and at most per part of consecutive
+        Parquet row groups (default :data:`~pipeline.loaders.tables.TEXT_PART_ROWS`; a row
+        group is never split); rows per chunk of array files joined along axis 0
+        (default about 32 MiB per chunk, :data:`~pipeline.loaders.blocks.TARGET_BLOCK_BYTES`),
+        files shorter than a quarter of a chunk read several to a chunk.
     files_per_chunk
         Samples per chunk when stacking (default about 16 MiB).
     storage_options
@@ -300,23 +345,28 @@ def open_source(
     from pipeline.loaders.lobster import halts_option
     from pipeline.loaders.registry import FORMATS
 
+    given = _given(locals())
     rules, date, pinned = _checked_options(scale, missing, date, mode, classes, labels)
     halts = halts_option(halts, format)
+    out_dtype = _checked_dtype(dtype)
     so = dict(storage_options or {})
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so, pinned)
     _check_table_options(kind, str(paths), rules, date, timestamp, (delimiter, decimal))
+    _check_applicable(kind, fmts[files[0]], combine, str(paths), given)
     opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
     results, skipped, companions = _probe_listed(files, kind, fmts, opts, so, labels, timestamp=timestamp,
                                                  header=header, names=names, rename=rename, on_error=on_error,
                                                  part_rows=chunk_rows, delimiter=delimiter, decimal=decimal)
     probed, label_values = _readable(results, label_values, str(paths or labels))
     if kind == "table":
-        return _table_source(probed, companions, skipped, dtype, so, combine=combine, columns=columns, read=read,
+        return _table_source(probed, companions, skipped, out_dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
-                             names=names, nan=nan, fill_value=fill_value, rules=rules, date=date, halts=halts)
+                             names=names, nan=nan or "raise", fill_value=fill_value, rules=rules, date=date,
+                             halts=halts)
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
-                                chunk_rows=chunk_rows, files_per_chunk=files_per_chunk)
-    return _array_source(arr, combine, probed, skipped, dtype, label_values, classes, labels, str(paths or labels))
+                                chunk_rows=chunk_rows, files_per_chunk=files_per_chunk, dtype=out_dtype, nan=nan,
+                                fill_value=fill_value)
+    return _array_source(arr, combine, probed, skipped, label_values, classes, labels, str(paths or labels))
 
 
 def _carrying(source: "Source") -> "Source":
@@ -363,6 +413,76 @@ def _check_table_options(kind: str, where: str, rules: Any, date: Any, timestamp
                                   f"{kind} files have no columns and no times: leave source.timestamp unset")
 
 
+#: Options that apply to some files only, with the scopes that take each (``table``:
+#: CSV, Parquet, LOBSTER, FI-2010; ``array``: npy, npz, image, hdf5 files, or one of
+#: them; ``stack`` and ``concat``: files so combined) and what it does there. Given for
+#: other files, an option would be ignored and leave its author believing it applied.
+_APPLIES: dict[str, tuple[frozenset[str], str]] = {
+    "columns": (frozenset({"table"}), "names the table columns read"),
+    "read": (frozenset({"table"}), "chooses the table columns decoded"),
+    "timestamp_unit": (frozenset({"table"}), "is the unit of a table's timestamp column"),
+    "header": (frozenset({"table"}), "says whether a CSV file's first line names its columns"),
+    "names": (frozenset({"table"}), "names the columns of CSV files"),
+    "rename": (frozenset({"table"}), "renames table columns"),
+    "instrument_column": (frozenset({"table"}), "names a table column of instruments"),
+    "dataset": (frozenset({"hdf5"}), "names the dataset read from each HDF5 file"),
+    "key": (frozenset({"npz"}), "names the member read from each .npz file"),
+    "shape": (frozenset({"image"}), "resizes images"),
+    "mode": (frozenset({"image"}), "converts images to a Pillow mode"),
+    "labels": (frozenset({"array"}), "gives each stacked file (npy, npz, image, HDF5) a label"),
+    "classes": (frozenset({"array"}), "names the classes of stacked files' labels"),
+    "on_mismatch": (frozenset({"stack"}), "fits stacked files of other shapes (combine='stack')"),
+    "files_per_chunk": (frozenset({"stack"}), "sets the samples per chunk of stacked files (combine='stack')"),
+    "chunk_rows": (frozenset({"concat"}), "sets the rows per chunk of files joined along axis 0 (tables, "
+                   "combine='concat')"),
+}
+
+
+def _given(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """Of :func:`open_source`'s ``arguments``, those given a value other than their default."""
+    import inspect
+
+    defaults = {n: p.default for n, p in inspect.signature(open_source).parameters.items()}
+    return {n: v for n, v in arguments.items() if n in defaults and not _is_default(v, defaults[n])}
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    return value is default or (isinstance(value, (str, bool, int, float)) and type(value) is type(default)
+                                and value == default)
+
+
+def _check_applicable(kind: str, fmt: str, combine: str | None, where: str, given: Mapping[str, Any]) -> None:
+    """Refuse an option given for files it does not apply to (:data:`_APPLIES`), and
+    ``nan="drop"`` for array files, naming the option, what it is for and the files'
+    format, before any file is read.
+
+    ``nan="drop"`` drops table rows with their timestamps; an array file has none to
+    keep aligned: a dropped sample would shift every label after it, and dropped rows of
+    a recording would join the steps around them as if adjacent. ``raise`` and ``fill``
+    apply to arrays as to tables.
+
+    Raises
+    ------
+    FormatMismatchError
+        Naming the first such option.
+    """
+    joined = "concat" if kind == "table" else combine or "stack"
+    scopes = {kind, joined} | ({"array"} if kind != "table" else set())
+    for name, value in given.items():
+        if name not in _APPLIES or _APPLIES[name][0] & scopes:
+            continue
+        takes, does = _APPLIES[name]
+        if takes <= {"stack", "concat"}:
+            raise FormatMismatchError(where, f"{name}={value!r} {does}; {fmt} files joined with "
+                                      f"combine={joined!r} take no {name}=: leave it unset")
+        raise FormatMismatchError(where, f"{name}={value!r} {does}; {fmt} files take no {name}=: leave it unset")
+    if kind != "table" and given.get("nan") == "drop":
+        raise FormatMismatchError(where, f"nan='drop' drops table rows with their timestamps; {fmt} files are refused "
+                                  "it (a dropped sample would shift the labels after it, dropped rows would join a "
+                                  "recording's steps around them): nan='raise' names the first NaN or inf, "
+                                  "nan='fill' replaces them with fill_value")
+
+
 def _probe_listed(files: list[str], kind: str, fmts: Any, opts: Any, so: dict, labels: str | None,
                   **probe: Any) -> tuple:
     """:func:`_probe_files`, a file listed by a manifest named with its line there."""
@@ -376,10 +496,10 @@ def _probe_listed(files: list[str], kind: str, fmts: Any, opts: Any, so: dict, l
         raise in_manifest(exc, str(labels), files) from None  # the line listing the file, not the file alone
 
 
-def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, dtype: str | None,
-                  label_values: np.ndarray | None, classes: tuple[str, ...] | None, labels: str | None,
-                  where: str) -> Source:
-    """The :class:`Source` of array files (npy, HDF5, images) joined into ``arr``.
+def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, label_values: np.ndarray | None,
+                  classes: tuple[str, ...] | None, labels: str | None, where: str) -> Source:
+    """The :class:`Source` of array files (npy, HDF5, images) joined into ``arr`` (in
+    the dtype asked for, its values checked as read: :func:`_array_files`).
 
     Raises
     ------
@@ -394,7 +514,7 @@ def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, dtyp
     label_arr = None
     if label_values is not None:
         label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
-    return _carrying(Source(array=arr.astype(dtype) if dtype else arr, columns=None, files=infos,
+    return _carrying(Source(array=arr, columns=None, files=infos,
                             labels=label_arr, classes=classes, skipped=tuple(skipped)))
 
 
@@ -580,10 +700,13 @@ def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, 
 
 
 def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str | None, on_mismatch: str,
-                 chunk_rows: int | None, files_per_chunk: int | None) -> tuple[da.Array, str]:
+                 chunk_rows: int | None, files_per_chunk: int | None, dtype: np.dtype | None = None,
+                 nan: str | None = None, fill_value: float = 0.0) -> tuple[da.Array, str]:
     """One lazy array over files of an array format (npy, npz, images, HDF5): stacked,
-    one sample per file, or concatenated along axis 0, in the files' common dtype
-    (``np.result_type`` over them). Returns it and the combine used.
+    one sample per file, or concatenated along axis 0 (small files read several to a
+    task, :func:`_file_runs`), in ``dtype`` or else the files' common dtype
+    (:func:`_common_dtype`), each value checked as read where the cast could change it
+    and ``nan`` applied (:class:`_Values`). Returns it and the combine used.
 
     Raises
     ------
@@ -592,49 +715,293 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
         shape or 0-d arrays (``concat``), another shape (``stack`` with ``on_mismatch:
         raise``) or another number of dimensions than pad, crop or resize can fit.
     LoaderError
-        For dtypes with no common dtype (strings beside numbers), naming a file of each.
+        For dtypes with no common dtype (strings beside numbers) or one that cannot hold
+        every file's values exactly, naming a file of each; for a ``dtype`` that no
+        check can make safe (floats read as integers), naming a file.
     """
-    from pipeline.loaders.blocks import concat_array, stack_array
+    from pipeline.loaders.blocks import concat_array, row_step, stack_array
 
     kind = fmt.name
     fmt_opts = {k: opts[k] for k in fmt.options}
     shapes = {p: (tuple(sh), np.dtype(dt)) for p, _, _, (sh, dt) in probed}
     paths = [p for p, *_ in probed]
-    out_dtype = _common_dtype({p: d for p, (_, d) in shapes.items()})
+    dtypes = {p: d for p, (_, d) in shapes.items()}
+    out_dtype = _common_dtype(dtypes) if dtype is None else dtype
+    values = _Values(out_dtype, _checked_casts(dtypes, out_dtype) if dtype is not None else False, nan, fill_value)
     combine = combine or "stack"
     if combine == "concat":
         tail = _concat_tail(paths[0], {p: s for p, (s, _) in shapes.items()})
 
-        def read_rows(path: str, lo: int, hi: int) -> np.ndarray:
+        def read_file(path: str, lo: int, hi: int) -> np.ndarray:
             if kind == "hdf5":
                 return fmt.read(path, so, rows=slice(lo, hi), **fmt_opts)
             return fmt.read(path, so, **fmt_opts)[lo:hi]
 
-        arr = concat_array(paths, [shapes[p][0][0] for p in paths], tail, out_dtype, read_rows,
-                           rows_per_chunk=chunk_rows)
+        def read_rows(item: "str | _FileRun", lo: int, hi: int) -> np.ndarray:
+            return item.read(lo, hi, read_file, values) if isinstance(item, _FileRun) else read_file(item, lo, hi)
+
+        rows = [shapes[p][0][0] for p in paths]
+        limit = chunk_rows or row_step(max(1, int(np.prod(tail, dtype=np.int64)) * out_dtype.itemsize))
+        runs = _file_runs(rows, limit)
+        # A file read alone and unchecked stays a path: its blocks are read as before.
+        items = [_FileRun(tuple(paths[a:b]), tuple(rows[a:b]), tuple(shapes[p] for p in paths[a:b]))
+                 if b - a > 1 or values.needed else paths[a] for a, b in runs]
+        arr = concat_array(items, [sum(rows[a:b]) for a, b in runs], tail, out_dtype, read_rows, rows_per_chunk=limit)
         return arr, combine
     target = shapes[paths[0]][0]
     image = kind == "image"
     _check_stack_shapes(paths[0], target, {p: s for p, (s, _) in shapes.items()}, on_mismatch, image=image)
-    arr = stack_array(paths, target, out_dtype, lambda p: fmt.read(p, so, **fmt_opts),
-                      files_per_chunk=files_per_chunk, on_mismatch=on_mismatch, fit_axes=2 if image else None)
+
+    def read(path: str) -> np.ndarray:
+        a = fmt.read(path, so, **fmt_opts)
+        return values.apply(path, np.asarray(a)) if values.needed else a
+
+    arr = stack_array(paths, target, out_dtype, read, files_per_chunk=files_per_chunk, on_mismatch=on_mismatch,
+                      fit_axes=2 if image else None)
     return arr, combine
+
+
+def _file_runs(rows: Sequence[int], limit: int) -> list[tuple[int, int]]:
+    """``[a, b)`` runs of consecutive files (of ``rows`` rows each) read by one task
+    each, by the rule that joins small Parquet row groups
+    (:func:`pipeline.loaders.tables.merged_groups`): a file of at least a quarter of
+    ``limit`` rows (a block) is read alone, in blocks of ``limit``; smaller neighbours
+    are joined until a run holds that quarter, never more than ``limit`` rows.
+
+    A folder of many short recordings made one task per file, whose scheduling cost
+    far more than reading the file."""
+    from pipeline.loaders.tables import merged_groups
+
+    return merged_groups(rows, limit)
+
+
+@dataclass(frozen=True, slots=True)
+class _FileRun:
+    """Consecutive files read by one task (one file, when its values are checked),
+    with each one's probed ``(shape, dtype)``: every file is checked against its header
+    (:func:`pipeline.loaders.blocks.check_block`) and its values by :class:`_Values`,
+    so that an error names the file, not the run."""
+
+    paths: tuple[str, ...]
+    rows: tuple[int, ...]
+    probed: tuple[tuple[tuple[int, ...], np.dtype], ...]
+
+    def __str__(self) -> str:  # what an error about the whole run names
+        if len(self.paths) == 1:
+            return self.paths[0]
+        return f"{self.paths[0]} (and the {len(self.paths) - 1} file(s) read with it, to {self.paths[-1]})"
+
+    def read(self, lo: int, hi: int, read_file: Any, values: "_Values") -> np.ndarray:
+        """Rows ``lo:hi`` of the run, in ``values.dtype``, each file's part checked."""
+        from pipeline.loaders.blocks import check_block
+
+        tail = self.probed[0][0][1:]
+        out = np.empty((hi - lo, *tail), dtype=values.dtype)
+        start = 0
+        for path, n, probed in zip(self.paths, self.rows, self.probed):
+            a, b = max(lo, start), min(hi, start + n)
+            if a < b:
+                got = np.asarray(read_file(path, a - start, b - start))
+                if values.needed or got.dtype != probed[1] or got.shape != (b - a, *tail):
+                    check_block(path, a - start, b - start, got, probed, values.dtype)
+                    got = values.apply(path, got, a - start)
+                out[a - lo : b - lo] = got  # unchecked, a widening cast into the files' common dtype
+            start += n
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Values:
+    """How each file's values become the array's: cast to ``dtype``, each value checked
+    first where the cast could change it (``checked``), and NaN/inf raised or filled
+    (``nan``). Applied in the task that reads the values, before they go anywhere."""
+
+    dtype: np.dtype
+    checked: bool
+    nan: str | None
+    fill_value: float = 0.0
+
+    @property
+    def needed(self) -> bool:
+        """Whether reading needs this at all (else the blocks' own widening cast does)."""
+        return self.checked or self.nan in ("raise", "fill")
+
+    def apply(self, path: str, a: np.ndarray, first_row: int | None = None) -> np.ndarray:
+        """``a`` (a file's array, or its rows from ``first_row``) in ``dtype``.
+
+        Raises
+        ------
+        InvalidValueError
+            Under ``nan="raise"``, for NaN or inf, naming the file and the index.
+        LoaderError
+            For a value ``dtype`` cannot hold, naming the file, the index, the value and
+            what it would become.
+        """
+        from pipeline.errors import InvalidValueError
+
+        def where(index: np.ndarray) -> str:
+            at = tuple(int(i) for i in index)
+            if first_row is not None and at:
+                at = (at[0] + first_row, *at[1:])
+            return f"index {at}" if at else "its one value"
+
+        if self.nan in ("raise", "fill") and a.dtype.kind in "fc":
+            bad = ~np.isfinite(a)
+            if bad.any():
+                if self.nan == "raise":
+                    raise InvalidValueError(path, f"NaN or inf at {where(np.argwhere(bad)[0])}; pass nan='fill' to "
+                                            "replace them with fill_value, or leave nan unset to keep them")
+                a = np.where(bad, a.dtype.type(self.fill_value), a)
+        if a.dtype == self.dtype:
+            return a
+        rule = _cast_rule(a.dtype, self.dtype)
+        if rule == "refused":  # every probed dtype was accepted when the array was built
+            raise LoaderError(path, f"read as {a.dtype}, which dtype={self.dtype.name!r} cannot hold "
+                              f"({_refusal(a.dtype, self.dtype)}): the file changed since the array was built; "
+                              "build it again (pipeline.load) from the files as they are now")
+        if rule == "values":
+            changed = changed_values(a, self.dtype)
+            if changed.any():
+                index = np.argwhere(changed)[0]
+                value = a[tuple(index)]
+                with np.errstate(over="ignore", invalid="ignore"):
+                    became = value.astype(self.dtype)
+                raise LoaderError(path, f"holds {value.item()!r} at {where(index)}, which dtype={self.dtype.name!r} "
+                                  f"cannot hold (it would read as {became.item()!r}); choose a dtype that holds the "
+                                  f"file's values (its own is {a.dtype})")
+        return a.astype(self.dtype)
 
 
 #: dtype kinds of text: unicode, bytes, and numpy 2's variable-width StringDType.
 _TEXT_KINDS = "UST"
 
 
+def _mantissa_bits(dtype: np.dtype) -> int:
+    """Bits of integer a float (or a complex number's parts) holds exactly: 2**53 for float64."""
+    return int(np.finfo(dtype).nmant) + 1
+
+
+def holds_exactly(src: np.dtype, dst: np.dtype) -> bool:
+    """Whether every value of dtype ``src`` is exactly a value of ``dst``.
+
+    numpy's ``can_cast(..., "safe")`` counts int64 in float64 as safe; it is not for
+    integers beyond 2**53 (nanosecond timestamps), which float64 rounds.
+    """
+    src, dst = np.dtype(src), np.dtype(dst)
+    if src == dst:
+        return True
+    if not np.can_cast(src, dst, "safe"):
+        return False
+    if src.kind in "iu" and dst.kind in "fc":
+        return src.itemsize * 8 - (src.kind == "i") <= _mantissa_bits(dst)
+    return True
+
+
+@functools.lru_cache(maxsize=256)
+def _cast_rule(src: np.dtype, dst: np.dtype) -> str:
+    """How values of ``src`` are read as ``dst`` asked for by ``dtype=``: ``exact`` (every
+    value is held), ``values`` (numbers that may not all fit: integers in a narrower
+    integer, or in a float; floats in a narrower float, which round by design but must
+    not overflow: each read is checked) or ``refused`` (no check makes it safe:
+    fractions cut to integers, an imaginary part dropped, numbers made bools or text)."""
+    if holds_exactly(src, dst):
+        return "exact"
+    ints, floats = "biu", "fc"
+    if (src.kind in ints and dst.kind in "iu" + floats) or (src.kind == "f" and dst.kind in floats) \
+            or (src.kind == "c" and dst.kind == "c"):
+        return "values"
+    return "refused"
+
+
+def _refusal(src: np.dtype, dst: np.dtype) -> str:
+    """Why a cast :func:`_cast_rule` refuses loses values, in a few words."""
+    if src.kind in "fc" and dst.kind in "biu":
+        return "fractions and NaN have no integer value; round them after loading (x.round().astype(...))"
+    if src.kind == "c":
+        return "the imaginary parts would be dropped"
+    if dst.kind == "b":
+        return "every value but 0 would become True"
+    return "numpy has no cast between them that keeps the values"
+
+
+def changed_values(a: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Where casting ``a`` to ``dtype`` changes a value: an integer out of an integer
+    dtype's range (which would wrap: 300 as int8 is 44), an integer a float rounds
+    (16,777,217 in float32), a finite float that overflows (to inf). A float rounded to
+    a narrower float's precision is what that dtype means, and not counted.
+
+    Returns
+    -------
+    numpy.ndarray
+        A bool mask of ``a``'s shape.
+    """
+    dtype = np.dtype(dtype)
+    if a.dtype.kind == "b":
+        return np.zeros(a.shape, dtype=bool)
+    if a.dtype.kind in "iu" and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        return (a < info.min) | (a > info.max)  # numpy 2 compares Python ints beyond a's range exactly
+    with np.errstate(over="ignore", invalid="ignore"):
+        if a.dtype.kind in "iu":
+            part = np.finfo(dtype).dtype  # a complex dtype's parts
+            cast = a.astype(part)
+            src = np.iinfo(a.dtype)
+            wide = cast.astype(np.float64)  # the bounds below are exact in float64
+            ok = np.isfinite(cast) & (wide >= float(src.min)) & (wide < 2.0 ** (src.bits - (a.dtype.kind == "i")))
+            back = np.where(ok, cast, 0).astype(a.dtype)
+            return ~ok | (back != a)
+        return np.isfinite(a) & ~np.isfinite(a.astype(dtype))
+
+
+def _checked_casts(dtypes: Mapping[str, np.dtype], dtype: np.dtype) -> bool:
+    """Whether some file's values must be checked as read to be cast to ``dtype``
+    (``dtype=``); refused up front when no check could make it safe.
+
+    Raises
+    ------
+    LoaderError
+        Naming the first file of a dtype :func:`_cast_rule` refuses, and why.
+    """
+    rules = {d: _cast_rule(d, dtype) for d in set(dtypes.values())}
+    bad = next((p for p, d in dtypes.items() if rules[d] == "refused"), None)
+    if bad is not None:
+        raise LoaderError(bad, f"holds {dtypes[bad]} values, which dtype={dtype.name!r} cannot hold "
+                          f"({_refusal(dtypes[bad], dtype)}); leave dtype unset to read them as they are")
+    return "values" in rules.values()
+
+
+def _checked_dtype(dtype: Any) -> np.dtype | None:
+    """``dtype=`` as a numpy dtype of numbers or bools (``None``: the files' own).
+
+    Raises
+    ------
+    ConfigError
+        Naming the option, for a name numpy does not know or a dtype of no numbers.
+    """
+    expected = "a numpy dtype of numbers, such as 'float32', 'float64', 'int64' or 'uint8'"
+    if dtype is None:
+        return None
+    try:
+        out = np.dtype(dtype)
+    except (TypeError, ValueError):
+        raise ConfigError("dtype", expected, dtype) from None
+    if out.kind not in "biufc":
+        raise ConfigError("dtype", expected, dtype)
+    return out
+
+
 def _common_dtype(dtypes: Mapping[str, np.dtype]) -> np.dtype:
     """The dtype every file is read in: ``np.result_type`` of the files' dtypes, so
-    that no file's values are cast into another file's narrower dtype.
+    that no file's values are cast into another file's narrower dtype, when it holds
+    every file's values exactly (:func:`holds_exactly`).
 
     Raises
     ------
     LoaderError
         For strings beside numbers (numpy would silently turn the numbers into strings),
-        or dtypes numpy cannot promote to one (datetimes beside floats), naming a file of
-        each.
+        dtypes numpy cannot promote to one (datetimes beside floats), or whose common
+        dtype would round some values (int64 beside uint64 or float32 is float64, which
+        rounds integers beyond 2**53), naming a file of each.
     """
     text = next((p for p, d in dtypes.items() if d.kind in _TEXT_KINDS), None)
     other = next((p for p, d in dtypes.items() if d.kind not in _TEXT_KINDS), None)
@@ -644,12 +1011,37 @@ def _common_dtype(dtypes: Mapping[str, np.dtype]) -> np.dtype:
                           "numbers cannot be combined (the numbers would become strings); read them separately")
     by_dtype = {d: p for p, d in reversed(list(dtypes.items()))}  # each distinct dtype's first file
     try:
-        return functools.reduce(np.result_type, by_dtype)  # pairwise: np.result_type takes at most 64
+        common = functools.reduce(np.result_type, by_dtype)  # pairwise: np.result_type takes at most 64
     except TypeError:
         pairs = [(a, b) for a in by_dtype for b in by_dtype if not _promotes(a, b)]
         first, second = sorted((by_dtype[pairs[0][0]], by_dtype[pairs[0][1]]), key=list(dtypes).index)
         raise LoaderError(first, f"holds {dtypes[first]} values, but {second} holds {dtypes[second]}, and numpy has "
                           "no common dtype for both; read them separately") from None
+    lost = next((d for d in dtypes.values() if not holds_exactly(d, common)), None)  # the first file's first
+    if lost is not None:
+        _refuse_rounding(dtypes, by_dtype, lost, common)
+    return common
+
+
+def _refuse_rounding(dtypes: Mapping[str, np.dtype], by_dtype: Mapping[np.dtype, str], lost: np.dtype,
+                     common: np.dtype) -> None:
+    """Refuse files whose common dtype ``common`` would round the values of dtype
+    ``lost``, naming a file of ``lost`` and one of a dtype that made the common dtype so.
+
+    Raises
+    ------
+    LoaderError
+        Always, with the ``dtype=`` choices that read them exactly or checked.
+    """
+    partner = next((d for d in by_dtype if d != lost and not holds_exactly(lost, np.result_type(lost, d))),
+                   next(d for d in by_dtype if d != lost))
+    first, second = sorted((by_dtype[lost], by_dtype[partner]), key=list(dtypes).index)
+    choose = ("dtype='int64' or 'uint64' keeps every integer that fits it" if partner.kind in "biu" else
+              f"dtype={common.name!r} reads them with each integer checked, one it would round refused")
+    raise LoaderError(first, f"holds {dtypes[first]} values, but {second} holds {dtypes[second]}: their common "
+                      f"dtype {common} holds integers exactly only up to 2**{_mantissa_bits(common)}, so larger "
+                      f"{lost} values (nanosecond timestamps, ids) would be rounded silently; {choose} (values "
+                      "checked as each block is read), or read the files separately")
 
 
 def _promotes(a: np.dtype, b: np.dtype) -> bool:
@@ -743,7 +1135,7 @@ def _check_channels(first: str, target: tuple[int, ...], bad: Sequence[tuple[str
         "'RGBA': 4, 'L': 1)")
 
 
-def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: str | None, so: dict, *,
+def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: np.dtype | None, so: dict, *,
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
                   instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
                   read: Sequence[str] | None = None, combine: str | None = None, rules: Any = None,
@@ -752,6 +1144,9 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     (``date``: a :class:`~pipeline.features.sessions.DateSpec` dating times of day)."""
     if combine == "stack":
         raise FormatMismatchError(probed[0][0], "tables are joined along time; combine must be 'concat'")
+    if dtype is not None and dtype not in (np.float32, np.float64):  # cast after the read, unchecked, otherwise
+        raise ConfigError("dtype", "float32 or float64 for tables (CSV, Parquet, LOBSTER, FI-2010), read as floats",
+                          dtype.name)
     from pipeline.loaders.timeorder import check_time_zones
 
     parts = [part for _, _, _, ps in probed for part in ps]

@@ -1,6 +1,8 @@
 """Edge cases of array files (npy, HDF5, images, manifests), each against numpy, h5py or
 Pillow read directly: dtypes of joined files, 0-d arrays, shapes that cannot be fitted,
-HDF5 dataset choice, manifest paths and the messages of damaged files."""
+HDF5 dataset choice, manifest paths and the messages of damaged files; dtype= and nan=
+checked as values are read, options of other formats, files listed twice, and many small
+files read several to a task."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import re
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from PIL import Image
 
 import pipeline
-from pipeline.errors import FormatMismatchError, LoaderError, ShapeMismatchError
+from pipeline.errors import ConfigError, FormatMismatchError, InvalidValueError, LoaderError, ShapeMismatchError
 from pipeline.loaders import open_source
 
 
@@ -306,3 +310,266 @@ def test_fit_shape_with_axes_fits_the_leading_axes_and_keeps_the_channels(how):
     np.testing.assert_array_equal(got, expected)
     with pytest.raises(ValueError, match=r"only its first 2 axes are fitted"):
         fit_shape(a, (4, 5, 4), how, axes=2)  # RGB into RGBA: never
+
+
+# -- dtypes that would round: int64 beside uint64 or float32 -------------------------------------
+
+# Nanosecond timestamps of 2026: beyond 2**53, where float64 holds every other integer or fewer.
+TS = 1_767_225_600_000_000_000 + np.arange(10, dtype=np.int64) * 1001
+
+
+def _as_ints(a) -> list[int]:
+    return [int(v) for v in np.asarray(a).ravel()]
+
+
+def test_int64_beside_uint64_is_refused_rather_than_rounded_through_float64(tmp_path):
+    np.save(tmp_path / "a.npy", TS[:, None])
+    np.save(tmp_path / "b.npy", TS[:, None].astype(np.uint64))
+    joined = np.concatenate([np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")])
+    assert joined.dtype == np.float64 and _as_ints(joined) != _as_ints(np.concatenate([TS, TS]))  # numpy rounds
+    with pytest.raises(LoaderError, match=r"a\.npy: holds int64 values, but .*b\.npy holds uint64: their common dtype "
+                                          r"float64 holds integers exactly only up to 2\*\*53, .*dtype='int64' or "
+                                          r"'uint64'"):
+        pipeline.load(str(tmp_path / "*.npy"), combine="concat")
+    got = pipeline.load(str(tmp_path / "*.npy"), combine="concat", dtype="int64").compute()  # chosen: checked
+    assert got.dtype == np.int64 and _as_ints(got) == _as_ints(np.concatenate([TS, TS]))
+    np.save(tmp_path / "c.npy", np.array([[2**63]], np.uint64))  # beyond int64
+    with pytest.raises(LoaderError, match=r"c\.npy: holds 9223372036854775808 at index \(0, 0\), which "
+                                          r"dtype='int64' cannot hold"):
+        pipeline.load(str(tmp_path / "*.npy"), combine="concat", dtype="int64").compute()
+
+
+def test_int64_beside_float32_hdf5_is_refused_and_float64_checks_each_value(tmp_path):
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = TS[:, None]
+    with h5py.File(tmp_path / "c.h5", "w") as f:
+        f["x"] = np.zeros((2, 1), np.float32)
+    with pytest.raises(LoaderError, match=r"a\.h5: holds int64 values, but .*c\.h5 holds float32: their common "
+                                          r"dtype float64 .*dtype='float64' reads them with each integer checked"):
+        pipeline.load(str(tmp_path / "*.h5"), combine="concat")
+    first = int(np.flatnonzero([int(float(v)) != int(v) for v in TS])[0])  # float64 rounds it: the first refused
+    with pytest.raises(LoaderError, match=rf"a\.h5: holds {TS[first]} at index \({first}, 0\), which dtype='float64' "
+                                          rf"cannot hold \(it would read as {re.escape(repr(float(TS[first])))}\)"):
+        pipeline.load(str(tmp_path / "*.h5"), combine="concat", dtype="float64").compute()
+    with h5py.File(tmp_path / "a.h5", "w") as f:
+        f["x"] = np.arange(5, dtype=np.int64)[:, None]  # small integers: float64 holds them
+    got = pipeline.load(str(tmp_path / "*.h5"), combine="concat", dtype="float64").compute()
+    expected = np.concatenate([np.arange(5)[:, None], np.zeros((2, 1), np.float32)]).astype(np.float64)
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_int32_beside_float32_still_joins_in_float64_which_holds_both(tmp_path):
+    np.save(tmp_path / "a.npy", np.array([2**31 - 1, -(2**31)], np.int32))
+    np.save(tmp_path / "b.npy", np.array([0.1], np.float32))
+    expected = np.concatenate([np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")])
+    got = pipeline.load(str(tmp_path / "*.npy"), combine="concat").compute()
+    assert got.dtype == expected.dtype == np.float64
+    np.testing.assert_array_equal(got, expected)
+
+
+# -- dtype=: checked, not wrapped or rounded --------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype, index, value, became", [
+    ("int8", "(0, 0)", 16777217, 1), ("uint8", "(0, 0)", 16777217, 1), ("int16", "(0, 0)", 16777217, 1),
+    ("float32", "(0, 0)", 16777217, 16777216.0),
+])
+def test_a_dtype_that_cannot_hold_a_value_is_refused_naming_file_index_and_value(tmp_path, dtype, index, value,
+                                                                                  became):
+    a = np.array([[16777217, 300, -129]], np.int64)
+    np.save(tmp_path / "i.npy", a)
+    with np.errstate(over="ignore"):
+        assert a.astype(dtype)[0, 0] == became  # what numpy's cast would store
+    with pytest.raises(LoaderError, match=rf"i\.npy: holds {value} at index {re.escape(index)}, which "
+                                          rf"dtype='{dtype}' cannot hold \(it would read as {became!r}\)"):
+        pipeline.load(str(tmp_path / "i.npy"), combine="concat", dtype=dtype).compute()
+
+
+def test_a_dtype_that_holds_the_values_reads_them_as_numpy_casts_them(tmp_path):
+    a = np.array([[70000, 300, -129]], np.int64)
+    np.save(tmp_path / "i.npy", a)
+    for dtype in ("int32", "float32", "float64", "int64"):
+        got = pipeline.load(str(tmp_path / "i.npy"), combine="concat", dtype=dtype).compute()
+        assert got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got, a.astype(dtype))
+    f = np.array([0.1, 1e30, -np.inf, np.nan])  # float64 to float32 rounds; inf and NaN stay
+    np.save(tmp_path / "f.npy", f)
+    got = pipeline.load(str(tmp_path / "f.npy"), combine="concat", dtype="float32").compute()
+    np.testing.assert_array_equal(got, f.astype(np.float32))
+    np.save(tmp_path / "f.npy", np.array([1.0, 1e39]))  # but a finite value that overflows is refused
+    with pytest.raises(LoaderError, match=r"f\.npy: holds 1e\+39 at index \(1,\), which dtype='float32' cannot hold "
+                                          r"\(it would read as inf\)"):
+        pipeline.load(str(tmp_path / "f.npy"), combine="concat", dtype="float32").compute()
+
+
+def test_a_stacked_file_whose_values_a_dtype_cannot_hold_is_named(tmp_path):
+    np.save(tmp_path / "a.npy", np.array([1, 2, 3], np.int64))
+    np.save(tmp_path / "b.npy", np.array([4, 500, 6], np.int64))
+    with pytest.raises(LoaderError, match=r"b\.npy: holds 500 at index \(1,\), which dtype='uint8' cannot hold"):
+        pipeline.load(str(tmp_path / "*.npy"), dtype="uint8").compute()
+    np.save(tmp_path / "b.npy", np.array([4, 255, 6], np.int64))
+    got = pipeline.load(str(tmp_path / "*.npy"), dtype="uint8").compute()
+    np.testing.assert_array_equal(got, np.stack([np.load(tmp_path / n) for n in ("a.npy", "b.npy")]).astype(np.uint8))
+
+
+def test_floats_read_as_integers_are_refused_before_reading(tmp_path):
+    np.save(tmp_path / "f.npy", np.array([1.5, 2.0]))
+    with pytest.raises(LoaderError, match=r"f\.npy: holds float64 values, which dtype='int64' cannot hold \(fractions "
+                                          r"and NaN have no integer value"):
+        pipeline.load(str(tmp_path / "f.npy"), dtype="int64")
+    with pytest.raises(LoaderError, match=r"f\.npy: holds float64 values, which dtype='bool' cannot hold"):
+        pipeline.load(str(tmp_path / "f.npy"), dtype=bool)
+
+
+@pytest.mark.parametrize("dtype", ["bogus", "object", "U5", "datetime64[ns]"])
+def test_a_dtype_that_is_not_a_numpy_number_type_is_refused_naming_the_option(tmp_path, dtype):
+    np.save(tmp_path / "i.npy", np.zeros(3))
+    with pytest.raises(ConfigError, match=rf"^dtype: expected a numpy dtype of numbers, .*got '{re.escape(dtype)}'"):
+        pipeline.load(str(tmp_path / "i.npy"), dtype=dtype)
+
+
+def test_tables_take_float32_or_float64_only(tmp_path):
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n3,4\n")
+    with pytest.raises(ConfigError, match=r"^dtype: expected float32 or float64 for tables"):
+        pipeline.load(str(tmp_path / "t.csv"), dtype="int8")
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "t.csv"), dtype="float64").compute(),
+                                  np.array([[1, 2], [3, 4]], np.float64))
+
+
+# -- nan= for array files ------------------------------------------------------------------------
+
+
+def _nan_file(path):
+    with h5py.File(path, "w") as f:
+        f["x"] = np.array([[1.0, 2.0], [np.nan, 1.0], [np.inf, 2.0]], np.float32)
+    with h5py.File(path, "r") as f:
+        return f["x"][()]
+
+
+def test_nan_raise_names_the_file_and_the_index_of_the_first_nan(tmp_path):
+    ref = _nan_file(tmp_path / "n.h5")
+    first = tuple(int(i) for i in np.argwhere(~np.isfinite(ref))[0])
+    with pytest.raises(InvalidValueError, match=rf"n\.h5: NaN or inf at index {re.escape(str(first))}"):
+        pipeline.load(str(tmp_path / "n.h5"), combine="concat", nan="raise").compute()
+    np.save(tmp_path / "ok.npy", np.ones((2, 2), np.float32))
+    np.save(tmp_path / "z.npy", ref)
+    with pytest.raises(InvalidValueError, match=r"z\.npy: NaN or inf at index \(1, 0\)"):  # the stacked file named
+        pipeline.load(str(tmp_path / "*.npy"), nan="raise", on_mismatch="pad").compute()
+
+
+def test_nan_fill_replaces_nan_and_inf_and_unset_keeps_them(tmp_path):
+    ref = _nan_file(tmp_path / "n.h5")
+    got = pipeline.load(str(tmp_path / "n.h5"), combine="concat", nan="fill", fill_value=-1.0).compute()
+    np.testing.assert_array_equal(got, np.where(np.isfinite(ref), ref, np.float32(-1)))
+    kept = pipeline.load(str(tmp_path / "n.h5"), combine="concat").compute()
+    np.testing.assert_array_equal(kept, ref)  # NaN compares equal here: as stored
+
+
+def test_nan_drop_is_refused_for_array_files(tmp_path):
+    _nan_file(tmp_path / "n.h5")
+    with pytest.raises(FormatMismatchError, match=r"n\.h5: nan='drop' drops table rows with their timestamps; hdf5 "
+                                                  r"files are refused it"):
+        pipeline.load(str(tmp_path / "n.h5"), combine="concat", nan="drop")
+
+
+# -- options of other formats ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("option, does", [
+    (dict(dataset="prices"), "names the dataset read from each HDF5 file"),
+    (dict(key="x"), r"names the member read from each \.npz file"),
+    (dict(columns=["a"]), "names the table columns read"),
+    (dict(shape=(8, 8)), "resizes images"),
+    (dict(mode="L"), "converts images to a Pillow mode"),
+    (dict(timestamp_unit="ms"), "is the unit of a table's timestamp column"),
+    (dict(instrument_column="sym"), "names a table column of instruments"),
+])
+def test_an_option_of_another_format_is_refused_for_npy_files(tmp_path, option, does):
+    np.save(tmp_path / "i.npy", np.zeros((4, 2)))
+    name, value = next(iter(option.items()))
+    with pytest.raises(FormatMismatchError, match=rf"i\.npy: {name}={re.escape(repr(value))} {does}; npy files take "
+                                                  rf"no {name}=: leave it unset"):
+        pipeline.load(str(tmp_path / "i.npy"), combine="concat", **option)
+
+
+def test_options_of_the_other_combine_and_of_arrays_for_tables_are_refused(tmp_path):
+    np.save(tmp_path / "i.npy", np.zeros((4, 2)))
+    with pytest.raises(FormatMismatchError, match=r"chunk_rows=2 sets the rows per chunk of files joined along axis 0 "
+                                                  r".*npy files joined with combine='stack' take no chunk_rows="):
+        pipeline.load(str(tmp_path / "i.npy"), chunk_rows=2)
+    for option in (dict(files_per_chunk=2), dict(on_mismatch="pad")):
+        with pytest.raises(FormatMismatchError, match=r"combine='concat' take no"):
+            pipeline.load(str(tmp_path / "i.npy"), combine="concat", **option)
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(FormatMismatchError, match=r"t\.csv: dataset='x' names the dataset read from each HDF5 file; "
+                                                  r"csv files take no dataset="):
+        pipeline.load(str(tmp_path / "t.csv"), dataset="x")
+    # The options that apply are taken as before.
+    assert pipeline.load(str(tmp_path / "i.npy"), combine="concat", chunk_rows=2).chunks[0] == (2, 2)
+    assert pipeline.load(str(tmp_path / "i.npy"), files_per_chunk=1, on_mismatch="pad").shape == (1, 4, 2)
+
+
+# -- a file listed twice ---------------------------------------------------------------------------
+
+
+def test_a_file_listed_twice_is_refused_naming_it(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((3, 2)))
+    np.save(tmp_path / "b.npy", np.ones((3, 2)))
+    a, b = str(tmp_path / "a.npy"), str(tmp_path / "b.npy")
+    for combine in ("stack", "concat"):
+        with pytest.raises(LoaderError, match=r"a\.npy: is listed twice in paths: list each file once"):
+            pipeline.load([a, b, a], combine=combine)
+    with pytest.raises(LoaderError, match=r"a\.npy: is listed twice in paths \(as '.*/a\.npy' and '.*/\./a\.npy'\)"):
+        open_source([a, f"{tmp_path}/./a.npy"], combine="stack")
+    with pytest.raises(LoaderError, match=r"a\.npy: is listed twice in paths \(as '.*\*\.npy' and '.*/a\.npy'\)"):
+        pipeline.load([str(tmp_path / "*.npy"), a])  # a glob, and the file again
+    os.symlink(a, tmp_path / "link.npy")
+    with pytest.raises(LoaderError, match=r"link\.npy: is listed twice in paths \(as '.*/a\.npy' and '.*/link\.npy'\)"):
+        pipeline.load([a, str(tmp_path / "link.npy")])
+    got = pipeline.load([b, a], combine="stack").compute()  # each once, in the order given
+    np.testing.assert_array_equal(got, np.stack([np.load(b), np.load(a)]))
+
+
+# -- many small files: several to a task -----------------------------------------------------------
+
+
+def test_many_short_files_join_several_to_a_chunk_and_equal_numpy(tmp_path):
+    lengths = np.random.default_rng(0).integers(0, 40, 300)
+    for i, n in enumerate(lengths):
+        np.save(tmp_path / f"f{i:03d}.npy", np.full((n, 3), i, np.float32) + np.arange(n)[:, None])
+    paths = sorted(str(p) for p in tmp_path.glob("*.npy"))
+    expected = np.concatenate([np.load(p) for p in paths])
+    x = pipeline.load(str(tmp_path / "*.npy"), combine="concat")
+    assert len(x.chunks[0]) == 1  # 36 KiB: one task, not one per file
+    np.testing.assert_array_equal(x.compute(), expected)
+    assert [f["shape"][0] for f in x.attrs["files"]] == lengths.tolist()  # each file still known: windows' sessions
+    y = pipeline.load(str(tmp_path / "*.npy"), combine="concat", chunk_rows=200)
+    assert max(y.chunks[0]) <= 200 and len(y.chunks[0]) < len(paths) / 2  # runs of at least 50 rows (a quarter)
+    np.testing.assert_array_equal(y.compute(), expected)
+
+
+@given(rows=st.lists(st.integers(0, 50), min_size=1, max_size=40), limit=st.integers(1, 60))
+@settings(max_examples=200, deadline=None)
+def test_file_runs_cover_every_file_once_in_order_within_the_limit(rows, limit):
+    from pipeline.loaders import _file_runs
+
+    runs = _file_runs(rows, limit)
+    assert [i for a, b in runs for i in range(a, b)] == list(range(len(rows)))
+    quarter = max(1, limit // 4)
+    for a, b in runs:
+        if b - a > 1:
+            assert sum(rows[a:b]) <= limit and all(n < quarter for n in rows[a:b])
+
+
+def test_a_file_of_a_run_rewritten_shorter_or_wider_is_named_not_the_run(tmp_path):
+    for i in range(5):
+        np.save(tmp_path / f"f{i}.npy", np.full((4, 2), i, np.float32))
+    x = pipeline.load(str(tmp_path / "*.npy"), combine="concat")
+    assert len(x.chunks[0]) == 1
+    np.save(tmp_path / "f3.npy", np.zeros((2, 2), np.float32))
+    with pytest.raises(ShapeMismatchError, match=r"f3\.npy: its header said shape \(4, 2\) float32 when the array was "
+                                                 r"built, but rows 0:4 now read as shape \(2, 2\)"):
+        x.compute(scheduler="sync")
+    np.save(tmp_path / "f3.npy", np.zeros((4, 2), np.float64))
+    with pytest.raises(LoaderError, match=r"f3\.npy: its header said shape \(4, 2\) float32 .* now read as float64"):
+        x.compute(scheduler="sync")
