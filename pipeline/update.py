@@ -197,7 +197,8 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
         splits=splits_in_zone(out.splits, source),
         normalize=config.features.normalize, nan=config.features.nan, fill_value=config.features.fill_value,
         progress=progress, materialize=config.windows.materialize, block_windows=block_windows, segments=table,
-        timestamps=source.timestamps, folds=out.folds, prior=prior)
+        timestamps=source.timestamps, folds=out.folds, prior=prior,
+        source_fill=src_cfg.fill_value if src_cfg.nan == "fill" else None)  # as a build: no label reads a fill
     attrs = merge_attrs(prior, tset.attrs)
     new_sources = with_hashes(source.metadata(), so)
     attrs["sources"] = {**stored.get("sources", {}), "files": list(stored.get("sources", {}).get("files") or [])

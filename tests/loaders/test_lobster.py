@@ -428,3 +428,51 @@ def test_pipeline_run_leaves_out_windows_whose_label_reads_an_empty_ask_under_na
                                   np.stack([mid[e - size + 1: e + 1] for e in ends]).astype(np.float32))
     np.testing.assert_allclose(train["y"][:].ravel(), np.log(mid[ends + horizon]) - np.log(mid[ends]), rtol=1e-6)
     np.testing.assert_array_equal(train["t"][:], times[ends])
+
+
+def test_an_append_leaves_out_the_windows_a_build_leaves_out_under_nan_fill(tmp_path):
+    """An append of a LOBSTER day with an empty best ask under ``source.nan: fill``
+    equals a fresh build of both days: the new day's windows whose label reads the
+    filled ask are left out there too."""
+    import shutil
+
+    import zarr
+
+    from pipeline.config import parse_config
+    from pipeline.job import run
+
+    raw, all_raw = tmp_path / "raw", tmp_path / "all"
+    raw.mkdir()
+    all_raw.mkdir()
+    days = [write_halted_day(all_raw, "AAPL", date, n=40, seed=k, halt_at=30)
+            for k, date in enumerate(("2012-06-21", "2012-06-22"))]
+    lines = days[1].read_text().splitlines()
+    for r in (12, 20):  # the second day's ask side empty there
+        lines[r] = ",".join(["9999999999", "0", *lines[r].split(",")[2:]])
+    days[1].write_text("\n".join(lines) + "\n")
+
+    def config(paths, out: str):
+        return parse_config({
+            "cluster": {"n_workers": 1, "threads_per_worker": 1},
+            "source": {"paths": str(paths / "*_orderbook_1.csv"), "format": "lobster", "dtype": "float64",
+                       "nan": "fill", "sessions": "file"},
+            "features": {"steps": ["mid_price"], "normalize": "none"},
+            "windows": {"size": 4, "stride": 1},
+            "labels": {"kind": "return", "horizon": 2},
+            "output": {"path": str(tmp_path / out), "splits": {"train": {"until": "2012-06-22"}, "test": None}},
+        })
+
+    for name in (days[0].name, days[0].name.replace("_orderbook_", "_message_")):
+        shutil.copy(all_raw / name, raw / name)
+    run(config(raw, "appended.zarr"), log=None, progress=False)
+    for name in (days[1].name, days[1].name.replace("_orderbook_", "_message_")):
+        shutil.copy(all_raw / name, raw / name)
+    with pytest.warns(UserWarning, match=r"labels: 4 windows left out: their label reads ask_price_1"):
+        run(config(raw, "appended.zarr"), log=None, progress=False)
+    with pytest.warns(UserWarning, match=r"labels: 4 windows left out"):
+        run(config(all_raw, "fresh.zarr"), log=None, progress=False)
+    appended, fresh = (zarr.open_group(str(tmp_path / n), mode="r") for n in ("appended.zarr", "fresh.zarr"))
+    for split in ("train", "test"):
+        for name in ("x", "y", "t"):
+            np.testing.assert_array_equal(appended[f"{split}/{name}"][:], fresh[f"{split}/{name}"][:])
+    assert fresh["test/x"].shape[0] == 40 - 3 - 2 - 3 - 4  # halts, horizon, history, left out
