@@ -59,7 +59,14 @@ class ClusterConfig:
 
 @dataclass(frozen=True, slots=True)
 class SourceConfig:
-    """Raw input files and how to read them (see :func:`pipeline.loaders.open_source`)."""
+    """Raw input files and how to read them (see :func:`pipeline.loaders.open_source`).
+
+    ``pipeline run`` reads tables (CSV, Parquet, LOBSTER, FI-2010): its features and labels
+    read named columns. Array files (npy, npz, images, HDF5) are refused before a cluster
+    starts; they go through the Python API (``pipeline.load``, ``pipeline.windows``,
+    ``pipeline.write``), whose array options (``dataset``, ``key``, ``shape``, ``mode``)
+    have no key here.
+    """
 
     paths: str | tuple[str, ...]
     format: str | None = None

@@ -402,3 +402,48 @@ def test_lobster_order_ids_in_float32_are_refused_when_parsed(where):
         parse_config(data)
     data["source"]["dtype"] = "float64"
     assert parse_config(data).source.dtype == "float64"
+
+
+def test_the_reference_says_pipeline_run_reads_tables_only_and_chunk_rows_default(tmp_path):
+    """The reference listed npy, npz, image and hdf5 as source formats, combine: stack, and
+    chunk_rows "for npy and HDF5 arrays" (default 262,144), though pipeline run refuses
+    array files and their default chunks are about 32 MiB."""
+    import importlib.util
+    import sys
+
+    import numpy as np
+
+    from pipeline.errors import FormatMismatchError
+    from pipeline.job import _check_table_source
+    from pipeline.loaders import open_source
+    from pipeline.loaders.tables import TEXT_PART_ROWS
+
+    spec = importlib.util.spec_from_file_location("pipeline_docs_hooks", ROOT / "docs" / "hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("pipeline_docs_hooks", hooks)
+    spec.loader.exec_module(hooks)
+    problems: list[str] = []
+    page = hooks.config_reference(problems)
+    rows = {line.split(" | ")[0].strip("| `"): line.split(" | ")[3] for line in page.splitlines()
+            if line.startswith("| `source.")}
+    section = " ".join(page.split("## source", 1)[1].split("| key |", 1)[0].split())
+    assert problems == []
+    assert "array files (npy, npz, images, hdf5) are refused before a cluster starts" in section.lower()
+    assert "`pipeline run` refuses array files" in rows["source.format"]
+    assert "`stack` is refused" in rows["source.combine"]
+    assert "npy" not in rows["source.chunk_rows"] and "HDF5" not in rows["source.chunk_rows"]
+    assert f"{TEXT_PART_ROWS:,} rows" in rows["source.chunk_rows"]
+    opening = " ".join((ROOT / "docs" / "pages" / "reference" / "loaders.md").read_text().split("\n\n")[1].split())
+    assert "reads the tables only" in opening and "a config's `source` section read these" not in opening
+    # What the reference says holds: an HDF5 source and a stacked table are refused.
+    import h5py
+
+    with h5py.File(tmp_path / "d0.h5", "w") as f:
+        f["x"] = np.zeros((5, 2))
+    data = base()
+    data["source"] = {"paths": str(tmp_path / "d*.h5"), "format": "hdf5"}
+    with pytest.raises(ConfigError, match=r"^source.paths: expected tables with named columns .*Python API"):
+        _check_table_source(parse_config(data).source)
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(FormatMismatchError, match=r"tables are joined along time; combine must be 'concat'"):
+        open_source(str(tmp_path / "t.csv"), combine="stack")

@@ -91,7 +91,10 @@ class Source:
     #: Tables: whether every file's first and last timestamps came from its metadata
     #: (Parquet footers), so that the files' time order was checked when the source was
     #: opened; otherwise :func:`pipeline.loaders.segments.open_segmented` checks it from
-    #: the rows (CSV, LOBSTER), before anything is written.
+    #: the rows (CSV, LOBSTER), before anything is written. With an instrument column
+    #: the footers are not compared (they bound every instrument of a file together):
+    #: ``open_segmented`` checks the order of each instrument from the timestamp and
+    #: instrument columns, one pass over them, before anything is written.
     times_from_metadata: bool = False
 
     @property
