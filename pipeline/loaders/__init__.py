@@ -749,7 +749,13 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
         # A file read alone and unchecked stays a path: its blocks are read as before.
         items = [_FileRun(tuple(paths[a:b]), tuple(rows[a:b]), tuple(shapes[p] for p in paths[a:b]))
                  if b - a > 1 or values.needed else paths[a] for a, b in runs]
-        arr = concat_array(items, [sum(rows[a:b]) for a, b in runs], tail, out_dtype, read_rows, rows_per_chunk=limit)
+        # Every block is checked against its file's header, dtype included: an f4 file
+        # rewritten as i2 still casts safely into an f8 array, so a cast check misses it.
+        # A run checks each of its files itself and returns the array's dtype.
+        expect = [shapes[item] if isinstance(item, str) else ((sum(rows[a:b]), *tail), out_dtype)
+                  for item, (a, b) in zip(items, runs)]
+        arr = concat_array(items, [sum(rows[a:b]) for a, b in runs], tail, out_dtype, read_rows, rows_per_chunk=limit,
+                           probed=expect)
         return arr, combine
     target = shapes[paths[0]][0]
     image = kind == "image"

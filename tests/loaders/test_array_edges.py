@@ -573,3 +573,20 @@ def test_a_file_of_a_run_rewritten_shorter_or_wider_is_named_not_the_run(tmp_pat
     np.save(tmp_path / "f3.npy", np.zeros((4, 2), np.float64))
     with pytest.raises(LoaderError, match=r"f3\.npy: its header said shape \(4, 2\) float32 .* now read as float64"):
         x.compute(scheduler="sync")
+
+
+def test_a_file_read_alone_rewritten_in_a_dtype_that_still_casts_is_named(tmp_path):
+    # Two files read one to a task (chunk_rows=4 makes each at least a quarter of a chunk):
+    # b.npy rewritten from float32 to int16 still casts safely into the float64 array,
+    # but is not the file the array was built from.
+    np.save(tmp_path / "a.npy", np.arange(8.0).reshape(4, 2))
+    np.save(tmp_path / "b.npy", np.arange(8.0, dtype=np.float32).reshape(4, 2))
+    x = pipeline.load(str(tmp_path / "*.npy"), combine="concat", chunk_rows=4)
+    assert len(x.chunks[0]) == 2 and x.dtype == np.float64
+    np.testing.assert_array_equal(x.compute(scheduler="sync"),
+                                  np.concatenate([np.load(tmp_path / "a.npy"), np.load(tmp_path / "b.npy")]))
+    np.save(tmp_path / "b.npy", np.arange(8, dtype=np.int16).reshape(4, 2))
+    assert np.can_cast(np.load(tmp_path / "b.npy").dtype, x.dtype, "safe")
+    with pytest.raises(LoaderError, match=r"b\.npy: its header said shape \(4, 2\) float32 when the array was built, "
+                                          r"but rows 0:4 now read as int16"):
+        x.compute(scheduler="sync")

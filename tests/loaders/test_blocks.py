@@ -43,8 +43,8 @@ def test_a_file_rewritten_shorter_is_refused_naming_it(tmp_path, suffix):
     x = pipeline.load([str(a), str(b)], combine="concat", chunk_rows=30)
     _write(b, _rows(45))  # the producer re-exports b shorter before the build reads it
     assert np.concatenate([_read(a), _read(b)]).shape == (145, 2)  # what would be stored, padded
-    with pytest.raises(ShapeMismatchError, match=rf"b{suffix}: its header said shape \(100, 2\) when the array was "
-                       r"built, but rows \d+:\d+ now read as shape \((15|0), 2\)"):
+    with pytest.raises(ShapeMismatchError, match=rf"b{suffix}: its header said shape \(100, 2\) float32 when the array "
+                       r"was built, but rows \d+:\d+ now read as shape \((15|0), 2\)"):
         x.compute(scheduler="sync")
     # a's blocks still equal the file: only b is blamed
     np.testing.assert_array_equal(x[:100].compute(scheduler="sync"), _read(a))
