@@ -423,6 +423,11 @@ def _format(value: Any, path: str) -> str | None:
         return None
     if not isinstance(value, str) or value not in known:
         raise ConfigError(path, f"one of {', '.join(known)} or null (by suffix)", value)
+    tables = ("csv", "parquet", "lobster", "fi2010")
+    if value not in tables:  # known, but an array format: refused here, naming this key
+        raise ConfigError(path, f"a table format ({', '.join(tables)}) or null: pipeline run computes features "
+                          "and labels from named columns; arrays (npy, npz, HDF5, images) go through the Python "
+                          "API (pipeline.load, pipeline.windows, pipeline.write)", value)
     return value
 
 

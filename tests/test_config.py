@@ -238,6 +238,17 @@ def test_an_unknown_source_format_is_refused_when_parsed(tmp_path):
         assert parse_config(data).source.format == fmt
 
 
+@pytest.mark.parametrize("fmt", ["npy", "npz", "hdf5", "image"])
+def test_an_array_source_format_is_refused_when_parsed_naming_the_key(fmt):
+    """``pipeline run`` reads tables: an array format is refused as the config is read,
+    naming ``source.format`` (it was refused later, naming ``source.paths``)."""
+    data = base()
+    data["source"]["format"] = fmt
+    with pytest.raises(ConfigError, match=rf"^source.format: expected a table format \(csv, parquet, lobster, "
+                                          rf"fi2010\) or null: .* go through the Python API .*, got '{fmt}'$"):
+        parse_config(data)
+
+
 def test_a_key_given_twice_is_refused_naming_it_and_its_lines(tmp_path):
     text = EXAMPLE.read_text()
     p = tmp_path / "c.yaml"
@@ -442,6 +453,9 @@ def test_the_reference_says_pipeline_run_reads_tables_only_and_chunk_rows_defaul
         f["x"] = np.zeros((5, 2))
     data = base()
     data["source"] = {"paths": str(tmp_path / "d*.h5"), "format": "hdf5"}
+    with pytest.raises(ConfigError, match=r"^source.format: expected a table format .*Python API"):
+        parse_config(data)
+    data["source"] = {"paths": str(tmp_path / "d*.h5")}  # by suffix: refused once the files are listed
     with pytest.raises(ConfigError, match=r"^source.paths: expected tables with named columns .*Python API"):
         _check_table_source(parse_config(data).source)
     (tmp_path / "t.csv").write_text("a,b\n1,2\n")
