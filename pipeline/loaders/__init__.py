@@ -513,7 +513,7 @@ def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, labe
         # One label per file, but concat makes rows of files: 2 labels for 20 rows.
         raise LoaderError(where, f"labels={labels!r} gives one label per file, but combine={combine!r} joins the "
                           "files' rows; labels need combine='stack' (one sample per file)")
-    infos = tuple(FileInfo(p, s, m, shape=tuple(sh)) for p, s, m, (sh, _) in probed)
+    infos = tuple(FileInfo(p, s, m, shape=tuple(sh)) for p, s, m, (sh, *_) in probed)
     label_arr = None
     if label_values is not None:
         label_arr = da.from_array(label_values, chunks=(arr.chunks[0] if combine == "stack" else -1,))
@@ -726,7 +726,8 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
 
     kind = fmt.name
     fmt_opts = {k: opts[k] for k in fmt.options}
-    shapes = {p: (tuple(sh), np.dtype(dt)) for p, _, _, (sh, dt) in probed}
+    shapes = {p: (tuple(sh), np.dtype(dt)) for p, _, _, (sh, dt, *_) in probed}
+    aligns = {p: layout[0] if layout else None for p, _, _, (_, _, *layout) in probed}  # HDF5's chunk rows
     paths = [p for p, *_ in probed]
     dtypes = {p: d for p, (_, d) in shapes.items()}
     out_dtype = _common_dtype(dtypes) if dtype is None else dtype
@@ -754,8 +755,12 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
         # A run checks each of its files itself and returns the array's dtype.
         expect = [shapes[item] if isinstance(item, str) else ((sum(rows[a:b]), *tail), out_dtype)
                   for item, (a, b) in zip(items, runs)]
-        arr = concat_array(items, [sum(rows[a:b]) for a, b in runs], tail, out_dtype, read_rows, rows_per_chunk=limit,
-                           probed=expect)
+        # Without chunk_rows, a file read alone is read in whole multiples of its HDF5
+        # chunk rows, near ``limit`` (blocks.row_step): a block that cuts a compressed
+        # chunk decodes it once more. chunk_rows given is kept exactly.
+        align = None if chunk_rows else [aligns[paths[a]] if b - a == 1 else None for a, b in runs]
+        arr = concat_array(items, [sum(rows[a:b]) for a, b in runs], tail, out_dtype, read_rows,
+                           rows_per_chunk=chunk_rows, probed=expect, row_align=align)
         return arr, combine
     target = shapes[paths[0]][0]
     image = kind == "image"

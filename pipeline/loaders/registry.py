@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -49,7 +50,11 @@ TABLES = ("csv", "parquet", "lobster", "fi2010")
 
 @dataclass(frozen=True, slots=True)
 class ArrayFormat:
-    """An array-per-file format: a header probe and a reader (both take ``(path, so, **opts)``)."""
+    """An array-per-file format: a header probe and a reader (both take ``(path, so, **opts)``).
+
+    ``probe`` returns ``(shape, dtype, *layout)``: HDF5 adds its dataset's chunk rows,
+    which default row blocks follow (``row_align`` of :func:`~pipeline.loaders.blocks.concat_array`).
+    """
 
     name: str
     probe: Callable
@@ -64,7 +69,8 @@ def _formats() -> dict[str, ArrayFormat]:
         "npy": ArrayFormat("npy", npy.probe_npy, npy.read_npy, ()),
         "npz": ArrayFormat("npz", npz.probe_npz, npz.read_npz, ("key",)),
         "image": ArrayFormat("image", images.probe_image, images.read_image, ("shape", "mode")),
-        "hdf5": ArrayFormat("hdf5", hdf5.probe_hdf5, hdf5.read_hdf5, ("dataset", "dataset_from")),
+        "hdf5": ArrayFormat("hdf5", functools.partial(hdf5.probe_hdf5, layout=True), hdf5.read_hdf5,
+                            ("dataset", "dataset_from")),
     }
 
 

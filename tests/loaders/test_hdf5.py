@@ -256,3 +256,18 @@ def test_rows_whose_chunks_were_never_written_are_warned_of(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pipeline.load(str(tmp_path / "full.h5"), combine="concat")
+
+
+def test_default_row_blocks_of_a_gzip_chunked_dataset_start_on_its_chunk_edges(tmp_path):
+    # Rows of 8 KiB: a default block is 4096 rows (32 MiB), which would cut through the
+    # 3,000-row chunks, decoding each cut chunk twice; aligned, a block is one chunk.
+    data = (np.arange(5000, dtype="f8")[:, None] + np.arange(1024) % 7)
+    with h5py.File(tmp_path / "g.h5", "w") as f:
+        f.create_dataset("x", data=data, chunks=(3000, 256), compression="gzip", compression_opts=1)
+    with h5py.File(tmp_path / "g.h5", "r") as f:
+        expected, chunk_rows = f["x"][()], f["x"].chunks[0]
+    x = pipeline.load(str(tmp_path / "g.h5"), combine="concat")
+    starts = np.cumsum((0,) + x.chunks[0][:-1])
+    assert x.chunks[0] == (3000, 2000) and all(s % chunk_rows == 0 for s in starts)
+    np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
+    assert pipeline.load(str(tmp_path / "g.h5"), combine="concat", chunk_rows=700).chunks[0][:2] == (700, 700)
