@@ -238,7 +238,7 @@ def open_source(
     storage_options: dict | None = None, header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
     scale: Mapping[str, float] | None = None, missing: Any = None, date: Any = None, delimiter: str = ",",
-    decimal: str = ".", halts: Literal["drop", "keep"] | None = None,
+    decimal: str = ".", halts: Literal["drop", "keep"] | None = None, swmr: bool = False,
 ) -> Source:
     """Build a lazy array over files, reading headers only.
 
@@ -284,6 +284,11 @@ def open_source(
         :data:`~pipeline.loaders.images.MODES`; anything else is refused up front).
     dataset
         The HDF5 dataset path read from each file.
+    swmr
+        HDF5: open each file in HDF5's SWMR read mode (h5py's ``swmr=True``), to read a
+        file that a writer in SWMR mode is appending to; the rows it has flushed when the
+        array is built are read. Without it, such a file is refused, naming it and
+        ``swmr=True``.
     key
         The ``.npz`` member read from each file.
     labels
@@ -356,7 +361,7 @@ def open_source(
     files, classes, label_values, fmts, kind = _listed_files(paths, labels, format, so, pinned)
     _check_table_options(kind, str(paths), rules, date, timestamp, (delimiter, decimal))
     _check_applicable(kind, fmts[files[0]], combine, str(paths), given)
-    opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key)
+    opts = _array_options(kind, files, so, on_error, shape=shape, mode=mode, dataset=dataset, key=key, swmr=swmr)
     results, skipped, companions = _probe_listed(files, kind, fmts, opts, so, labels, timestamp=timestamp,
                                                  header=header, names=names, rename=rename, on_error=on_error,
                                                  part_rows=chunk_rows, delimiter=delimiter, decimal=decimal)
@@ -429,6 +434,7 @@ _APPLIES: dict[str, tuple[frozenset[str], str]] = {
     "rename": (frozenset({"table"}), "renames table columns"),
     "instrument_column": (frozenset({"table"}), "names a table column of instruments"),
     "dataset": (frozenset({"hdf5"}), "names the dataset read from each HDF5 file"),
+    "swmr": (frozenset({"hdf5"}), "opens HDF5 files in SWMR read mode, beside a writer appending to them"),
     "key": (frozenset({"npz"}), "names the member read from each .npz file"),
     "shape": (frozenset({"image"}), "resizes images"),
     "mode": (frozenset({"image"}), "converts images to a Pillow mode"),
@@ -522,9 +528,10 @@ def _array_source(arr: da.Array, combine: str, probed: list, skipped: list, labe
 
 
 def _array_options(kind: str, files: list[str], so: dict, on_error: str, *, shape: Sequence[int] | None,
-                   mode: str | None, dataset: str | None, key: str | None) -> dict[str, Any]:
+                   mode: str | None, dataset: str | None, key: str | None, swmr: bool = False) -> dict[str, Any]:
     """The options of array formats. HDF5 files without ``dataset`` are all read at the
-    first file's one dataset (``dataset_from`` names that file), never each at its own.
+    first file's one dataset (``dataset_from`` names that file), never each at its own;
+    ``swmr`` opens them in SWMR read mode, that first file too.
 
     Raises
     ------
@@ -536,9 +543,9 @@ def _array_options(kind: str, files: list[str], so: dict, on_error: str, *, shap
     if kind == "hdf5" and dataset is None:
         from pipeline.loaders.hdf5 import shared_dataset
 
-        dataset, dataset_from = shared_dataset(files, so, skip=on_error == "skip")
+        dataset, dataset_from = shared_dataset(files, so, skip=on_error == "skip", swmr=swmr)
     return {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key,
-            "dataset_from": dataset_from}
+            "dataset_from": dataset_from, "swmr": swmr}
 
 
 def _readable(results: Sequence[Any], label_values: np.ndarray | None, where: str

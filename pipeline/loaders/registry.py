@@ -70,7 +70,7 @@ def _formats() -> dict[str, ArrayFormat]:
         "npz": ArrayFormat("npz", npz.probe_npz, npz.read_npz, ("key",)),
         "image": ArrayFormat("image", images.probe_image, images.read_image, ("shape", "mode")),
         "hdf5": ArrayFormat("hdf5", functools.partial(hdf5.probe_hdf5, layout=True), hdf5.read_hdf5,
-                            ("dataset", "dataset_from")),
+                            ("dataset", "dataset_from", "swmr")),
     }
 
 

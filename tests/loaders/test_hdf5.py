@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import pipeline
-from pipeline.errors import LoaderError, UnwrittenChunksWarning
+from pipeline.errors import FormatMismatchError, LoaderError, UnwrittenChunksWarning
 
 
 def _virtual(path, source, shape, fill):
@@ -271,3 +271,26 @@ def test_default_row_blocks_of_a_gzip_chunked_dataset_start_on_its_chunk_edges(t
     assert x.chunks[0] == (3000, 2000) and all(s % chunk_rows == 0 for s in starts)
     np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
     assert pipeline.load(str(tmp_path / "g.h5"), combine="concat", chunk_rows=700).chunks[0][:2] == (700, 700)
+
+
+def test_pipeline_load_reads_a_file_an_swmr_writer_holds_with_swmr(tmp_path):
+    path = tmp_path / "live.h5"
+    proc = _writer(path, swmr=True)
+    try:
+        with pytest.raises(LoaderError, match=r"live\.h5: another process has the file open for writing .* read it "
+                                              r"with swmr=True"):
+            pipeline.load(str(path), combine="concat")  # the dataset is found in the file: opened there too
+        with h5py.File(path, "r", swmr=True) as f:
+            expected = f["x"][()]
+        x = pipeline.load(str(path), combine="concat", swmr=True, chunk_rows=700)
+        assert x.shape == expected.shape == (3000, 4)
+        np.testing.assert_array_equal(x.compute(scheduler="sync"), expected)
+        stacked = pipeline.load([str(path)], dataset="x", swmr=True).compute(scheduler="sync")
+        np.testing.assert_array_equal(stacked, expected[None])
+    finally:
+        proc.kill()
+        proc.wait()
+    np.save(tmp_path / "a.npy", np.zeros(3))
+    with pytest.raises(FormatMismatchError, match=r"swmr=True opens HDF5 files in SWMR read mode.*npy files take no "
+                                                  r"swmr="):
+        pipeline.load(str(tmp_path / "a.npy"), swmr=True)
