@@ -551,9 +551,9 @@ def test_many_short_files_join_several_to_a_chunk_and_equal_numpy(tmp_path):
 @given(rows=st.lists(st.integers(0, 50), min_size=1, max_size=40), limit=st.integers(1, 60))
 @settings(max_examples=200, deadline=None)
 def test_file_runs_cover_every_file_once_in_order_within_the_limit(rows, limit):
-    from pipeline.loaders import _file_runs
+    from pipeline.loaders.arrays import file_runs
 
-    runs = _file_runs(rows, limit)
+    runs = file_runs(rows, limit)
     assert [i for a, b in runs for i in range(a, b)] == list(range(len(rows)))
     quarter = max(1, limit // 4)
     for a, b in runs:
