@@ -157,26 +157,13 @@ def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | No
 
 
 def build_training_set(
-    x: da.Array,
-    *,
-    columns: Sequence[str],
-    features: Sequence[FeatureSpec],
-    size: int,
-    stride: int = 1,
-    scales: Sequence[int] = (1,),
-    label: LabelSpec = LabelSpec(),
-    splits: Mapping[str, Any] | None = None,
+    x: da.Array, *, columns: Sequence[str], features: Sequence[FeatureSpec], size: int, stride: int = 1,
+    scales: Sequence[int] = (1,), label: LabelSpec = LabelSpec(), splits: Mapping[str, Any] | None = None,
     normalize: NormalizeSpec | Literal["global", "window", "none"] = "global",
-    nan: Literal["raise", "drop", "fill"] = "drop",
-    fill_value: float = 0.0,
-    progress: bool = False,
-    materialize: bool = True,
-    block_windows: int | Callable[[int], int] | None = None,
-    segments: SegmentTable | None = None,
-    timestamps: da.Array | None = None,
-    folds: FoldSpec | None = None,
-    prior: Prior | None = None,
-    source_fill: float | None = None,
+    nan: Literal["raise", "drop", "fill"] = "drop", fill_value: float = 0.0, progress: bool = False,
+    materialize: bool = True, block_windows: int | Callable[[int], int] | None = None,
+    segments: SegmentTable | None = None, timestamps: da.Array | None = None, folds: FoldSpec | None = None,
+    prior: Prior | None = None, source_fill: float | None = None,
 ) -> TrainingSet:
     """Windows and labels per split; no step shared between splits, sessions or instruments.
 
@@ -197,15 +184,13 @@ def build_training_set(
     scales
         Sampling intervals, one block of features each.
     splits
-        Fractions by time (default ``{"train": 1.0}``) or date bounds
-        (:func:`~pipeline.features.splits.parse_splits`): a window goes to the split
-        holding its whole reach, or to none; every instrument is cut at the same time.
+        Fractions by time (default ``{"train": 1.0}``) or date bounds: a window goes to
+        the split holding its whole reach, or to none (:func:`~pipeline.features.splits.parse_splits`).
     normalize
         ``global`` (fitted on the first split, or fold), ``trailing`` (each session by
         its instrument's sessions before it), ``window`` or ``none``.
     nan
-        Windows or labels holding NaN/inf: ``drop`` them (counted in ``attrs``), ``fill``
-        features with ``fill_value``, or ``raise``.
+        Windows or labels holding NaN/inf: ``drop`` (counted), ``fill`` or ``raise``.
     fill_value
         The value ``nan="fill"`` writes.
     progress
@@ -216,11 +201,9 @@ def build_training_set(
     block_windows
         Windows per block: the writer's unit (or a function of a window's bytes).
     segments
-        The source's segments (sessions of instruments). By default each file of an
-        array joined from several files (``pipeline.load``, ``open_source(...).array``
-        with ``combine="concat"``: the files it carries in ``x.attrs``), as
-        :func:`~pipeline.features.windows.windows` takes them; otherwise one;
-        ``SegmentTable.single(len(x))`` makes one series across files.
+        The source's segments (sessions of instruments). Default: each file of an array
+        joined from several (as :func:`~pipeline.features.windows.windows` takes them),
+        else one; ``SegmentTable.single(len(x))`` makes one series across files.
     timestamps
         ``(T,)`` int64 ns times: each window's ``t``; date splits and instruments need them.
     folds
@@ -229,10 +212,8 @@ def build_training_set(
         Append: ``x`` holds only new sessions after the stored build ``prior``
         (:mod:`pipeline.features.history`), windowed with its statistics.
     source_fill
-        The value the source wrote where a value was empty (``source.fill_value`` under
-        ``source.nan: fill``), else ``None``. A window whose mid-price label reads a
-        price holding it (at either end of a horizon, or in a smoothed mean) is left
-        out of every split, with a warning naming the column; its features are kept.
+        The value the source wrote where a value was empty (``source.nan: fill``): a
+        window whose mid-price label reads a price holding it is left out, with a warning.
 
     Returns
     -------
@@ -243,9 +224,8 @@ def build_training_set(
     UserWarning
         How many windows ``source_fill`` left out, and which price was empty.
     PriceResolutionWarning
-        Class labels (``class``, ``smoothed`` with ``alpha``) from float32 prices that
-        lie so close to a class boundary that exact prices could put them in the other
-        class (:func:`~pipeline.features.labels.rounding_message`).
+        Class labels from float32 prices so close to a class boundary that exact prices
+        could change them (:func:`~pipeline.features.labels.rounding_message`).
     """
     splits = dict(splits or {"train": 1.0})
     norm = NormalizeSpec.from_value(normalize, "normalize")
@@ -280,16 +260,8 @@ def build_training_set(
         progress=progress, prior=prior, gaps=gaps)
     if norm.kind == "global" and prior is None:
         stats.update(fit_on=names[0] if fold_sets is None else "fold0/train", features=list(frame.names))
-    unlabelled = empty_reads.any(axis=1)
-    bad &= ~unlabelled  # left out for its label, whatever else it holds: not a NaN window
-    if bad.any() and nan == "raise":
-        _refuse_bad(bad, runs, H, fwd)
-    dropped = bad | unlabelled
-    for text, category in ((gaps_message(empty_reads[where >= 0], label), UserWarning),
-                           (rounding_message(y_values[(where >= 0) & ~dropped], label)
-                            if x.dtype == np.float32 else None, PriceResolutionWarning)):
-        if text is not None:
-            warnings.warn(text, category, stacklevel=2)
+    bad, dropped = _left_out(bad, empty_reads, where, y_values, runs, label, nan=nan, rounded=x.dtype == np.float32,
+                             halo=H, fwd=fwd)
 
     # -- the arrays of each split --------------------------------------------------------
     per_split = _split_runs(runs, where, dropped, splits, norm, empty_ok=prior is not None, future=future)
@@ -305,6 +277,24 @@ def build_training_set(
     if folds is not None:
         fold_index, attrs["folds"] = _fold_output(fold_sets, where, dropped, folds, segs, per_split, prior)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def _left_out(bad: np.ndarray, empty_reads: np.ndarray, where: np.ndarray, y_values: np.ndarray, runs: WindowRuns,
+              label: LabelSpec, *, nan: str, rounded: bool, halo: int, fwd: int) -> tuple[np.ndarray, np.ndarray]:
+    """The windows holding NaN/inf (refused under ``nan="raise"``) and every window left
+    out (those and the ones whose label reads an empty price), warning of the latter and
+    of float32 class labels near a boundary (``rounded``)."""
+    unlabelled = empty_reads.any(axis=1)
+    bad = bad & ~unlabelled  # left out for its label, whatever else it holds: not a NaN window
+    if bad.any() and nan == "raise":
+        _refuse_bad(bad, runs, halo, fwd)
+    dropped = bad | unlabelled
+    for text, category in ((gaps_message(empty_reads[where >= 0], label), UserWarning),
+                           (rounding_message(y_values[(where >= 0) & ~dropped], label) if rounded else None,
+                            PriceResolutionWarning)):
+        if text is not None:
+            warnings.warn(text, category, stacklevel=3)  # the build's caller
+    return bad, dropped
 
 
 def _feature_frame(x: da.Array, columns: Sequence[str], features: Sequence[FeatureSpec], norm: NormalizeSpec,

@@ -159,7 +159,8 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
         else:
             found.append((_absolute(item), item))
     if not found:
-        raise EmptyInputError(", ".join(items) or "paths", "matched no file" if items else "no path given (an empty list)")
+        raise EmptyInputError(", ".join(items) or "paths",
+                              "matched no file" if items else "no path given (an empty list)")
     _refuse_repeats(found)
     return [f for f, _ in found]
 
@@ -240,110 +241,81 @@ def open_source(
     scale: Mapping[str, float] | None = None, missing: Any = None, date: Any = None, delimiter: str = ",",
     decimal: str = ".", halts: Literal["drop", "keep"] | None = None, swmr: bool = False,
 ) -> Source:
-    """Build a lazy array over files, reading headers only.
-
-    An option that does not apply to the files (``dataset`` for ``.npy`` files,
-    ``columns`` for HDF5, ``chunk_rows`` for stacked files) is refused, naming it,
-    before any file is read.
+    """Build a lazy array over files, reading headers only; an option that does not apply
+    to the files is refused, naming it.
 
     Parameters
     ----------
     paths
-        A glob (``**`` recursive), paths, or fsspec URLs; may be left out with a manifest.
-        A file that they reach twice is refused (:func:`expand_paths`).
+        A glob (``**`` recursive), paths or fsspec URLs (a file reached twice is refused).
     format
-        Force a format instead of the suffix: ``npy``, ``npz``, ``image``, ``hdf5``, ``csv``,
-        ``parquet``, or by name only ``lobster`` and ``fi2010``.
+        A format instead of the suffix's (``lobster`` and ``fi2010`` by name only).
     combine
-        ``stack``: one sample per file (arrays' default); ``concat``: join along axis 0
-        (the only choice for tables).
+        ``stack``: one sample per file (arrays' default); ``concat``: along axis 0.
     columns
-        Table columns to read (default every numeric column but the timestamp and the
-        instrument column).
+        Table columns to read (default every numeric one but timestamp and instrument).
     read
         Tables: of ``columns`` (each still checked in every file), decode only these.
     timestamp
-        The timestamp column: files must join in time order; ``Source.timestamps`` in
-        int64 ns (:mod:`pipeline.loaders.columns`; LOBSTER derives its own).
+        The timestamp column (files must join in time order): ``Source.timestamps``.
     timestamp_unit
-        The unit of a numeric timestamp column (``s``, ``ms``, ``us``, ``ns``); default:
-        integers ns, floats s, and dates only in another unit refused, naming it.
+        The unit of a numeric timestamp column; default integers ns, floats s.
     dtype
-        Output dtype, a numpy dtype of numbers (another name is refused up front). Tables:
-        ``float32`` (default) or ``float64``, which reads them exactly (float32 parts are
-        checked for lost ticks, a :class:`~pipeline.errors.PriceResolutionWarning`).
-        Arrays: default the files' common dtype, which must hold every file's values
-        exactly; a ``dtype`` that may not hold them (int64 as int8 or float32; float64
-        as float32, which rounds by design but must not overflow) has each value checked
-        as it is read, and one it would change refused naming the file and its index;
-        floats as integers are refused up front.
+        Tables: ``float32`` (default) or ``float64`` (exact). Arrays: default the files'
+        common dtype; another is checked value by value (:mod:`pipeline.loaders.arrays`).
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode
-        Images: convert to ``mode`` (``L``, ``RGB``, ``RGBA``, ``I;16``, or another of
-        :data:`~pipeline.loaders.images.MODES`; anything else is refused up front).
+        Images: convert to ``mode`` (:data:`~pipeline.loaders.images.MODES`).
     dataset
         The HDF5 dataset path read from each file.
     swmr
-        HDF5: open each file in HDF5's SWMR read mode (h5py's ``swmr=True``), to read a
-        file that a writer in SWMR mode is appending to; the rows it has flushed when the
-        array is built are read. Without it, such a file is refused, naming it and
-        ``swmr=True``.
+        HDF5: open files in SWMR read mode, to read one an SWMR writer appends to (the
+        rows flushed when the array is built); without it such a file is refused.
     key
         The ``.npz`` member read from each file.
     labels
-        ``"folder"`` (each file's parent; with ``format="image"`` on a directory the first
-        folder below it, as ``ImageFolder``) or a manifest (CSV/Parquet, ``path`` and
-        ``label`` columns; with ``paths``, its rows whose files they match).
+        ``"folder"`` (the parent folder, as ``ImageFolder``) or a manifest file.
     classes
-        Class names in index order (as Keras' ``class_names``), pinning each folder's or
-        text label's index; one not listed is refused (default: the sorted names found).
+        Class names in index order (as Keras' ``class_names``); default the sorted names.
     on_mismatch
-        Stacked files whose shapes differ: ``raise`` (naming the first offenders), or
-        ``pad``, ``crop``, ``resize`` to the first one's shape (images: their height and
-        width only; another number of channels is refused, naming ``mode=``).
+        Stacked files whose shapes differ: ``raise``, or ``pad``, ``crop``, ``resize`` to
+        the first one's shape (images: height and width only).
     nan
-        NaN/inf: ``raise`` (naming file, column, row; arrays: file and index), ``fill``
-        or ``drop`` (tables only: an array file has no rows to drop with their times).
-        ``None``: ``raise`` for tables; arrays' values as they are.
+        NaN/inf: ``raise`` (naming the file and row or index), ``fill``, or ``drop``
+        (tables only). ``None``: ``raise`` for tables; arrays' values as they are.
     fill_value
         The value ``nan="fill"`` writes.
     on_error
-        ``"skip"`` leaves out files whose probe fails, recording why.
+        ``"skip"``: files whose probe fails are left out, and recorded.
     chunk_rows
-        Rows per part of CSV and LOBSTER files, and at most per part of consecutive
-        Parquet row groups (default :data:`~pipeline.loaders.tables.TEXT_PART_ROWS`; a row
-        group is never split); rows per chunk of array files joined along axis 0
-        (default about 32 MiB per chunk, :data:`~pipeline.loaders.blocks.TARGET_BLOCK_BYTES`),
-        files shorter than a quarter of a chunk read several to a chunk.
+        Tables: rows per part (:data:`~pipeline.loaders.tables.TEXT_PART_ROWS`). Arrays
+        joined along axis 0: rows per chunk (default about 32 MiB).
     files_per_chunk
         Samples per chunk when stacking (default about 16 MiB).
     storage_options
         fsspec options for URLs.
     header
-        CSV: the first line holds the names (refused if it looks like data); ``False``:
-        every line is data, named by ``names``.
+        CSV: the first line holds the names; ``False``: every line is data.
     names
         CSV column names; with a header, they replace its names.
     rename
-        ``{canonical: source_name}`` (CSV, Parquet); every other option uses the canonical names.
+        ``{canonical: source_name}`` (CSV, Parquet).
     instrument_column
-        A column naming each row's instrument: ``Source.instruments`` and
-        ``Source.instrument_codes`` (LOBSTER: the file's ticker).
+        A column naming each row's instrument (``Source.instrument_codes``).
     scale
-        CSV, Parquet: ``{column or glob: factor}`` for fixed-point integers (:mod:`pipeline.loaders.conversions`).
+        CSV, Parquet: ``{column or glob: factor}`` for fixed-point integers.
     missing
         CSV, Parquet: values that mean "no value", read as NaN.
     date
-        CSV, Parquet: a :class:`~pipeline.features.sessions.DateSpec` (``{"path":
-        "data/{date}.csv", "format": "%m%d%Y"}``): times of day dated by the file's path.
+        CSV, Parquet: times of day dated by the file's path (a
+        :class:`~pipeline.features.sessions.DateSpec`).
     delimiter
-        CSV: the field delimiter, one character (``;`` beside a decimal comma).
+        CSV: the field delimiter, one character.
     decimal
         CSV: the decimal mark, ``.`` or ``,``.
     halts
-        LOBSTER: ``drop`` (``None``: the default) leaves trading-halt rows (event type 7)
-        out, ``keep`` keeps them (:mod:`pipeline.loaders.lobster`).
+        LOBSTER: ``drop`` (default) or ``keep`` trading-halt rows (event type 7).
 
     Returns
     -------

@@ -148,12 +148,8 @@ def stream(
                                                  world_size)
     src = _opened(source, split, arrays, partial, storage_options, verify, version,
                   cache_spec(cache_dir, cache_bytes), dim)
-    where, n = _where(source, split, src), int(sum(src.lengths))
-    if not n:
-        raise StreamError(f"stream: {where} no samples; there is nothing to stream")
-    if n < world_size:
-        raise StreamError(f"stream: {where} {n} samples, which cannot be shared among {world_size} ranks: every "
-                          "rank needs one at least; stream it on fewer ranks")
+    where = _where(source, split, src)
+    _check_samples(where, int(sum(src.lengths)), world_size)
     s = Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
                buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
                prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
@@ -162,6 +158,15 @@ def stream(
         s.close()
         raise _no_whole_batch(where, s.n_samples, batch_size, global_batch_size, world_size)
     return s
+
+
+def _check_samples(where: str, n: int, world_size: int) -> None:
+    """Refuse, naming the store (``where``), a split of no samples, or of fewer than ranks."""
+    if not n:
+        raise StreamError(f"stream: {where} no samples; there is nothing to stream")
+    if n < world_size:
+        raise StreamError(f"stream: {where} {n} samples, which cannot be shared among {world_size} ranks: every "
+                          "rank needs one at least; stream it on fewer ranks")
 
 
 def _no_whole_batch(where: str, n: int, batch_size: int, global_batch_size: int | None, world_size: int

@@ -176,17 +176,17 @@ def test_datasets_h5py_reads_as_objects_are_refused_when_the_array_is_built(tmp_
 
 def _writer(path, *, swmr):
     """A child process that holds ``path`` open for writing (in SWMR mode or not), with
-    3,000 rows of ``x`` flushed, until it is killed."""
+    3,000 rows of ``x`` flushed, until it is killed (or its stdin closes)."""
     code = textwrap.dedent(f"""
-        import h5py, numpy as np, time
+        import h5py, numpy as np, sys
         f = h5py.File({str(path)!r}, "w", libver="latest")
         ds = f.create_dataset("x", shape=(0, 4), maxshape=(None, 4), chunks=(100, 4), dtype="f8")
         if {swmr}:
             f.swmr_mode = True
         ds.resize((3000, 4)); ds[:] = np.arange(12000.0).reshape(3000, 4); ds.flush(); f.flush()
-        print("ready", flush=True); time.sleep(60)
+        print("ready", flush=True); sys.stdin.read()  # held until the test closes stdin or kills it
     """)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     return proc
 
