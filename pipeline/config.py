@@ -484,6 +484,16 @@ def _halts(source: SourceConfig, path: str) -> SourceConfig:
     return source
 
 
+def _calendar_times(source: SourceConfig, path: str) -> SourceConfig:
+    """Refuse ``source.sessions: {calendar: ...}`` without ``source.timestamp``: each
+    row's session is found from its time, which only a timestamp column gives."""
+    spec = source.sessions
+    if spec is not None and spec.mode == "calendar" and not source.timestamp:
+        raise ConfigError(f"{path}.sessions", "", detail=f"calendar {spec.calendar} sessions place each row by its "
+                          f"time; set {path}.timestamp to the timestamp column")
+    return source
+
+
 def _check_order_ids(source: SourceConfig, features: FeaturesConfig, labels: Any) -> None:
     """Refuse LOBSTER's ``order_id`` read in float32: its ids (8 digits and more) run
     past 2**24, from where float32 rounds integers to even ones, and more, so two orders
@@ -569,9 +579,9 @@ def parse_config(data: Any) -> Config:
         raise ConfigError("<root>", "a mapping of sections", data)
     sections = {
         "cluster": _cluster,
-        "source": lambda v, p: _halts(_csv_marks(_build(SourceConfig, v, p, {
+        "source": lambda v, p: _calendar_times(_halts(_csv_marks(_build(SourceConfig, v, p, {
             "paths": _paths, "sessions": _sessions, "instrument": _instrument, "date": _date, "rename": _rename,
-            "format": _format, "scale": _scale, "missing": _missing}), p), p),
+            "format": _format, "scale": _scale, "missing": _missing}), p), p), p),
         "features": _features,
         "windows": lambda v, p: _build(WindowsConfig, v, p, {"scales": _scales}),
         "labels": _labels,

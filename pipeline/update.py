@@ -185,7 +185,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     segs = source.segments
     codes = _codes(source, stored)
     sessions = continue_sessions(prior, codes, segs.labels, source.first_times, spec.mode, spec.gap_ns,
-                                 keys=source.session_keys, tz=zone_of(source, spec))
+                                 keys=source.session_keys, tz=zone_of(source, spec), calendar=spec.calendar)
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
                          segs.labels)
     rows = int(source.array.shape[0])
@@ -374,7 +374,14 @@ def _record_files(config: Config, stored: dict[str, Any], source: Any, types: di
 
 def splits_in_zone(splits: Mapping[str, Any] | None, source: Any) -> Mapping[str, Any] | None:
     """``output.splits`` with each date taken in the zone of the data's timestamps
-    (:func:`~pipeline.features.splits.localize_splits`); fraction splits unchanged."""
-    from pipeline.features.splits import is_dated, localize_splits
+    (:func:`~pipeline.features.splits.localize_splits`), or, under an exchange calendar,
+    at the open of that trading date's session (:func:`~pipeline.features.splits.calendar_splits`);
+    fraction splits unchanged."""
+    from pipeline.features.splits import calendar_splits, is_dated, localize_splits
 
-    return localize_splits(splits, source.time_zone) if splits and is_dated(splits) else splits
+    if not splits or not is_dated(splits):
+        return splits
+    calendar = getattr(source, "calendar", None)
+    if calendar is not None:
+        return calendar_splits(splits, calendar, aware=bool(source.time_zones))
+    return localize_splits(splits, source.time_zone)

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.errors import MissingColumnError, WindowError
-from pipeline.features.sessions import SegmentTable, calendar_days
+from pipeline.features.sessions import SegmentTable, SessionSpec, session_days
 
 __all__ = ["Prior", "check_new_columns", "continue_folds", "continue_sessions", "merge_attrs", "prior_from_attrs",
            "stored_segments"]
@@ -178,8 +178,8 @@ def _periods(instrument: np.ndarray, days: np.ndarray, start: Mapping[tuple[int,
 
 
 def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None,
-                      mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None, tz: str | None = None
-                      ) -> np.ndarray:
+                      mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None, tz: str | None = None,
+                      calendar: str | None = None) -> np.ndarray:
     """Session numbers for an append's new segments that continue the stored ones as a
     build of every file would number them.
 
@@ -199,6 +199,9 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
     tz
         The zone of the timestamps' calendar dates (the files' one zone; ``None`` for
         naive ones), as the build takes them (:func:`~pipeline.features.sessions.calendar_days`).
+    calendar
+        For ``mode="calendar"``: the exchange calendar, whose trading dates key the
+        sessions (:func:`~pipeline.features.sessions.session_days`) as a build keys them.
 
     Raises
     ------
@@ -221,7 +224,8 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
                                   f"{last}); new files must come after every stored one, or rebuild with --rebuild")
         return top + 1 + np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
     first, last = times
-    stored_days, new_days = calendar_days(first, tz), calendar_days(np.asarray(first_ns), tz)
+    spec = SessionSpec(mode="calendar", calendar=calendar) if mode == "calendar" else None
+    stored_days, new_days = session_days(first, tz, spec), session_days(np.asarray(first_ns), tz, spec)
     seen: dict[tuple[int, int], int] = {}
     for code, day in zip(stored.instrument.tolist(), stored_days.tolist()):
         seen[(code, day)] = seen.get((code, day), 0) + 1
@@ -233,7 +237,8 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
         mine = np.flatnonzero(stored.instrument == code)
         if mine.size:
             end = int(last[mine].max())
-            joins = (mode == "date" and int(new_days[k]) == int(calendar_days(np.array([end]), tz)[0])) or (
+            same_day = int(new_days[k]) == int(session_days(np.array([end]), tz, spec)[0])
+            joins = (mode in ("date", "calendar") and same_day) or (
                 mode == "gap" and int(first_ns[k]) - end <= gap_ns)
             if joins:
                 raise WindowError(f"append: {label} continues the stored session that ends at "

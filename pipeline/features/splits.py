@@ -28,6 +28,7 @@ __all__ = [
     "assign_splits",
     "fold_sessions",
     "fraction_cuts",
+    "calendar_splits",
     "localize_splits",
     "parse_splits",
     "to_ns",
@@ -120,6 +121,39 @@ def localize_splits(splits: Mapping[str, Any], tz: str | None) -> dict[str, Any]
             instant = pc.assume_timezone(wall, timezone=tz, ambiguous="earliest", nonexistent="latest")
             until = int(instant.cast(pa.int64()).to_numpy()[0])
         out[name] = {**bound, "until": until}
+    return out
+
+
+def calendar_splits(splits: Mapping[str, Any], calendar: str, *, aware: bool) -> dict[str, Any]:
+    """Date splits cut at trading dates of an exchange calendar: each ``until`` (its
+    date; a time of day in it is not used) becomes the open of the calendar's first
+    session on or after that date, so that a futures session opening the evening before
+    its date, or any session, falls whole in one split.
+
+    Parameters
+    ----------
+    splits
+        As :func:`parse_splits` returns them (``until``: wall-clock ns).
+    calendar
+        The exchange calendar's name (``source.sessions.calendar``).
+    aware
+        Whether the timestamps are instants (aware): the cut is then the open's
+        instant; else the open's wall-clock time in the calendar's zone, as naive
+        timestamps are read there.
+    """
+    from pipeline.features.sessions import _DAY_NS, calendar_opens, calendar_zone
+
+    out: dict[str, Any] = {}
+    for name, bound in splits.items():
+        until = bound.get("until") if isinstance(bound, Mapping) else None
+        if until is not None:
+            until = int(calendar_opens(calendar, np.array([int(until) // _DAY_NS]))[0])
+            if not aware:
+                import pandas as pd
+
+                wall = pd.Timestamp(until, tz="UTC").tz_convert(calendar_zone(calendar)).tz_localize(None)
+                until = int(wall.as_unit("ns").value)
+        out[name] = {**bound, "until": until} if isinstance(bound, Mapping) else bound
     return out
 
 

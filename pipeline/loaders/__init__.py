@@ -240,6 +240,7 @@ def open_source(
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
     scale: Mapping[str, float] | None = None, missing: Any = None, date: Any = None, delimiter: str = ",",
     decimal: str = ".", halts: Literal["drop", "keep"] | None = None, swmr: bool = False,
+    calendar: str | None = None,
 ) -> Source:
     """Build a lazy array over files, reading headers only; an option that does not apply
     to the files is refused, naming it.
@@ -316,6 +317,11 @@ def open_source(
         CSV: the decimal mark, ``.`` or ``,``.
     halts
         LOBSTER: ``drop`` (default) or ``keep`` trading-halt rows (event type 7).
+    calendar
+        Tables with timestamps: an exchange calendar's name (``XNYS``); rows outside
+        its sessions are left out as ``nan="drop"`` leaves rows out
+        (:func:`~pipeline.features.sessions.calendar_sessions`; ``source.sessions:
+        {calendar: ...}`` passes it).
 
     Returns
     -------
@@ -342,7 +348,7 @@ def open_source(
         return _table_source(probed, companions, skipped, out_dtype, so, combine=combine, columns=columns, read=read,
                              timestamp=timestamp, timestamp_unit=timestamp_unit, instrument_column=instrument_column,
                              names=names, nan=nan or "raise", fill_value=fill_value, rules=rules, date=date,
-                             halts=halts)
+                             halts=halts, calendar=calendar)
     arr, combine = _array_files(probed, FORMATS[kind], opts, so, combine=combine, on_mismatch=on_mismatch,
                                 chunk_rows=chunk_rows, files_per_chunk=files_per_chunk, dtype=out_dtype, nan=nan,
                                 fill_value=fill_value)
@@ -405,6 +411,7 @@ _APPLIES: dict[str, tuple[frozenset[str], str]] = {
     "names": (frozenset({"table"}), "names the columns of CSV files"),
     "rename": (frozenset({"table"}), "renames table columns"),
     "instrument_column": (frozenset({"table"}), "names a table column of instruments"),
+    "calendar": (frozenset({"table"}), "leaves out table rows outside an exchange calendar's sessions"),
     "dataset": (frozenset({"hdf5"}), "names the dataset read from each HDF5 file"),
     "swmr": (frozenset({"hdf5"}), "opens HDF5 files in SWMR read mode, beside a writer appending to them"),
     "key": (frozenset({"npz"}), "names the member read from each .npz file"),
@@ -841,7 +848,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
                   instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
                   read: Sequence[str] | None = None, combine: str | None = None, rules: Any = None,
-                  date: Any = None, halts: str | None = None) -> Source:
+                  date: Any = None, halts: str | None = None, calendar: str | None = None) -> Source:
     """The :class:`Source` of probed table files, their parts joined by :func:`_table`
     (``date``: a :class:`~pipeline.features.sessions.DateSpec` dating times of day)."""
     if combine == "stack":
@@ -865,8 +872,12 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     # Before the time order: a naive file among aware ones is the cause, not its order.
     zones = check_time_zones(parts, timestamp) if timestamp else ()
     exact = dtype is not None and np.dtype(dtype) == np.float64
+    if calendar is not None and not timestamp:
+        raise ConfigError("source.sessions", "", detail=f"calendar {calendar} sessions need timestamps; set "
+                          "source.timestamp")
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                   fill_value, so, timestamp_unit, read, exact, rules, halts)
+                                                   fill_value, so, timestamp_unit, read, exact, rules, halts,
+                                                   (calendar, zones[0] if zones else None))
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
@@ -881,10 +892,12 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
            names: Sequence[str] | None, nan: str, fill_value: float, so: dict,
            timestamp_unit: str | None = None, read: Sequence[str] | None = None, exact: bool = False,
-           rules: Any = None, halts: str | None = None) -> tuple:
+           rules: Any = None, halts: str | None = None, calendar: tuple[str | None, str | None] = (None, None)
+           ) -> tuple:
     """The values (float64 when ``exact``, else float32), columns, timestamps,
     instrument codes and names of joined table parts (LOBSTER's trading halts left
-    out under ``halts="drop"``)."""
+    out under ``halts="drop"``, rows outside the sessions of ``calendar``: its name and
+    the zone the timestamps store, ``None`` for naive wall-clock times)."""
     import dask
 
     from pipeline.loaders import columns as side
@@ -945,6 +958,11 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         keep = tables.parts_array(parts, not_halted, so, token="lobster-halts", dtype=bool)
     if nan == "drop":
         keep = side.keep_mask(arr) if keep is None else keep & side.keep_mask(arr)
+    if calendar[0] is not None and times is not None:
+        from pipeline.features.sessions import in_sessions
+
+        inside = times.map_blocks(in_sessions, calendar[0], calendar[1], dtype=bool)
+        keep = inside if keep is None else keep & inside
     if keep is not None:
         # One pass for the kept rows per block: later stages need known lengths.
         counts = keep.map_blocks(lambda k: np.array([int(k.sum())]), dtype=np.int64,

@@ -28,7 +28,7 @@ import numpy as np
 from pipeline.errors import ConfigError, LoaderError
 from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds
-from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, calendar_days
+from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, session_days
 from pipeline.loaders import Source, expand_paths, open_source
 from pipeline.loaders.timeorder import check_file_times, check_instrument_times, instrument_spans
 
@@ -44,6 +44,8 @@ class SegmentedSource:
     timestamps: da.Array | None
     segments: SegmentTable
     sources: tuple[Source, ...]
+    #: The session mode (``source.sessions``); under a calendar, for the run's message,
+    #: ``calendar NAME: N row(s) outside its sessions left out``.
     session_mode: str = "none"
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     #: Per segment, what orders sessions without timestamps: the file name with the
@@ -58,6 +60,10 @@ class SegmentedSource:
     #: a source of its own (:func:`file_types`), recorded in the store so that an
     #: append checks its new files against the stored ones without reading them.
     types: dict[str, Any] | None = None
+    #: ``source.sessions: {calendar: NAME}``: the calendar, and how many rows the files
+    #: hold outside its sessions, left out (with those ``nan: drop`` left out, if set).
+    calendar: str | None = None
+    left_out: int = 0
 
     @property
     def time_zone(self) -> str | None:
@@ -88,7 +94,9 @@ class SegmentedSource:
         out["skipped"] = [s for p in parts for s in p["skipped"]]
         out["shape"] = list(self.array.shape)
         out["instruments"] = list(self.segments.instruments)
-        out["sessions"] = self.session_mode
+        out["sessions"] = self.session_mode if self.calendar is None else "calendar"
+        if self.calendar is not None:
+            out["calendar"] = {"name": self.calendar, "rows_left_out": self.left_out}
         if self.types is not None:
             out["types"] = self.types
         return out
@@ -111,9 +119,12 @@ def _file_rows(src: Source) -> list[int]:
     return rows
 
 
-def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None) -> np.ndarray:
+def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None, spec: SessionSpec | None = None
+            ) -> np.ndarray:
     """Rows (of ``ts``) where a new session starts, row 0 excluded (``tz``: the zone of
-    the calendar dates, see :func:`~pipeline.features.sessions.calendar_days`)."""
+    the calendar dates, see :func:`~pipeline.features.sessions.calendar_days`; a
+    calendar's sessions change with their trading date, ``spec``'s
+    :func:`~pipeline.features.sessions.session_days`)."""
     if ts.shape[0] == 0:
         return np.zeros(0, np.int64)
 
@@ -121,8 +132,8 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None) -> np.n
         b = np.asarray(b, dtype=np.int64)
         if b.size == 0:
             return 0, 0, np.zeros(0, np.int64)
-        if mode == "date":
-            key = calendar_days(b, tz)
+        if mode in ("date", "calendar"):
+            key = session_days(b, tz, spec)
             inner = np.flatnonzero(key[1:] != key[:-1]) + 1
             # A chunk's first and last row stand for it by their dates.
             return int(key[0]), int(key[-1]), inner
@@ -137,7 +148,7 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None) -> np.n
         if starts[i + 1] == starts[i]:
             continue
         if prev_last is not None:
-            split = (first != prev_last) if mode == "date" else (first - prev_last > gap_ns)
+            split = (first != prev_last) if mode in ("date", "calendar") else (first - prev_last > gap_ns)
             if split:
                 out.append(np.array([starts[i]]))
         out.append(inner + starts[i])
@@ -161,12 +172,12 @@ def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, file_keys: 
         return list(file_rows), list(file_keys)
     if ts is None:
         raise ConfigError("source.sessions", "", detail=f"{spec.mode} sessions need timestamps; set source.timestamp")
-    cuts = _breaks(ts, spec.mode, spec.gap_ns, tz).tolist()
+    cuts = _breaks(ts, spec.mode, spec.gap_ns, tz, spec).tolist()
     bounds = [0, *cuts, rows]
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
-    if spec.mode == "date":
+    if spec.mode in ("date", "calendar"):
         firsts = dask.compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0] if rows else np.zeros(0, np.int64)
-        return lengths, [_day_label(d) for d in calendar_days(np.asarray(firsts, dtype=np.int64), tz)]
+        return lengths, [_day_label(d) for d in session_days(np.asarray(firsts, dtype=np.int64), tz, spec)]
     return lengths, [f"#{i}" for i in range(len(lengths))]
 
 
@@ -429,6 +440,8 @@ def zone_of(src: Any, spec: SessionSpec) -> str | None:
     day, in the one zone if there is one."""
     if spec.mode == "date":
         return src.time_zone
+    # A calendar compares aware timestamps as instants (any zone: its sessions are
+    # instants too), naive ones as wall-clock times in its own zone.
     return src.time_zones[0] if len(src.time_zones) == 1 else None
 
 
@@ -508,6 +521,19 @@ def _non_empty(lengths: list[int], inst: list[int], keys: list[str]) -> tuple[li
     return [lengths[i] for i in keep], [inst[i] for i in keep], [keys[i] for i in keep]
 
 
+def _mode_text(spec: SessionSpec, sources: Sequence[Source]) -> str:
+    """The session mode as the run states it: under a calendar, with the rows left out."""
+    if spec.mode != "calendar":
+        return spec.mode
+    return f"calendar {spec.calendar}: {_left_out(sources):,} row(s) outside its sessions left out"
+
+
+def _left_out(sources: Sequence[Source]) -> int:
+    """Rows the files hold that the sources left out (outside a calendar's sessions, or
+    NaN under ``nan: drop``): the files' rows, known from their parts, less those kept."""
+    return sum(sum(int(f.rows or 0) for f in src.files) - int(src.array.shape[0]) for src in sources)
+
+
 def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
     """Open a table source and divide it into instruments and sessions.
@@ -527,6 +553,9 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     so = storage_options
     files = expand_paths(paths, so)
     spec = sessions or SessionSpec(mode="file" if len(files) > 1 else "none")
+    if spec.mode == "calendar":
+        # Rows outside the calendar's sessions are left out by the loader, beside nan: drop.
+        options = {**options, "calendar": spec.calendar}
     by_name, key_of = _instrument_files(files, instrument, options.get("format"))
     groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str], str | None]] = []
     sources: list[Source] = []
@@ -581,7 +610,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         first_day = np.zeros_like(first_ns)
         for k, g in enumerate(groups):
             mine = np.asarray(inst) == k
-            first_day[mine] = calendar_days(first_ns[mine], g[5])
+            first_day[mine] = session_days(first_ns[mine], g[5], spec)
     session = _session_numbers(keys, inst, first_day, spec)
     if options.get("format") == "fi2010" and spec.mode == "file" and len(groups) == 1:
         # No timestamps, and names that do not sort in time order (Train_ after Test_):
@@ -597,8 +626,9 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
                                       session=np.asarray(session)[order], instruments=[g[0] for g in groups],
                                       labels=[labels[i] for i in order])
     return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
-                           segments=table, sources=tuple(sources), session_mode=spec.mode,
+                           segments=table, sources=tuple(sources), session_mode=_mode_text(spec, sources),
                            session_keys=tuple(keys[i] for i in order),
                            first_times=None if first_ns is None else first_ns[order],
                            skipped=tuple(s for src in sources for s in src.skipped), time_zones=_zones(sources),
-                           types=types)
+                           types=types, calendar=spec.calendar if spec.mode == "calendar" else None,
+                           left_out=_left_out(sources) if spec.mode == "calendar" else 0)
