@@ -228,3 +228,27 @@ def test_date_splits_take_their_dates_in_the_zone_of_the_data(tz):
         expect = (wall.tz_localize(tz, nonexistent="shift_forward", ambiguous=True).value if tz else wall.value)
         assert got[name]["until"] == expect
     assert localize_splits({"train": 0.8, "test": 0.2}, tz) == {"train": 0.8, "test": 0.2}
+
+
+@pytest.mark.parametrize("aware", [True, False])
+def test_calendar_splits_cut_at_the_open_of_that_trading_dates_session(aware):
+    """``until`` a trading date is its session's open (futures: 18:00 New York the
+    evening before); a weekend date is the next session's; naive timestamps get the
+    open's wall-clock time in the calendar's zone."""
+    pytest.importorskip("exchange_calendars")
+    import warnings
+
+    import exchange_calendars as xcals
+    import pandas as pd
+
+    from pipeline.features.splits import calendar_splits, parse_splits
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sched = xcals.get_calendar("us_futures", start="2024-03-01", end="2024-03-29").schedule
+    splits = parse_splits({"train": {"until": "2024-03-09"}, "val": {"until": "2024-03-12"}, "test": {}}, "s")
+    got = calendar_splits(splits, "us_futures", aware=aware)
+    opens = [sched.loc["2024-03-11", "open"], sched.loc["2024-03-12", "open"]]  # the 9th is a Saturday
+    want = [o.value if aware else o.tz_convert("America/New_York").tz_localize(None).value for o in opens]
+    assert [got["train"]["until"], got["val"]["until"], got["test"].get("until")] == [*want, None]
+    assert pd.Timestamp(got["val"]["until"], tz="UTC" if aware else None).day == 11  # the evening before

@@ -883,3 +883,38 @@ def test_the_store_record_of_file_types_names_each_kinds_first_file(tmp_path):
         assert group["time"] == {f"aware:{zone}": [str(first), 3]} and group["zones"] == [zone]
         frame = pd.read_parquet(first)
         assert group["units"]["bid_price_1"] == {"f": [str(first), float(frame["bid_price_1"].abs().max())]}
+
+
+@pytest.mark.filterwarnings("ignore:Series.values")  # pandas' own, comparing aware Series
+def test_calendar_sessions_leave_out_rows_outside_them_and_key_each_by_its_trading_date(tmp_path):
+    """NYSE days 04:00-20:00 New York (naive wall clock): the rows kept are those
+    pandas finds inside exchange_calendars' sessions, one segment per trading date, and
+    the rows left out are counted."""
+    xcals = pytest.importorskip("exchange_calendars")
+    import warnings
+
+    frames = []
+    for i, day in enumerate(["2024-03-08", "2024-03-11", "2024-11-28", "2024-11-29"]):
+        t = pd.date_range(f"{day} 04:00", f"{day} 20:00", freq="7min").as_unit("ns")
+        df = pd.DataFrame({"timestamp": t, "bid_price_1": np.arange(t.size) + 100.0 * i,
+                           "ask_price_1": np.arange(t.size) + 100.0 * i + 1})
+        df.to_parquet(tmp_path / f"{day}.parquet", index=False)
+        frames.append(df)
+    src = open_segmented(str(tmp_path / "*.parquet"), sessions=SessionSpec.from_value({"calendar": "XNYS"}, "s"),
+                         timestamp="timestamp", dtype="float64")
+    every = pd.concat(frames, ignore_index=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sched = xcals.get_calendar("XNYS", start="2024-03-01", end="2024-12-31").schedule
+    local = every.timestamp.dt.tz_localize("America/New_York")
+    label = pd.Series(pd.NaT, index=every.index, dtype="datetime64[ns]")
+    for day, row in sched.iterrows():
+        label[(local >= row["open"]) & (local < row["close"])] = day
+    kept = every[label.notna()]
+    np.testing.assert_array_equal(np.asarray(src.array), kept[["bid_price_1", "ask_price_1"]].to_numpy())
+    np.testing.assert_array_equal(np.asarray(src.timestamps), kept.timestamp.astype("int64").to_numpy())
+    per_day = label[label.notna()].value_counts().sort_index()
+    assert list(src.segments.labels) == [d.strftime("%Y-%m-%d") for d in per_day.index]
+    assert (src.segments.stops - src.segments.starts).tolist() == per_day.tolist()
+    assert src.session_mode == f"calendar XNYS: {int(label.isna().sum()):,} row(s) outside its sessions left out"
+    assert src.metadata()["calendar"] == {"name": "XNYS", "rows_left_out": int(label.isna().sum())}
