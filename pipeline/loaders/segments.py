@@ -440,8 +440,11 @@ def zone_of(src: Any, spec: SessionSpec) -> str | None:
     day, in the one zone if there is one."""
     if spec.mode == "date":
         return src.time_zone
-    # A calendar compares aware timestamps as instants (any zone: its sessions are
-    # instants too), naive ones as wall-clock times in its own zone.
+    if spec.mode == "calendar":
+        # A calendar compares aware timestamps as instants (files of several zones
+        # alike: its sessions are instants too), naive ones (None) as wall-clock times
+        # in its own zone.
+        return src.time_zones[0] if src.time_zones else None
     return src.time_zones[0] if len(src.time_zones) == 1 else None
 
 

@@ -918,3 +918,22 @@ def test_calendar_sessions_leave_out_rows_outside_them_and_key_each_by_its_tradi
     assert (src.segments.stops - src.segments.starts).tolist() == per_day.tolist()
     assert src.session_mode == f"calendar XNYS: {int(label.isna().sum()):,} row(s) outside its sessions left out"
     assert src.metadata()["calendar"] == {"name": "XNYS", "rows_left_out": int(label.isna().sum())}
+
+
+def test_calendar_sessions_compare_aware_files_of_several_zones_as_instants(tmp_path):
+    """One day stored in New York time, the next in UTC: the same instants, so the
+    same sessions and rows as if both were stored in one zone."""
+    pytest.importorskip("exchange_calendars")
+    days = {"2024-03-08": "America/New_York", "2024-03-11": "UTC"}
+    want = []
+    for day, zone in days.items():
+        t = pd.date_range(f"{day} 04:00", f"{day} 20:00", freq="5min", tz="America/New_York").as_unit("ns")
+        df = pd.DataFrame({"timestamp": t.tz_convert(zone), "bid_price_1": 1.0, "ask_price_1": 2.0})
+        df.to_parquet(tmp_path / f"{day}.parquet", index=False)
+        inside = (t >= pd.Timestamp(f"{day} 09:30", tz="America/New_York")) & (
+            t < pd.Timestamp(f"{day} 16:00", tz="America/New_York"))
+        want.append(int(inside.sum()))
+    src = open_segmented(str(tmp_path / "*.parquet"), sessions=SessionSpec.from_value({"calendar": "XNYS"}, "s"),
+                         timestamp="timestamp")
+    assert list(src.segments.labels) == list(days)
+    assert (src.segments.stops - src.segments.starts).tolist() == want
