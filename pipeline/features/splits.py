@@ -141,7 +141,8 @@ def calendar_splits(splits: Mapping[str, Any], calendar: str, *, aware: bool) ->
         instant; else the open's wall-clock time in the calendar's zone, as naive
         timestamps are read there.
     """
-    from pipeline.features.sessions import _DAY_NS, calendar_opens, calendar_zone
+    from pipeline.features.calendars import calendar_opens, calendar_zone
+    from pipeline.features.sessions import _DAY_NS
 
     out: dict[str, Any] = {}
     for name, bound in splits.items():

@@ -239,8 +239,7 @@ def open_source(
     storage_options: dict | None = None, header: bool = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
     scale: Mapping[str, float] | None = None, missing: Any = None, date: Any = None, delimiter: str = ",",
-    decimal: str = ".", halts: Literal["drop", "keep"] | None = None, swmr: bool = False,
-    calendar: str | None = None,
+    decimal: str = ".", halts: Literal["drop", "keep"] | None = None, swmr: bool = False, calendar: str | None = None,
 ) -> Source:
     """Build a lazy array over files, reading headers only; an option that does not apply
     to the files is refused, naming it.
@@ -271,8 +270,7 @@ def open_source(
     dataset
         The HDF5 dataset path read from each file.
     swmr
-        HDF5: open files in SWMR read mode, to read one an SWMR writer appends to (the
-        rows flushed when the array is built); without it such a file is refused.
+        HDF5: SWMR read mode, to read a file an SWMR writer appends to (else refused).
     key
         The ``.npz`` member read from each file.
     labels
@@ -280,15 +278,13 @@ def open_source(
     classes
         Class names in index order (as Keras' ``class_names``); default the sorted names.
     on_mismatch
-        Stacked files whose shapes differ: ``raise``, or ``pad``, ``crop``, ``resize`` to
-        the first one's shape (images: height and width only).
+        Stacked files of other shapes: ``raise``, or ``pad``/``crop``/``resize`` to the first's.
     nan
-        NaN/inf: ``raise`` (naming the file and row or index), ``fill``, or ``drop``
-        (tables only). ``None``: ``raise`` for tables; arrays' values as they are.
+        ``raise``, ``fill`` or ``drop`` (tables only); ``None``: ``raise`` for tables, arrays as stored.
     fill_value
         The value ``nan="fill"`` writes.
     on_error
-        ``"skip"``: files whose probe fails are left out, and recorded.
+        ``"skip"``: files whose probe fails are left out (recorded).
     chunk_rows
         Tables: rows per part (:data:`~pipeline.loaders.tables.TEXT_PART_ROWS`). Arrays
         joined along axis 0: rows per chunk (default about 32 MiB).
@@ -309,8 +305,7 @@ def open_source(
     missing
         CSV, Parquet: values that mean "no value", read as NaN.
     date
-        CSV, Parquet: times of day dated by the file's path (a
-        :class:`~pipeline.features.sessions.DateSpec`).
+        CSV, Parquet: times of day dated by the file's path (a ``DateSpec``).
     delimiter
         CSV: the field delimiter, one character.
     decimal
@@ -318,10 +313,8 @@ def open_source(
     halts
         LOBSTER: ``drop`` (default) or ``keep`` trading-halt rows (event type 7).
     calendar
-        Tables with timestamps: an exchange calendar's name (``XNYS``); rows outside
-        its sessions are left out as ``nan="drop"`` leaves rows out
-        (:func:`~pipeline.features.sessions.calendar_sessions`; ``source.sessions:
-        {calendar: ...}`` passes it).
+        Tables with timestamps: an exchange calendar (``XNYS``); rows outside its
+        sessions are left out (:mod:`pipeline.features.calendars`).
 
     Returns
     -------
@@ -959,7 +952,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
     if nan == "drop":
         keep = side.keep_mask(arr) if keep is None else keep & side.keep_mask(arr)
     if calendar[0] is not None and times is not None:
-        from pipeline.features.sessions import in_sessions
+        from pipeline.features.calendars import in_sessions
 
         inside = times.map_blocks(in_sessions, calendar[0], calendar[1], dtype=bool)
         keep = inside if keep is None else keep & inside
