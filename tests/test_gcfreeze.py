@@ -75,7 +75,9 @@ def test_a_heap_frozen_by_someone_else_stays_frozen():
         theirs = gc.get_freeze_count()
         with frozen_heap():
             pass
-        assert gc.get_freeze_count() >= theirs - 100  # not unfrozen (refcounting may free a few)
+        # Not unfrozen (that would leave 0); refcounting frees some frozen objects meanwhile,
+        # more in a busy test process with other threads (140 of 1.18 million once).
+        assert gc.get_freeze_count() >= theirs * 0.99
     finally:
         gc.unfreeze()
 
