@@ -291,7 +291,7 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
         rows = int(source.array.shape[0])
         segs = source.segments
         say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns read, "
-            f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.session_mode})")
+            f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.sessions_text})")
         tset = build_training_set(
             source.array,
             columns=source.columns,

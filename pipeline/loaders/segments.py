@@ -44,8 +44,7 @@ class SegmentedSource:
     timestamps: da.Array | None
     segments: SegmentTable
     sources: tuple[Source, ...]
-    #: The session mode (``source.sessions``); under a calendar, for the run's message,
-    #: ``calendar NAME: N row(s) outside its sessions left out``.
+    #: The session mode (``source.sessions``: ``file``, ``date``, ``gap``, ``none``, ``calendar``).
     session_mode: str = "none"
     skipped: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     #: Per segment, what orders sessions without timestamps: the file name with the
@@ -64,6 +63,13 @@ class SegmentedSource:
     #: hold outside its sessions, left out (with those ``nan: drop`` left out, if set).
     calendar: str | None = None
     left_out: int = 0
+
+    @property
+    def sessions_text(self) -> str:
+        """The session mode as a run states it: under a calendar, with the rows left out."""
+        if self.calendar is None:
+            return self.session_mode
+        return f"calendar {self.calendar}: {self.left_out:,} row(s) outside its sessions left out"
 
     @property
     def time_zone(self) -> str | None:
@@ -94,7 +100,7 @@ class SegmentedSource:
         out["skipped"] = [s for p in parts for s in p["skipped"]]
         out["shape"] = list(self.array.shape)
         out["instruments"] = list(self.segments.instruments)
-        out["sessions"] = self.session_mode if self.calendar is None else "calendar"
+        out["sessions"] = self.session_mode
         if self.calendar is not None:
             out["calendar"] = {"name": self.calendar, "rows_left_out": self.left_out}
         if self.types is not None:
@@ -524,13 +530,6 @@ def _non_empty(lengths: list[int], inst: list[int], keys: list[str]) -> tuple[li
     return [lengths[i] for i in keep], [inst[i] for i in keep], [keys[i] for i in keep]
 
 
-def _mode_text(spec: SessionSpec, sources: Sequence[Source]) -> str:
-    """The session mode as the run states it: under a calendar, with the rows left out."""
-    if spec.mode != "calendar":
-        return spec.mode
-    return f"calendar {spec.calendar}: {_left_out(sources):,} row(s) outside its sessions left out"
-
-
 def _left_out(sources: Sequence[Source]) -> int:
     """Rows the files hold that the sources left out (outside a calendar's sessions, or
     NaN under ``nan: drop``): the files' rows, known from their parts, less those kept."""
@@ -629,7 +628,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
                                       session=np.asarray(session)[order], instruments=[g[0] for g in groups],
                                       labels=[labels[i] for i in order])
     return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
-                           segments=table, sources=tuple(sources), session_mode=_mode_text(spec, sources),
+                           segments=table, sources=tuple(sources), session_mode=spec.mode,
                            session_keys=tuple(keys[i] for i in order),
                            first_times=None if first_ns is None else first_ns[order],
                            skipped=tuple(s for src in sources for s in src.skipped), time_zones=_zones(sources),

@@ -916,7 +916,8 @@ def test_calendar_sessions_leave_out_rows_outside_them_and_key_each_by_its_tradi
     per_day = label[label.notna()].value_counts().sort_index()
     assert list(src.segments.labels) == [d.strftime("%Y-%m-%d") for d in per_day.index]
     assert (src.segments.stops - src.segments.starts).tolist() == per_day.tolist()
-    assert src.session_mode == f"calendar XNYS: {int(label.isna().sum()):,} row(s) outside its sessions left out"
+    assert src.session_mode == "calendar"
+    assert src.sessions_text == f"calendar XNYS: {int(label.isna().sum()):,} row(s) outside its sessions left out"
     assert src.metadata()["calendar"] == {"name": "XNYS", "rows_left_out": int(label.isna().sum())}
 
 
