@@ -828,8 +828,7 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
         np.flatnonzero(np.abs(values.astype(np.int64)) > limit)
     r = int(bad[0]) if bad.size else 0
     value = int(values[r])
-    source = part.source_of(name)
-    own = f" (the file's {source!r})" if source != name else ""
+    own = _own_name(part, name)
     if value in (np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.uint64).max):
         hint = (f"{value} is the extreme {col.type}, a vendor's sentinel for no value (an empty level): list it "
                 f"in source.missing ({{{name}: [{value}]}}; read as NaN, see source.nan)")
@@ -837,11 +836,24 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
         hint = "set source.dtype: float64 (exact up to 2**53)"
         if "price" in name.lower():
             hint += f"; if they are fixed-point prices, source.scale gives their unit ({{{name}: 1.0e-9}})"
+        else:
+            # An id or a sequence number (Binance's update_id) is often read only because
+            # source.nan: drop reads every column: leaving it out is the better fix.
+            hint += (f"; or, if no feature or label reads {name!r}, leave it out: source.columns lists the columns "
+                     "read (source.nan: drop reads every column unless source.columns names them)")
     else:
         hint = ("no float holds them exactly: if they are fixed-point prices, source.scale gives their unit "
                 f"({{{name}: 1.0e-9}})")
     return LoaderError(part.path, f"column {name!r}{own}: the {col.type} value {value} at {row_place(part, r)} "
                        f"does not fit {dtype} exactly ({dtype} holds integers exactly up to {limit:,}); {hint}")
+
+
+def _own_name(part: TablePart, name: str) -> str:
+    """`` (the file's 'X')`` when canonical column ``name`` has another name in the file
+    (``source.rename``, LOBSTER's generated names), else nothing: an error names the
+    column as the config does and as the file does, so that either can be searched for."""
+    source = part.source_of(name)
+    return f" (the file's {source!r})" if source != name else ""
 
 
 def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None, nan: str,
@@ -860,7 +872,8 @@ def _read_part(part: TablePart, columns: tuple[str, ...], timestamp: str | None,
 
                     where = f"event {int(r)} (field {int(r) + 1} of line {line_of(part.source_of(columns[c]))})"
                 raise InvalidValueError(
-                    part.path, f"NaN or inf{why} in column {columns[c]!r} at {where}; set source.nan: drop or fill")
+                    part.path, f"NaN or inf{why} in column {columns[c]!r}{_own_name(part, columns[c])} at {where}; "
+                    "set source.nan: drop or fill")
             out[bad] = fill_value
     return out
 

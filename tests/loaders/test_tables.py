@@ -735,11 +735,36 @@ def test_integer_sizes_past_float32_name_float64_and_no_price_scale(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("bid_size_1,ask_size_1\n5,16777217\n")
     with pytest.raises(LoaderError, match=r"'ask_size_1': the int64 value 16777217 at line 2 does not fit float32 "
-                       r"exactly .*set source.dtype: float64 \(exact up to 2\*\*53\)$"):
+                       r"exactly .*set source.dtype: float64 \(exact up to 2\*\*53\); or, if no feature or label "
+                       r"reads 'ask_size_1', leave it out: source.columns"):
         open_source(str(p)).array.compute()
     # float64 holds them exactly, as numpy does
     got = open_source(str(p), dtype="float64").array.compute()
     np.testing.assert_array_equal(got, np.array([[5, 16777217]], dtype=np.float64))
+
+
+def test_an_id_column_past_float32_under_nan_drop_points_to_source_columns(tmp_path):
+    # Binance's bookTicker: update_id (about 3.9e12) is read only because nan: drop reads
+    # every column; the refusal names source.columns, which leaves it out.
+    p = tmp_path / "bt.csv"
+    ids = np.arange(3_900_000_000_000, 3_900_000_000_004, dtype=np.int64)
+    bid = np.array([42000.5, 42000.6, np.nan, 42000.8])
+    p.write_text("update_id,best_bid_price\n" + "".join(
+        f"{i},{'' if np.isnan(b) else b}\n" for i, b in zip(ids, bid)))
+    rename = {"bid_price_1": "best_bid_price"}
+    with pytest.raises(LoaderError, match=r"bt\.csv: column 'update_id': the int64 value 3900000000000 at line 2 .*"
+                       r"leave it out: source\.columns lists the columns read"):
+        open_source(str(p), rename=rename, nan="drop").array.compute()
+    got = open_source(str(p), rename=rename, nan="drop", columns=["bid_price_1"]).array.compute()
+    np.testing.assert_array_equal(got[:, 0], bid[np.isfinite(bid)].astype(np.float32))
+
+
+def test_nan_errors_name_the_column_as_the_config_and_the_file_do(tmp_path):
+    p = tmp_path / "q.csv"
+    p.write_text("Bid Price,Ask Price\n1.5,1.6\n,1.7\n")
+    with pytest.raises(InvalidValueError, match=r"q\.csv: NaN or inf in column 'bid_price_1' \(the file's "
+                       r"'Bid Price'\) at line 3; set source\.nan"):
+        open_source(str(p), rename={"bid_price_1": "Bid Price", "ask_price_1": "Ask Price"}).array.compute()
 
 
 def _fall_back_day(minutes: int = 7):
