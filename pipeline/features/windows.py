@@ -11,7 +11,7 @@ row indices, not a ``sliding_window_view`` copy of the block per scale.
 from __future__ import annotations
 
 import functools
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import dask.array as da
 import numpy as np
@@ -42,16 +42,20 @@ __all__ = [
     "row_offsets",
     "session_rows",
     "window_end_rows",
+    "window_sessions",
     "windows",
     "windows_at",
     "windows_numpy_block",
 ]
 
 
-def _validate(size: int, stride: int, scales: Sequence[int]) -> tuple[int, ...]:
+def _validate(size: int, stride: int, scales: Sequence[int], horizon: int | None = None) -> tuple[int, ...]:
     for name, value in (("size", size), ("stride", stride)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise WindowError(f"windows: {name} must be a positive integer, got {value!r}")
+    if horizon is not None and (isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer))
+                                or horizon < 0):
+        raise WindowError(f"windows: horizon must be a number of steps, 0 or more (or None), got {horizon!r}")
     scales = tuple(scales)
     if not scales or any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) or s <= 0 for s in scales):
         raise WindowError(f"windows: scales must be positive integers, got {scales!r}")
@@ -172,6 +176,7 @@ def windows(
     out_chunks: Sequence[int] | None = None,
     sessions: Sequence[int] | str | None = None,
     names: Sequence[str] | None = None,
+    horizon: int | None = None,
 ) -> da.Array:
     """Windows of a ``(T, F)`` series: ``(n, size, F * len(scales))``, lazily.
 
@@ -209,32 +214,45 @@ def windows(
         One name per column of ``x`` (``["mid", "spread", ...]``), recorded once (the
         last axis holds them once per scale) in ``attrs["windows"]["features"]``, from
         where :func:`pipeline.write` stores them.
+    horizon
+        Steps a label reads after a window's last step (a forecast ``k`` steps
+        ahead: ``target[window_end_rows(x, ..., horizon=k) + k]``). Windows whose end
+        plus ``horizon`` would leave their session (or the series) are left out, so
+        no label is read from the next file. Recorded in ``attrs["windows"]``, from
+        where :func:`pipeline.write` takes it for the gap between time splits.
+        ``None`` (the default): every window that fits is made, and nothing is
+        recorded (the write then asks for ``horizon=``).
 
     Returns
     -------
     dask.array.Array
         Chunked along windows: one chunk per input block (possibly empty), or per
         span of rows within the sessions. Its ``attrs["windows"]`` holds the geometry
-        (``size``, ``stride``, ``scales``, ``halo``, the ``sessions`` used) and, when
-        given, the feature names. :func:`window_end_rows` gives each window's end row.
+        (``size``, ``stride``, ``scales``, ``halo``, the ``sessions`` used, the
+        ``horizon`` when given) and, when given, the feature names.
+        :func:`window_end_rows` gives each window's end row.
 
     Raises
     ------
     WindowError
         When ``x`` is not 2-D, no window fits in ``T`` steps (or in any session),
-        ``sessions`` do not add up to ``T``, or ``names`` are not one string per
-        column of ``x``.
+        ``sessions`` do not add up to ``T``, ``names`` are not one string per
+        column of ``x``, or ``horizon`` is not a count of steps.
     """
-    scales = _validate(size, stride, scales)
-    lengths, runs, _ = _plan(x, size, stride, scales, sessions)
+    scales = _validate(size, stride, scales, horizon)
+    lengths, runs, _ = _plan(x, size, stride, scales, sessions, horizon or 0)
     x = _series(x)
     T, F = x.shape
     features = _feature_names(names, F)
     h = halo(size, scales)
+    geometry: dict[str, Any] = {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h)}
+    if lengths is not None:
+        geometry["sessions"] = lengths
+    if horizon is not None:
+        geometry["horizon"] = int(horizon)
     if runs is not None:
         out = windows_at(x, runs, size=size, scales=scales, out_chunks=out_chunks, max_block_bytes=max_block_bytes)
-        out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h),
-                                 "sessions": lengths, **features}}
+        out.attrs = {"windows": {**geometry, **features}}
         return out
     x = x.rechunk({1: -1})
     if out_chunks is not None:
@@ -276,16 +294,15 @@ def windows(
     )
     # The geometry travels with the array, so that pipeline.write can leave the
     # leakage-free gap between time splits by itself.
-    out.attrs = {"windows": {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h),
-                             **features}}
+    out.attrs = {"windows": {**geometry, **features}}
     return out
 
 
-def _plan(x: Any, size: int, stride: int, scales: tuple[int, ...], sessions: Sequence[int] | str | None
-          ) -> tuple[list[int] | None, WindowRuns | None, int]:
+def _plan(x: Any, size: int, stride: int, scales: tuple[int, ...], sessions: Sequence[int] | str | None,
+          horizon: int = 0) -> tuple[list[int] | None, WindowRuns | None, int]:
     """The sessions of ``x`` (``None``: one series), their windows' runs (``None`` for
-    one series) and the number of windows, for :func:`windows` and
-    :func:`window_end_rows` alike.
+    one series without a horizon, whose windows the blockwise path makes) and the
+    number of windows, for :func:`windows` and :func:`window_end_rows` alike.
 
     Raises
     ------
@@ -295,7 +312,8 @@ def _plan(x: Any, size: int, stride: int, scales: tuple[int, ...], sessions: Seq
     T = _length(x)
     h = halo(size, scales)
     lengths = session_rows(x, sessions)
-    if lengths is None:
+    need = f"{h + 1} steps" + (f", and {horizon} after for the label" if horizon else "")
+    if lengths is None and not horizon:
         n = window_count(T, size, stride, scales)
         if n == 0:
             raise WindowError(
@@ -303,12 +321,18 @@ def _plan(x: Any, size: int, stride: int, scales: tuple[int, ...], sessions: Seq
                 f"the first window needs {h + 1} steps"
             )
         return None, None, n
-    runs = window_runs(SegmentTable.from_lengths(lengths), size=size, stride=stride, scales=scales, back=h, fwd=0)
+    # A label horizon is a reach forward within the session: the same arithmetic as
+    # the sessions' (one session of T rows for a single series).
+    table = SegmentTable.from_lengths([T] if lengths is None else lengths)
+    runs = window_runs(table, size=size, stride=stride, scales=scales, back=h, fwd=int(horizon))
     if runs.n == 0:
+        if lengths is None:
+            raise WindowError(f"windows: a series of {T} steps is too short for size={size}, scales={scales} and "
+                              f"horizon={horizon}: the first window needs {need}")
         whose = ("; the sessions are the files x was read from (sessions='none' makes one series of them)"
                  if sessions is None else "")
         raise WindowError(f"windows: no session of {max(lengths)} steps or fewer fits a window of "
-                          f"size={size} at scales={scales} ({h + 1} steps){whose}")
+                          f"size={size} at scales={scales} ({need}){whose}")
     return lengths, runs, runs.n
 
 
@@ -319,6 +343,7 @@ def window_end_rows(
     stride: int = 1,
     scales: Sequence[int] = (1,),
     sessions: Sequence[int] | str | None = None,
+    horizon: int | None = None,
 ) -> np.ndarray:
     """The row of ``x`` each window of ``windows(x, ...)`` ends at, with the same
     arguments: ``(n,)`` int64, in the windows' order. Arithmetic only: nothing is read.
@@ -340,6 +365,10 @@ def window_end_rows(
         Sampling intervals, as for :func:`windows`.
     sessions
         Rows per session, ``"file"``, ``"none"`` or ``None``, as for :func:`windows`.
+    horizon
+        Steps a label reads after a window's end, as for :func:`windows`: windows
+        whose ``end + horizon`` would leave their session are left out, so
+        ``target[window_end_rows(x, ..., horizon=k) + k]`` never reads the next file.
 
     Returns
     -------
@@ -351,9 +380,38 @@ def window_end_rows(
     WindowError
         As :func:`windows` does for the same arguments.
     """
-    scales = _validate(size, stride, scales)
-    _, runs, n = _plan(x, size, stride, scales, sessions)
+    scales = _validate(size, stride, scales, horizon)
+    _, runs, n = _plan(x, size, stride, scales, sessions, horizon or 0)
     return window_ends(n, size, stride, scales) if runs is None else runs.ends()
+
+
+def window_sessions(geometry: Mapping[str, Any], n: int) -> np.ndarray:
+    """The session of each of ``n`` windows, from the geometry :func:`windows` records
+    in ``attrs["windows"]`` (its ``sessions``, ``size``, ``stride``, ``scales`` and
+    ``horizon``): ``(n,)`` int64, all 0 for windows of one series. Arithmetic only.
+
+    Raises
+    ------
+    WindowError
+        When the geometry's windows are not ``n`` (the array was sliced or the
+        attributes belong to another array), or the geometry lacks a key.
+    """
+    try:
+        size, stride = int(geometry["size"]), int(geometry["stride"])
+        scales = tuple(int(v) for v in geometry["scales"])
+        horizon = int(geometry.get("horizon") or 0)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise WindowError(f"windows: attrs['windows'] = {dict(geometry)} lacks a window geometry "
+                          f"(expected integer 'size', 'stride' and 'scales'; {exc!r})") from None
+    lengths = geometry.get("sessions")
+    if not lengths:
+        return np.zeros(n, dtype=np.int64)
+    runs = window_runs(SegmentTable.from_lengths(lengths), size=size, stride=stride, scales=scales,
+                       back=halo(size, scales), fwd=horizon)
+    if runs.n != n:
+        raise WindowError(f"windows: attrs['windows'] describe {runs.n} windows over sessions of {list(lengths)} "
+                          f"rows, the array holds {n} (sliced after pipeline.windows, or another array's attrs)")
+    return runs.segments_of().astype(np.int64)
 
 
 def _feature_names(names: Sequence[str] | None, width: int) -> dict[str, list[str]]:

@@ -582,3 +582,74 @@ def test_session_rules_that_do_not_fit_the_array_are_refused(sessions, message):
 def test_window_end_rows_of_one_series_are_the_design_formula():
     np.testing.assert_array_equal(window_end_rows(np.zeros((30, 1)), size=4, stride=5, scales=(1, 3)),
                                   [9 + 5 * i for i in range(5)])  # e_i = (size-1)*max(scales) + i*stride <= 29
+
+
+def forecast_reference(part: np.ndarray, size: int, stride: int, scales: tuple[int, ...], k: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Windows of one part whose label, ``k`` steps after the end, is still in the part,
+    and those labels' rows, by a plain loop over end steps."""
+    h = (size - 1) * max(scales)
+    ends = list(range(h, len(part) - k, stride))
+    wins = [np.concatenate([part[[e - s * (size - 1 - j) for j in range(size)]] for s in scales], axis=1)
+            for e in ends]
+    out = np.stack(wins) if wins else np.empty((0, size, part.shape[1] * len(scales)), part.dtype)
+    return out, np.asarray(ends, dtype=np.int64) + k
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 40), min_size=2, max_size=4),
+    size=st.integers(1, 5),
+    stride=st.integers(1, 4),
+    scales=SCALES,
+    k=st.integers(0, 7),
+    chunk=st.integers(1, 50),
+)
+def test_a_horizon_leaves_out_the_windows_whose_label_would_read_the_next_file(lengths, size, stride, scales, k,
+                                                                               chunk):
+    """windows(..., horizon=k) and window_end_rows(..., horizon=k) of recordings joined
+    from files: exactly the windows whose step end + k lies in their own file, as a
+    numpy loop over each file finds them, and `target[ends + k]` reads only that file."""
+    scales = tuple(scales)
+    with tempfile.TemporaryDirectory() as d:
+        parts = write_recordings(Path(d), lengths, seed=sum(lengths) + k)
+        x = open_source(f"{d}/rec*.h5", combine="concat", chunk_rows=chunk).array
+        starts = np.cumsum([0] + lengths)
+        refs = [forecast_reference(p, size, stride, scales, k) for p in parts]
+        expect = np.concatenate([w for w, _ in refs])
+        label_rows = np.concatenate([s + r for s, (_, r) in zip(starts, refs)])
+        if not len(expect):
+            with pytest.raises(WindowError, match=f"no session .*and {k} after for the label" if k else "no session"):
+                windows(x, size=size, stride=stride, scales=scales, horizon=k)
+            return
+        got = windows(x, size=size, stride=stride, scales=scales, horizon=k)
+        assert got.attrs["windows"]["horizon"] == k and got.attrs["windows"]["sessions"] == lengths
+        np.testing.assert_array_equal(got.compute(scheduler="sync"), expect)
+        ends = window_end_rows(x, size=size, stride=stride, scales=scales, horizon=k)
+        np.testing.assert_array_equal(ends + k, label_rows)
+        file_of = np.searchsorted(starts, np.arange(starts[-1]), side="right") - 1
+        assert (file_of[ends] == file_of[ends + k]).all()  # no label from the next file
+
+
+@pytest.mark.parametrize("size, stride, scales, k", [(4, 1, (1,), 3), (3, 2, (1, 3), 5), (5, 3, (2,), 0)])
+def test_a_horizon_on_one_series_stops_the_windows_k_steps_before_its_end(size, stride, scales, k):
+    x = np.random.default_rng(k).standard_normal((57, 3))
+    expect, label_rows = forecast_reference(x, size, stride, scales, k)
+    got = windows(da.from_array(x, chunks=(7, 3)), size=size, stride=stride, scales=scales, horizon=k)
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), expect)
+    np.testing.assert_array_equal(window_end_rows(x, size=size, stride=stride, scales=scales, horizon=k) + k,
+                                  label_rows)
+    assert label_rows.max() <= len(x) - 1
+    assert "sessions" not in got.attrs["windows"] and got.attrs["windows"]["horizon"] == k
+    assert "horizon" not in windows(x, size=size, stride=stride, scales=scales).attrs["windows"]
+
+
+def test_a_horizon_that_is_no_count_of_steps_or_leaves_no_window_is_refused():
+    x = np.zeros((10, 2))
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(WindowError, match="horizon must be a number of steps, 0 or more"):
+            windows(x, size=3, horizon=bad)
+        with pytest.raises(WindowError, match="horizon must be a number of steps, 0 or more"):
+            window_end_rows(x, size=3, horizon=bad)
+    with pytest.raises(WindowError, match=r"series of 10 steps is too short .*horizon=8.*3 steps, and 8 after"):
+        windows(x, size=3, horizon=8)
