@@ -87,9 +87,10 @@ class SourceConfig:
     #: them, and the stored windows stay float32.
     dtype: Literal["float32", "float64"] = "float32"
     storage_options: dict[str, Any] = field(default_factory=dict)
-    #: CSV only: whether the first line is a header; ``names`` names the columns of a
-    #: headerless file (``header: false``).
-    header: bool = True
+    #: CSV only: whether the first line is a header (``auto``: decided per file, for a
+    #: folder that mixes files with and without one); ``names`` names the columns of a
+    #: headerless file (``header: false`` or ``auto``).
+    header: bool | Literal["auto"] = True
     names: tuple[str, ...] | None = None
     #: CSV only: the field delimiter (one character; ``";"`` where numbers have a
     #: decimal comma) and the decimal mark of its numbers.
@@ -209,7 +210,8 @@ def _describe(tp: Any, name: str) -> str:
         text = " or ".join(parts)
         return f"{text} or null" if type(None) in args else text
     if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in args)
+        # One value beside other types (header: true, false or 'auto') is itself.
+        return repr(args[0]) if len(args) == 1 else "one of " + ", ".join(repr(a) for a in args)
     if origin is tuple:
         if not args:
             return "a list"

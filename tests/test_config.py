@@ -64,6 +64,7 @@ def test_example_config_parses_into_frozen_dataclasses():
         (lambda d: d["features"].update(steps=[{"name": "book", "levels": -1}]),
          "features.steps.0.levels: expected a positive integer, got -1"),
         (lambda d: d.update({"a\tb": {}}), "a\\tb: unknown section"),
+        (lambda d: d["source"].update(header="yes"), "source.header: expected true or false or 'auto', got 'yes'"),
     ],
 )
 def test_errors_name_the_key_path_what_was_expected_and_what_arrived(mutate, message):
@@ -461,3 +462,10 @@ def test_the_reference_says_pipeline_run_reads_tables_only_and_chunk_rows_defaul
     (tmp_path / "t.csv").write_text("a,b\n1,2\n")
     with pytest.raises(FormatMismatchError, match=r"tables are joined along time; combine must be 'concat'"):
         open_source(str(tmp_path / "t.csv"), combine="stack")
+
+
+@pytest.mark.parametrize("header", [True, False, "auto"])
+def test_source_header_takes_true_false_or_auto(header):
+    data = base()
+    data["source"].update(header=header, names=["a", "b"])
+    assert parse_config(data).source.header == header

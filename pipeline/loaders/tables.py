@@ -40,6 +40,7 @@ from pipeline.errors import (
 from pipeline.loaders.registry import compression_of
 from pipeline.loaders.textfiles import (
     count_lines,
+    is_datum,
     looks_like_data,
     open_text,
     read_range,
@@ -50,7 +51,7 @@ from pipeline.loaders.textfiles import (
 
 __all__ = ["LOBSTER_INTEGERS", "TEXT_PART_ROWS", "TablePart", "check_columns", "check_csv_marks", "check_exact_columns",
            "check_units", "group_parts",
-           "inexact_integers", "merged_groups", "part_rows_of", "part_specs", "parts_array", "probe_table",
+           "inexact_integers", "is_header_line", "merged_groups", "part_rows_of", "part_specs", "parts_array", "probe_table",
            "project_columns", "read_columns", "repeated_header", "row_place", "table_array"]
 
 
@@ -78,8 +79,9 @@ class TablePart:
     sources
         The file's own name of each of ``columns``, in the same order.
     header, names
-        CSV: whether the first line is a header, and the names given for the fields
-        (``None``: the header's own).
+        CSV: whether the first line is a header (decided per file under
+        ``source.header: auto``), and the names given for the fields (``None``: the
+        header's own).
     companion
         A second file read with this one (LOBSTER: the message file).
     day_ns
@@ -343,28 +345,42 @@ def statistics_bounds(st: Any) -> tuple[Any, Any]:
     return st.min, st.max
 
 
-def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
+def _csv_parts(path: str, so: dict, header: bool | str, names: Sequence[str] | None,
                part_rows: int = TEXT_PART_ROWS, timestamp: str | Sequence[str] | None = None,
                delimiter: str = ",", decimal: str = ".") -> list[TablePart]:
     """The parts of a CSV file (a newline count), with ``tz`` from the first row's time in
     column ``timestamp`` (see :func:`_csv_time_kind`) and the columns that do not hold
-    numbers (:func:`_csv_text_columns`)."""
+    numbers (:func:`_csv_text_columns`). ``header="auto"`` decides from the file's first
+    two lines whether it has a header (:func:`_auto_header`)."""
     part_rows = part_rows_of(path, part_rows)
+    auto = header == "auto"
+    if auto:
+        # Decided before the count: the parts' line offsets depend on it.
+        header, names = _auto_header(path, so, names, delimiter, decimal)
     first, lines, starts, head = count_lines(path, so, every=part_rows, base=int(header))
     second = head.split(b"\n", 1)[0]
     fields = split_fields(first, path, delimiter)
     if not first.strip():
         raise FormatMismatchError(path, f"expected a CSV {'header' if header else 'data'} line, found an empty file")
     _check_delimiter(path, fields, first, second, delimiter)
-    if header and looks_like_data([f.replace(decimal, ".") for f in fields]):
-        shown = first.decode("utf-8", "replace").rstrip("\r\n")
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+    if not header and is_header_line(fields, split_fields(second, path, delimiter) if second.strip() else [],
+                                     names, decimal):
+        # Read as data, its names would reach the timestamp parser or the float cast,
+        # which would blame the values ("cannot read string values as times").
         raise FormatMismatchError(
-            path, f"its first line {shown!r} looks like data, not a header (most fields are numbers or times); if the file "
-            f"has no header, set source.header: false and source.names: [...] ({len(fields)} names)")
+            path, f"line 1 {_shown(first)!r} holds column names (a header), but source.header is false, which reads "
+                  "it as data; set source.header: auto where some files have a header and some do not (each file's "
+                  "first line is then a header when it equals source.names, or holds no number where the line "
+                  "below does), or true if every file has one")
+    if header and looks_like_data([f.replace(decimal, ".") for f in fields]):
+        raise FormatMismatchError(
+            path, f"its first line {_shown(first)!r} looks like data, not a header (most fields are numbers or times); if the file "
+            f"has no header, set source.header: false and source.names: [...] ({len(fields)} names); auto where "
+            "only some files have one")
     if not header and names is None:
         raise FormatMismatchError(
-            path, f"source.header is false but no column names were given; set source.names: [...] "
+            path, f"source.header is {'auto and line 1 is no header' if auto else 'false'} but no column names "
+                  "were given; set source.names: [...] "
             f"({len(fields)} names, one per field of the first line)")
     if names is not None and len(names) != len(fields):
         raise FormatMismatchError(
@@ -388,6 +404,76 @@ def _csv_parts(path: str, so: dict, header: bool, names: Sequence[str] | None,
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
     return [replace(base, group=k, rows=min(part_rows, rows - row0), data=data, row0=row0)
             for k, (row0, data) in enumerate(ranges)]
+
+
+def _shown(line: bytes) -> str:
+    """A file's line for an error message: decoded, without its line end, cut to 60
+    characters."""
+    text = line.decode("utf-8", "replace").rstrip("\r\n")
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def is_header_line(fields: Sequence[str], below: Sequence[str], names: Sequence[str] | None,
+                   decimal: str = ".") -> bool:
+    """Whether a CSV file's first line (its ``fields``) is a header.
+
+    It is when it equals ``names`` (the names expected, ``source.names``), or when it
+    holds no value (number, date, time) in any column where the line ``below`` does,
+    and a name in at least one of them: column names are rarely numbers, and a data
+    line with a missing value still has values in its other columns. Without a line
+    below (a file of one line), a line that does not look like data
+    (:func:`~pipeline.loaders.textfiles.looks_like_data`) is a header.
+
+    Parameters
+    ----------
+    fields, below
+        The first and second lines' fields (``below`` empty: no second line).
+    names
+        The column names expected, or ``None``.
+    decimal
+        The decimal mark of the file's numbers.
+    """
+    if names is not None and list(fields) == list(names):
+        return True
+
+    def value(field: str) -> bool:
+        return is_datum(field.replace(decimal, "."))
+
+    if not below:
+        return bool(fields) and not looks_like_data([f.replace(decimal, ".") for f in fields])
+    top = [fields[j] for j, f in enumerate(below) if j < len(fields) and value(f)]
+    return bool(top) and not any(value(f) for f in top) and any(f for f in top)
+
+
+def _auto_header(path: str, so: dict, names: Sequence[str] | None, delimiter: str, decimal: str
+                 ) -> tuple[bool, Sequence[str] | None]:
+    """``source.header: auto`` for one file: whether its first line is a header
+    (:func:`is_header_line`), and the names to read it by. A header naming the columns
+    of ``names`` in another order is read by its own names (each column by name); one
+    naming other columns is refused, as reading it by ``names`` would give its columns
+    names by position that are not theirs.
+
+    Raises
+    ------
+    FormatMismatchError
+        Naming the file, its header and ``source.names``.
+    """
+    with open_text(path, so) as fh:
+        first, second = fh.readline(), fh.readline()
+    if not first.strip():
+        return True, names  # an empty file: refused by the caller, as with a header
+    fields = split_fields(first, path, delimiter)
+    below = split_fields(second, path, delimiter) if second.strip() else []
+    if not is_header_line(fields, below, names, decimal):
+        return False, names
+    if names is None or list(fields) == list(names):
+        return True, names
+    if sorted(fields) == sorted(names):
+        return True, None
+    raise FormatMismatchError(
+        path, f"source.header is auto and line 1 is a header naming {fields}, not the columns of source.names "
+              f"{list(names)}: files with a header must name the same columns as source.names (in any order); "
+              "read the files of another layout as a source of their own")
 
 
 #: Delimiters a CSV file of one field per line is likely to use instead of the one set.
@@ -529,7 +615,7 @@ def _csv_time_kind(path: str, line: bytes, columns: Sequence[str], column: str, 
     return "UTC" if _OFFSET.search(value) else ""
 
 
-def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header: bool = True,
+def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header: bool | str = True,
                 names: Sequence[str] | None = None, rename: Mapping[str, str | Sequence[str]] | None = None,
                 part_rows: int | None = None, delimiter: str = ",", decimal: str = ".") -> list[TablePart]:
     """Row counts and column names of one file, from metadata only (Parquet) or a
@@ -537,7 +623,9 @@ def probe_table(path: str, fmt: str, timestamp: str | None, so: dict, *, header:
     list alternative source names: the first the file has is read). Text files of
     more than ``part_rows`` rows (default :data:`TEXT_PART_ROWS`) come in parts;
     Parquet row groups are joined into parts of up to as many. A CSV file's fields are
-    split by ``delimiter``, its numbers read with the decimal mark ``decimal``."""
+    split by ``delimiter``, its numbers read with the decimal mark ``decimal``; its first
+    line is a header with ``header`` true, data with false, and with ``"auto"`` whichever
+    the file's first two lines show (:func:`is_header_line`)."""
     check_csv_marks(delimiter, decimal)
     if fmt != "csv" and (delimiter, decimal) != (",", "."):
         # Ignored, they would leave the user believing they applied.

@@ -338,6 +338,77 @@ def test_headerless_csv_with_names_counts_the_first_line_as_data(tmp_path):
     assert cols[:, 0].tolist() == [5853300, 5853200, 5853100]
 
 
+BOOK_TICKER = ["update_id", "best_bid_price", "best_bid_qty", "transaction_time"]
+
+
+def _ticker_rows(t0: int, n: int = 4) -> tuple[str, np.ndarray]:
+    """Binance bookTicker lines (no header) and their values, as numpy holds them."""
+    rows = np.array([[t0 // 1000 + i, 42000 + i / 10, 1.5, t0 + i * 1000] for i in range(n)])
+    return "".join(f"{int(a)},{b:.1f},{c},{int(d)}\n" for a, b, c, d in rows), rows
+
+
+def test_a_header_read_as_data_is_named_as_a_header(tmp_path):
+    # data.binance.vision: older days without a header, newer ones with one. Read with
+    # header: false, the header used to reach the timestamp parser, which blamed the times.
+    text, _ = _ticker_rows(1704067200000)
+    p = tmp_path / "BTCUSDT-bookTicker-2024-01-01.csv"
+    p.write_text(",".join(BOOK_TICKER) + "\n" + text)
+    with pytest.raises(FormatMismatchError, match=r"2024-01-01\.csv: line 1 'update_id,best_bid_price,.*' holds column "
+                       r"names \(a header\), but source\.header is false.*set source\.header: auto"):
+        open_source(str(p), header=False, names=BOOK_TICKER, timestamp="transaction_time", timestamp_unit="ms")
+    # Names other than those given, too: no number where the line below has one.
+    q = tmp_path / "other.csv"
+    q.write_text("id,bid,qty,time\n" + text)
+    with pytest.raises(FormatMismatchError, match=r"other\.csv: line 1 'id,bid,qty,time' holds column names"):
+        open_source(str(q), header=False, names=BOOK_TICKER)
+
+
+def test_header_auto_reads_a_folder_mixing_files_with_and_without_a_header(tmp_path):
+    old, old_rows = _ticker_rows(1703980800000)
+    new, new_rows = _ticker_rows(1704067200000)
+    (tmp_path / "d-2023-12-31.csv").write_text(old)  # no header
+    (tmp_path / "d-2024-01-01.csv").write_text(",".join(BOOK_TICKER) + "\n" + new)
+    # Its columns named in another order: read by name.
+    order = [2, 0, 3, 1]
+    (tmp_path / "d-2024-01-02.csv").write_text(
+        ",".join(BOOK_TICKER[j] for j in order) + "\n" + "".join(
+            ",".join(line.split(",")[j] for j in order) + "\n" for line in _ticker_rows(1704153600000)[0].splitlines()))
+    src = open_source(str(tmp_path / "*.csv"), header="auto", names=BOOK_TICKER, timestamp="transaction_time",
+                      timestamp_unit="ms", dtype="float64")
+    want = np.concatenate([old_rows, new_rows, _ticker_rows(1704153600000)[1]])
+    assert src.columns == ("update_id", "best_bid_price", "best_bid_qty")
+    np.testing.assert_array_equal(src.array.compute(), want[:, :3])
+    np.testing.assert_array_equal(src.timestamps.compute(), want[:, 3].astype(np.int64) * 10**6)
+
+
+def test_header_auto_refuses_a_header_of_other_columns_and_headerless_files_without_names(tmp_path):
+    text, _ = _ticker_rows(1704067200000)
+    p = tmp_path / "x.csv"
+    p.write_text("id,bid,qty,time\n" + text)
+    with pytest.raises(FormatMismatchError, match=r"x\.csv: source\.header is auto and line 1 is a header naming "
+                       r"\['id', 'bid', 'qty', 'time'\], not the columns of source\.names"):
+        open_source(str(p), header="auto", names=BOOK_TICKER)
+    (tmp_path / "y.csv").write_text(text)
+    with pytest.raises(FormatMismatchError, match=r"y\.csv: source\.header is auto and line 1 is no header but no "
+                       r"column names were given"):
+        open_source(str(tmp_path / "y.csv"), header="auto")
+
+
+@pytest.mark.parametrize("fields, below, names, decimal, want", [
+    (["a", "b"], ["1", "2"], None, ".", True),
+    (["1", "2"], ["3", "4"], None, ".", False),
+    (["", "2"], ["1", "2"], None, ".", False),  # a data line with a missing value
+    (["", "price"], ["0", "1.5"], None, ".", True),  # pandas' index column: no name
+    (["BTC", "1.5"], ["BTC", "1.6"], None, ".", False),  # a text column is no header
+    (["a", "b"], [], ["a", "b"], ".", True),  # a header alone
+    (["3", "4"], [], None, ".", False),
+    (["a", "1,5"], ["b", "2,5"], None, ",", False),  # decimal commas are numbers
+    (["2024", "x"], ["1", "2"], ["2024", "x"], ".", True),  # the names given, digits and all
+])
+def test_header_lines_are_told_from_data_lines(fields, below, names, decimal, want):
+    assert tables.is_header_line(fields, below, names, decimal) is want
+
+
 def test_names_replace_a_header(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("x,y\n1,2\n3,4\n")
