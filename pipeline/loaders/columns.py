@@ -310,12 +310,30 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
         more = f" (and {back.size - 1} more such rows)" if back.size > 1 else ""
         same = " of the same instrument" if codes is not None else ""
         path = part.companion if part.fmt == "lobster" else part.path
-        advice = repeated_hour_advice(int(ns[above]) - int(ns[r]), part.tz) or \
+        advice = repeated_hour_advice(int(ns[above]) - int(ns[r]), part.tz) or _days_advice(ns, part) or \
             "rows must be in time order: sort the file by time"
         raise LoaderError(path, f"timestamp column {name!r}: {where(r)} is at {np.datetime64(int(ns[r]), 'ns')}, "
                           f"before the row above it{same} ({where(above)}) at {np.datetime64(int(ns[above]), 'ns')}"
                           f"{more}; {advice}")
 
+
+
+def _days_advice(ns: np.ndarray, part: TablePart) -> str | None:
+    """Why rows go back in time when the cause is several days' times of day in one
+    file, else ``None``: sorting such a file by time, the usual advice, would mix its
+    days. Either every time is within the epoch's first day (times of day read as
+    whole times: each day's rows start again at 1970-01-01), or ``source.date`` gave
+    the whole file one date (its times of day go back at each midnight)."""
+    if part.times_of_day:
+        return ("source.date gives a whole file one date, from its path, so a file holding several days' times of "
+                "day goes back at each midnight: keep one day per file (split it by its date column, if it has one)")
+    if ns.size and int(ns.min()) >= 0 and int(ns.max()) < DAY_NS:
+        return ("every time here is within a day of 1970-01-01T00:00: they look like times of day (nanoseconds "
+                "since midnight, as NASDAQ ITCH gives them) without their date, and a row going back is likely the "
+                "next day's first; sorting would mix the days. Store whole times in the timestamp column (each "
+                "row's date added, from a date column if the file has one), or keep one day per file and take each "
+                "file's date from its path with source.date ({path: 'data/{date}.csv'})")
+    return None
 
 
 def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | None,
