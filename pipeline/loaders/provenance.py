@@ -1,38 +1,89 @@
 """Which input files are new, and which stored ones changed, since a store was built.
 
-A store records every file it read (path, size, modification time, and a content hash
-of the file's first and last MiB). An append compares the files a config matches now
-against that record, before it reads or writes anything:
+A store records every file it read: its path, size and modification time, the CRC-32
+of its whole content (``crc32``), and a BLAKE2b hash of its size, first MiB and last
+MiB (``hash``). An append, or a rerun of the same config, compares the files a config
+matches now against that record, before it reads or writes anything:
 
 - a file not in the record is new;
 - a recorded file whose size differs, or whose modification time differs and whose
-  content hash differs too, has changed: the stored windows no longer describe it;
+  content differs too, has changed: the stored windows no longer describe it;
 - a recorded file that is gone is missing.
 
 Comparing size and time first (as ``make`` and ``rsync`` do) keeps an append from
-reading the old files; the hash is read only for a file whose time moved, so a file
+reading the old files; the content is read only for a file whose time moved, so a file
 copied or touched with the same bytes is not taken for a changed one.
+
+Every byte is checksummed because a correction in the middle of a file (one price, one
+line) keeps its size: the first and last MiB alone took such a file for an unchanged
+one, and its stale windows stayed in the store. CRC-32 (zlib-ng's, as
+:mod:`pipeline.storage.checksum` computes it, here continued block by block) runs at
+about memory speed, so the pass costs little beside reading the file; a cryptographic
+hash of every byte would cost several times more. With the size and the 128-bit hash
+of both ends, a changed file passes only if its change lies in the middle, keeps the
+size and keeps the CRC: odds of 2^-32 for a random change, and none for a change of up
+to 32 consecutive bits, which CRC-32 always detects.
+
+Stores written before the ``crc32`` key existed record only ``hash``: their files are
+checked as before, by size, first MiB and last MiB.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import fsspec
 
+from zlib_ng.zlib_ng import crc32
+
 from pipeline.errors import LoaderError
 
-__all__ = ["FileChanges", "compare_files", "content_hash", "recorded_files", "with_hashes"]
+__all__ = ["CRC_KEY", "FileChanges", "compare_files", "content_crc", "content_hash", "file_digests",
+           "recorded_files", "with_hashes"]
 
-#: Bytes hashed at each end of a file.
+#: The record key of a file's whole-content CRC-32 (8 hex digits). Its own key, not a
+#: new meaning of ``hash``: a record without it was written before, and is compared
+#: by ``hash`` alone.
+CRC_KEY = "crc32"
+
+#: Bytes hashed at each end of a file by ``hash``.
 _HASH_BYTES = 1 << 20
+
+#: Bytes read at a time by the whole-content pass: large enough that a read and a CRC
+#: call cost next to nothing beside their bytes, small enough that a thread per file
+#: holds little memory.
+_BLOCK_BYTES = 4 << 20
+
+#: Threads that hash files at once: reads and CRC-32 release the GIL, and a disk or an
+#: object store serves several requests in flight faster than one.
+_THREADS = min(16, (os.cpu_count() or 1) + 4)
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _open(path: str, storage_options: dict | None) -> Any:
+    """A binary file object; local files without fsspec's wrapper (a large ``readinto``
+    reads straight into the caller's buffer)."""
+    if "://" not in path or path.startswith("file://"):
+        return open(path.removeprefix("file://"), "rb")
+    return fsspec.open(path, "rb", **(storage_options or {})).open()
+
+
+def _ends(size: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """The byte ranges ``hash`` covers, as the first version read them: the first MiB,
+    then the last MiB, or for a file of up to 2 MiB the bytes after the first MiB."""
+    tail = (size - _HASH_BYTES, size) if size > 2 * _HASH_BYTES else (_HASH_BYTES, 2 * _HASH_BYTES)
+    return (0, _HASH_BYTES), tail
 
 
 def content_hash(path: str, size: int, storage_options: dict | None = None) -> str:
-    """BLAKE2b (128 bits) of a file's size, first MiB and last MiB.
+    """BLAKE2b (128 bits) of a file's size, first MiB and last MiB: the record's
+    ``hash``, read without the rest of the file.
 
     Raises
     ------
@@ -42,27 +93,101 @@ def content_hash(path: str, size: int, storage_options: dict | None = None) -> s
     h = hashlib.blake2b(digest_size=16)
     h.update(int(size).to_bytes(8, "little"))
     try:
-        with fsspec.open(path, "rb", **(storage_options or {})) as f:
-            h.update(f.read(_HASH_BYTES))
-            if size > 2 * _HASH_BYTES:
-                f.seek(size - _HASH_BYTES)
-            h.update(f.read(_HASH_BYTES))
+        with _open(path, storage_options) as f:
+            for lo, hi in _ends(int(size)):
+                f.seek(lo)
+                h.update(f.read(hi - lo))
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
     return h.hexdigest()
 
 
+def file_digests(path: str, size: int, storage_options: dict | None = None) -> tuple[str, str]:
+    """A file's ``hash`` (as :func:`content_hash`) and ``crc32`` (as
+    :func:`content_crc`), in one pass over its bytes.
+
+    Parameters
+    ----------
+    path
+        Local path or fsspec URL.
+    size
+        The size the record holds beside the digests (``hash`` covers it, and the
+        ends it names).
+    storage_options
+        fsspec options for remote paths.
+
+    Raises
+    ------
+    LoaderError
+        When the file cannot be read, naming it.
+    """
+    h = hashlib.blake2b(digest_size=16)
+    h.update(int(size).to_bytes(8, "little"))
+    ends = _ends(int(size))
+    crc = 0
+    offset = 0
+    buf = bytearray(_BLOCK_BYTES)
+    view = memoryview(buf)
+    try:
+        with _open(path, storage_options) as f:
+            while True:
+                n = _read_into(f, view)
+                if not n:
+                    break
+                block = view[:n]
+                crc = crc32(block, crc)
+                # The ends are fed as the blocks pass, in file order, so no block is kept.
+                for lo, hi in ends:
+                    a, b = max(lo, offset), min(hi, offset + n)
+                    if a < b:
+                        h.update(block[a - offset:b - offset])
+                offset += n
+    except OSError as exc:
+        raise LoaderError(path, f"cannot read ({exc})") from None
+    return h.hexdigest(), f"{crc:08x}"
+
+
+def _read_into(f: Any, view: memoryview) -> int:
+    """Fill ``view`` from ``f`` as far as the file goes; the bytes read."""
+    if hasattr(f, "readinto"):
+        return f.readinto(view) or 0
+    data = f.read(len(view))
+    view[:len(data)] = data
+    return len(data)
+
+
+def content_crc(path: str, storage_options: dict | None = None) -> str:
+    """The CRC-32 of a file's whole content, as 8 hex digits (the record's ``crc32``).
+
+    Raises
+    ------
+    LoaderError
+        When the file cannot be read, naming it.
+    """
+    return file_digests(path, 0, storage_options)[1]
+
+
+def _in_threads(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``[fn(x) for x in items]``, several at once when there are several (the first
+    error in item order is raised)."""
+    if len(items) < 2:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(_THREADS, len(items)), thread_name_prefix="pipeline-hash") as pool:
+        return list(pool.map(fn, items))
+
+
 def recorded_files(sources: Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """``{path: {"size", "mtime", "hash"}}`` of every file (and LOBSTER companion) a
-    store's ``sources`` attribute records."""
+    """``{path: {"size", "mtime", "hash", "crc32"}}`` of every file (and LOBSTER
+    companion) a store's ``sources`` attribute records (``crc32`` is ``None`` in a
+    store written before it was recorded)."""
+    keys = ("size", "mtime", "hash", CRC_KEY)
     out: dict[str, dict[str, Any]] = {}
     for entry in (sources or {}).get("files") or []:
         path = _local_absolute(str(entry["path"]))
-        out[path] = {k: entry.get(k) for k in ("size", "mtime", "hash")}
+        out[path] = {k: entry.get(k) for k in keys}
         comp = entry.get("companion")
         if isinstance(comp, Mapping) and comp.get("path"):
-            out[_local_absolute(str(comp["path"]))] = {**{k: comp.get(k) for k in ("size", "mtime", "hash")},
-                                                       "companion_of": path}
+            out[_local_absolute(str(comp["path"]))] = {**{k: comp.get(k) for k in keys}, "companion_of": path}
     return out
 
 
@@ -74,17 +199,25 @@ def _local_absolute(path: str) -> str:
 
 
 def with_hashes(sources: Mapping[str, Any], storage_options: dict | None = None) -> dict[str, Any]:
-    """A ``sources`` attribute with every file's (and companion's) content hash added."""
-    out = dict(sources)
-    files = []
-    for entry in sources.get("files") or []:
-        entry = dict(entry)
-        entry["hash"] = content_hash(entry["path"], int(entry["size"]), storage_options)
+    """A ``sources`` attribute with every file's (and companion's) ``hash`` and
+    ``crc32`` added, the files read several at once.
+
+    Raises
+    ------
+    LoaderError
+        Naming the first file (in record order) that cannot be read.
+    """
+    files = [dict(entry) for entry in sources.get("files") or []]
+    items: list[dict[str, Any]] = []
+    for entry in files:
+        items.append(entry)
         if isinstance(entry.get("companion"), Mapping):
-            comp = dict(entry["companion"])
-            comp["hash"] = content_hash(comp["path"], int(comp["size"]), storage_options)
-            entry["companion"] = comp
-        files.append(entry)
+            entry["companion"] = dict(entry["companion"])
+            items.append(entry["companion"])
+    digests = _in_threads(lambda item: file_digests(item["path"], int(item["size"]), storage_options), items)
+    for item, (hashed, crc) in zip(items, digests):
+        item["hash"], item[CRC_KEY] = hashed, crc
+    out = dict(sources)
     out["files"] = files
     return out
 
@@ -96,6 +229,18 @@ class FileChanges:
     new: tuple[str, ...]
     changed: tuple[tuple[str, str], ...]
     missing: tuple[str, ...]
+
+
+def _content_differs(path: str, size: int, rec: Mapping[str, Any], storage_options: dict | None) -> bool:
+    """Whether a file whose modification time moved holds other bytes than recorded:
+    every byte when the record has ``crc32``, else (a store written before) its size
+    and ends as ``hash`` covers them; with neither, it is taken as changed."""
+    if rec.get(CRC_KEY) is not None:
+        hashed, crc = file_digests(path, size, storage_options)
+        return crc != rec[CRC_KEY] or (rec.get("hash") is not None and hashed != rec["hash"])
+    if rec.get("hash") is not None:
+        return content_hash(path, size, storage_options) != rec["hash"]
+    return True
 
 
 def compare_files(recorded: Mapping[str, Mapping[str, Any]], current: Iterable[str],
@@ -112,11 +257,22 @@ def compare_files(recorded: Mapping[str, Mapping[str, Any]], current: Iterable[s
         ``stat(path) -> (size, mtime)``.
     storage_options
         fsspec options for remote paths.
+
+    Returns
+    -------
+    FileChanges
+        Changed files in record order, each with why.
+
+    Raises
+    ------
+    LoaderError
+        Naming a file whose time moved but that cannot be read.
     """
     current = list(current)
     seen = set(current)
     new = tuple(p for p in current if p not in recorded)
-    changed: list[tuple[str, str]] = []
+    verdicts: list[tuple[str, str | None]] = []  # (path, why) in record order; None: read its content
+    moved: list[tuple[str, int, Mapping[str, Any]]] = []
     missing: list[str] = []
     for path, rec in recorded.items():
         if path not in seen and rec.get("companion_of") not in seen:
@@ -129,10 +285,16 @@ def compare_files(recorded: Mapping[str, Mapping[str, Any]], current: Iterable[s
             missing.append(path)
             continue
         if rec.get("size") is not None and int(rec["size"]) != int(size):
-            changed.append((path, f"its size is {size:,} bytes, the store recorded {int(rec['size']):,}"))
+            verdicts.append((path, f"its size is {size:,} bytes, the store recorded {int(rec['size']):,}"))
         elif rec.get("mtime") is not None and float(rec["mtime"]) != float(mtime):
-            if rec.get("hash") is None or content_hash(path, size, storage_options) != rec["hash"]:
-                changed.append((path, "it was modified after the store was built (its modification time and "
-                                      "content differ from the store's record)"))
-    return FileChanges(new, tuple(changed), tuple(missing))
-
+            verdicts.append((path, None))
+            moved.append((path, int(size), rec))
+    # Only files whose time moved are read; many of them (a folder copied anew) are read
+    # several at once.
+    differs = dict(zip((m[0] for m in moved),
+                       _in_threads(lambda m: _content_differs(m[0], m[1], m[2], storage_options), moved)))
+    modified = ("it was modified after the store was built (its modification time and content differ from the "
+                "store's record)")
+    changed = tuple((path, why if why is not None else modified) for path, why in verdicts
+                    if why is not None or differs[path])
+    return FileChanges(new, changed, tuple(missing))
