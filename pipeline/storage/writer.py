@@ -25,6 +25,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import platform
 import re
 import shutil
 import uuid
@@ -55,7 +56,7 @@ from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_sto
 from pipeline.storage.units import read_rows_sync, write_blocks, write_units
 from pipeline.storage.versions import HISTORY, record
 
-__all__ = ["SHARED", "WRITTEN", "split_gap_from_arrays", "write", "written_units"]
+__all__ = ["SHARED", "WRITTEN", "split_at_times", "split_gap_from_arrays", "write", "written_units"]
 
 FORMAT_VERSION = 1
 #: Per split, one row per write unit: ``[1, crc32 of each array's block...]`` once the
@@ -75,9 +76,16 @@ FOLD_CHUNK = 2**20
 _FOLD_PART = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
+#: Distributions whose versions a store records: what computed and encoded it, and the
+#: readers that decode raw tables (pandas, pyarrow), whose parsing a new release can
+#: change. Read from the installed metadata: nothing is imported for it, and one not
+#: installed is left out.
+VERSIONED = ("pipeline", "dask", "distributed", "zarr", "numcodecs", "numpy", "pandas", "pyarrow")
+
+
 def _versions() -> dict[str, str]:
-    out = {}
-    for name in ("pipeline", "dask", "distributed", "zarr", "numcodecs", "numpy"):
+    out = {"python": platform.python_version()}
+    for name in VERSIONED:
         try:
             out[name] = version(name)
         except PackageNotFoundError:
@@ -171,8 +179,18 @@ def _check_splits(splits: Mapping[str, float] | None) -> None:
 def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
                gap: int | None, horizon: int | None = None) -> int | None:
     """The gap in samples between time splits: ``gap`` if given, else from the arrays'
-    window geometry; None when nothing is split by time."""
-    if splits is None or split_by == "random" or (arrays and isinstance(next(iter(arrays.values())), Mapping)):
+    window geometry; None when nothing is split by time.
+
+    Raises
+    ------
+    StoreError
+        A random split of windows that share steps (see :func:`_check_random_split`),
+        or a gap that cannot be known.
+    """
+    if splits is None or (arrays and isinstance(next(iter(arrays.values())), Mapping)):
+        return None
+    if split_by == "random":
+        _check_random_split(arrays, horizon)
         return None
     if gap is not None:
         if isinstance(gap, bool) or not isinstance(gap, (int, np.integer)) or gap < 0:
@@ -187,6 +205,165 @@ def _split_gap(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, sp
             "between splits; gap=0 when samples share no time step)"
         )
     return derived
+
+
+def _check_random_split(arrays: Mapping[str, Any], horizon: int | None) -> None:
+    """Refuse a random split of windows that share steps, before anything is written.
+
+    Windows ``i`` and ``i + d`` of one session share a step (through their own steps,
+    the features' lookback or the label) for every ``d`` up to
+    :func:`split_gap_from_arrays`' gap: shuffled into different splits, a validation
+    window would hold what a training window holds (with ``stride=1`` nearly every
+    validation window does), against the rule that splits share no time step. Samples
+    that carry no window geometry (images, independent records) are not windows and
+    split at random freely.
+
+    Raises
+    ------
+    StoreError
+        Naming the geometry, how many neighbours each window shares steps with, and
+        what to do instead.
+    """
+    name, geometry = _window_geometry(arrays)
+    if not geometry:
+        return
+    carried = [a.attrs for a in arrays.values() if isinstance(getattr(a, "attrs", None), Mapping)]
+    if horizon is None and not any("horizon" in c or "horizon" in (c.get("windows") or {}) for c in carried):
+        raise StoreError(
+            f"write: split_by='random' over the windows of array {name!r} (attrs['windows']), but not how many steps "
+            "a label reads after a window's last step: a label can share steps with the next windows, which a "
+            "random split puts in another split; pass horizon= (0 when a label reads nothing after its window)"
+        )
+    reach = split_gap_from_arrays(arrays, horizon)
+    if reach:
+        shape = {k: geometry.get(k) for k in ("size", "stride", "scales")}
+        shape["horizon"] = horizon if horizon is not None else geometry.get("horizon", "from attrs['horizon']")
+        raise StoreError(
+            f"write: split_by='random' over the windows of array {name!r} ({shape}): each window shares time steps with "
+            f"the {reach} windows after it, so a random split would put steps of training windows into the other "
+            "splits; split by time (split_by='time', the default, leaves the gap), or make windows that share no "
+            "step (a stride larger than the window's reach), or pass arrays already split"
+        )
+
+
+def split_at_times(times: Any, sessions: np.ndarray, fractions: Mapping[str, float], gap: int
+                   ) -> dict[str, np.ndarray]:
+    """Sample indices per split, every session cut at the same instants.
+
+    Samples are counted in time order: split ``k`` gets ``fractions[k]`` of them, and
+    its cut is the time of the first sample of split ``k + 1``, the same for every
+    session (instrument, file), as ``pipeline run`` cuts its instruments. Within a
+    session the first ``gap`` samples after a cut are left out (its windows share
+    steps with the last ones before it); a session that begins after the cut shares
+    none with the sessions before (windows never span sessions) and loses nothing.
+
+    Parameters
+    ----------
+    times
+        ``(n,)`` time of each sample (its window's end): datetime64 or numbers,
+        non-decreasing within each session.
+    sessions
+        ``(n,)`` session of each sample; a session's samples are consecutive.
+    fractions
+        Split name -> fraction, in time order.
+    gap
+        Samples left out after each cut, per session.
+
+    Returns
+    -------
+    dict
+        Split name -> sorted int64 sample indices.
+
+    Raises
+    ------
+    StoreError
+        Naming the sample: times that are not one number or instant per sample, or
+        that go back in time within a session; a split left without a sample.
+    """
+    t = np.asarray(times)
+    n = int(sessions.size)
+    if t.shape != (n,):
+        raise StoreError(f"write: times must hold one time per sample ({n},), got shape {t.shape}")
+    if t.dtype.kind == "M":
+        missing = np.isnat(t)
+        t = t.astype("datetime64[ns]").astype(np.int64)
+    elif t.dtype.kind in "iuf":
+        missing = np.isnan(t) if t.dtype.kind == "f" else np.zeros(n, dtype=bool)
+    else:
+        raise StoreError(f"write: times must be datetime64 or numbers, one per sample, got dtype {t.dtype}")
+    if missing.any():
+        raise StoreError(f"write: times[{int(np.flatnonzero(missing)[0])}] is missing (NaT or NaN); "
+                         "every sample needs its time to be placed in a split")
+    back = np.flatnonzero((np.diff(t) < 0) & (sessions[1:] == sessions[:-1]))
+    if back.size:
+        i = int(back[0])
+        raw = np.asarray(times)
+        raise StoreError(f"write: times go back within session {int(sessions[i])}: times[{i}] = {raw[i]}, "
+                         f"times[{i + 1}] = {raw[i + 1]}; expected each window's end time, in window order")
+    order = np.argsort(t, kind="stable")
+    ranges = list(time_split_ranges(n, fractions, 0).values())
+    cuts = [t[order[lo]] for lo, _ in ranges[1:]]
+    stop = ranges[-1][1]
+    if stop < n:  # fractions summing to less than 1: the latest samples are left out
+        cuts.append(t[order[stop]])
+    split = np.searchsorted(np.asarray(cuts, dtype=t.dtype), t, side="right")
+    keep = np.ones(n, dtype=bool)
+    # Where a session passes from one split to the next, its next `gap` samples go.
+    change = np.flatnonzero((np.diff(split) != 0) & (sessions[1:] == sessions[:-1])) + 1
+    session_end = np.searchsorted(sessions, sessions, side="right") if n else sessions
+    for b in change.tolist():
+        keep[b:min(b + gap, int(session_end[b]))] = False
+    out = {}
+    for k, name in enumerate(fractions):
+        index = np.flatnonzero((split == k) & keep).astype(np.int64)
+        if index.size == 0:
+            raise StoreError(f"write: split {name!r}: no sample left after cutting every session at the same "
+                             f"instants ({n} samples, {gap} left out after each cut per session, fractions "
+                             f"{dict(fractions)}); use more data or a larger fraction")
+        out[name] = index
+    return out
+
+
+def _time_split_index(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str, gap: int,
+                      times: Any) -> dict[str, np.ndarray] | None:
+    """Sample indices per split when samples are placed by ``times``; ``None`` where a
+    time split cuts by position (one session), or nothing is split by time.
+
+    Raises
+    ------
+    StoreError
+        ``times`` where nothing is split by time; a time split of windows from several
+        sessions without ``times`` (cut by position, one file's late windows would
+        train while another file's earlier ones validate); times that do not fit.
+    """
+    from pipeline.errors import WindowError
+    from pipeline.features.windows import window_sessions
+
+    presplit = bool(arrays) and isinstance(next(iter(arrays.values())), Mapping)
+    if splits is None or split_by == "random" or presplit:
+        if times is not None:
+            raise StoreError("write: times= places samples in time splits (splits={...}, split_by='time'); this "
+                             "write has " + ("arrays already split" if presplit else "no splits" if splits is None
+                                             else "split_by='random'"))
+        return None
+    name, geometry = _window_geometry(arrays)
+    n = int(next(iter(arrays.values())).shape[0])
+    try:
+        sessions = window_sessions(geometry, n) if geometry else np.zeros(n, dtype=np.int64)
+    except WindowError as exc:
+        raise StoreError(f"write: array {name!r}: {exc}") from None
+    if times is None:
+        count = int(np.unique(sessions).size)
+        if count > 1:
+            raise StoreError(
+                f"write: splits={dict(splits)} by time over windows of {count} sessions (array {name!r}, "
+                "attrs['windows']['sessions']: the files x was joined from, or sessions=): cut by position, the "
+                "first split would hold the later windows of the first files while the next split holds earlier "
+                "ones of the last files (files of several instruments or stations). Pass times= (each window's end "
+                "time, e.g. timestamps[pipeline.window_end_rows(x, size=...)]) to cut every session at the same "
+                "instant, or pass arrays already split ({'train': {'x': ..., 'y': ...}, ...})")
+        return None
+    return split_at_times(times, sessions, splits, gap)
 
 
 def _window_geometry(arrays: Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -325,7 +502,8 @@ def write_fold_arrays(group: zarr.Group, folds: Mapping[str, np.ndarray], compre
 
 
 def _normalize(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
-               gap: int, seed: int) -> dict[str, dict[str, da.Array]]:
+               gap: int, seed: int, picked: Mapping[str, np.ndarray] | None = None
+               ) -> dict[str, dict[str, da.Array]]:
     if not arrays:
         raise StoreError("write: no arrays given")
     first = next(iter(arrays.values()))
@@ -341,6 +519,8 @@ def _normalize(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, sp
         total = next(iter(n.values()))
         if splits is None:
             out = {"train": flat}
+        elif picked is not None:
+            out = {name: {k: a[idx] for k, a in flat.items()} for name, idx in picked.items()}
         elif split_by == "random":
             perm = np.random.default_rng(seed).permutation(total)
             out = {}
@@ -550,6 +730,7 @@ def write(
     split_by: Literal["time", "random"] = "time",
     gap: int | None = None,
     horizon: int | None = None,
+    times: Any = None,
     seed: int = 0,
     chunk_samples: int | None = None,
     target_chunk_bytes: int = DEFAULT_CHUNK_BYTES,
@@ -579,7 +760,15 @@ def write(
     splits
         ``None`` writes one split named ``train``; fractions split by time in the given
         order with ``gap`` samples left between splits, or by a seeded permutation with
-        ``split_by="random"``.
+        ``split_by="random"``. By time, samples are taken in array order, which is
+        time order for one series; windows of several sessions (the files an array
+        from :func:`pipeline.load` was joined from, one instrument each, say) need
+        ``times`` and are refused without them.
+    split_by
+        ``"time"`` (the default) or ``"random"``. A random split of windows that share
+        steps (overlapping windows, or a label reaching into the next ones) is
+        refused: it would put the steps of training windows into the other splits.
+        Samples without window geometry (images, independent records) split freely.
     gap
         Samples left out between consecutive time splits, so that no two splits share a
         step through a window, its lookback or its label (recorded as
@@ -587,8 +776,15 @@ def write(
         carries (from :func:`pipeline.windows`) and ``horizon``; what cannot be known is
         refused, not assumed (see :func:`split_gap_from_arrays`).
     horizon
-        The steps a label reads after its window (default an array's
-        ``attrs["horizon"]``), for the derived ``gap``.
+        The steps a label reads after its window (default the ``horizon`` an array
+        carries, from ``pipeline.windows(..., horizon=k)`` or ``attrs["horizon"]``), for
+        the derived ``gap``.
+    times
+        ``(n,)`` time of each sample (its window's end: datetime64 or numbers),
+        for time splits of windows over several sessions: every session is cut at the
+        same instants, as ``pipeline run`` cuts instruments, split ``k`` holding
+        ``fractions[k]`` of the samples counted in time order, and within each session
+        ``gap`` samples are left out after a cut (see :func:`split_at_times`).
     chunk_samples
         Samples per chunk (default from ``target_chunk_bytes`` of ``x``, or of the first
         array).
@@ -633,15 +829,18 @@ def write(
     Raises
     ------
     StoreError
-        Before anything is written: time splits whose gap cannot be known, folds whose
-        base or indices do not fit (naming the fold), arrays of different lengths,
-        feature names that are not one string per feature.
+        Before anything is written: time splits whose gap cannot be known, time
+        splits of windows over several sessions without ``times``, random splits of
+        windows that share steps, folds whose base or indices do not fit (naming the
+        fold), arrays of different lengths, feature names that are not one string per
+        feature.
     """
     location = local_absolute(os.fspath(target))
     codec = CodecSpec.from_mapping(codec, "codec")
     _check_splits(splits)
     used_gap = _split_gap(arrays, splits, split_by, gap, horizon)
-    groups = _normalize(arrays, splits, split_by, used_gap or 0, seed)
+    picked = _time_split_index(arrays, splits, split_by, used_gap or 0, times)
+    groups = _normalize(arrays, splits, split_by, used_gap or 0, seed, picked)
     if shared:
         groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
     fold_index = _check_folds(folds, fold_base, groups, attrs)

@@ -571,3 +571,120 @@ def test_carried_feature_names_that_do_not_fit_x_are_refused(tmp_path):
     with pytest.raises(StoreError, match=r"the feature names array 'w' carries .* expected 4 names .*got 2"):
         write(tmp_path / "s.zarr", {"x": x, "w": names}, progress=False)
     assert not (tmp_path / "s.zarr").exists()
+
+
+def _station_files(folder, stations=("ST_A", "ST_B"), hours=120):
+    """One Parquet file per station over the same hours; the timestamps, in file order."""
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    paths, stamps = [], []
+    for k, name in enumerate(stations):
+        t = pd.date_range("2026-01-01", periods=hours, freq="h")
+        pd.DataFrame({"timestamp": t, "load": 1000 * k + np.arange(hours, dtype=np.float64),
+                      "temp": rng.normal(5, 1, hours)}).to_parquet(folder / f"{name}.parquet", index=False)
+        paths.append(str(folder / f"{name}.parquet"))
+        stamps.append(t.values)
+    return paths, np.concatenate(stamps)
+
+
+def test_windows_of_several_files_split_by_position_are_refused_before_writing(tmp_path):
+    paths, _ = _station_files(tmp_path)
+    x = pipeline.load(paths, columns=["load", "temp"])
+    w = pipeline.windows(x, size=6, horizon=2)
+    y = np.zeros(w.shape[0])
+    with pytest.raises(StoreError, match=r"by time over windows of 2 sessions .*Pass times= "):
+        write(tmp_path / "s.zarr", {"x": w, "y": y}, splits={"train": .8, "val": .2}, progress=False)
+    assert not (tmp_path / "s.zarr").exists()
+    # One file's windows are one series: array order is time order, as before.
+    one = pipeline.windows(pipeline.load(paths[0], columns=["load", "temp"]), size=6, horizon=2)
+    write(tmp_path / "one.zarr", {"x": one}, splits={"train": .8, "val": .2}, progress=False)
+
+
+def test_times_cut_every_file_at_the_same_instant_with_the_gap_inside_each(tmp_path):
+    """Two stations over the same hours: train and validation are the same period of
+    both, and no raw row of a file is in two splits, as pandas computes it."""
+    import pandas as pd
+
+    paths, stamps = _station_files(tmp_path)
+    x = pipeline.load(paths, columns=["load", "temp"])
+    size, stride, k = 6, 1, 2
+    w = pipeline.windows(x, size=size, stride=stride, horizon=k)
+    ends = pipeline.window_end_rows(x, size=size, stride=stride, horizon=k)
+    raw = np.concatenate([pd.read_parquet(p)["load"].to_numpy() for p in paths])
+    path = write(tmp_path / "s.zarr", {"x": w, "y": raw[ends + k], "e": ends},
+                 splits={"train": .7, "val": .3}, times=stamps[ends], chunk_samples=16, progress=False)
+    ds = pipeline.open(path)
+    gap = (size - 1 + k) // stride
+    assert ds.attrs["split_gap_samples"] == gap
+
+    # The reference: rank windows by end time, cut at the first validation one, then
+    # drop each file's first `gap` windows after the cut.
+    ref = pd.DataFrame({"e": ends, "t": stamps[ends], "file": np.repeat([0, 1], [120, 120])[ends]})
+    cut = ref["t"].sort_values(kind="stable").iloc[int(np.floor(.7 * len(ref) + 1e-9))]
+    ref["after"] = ref["t"] >= cut
+    ref["rank"] = ref.groupby(["file", "after"]).cumcount()
+    want_train = ref[~ref["after"]]["e"].to_numpy()
+    want_val = ref[ref["after"] & (ref["rank"] >= gap)]["e"].to_numpy()
+    np.testing.assert_array_equal(ds["train"]["e"][:], want_train)
+    np.testing.assert_array_equal(ds["val"]["e"][:], want_val)
+    np.testing.assert_array_equal(ds["val"]["y"][:], raw[want_val + k])
+    np.testing.assert_array_equal(ds["val"]["x"][:][:, :, 0], raw[want_val[:, None] - np.arange(size)[::-1]])
+    # The same instants for both stations; no row of a file both trained and validated.
+    t_train, t_val = stamps[want_train], stamps[want_val]
+    assert t_train.max() < cut <= t_val.min()
+    for f in (0, 1):
+        rows = {name: {r for e in ds[name]["e"][:] if ref.set_index("e").loc[e, "file"] == f
+                       for r in range(e - (size - 1), e + k + 1)} for name in ("train", "val")}
+        assert rows["train"] and rows["val"] and not rows["train"] & rows["val"]
+
+
+def test_times_that_do_not_fit_are_refused_before_writing(tmp_path):
+    paths, stamps = _station_files(tmp_path, hours=40)
+    x = pipeline.load(paths, columns=["load", "temp"])
+    w = pipeline.windows(x, size=4, horizon=0)
+    t = stamps[pipeline.window_end_rows(x, size=4, horizon=0)]
+    cases = [
+        (t[:-1], r"times must hold one time per sample \(74,\), got shape \(73,\)"),
+        (t[::-1], r"times go back within session 0: times\[0\]"),
+        (np.where(np.arange(t.size) == 5, np.datetime64("NaT"), t), r"times\[5\] is missing"),
+        (t.astype(str), "times must be datetime64 or numbers"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(StoreError, match=message):
+            write(tmp_path / "s.zarr", {"x": w}, splits={"train": .5, "val": .5}, times=bad, progress=False)
+    with pytest.raises(StoreError, match=r"times= places samples in time splits .*split_by='random'"):
+        write(tmp_path / "s.zarr", {"x": np.zeros((74, 2))}, splits={"a": .5, "b": .5}, split_by="random",
+              times=t, progress=False)
+    assert not (tmp_path / "s.zarr").exists()
+
+
+def test_a_random_split_of_windows_that_share_steps_is_refused_before_writing(tmp_path):
+    series = np.arange(400, dtype=np.float32)[:, None]
+    w = pipeline.windows(series, size=24)
+    y = np.arange(w.shape[0])
+    with pytest.raises(StoreError, match=r"split_by='random' .*not how many steps a label reads.*pass horizon="):
+        write(tmp_path / "r.zarr", {"x": w, "y": y}, splits={"a": .8, "b": .2}, split_by="random", progress=False)
+    with pytest.raises(StoreError, match=r"split_by='random' over the windows of array 'x' .*shares time steps with "
+                                         r"the 29 windows after it"):
+        write(tmp_path / "r.zarr", {"x": w, "y": y}, splits={"a": .8, "b": .2}, split_by="random", horizon=6,
+              progress=False)
+    assert not (tmp_path / "r.zarr").exists()
+    # Windows that share no step (stride beyond the window and its label) split at random.
+    apart = pipeline.windows(series, size=4, stride=6, horizon=2)
+    path = write(tmp_path / "ok.zarr", {"x": apart}, splits={"a": .5, "b": .5}, split_by="random", progress=False)
+    ds = pipeline.open(path)
+    steps = {name: set(ds[name]["x"][:].ravel().tolist()) for name in ds.splits}
+    assert not steps["a"] & steps["b"]
+    assert sorted(steps["a"] | steps["b"]) == sorted(set(apart.compute().ravel().tolist()))
+
+
+def test_versions_record_python_and_the_table_readers(tmp_path):
+    import platform
+    from importlib.metadata import version
+
+    write(tmp_path / "v.zarr", {"x": np.zeros((4, 2))}, progress=False)
+    versions = pipeline.open(tmp_path / "v.zarr").attrs["versions"]
+    assert versions["python"] == platform.python_version()
+    for name in ("pandas", "pyarrow", "numpy", "dask", "zarr"):
+        assert versions[name] == version(name)
