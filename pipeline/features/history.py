@@ -11,6 +11,7 @@ split (walk-forward folds gain the new ones).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -177,9 +178,31 @@ def _periods(instrument: np.ndarray, days: np.ndarray, start: Mapping[tuple[int,
     return out
 
 
+def _duration(ns: int) -> str:
+    """A whole number of the largest unit that divides ``ns`` exactly (``90min``, ``2h``),
+    as a config spells a gap."""
+    for unit, size in (("d", 86_400 * 10**9), ("h", 3_600 * 10**9), ("min", 60 * 10**9), ("s", 10**9),
+                       ("ms", 10**6), ("us", 10**3)):
+        if ns and ns % size == 0:
+            return f"{ns // size}{unit}"
+    return f"{ns}ns"
+
+
+def _segment_name(label: str, instrument: str, file: str | None = None) -> str:
+    """A new segment as a user knows it: its file, or its label (a file or a date), with
+    its instrument unless that is named already. A gap session's label (``#0``: its rank
+    among the new data's sessions) means nothing to a user, who is told the instrument
+    instead (and the file, when known); the caller adds when the segment starts."""
+    name = file or ("the new data" if label.startswith("#") or not label else label)
+    # A path of per-instrument folders or names (AAA/2026-01-05.parquet) names it already.
+    if instrument and not re.search(rf"(?<![0-9A-Za-z]){re.escape(instrument)}(?![0-9A-Za-z])", name):
+        name += f" of instrument {instrument!r}"
+    return name
+
+
 def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None,
                       mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None, tz: str | None = None,
-                      calendar: str | None = None) -> np.ndarray:
+                      calendar: str | None = None, files: Sequence[str] | None = None) -> np.ndarray:
     """Session numbers for an append's new segments that continue the stored ones as a
     build of every file would number them.
 
@@ -202,14 +225,20 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
     calendar
         For ``mode="calendar"``: the exchange calendar, whose trading dates key the
         sessions (:func:`~pipeline.features.sessions.session_days`) as a build keys them.
+    files
+        Per new segment, the file its first row was read from, for messages (else a
+        segment is named by its label, its instrument and when it starts).
 
     Raises
     ------
     WindowError
-        Naming the segment: one that falls before or among the stored sessions, or
-        that would continue a stored session (the same date, or within the gap).
+        Naming the segment (its file or label, its instrument and its first time): one
+        that falls before or among the stored sessions, or that would continue a stored
+        session (the same date, or within the gap).
     """
     stored = prior.segments
+    names = [_segment_name(str(label), stored.instruments[int(code)], None if files is None else str(files[k]))
+             for k, (code, label) in enumerate(zip(np.asarray(instrument).tolist(), labels))]
     top = int(stored.session.max())
     times = _stored_times(prior.attrs)
     if first_ns is None or times is None:
@@ -218,9 +247,9 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
             raise WindowError("append: new sessions cannot be placed after the stored ones without timestamps or "
                               "the stored session keys; set source.timestamp, or rebuild with --rebuild")
         last = max(old_keys)
-        for key, label in zip(keys, labels):
+        for key, name in zip(keys, names):
             if key <= last:
-                raise WindowError(f"append: {label} falls before or among the stored sessions (the last stored is "
+                raise WindowError(f"append: {name} falls before or among the stored sessions (the last stored is "
                                   f"{last}); new files must come after every stored one, or rebuild with --rebuild")
         return top + 1 + np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
     first, last = times
@@ -232,7 +261,7 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
     old = _periods(stored.instrument, stored_days)
     new = _periods(np.asarray(instrument), new_days, seen)
     newest = max(map(tuple, old.tolist()))
-    for k, label in enumerate(labels):
+    for k, name in enumerate(names):
         code = int(instrument[k])
         mine = np.flatnonzero(stored.instrument == code)
         if mine.size:
@@ -241,16 +270,19 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
             joins = (mode in ("date", "calendar") and same_day) or (
                 mode == "gap" and int(first_ns[k]) - end <= gap_ns)
             if joins:
-                raise WindowError(f"append: {label} continues the stored session that ends at "
-                                  f"{np.datetime64(end, 'ns')}; an append adds whole new sessions: rebuild with "
-                                  "--rebuild")
+                after = int(first_ns[k]) - end
+                why = ("on the same session date" if mode != "gap" else "it starts before that end" if after < 0
+                       else f"{_duration(after)} later, within source.sessions' gap of {_duration(int(gap_ns))}")
+                raise WindowError(f"append: {name} (from {np.datetime64(int(first_ns[k]), 'ns')}) continues the "
+                                  f"stored session of its instrument that ends at {np.datetime64(end, 'ns')} "
+                                  f"({why}); an append adds whole new sessions: rebuild with --rebuild")
         if tuple(new[k].tolist()) <= newest:
-            raise WindowError(f"append: {label} (from {np.datetime64(int(first_ns[k]), 'ns')}) falls before or among "
+            raise WindowError(f"append: {name} (from {np.datetime64(int(first_ns[k]), 'ns')}) falls before or among "
                               "the stored sessions; new data must come after every stored session, or rebuild with "
                               "--rebuild")
         if mine.size and int(first_ns[k]) < int(last[mine].max()):  # what a build refuses as files out of order
             end = int(last[mine].max())
-            raise WindowError(f"append: {label} starts at {np.datetime64(int(first_ns[k]), 'ns')}, before the "
+            raise WindowError(f"append: {name} starts at {np.datetime64(int(first_ns[k]), 'ns')}, before the "
                               f"stored data of its instrument ends ({np.datetime64(end, 'ns')}): a day supplied "
                               "twice, or data overlapping the stored sessions; new data must start after every "
                               "stored session, or rebuild with --rebuild")

@@ -1,14 +1,17 @@
-"""What an append checks of the new files against the stored build's features and label."""
+"""What an append checks of the new files against the stored build's features, label and
+sessions, and how its refusals name the new data."""
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import MissingColumnError
+from pipeline.errors import MissingColumnError, WindowError
 from pipeline.features import FeatureSpec, LabelSpec
-from pipeline.features.history import check_new_columns
+from pipeline.features.history import Prior, check_new_columns, continue_sessions, prior_from_attrs
 
 STEPS = [FeatureSpec.from_mapping(v, "f") for v in ["mid_price", {"name": "imbalance", "levels": 2}]]
 
@@ -30,3 +33,54 @@ def test_a_new_file_without_a_column_read_is_named_with_the_reader(tmp_path):
     with pytest.raises(MissingColumnError, match=r"full\.parquet: append: this new file \(and the 1 other new "
                                                  r"file\(s\)\) has no column 'label_1', which label kind 'column'"):
         check_new_columns(pq.read_schema(full).names, [full, short], STEPS, label)
+
+
+def _stored(sessions: list[tuple[str, str, str, str]]) -> Prior:
+    """A stored build's prior from its session table: (instrument, label, first time,
+    last time) per segment, 10 rows each, one session per segment in order."""
+    rows = [{"rows": [10 * i, 10 * i + 10], "instrument": inst, "session": i, "label": label,
+             "start": start, "end": end} for i, (inst, label, start, end) in enumerate(sessions)]
+    return prior_from_attrs({"sessions": rows, "instruments": sorted({s[0] for s in sessions})}, {"train": 0})
+
+
+def _ns(text: str) -> int:
+    return int(pd.Timestamp(text).value)
+
+
+def test_new_data_continuing_a_gap_session_is_named_by_its_instrument_not_its_rank():
+    """The refusal said 'append: #0 continues the stored session ...': #0 is the new
+    data's first session of an instrument, which no user can find."""
+    prior = _stored([("ST_A", "#0", "2026-03-01T00:00", "2026-03-09T23:00"),
+                     ("ST_B", "#0", "2026-03-01T00:00", "2026-03-09T23:00")])
+    gap = int(pd.Timedelta("90min").value)
+    first = np.array([_ns("2026-03-10T03:00"), _ns("2026-03-10T00:00")])  # ST_A starts a new session, ST_B not
+    with pytest.raises(WindowError) as info:
+        continue_sessions(prior, np.array([0, 1]), ["#0", "#0"], first, "gap", gap)
+    text = str(info.value)
+    assert text == ("append: the new data of instrument 'ST_B' (from 2026-03-10T00:00:00.000000000) continues the "
+                    "stored session of its instrument that ends at 2026-03-09T23:00:00.000000000 (1h later, within "
+                    "source.sessions' gap of 90min); an append adds whole new sessions: rebuild with --rebuild")
+    assert "#0" not in text
+    files = ["raw/ST_A/2026-03-10.parquet", "raw/ST_B/2026-03-10.parquet"]
+    first[1] = _ns("2026-03-10T00:30")  # a gap of exactly 90min still continues the session
+    with pytest.raises(WindowError, match=r"^append: raw/ST_B/2026-03-10\.parquet \(from 2026-03-10T00:30:00\.0+\) "
+                                          r"continues .* \(90min later, within source\.sessions' gap of 90min\)"):
+        continue_sessions(prior, np.array([0, 1]), ["#0", "#0"], first, "gap", gap, files=files)
+    # Both after the gap: new sessions after every stored one, one per instrument-period.
+    first[1] = _ns("2026-03-10T00:31")
+    assert continue_sessions(prior, np.array([0, 1]), ["#0", "#0"], first, "gap", gap).tolist() == [2, 2]
+
+
+def test_a_new_date_session_is_named_with_its_instrument_and_a_file_label_as_it_is():
+    prior = _stored([("AAA", "2026-01-05", "2026-01-05T09:30", "2026-01-05T16:00"),
+                     ("BBB", "2026-01-05", "2026-01-05T09:30", "2026-01-05T16:00")])
+    first = np.array([_ns("2026-01-06T09:30"), _ns("2026-01-05T16:30")])
+    with pytest.raises(WindowError, match=r"^append: 2026-01-05 of instrument 'BBB' \(from 2026-01-05T16:30:00\.0+\) "
+                                          r"continues the stored session of its instrument that ends at "
+                                          r"2026-01-05T16:00:00\.0+ \(on the same session date\)"):
+        continue_sessions(prior, np.array([0, 1]), ["2026-01-06", "2026-01-05"], first, "date")
+    first[1] = _ns("2026-01-04T09:30")  # a file label names its instrument's folder already
+    with pytest.raises(WindowError, match=r"^append: BBB/2026-01-04\.parquet \(from 2026-01-04T09:30:00\.0+\) falls "
+                                          r"before or among the stored sessions"):
+        continue_sessions(prior, np.array([0, 1]), ["AAA/2026-01-06.parquet", "BBB/2026-01-04.parquet"], first,
+                          "file")
