@@ -22,6 +22,7 @@ import numpy as np
 from pipeline.errors import ConfigError, EmptyInputError, FormatMismatchError, LoaderError, ShapeMismatchError
 from pipeline.loaders.arrays import FileRun, Values, checked_casts, checked_dtype, common_dtype, file_runs
 from pipeline.loaders.conversions import ValueRules
+from pipeline.loaders.registry import dataset_format
 
 __all__ = ["FileInfo", "Source", "expand_paths", "load", "open_source"]
 
@@ -133,36 +134,158 @@ def expand_paths(paths: str | os.PathLike[str] | Sequence[str], storage_options:
 
     Local paths come back absolute: the files are read by dask workers, whose working
     directory (a remote cluster's) is not this process's. URLs (``s3://``, ``file://``)
-    are kept as they are.
+    are kept as they are; a chained URL (``zip://*.csv::/data/day.zip``) keeps its
+    chain, each file the URL of one member (:func:`_chained_files`). A local ``.zip``
+    holding one file is that file (:func:`_zip_member`), as pandas reads it; a local
+    directory named like a CSV or Parquet file (``book_train.parquet/``, as pandas and
+    Spark write a data set) is its files (:func:`_dataset_files`).
 
     Raises
     ------
     EmptyInputError
-        For paths that match no file.
+        For paths that match no file, or a data set directory holding none.
     LoaderError
         For a file that ``paths`` reach twice (:func:`_refuse_repeats`): named twice
         (``a.npy`` and ``./a.npy``, or a symlink to it), matched by two globs, or by one
-        glob through a symlink loop.
+        glob through a symlink loop; for a chained URL whose archive cannot be opened,
+        or a ``.zip`` that does not hold exactly one file.
     """
     items = [os.fspath(paths)] if isinstance(paths, (str, os.PathLike)) else [os.fspath(p) for p in paths]
+    so = storage_options or {}
     found: list[tuple[str, str]] = []  # (file, the item of paths that reached it)
     for item in items:
-        if "://" in item and not item.startswith("file://"):
-            fs, _, matched = fsspec.get_fs_token_paths(item, storage_options=storage_options or {})
+        if "::" in item:
+            found += [(f, item) for f in _chained_files(item, so)]
+        elif "://" in item and not item.startswith("file://"):
+            fs, _, matched = fsspec.get_fs_token_paths(item, storage_options=so)
             proto = fs.protocol[0] if isinstance(fs.protocol, (tuple, list)) else fs.protocol
             found += [(f"{proto}://{m}", item) for m in sorted(matched)]
         elif any(ch in item for ch in "*?["):
             pattern = os.path.expanduser(item)
-            matched = sorted(_absolute(p) for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
-            _refuse_aliases(pattern, matched)
-            found += [(m, item) for m in matched]
+            hits = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p) or dataset_format(p)]
+            matched = sorted(_absolute(p) for p in hits)
+            _refuse_aliases(pattern, [p for p in matched if os.path.isfile(p)])
+            # dict: "**/*.parquet" reaches a data set's files both inside it and alone.
+            inner = dict.fromkeys(f for m in matched for f in _inner_files(m))
+            found += [(f, item) for f in sorted(inner)]
         else:
-            found.append((_absolute(item), item))
+            found += [(f, item) for f in _inner_files(_absolute(item))]
     if not found:
         raise EmptyInputError(", ".join(items) or "paths",
                               "matched no file" if items else "no path given (an empty list)")
     _refuse_repeats(found)
     return [f for f, _ in found]
+
+
+def _inner_files(path: str) -> list[str]:
+    """The files a local path stands for: a data set directory's files, a ``.zip``'s
+    one member as a chained URL, else the path itself."""
+    if dataset_format(path):
+        return _dataset_files(path)
+    if path.lower().endswith(".zip") and os.path.isfile(path.removeprefix("file://")):
+        return [_zip_member(path)]
+    return [path]
+
+
+def _dataset_files(path: str) -> list[str]:
+    """The files of a data set directory (``book_train.parquet/stock_id=0/0.parquet``),
+    in path order, skipping names that start with ``_`` or ``.`` at any depth below it
+    (``_SUCCESS``, ``_metadata``, ``.part-0.crc``), as pyarrow's datasets skip them.
+    Partition folders (``stock_id=0``) stay in the paths, where ``source.instrument``'s
+    ``{path: ...stock_id={instrument}/*.parquet}`` finds them. A file of another
+    format, or of none, is refused by its suffix afterwards, not left out.
+
+    Raises
+    ------
+    EmptyInputError
+        For a data set directory with no file in it.
+    """
+    prefix = "file://" if path.startswith("file://") else ""
+    root = path.removeprefix("file://")
+    out = []
+    for top, dirs, names in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(("_", "."))]
+        out += [os.path.join(top, n) for n in names if not n.startswith(("_", "."))]
+    if not out:
+        raise EmptyInputError(path, "is a data set directory (named like a file of its format) holding no data file "
+                              "(names starting with _ or . are skipped, as pyarrow skips them)")
+    return sorted(prefix + f for f in out)
+
+
+def _zip_member(path: str) -> str:
+    """A local ``.zip`` holding one file (a vendor's daily download, Binance's
+    ``BTCUSDT-bookTicker-2024-01-01.zip``) as the chained URL of that file
+    (``zip://NAME::/abs/day.zip``), read through fsspec's zip file system as pandas
+    reads such a zip; macOS's ``__MACOSX/`` entries are not files of the data.
+
+    Raises
+    ------
+    LoaderError
+        For a file that is not a zip archive, or one holding no file or several,
+        naming them and the chained URL that picks one.
+    """
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path.removeprefix("file://")) as archive:
+            names = [i.filename for i in archive.infolist()
+                     if not i.is_dir() and not i.filename.startswith("__MACOSX/")]
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise LoaderError(path, f"expected a zip archive (its .zip suffix), could not read one ({exc})") from None
+    if len(names) == 1:
+        return f"zip://{names[0]}::{path}"
+    if not names:
+        raise LoaderError(path, "is a zip archive holding no file; a .zip is read as the one file it holds")
+    listing = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    raise LoaderError(path, f"is a zip archive holding {len(names)} files ({listing}); a .zip is read as the one "
+                      f"file it holds: name the files with a chained URL, such as 'zip://*.csv::{path}'")
+
+
+def _chained_files(item: str, so: dict) -> list[str]:
+    """The files of a chained fsspec URL, each as a chained URL that reads it.
+
+    ``zip://*.csv::/data/day.zip`` globs the archive's members, ``simplecache::s3://b/*.csv``
+    the bucket's files; fsspec lists them as bare paths of the first link that has one,
+    so the rest of the chain is put back around each (without it, ``zip://day.csv``
+    opened the working directory as the archive). A local target (the last link) is
+    made absolute, for workers in another directory, and may be a glob
+    (``zip://*.csv::data/*.zip``: every archive's members, archives in path order).
+
+    Raises
+    ------
+    LoaderError
+        For a target that cannot be opened as the chain's archive (missing, a
+        directory, not an archive), naming it and the URL.
+    """
+    import tarfile
+    import zipfile
+
+    links = item.split("::")
+    k = next((i for i, link in enumerate(links) if "://" in link), len(links) - 1)
+    last = links[-1]
+    targets = [last]
+    if k < len(links) - 1 and ("://" not in last or last.startswith("file://")):
+        local = os.path.expanduser(last.removeprefix("file://"))
+        if any(ch in local for ch in "*?["):
+            targets = sorted(_absolute(p) for p in glob.glob(local, recursive=True) if os.path.isfile(p))
+        else:
+            targets = [_absolute(local)]
+    proto = links[k].split("://", 1)[0]
+    out: list[str] = []
+    for target in targets:
+        url = "::".join([*links[:-1], target])
+        try:
+            _, _, matched = fsspec.get_fs_token_paths(url, storage_options=so)
+        except (OSError, ValueError, zipfile.BadZipFile, tarfile.TarError) as exc:  # as the archive's module raises
+            why = ("no such file" if isinstance(exc, FileNotFoundError) else "is a directory, not an archive"
+                   if isinstance(exc, IsADirectoryError) else f"{type(exc).__name__}: {exc}")
+            raise LoaderError(target, f"cannot be opened for the chained URL {item!r} ({why}); its last link names "
+                              "the archive (zip://NAME.csv::/data/day.zip)") from None
+        for m in sorted(matched):
+            chain = [*links[:-1], target]
+            chain[k] = f"{proto}://{m}"
+            out.append("::".join(chain))
+    return out
 
 
 def _refuse_repeats(found: Sequence[tuple[str, str]]) -> None:
@@ -211,6 +334,8 @@ def _refuse_aliases(pattern: str, matched: list[str]) -> None:
 
 
 def _stat(path: str, so: dict) -> tuple[int, float]:
+    """A file's size and modification time (of a chained URL's member: its size, and
+    the time of the local archive it is read from, :func:`_local_target`)."""
     try:
         if "://" not in path or path.startswith("file://"):
             st = os.stat(path.removeprefix("file://"))  # no fsspec round trip for local files
@@ -223,7 +348,20 @@ def _stat(path: str, so: dict) -> tuple[int, float]:
         raise LoaderError(path, f"cannot read ({exc})") from None
     mtime = info.get("mtime") or info.get("LastModified") or 0
     mtime = mtime.timestamp() if hasattr(mtime, "timestamp") else float(mtime)
+    archive = _local_target(path)
+    if archive is not None:
+        # A zip member has no mtime, only a 2-second date a rewritten archive may keep
+        # (vendors stamp their own): the archive's own time moves when it is replaced.
+        mtime = os.stat(archive).st_mtime
     return int(info.get("size") or 0), mtime
+
+
+def _local_target(path: str) -> str | None:
+    """The local file a chained URL reads through (its last link), or None."""
+    if "::" not in path:
+        return None
+    last = path.rsplit("::", 1)[1]
+    return last.removeprefix("file://") if "://" not in last or last.startswith("file://") else None
 
 
 def open_source(

@@ -9,8 +9,8 @@ from typing import Callable
 
 from pipeline.errors import FormatMismatchError
 
-__all__ = ["FORMATS", "NAMED", "SUFFIXES", "TABLES", "TEXT_COMPRESSIONS", "ArrayFormat", "compression_of",
-           "directory_glob", "format_of"]
+__all__ = ["DATASET_FORMATS", "FORMATS", "NAMED", "SUFFIXES", "TABLES", "TEXT_COMPRESSIONS", "ArrayFormat", "compression_of",
+           "dataset_format", "directory_glob", "format_of", "own_name"]
 
 #: Suffix -> format name. ``format:`` in the config overrides it.
 SUFFIXES = {
@@ -40,9 +40,19 @@ TEXT_COMPRESSIONS = {".gz": "gzip", ".bz2": "bz2", ".xz": "xz", ".zst": "zstd"}
 TEXT_FORMATS = ("csv", "lobster")
 
 
+def own_name(path: str) -> str:
+    """The name that says a file's format: ``path`` itself, or of a chained fsspec URL
+    (``zip://day.csv::/data/day.zip``) the path of its first link with one
+    (``day.csv``, the file read), not of the archive or cache it is read through."""
+    if "::" not in path:
+        return path
+    links = path.split("::")
+    return next((link for link in links if "://" in link), links[-1])
+
+
 def compression_of(path: str) -> str | None:
     """The codec a text file is compressed with, from its last suffix (None: plain)."""
-    return TEXT_COMPRESSIONS.get(os.path.splitext(path)[1].lower())
+    return TEXT_COMPRESSIONS.get(os.path.splitext(own_name(path))[1].lower())
 
 
 TABLES = ("csv", "parquet", "lobster", "fi2010")
@@ -129,14 +139,40 @@ def directory_glob(path: str, names: list[str]) -> str:
     return f"{base}/*/*{suffix}" if nested else f"{base}/*{suffix}"
 
 
+#: Table formats whose data sets are written as a directory of files named like one
+#: file (pandas, Spark, Dask: ``book_train.parquet/stock_id=0/part.0.parquet``).
+DATASET_FORMATS = ("csv", "parquet")
+
+
+def dataset_format(path: str) -> str | None:
+    """The table format of a local data set directory (one named with a CSV or Parquet
+    suffix, :data:`DATASET_FORMATS`), else None (a file, a URL, another directory)."""
+    fmt = SUFFIXES.get(os.path.splitext(path.rstrip("/" + os.sep))[1].lower())
+    return fmt if fmt in DATASET_FORMATS and _is_local_dir(path) else None
+
+
 def format_of(path: str, fmt: str | None) -> str:
-    """The format of ``path``: ``fmt`` if given, else from its suffix."""
+    """The format of ``path``: ``fmt`` if given, else from its suffix (of a chained
+    URL, its member's: :func:`own_name`).
+
+    Raises
+    ------
+    FormatMismatchError
+        For an unknown ``fmt`` or suffix, a compression suffix on a format that is not
+        text, a ``.zip`` that path expansion did not open, or a directory (before its
+        suffix is looked at: ``data.parquet/`` is a directory, not a Parquet file),
+        with a glob of its files.
+    """
+    if _is_local_dir(path):
+        # Before the suffix: a directory named like a file would be opened as one.
+        raise FormatMismatchError(path, f"is a directory, not a file; give a glob of its files, such as "
+                                  f"{directory_glob(path, _listdir(path))!r}")
     if fmt:
         known = set(SUFFIXES.values()) | set(NAMED)
         if fmt not in known:
             raise FormatMismatchError(path, f"unknown format {fmt!r}; expected one of {sorted(known)}")
         return fmt
-    inner, suffix = os.path.splitext(path)
+    inner, suffix = os.path.splitext(own_name(path))
     suffix = suffix.lower()
     if suffix in TEXT_COMPRESSIONS:
         inner_suffix = os.path.splitext(inner)[1].lower()
@@ -145,9 +181,10 @@ def format_of(path: str, fmt: str | None) -> str:
                 path, f"a {suffix} file is read as compressed text (CSV: .csv{suffix}); {inner_suffix or 'no suffix'} "
                 "inside it is not, so decompress it first or set format:")
         return SUFFIXES[inner_suffix]
-    if suffix not in SUFFIXES and _is_local_dir(path):
-        raise FormatMismatchError(path, f"is a directory, not a file; give a glob of its files, such as "
-                                  f"{directory_glob(path, _listdir(path))!r}")
+    if suffix == ".zip":
+        # Path expansion opens a local .zip holding one file; a remote one is not listed.
+        raise FormatMismatchError(path, "a .zip is read as the one file it holds when it is a local file; name the "
+                                  "file inside with a chained URL, such as 'zip://NAME.csv::s3://bucket/day.zip'")
     if suffix not in SUFFIXES:
         raise FormatMismatchError(
             path, f"unknown suffix {suffix or '(none)'!r}; expected one of {', '.join(sorted(SUFFIXES))} (CSV also "
