@@ -293,8 +293,7 @@ def compare_files(recorded: Mapping[str, Mapping[str, Any]], current: Iterable[s
     # several at once.
     differs = dict(zip((m[0] for m in moved),
                        _in_threads(lambda m: _content_differs(m[0], m[1], m[2], storage_options), moved)))
-    modified = ("it was modified after the store was built (its modification time and content differ from the "
-                "store's record)")
+    modified = "it was modified: its modification time and its content differ from the store's record"
     changed = tuple((path, why if why is not None else modified) for path, why in verdicts
                     if why is not None or differs[path])
     return FileChanges(new, changed, tuple(missing))

@@ -82,8 +82,8 @@ def test_a_same_size_correction_in_the_middle_of_a_large_file_is_a_change(tmp_pa
     edited = _edit_middle(csv, data)
     assert _ends_hash(edited) == entry["hash"]  # what the ends alone see
     changes = compare_files(recorded, [str(csv)], _stat)
-    assert changes.changed == ((str(csv), "it was modified after the store was built (its modification time and "
-                                          "content differ from the store's record)"),)
+    assert changes.changed == ((str(csv), "it was modified: its modification time and its content differ from "
+                                          "the store's record"),)
     assert changes.new == () and changes.missing == ()
 
 
