@@ -173,3 +173,13 @@ def test_a_directory_is_refused_before_its_suffix_is_read(tmp_path):
     (tmp_path / "none.parquet" / "_SUCCESS").write_bytes(b"")
     with pytest.raises(EmptyInputError, match=r"none\.parquet: is a data set directory .* holding no data file"):
         expand_paths(str(tmp_path / "none.parquet"))
+
+
+def test_a_caching_chain_lists_its_target_files_keeping_the_chain(tmp_path):
+    """simplecache::URL globs the target's files; each keeps the cache link."""
+    for name, rows in (("a.csv", "x,y\n1,2\n3,4\n"), ("b.csv", "x,y\n5,6\n")):
+        (tmp_path / name).write_text(rows)
+    urls = expand_paths(f"simplecache::file://{tmp_path}/*.csv")
+    assert urls == [f"simplecache::file://{tmp_path}/a.csv", f"simplecache::file://{tmp_path}/b.csv"]
+    expected = pd.concat([pd.read_csv(tmp_path / "a.csv"), pd.read_csv(tmp_path / "b.csv")]).to_numpy()
+    np.testing.assert_array_equal(open_source(urls, dtype="float64").array.compute(), expected)
