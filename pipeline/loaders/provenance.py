@@ -121,9 +121,16 @@ def file_digests(path: str, size: int, storage_options: dict | None = None) -> t
     LoaderError
         When the file cannot be read, naming it.
     """
+    hashed, crc = _one_pass(path, size, storage_options, ends=True)
+    return str(hashed), crc
+
+
+def _one_pass(path: str, size: int, storage_options: dict | None, *, ends: bool) -> tuple[str | None, str]:
+    """:func:`file_digests`, or with ``ends=False`` the CRC-32 alone (``None`` for the
+    hash)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(int(size).to_bytes(8, "little"))
-    ends = _ends(int(size))
+    ranges = _ends(int(size)) if ends else ()
     crc = 0
     offset = 0
     buf = bytearray(_BLOCK_BYTES)
@@ -131,29 +138,20 @@ def file_digests(path: str, size: int, storage_options: dict | None = None) -> t
     try:
         with _open(path, storage_options) as f:
             while True:
-                n = _read_into(f, view)
+                n = f.readinto(view)  # fsspec's files and local ones: no copy of each block
                 if not n:
                     break
                 block = view[:n]
                 crc = crc32(block, crc)
                 # The ends are fed as the blocks pass, in file order, so no block is kept.
-                for lo, hi in ends:
+                for lo, hi in ranges:
                     a, b = max(lo, offset), min(hi, offset + n)
                     if a < b:
                         h.update(block[a - offset:b - offset])
                 offset += n
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
-    return h.hexdigest(), f"{crc:08x}"
-
-
-def _read_into(f: Any, view: memoryview) -> int:
-    """Fill ``view`` from ``f`` as far as the file goes; the bytes read."""
-    if hasattr(f, "readinto"):
-        return f.readinto(view) or 0
-    data = f.read(len(view))
-    view[:len(data)] = data
-    return len(data)
+    return (h.hexdigest() if ends else None), f"{crc:08x}"
 
 
 def content_crc(path: str, storage_options: dict | None = None) -> str:
@@ -164,7 +162,7 @@ def content_crc(path: str, storage_options: dict | None = None) -> str:
     LoaderError
         When the file cannot be read, naming it.
     """
-    return file_digests(path, 0, storage_options)[1]
+    return _one_pass(path, 0, storage_options, ends=False)[1]
 
 
 def _in_threads(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
