@@ -4,9 +4,9 @@ The steps, in order: per-step features (halo = lookback) -> where windows fit: i
 segment (instrument x session) with their history and label (pure arithmetic,
 :mod:`pipeline.features.sessions`) -> which split each window falls in, by the time its
 reach covers (:mod:`pipeline.features.splits`) -> normalization statistics from the
-train split's steps only, or per session from the sessions before it -> windows, labels,
-timestamps, session and instrument of each window -> NaN policy. Only small reductions
-run here; the windows stay lazy until the writer stores them.
+train split's steps only (:func:`fit_split`), or per session from the sessions before
+it -> windows, labels, timestamps, session and instrument of each window -> NaN policy.
+Only small reductions run here; the windows stay lazy until the writer stores them.
 
 A window is left out of every split, as one whose label runs past its segment is, when
 its label reads a price the source filled in (``source.nan: fill``: an empty level,
@@ -35,14 +35,15 @@ from pipeline.features.normalize import apply_normalization, fit_normalization, 
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
-from pipeline.features.splits import FoldSpec, NormalizeSpec, assign_splits, fold_sessions, fraction_cuts, is_dated
+from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign_splits, fold_sessions, fraction_cuts,
+                                      is_dated)
 from pipeline.features.steps import FeatureFrame, compute_features, feature_lookback
 from pipeline.features.filesessions import file_sessions
 from pipeline.features.windows import gather_rows, windows_at
 from pipeline.progress import compute
 from pipeline.storage.layout import unit_chunks
 
-__all__ = ["TrainingSet", "build_training_set"]
+__all__ = ["TrainingSet", "build_training_set", "fit_split"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,11 +185,15 @@ def build_training_set(
     scales
         Sampling intervals, one block of features each.
     splits
-        Fractions by time (default ``{"train": 1.0}``) or date bounds: a window goes to
-        the split holding its whole reach, or to none (:func:`~pipeline.features.splits.parse_splits`).
+        Fractions by time (default ``{"train": 1.0}``) or date bounds (``{"train":
+        {"until": "2026-01-08"}, "test": {}}``; ``until`` also a date, datetime, pandas
+        Timestamp or numpy datetime64): a window goes to the split holding its whole
+        reach, or to none (:func:`~pipeline.features.splits.as_splits`).
     normalize
-        ``global`` (fitted on the first split, or fold), ``trailing`` (each session by
-        its instrument's sessions before it), ``window`` or ``none``.
+        ``global`` (fitted on the split named ``train``, else the first one, or on the
+        first fold's training part; ``{"kind": "global", "per": "instrument"}``: each
+        instrument by its own), ``trailing`` (each session by its instrument's sessions
+        before it), ``window`` or ``none``.
     nan
         Windows or labels holding NaN/inf: ``drop`` (counted), ``fill`` or ``raise``.
     fill_value
@@ -219,6 +224,14 @@ def build_training_set(
     -------
     TrainingSet
 
+    Raises
+    ------
+    ConfigError
+        ``splits`` or ``normalize`` malformed, naming the key.
+    WindowError
+        A split without windows; ``global`` normalization with no window (or, ``per:
+        instrument``, an instrument with windows but none) in the split it fits on.
+
     Warns
     -----
     UserWarning
@@ -227,7 +240,7 @@ def build_training_set(
         Class labels from float32 prices so close to a class boundary that exact prices
         could change them (:func:`~pipeline.features.labels.rounding_message`).
     """
-    splits = dict(splits or {"train": 1.0})
+    splits = as_splits(splits or {"train": 1.0}, "splits")
     norm = NormalizeSpec.from_value(normalize, "normalize")
     scales = tuple(scales)
     segs = segments if segments is not None else _file_segments(x)
@@ -254,12 +267,15 @@ def build_training_set(
     if prior is None:
         _check_splits_hold_windows(runs, where, splits, norm, future)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
-    fit_runs = runs.subset(where == 0) if fold_sets is None else runs.subset(fold_sets[0][0][0])
+    fit_on = fit_split(names) if fold_sets is None else "fold0/train"
+    fit_runs = runs.subset(where == names.index(fit_on)) if fold_sets is None else runs.subset(fold_sets[0][0][0])
+    if norm.kind == "global" and prior is None:
+        _check_fit_windows(runs, fit_runs, segs, norm, fit_on)
     f, stats, bad, y_values, seg_times, empty_reads = _fit_and_check(
         f, runs, fit_runs, labels_steps, timestamps, segs, norm, size=size, scales=scales, lookback=L,
         progress=progress, prior=prior, gaps=gaps)
     if norm.kind == "global" and prior is None:
-        stats.update(fit_on=names[0] if fold_sets is None else "fold0/train", features=list(frame.names))
+        stats.update(fit_on=fit_on, features=list(frame.names))
     bad, dropped = _left_out(bad, empty_reads, where, y_values, runs, label, nan=nan, rounded=x.dtype == np.float32,
                              halo=H, fwd=fwd)
 
@@ -277,6 +293,39 @@ def build_training_set(
     if folds is not None:
         fold_index, attrs["folds"] = _fold_output(fold_sets, where, dropped, folds, segs, per_split, prior)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
+
+
+def fit_split(names: Sequence[str]) -> str:
+    """The split ``global`` statistics are fitted on: the one named ``train`` wherever it
+    is listed (a held-out period may come first in time), else the first one listed."""
+    return "train" if "train" in names else names[0]
+
+
+def _check_fit_windows(runs: WindowRuns, fit_runs: WindowRuns, segs: SegmentTable, norm: NormalizeSpec,
+                       fit_on: str) -> None:
+    """Refuse, before the pass over the data, ``global`` statistics with nothing to fit
+    on: no window in ``fit_on`` (a date split after the data), or, ``per: instrument``,
+    an instrument with windows elsewhere but none there (its rows would go unscaled).
+
+    Raises
+    ------
+    WindowError
+        Naming the split, and the instrument.
+    """
+    if fit_runs.n == 0:
+        raise WindowError(f"normalize: global fits its statistics on split {fit_on!r}, which holds no window "
+                          f"({runs.n} windows in all); give it data, or use normalize: trailing or none")
+    if norm.per != "instrument":
+        return
+    has = np.zeros(len(segs.instruments), dtype=bool)
+    has[np.unique(segs.instrument[runs.segments_of()])] = True
+    fitted = np.zeros_like(has)
+    fitted[np.unique(segs.instrument[fit_runs.segments_of()])] = True
+    missing = [segs.instruments[c] for c in np.flatnonzero(has & ~fitted)]
+    if missing:
+        raise WindowError(f"normalize: {{kind: global, per: instrument}}: instrument {missing[0]!r} has windows "
+                          f"but none in split {fit_on!r} to fit its statistics on; move the split's bounds, or "
+                          "use normalize: global")
 
 
 def _left_out(bad: np.ndarray, empty_reads: np.ndarray, where: np.ndarray, y_values: np.ndarray, runs: WindowRuns,
@@ -474,7 +523,7 @@ def _future_splits(where: np.ndarray, splits: Mapping[str, Any]) -> frozenset[st
 def _check_splits_hold_windows(runs: WindowRuns, where: np.ndarray, splits: Mapping[str, Any],
                                norm: NormalizeSpec, future: frozenset[str] = frozenset()) -> None:
     """Refuse a split that no window falls in, from the counts alone (before the pass
-    that fits the normalization on the first split: an empty one has nothing to fit),
+    that fits the normalization on the train split: an empty one has nothing to fit),
     but for ``future`` splits (:func:`_future_splits`)."""
     per_split = np.bincount(np.asarray(where[where >= 0], dtype=np.int64), minlength=len(splits))
     for k, name in enumerate(splits):

@@ -1,11 +1,21 @@
 """Normalization statistics fitted without look-ahead, and their application blockwise.
 
 - ``global``: each feature's mean and std over the steps of the windows it is fitted on
-  (the first split, or the first fold's training sessions): later splits never inform it.
+  (the split named ``train``, else the first split; or the first fold's training
+  sessions): other splits never inform it. ``per: instrument`` fits one mean and std per
+  instrument, on its own rows of those windows.
 - ``trailing``: each session z-scored with the pooled statistics of the ``N`` sessions of
-  its instrument before it. Per-session moments (count, mean, sum of squared deviations)
-  are computed once per block and combined exactly (Chan et al.), in float64: prices
-  far from zero lose no digits, as a sum of squares would.
+  its instrument before it.
+
+Both are pooled from moments (count, mean, sum of squared deviations, in float64: prices
+far from zero lose no digits, as a sum of squares would) combined with Chan et al.'s
+update. The moments are taken over a fixed grid of cells, not over the source's chunks:
+each segment's usable rows are cut into cells of :data:`CELL_ROWS` rows from its first
+usable row, the features are rechunked so that no cell is split, and the cells' moments
+are combined in row order. Floating-point sums depend on how the rows are grouped, so
+this makes the statistics, and every stored window, the same bits whatever
+``source.chunk_rows`` or the files' sizes are; and a segment's moments do not depend on
+the rows before it, so an append's new sessions get the moments a full build gives them.
 """
 
 from __future__ import annotations
@@ -17,12 +27,17 @@ import dask
 import dask.array as da
 import numpy as np
 
+from pipeline.errors import WindowError
 from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import SegmentTable, WindowRuns
 from pipeline.features.splits import NormalizeSpec
 
-__all__ = ["RowScaler", "apply_normalization", "combine_moments", "fit_normalization", "row_scaler",
-           "segment_moments"]
+__all__ = ["CELL_ROWS", "RowScaler", "apply_normalization", "cell_edges", "combine_moments", "fit_normalization",
+           "row_scaler", "segment_moments"]
+
+#: Rows of a cell of the grid moments are taken over (:func:`cell_edges`): large enough
+#: that a cell's task costs little beside its rows, small enough to hold in a worker.
+CELL_ROWS = 1 << 16
 
 
 def _intervals(runs: WindowRuns, halo: int) -> list[tuple[int, int]]:
@@ -37,9 +52,33 @@ def _intervals(runs: WindowRuns, halo: int) -> list[tuple[int, int]]:
     return [(a, b) for a, b in out]
 
 
-def segment_moments(block: np.ndarray, lo: int, segments: SegmentTable, lookback: int) -> list[tuple]:
+def cell_edges(segments: SegmentTable, lookback: int, cell: int = CELL_ROWS) -> np.ndarray:
+    """Row edges of the chunks that moments are taken in: every segment's usable rows
+    (from ``start + lookback``) are cut every ``cell`` rows counted from its first usable
+    row, and chunks end at a segment's end once they hold ``cell`` rows or more (short
+    sessions share a chunk). A pure function of the segment table: the same grid for
+    any chunking of the source.
+
+    Returns
+    -------
+    numpy.ndarray
+        Increasing int64 edges from 0 to ``segments.rows``.
+    """
+    edges = [0]
+    for a, b in zip(segments.starts.tolist(), segments.stops.tolist()):
+        edges.extend(range(a + lookback + cell, b, cell))
+        if b - edges[-1] >= cell:
+            edges.append(b)
+    if edges[-1] != segments.rows:
+        edges.append(segments.rows)
+    return np.asarray(edges, dtype=np.int64)
+
+
+def segment_moments(block: np.ndarray, lo: int, segments: SegmentTable, lookback: int,
+                    keep: tuple[np.ndarray, np.ndarray] | None = None) -> list[tuple]:
     """``(segment, count, mean, m2)`` per feature for each segment's usable rows in a block
-    that starts at row ``lo``; non-finite values are left out."""
+    that starts at row ``lo``; non-finite values are left out. ``keep``: the
+    ``(starts, stops)`` of the only row intervals counted (sorted, disjoint)."""
     hi = lo + block.shape[0]
     out = []
     first = int(np.searchsorted(segments.stops, lo, side="right"))
@@ -50,7 +89,16 @@ def segment_moments(block: np.ndarray, lo: int, segments: SegmentTable, lookback
             break
         if b <= a:
             continue
-        rows = block[a - lo : b - lo].astype(np.float64)
+        # C order whatever the block's: numpy's sums group the rows by layout.
+        rows = np.asarray(block[a - lo : b - lo], dtype=np.float64, order="C")
+        if keep is not None:
+            steps = np.arange(a, b)
+            j = np.searchsorted(keep[1], steps, side="right")
+            inside = j < keep[0].size
+            inside[inside] = keep[0][j[inside]] <= steps[inside]
+            if not inside.any():
+                continue
+            rows = rows[inside]
         finite = np.isfinite(rows)
         n = finite.sum(axis=0)
         vals = np.where(finite, rows, 0.0)
@@ -78,46 +126,79 @@ def combine_moments(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], 
 
 
 def fit_normalization(f: da.Array, spec: NormalizeSpec, segments: SegmentTable, fit_runs: WindowRuns,
-                      halo: int, lookback: int = 0, prior: tuple[SegmentTable, Sequence[Any]] | None = None
-                      ) -> tuple[list[Any], Callable[[Sequence[Any]], dict[str, Any]]]:
+                      halo: int, lookback: int = 0, prior: tuple[SegmentTable, Sequence[Any]] | None = None,
+                      cell: int = CELL_ROWS) -> tuple[list[Any], Callable[[Sequence[Any]], dict[str, Any]]]:
     """The dask objects that compute ``spec``'s statistics, and a function that turns
     their results into the statistics recorded in the store's metadata.
 
     The caller computes them together with its other reductions: one pass over the data.
+    Moments are taken over the grid of :func:`cell_edges` (``cell`` rows) and combined
+    in row order, so the statistics are the same bits for any chunking of ``f``.
+    ``global`` statistics come from the rows of ``fit_runs``' windows (``per:
+    instrument``: ``mean`` and ``std`` hold a row per instrument of ``segments``, in its
+    order, named by ``instruments``; an instrument without such rows gets 0 and 1).
     Trailing statistics record each segment's moments too (``moments``), so that an
     append scales its new sessions by the stored ones before them: ``prior`` is the
     stored segment table and its moments, and the statistics returned are then the new
     segments' only.
     """
+    if spec.kind not in ("global", "trailing"):
+        return [], lambda res: {"kind": spec.kind}
+    width = int(f.shape[1])
+    edges = cell_edges(segments, lookback, cell)
+    grid = f.rechunk((tuple(np.diff(edges).tolist()), f.chunks[1])).to_delayed().ravel()
+    keep = None
+    cells = np.arange(edges.size - 1)
     if spec.kind == "global":
-        intervals = _intervals(fit_runs, halo)
-        rows = da.concatenate([f[a:b] for a, b in intervals]) if len(intervals) > 1 else f[slice(*intervals[0])]
-        finite = da.where(da.isfinite(rows), rows, np.nan).astype(np.float64)
+        spans = np.asarray(_intervals(fit_runs, halo), dtype=np.int64).reshape(-1, 2)
+        keep = (spans[:, 0], spans[:, 1])
+        # Only the cells that hold fitted rows: the others are never read for this.
+        touched = np.searchsorted(spans[:, 1], edges[:-1], side="right")
+        inside = touched < len(spans)
+        inside[inside] = spans[touched[inside], 0] < edges[1:][inside]
+        cells = cells[inside]
+    tasks = [dask.delayed(segment_moments)(grid[i], int(edges[i]), segments, lookback, keep) for i in cells]
+
+    def per_segment(res: Sequence[Any]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        per: dict[int, list] = {}
+        for parts in res:  # cells in row order: one order of combination for any chunking
+            for s, n, m, m2 in parts:
+                per.setdefault(s, []).append((n, m, m2))
+        return [combine_moments(per.get(s, []), width) for s in range(len(segments))]
+
+    if spec.kind == "global":
 
         def finish_global(res: Sequence[Any]) -> dict[str, Any]:
-            mean = np.nan_to_num(res[0])
-            std = np.where(np.isfinite(res[1]) & (res[1] > 0), res[1], 1.0)
-            return {"kind": "global", "mean": mean.tolist(), "std": std.tolist()}
+            moments = per_segment(res)
+            if spec.per == "instrument":
+                groups = [np.flatnonzero(segments.instrument == c) for c in range(len(segments.instruments))]
+            else:
+                groups = [np.arange(len(segments))]
+            pooled = [_mean_std(combine_moments([moments[s] for s in g], width)) for g in groups]
+            mean, std = np.stack([m for m, _ in pooled]), np.stack([d for _, d in pooled])
+            if spec.per == "instrument":
+                return {"kind": "global", "per": "instrument", "instruments": list(segments.instruments),
+                        "mean": mean.tolist(), "std": std.tolist()}
+            return {"kind": "global", "mean": mean[0].tolist(), "std": std[0].tolist()}
 
-        return [da.nanmean(finite, axis=0), da.nanstd(finite, axis=0)], finish_global
-    if spec.kind == "trailing":
-        starts = chunk_bounds(f.chunks[0])
-        blocks = f.to_delayed().ravel()
-        tasks = [dask.delayed(segment_moments)(b, int(starts[i]), segments, lookback) for i, b in enumerate(blocks)]
-        width = int(f.shape[1])
+        return tasks, finish_global
 
-        def finish_trailing(res: Sequence[Any]) -> dict[str, Any]:
-            per: dict[int, list] = {}
-            for parts in res:
-                for s, n, m, m2 in parts:
-                    per.setdefault(s, []).append((n, m, m2))
-            moments = [combine_moments(per.get(s, []), width) for s in range(len(segments))]
-            mean, std = _trailing(segments, moments, spec.sessions, width, prior)
-            return {"kind": "trailing", "sessions": spec.sessions, "mean": mean.tolist(), "std": std.tolist(),
-                    "moments": {k: [m[i].tolist() for m in moments] for i, k in enumerate(("count", "mean", "m2"))}}
+    def finish_trailing(res: Sequence[Any]) -> dict[str, Any]:
+        moments = per_segment(res)
+        mean, std = _trailing(segments, moments, spec.sessions, width, prior)
+        return {"kind": "trailing", "sessions": spec.sessions, "mean": mean.tolist(), "std": std.tolist(),
+                "moments": {k: [m[i].tolist() for m in moments] for i, k in enumerate(("count", "mean", "m2"))}}
 
-        return tasks, finish_trailing
-    return [], lambda res: {"kind": spec.kind}
+    return tasks, finish_trailing
+
+
+def _mean_std(moments: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The mean and (population) std of pooled moments: 0 and 1 where no value was
+    counted, and a std of 1 where the feature did not vary (centred, never divided by 0)."""
+    n, m, m2 = moments
+    with np.errstate(invalid="ignore", divide="ignore"):
+        sd = np.sqrt(m2 / n)
+    return np.nan_to_num(m), np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
 
 
 def _trailing(segments: SegmentTable, moments: Sequence[Any], sessions: int, width: int,
@@ -140,11 +221,7 @@ def _trailing(segments: SegmentTable, moments: Sequence[Any], sessions: int, wid
         before = before[np.argsort(sess[before], kind="stable")][-sessions:]
         if before.size < sessions:
             continue  # makes no window: it only serves as history
-        n, m, m2 = combine_moments([pool[b] for b in before], width)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            sd = np.sqrt(m2 / n)
-        mean[s] = np.nan_to_num(m)
-        std[s] = np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
+        mean[s], std[s] = _mean_std(combine_moments([pool[b] for b in before], width))
     return mean, std
 
 
@@ -185,13 +262,37 @@ def _in_dtype_of(rows: np.ndarray, stats: np.ndarray) -> np.ndarray:
 def row_scaler(spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> RowScaler | None:
     """The :class:`RowScaler` of a ``global`` or ``trailing`` normalization with
     ``stats``; ``None`` for the others (``window`` z-scores each window when it is made,
-    ``none`` leaves the features as they are)."""
+    ``none`` leaves the features as they are). Statistics recorded ``per: instrument``
+    scale each segment by its instrument's row (named in ``stats["instruments"]``).
+
+    Raises
+    ------
+    WindowError
+        When per-instrument statistics have none for an instrument of ``segments``.
+    """
     if spec.kind not in ("global", "trailing"):
         return None
     # Kept in float64: each call scales in its rows' dtype (:func:`_in_dtype_of`).
     mean = np.asarray(stats["mean"], dtype=np.float64)
     std = np.asarray(stats["std"], dtype=np.float64)
+    if spec.kind == "global" and stats.get("per") == "instrument":
+        # What the store recorded decides, not the spec: an append scales as the build did.
+        row = _instrument_rows(list(stats.get("instruments") or []), segments)
+        return RowScaler(mean[row], std[row], np.asarray(segments.stops))
     return RowScaler(mean, std, np.asarray(segments.stops) if spec.kind == "trailing" else None)
+
+
+def _instrument_rows(names: list[str], segments: SegmentTable) -> np.ndarray:
+    """Per segment, the row of per-instrument statistics fitted on ``names``."""
+    out = np.empty(len(segments), dtype=np.int64)
+    for code, name in enumerate(segments.instruments):
+        if name not in names:
+            if not (segments.instrument == code).any():
+                continue
+            raise WindowError(f"normalize: the per-instrument statistics hold none for instrument {name!r} "
+                              f"(they were fitted on {names}); rebuild with --refit")
+        out[segments.instrument == code] = names.index(name)
+    return out
 
 
 def apply_normalization(f: da.Array, spec: NormalizeSpec, stats: dict[str, Any], segments: SegmentTable) -> da.Array:

@@ -25,6 +25,7 @@ from pipeline.features.sessions import UTC_NAMES
 __all__ = [
     "FoldSpec",
     "NormalizeSpec",
+    "as_splits",
     "assign_splits",
     "fold_sessions",
     "fraction_cuts",
@@ -37,6 +38,8 @@ __all__ = [
 
 def to_ns(value: Any, path: str) -> int:
     """A date or datetime (``2026-01-08``, ``2026-01-08T12:00``) as int64 ns since the epoch."""
+    if isinstance(value, np.datetime64) and not np.isnat(value):
+        return int(value.astype("datetime64[ns]").astype(np.int64))
     if isinstance(value, _dt.datetime):
         value = value.replace(tzinfo=None).isoformat()
     elif isinstance(value, _dt.date):
@@ -93,6 +96,32 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
         previous = ns
         out[name] = {"until": ns}
     return out
+
+
+def as_splits(value: Any, path: str = "splits") -> dict[str, Any]:
+    """Splits given in any form :func:`parse_splits` reads (fractions; ``until`` as
+    text, a ``datetime.date`` or ``datetime``, a pandas ``Timestamp`` or a numpy
+    ``datetime64``; ``{}``, ``{until: None}`` or ``None`` for the last split's open end),
+    or as it returns them (``until`` in int ns, as a run passes them on), parsed and
+    checked as a config's are.
+
+    An int ``until`` is taken as ns since the epoch here only, where the parsed form
+    arrives: in a config file a number is refused, never read as a date.
+
+    Raises
+    ------
+    ConfigError
+        Naming the split (``splits.train.until``), what was expected and what arrived.
+    """
+    if isinstance(value, Mapping):
+        value = {name: ({**bound, "until": np.datetime64(int(bound["until"]), "ns")}
+                        if isinstance(bound, Mapping) and _is_ns(bound.get("until")) else bound)
+                 for name, bound in value.items()}
+    return parse_splits(value, path)
+
+
+def _is_ns(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
 def localize_splits(splits: Mapping[str, Any], tz: str | None) -> dict[str, Any]:
@@ -174,19 +203,27 @@ def is_dated(splits: Mapping[str, Any]) -> bool:
 class NormalizeSpec:
     """Feature normalization (``features.normalize``).
 
-    ``global``: z-score with the train split's statistics; ``window``: per window and
-    feature; ``none``; ``trailing``: each session z-scored with the statistics of the
-    ``sessions`` sessions of its instrument before it (no look-ahead). The first
-    ``sessions`` sessions of each instrument have no such history: they make no window
-    and serve only as history for the ones after.
+    ``global``: z-score with the statistics of the split named ``train`` (of the first
+    split listed when none is so named, or of the first fold's training sessions);
+    ``window``: per window and feature; ``none``; ``trailing``: each session z-scored
+    with the statistics of the ``sessions`` sessions of its instrument before it (no
+    look-ahead). The first ``sessions`` sessions of each instrument have no such
+    history: they make no window and serve only as history for the ones after.
     """
 
     kind: Literal["global", "window", "none", "trailing"] = "global"
     sessions: int = 0
+    #: ``global`` only: ``all`` fits one mean and std over every instrument's train rows;
+    #: ``instrument`` (``{kind: global, per: instrument}``) fits each instrument's own
+    #: on its train rows and scales each instrument's rows by them, for instruments
+    #: whose levels differ (a 42,000 and a 2,300 price).
+    per: Literal["all", "instrument"] = "all"
 
     def to_value(self) -> Any:
         """The ``features.normalize`` value that parses back to this spec."""
-        return {"kind": "trailing", "sessions": self.sessions} if self.kind == "trailing" else self.kind
+        if self.kind == "trailing":
+            return {"kind": "trailing", "sessions": self.sessions}
+        return {"kind": "global", "per": self.per} if self.per != "all" else self.kind
 
     @classmethod
     def from_value(cls, value: Any, path: str) -> "NormalizeSpec":
@@ -202,7 +239,16 @@ class NormalizeSpec:
             if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
                 raise ConfigError(f"{path}.sessions", "a positive integer", n)
             return cls(kind="trailing", sessions=n)
-        raise ConfigError(path, "global, window, none or {kind: trailing, sessions: N}", value)
+        if isinstance(value, Mapping) and value.get("kind") == "global":
+            unknown = [k for k in value if k not in ("kind", "per")]
+            if unknown:
+                raise ConfigError(f"{path}.{unknown[0]}", "", detail="unknown key (expected: kind, per)")
+            per = value.get("per", "all")
+            if per not in ("all", "instrument"):
+                raise ConfigError(f"{path}.per", "one of 'all', 'instrument'", per)
+            return cls(kind="global", per=per)
+        raise ConfigError(path, "global, window, none, {kind: global, per: instrument} or "
+                                "{kind: trailing, sessions: N}", value)
 
 
 @dataclass(frozen=True, slots=True)

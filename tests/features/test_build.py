@@ -9,8 +9,10 @@ import dask.array as da
 import numpy as np
 import pytest
 
-from pipeline.errors import InvalidValueError
+from pipeline.errors import InvalidValueError, WindowError
 from pipeline.features import FeatureSpec, LabelSpec, build_training_set
+from pipeline.features.sessions import SegmentTable
+from tests.features.test_sessions import _times
 from tests.features.test_steps import COLS, book, reference
 from tests.features.test_windows import reference as windows_ref
 
@@ -371,3 +373,110 @@ def test_an_array_joined_from_files_is_built_one_file_at_a_time(tmp_path, split_
     one = build_training_set(arr, segments=SegmentTable.single(int(arr.shape[0])), **kwargs)
     (xr, _), = numpy_pipeline(x, {"train": 1.0}, normalize="none")[0].values()
     np.testing.assert_allclose(one.splits["train"]["x"].compute(), xr, rtol=1e-5, atol=1e-5)
+
+
+# -- global statistics: the split named train, per instrument, any chunking ------------------------
+
+def _fitted_rows(ts, split: str, halo: int) -> np.ndarray:
+    """The source rows the windows of a virtual split hold: ``[end - halo, end]`` each."""
+    used = np.zeros(ts.shared["features"].shape[0], bool)
+    for e in ts.splits[split]["ends"].compute():
+        used[e - halo : e + 1] = True
+    return used
+
+
+@pytest.mark.parametrize("splits, fit_on", [({"val": 0.3, "train": 0.5, "test": 0.2}, "train"),
+                                            ({"early": 0.6, "late": 0.4}, "early")])
+def test_global_statistics_are_fitted_on_the_split_named_train_wherever_it_is_listed(splits, fit_on):
+    """A held-out period listed first (val, then train, then test) had its statistics
+    applied to train. They come from the split named train, else the first listed."""
+    x = book(900, seed=2)
+    x[:300, :] *= 3  # the first period at another level: fitted on it, train's mean is off
+    ts = build_training_set(da.from_array(x, chunks=(100, -1)), columns=COLS, features=SPECS, size=SIZE,
+                            stride=STRIDE, scales=SCALES, label=LabelSpec(horizon=H), splits=splits,
+                            materialize=False)
+    norm = ts.attrs["normalization"]
+    assert norm["fit_on"] == fit_on
+    feats = np.stack([reference(x, s) for s in SPECS], axis=1).astype(np.float32).astype(np.float64)
+    rows = feats[_fitted_rows(ts, fit_on, (SIZE - 1) * max(SCALES))]
+    np.testing.assert_allclose(norm["mean"], rows.mean(axis=0), rtol=1e-6)
+    np.testing.assert_allclose(norm["std"], rows.std(axis=0), rtol=1e-5)
+
+
+def test_global_statistics_fitted_on_a_train_split_without_windows_are_refused_naming_it():
+    x = book(600, seed=4)
+    t = _times([300, 300], [0, 1])
+    kw = dict(columns=COLS, features=SPECS, size=4, label=LabelSpec(horizon=2), timestamps=da.from_array(t, chunks=100),
+              segments=SegmentTable.from_lengths([300, 300]))
+    # train after the data: a future split, empty; the statistics would have nothing to fit.
+    with pytest.raises(WindowError, match="normalize: global fits its statistics on split 'train'"):
+        build_training_set(da.from_array(x, chunks=(100, -1)), **kw,
+                           splits={"val": {"until": "2026-02-01"}, "train": {"until": "2026-03-01"}, "test": {}})
+
+
+def _two_instruments():
+    """BTC near 42,000 and ETH near 2,300 on the same two days, in float64."""
+    lengths = [300, 300, 300, 300]
+    x = np.concatenate([book(600, seed=5), book(600, seed=6)]).astype(np.float64)
+    prices = [i for i, c in enumerate(COLS) if "price" in c]
+    x[:600, prices] *= 42_000 / x[:600, prices].mean()
+    x[600:, prices] *= 2_300 / x[600:, prices].mean()
+    table = SegmentTable.from_lengths(lengths, instrument=[0, 0, 1, 1], session=[0, 1, 0, 1],
+                                      instruments=("BTC", "ETH"))
+    return x, table, _times(lengths, [0, 1, 0, 1])
+
+
+def test_per_instrument_global_statistics_equal_pandas_groupby_over_the_train_rows():
+    """One pooled mean and std over a 42,000 and a 2,300 instrument made the z-scored
+    prices two constants; per instrument, each is scaled by its own train rows."""
+    import pandas as pd
+
+    x, table, t = _two_instruments()
+    specs = [FeatureSpec.from_mapping(v, "f") for v in ("mid_price", "spread")]
+    ts = build_training_set(da.from_array(x, chunks=(128, -1)), columns=COLS, features=specs, size=4,
+                            label=LabelSpec(horizon=2), splits={"train": {"until": "2026-01-06"}, "test": {}},
+                            normalize={"kind": "global", "per": "instrument"}, segments=table,
+                            timestamps=da.from_array(t, chunks=100), materialize=False)
+    norm = ts.attrs["normalization"]
+    assert (norm["kind"], norm["per"], norm["instruments"], norm["fit_on"]) == ("global", "instrument",
+                                                                              ["BTC", "ETH"], "train")
+    feats = pd.DataFrame(np.stack([reference(x, s) for s in specs], axis=1), columns=["mid", "spread"])
+    feats["instrument"] = np.repeat(np.array(table.instruments)[table.instrument], 300)
+    fitted = feats[_fitted_rows(ts, "train", 3)].groupby("instrument")
+    np.testing.assert_allclose(norm["mean"], fitted.mean().loc[["BTC", "ETH"]].to_numpy(), rtol=1e-12)
+    np.testing.assert_allclose(norm["std"], fitted.std(ddof=0).loc[["BTC", "ETH"]].to_numpy(), rtol=1e-9)
+    # Every row, train or test, scaled by its own instrument's statistics.
+    want = ((feats[["mid", "spread"]] - fitted.mean().loc[feats["instrument"]].to_numpy())
+            / fitted.std(ddof=0).loc[feats["instrument"]].to_numpy()).to_numpy(np.float32)
+    got = ts.shared["features"].compute()
+    used = _fitted_rows(ts, "train", 3) | _fitted_rows(ts, "test", 3)
+    np.testing.assert_allclose(got[used], want[used], rtol=1e-5, atol=1e-5)
+
+
+def test_per_instrument_statistics_refuse_an_instrument_without_train_windows():
+    x, _, _ = _two_instruments()
+    table = SegmentTable.from_lengths([300] * 4, instrument=[0, 0, 1, 1], session=[0, 1, 0, 1],
+                                      instruments=("BTC", "ETH"))
+    t = _times([300] * 4, [0, 1, 1, 2])  # ETH starts on the day train ends
+    with pytest.raises(WindowError, match="instrument 'ETH' has windows but none in split 'train'"):
+        build_training_set(da.from_array(x, chunks=(128, -1)), columns=COLS, features=SPECS, size=4,
+                           label=LabelSpec(horizon=2), splits={"train": {"until": "2026-01-06"}, "test": {}},
+                           normalize={"kind": "global", "per": "instrument"}, segments=table,
+                           timestamps=da.from_array(t, chunks=100))
+
+
+@pytest.mark.parametrize("normalize", ["global", {"kind": "trailing", "sessions": 1}])
+def test_statistics_and_stored_windows_are_the_same_bits_for_any_chunking(normalize):
+    """Same float64 data, source chunks of 37, 128 and all rows: the same statistics
+    and the same windows, bit for bit (the fit's cells, not the chunks, group the sums)."""
+    x, table, t = _two_instruments()
+    specs = [FeatureSpec.from_mapping(v, "f") for v in ("mid_price", "spread", {"name": "imbalance", "levels": 3})]
+    built = [build_training_set(da.from_array(x, chunks=(chunk, -1)), columns=COLS, features=specs, size=4,
+                                stride=2, label=LabelSpec(horizon=2), splits={"train": 0.7, "test": 0.3},
+                                normalize=normalize, segments=table, timestamps=da.from_array(t, chunks=chunk))
+             for chunk in (37, 128, x.shape[0])]
+    for ts in built[1:]:
+        assert ts.attrs["normalization"] == built[0].attrs["normalization"]
+        for split in ("train", "test"):
+            np.testing.assert_array_equal(ts.splits[split]["x"].compute().view(np.uint32),
+                                          built[0].splits[split]["x"].compute().view(np.uint32))

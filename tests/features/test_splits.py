@@ -15,7 +15,7 @@ from pipeline.features import LabelSpec, build_training_set
 from pipeline.features.sessions import SegmentTable
 from pipeline.features.splits import (FoldSpec, NormalizeSpec, assign_splits, fold_sessions, localize_splits,
                                      parse_splits, to_ns)
-from tests.features.test_sessions import SPECS, _times
+from tests.features.test_sessions import SPECS, L, _times
 from tests.features.test_steps import COLS, book
 
 
@@ -252,3 +252,54 @@ def test_calendar_splits_cut_at_the_open_of_that_trading_dates_session(aware):
     want = [o.value if aware else o.tz_convert("America/New_York").tz_localize(None).value for o in opens]
     assert [got["train"]["until"], got["val"]["until"], got["test"].get("until")] == [*want, None]
     assert pd.Timestamp(got["val"]["until"], tz="UTC" if aware else None).day == 11  # the evening before
+
+
+@pytest.mark.parametrize("splits", [
+    {"train": {"until": "2026-01-06"}, "test": {}},
+    {"train": {"until": "2026-01-06"}, "test": {"until": None}},
+    {"train": {"until": "2026-01-06T00:00"}, "test": None},
+    {"train": {"until": __import__("pandas").Timestamp("2026-01-06")}, "test": {}},
+    {"train": {"until": __import__("datetime").date(2026, 1, 6)}, "test": {}},
+    {"train": {"until": np.datetime64("2026-01-06")}, "test": {}},
+])
+def test_build_training_set_takes_date_splits_in_every_documented_form(splits):
+    """The documented form crashed with a bare KeyError ('until') or a UFuncTypeError
+    unless parse_splits had been called first: build_training_set parses it itself."""
+    import pandas as pd
+
+    lengths = [300, 300]
+    x = book(600, seed=4)
+    t = _times(lengths, [0, 1])
+    kw = dict(columns=COLS, features=SPECS, size=4, label=LabelSpec(horizon=2), normalize="none",
+              segments=SegmentTable.from_lengths(lengths), timestamps=da.from_array(t, chunks=100))
+    ts = build_training_set(da.from_array(x, chunks=(64, -1)), splits=splits, **kw)
+    parsed = build_training_set(da.from_array(x, chunks=(64, -1)), **kw,
+                                splits=parse_splits({"train": {"until": "2026-01-06"}, "test": {}}, "s"))
+    cut = pd.Timestamp("2026-01-06").value
+    assert (ts.splits["train"]["t"].compute() < cut).all() and (ts.splits["test"]["t"].compute() >= cut).all()
+    assert ts.attrs["window_counts"] == {"train": 300 - 3 - L - 2, "test": 300 - 3 - L - 2}
+    for name in ("train", "test"):
+        np.testing.assert_array_equal(ts.splits[name]["x"].compute(), parsed.splits[name]["x"].compute())
+
+
+def test_build_training_set_names_a_malformed_split_by_its_key():
+    x = book(300, seed=4)
+    kw = dict(columns=COLS, features=SPECS, size=4, label=LabelSpec(horizon=2),
+              timestamps=da.from_array(_times([300], [0]), chunks=100))
+    for splits, path in (({"train": {"until": "someday"}, "test": {}}, "splits.train.until"),
+                         ({"train": {}, "test": {"until": "2026-01-06"}}, "splits.train.until"),
+                         ({"train": 0.5, "test": {}}, "splits")):
+        with pytest.raises(ConfigError, match=rf"^{path}"):
+            build_training_set(da.from_array(x, chunks=(64, -1)), splits=splits, **kw)
+
+
+def test_global_normalization_per_instrument_parses_and_renders_back():
+    per = NormalizeSpec.from_value({"kind": "global", "per": "instrument"}, "n")
+    assert (per.kind, per.per) == ("global", "instrument")
+    assert NormalizeSpec.from_value(per.to_value(), "n") == per
+    assert NormalizeSpec.from_value({"kind": "global"}, "n") == NormalizeSpec.from_value("global", "n")
+    assert NormalizeSpec.from_value("global", "n").to_value() == "global"  # stores' configs unchanged
+    for value, path in (({"kind": "global", "per": "venue"}, "n.per"), ({"kind": "global", "by": "x"}, "n.by"),
+                        ({"kind": "trailing", "sessions": 1, "per": "instrument"}, "n.per")):
+        with pytest.raises(ConfigError, match=rf"^{path}"):
+            NormalizeSpec.from_value(value, "n")
