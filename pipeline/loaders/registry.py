@@ -9,8 +9,8 @@ from typing import Callable
 
 from pipeline.errors import FormatMismatchError
 
-__all__ = ["DATASET_FORMATS", "FORMATS", "NAMED", "SUFFIXES", "TABLES", "TEXT_COMPRESSIONS", "ArrayFormat", "compression_of",
-           "dataset_format", "directory_glob", "format_of", "own_name"]
+__all__ = ["DATASET_FORMATS", "FORMATS", "NAMED", "SUFFIXES", "TABLES", "TEXT_COMPRESSIONS", "ArrayFormat",
+           "compression_of", "dataset_format", "directory_glob", "format_of", "own_name"]
 
 #: Suffix -> format name. ``format:`` in the config overrides it.
 SUFFIXES = {
