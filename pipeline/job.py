@@ -328,7 +328,7 @@ def _check_workers_see(client: Any, config: Config) -> None:
     """Refuse, before any task, a remote cluster whose workers cannot see the local
     output's folder (the write lock this process holds beside the store) or the local
     raw files (a sample of them), naming the workers (:func:`pipeline.remote.check_workers_see`)."""
-    from pipeline.loaders import expand_paths
+    from pipeline.loaders import _local_target, expand_paths
     from pipeline.remote import check_workers_see
     from pipeline.storage.lock import lock_path
     from pipeline.storage.store import is_remote
@@ -337,7 +337,8 @@ def _check_workers_see(client: Any, config: Config) -> None:
     paths = (src.paths,) if isinstance(src.paths, str) else tuple(src.paths)
     files: list[str] = []
     if not any("://" in str(p) for p in paths):
-        found = [str(f) for f in expand_paths(src.paths)]
+        # A zip's member (zip://NAME::/abs/x.zip) is seen where its archive is.
+        found = list(dict.fromkeys(_local_target(str(f)) or str(f) for f in expand_paths(src.paths)))
         half = _FILES_CHECKED // 2
         files = found if len(found) <= _FILES_CHECKED else found[:half] + found[-half:]
     marker = None if is_remote(out.path) else lock_path(out.path)

@@ -37,5 +37,5 @@ def test_an_empty_list_of_paths_says_so():
 
 def test_an_unreadable_path_is_named(tmp_path):
     (tmp_path / "d.npy").mkdir()  # a directory where a file is expected
-    with pytest.raises(LoaderError, match=r"d\.npy: cannot read"):
+    with pytest.raises(LoaderError, match=r"d\.npy: is a directory, not a file"):
         open_source([str(tmp_path / "d.npy")])
