@@ -24,6 +24,7 @@ __all__ = [
     "MissingDependencyError",
     "PipelineError",
     "PriceResolutionWarning",
+    "SessionGapWarning",
     "ShapeMismatchError",
     "StoreConflictError",
     "StoreError",
@@ -219,3 +220,13 @@ class KeptBatchesWarning(UserWarning):
             "(a batch is a view of its group's buffer), and the stream makes new ones; copy the batches you "
             "keep (np.copy(batch), tensor.clone()) to hold only their own samples"
         )
+
+
+# -- sessions --------------------------------------------------------------------------
+
+
+class SessionGapWarning(UserWarning):
+    """Steps inside a session far longer than its typical step (an outage in hourly
+    data, a feed that stopped): windows, features' lookback and labels span them, as
+    over any other step. ``source.sessions: {gap: <duration>}`` starts a new session at
+    each such gap (:func:`pipeline.loaders.segments.open_segmented`)."""

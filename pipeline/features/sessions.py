@@ -32,8 +32,11 @@ __all__ = [
     "SessionSpec",
     "WindowRuns",
     "calendar_days",
+    "come_back",
     "parse_duration",
     "session_days",
+    "step_gaps",
+    "value_runs",
     "window_runs",
 ]
 
@@ -105,29 +108,45 @@ class SessionSpec:
         Aware timestamps are instants; naive ones are wall-clock times in the
         calendar's zone (one a DST change makes ambiguous inside a session is refused).
         Date splits cut at the open of the session of that trading date.
+        ``column``: a new session wherever the value of the table column ``column``
+        changes (``{column: time_id}``: Optiver's independent 10-minute buckets, a
+        day number), for files without timestamps as well; each instrument's rows must
+        be grouped by it (a value that comes back after another is refused). The
+        column is read for this, not made a feature; equal values of different
+        instruments are the same period, and sessions are numbered in value order.
     gap_ns
         The gap, in nanoseconds, for ``mode="gap"``.
     calendar
         The exchange calendar's name for ``mode="calendar"`` (``XNYS``, ``CMES``,
         ``us_futures``: any of ``exchange_calendars.get_calendar_names()``).
+    column
+        The table column whose value changes start sessions, for ``mode="column"``.
     """
 
-    mode: Literal["file", "date", "gap", "none", "calendar"] = "file"
+    mode: Literal["file", "date", "gap", "none", "calendar", "column"] = "file"
     gap_ns: int = 0
     calendar: str | None = None
+    column: str | None = None
 
     @classmethod
     def from_value(cls, value: Any, path: str) -> "SessionSpec | None":
-        """Parse ``file | date | none | {gap: 30min} | {calendar: XNYS}``; ``None`` stays
-        ``None`` (default). A calendar name is checked against exchange_calendars' names."""
+        """Parse ``file | date | none | {gap: 30min} | {calendar: XNYS} | {column: NAME}``;
+        ``None`` stays ``None`` (default). A calendar name is checked against
+        exchange_calendars' names."""
         if value is None:
             return None
-        expected = "file, date, none, {gap: <duration>} or {calendar: <exchange calendar name>}"
+        expected = ("file, date, none, {gap: <duration>}, {calendar: <exchange calendar name>} or "
+                    "{column: <table column>}")
         if isinstance(value, str) and value in ("file", "date", "none"):
             return cls(mode=value)
         if isinstance(value, Mapping):
-            if len(value) != 1 or next(iter(value)) not in ("gap", "calendar"):
+            if len(value) != 1 or next(iter(value)) not in ("gap", "calendar", "column"):
                 raise ConfigError(path, expected, dict(value))
+            if "column" in value:
+                name = value["column"]
+                if not isinstance(name, str) or not name.strip():
+                    raise ConfigError(f"{path}.column", "a table column's name", name)
+                return cls(mode="column", column=name)
             if "calendar" in value:
                 from pipeline.features.calendars import check_calendar_name
 
@@ -139,6 +158,8 @@ class SessionSpec:
         """The ``source.sessions`` value that parses back to this spec."""
         if self.mode == "calendar":
             return {"calendar": self.calendar}
+        if self.mode == "column":
+            return {"column": self.column}
         if self.mode != "gap":
             return self.mode
         unit = next(u for u in ("d", "h", "min", "s", "ms", "us", "ns") if self.gap_ns % _UNITS_NS[u] == 0)
@@ -157,6 +178,80 @@ def session_days(ns: np.ndarray, tz: str | None, spec: "SessionSpec | None") -> 
 
         return calendar_sessions(ns, tz, spec.calendar)
     return calendar_days(ns, tz)
+
+
+def value_runs(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where a column's value changes (``sessions: {column: ...}``): the rows (of
+    ``values``, row 0 excluded) that start a new run, and the value of each run.
+
+    Values are compared exactly: they are the column's numbers as read (session ids,
+    day numbers), not measurements.
+    """
+    values = np.asarray(values).reshape(-1)
+    if values.size == 0:
+        return np.zeros(0, np.int64), values[:0]
+    inner = np.flatnonzero(values[1:] != values[:-1]) + 1
+    return inner.astype(np.int64), values[np.concatenate([[0], inner])]
+
+
+def come_back(run_values: np.ndarray) -> int | None:
+    """The first run (an index into ``run_values``) whose value an earlier run already
+    had, or ``None`` when every value forms one run: rows grouped by the column."""
+    run_values = np.asarray(run_values).reshape(-1)
+    _, first = np.unique(run_values, return_index=True)
+    if first.size == run_values.size:
+        return None
+    seen = np.zeros(run_values.size, dtype=bool)
+    seen[first] = True
+    return int(np.flatnonzero(~seen)[0])
+
+
+#: A step counts as a gap when it is more than this many times the typical step.
+GAP_FACTOR = 10
+#: The quantile of a part's positive steps taken as its typical step: event-time data
+#: (order books) have bursts and lulls, so the median is a burst's step and a lull of
+#: ten times it is ordinary; most steps (90%) are at most this one.
+TYPICAL_QUANTILE = 0.9
+#: Fewer positive steps than this in a part tell no typical step.
+MIN_STEPS = 16
+
+
+def step_gaps(ns: np.ndarray, starts: np.ndarray) -> tuple[int, int, int, int]:
+    """Steps of a part of the timestamps that are gaps: more than :data:`GAP_FACTOR`
+    times the part's typical step (the :data:`TYPICAL_QUANTILE` of its positive steps),
+    never counting a step onto a session's first row.
+
+    Parameters
+    ----------
+    ns
+        Timestamps (int64 ns) of consecutive rows.
+    starts
+        Rows of ``ns`` that start a session (the step onto them joins two sessions).
+
+    Returns
+    -------
+    tuple of int
+        The number of gaps, the largest gap (ns, 0 without one), the typical step (0
+        when the part holds fewer than :data:`MIN_STEPS` positive steps) and the row
+        (of ``ns``) after the first gap (-1 without one).
+    """
+    ns = np.asarray(ns, dtype=np.int64).reshape(-1)
+    if ns.size < 2:
+        return 0, 0, 0, -1
+    steps = np.diff(ns)
+    inside = np.ones(steps.size, dtype=bool)
+    starts = np.asarray(starts, dtype=np.int64)
+    starts = starts[(starts >= 1) & (starts < ns.size)]
+    inside[starts - 1] = False
+    positive = steps[inside & (steps > 0)]
+    if positive.size < MIN_STEPS:
+        return 0, 0, 0, -1
+    k = int(TYPICAL_QUANTILE * (positive.size - 1))
+    typical = int(np.partition(positive, k)[k])
+    big = np.flatnonzero(inside & (steps > GAP_FACTOR * typical))
+    if big.size == 0:
+        return 0, 0, typical, -1
+    return int(big.size), int(steps[big].max()), typical, int(big[0]) + 1
 
 
 @dataclass(frozen=True, slots=True)

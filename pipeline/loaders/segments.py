@@ -13,11 +13,15 @@ and instrument, after one pass that counts them and checks each instrument's tim
 across the files and parts holding it: files of one symbol each may interleave).
 Sessions come from files (known from the file list), from calendar dates or from gaps
 in time (one pass over the timestamps, each chunk compared with its neighbour for the
-breaks between chunks).
+breaks between chunks), or from a column's value changes (``{column: time_id}``, one
+pass over that column, compared alike). Where timestamps are read, steps inside a
+session far longer than its typical step are counted in the same pass and reported
+once (:class:`~pipeline.errors.SessionGapWarning`): windows and labels span them.
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -25,10 +29,11 @@ import dask
 import dask.array as da
 import numpy as np
 
-from pipeline.errors import ConfigError, LoaderError
+from pipeline.errors import ConfigError, LoaderError, SessionGapWarning
 from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds
-from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, session_days
+from pipeline.features.sessions import (GAP_FACTOR, InstrumentSpec, SegmentTable, SessionSpec, come_back,
+                                        session_days, step_gaps, value_runs)
 from pipeline.loaders import Source, expand_paths, open_source
 from pipeline.loaders.timeorder import check_file_times, check_instrument_times, instrument_spans
 
@@ -63,10 +68,14 @@ class SegmentedSource:
     #: hold outside its sessions, left out (with those ``nan: drop`` left out, if set).
     calendar: str | None = None
     left_out: int = 0
+    #: ``source.sessions: {column: NAME}``: the column whose value changes start sessions.
+    session_column: str | None = None
 
     @property
     def sessions_text(self) -> str:
         """The session mode as a run states it: under a calendar, with the rows left out."""
+        if self.session_column is not None:
+            return f"column {self.session_column}"
         if self.calendar is None:
             return self.session_mode
         return f"calendar {self.calendar}: {self.left_out:,} row(s) outside its sessions left out"
@@ -103,6 +112,8 @@ class SegmentedSource:
         out["sessions"] = self.session_mode
         if self.calendar is not None:
             out["calendar"] = {"name": self.calendar, "rows_left_out": self.left_out}
+        if self.session_column is not None:
+            out["session_column"] = self.session_column
         if self.types is not None:
             out["types"] = self.types
         return out
@@ -126,31 +137,35 @@ def _file_rows(src: Source) -> list[int]:
 
 
 def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None, spec: SessionSpec | None = None
-            ) -> np.ndarray:
+            ) -> tuple[np.ndarray, list[tuple[int, int, int, int]]]:
     """Rows (of ``ts``) where a new session starts, row 0 excluded (``tz``: the zone of
     the calendar dates, see :func:`~pipeline.features.sessions.calendar_days`; a
     calendar's sessions change with their trading date, ``spec``'s
-    :func:`~pipeline.features.sessions.session_days`)."""
+    :func:`~pipeline.features.sessions.session_days`), and, date sessions' chunks being
+    read here, each chunk's :func:`~pipeline.features.sessions.step_gaps` (its row of the
+    first gap made a row of ``ts``): :func:`_gap_report`."""
     if ts.shape[0] == 0:
-        return np.zeros(0, np.int64)
+        return np.zeros(0, np.int64), []
+    gaps = mode == "date"
 
-    def block(b: np.ndarray) -> tuple[int, int, np.ndarray]:
+    def block(b: np.ndarray) -> tuple[int, int, np.ndarray, tuple[int, int, int, int]]:
         b = np.asarray(b, dtype=np.int64)
         if b.size == 0:
-            return 0, 0, np.zeros(0, np.int64)
+            return 0, 0, np.zeros(0, np.int64), (0, 0, 0, -1)
         if mode in ("date", "calendar"):
             key = session_days(b, tz, spec)
             inner = np.flatnonzero(key[1:] != key[:-1]) + 1
             # A chunk's first and last row stand for it by their dates.
-            return int(key[0]), int(key[-1]), inner
+            return int(key[0]), int(key[-1]), inner, step_gaps(b, inner) if gaps else (0, 0, 0, -1)
         inner = np.flatnonzero(np.diff(b) > gap_ns) + 1
-        return int(b[0]), int(b[-1]), inner
+        return int(b[0]), int(b[-1]), inner, (0, 0, 0, -1)
 
     parts = dask.compute(*(dask.delayed(block)(b) for b in ts.to_delayed().ravel()))
     starts = chunk_bounds(ts.chunks[0])
     out: list[np.ndarray] = []
     prev_last = None
-    for i, (first, last, inner) in enumerate(parts):
+    stats = [_global_row(p[3], int(starts[i])) for i, p in enumerate(parts)]
+    for i, (first, last, inner, _) in enumerate(parts):
         if starts[i + 1] == starts[i]:
             continue
         if prev_last is not None:
@@ -159,7 +174,13 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None, spec: S
                 out.append(np.array([starts[i]]))
         out.append(inner + starts[i])
         prev_last = last
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
+    return (np.concatenate(out) if out else np.zeros(0, np.int64)), stats
+
+
+def _global_row(gap: tuple[int, int, int, int], start: int) -> tuple[int, int, int, int]:
+    """A chunk's :func:`~pipeline.features.sessions.step_gaps` with its first gap's row
+    counted from the series' start (``start``: the chunk's first row)."""
+    return (*gap[:3], gap[3] + start if gap[3] >= 0 else -1)
 
 
 def _day_label(day: int) -> str:
@@ -167,24 +188,28 @@ def _day_label(day: int) -> str:
 
 
 def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, file_keys: Sequence[str],
-                  file_rows: Sequence[int], tz: str | None = None) -> tuple[list[int], list[str]]:
-    """Row counts of one instrument's sessions and a key per session (equal keys across
-    instruments are the same period: the same file name or date). ``file_keys``: per
-    file of the instrument, its name with the instrument replaced by ``{instrument}``,
-    and ``file_rows`` its rows; ``tz``: the zone of the calendar dates."""
+                  file_rows: Sequence[int], tz: str | None = None
+                  ) -> tuple[list[int], list[str], list[tuple[int, int, int, int]] | None]:
+    """Row counts of one instrument's sessions, a key per session (equal keys across
+    instruments are the same period: the same file name or date) and, where the
+    timestamps were read for them (date sessions), each chunk's gaps (:func:`_breaks`;
+    else ``None``). ``file_keys``: per file of the instrument, its name with the
+    instrument replaced by ``{instrument}``, and ``file_rows`` its rows; ``tz``: the zone
+    of the calendar dates."""
     if spec.mode == "none":
-        return [rows], [""]
+        return [rows], [""], None
     if spec.mode == "file":
-        return list(file_rows), list(file_keys)
+        return list(file_rows), list(file_keys), None
     if ts is None:
         raise ConfigError("source.sessions", "", detail=f"{spec.mode} sessions need timestamps; set source.timestamp")
-    cuts = _breaks(ts, spec.mode, spec.gap_ns, tz, spec).tolist()
-    bounds = [0, *cuts, rows]
+    cuts, gaps = _breaks(ts, spec.mode, spec.gap_ns, tz, spec)
+    bounds = [0, *cuts.tolist(), rows]
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     if spec.mode in ("date", "calendar"):
         firsts = dask.compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0] if rows else np.zeros(0, np.int64)
-        return lengths, [_day_label(d) for d in session_days(np.asarray(firsts, dtype=np.int64), tz, spec)]
-    return lengths, [f"#{i}" for i in range(len(lengths))]
+        keys = [_day_label(d) for d in session_days(np.asarray(firsts, dtype=np.int64), tz, spec)]
+        return lengths, keys, gaps if spec.mode == "date" else None
+    return lengths, [f"#{i}" for i in range(len(lengths))], None
 
 
 def _by_code(src: Source) -> list[tuple[str, da.Array, da.Array | None, list[int], list[str]]]:
@@ -255,18 +280,22 @@ def _chunks_per_file(src: Source) -> Sequence[int]:
     return np.diff(np.concatenate([[0], idx])).tolist()
 
 
-def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Array) -> np.ndarray:
+def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Array, also: Sequence[Any] = ()
+                 ) -> tuple[np.ndarray, tuple[Any, ...]]:
     """The first timestamp (ns) of each segment, read from the chunks holding them; an empty
-    segment (every row dropped) takes its instrument's previous one, keeping its place."""
+    segment (every row dropped) takes its instrument's previous one, keeping its place.
+    ``also``: dask collections computed in the same pass (:func:`_gap_tasks`: the chunks
+    both read are read once), their results returned beside."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = chunk_bounds(lengths)[:-1]
     rows = starts[lengths > 0]
     out = np.zeros(lengths.size, dtype=np.int64)
-    out[lengths > 0] = np.asarray(dask.compute(take_rows(timestamps, rows))[0]) if rows.size else np.zeros(0, np.int64)
+    firsts, *rest = dask.compute(take_rows(timestamps, rows) if rows.size else np.zeros(0, np.int64), *also)
+    out[lengths > 0] = np.asarray(firsts)
     for k in range(1, lengths.size):
         if lengths[k] == 0 and inst[k] == inst[k - 1]:
             out[k] = out[k - 1]
-    return out
+    return out, tuple(rest)
 
 
 def _session_numbers(keys: Sequence[str], inst: Sequence[int], first_day: np.ndarray | None,
@@ -535,6 +564,184 @@ def _left_out(sources: Sequence[Source]) -> int:
     NaN under ``nan: drop``): the files' rows, known from their parts, less those kept."""
     return sum(sum(int(f.rows or 0) for f in src.files) - int(src.array.shape[0]) for src in sources)
 
+#: Integers float32 holds exactly: beyond, two session ids could read as one.
+_FLOAT32_EXACT = 2**24
+
+
+def _value_block(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float]:
+    """:func:`~pipeline.features.sessions.value_runs` of one chunk of a session column,
+    with its first NaN row (-1: none) and its largest magnitude."""
+    b = np.asarray(b).reshape(-1)
+    inner, values = value_runs(b)
+    nan = np.flatnonzero(np.isnan(b)) if b.dtype.kind == "f" else np.zeros(0, np.int64)
+    return inner, values, int(nan[0]) if nan.size else -1, float(np.abs(b).max()) if b.size else 0.0
+
+
+def _where(row: int, file_rows: Sequence[int], file_names: Sequence[str]) -> str:
+    """``file, row n`` of an instrument's row (rows counted in each file from 0, as read)."""
+    ends = np.cumsum(np.asarray(file_rows, dtype=np.int64))
+    i = min(int(np.searchsorted(ends, row, side="right")), len(file_names) - 1)
+    return f"{file_names[i]}: row {row - int(ends[i] - file_rows[i])}"
+
+
+def _show(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def _column_runs(values: da.Array, column: str, file_rows: Sequence[int], file_names: Sequence[str]
+                 ) -> tuple[list[int], list[float]]:
+    """Row counts and values of one instrument's sessions by ``column`` (``values``: its
+    column, rows as read): one pass, each chunk's runs joined to the previous chunk's
+    last when their values are equal.
+
+    Raises
+    ------
+    LoaderError
+        Naming the file and row: a value that comes back after another (rows not
+        grouped by the column), a NaN, or, read in float32, a value too large for
+        float32 to tell from its neighbours.
+    """
+    rows = int(values.shape[0])
+    if rows == 0:
+        return [0], [0.0]
+    parts = dask.compute(*(dask.delayed(_value_block)(b) for b in values.to_delayed().ravel()))
+    bounds = chunk_bounds(values.chunks[0])
+    starts: list[int] = []
+    run_values: list[float] = []
+    for i, (inner, vals, nan, big) in enumerate(parts):
+        if nan >= 0:
+            raise LoaderError(_where(int(bounds[i]) + nan, file_rows, file_names),
+                              f"source.sessions column {column!r} is empty (NaN); every row needs its session")
+        if values.dtype == np.float32 and big >= _FLOAT32_EXACT:
+            raise LoaderError(file_names[0], f"source.sessions column {column!r} holds values up to {big:,.0f}, "
+                              "beyond the integers float32 tells apart (2**24); set source.dtype: float64")
+        if vals.size == 0:
+            continue
+        if run_values and vals[0] == run_values[-1]:
+            inner, vals = inner, vals[1:]
+        else:
+            inner = np.concatenate([[0], inner])
+        starts += (inner + int(bounds[i])).tolist()
+        run_values += vals.tolist()
+    again = come_back(np.asarray(run_values))
+    if again is not None:
+        first = run_values.index(run_values[again])
+        raise LoaderError(_where(starts[again], file_rows, file_names),
+                          f"source.sessions column {column!r} has the value {_show(run_values[again])} again "
+                          f"after {_show(run_values[again - 1])} (first seen at "
+                          f"{_where(starts[first], file_rows, file_names)}); rows must be grouped by the "
+                          "column: each value in one run of rows, per instrument")
+    lengths = np.diff(np.append(starts, rows)).tolist()
+    return lengths, run_values
+
+
+def _reading(options: dict[str, Any], column: str) -> tuple[dict[str, Any], bool]:
+    """The loader options with the session column read too, and whether the array keeps
+    it: it does when the options read it anyway (a feature reads it, or every column
+    is read), else it is taken out after its values are read."""
+    read, columns = options.get("read"), options.get("columns")
+    kept = (column in read) if read is not None else (columns is None or column in columns)
+    out = dict(options)
+    if read is not None and column not in read:
+        out["read"] = (*read, column)
+    if columns is not None and column not in columns:
+        out["columns"] = (*columns, column)
+    return out, kept
+
+
+def _session_column(columns: Sequence[str], column: str, src: Source) -> int:
+    """The index of the session column among the columns read, or a refusal naming the
+    columns there are (a text column, or the timestamp or instrument column, is not read
+    as a number)."""
+    if column not in columns:
+        raise LoaderError(src.files[0].path, f"source.sessions column {column!r} is not among the numeric columns "
+                          f"read ({', '.join(columns)}); name a numeric column (a session id or number)")
+    return columns.index(column)
+
+
+def _column_session_numbers(values: Sequence[float]) -> np.ndarray:
+    """Session numbers by value: equal values (of different instruments) are one period,
+    numbered in value order (time order, when the column counts periods)."""
+    return np.unique(np.asarray(values, dtype=np.float64), return_inverse=True)[1].reshape(-1)
+
+
+def _gap_tasks(ts: da.Array, lengths: Sequence[int]) -> list[Any]:
+    """One task per chunk of an instrument's timestamps ``ts`` counting its gaps
+    (:func:`~pipeline.features.sessions.step_gaps`), its sessions of ``lengths`` rows
+    told to it: no step onto a session's first row counts, nor a step between chunks."""
+    if ts.shape[0] == 0:
+        return []
+    bounds = chunk_bounds(ts.chunks[0])
+    heads = chunk_bounds(np.asarray(lengths, dtype=np.int64))[:-1]
+    tasks = []
+    for i, b in enumerate(ts.to_delayed().ravel()):
+        lo, hi = np.searchsorted(heads, [bounds[i], bounds[i + 1]])
+        tasks.append(dask.delayed(_chunk_gaps)(b, heads[lo:hi] - bounds[i], int(bounds[i])))
+    return tasks
+
+
+def _chunk_gaps(b: np.ndarray, heads: np.ndarray, start: int) -> tuple[int, int, int, int]:
+    """:func:`~pipeline.features.sessions.step_gaps` of a chunk starting at row ``start``."""
+    return _global_row(step_gaps(b, heads), start)
+
+
+def _gap_report(found: Sequence[tuple[str, Sequence[tuple[int, int, int, int]], Sequence[int], Sequence[str]]]
+                ) -> str | None:
+    """The :class:`~pipeline.errors.SessionGapWarning` message for the gaps found, or
+    ``None`` without any. ``found``: per instrument, its name, its chunks'
+    :func:`~pipeline.features.sessions.step_gaps` (rows of the instrument), and its files'
+    rows and names, which name where the first gap is."""
+    count = sum(g[0] for _, gaps, _, _ in found for g in gaps)
+    if not count:
+        return None
+    largest = max(g[1] for _, gaps, _, _ in found for g in gaps)
+    typical = min(g[2] for _, gaps, _, _ in found for g in gaps if g[0])
+    name, gaps, file_rows, names = next(f for f in found if any(g[0] for g in f[1]))
+    first = next(g[3] for g in gaps if g[0])
+    where = _where(first, file_rows, names)
+    return (f"{count:,} step(s) inside sessions are more than {GAP_FACTOR}x the typical step of their part of "
+            f"the data ({_duration(typical)}; the largest {_duration(largest)}; the first before {where}"
+            f"{f' of {name}' if name else ''}): windows, features' lookback and labels span them. If they are "
+            "outages, set source.sessions: {gap: <duration>} to start a new session at each (a duration between "
+            "the typical step and the gaps)")
+
+
+def _duration(ns: int) -> str:
+    for unit, size in (("d", 86_400 * 10**9), ("h", 3600 * 10**9), ("min", 60 * 10**9), ("s", 10**9),
+                       ("ms", 10**6), ("us", 10**3)):
+        if ns >= size:
+            return f"{ns / size:.3g} {unit}"
+    return f"{ns} ns"
+
+
+def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequence[str], first: Source
+                    ) -> tuple[list[int], list[int], list[str], dict[int, list], dict[int, list]]:
+    """Every instrument's sessions: their row counts, instrument codes and keys (the
+    segments holding rows, :func:`_non_empty`), and per instrument with timestamps its
+    chunks' gaps, counted already (date sessions), or else the tasks that count them."""
+    lengths: list[int] = []
+    inst: list[int] = []
+    keys: list[str] = []
+    gaps: dict[int, list] = {}
+    tasks: dict[int, list] = {}
+    for k, (name, xk, tk, per_file, file_keys, tz) in enumerate(groups):
+        counted = None
+        if spec.mode == "column":
+            col = _session_column(columns, spec.column or "", first)
+            rows, vals = _column_runs(xk[:, col], spec.column or "", per_file,
+                                      [f.replace("{instrument}", name) for f in file_keys])
+            ks = [f"{spec.column}={_show(v)}" for v in vals]
+        else:
+            rows, ks, counted = _session_runs(int(xk.shape[0]), tk, spec, file_keys, per_file, tz)
+        if counted is not None:
+            gaps[k] = counted
+        elif tk is not None and spec.mode in ("file", "none", "column"):
+            tasks[k] = _gap_tasks(tk, rows)
+        lengths += rows
+        inst += [k] * len(rows)
+        keys += ks
+    return (*_non_empty(lengths, inst, keys), gaps, tasks)
+
 
 def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
@@ -558,6 +765,9 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     if spec.mode == "calendar":
         # Rows outside the calendar's sessions are left out by the loader, beside nan: drop.
         options = {**options, "calendar": spec.calendar}
+    kept = True
+    if spec.mode == "column":
+        options, kept = _reading(options, spec.column or "")
     by_name, key_of = _instrument_files(files, instrument, options.get("format"))
     groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str], str | None]] = []
     sources: list[Source] = []
@@ -593,27 +803,29 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         types = {"timestamp": timestamp,
                  "groups": {n: _sampled_types(src, timestamp, options, so) for n, src in zip(names, sources)}}
 
-    lengths: list[int] = []
-    inst: list[int] = []
-    keys: list[str] = []
-    for k, (_, xk, tk, per_file, file_keys, tz) in enumerate(groups):
-        rows, ks = _session_runs(int(xk.shape[0]), tk, spec, file_keys, per_file, tz)
-        lengths += rows
-        inst += [k] * len(rows)
-        keys += ks
-    lengths, inst, keys = _non_empty(lengths, inst, keys)
+    columns = tuple(sources[0].columns or ())
+    lengths, inst, keys, gaps, tasks = _group_sessions(groups, spec, columns, sources[0])
     stamps = [g[2] for g in groups]
     timestamps = None
     if all(t is not None for t in stamps):
         timestamps = stamps[0] if len(stamps) == 1 else da.concatenate(stamps)
-    first_ns = _first_times(lengths, inst, timestamps) if timestamps is not None and spec.mode != "none" else None
+    # Gaps inside sessions are counted where the timestamps are read: with date
+    # sessions' breaks, else in the pass reading each session's first time (its chunks
+    # read once for both); gap sessions split at them, a calendar's sessions are its own.
+    first_ns = None
+    if timestamps is not None and spec.mode != "none":
+        first_ns, counted = _first_times(lengths, inst, timestamps, list(tasks.values()))
+        gaps.update(zip(tasks, counted))
+    elif tasks:
+        gaps.update(zip(tasks, dask.compute(*tasks.values())))
     first_day = None
     if first_ns is not None:  # each segment's day in its instrument's zone
         first_day = np.zeros_like(first_ns)
         for k, g in enumerate(groups):
             mine = np.asarray(inst) == k
             first_day[mine] = session_days(first_ns[mine], g[5], spec)
-    session = _session_numbers(keys, inst, first_day, spec)
+    session = (_column_session_numbers([float(k.rpartition("=")[2]) for k in keys]) if spec.mode == "column"
+               else _session_numbers(keys, inst, first_day, spec))
     if options.get("format") == "fi2010" and spec.mode == "file" and len(groups) == 1:
         # No timestamps, and names that do not sort in time order (Train_ after Test_):
         # the files are the sessions in path order (published fold names are checked to
@@ -627,10 +839,19 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     table = SegmentTable.from_lengths(np.asarray(lengths)[order], instrument=np.asarray(inst)[order],
                                       session=np.asarray(session)[order], instruments=[g[0] for g in groups],
                                       labels=[labels[i] for i in order])
-    return SegmentedSource(array=array, columns=tuple(sources[0].columns or ()), timestamps=timestamps,
+    if not kept:  # the session column was read for its sessions only, not as a feature
+        col = columns.index(spec.column)
+        array = array[:, [i for i in range(len(columns)) if i != col]]
+        columns = columns[:col] + columns[col + 1:]
+    report = _gap_report([(g[0], gaps[k], g[3], [f.replace("{instrument}", g[0]) for f in g[4]])
+                          for k, g in enumerate(groups) if k in gaps])
+    if report is not None:
+        warnings.warn(SessionGapWarning(report), stacklevel=2)
+    return SegmentedSource(array=array, columns=columns, timestamps=timestamps,
                            segments=table, sources=tuple(sources), session_mode=spec.mode,
                            session_keys=tuple(keys[i] for i in order),
                            first_times=None if first_ns is None else first_ns[order],
                            skipped=tuple(s for src in sources for s in src.skipped), time_zones=_zones(sources),
                            types=types, calendar=spec.calendar if spec.mode == "calendar" else None,
-                           left_out=_left_out(sources) if spec.mode == "calendar" else 0)
+                           left_out=_left_out(sources) if spec.mode == "calendar" else 0,
+                           session_column=spec.column if spec.mode == "column" else None)

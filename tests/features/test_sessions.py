@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dask.array as da
 import numpy as np
+import pandas as pd
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -381,3 +382,65 @@ def test_calendar_spec_parses_refuses_unknown_names_and_needs_the_extra(monkeypa
     monkeypatch.setitem(sys.modules, "exchange_calendars", None)  # as if not installed
     with pytest.raises(MissingDependencyError, match=r"pipeline\[calendars\]"):
         SessionSpec.from_value({"calendar": "XNYS"}, "source.sessions")
+
+
+def test_column_sessions_parse_round_trip_and_refuse_what_names_no_column():
+    spec = SessionSpec.from_value({"column": "time_id"}, "source.sessions")
+    assert (spec.mode, spec.column, spec.needs_timestamps) == ("column", "time_id", False)
+    assert SessionSpec.from_value(spec.to_value(), "source.sessions") == spec
+    with pytest.raises(ConfigError, match=r"source.sessions.column: expected a table column's name, got 3"):
+        SessionSpec.from_value({"column": 3}, "source.sessions")
+    with pytest.raises(ConfigError, match=r"\{column: <table column>\}"):
+        SessionSpec.from_value({"columns": "time_id"}, "source.sessions")
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=st.lists(st.integers(0, 4), min_size=0, max_size=40))
+def test_value_runs_and_come_back_equal_pandas_run_lengths(values):
+    from pipeline.features.sessions import come_back, value_runs
+
+    v = np.asarray(values, dtype=np.float32)
+    inner, run_values = value_runs(v)
+    s = pd.Series(values, dtype="int64")
+    run_id = (s != s.shift()).cumsum()  # pandas' run-length idiom
+    starts = s.groupby(run_id).apply(lambda g: g.index[0]).to_numpy()
+    np.testing.assert_array_equal(inner, starts[1:])
+    np.testing.assert_array_equal(run_values, s.groupby(run_id).first().to_numpy())
+    repeated = pd.Series(run_values).duplicated().to_numpy()
+    assert come_back(run_values) == (int(np.flatnonzero(repeated)[0]) if repeated.any() else None)
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.sampled_from([1, 1, 1, 2, 3, 0, 40, 500]), min_size=0, max_size=60),
+       starts=st.sets(st.integers(1, 60), max_size=4))
+def test_step_gaps_equal_a_numpy_count_of_steps_over_ten_times_the_90th_percentile(steps, starts):
+    from pipeline.features.sessions import step_gaps
+
+    ns = np.concatenate([[0], np.cumsum(steps)]).astype(np.int64) * 3600 * 10**9
+    heads = np.asarray(sorted(starts), dtype=np.int64)
+    count, largest, typical, first = step_gaps(ns, heads)
+    # Reference: a plain loop over the steps, leaving out those onto a session's first row.
+    inside = [(i + 1, ns[i + 1] - ns[i]) for i in range(len(ns) - 1) if i + 1 not in set(heads.tolist())]
+    positive = np.sort([d for _, d in inside if d > 0])
+    if positive.size < 16:
+        assert (count, largest, typical, first) == (0, 0, 0, -1)
+        return
+    ref_typical = positive[int(0.9 * (positive.size - 1))]
+    big = [(row, d) for row, d in inside if d > 10 * ref_typical]
+    assert typical == ref_typical
+    assert count == len(big)
+    assert largest == (max(d for _, d in big) if big else 0)
+    assert first == (big[0][0] if big else -1)
+
+
+def test_a_twelve_hour_outage_in_hourly_data_is_one_gap_and_order_book_lulls_none():
+    from pipeline.features.sessions import step_gaps
+
+    hours = pd.date_range("2026-01-01", periods=240, freq="h")
+    hole = hours[(hours < "2026-01-05 06:00") | (hours >= "2026-01-05 18:00")]
+    count, largest, typical, first = step_gaps(hole.as_unit("ns").asi8, np.zeros(0, np.int64))
+    assert (count, largest, typical) == (1, 13 * 3600 * 10**9, 3600 * 10**9)
+    assert hole[first] == pd.Timestamp("2026-01-05 18:00")
+    # Event times (exponential steps): lulls of several median steps are ordinary.
+    events = np.cumsum(np.random.default_rng(0).exponential(1e6, 200_000)).astype(np.int64)
+    assert step_gaps(events, np.zeros(0, np.int64))[0] == 0

@@ -938,3 +938,136 @@ def test_calendar_sessions_compare_aware_files_of_several_zones_as_instants(tmp_
                          timestamp="timestamp")
     assert list(src.segments.labels) == list(days)
     assert (src.segments.stops - src.segments.starts).tolist() == want
+
+
+def _optiver(root: Path, stocks=(0, 1), time_ids=(5, 11, 16, 31, 62), rows=40, seed=0) -> Path:
+    """Optiver Realized Volatility's layout: ``book_train.parquet/stock_id=N/<file>.parquet``,
+    rows grouped by ``time_id`` (int16), ``seconds_in_bucket`` restarting in each, no
+    timestamps."""
+    rng = np.random.default_rng(seed)
+    for stock in stocks:
+        frames = []
+        for tid in time_ids:
+            n = int(rng.integers(rows // 2, rows))
+            mid = 1.0 + np.cumsum(rng.normal(0, 1e-4, n)) + stock * 0.01 + tid * 1e-3
+            frames.append(pd.DataFrame({
+                "time_id": np.full(n, tid, np.int16),
+                "seconds_in_bucket": np.sort(rng.choice(600, n, replace=False)).astype(np.int16),
+                "bid_price_1": mid - 1e-4, "ask_price_1": mid + 1e-4,
+                "bid_size_1": rng.integers(1, 500, n).astype(np.int32),
+                "ask_size_1": rng.integers(1, 500, n).astype(np.int32)}))
+        d = root / "book_train.parquet" / f"stock_id={stock}"
+        d.mkdir(parents=True)
+        pd.concat(frames, ignore_index=True).to_parquet(d / "c439ef22282f412ba39e9137a3fdabac.parquet", index=False)
+    return root / "book_train.parquet"
+
+
+def test_column_sessions_keep_windows_and_labels_inside_each_time_id_as_a_pandas_groupby(tmp_path):
+    """Optiver's book files: a session per (stock, time_id); windows and labels equal a
+    pandas groupby computing each bucket on its own, and the column is no feature."""
+    from pipeline.features import FeatureSpec, LabelSpec, build_training_set
+
+    book = _optiver(tmp_path)
+    size, stride, h = 4, 2, 3
+    src = open_segmented(str(book / "*" / "*.parquet"), sessions=SessionSpec(mode="column", column="time_id"),
+                         instrument=InstrumentSpec(path="book_train.parquet/stock_id={instrument}/*.parquet"),
+                         read=("ask_price_1", "bid_price_1"), dtype="float64")
+    assert src.columns == ("bid_price_1", "ask_price_1")  # time_id read for the sessions, then left out
+    assert src.sessions_text == "column time_id" and src.metadata()["session_column"] == "time_id"
+    specs = [FeatureSpec.from_mapping(v, "f") for v in ("mid_price", "log_return")]
+    ts = build_training_set(src.array.rechunk((17, -1)), columns=src.columns, features=specs, size=size,
+                            stride=stride, label=LabelSpec(horizon=h), normalize="none", segments=src.segments)
+
+    df = pd.concat([pd.read_parquet(f).assign(stock=int(f.parent.name.split("=")[1]))
+                    for f in sorted(book.glob("*/*.parquet"))])
+    xs, ys, sizes = [], [], []
+    # Sessions in time order (time_id), stock after stock within one.
+    for (_, _), g in df.groupby(["time_id", "stock"], sort=True):
+        mid = (g["bid_price_1"].to_numpy() + g["ask_price_1"].to_numpy()) / 2
+        feats = np.stack([mid, np.log(mid) - np.log(np.roll(mid, 1))], axis=1)[1:]  # lookback 1
+        sizes.append(len(g))
+        for e in range(size - 1, len(feats) - h, stride):
+            xs.append(feats[e - size + 1 : e + 1])
+            ys.append(np.log(mid[e + 1 + h]) - np.log(mid[e + 1]))
+    assert (src.segments.stops - src.segments.starts).tolist() == sizes
+    assert list(src.segments.labels[:2]) == ["time_id=5", "time_id=5"]
+    assert src.segments.session.tolist() == np.repeat(np.arange(5), 2).tolist()
+    np.testing.assert_allclose(ts.splits["train"]["x"].compute(), np.asarray(xs, np.float32), rtol=1e-6)
+    np.testing.assert_allclose(ts.splits["train"]["y"].compute(), np.asarray(ys, np.float32), rtol=1e-5, atol=1e-9)
+
+
+def test_column_sessions_keep_the_column_a_feature_reads_and_follow_an_instrument_column(tmp_path):
+    book = _optiver(tmp_path, stocks=(0,), rows=30)
+    df = pd.read_parquet(next(book.glob("*/*.parquet")))
+    # Two symbols in one file, rows interleaved within each time_id: an instrument column.
+    two = pd.concat([df.assign(symbol="A"), df.assign(symbol="B")]).sort_values(["time_id", "seconds_in_bucket"],
+                                                                                 kind="stable")
+    two.to_parquet(tmp_path / "two.parquet", index=False)
+    src = open_segmented(str(tmp_path / "two.parquet"), sessions=SessionSpec(mode="column", column="time_id"),
+                         instrument=InstrumentSpec(column="symbol"), read=("ask_price_1", "time_id"), dtype="float64")
+    assert set(src.columns) == {"ask_price_1", "time_id"}  # read by a feature: kept
+    got = src.array.compute()[:, [src.columns.index("ask_price_1"), src.columns.index("time_id")]]
+    seg = src.segments
+    ref = two.groupby(["time_id", "symbol"], sort=True)
+    assert (seg.stops - seg.starts).tolist() == ref.size().tolist()
+    for k, ((tid, sym), g) in enumerate(ref):
+        assert seg.instruments[seg.instrument[k]] == sym
+        np.testing.assert_array_equal(got[seg.starts[k] : seg.stops[k], 1], float(tid))
+        np.testing.assert_array_equal(got[seg.starts[k] : seg.stops[k], 0], g["ask_price_1"].to_numpy())
+
+
+def test_a_session_value_that_comes_back_after_another_is_refused_naming_file_and_row(tmp_path):
+    book = _optiver(tmp_path, stocks=(0,), time_ids=(5, 11), rows=20)
+    path = next(book.glob("*/*.parquet"))
+    df = pd.read_parquet(path)
+    back = pd.concat([df, df[df.time_id == 5].head(3)], ignore_index=True)  # time_id 5 again at the end
+    pq.write_table(pa.Table.from_pandas(back, preserve_index=False), path, row_group_size=7)
+    first_back = len(df)
+    with pytest.raises(LoaderError, match=(rf"{re.escape(str(path))}: row {first_back}: source.sessions column "
+                                           r"'time_id' has the value 5 again after 11 \(first seen at .*: row 0\)")):
+        open_segmented(str(book / "*" / "*.parquet"), sessions=SessionSpec(mode="column", column="time_id"),
+                       read=("ask_price_1",))
+    with pytest.raises(LoaderError, match=r"source.sessions column 'symbol' is not among the numeric columns"):
+        open_segmented(str(book / "*" / "*.parquet"), sessions=SessionSpec(mode="column", column="symbol"))
+
+
+def _hourly(root: Path, hole: bool, name: str = "ST_B") -> Path:
+    t = pd.date_range("2026-01-01", periods=24 * 10, freq="h", unit="ns")
+    load = 100 + np.cumsum(np.random.default_rng(0).normal(0, 1, t.size))
+    df = pd.DataFrame({"timestamp": t, "bid_price_1": load, "ask_price_1": load + 0.5})
+    if hole:
+        df = df[~((df.timestamp >= "2026-01-05 06:00") & (df.timestamp < "2026-01-05 18:00"))]
+    df.to_parquet(root / f"{name}.parquet", index=False)
+    return root / f"{name}.parquet"
+
+
+@pytest.mark.parametrize("sessions", [None, "date", "none"])
+def test_a_gap_inside_a_session_is_warned_once_with_its_count_file_and_row(tmp_path, sessions):
+    import warnings
+
+    from pipeline.errors import SessionGapWarning
+
+    _hourly(tmp_path, hole=False, name="ST_A")
+    path = _hourly(tmp_path, hole=True)
+    ts = pd.read_parquet(path).timestamp
+    steps = ts.diff().dt.total_seconds().to_numpy()[1:]
+    if sessions == "date":  # steps onto a new day start a session: not inside one
+        steps = steps[(ts.dt.date.to_numpy()[1:] == ts.dt.date.to_numpy()[:-1])]
+    expected = int((steps > 10 * np.quantile(steps, 0.9, method="lower")).sum())
+    assert expected == 1
+    spec = None if sessions is None else SessionSpec(mode=sessions)
+    with pytest.warns(SessionGapWarning) as caught:
+        open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", sessions=spec,
+                       instrument=InstrumentSpec(path="{instrument}.parquet"), read=("ask_price_1",))
+    msgs = [str(w.message) for w in caught if issubclass(w.category, SessionGapWarning)]
+    row = int(np.flatnonzero(ts.to_numpy() == np.datetime64("2026-01-05T18:00"))[0])
+    assert len(msgs) == 1
+    assert msgs[0].startswith(f"{expected} step(s) inside sessions are more than 10x the typical step")
+    assert f"(1 h; the largest 13 h; the first before {path}: row {row} of ST_B)" in msgs[0]
+    assert "source.sessions: {gap: <duration>}" in msgs[0]
+    # Split there, or without the outage: nothing to say.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SessionGapWarning)
+        open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", sessions=SessionSpec(mode="gap",
+                       gap_ns=6 * 3600 * NS), instrument=InstrumentSpec(path="{instrument}.parquet"))
+        open_segmented(str(tmp_path / "ST_A.parquet"), timestamp="timestamp", sessions=spec)
