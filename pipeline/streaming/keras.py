@@ -228,9 +228,9 @@ class KerasDataset(_Base):
             if (at, served) == (epoch, 0):
                 return
             self._end_pass()
-            if at != epoch:
-                self.stream.set_epoch(epoch)
-            # (at == epoch: that epoch was served whole, and Keras runs it again.)
+            # (at == epoch: that epoch was served whole, and Keras runs it again, on
+            # purpose: set_epoch says so, and the stream does not warn of a repeat.)
+            self.stream.set_epoch(epoch)
             if int(self.stream.state_dict()["batches_served"]):
                 self.stream.load_state_dict({"epoch": epoch, "batches_served": 0})
 

@@ -263,6 +263,14 @@ class Mix:
         if served < self._served:
             raise StreamError(f"mix: state_dict: batches_served counts this epoch's batches, at least the "
                               f"{self._served} served before this iteration began; got {served}")
+        if num_workers is None and served > self._served:
+            # The DataLoader's workers said how many they are (see Stream.state_dict).
+            num_workers = self._reported_workers()
+            if num_workers is None and self._served_workers is None and served < self.steps:
+                raise StreamError(f"mix: state_dict(batches_served={served}): this mix cannot tell how many "
+                                  "DataLoader workers served those batches (its torch() dataset's workers say so "
+                                  "when they start; these did not, or the mix moved since): pass num_workers= "
+                                  "(the loader's num_workers, 0 for a loop in this process)")
         state = {"epoch": self.epoch, "batches_served": served,
                  "seed": self.seed, "rank": self.rank, "world_size": self.world_size, "steps_per_epoch": self.steps,
                  "counts": list(self.counts), "sources": [self._source_keys(s) for s in self.streams]}
@@ -272,9 +280,23 @@ class Mix:
             state["num_workers"] = max(1, int(num_workers if num_workers is not None else self._served_workers))
         return state
 
+    def served_by(self, num_workers: int) -> None:
+        """In a DataLoader worker, before its first batch: tell the main process how many
+        workers serve (see :meth:`Stream.served_by`)."""
+        board = self._board
+        if board is not None:
+            board.report(self._board_seen, max(1, int(num_workers)))
+
+    def _reported_workers(self) -> int | None:
+        board = self._board
+        return board.reported(self._board_seen) if board is not None and board.owned() else None
+
     def serving_in_process(self) -> None:
         """An iteration in this process begins (a plain loop, ``DataLoader(num_workers=0)``):
         one server, recorded by ``state_dict`` (see :meth:`Stream.serving_in_process`)."""
+        board = self._board
+        if board is not None and board.owned():
+            board.report(self._board_seen, 0)  # no DataLoader workers serve this iteration
         if self._served_workers is None:
             self._served_workers = 1
 
@@ -380,6 +402,7 @@ class Mix:
         """The rest of the current epoch, as for a stream (see :meth:`Stream.__iter__`)."""
         if self._served and self._cut_short:
             warn_continued("mix", self.epoch, self._served, self.steps)
+        self.serving_in_process()
         for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
             self._served_workers = 1

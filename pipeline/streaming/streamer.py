@@ -88,7 +88,7 @@ from pipeline.streaming.plan import (
 )
 
 __all__ = ["AHEAD_BYTES", "AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "QUEUE_BYTES", "Stream", "groups_ahead", "memory_bound",
-           "saved_value", "warn_continued"]
+           "saved_value", "warn_continued", "warn_repeated"]
 
 #: What an epoch's order depends on besides the seed, epoch, rank and world size: recorded
 #: by :meth:`Stream.state_dict` and checked on loading a state saved mid-epoch.
@@ -120,6 +120,22 @@ def warn_continued(what: str, epoch: int, served: int, total: int) -> None:
         f"the next epoch first (set_epoch({epoch}) keeps the position), or load_state_dict({{'epoch': {epoch}, "
         "'batches_served': 0}) to serve this epoch again from its start; to continue it on purpose, "
         "load_state_dict(state_dict()) first", RuntimeWarning, stacklevel=3)
+
+
+def warn_repeated(epoch: int) -> None:
+    """Say that an iteration serves again the epoch the previous one finished.
+
+    An epoch's order follows its number, and only ``set_epoch`` changes it: a loop
+    ``for epoch in range(3): for xb, yb in s`` would train every epoch on the one order,
+    which is rarely what it means. Said once per stream (a validation stream iterated
+    the same way every epoch would repeat it); not when the caller chose the epoch
+    (``set_epoch``, ``load_state_dict``), nor without shuffling, whose order is the same
+    in every epoch anyway.
+    """
+    warnings.warn(
+        f"stream: iterating again serves epoch {epoch} again, in the same order as the pass that just finished it: "
+        f"call set_epoch({epoch + 1}) before each new epoch for a new order (set_epoch({epoch}) to repeat this one "
+        "on purpose, which silences this)", RuntimeWarning, stacklevel=3)
 
 
 #: Chunks a group holds at the default ``buffer_chunks``: ``prefetch`` counts groups of
@@ -242,6 +258,10 @@ class Stream:
         self._served_workers: int | None = None
         self._lanes_cache: tuple[tuple[int, int], Lanes] | None = None
         self._quality_epoch: int | None = None  # the last epoch served whole, from its start
+        # The epoch this process's iteration last finished, until the next move: iterating
+        # it again serves the same order (warn_repeated, once per stream).
+        self._finished: int | None = None
+        self._repeat_warned = False
         # Moves by set_epoch and load_state_dict, counted: an adapter that holds an
         # iteration open (keras.py) sees that the caller moved the stream under it.
         self._moves = 0
@@ -407,6 +427,7 @@ class Stream:
             if self.follow and hasattr(self.source, "at_version"):
                 self._switch(self.source.at_version(None))
         self.epoch = int(epoch)
+        self._finished = None  # the caller chose the epoch: serving it again is meant
         self._publish()
 
     def _switch(self, source: Any) -> None:
@@ -456,6 +477,17 @@ class Stream:
             # serve the batches between the two counts again.
             raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
                               f"{self._served} served before this iteration began; got {served}")
+        if num_workers is None and served > self._served:
+            # The DataLoader's workers said how many they are (see served_by).
+            num_workers = self._reported_workers()
+            if num_workers is None and self._served_workers is None and served < len(self):
+                # Batches served by nobody this stream knows of: a resume on another
+                # worker count would take its turns over other shares (a whole epoch
+                # leaves nothing to share).
+                raise StreamError(f"state_dict(batches_served={served}): this stream cannot tell how many "
+                                  "DataLoader workers served those batches (its torch() dataset's workers say so "
+                                  "when they start; these did not, or the stream moved since): pass "
+                                  "num_workers= (the loader's num_workers, 0 for a loop in this process)")
         state: dict[str, Any] = {"epoch": self.epoch, "batches_served": served, "seed": self.seed,
                                  "rank": self.rank, "world_size": self.world_size,
                                  **{key: getattr(self, key) for key in ORDER_KEYS}}
@@ -529,6 +561,7 @@ class Stream:
                 raise StreamError(f"state_dict: batches_served must be 0 to {len(self)}, got {served}")
             self.epoch, self._served, self._served_workers = int(state["epoch"]), served, workers
         self._cut_short = False  # where to go on was said: no warning
+        self._finished = None
         self._publish()
 
     def _check_identity(self, state: Mapping[str, Any]) -> None:
@@ -541,7 +574,14 @@ class Stream:
         keys = ("seed", "global_batch_size", "buffer_chunks") if elastic else ("seed", "rank", "world_size")
         for key in keys:
             if key in state and int(state[key]) != getattr(self, key):
-                raise StreamError(f"state_dict was saved with {key}={state[key]}, this stream has {getattr(self, key)}")
+                fix = ""
+                if key in ("rank", "world_size"):
+                    # Each rank's order is its own: rank 0's state says nothing of rank 1's.
+                    fix = ("; without global_batch_size a state resumes only the rank (and world size) that saved "
+                           "it: save each rank's own state_dict() (a file per rank) and load it on that rank, or "
+                           "stream with global_batch_size=, whose state any rank loads on any world size")
+                raise StreamError(f"state_dict was saved with {key}={state[key]}, this stream has "
+                                  f"{getattr(self, key)}{fix}")
         if not int(state.get("batches_served", 0)):
             return  # nothing served: any epoch start is the same
         # The order of an epoch, and so which batches the count skips, depends on these
@@ -661,6 +701,9 @@ class Stream:
         if self._served and self._cut_short:
             warn_continued("stream", self.epoch, self._served, len(self))
         whole = self._served == 0
+        if whole and self.shuffle and self._finished == self.epoch and not self._repeat_warned:
+            self._repeat_warned = True
+            warn_repeated(self.epoch)
         self.serving_in_process()
         for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
@@ -668,8 +711,23 @@ class Stream:
             yield batch
         self._served, self._cut_short = 0, False
         self._done, self._served_workers = [], None
+        self._finished = self.epoch
         if whole:
             self._quality_epoch = self.epoch
+
+    def served_by(self, num_workers: int) -> None:
+        """In a DataLoader worker, before its first batch: tell the main process that
+        ``num_workers`` workers serve this iteration, so that its ``state_dict`` records
+        them without ``num_workers=`` (see :mod:`pipeline.streaming.torch`)."""
+        board = self._board
+        if board is not None:
+            board.report(self._board_seen, max(1, int(num_workers)))
+
+    def _reported_workers(self) -> int | None:
+        """The workers that reported serving from where this stream stands (None: none
+        did since its last move)."""
+        board = self._board
+        return board.reported(self._board_seen) if board is not None and board.owned() else None
 
     def serving_in_process(self) -> None:
         """An iteration in this process begins: a plain loop, Keras, or a
@@ -680,6 +738,9 @@ class Stream:
 
         A state served by other workers is left as it is: without ``global_batch_size``
         the iteration refuses it (:meth:`iter_resumed`)."""
+        board = self._board
+        if board is not None and board.owned():
+            board.report(self._board_seen, 0)  # no DataLoader workers serve this iteration
         if self.global_batch_size is not None:
             # This iteration is the one in progress: what came before it is done.
             left = self._remaining(1)

@@ -82,9 +82,12 @@ class StateBoard:
     #: few per resume (one per DataLoader worker that served the state).
     RUNS = 4096
     _HEAD = 7  # seq, epoch, served, workers (0: unknown), has version, version, runs
+    # After the head and the runs: the workers' report, the one slot workers write (see
+    # :meth:`report`).
+    _REPORT = _HEAD + 2 * RUNS
 
     def __init__(self) -> None:
-        self._array = RawArray("q", self._HEAD + 2 * self.RUNS)
+        self._array = RawArray("q", self._REPORT + 1)
         self._owner = os.getpid()
         self._lock = threading.Lock()
 
@@ -118,6 +121,20 @@ class StateBoard:
             a[self._HEAD:self._HEAD + len(runs)] = runs
             a[0] = seq
         return seq
+
+    def report(self, seen: int, workers: int) -> None:
+        """A DataLoader worker says, before its first batch, that ``workers`` workers
+        serve the iteration that began at position ``seen`` (a sequence number of
+        :meth:`publish`, 0 before the first); ``workers=0`` clears the report (an
+        iteration in the main process). One 64-bit store: a reader never sees half."""
+        self._array[self._REPORT] = (int(seen) << 16) | (int(workers) & 0xFFFF)
+
+    def reported(self, seen: int) -> int | None:
+        """The workers reported for an iteration that began at position ``seen``; None
+        when none was, or the report is of another position (the stream moved since)."""
+        got = self._array[self._REPORT]
+        workers = got & 0xFFFF
+        return workers if workers and got >> 16 == seen else None
 
     def read(self) -> Posted | None:
         """The latest position (None before the first), waiting out a write in progress."""
@@ -174,17 +191,24 @@ class TorchDataset(IterableDataset):
             follow = getattr(self.stream, "follow_board", None)
             if follow is not None:
                 follow()
+            # The main process's state_dict(batches_served=n) must know how many workers
+            # took turns over those n batches: without it a resume on another count
+            # served some batches twice and others never. Said before the first batch,
+            # so that any batch the loop counted comes after it.
+            report = getattr(self.stream, "served_by", None)
+            if report is not None:
+                report(workers)
+            # Resuming (Stream.load_state_dict): each worker serves its share of what the
+            # loop has not consumed yet.
+            batches = self.stream.iter_resumed(worker, workers)
         else:
             # num_workers=0: this process serves every batch in order, as a plain loop
-            # does; its state says so (a loader of other workers must not take turns).
-            here = getattr(self.stream, "serving_in_process", None)
-            if here is not None:
-                here()
+            # does, and counts them as one: state_dict() knows where the loop stands, and
+            # iterating the loader again continues the epoch (with the plain loop's
+            # warning) instead of serving it again from its start. The stream lives on
+            # between epochs and reads the next epoch's first chunks early.
+            batches = iter(self.stream)
         pin = self.pin_memory and torch.cuda.is_available() and info is None
-        # Resuming (Stream.load_state_dict): each worker serves its share of what the
-        # loop has not consumed yet.
-        # In the main process (num_workers=0) the stream lives on between epochs and can
-        # read the next epoch's first chunks early; a worker process ends with its epoch.
-        for batch in self.stream.iter_resumed(worker, workers, read_ahead=info is None):
+        for batch in batches:
             tensors = tuple(torch.from_numpy(b) for b in batch)
             yield tuple(t.pin_memory() for t in tensors) if pin else tensors

@@ -126,13 +126,19 @@ def _run_loader(streams, workers: int, batches: int | None, torch0: bool = False
     when None): per loop step, the labels every rank served. ``workers=0`` iterates the
     stream itself (``torch0``: through its torch dataset in this process, as
     ``DataLoader(num_workers=0)`` does); otherwise workers are simulated in this
-    process, taking turns."""
+    process, taking turns (``torch0``: they say how many they are, as the workers of a
+    stream's torch dataset do before their first batch, so that the state can be saved
+    without num_workers=)."""
     steps: list[list[np.ndarray]] = []
     per_rank = []
     for s in streams:
         if workers == 0:
             its = [iter(s.torch()) if torch0 else iter(s)]
         else:
+            if torch0:
+                s.torch()
+                for _ in range(workers):
+                    s.served_by(workers)
             its = [s.iter_resumed(k, workers) for k in range(workers)]
         out = []
         live = list(range(len(its)))
@@ -174,6 +180,9 @@ def _run_loader(streams, workers: int, batches: int | None, torch0: bool = False
 # A state of DataLoader(num_workers=0) saved without num_workers=, resumed on 2 workers.
 @example(layout=0, global_batch=8, buffer=1, phases=[(0, 0, 0.5, True), (0, 2, 0.3, False)], saver=0,
          drop_last=False, seed=0)
+# States of 3 and 2 workers saved without num_workers=, resumed on 2 workers, then 0.
+@example(layout=1, global_batch=12, buffer=2, phases=[(0, 3, 0.3, True), (1, 2, 0.4, True)], saver=1,
+         drop_last=False, seed=3)
 def test_resumes_on_other_world_sizes_and_workers_serve_the_rest_once_as_the_same_steps(
         layouts, layout, global_batch, buffer, phases, saver, drop_last, seed):
     source = layouts[layout]
@@ -207,8 +216,9 @@ def test_resumes_on_other_world_sizes_and_workers_serve_the_rest_once_as_the_sam
         done += len(steps)
         saving = streams[saver % world]
         # A loop in this process (plain, or DataLoader(num_workers=0) saving the loop's
-        # count without num_workers) records who served by itself.
-        state = (saving.state_dict(batches_served=done) if workers == 0 and torch0 else saving.state_dict()
+        # count without num_workers) records who served by itself, and so does a loader
+        # whose workers said how many they are (torch0 with workers).
+        state = (saving.state_dict(batches_served=done) if torch0 else saving.state_dict()
                  if workers == 0 else saving.state_dict(batches_served=done, num_workers=workers))
         assert last or state["batches_served"] == done  # (a finished epoch starts afresh)
     assert sorted(served) == list(range(len(reference))) and max(served.values()) == 1

@@ -164,7 +164,7 @@ def test_a_mix_refuses_a_count_since_the_resume():
     m.load_state_dict({**m.state_dict(), "batches_served": 5})
     with pytest.raises(StreamError, match="^mix: .*at least the 5 served before this iteration began; got 2"):
         m.state_dict(batches_served=2)
-    assert m.state_dict(batches_served=9)["batches_served"] == 9
+    assert m.state_dict(batches_served=9, num_workers=0)["batches_served"] == 9
 
 
 def _loader_turns(s, workers):

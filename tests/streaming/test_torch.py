@@ -255,3 +255,68 @@ def test_a_state_served_in_this_process_records_one_server(store, via):
     c.load_state_dict(state)
     with pytest.raises(StreamError, match="saved while 1 server .* served, this loader has 2; .* global_batch_size"):
         next(c.iter_resumed(0, 2))
+
+
+def _labels(loader, stop=None):
+    """The label batches a loop over ``loader`` takes (all, or its first ``stop``)."""
+    out = []
+    for _, yb in loader:
+        out.append(yb.numpy().copy())
+        if stop is not None and len(out) == stop:
+            break
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine, on purpose
+@pytest.mark.parametrize("kind", ["batch_size", "global_batch_size"])
+@pytest.mark.parametrize("saved, resumed, stop", [(3, 2, 7), (2, 3, 5), (2, 0, 5), (2, 2, 5)])
+def test_a_state_saved_without_num_workers_records_the_loaders_workers(store, kind, saved, resumed, stop):
+    """state_dict(batches_served=n) without num_workers=, after a loader of ``saved``
+    workers: the state says how many served (their torch dataset told the stream), so a
+    resume on another count serves the rest exactly once (global_batch_size) or is
+    refused (batch_size); it never serves some samples twice and others never (3 -> 2
+    workers served 2048 twice and 2048 never before the workers said so)."""
+    make = lambda: pipeline.stream(store, seed=2, buffer_chunks=2, **{kind: 32})  # noqa: E731
+    s = make()
+    first = _labels(DataLoader(s.torch(), batch_size=None, num_workers=saved), stop)
+    state = s.state_dict(batches_served=stop)
+    assert state["num_workers"] == saved
+    r = make()
+    r.load_state_dict(state)
+    loader = DataLoader(r.torch(), batch_size=None, num_workers=resumed)
+    if kind == "batch_size" and max(1, resumed) != saved:
+        with pytest.raises(StreamError, match=f"saved while {saved} DataLoader workers served"):
+            _labels(loader)
+        return
+    served = np.concatenate(first + _labels(loader))
+    np.testing.assert_array_equal(np.sort(served), np.arange(1000))
+
+
+def test_a_count_no_loader_reported_is_refused(store):
+    """batches_served beyond what the stream knows, with no worker count it can know
+    (its torch dataset's workers never started): refused, naming num_workers=, rather
+    than recorded for a resume that might take other turns."""
+    s = pipeline.stream(store, batch_size=32, seed=2)
+    s.torch()
+    with pytest.raises(StreamError, match=r"batches_served=5\): .*cannot tell .* pass num_workers="):
+        s.state_dict(batches_served=5)
+    assert s.state_dict(batches_served=5, num_workers=2)["num_workers"] == 2
+    assert s.state_dict(batches_served=len(s))["batches_served"] == len(s)  # a whole epoch: nothing to share
+
+
+def test_a_loader_without_workers_counts_what_it_served(store):
+    """DataLoader(num_workers=0) is one server, as a plain loop: after a break its
+    state_dict() holds the batches taken, and iterating the loader again continues the
+    epoch (saying so) instead of serving it again from its start."""
+    s = pipeline.stream(store, batch_size=32, seed=7)
+    loader = DataLoader(s.torch(), batch_size=None, num_workers=0)
+    first = _labels(loader, 10)
+    state = s.state_dict()
+    assert (state["epoch"], state["batches_served"], state["num_workers"]) == (0, 10, 1)
+    with pytest.warns(RuntimeWarning, match="continues epoch 0, which an earlier iteration left after 10"):
+        rest = _labels(loader)
+    assert len(rest) == len(s) - 10
+    np.testing.assert_array_equal(np.sort(np.concatenate(first + rest)), np.arange(1000))
+    resumed = pipeline.stream(store, batch_size=32, seed=7)
+    resumed.load_state_dict(state)
+    np.testing.assert_array_equal(np.concatenate([np.asarray(y) for _, y in resumed]), np.concatenate(rest))
