@@ -409,6 +409,20 @@ def test_header_lines_are_told_from_data_lines(fields, below, names, decimal, wa
     assert tables.is_header_line(fields, below, names, decimal) is want
 
 
+@settings(max_examples=200, deadline=None)
+@given(rows=st.lists(st.lists(st.one_of(st.integers(-10**15, 10**15).map(str),
+                                        st.floats(allow_nan=False, allow_infinity=False).map(repr),
+                                        st.just("")), min_size=3, max_size=3), min_size=2, max_size=2),
+       words=st.lists(st.from_regex(r"[a-z_][a-z_ ]{0,8}", fullmatch=True).filter(
+           lambda w: w.strip().lower() not in ("nan", "inf", "infinity")), min_size=3, max_size=3))
+def test_data_lines_are_never_headers_and_names_over_them_are(rows, words):
+    # A line of numbers (some missing) is data however the line below looks; names over
+    # a line with at least one number are a header, given as source.names or not.
+    assert not tables.is_header_line(rows[0], rows[1], None)
+    if any(rows[1]):
+        assert tables.is_header_line(words, rows[1], None) and tables.is_header_line(words, [], words)
+
+
 def test_names_replace_a_header(tmp_path):
     p = tmp_path / "t.csv"
     p.write_text("x,y\n1,2\n3,4\n")
