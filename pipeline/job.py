@@ -83,7 +83,7 @@ def _source_kwargs(config: Config) -> dict[str, Any]:
         "on_error": src.on_error,
         "chunk_rows": src.chunk_rows,
     }
-    if not src.header or src.names:
+    if src.header is not True or src.names:
         kwargs.update(header=src.header, names=src.names)
     if (src.delimiter, src.decimal) != (",", "."):
         kwargs.update(delimiter=src.delimiter, decimal=src.decimal)

@@ -469,3 +469,12 @@ def test_source_header_takes_true_false_or_auto(header):
     data = base()
     data["source"].update(header=header, names=["a", "b"])
     assert parse_config(data).source.header == header
+
+
+def test_source_header_auto_reaches_the_loader_without_names():
+    from pipeline.job import _source_kwargs
+
+    cfg = parse_config(apply_overrides(base(), ["source.header=auto"]))
+    assert _source_kwargs(cfg)["header"] == "auto"
+    # The default (a header, its own names) is not passed: formats without headers take no such option.
+    assert "header" not in _source_kwargs(parse_config(base()))

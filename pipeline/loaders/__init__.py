@@ -374,7 +374,7 @@ def open_source(
     on_mismatch: Literal["raise", "pad", "crop", "resize"] = "raise",
     nan: Literal["raise", "drop", "fill"] | None = None, fill_value: float = 0.0,
     on_error: Literal["raise", "skip"] = "raise", chunk_rows: int | None = None, files_per_chunk: int | None = None,
-    storage_options: dict | None = None, header: bool = True, names: Sequence[str] | None = None,
+    storage_options: dict | None = None, header: bool | Literal["auto"] = True, names: Sequence[str] | None = None,
     rename: Mapping[str, str] | None = None, instrument_column: str | None = None,
     scale: Mapping[str, float] | None = None, missing: Any = None, date: Any = None, delimiter: str = ",",
     decimal: str = ".", halts: Literal["drop", "keep"] | None = None, swmr: bool = False, calendar: str | None = None,
@@ -431,7 +431,8 @@ def open_source(
     storage_options
         fsspec options for URLs.
     header
-        CSV: the first line holds the names; ``False``: every line is data.
+        CSV: the first line holds the names; ``False``: every line is data; ``"auto"``:
+        decided file by file (a first line that names the columns is a header).
     names
         CSV column names; with a header, they replace its names.
     rename
@@ -781,8 +782,9 @@ def _globbed_files(paths: Any, format: str | None, so: dict) -> list[str]:
 
 
 def _probe_files(files: list[str], kind: str, fmts: dict[str, str], opts: dict, so: dict, *,
-                 timestamp: str | None, header: bool, names: Sequence[str] | None, rename: Mapping[str, str] | None,
-                 on_error: str, part_rows: int | None = None, delimiter: str = ",", decimal: str = "."
+                 timestamp: str | None, header: bool | Literal["auto"], names: Sequence[str] | None,
+                 rename: Mapping[str, str] | None, on_error: str, part_rows: int | None = None, delimiter: str = ",",
+                 decimal: str = "."
                  ) -> tuple[list, list[tuple[str, str]], dict[str, FileInfo]]:
     """Every file's header (``None`` for a file skipped with ``on_error="skip"``), the
     skipped files with their reasons, and the companion files read with tables (LOBSTER's
