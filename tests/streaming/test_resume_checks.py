@@ -174,3 +174,19 @@ def _loader_turns(s, workers):
 
     its = [copy.deepcopy(s).iter_resumed(k, workers) for k in range(workers)]
     return [(k, np.asarray(got[1]).tolist()) for k, got in in_turns(its)]
+
+
+def test_a_state_of_another_rank_is_refused_saying_what_to_do():
+    """DDP with batch_size=: rank 0's checkpoint loaded on rank 1 is refused, and the
+    error says the two ways out: a state per rank, or global_batch_size (whose state
+    rank 1 then loads and resumes exactly)."""
+    ranks = [pipeline.stream(_arrays(200), batch_size=10, seed=0, rank=r, world_size=2) for r in range(2)]
+    state = _state_after(ranks[0], 3)
+    with pytest.raises(StreamError, match=r"saved with rank=0, this stream has 1; .*save each rank's own "
+                                          r"state_dict\(\) .* or stream with global_batch_size="):
+        ranks[1].load_state_dict(state)
+    kw = dict(global_batch_size=20, seed=0, world_size=2)
+    g0, g1 = (pipeline.stream(_arrays(200), rank=r, **kw) for r in range(2))
+    g1.load_state_dict(_state_after(g0, 3))
+    full = pipeline.stream(_arrays(200), rank=1, **kw)
+    assert _labels(g1) == _labels(full)[30:]  # the rest of rank 1's share, after 3 steps of 10

@@ -168,6 +168,26 @@ def test_iterating_twice_at_one_epoch_repeats_it_and_set_epoch_changes_it(odd_st
     assert not all(np.array_equal(a, b) for a, b in zip(first, other_seed))
 
 
+def test_a_finished_shuffled_epoch_iterated_again_is_said_once(odd_store, recwarn):
+    """A loop ``for epoch in range(3): for xb, yb in s`` without set_epoch trains every
+    epoch on the one order: said once (a RuntimeWarning), not after set_epoch or
+    load_state_dict, and never without shuffling (whose order is the same anyway)."""
+    s = pipeline.stream(odd_store, batch_size=100, seed=4)
+    first = np.concatenate(epoch_ids(s))
+    with pytest.warns(RuntimeWarning, match=r"serves epoch 0 again, in the same order .* call set_epoch\(1\)"):
+        again = np.concatenate(epoch_ids(s))
+    np.testing.assert_array_equal(first, again)  # what the warning says: the same order
+    np.testing.assert_array_equal(np.sort(first), np.arange(1003))
+    epoch_ids(s)  # once per stream
+    s.set_epoch(0)
+    epoch_ids(t := pipeline.stream(odd_store, batch_size=100, seed=4))
+    t.load_state_dict(t.state_dict())
+    epoch_ids(t)
+    plain = pipeline.stream(odd_store, batch_size=100, shuffle=False)
+    epoch_ids(plain), epoch_ids(plain)
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def _take(s, n):
     out = []
     for _, yb in s:
@@ -197,16 +217,18 @@ def test_what_is_said_of_an_iteration_after_a_break(odd_store, recwarn):
         _take(s, 3)
     s.set_epoch(1)  # a new epoch: a whole pass, nothing to say
     assert sum(len(b) for b in epoch_ids(s)) == 1003
+    s.set_epoch(1)  # epoch 1 again, on purpose: no repeat to say
     _take(s, 3)
     s.load_state_dict(s.state_dict())  # continuing on purpose
     assert sum(len(b) for b in epoch_ids(s)) == 1003 - 150
+    s.set_epoch(1)
     _take(s, 3)
     s.load_state_dict({"epoch": 1, "batches_served": 0})  # the epoch again, from its start
     assert sum(len(b) for b in epoch_ids(s)) == 1003
     resumed = pipeline.stream(odd_store, batch_size=50, seed=3)
     resumed.load_state_dict({"epoch": 0, "batches_served": 4})  # a resume is no break
     assert len(epoch_ids(resumed)) == 21 - 4
-    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
 @pytest.mark.parametrize("world, drop_last", [(1, False), (2, False), (3, True)])
