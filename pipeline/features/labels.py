@@ -29,6 +29,7 @@ import numpy as np
 from pipeline.errors import FeatureError
 from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import LabelSpec
+from pipeline.features.steps import missing_column
 from pipeline.loaders.precision import boundary_message, near_boundaries
 
 __all__ = ["class_balance", "finalize_labels", "gaps_message", "label_gaps", "label_gaps_numpy", "label_steps",
@@ -39,9 +40,7 @@ def _col(columns: Sequence[str], name: str) -> int:
     try:
         return list(columns).index(name)
     except ValueError:
-        raise FeatureError(
-            f"labels: column {name!r} is not in the source (columns: {', '.join(map(str, columns))})"
-        ) from None
+        raise missing_column("labels", name, columns) from None
 
 
 def _ahead(values: np.ndarray, k: int) -> np.ndarray:

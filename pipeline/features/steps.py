@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import dask.array as da
 import numpy as np
@@ -19,7 +19,7 @@ from pipeline.errors import FeatureError
 from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import FeatureSpec, LabelSpec
 
-__all__ = ["FeatureFrame", "columns_read", "compute_features", "feature_lookback", "features_numpy"]
+__all__ = ["FeatureFrame", "columns_read", "compute_features", "feature_lookback", "features_numpy", "missing_column"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,13 +31,27 @@ class FeatureFrame:
     lookback: int
 
 
-def _col(columns: Sequence[str], name: str) -> int:
+#: Source columns a missing-column error lists (a LOBSTER or crypto table has 150).
+_COLUMNS_SHOWN = 20
+
+
+def missing_column(reader: str, name: str, columns: Sequence[Any]) -> FeatureError:
+    """The error for a source column that ``reader`` (a feature or the labels) needs and
+    the source lacks: what needs it, the source's first columns, and the usual cause (a
+    file that names the column otherwise)."""
+    names = [str(c) for c in columns]
+    shown = ", ".join(names[:_COLUMNS_SHOWN]) + (f", ... ({len(names)} columns)" if len(names) > _COLUMNS_SHOWN
+                                                  else "")
+    return FeatureError(
+        f"{reader} reads column {name!r}, which is not in the source (columns: {shown}); if the files name it "
+        f"otherwise, map it with source.rename: {{{name}: <the files' name>}}")
+
+
+def _col(columns: Sequence[str], name: str, reader: str = "feature input") -> int:
     try:
         return list(columns).index(name)
     except ValueError:
-        raise FeatureError(
-            f"feature input: column {name!r} is not in the source (columns: {', '.join(columns)})"
-        ) from None
+        raise missing_column(reader, name, columns) from None
 
 
 def _required_columns(spec: FeatureSpec) -> list[str]:
@@ -253,9 +267,9 @@ def compute_features(
     specs = tuple(specs)
     if not specs:
         raise FeatureError("features: at least one feature is needed")
-    for spec in specs:
+    for i, spec in enumerate(specs):
         for name in _required_columns(spec):
-            _col(columns, name)
+            _col(columns, name, f"feature {spec.name} (features.steps[{i}])")
         if spec.name == "custom":
             _load_custom(spec.function)  # fail before any computation, naming the hook
     lookback = feature_lookback(specs)

@@ -336,9 +336,9 @@ def test_label_gaps_refuse_a_column_label():
 
 def test_missing_label_column_fails_before_computing():
     x = da.zeros((10, 2), chunks=5)
-    with pytest.raises(FeatureError, match="labels: column 'bid_price_1' is not in the source"):
+    with pytest.raises(FeatureError, match="labels reads column 'bid_price_1', which is not in the source .*source.rename"):
         label_steps(x, columns=["ask_price_1", "a"], spec=LabelSpec())
-    with pytest.raises(FeatureError, match="column 'y' is not in the source"):
+    with pytest.raises(FeatureError, match="labels reads column 'y', which is not in the source"):
         label_steps(x, columns=["a", "b"], spec=spec(kind="column", column="y"))
 
 

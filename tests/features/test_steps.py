@@ -94,7 +94,9 @@ def test_custom_feature_gets_its_declared_halo():
 
 def test_missing_column_and_bad_hook_fail_before_computing():
     x = da.zeros((10, 2), chunks=5)
-    with pytest.raises(FeatureError, match="column 'bid_price_1' is not in the source"):
+    with pytest.raises(FeatureError, match=r"^feature mid_price \(features.steps\[0\]\) reads column 'bid_price_1', "
+                                           r"which is not in the source \(columns: a, b\); .*source.rename: "
+                                           r"\{bid_price_1: <the files' name>\}$"):
         compute_features(x, columns=["a", "b"], specs=[FeatureSpec("mid_price")])
     with pytest.raises(FeatureError, match="cannot import"):
         compute_features(x, columns=["a", "b"], specs=[FeatureSpec(name="custom", function="no_such_mod:f")])
@@ -197,7 +199,7 @@ def test_book_defaults_to_ten_levels():
 def test_book_missing_column_fails_before_computing():
     cols = orderbook_columns(1)
     x = da.zeros((10, len(cols)), chunks=5)
-    with pytest.raises(FeatureError, match="column 'ask_price_2' is not in the source"):
+    with pytest.raises(FeatureError, match="feature book \(features.steps\[0\]\) reads column 'ask_price_2', which is not in the source"):
         compute_features(x, columns=cols, specs=[FeatureSpec("book", levels=2)])
     with pytest.raises(ConfigError, match=r"^f\.levels: expected a positive integer, got 0"):
         FeatureSpec.from_mapping({"name": "book", "levels": 0}, "f")
@@ -279,3 +281,13 @@ def test_a_float64_source_stores_a_btc_like_book_s_exact_features_and_labels(tmp
         np.testing.assert_array_equal(x[:, k, 2], ret[e - 1].astype(np.float32))
     np.testing.assert_array_equal(y, (ret[ends] * 10000).astype(np.float32))
     assert set(np.unique(x[:, :, 0])) == {np.float32(0.01)}
+
+
+def test_a_missing_column_among_many_lists_the_first_twenty_and_the_count():
+    cols = [f"bids_distance_{i}" for i in range(150)]
+    with pytest.raises(FeatureError) as err:
+        compute_features(da.zeros((10, 150), chunks=5), columns=cols,
+                         specs=[FeatureSpec("spread"), FeatureSpec("mid_price")])
+    msg = str(err.value)
+    assert msg.startswith("feature spread (features.steps[0]) reads column 'bid_price_1'")
+    assert "bids_distance_19, ... (150 columns)" in msg and "bids_distance_20" not in msg
