@@ -145,7 +145,8 @@ def format_report(report: StoreReport) -> str:
         lines.append(f"labels: {a['labels']}")
     norm = a.get("normalization") or {}
     if norm:
-        lines.append(f"normalization: {norm.get('kind')}" + (f" (fit on {norm['fit_on']})" if "fit_on" in norm else ""))
+        per = ", per instrument" if norm.get("per") == "instrument" else ""
+        lines.append(f"normalization: {norm.get('kind')}{per}" + (f" (fit on {norm['fit_on']})" if "fit_on" in norm else ""))
     sources = a.get("sources") or {}
     files = sources.get("files", []) if isinstance(sources, dict) else []
     if files:

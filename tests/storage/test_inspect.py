@@ -267,3 +267,15 @@ def test_plot_of_an_unknown_split_names_the_splits_there(plotted, tmp_path):
     assert not (tmp_path / "p.png").exists()
     png = plot_store(plotted["materialized"], str(tmp_path / "val.png"), split="val", n_windows=2)
     assert matplotlib.image.imread(png).shape[1] >= 1000
+
+
+def test_the_report_says_statistics_are_per_instrument():
+    from pipeline.storage.inspect import StoreReport, format_report
+
+    def line(norm: dict) -> str:
+        text = format_report(StoreReport("s.zarr", True, (), attrs={"normalization": norm}))
+        return next(t for t in text.splitlines() if t.startswith("normalization"))
+
+    assert line({"kind": "global", "per": "instrument", "fit_on": "train"}) == (
+        "normalization: global, per instrument (fit on train)")
+    assert line({"kind": "global", "fit_on": "train"}) == "normalization: global (fit on train)"
