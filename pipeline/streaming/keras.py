@@ -20,6 +20,17 @@ the pass was served:
 - more (``steps_per_epoch`` below the pass's length): the next Keras epoch goes on with
   the same pass where this one stopped.
 
+**Keras epochs across stream epochs.** Keras reads a PyDataset's ``num_batches`` (its
+``len``) and ends an epoch when its count reaches it: with ``steps_per_epoch`` below
+``len(ds)``, a Keras epoch that meets the end of a stream epoch is cut short there
+("Your input ran out of data"; 50 steps of a 79-batch stream make epochs of 50, 29, 50,
+29 steps). ``stream.keras(repeat=True)`` has no ``num_batches`` (``None``: endless for
+Keras), and serves the stream's epochs one after another: every Keras epoch takes
+``steps_per_epoch`` batches, going on into the next stream epoch (``set_epoch``, a new
+order) where one ends, each sample once per stream epoch. Such a dataset needs
+``steps_per_epoch`` (without it one Keras epoch would never end) and is not for
+validation.
+
 Keras asking for index 0 again, after the indices ``0, 1, ..., k - 1`` of this pass in
 order, starts the pass again from its start point: that is a new iteration of the
 dataset, as ``evaluate`` makes every time (``fit``'s ``validation_steps``,
@@ -101,12 +112,13 @@ class KerasDataset(_Base):
         batches out of order, and the stream reads ahead on its own threads anyway.
     """
 
-    def __init__(self, stream: Any, **kwargs: Any):
+    def __init__(self, stream: Any, *, repeat: bool = False, **kwargs: Any):
         if keras is None:
             raise MissingDependencyError("Stream.keras()", "Keras 3", "keras")
         _check_workers(kwargs.get("workers", 1), kwargs.get("use_multiprocessing", False))
         super().__init__(**kwargs)
         self.stream = stream
+        self.repeat = bool(repeat)
         self._iter: Iterator[tuple[np.ndarray, ...]] | None = None
         self._start: dict[str, Any] | None = None  # the pass's start point, once it served a batch
         self._taken = 0  # batches served in the pass (over Keras epochs when it goes on)
@@ -137,6 +149,12 @@ class KerasDataset(_Base):
     def use_multiprocessing(self, value: bool) -> None:
         _check_workers(None, value)
         self._use_multiprocessing = value
+
+    @property
+    def num_batches(self) -> int | None:
+        """Batches Keras counts in an epoch: ``len(self)``, or None (endless) with
+        ``repeat``, so that ``steps_per_epoch`` alone ends Keras's epochs."""
+        return None if self.repeat else len(self)
 
     def __len__(self) -> int:
         with self._lock:
@@ -178,8 +196,8 @@ class KerasDataset(_Base):
     def __getitem__(self, index: int) -> tuple[np.ndarray, ...]:
         with self._lock:
             self._follow_moves()
-            if index < 0 or index >= self._pass_length():
-                raise IndexError(index)
+            if index < 0 or (index >= self._pass_length() and not self.repeat):
+                raise IndexError(index)  # (with repeat, Keras counts on across passes)
             if index == 0 and self._taken and self._in_order and self._iter is not None:
                 # A new iteration from index 0 after indices 0 .. k-1 in order: evaluate
                 # (validation_steps, steps=) serves the same first batches every time.

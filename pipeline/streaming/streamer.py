@@ -1125,11 +1125,13 @@ class Stream:
 
     # -- adapters ---------------------------------------------------------------------
 
-    def keras(self, **kwargs: Any) -> Any:
-        """A ``keras.utils.PyDataset`` over this stream (see :mod:`pipeline.streaming.keras`)."""
+    def keras(self, *, repeat: bool = False, **kwargs: Any) -> Any:
+        """A ``keras.utils.PyDataset`` over this stream (see :mod:`pipeline.streaming.keras`);
+        ``repeat=True`` serves epoch after epoch without end, for ``fit(...,
+        steps_per_epoch=k)`` whose epochs go on across the stream's epochs."""
         from pipeline.streaming.keras import KerasDataset
 
-        return KerasDataset(self, **kwargs)
+        return KerasDataset(self, repeat=repeat, **kwargs)
 
     def torch(self, *, pin_memory: bool = False) -> Any:
         """A ``torch.utils.data.IterableDataset`` (see :mod:`pipeline.streaming.torch`)."""

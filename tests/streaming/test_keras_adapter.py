@@ -126,6 +126,22 @@ def test_epochs_shorter_than_the_stream_go_on_with_its_epoch(store):
     assert sum(per_epoch, []) == _order(store, 0) + _order(store, 1)
 
 
+def test_with_repeat_keras_epochs_go_on_across_the_streams_epochs(store, recwarn):
+    """stream.keras(repeat=True): every Keras epoch takes steps_per_epoch batches, going
+    on into the next stream epoch where one ends (without it: 6, 4, 6, 4 steps and
+    Keras's "ran out of data"); the stream's epochs follow one another, each sample once
+    in each."""
+    s = pipeline.stream(store, **KW)
+    log: list = []
+    ds = s.keras(repeat=True)
+    assert ds.num_batches is None and len(ds) == 10
+    _model(log).fit(ds, epochs=4, steps_per_epoch=6, verbose=0, callbacks=[Epochs(log)])
+    per_epoch = _per_epoch(log)
+    assert [len(ids) for ids in per_epoch] == [600, 600, 600, 600]
+    assert sum(per_epoch, []) == _order(store, 0) + _order(store, 1) + _order(store, 2)[:400]
+    assert not [w for w in recwarn if "ran out of data" in str(w.message)]
+
+
 def test_initial_epoch_serves_kerass_epoch_with_the_epoch_callback(store):
     s = pipeline.stream(store, **KW)
     ds = s.keras()
