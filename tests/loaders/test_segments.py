@@ -994,6 +994,19 @@ def test_column_sessions_keep_windows_and_labels_inside_each_time_id_as_a_pandas
     assert src.segments.session.tolist() == np.repeat(np.arange(5), 2).tolist()
     np.testing.assert_allclose(ts.splits["train"]["x"].compute(), np.asarray(xs, np.float32), rtol=1e-6)
     np.testing.assert_allclose(ts.splits["train"]["y"].compute(), np.asarray(ys, np.float32), rtol=1e-5, atol=1e-9)
+    # Without timestamps, folds are the splits of several instruments: whole time_ids.
+    from pipeline.features.splits import FoldSpec
+
+    folded = build_training_set(src.array, columns=src.columns, features=specs, size=size, stride=stride,
+                                label=LabelSpec(horizon=h), normalize="none", segments=src.segments,
+                                folds=FoldSpec.from_value({"kind": "anchored", "test_sessions": 1,
+                                                           "min_train_sessions": 2}, "output.folds"))
+    session = folded.splits["train"]["session"].compute()
+    per_window = np.repeat(np.arange(len(sizes)) // 2, [len(range(size - 1, n - 1 - h, stride)) for n in sizes])
+    np.testing.assert_array_equal(session, per_window)  # the time_id's rank of each window
+    for i in range(3):
+        test, train = folded.folds[f"fold{i}/test"], folded.folds[f"fold{i}/train"]
+        assert set(session[test]) == {i + 2} and set(session[train]) == set(range(i + 2))
 
 
 def test_column_sessions_keep_the_column_a_feature_reads_and_follow_an_instrument_column(tmp_path):
