@@ -83,14 +83,17 @@ def stream(
     buffer_chunks
         Chunks whose samples are mixed together (a group). Memory, per rank or
         DataLoader worker process, while the loop keeps no batch: at most
-        ``(min(S, (A + 2 + V) * G) + 2 * B) * b`` bytes, where ``b`` is one sample's bytes
-        over ``arrays``, ``G = buffer_chunks * C`` (``C`` the longest chunk's samples),
+        ``(min(S, (A + 2 + V) * G) + 2 * B + (T + 1) * C) * b`` bytes, where ``b`` is one
+        sample's bytes over ``arrays``, ``G = buffer_chunks * C`` (``C`` the longest
+        chunk's samples), ``T`` the read threads (``threads``: chunks being decoded),
         ``B = batch_size``, ``S`` the samples of this rank's epoch, ``A`` the groups read
         ahead (``Stream.prefetch``, see ``prefetch``) and ``V = max(1, ceil((Q + 2) * B /
         G))`` the groups that the batches queued for the loop (``Q``:
         ``Stream.prefetch_batches``, 4, or 2-3 for batches over 16 MiB), the one it holds
         and the one being cut still view. A split smaller than that window costs its own
-        size plus two batches. ``Stream.memory_bound()`` computes it.
+        size plus two batches. ``Stream.memory_bound()`` computes it. The process's own
+        memory (interpreter, libraries, the threads' stacks and allocator arenas) comes
+        on top, tens of MiB at most, whatever these settings.
     drop_last
         Drop each rank's incomplete last batch.
     rank

@@ -183,21 +183,32 @@ def groups_ahead(prefetch: int, buffer_chunks: int, batch_groups: int = 1, group
 
 
 def memory_bound(*, sample_bytes: int, share_samples: int, group_samples: int, batch_size: int, ahead: int,
-                 queued_batches: int = 4) -> int:
-    """The most bytes of batch memory a stream holds (group buffers and copied batches),
-    per rank or DataLoader worker process, while its loop keeps no batch.
+                 queued_batches: int = 4, chunk_samples: int = 0, read_threads: int = 0) -> int:
+    """The most bytes of batch memory a stream holds (group buffers, copied batches and
+    chunks being decoded), per rank or DataLoader worker process, while its loop keeps
+    no batch.
 
-    ``min(share, (ahead + 2 + viewed) * group) + 2 * batch``, in bytes: ``group`` is
-    ``group_samples`` (``buffer_chunks`` times the longest chunk) samples, ``batch``
-    is ``batch_size`` samples, ``share`` is ``share_samples`` (the epoch's samples of
-    this rank or worker), ``ahead`` the groups read ahead (``Stream.prefetch``) and
-    ``viewed = max(1, ceil((queued_batches + 2) * batch / group))`` the groups that
-    the batches queued for the loop, held by it and being cut still view. The two
-    batches are those copied where a batch spans the end of the ring of group buffers.
+    ``min(share, (ahead + 2 + viewed) * group) + 2 * batch + decoding``, in samples
+    times ``sample_bytes``: ``group`` is ``group_samples`` (``buffer_chunks`` times the
+    longest chunk) samples, ``batch`` is ``batch_size`` samples, ``share`` is
+    ``share_samples`` (the epoch's samples of this rank or worker), ``ahead`` the groups
+    read ahead (``Stream.prefetch``) and ``viewed = max(1, ceil((queued_batches + 2) *
+    batch / group))`` the groups that the batches queued for the loop, held by it and
+    being cut still view. The two batches are those copied where a batch spans the end
+    of the ring of group buffers. ``decoding = (read_threads + 1) * chunk_samples``: a
+    chunk that is not decoded straight to its places is decoded whole first, into
+    memory reused from one chunk to the next, one per read thread at a time, and one
+    more for the shorter last chunk's shape (0 when not given: the group buffers alone).
+
+    Not counted: the memory of the interpreter, the libraries and the stream's threads
+    themselves (stacks, the allocator's per-thread arenas, Python objects), which does
+    not grow with these settings but comes on top of the bound in a process's resident
+    memory (``RssAnon``), tens of MiB at most.
     """
     viewed = max(1, -(-(queued_batches + 2) * batch_size // max(1, group_samples)))
     rows = min(share_samples, (ahead + 2 + viewed) * group_samples)
-    return int((rows + 2 * batch_size) * sample_bytes)
+    decoding = (read_threads + 1) * chunk_samples if chunk_samples and read_threads else 0
+    return int((rows + 2 * batch_size + decoding) * sample_bytes)
 
 
 def _sample_bytes(source: Any, names: Sequence[str]) -> int:
@@ -290,11 +301,13 @@ class Stream:
     def memory_bound(self) -> int:
         """The most bytes of batch memory this stream holds per process while its loop
         keeps no batch (:func:`memory_bound` of its settings; an estimate before the
-        first iteration of a stream with ``global_batch_size``)."""
+        first iteration of a stream with ``global_batch_size``). The process's own
+        memory (interpreter, libraries, threads) comes on top: see :func:`memory_bound`."""
         capacity, share = self._group_rows(), self._share_rows()
         return memory_bound(sample_bytes=_sample_bytes(self.source, self.names), share_samples=share,
                             group_samples=capacity, batch_size=self.batch_size, ahead=self.prefetch,
-                            queued_batches=self.prefetch_batches)
+                            queued_batches=self.prefetch_batches, chunk_samples=max(self.source.lengths, default=0),
+                            read_threads=self.threads)
 
     def peak_buffer_bytes(self) -> int:
         """The most bytes of group buffers in use at once so far, plus the batch memory made
