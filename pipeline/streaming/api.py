@@ -77,6 +77,13 @@ def stream(
         (:mod:`~pipeline.streaming.elastic`).
     shuffle
         Permute the chunk order and mix samples in the buffer (``False``: store order).
+        With ``global_batch_size``, ``False`` is store order lane by lane, not overall:
+        the epoch is cut into ``L`` lanes, consecutive stretches of the store
+        (:func:`~pipeline.streaming.elastic.lane_count`, 8 for a power of two from 8),
+        and every global step takes its next ``global_batch_size / L`` samples from
+        each, so a batch holds ``L`` runs of the store, far apart (``global_batch_size=120``
+        on 20,000 samples: samples 0, 166, 333, ... then 1, 167, 334, ...), and a rank
+        holds its own lanes' runs.
     seed
         Seeds the chunk order and the in-buffer mixing with ``(seed, epoch)``: an integer,
         0 or more, the same on every rank (not None: ranks would not share one order).

@@ -375,3 +375,20 @@ def test_folds_and_virtual_windows_keep_their_global_steps_on_every_world_size(f
             assert sorted(i for st_ in steps for i in st_) == folds[name].tolist()
             reference = reference or steps
             assert steps == reference
+
+
+def test_no_shuffle_is_store_order_lane_by_lane(store):
+    """shuffle=False with global_batch_size, as stream()'s docstring says: not store
+    order overall, but each of the L lanes (consecutive stretches, lane i starting at
+    sample i * n // L) in store order, every step taking its next G / L samples of each."""
+    n, global_batch = 1000, 16
+    lanes = lane_count(global_batch)
+    starts = [i * n // lanes for i in range(lanes + 1)]
+    per_lane = global_batch // lanes
+    s = pipeline.stream(store, global_batch_size=global_batch, shuffle=False)
+    served = [np.asarray(y) for _, y in s]
+    np.testing.assert_array_equal(np.sort(np.concatenate(served)), np.arange(n))
+    assert not np.array_equal(np.concatenate(served), np.arange(n))
+    for j, batch in enumerate(served[:10]):
+        expected = np.concatenate([np.arange(a + j * per_lane, a + (j + 1) * per_lane) for a in starts[:-1]])
+        np.testing.assert_array_equal(np.sort(batch), expected)
