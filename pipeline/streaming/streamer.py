@@ -466,7 +466,11 @@ class Stream:
             the batches the loop consumed this epoch. By default, what this stream's own
             iteration counted.
         num_workers
-            With ``batches_served``: the loader's ``num_workers``.
+            With ``batches_served``: the loader's ``num_workers``. Optional: the workers
+            of this stream's ``torch()`` dataset report how many they are, and a count
+            served by workers that did not (or before the stream's last move) is
+            refused, since a resume on another number of workers would serve some
+            batches twice and others never.
 
         Returns
         -------
@@ -475,9 +479,9 @@ class Stream:
             ``version``), and what the order depends on, checked on loading:
             ``batch_size``, ``buffer_chunks``, ``shuffle``, ``drop_last`` and
             ``n_samples``; ``num_workers``, the DataLoader workers that served the
-            batches counted (beyond ``done``), once given or once this process iterated
-            the stream (1: a plain loop, Keras or ``DataLoader(num_workers=0)``, one
-            server). With ``global_batch_size`` also ``global_batch_size``,
+            batches counted (beyond ``done``), once given, reported by the workers, or
+            once this process iterated the stream (1: a plain loop, Keras or
+            ``DataLoader(num_workers=0)``, one server). With ``global_batch_size`` also ``global_batch_size``,
             ``steps_per_epoch`` (checked on loading) and ``done``, the
             global steps served before the iteration in progress as ``[start, stop)``
             runs; ``rank``,

@@ -1,6 +1,9 @@
 """PyTorch adapter: an ``IterableDataset`` that shares chunks among ranks and workers.
 
 Use it with ``DataLoader(ds, batch_size=None, num_workers=k)``: batches come ready-made.
+``batch_size=None`` is needed: with torch's default (1) or any number the DataLoader
+stacks that many of the stream's batches into one and fails in its collate at the
+epoch's shorter last batch, and the dataset cannot see the loader's batch size to say so.
 Start from ``num_workers=0``: the stream already reads and decodes chunks on its own
 threads and cuts batches on another, in the training process, so workers add no reading
 speed; what they add is torch's cost of moving every batch between processes, which on
@@ -14,10 +17,15 @@ is pickled to workers; each opens the store itself after the fork (no zarr, fssp
 blosc thread state crosses it), with blosc's internal threads off.
 
 To resume mid-epoch, count the batches the loop consumed this epoch and save
-``stream.state_dict(batches_served=n, num_workers=k)`` (``k`` the loader's
-``num_workers``; a loop in this process, ``num_workers=0`` included, is recorded as one
-server without it); before the next ``iter(loader)``, call ``stream.load_state_dict`` with
-it: each worker then serves its share of exactly what is left, in the order the
+``stream.state_dict(batches_served=n)``: the state records ``num_workers``, the
+loader's workers, which each tell the stream in the main process how many they are
+before their first batch (on the board below; ``num_workers=k`` may still be passed, and
+a count no worker reported for is refused rather than guessed). With ``num_workers=0``
+the dataset iterates the stream itself, as a plain loop, one server that counts its
+batches: ``stream.state_dict()`` holds them, and iterating the loader again after a
+``break`` continues the epoch. Before the next ``iter(loader)``, call
+``stream.load_state_dict`` with the state: each worker then serves its share of exactly
+what is left, in the order the
 uninterrupted loop would have served it (a new DataLoader iterator starts its turns at
 worker 0, so after an odd count on 2 workers worker 0 serves what worker 1 would have
 served next: :func:`~pipeline.streaming.plan.resumed_share`). Without
@@ -30,7 +38,9 @@ never reach them (every epoch would repeat the first one's order). So the datase
 the stream (and each stream of a mix) a :class:`StateBoard`, a few integers in shared
 memory made in the main process: each move of the stream there is published on it,
 and a worker takes up the latest one before each epoch it serves. Workers started
-afresh each epoch copy the stream as it stands and have nothing to take up.
+afresh each epoch copy the stream as it stands and have nothing to take up. The board
+carries one thing the other way: the number of workers serving from the latest
+position, which every worker writes before its first batch (:meth:`StateBoard.report`).
 """
 
 from __future__ import annotations
