@@ -35,8 +35,9 @@ from pipeline.features.normalize import apply_normalization, fit_normalization, 
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
-from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign_splits, fold_sessions, fraction_cuts,
-                                      is_dated)
+from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign_splits, embargo_mask, embargoes,
+                                      fold_sessions, fraction_cuts, has_dates, is_dated, lacking_dates, outside_splits,
+                                      place_windows, split_spans)
 from pipeline.features.steps import FeatureFrame, compute_features, feature_lookback
 from pipeline.features.filesessions import file_sessions
 from pipeline.features.windows import gather_rows, windows_at
@@ -260,8 +261,9 @@ def build_training_set(
     f, labels_steps, timestamps, gaps = hold(f, label_steps(x, columns=columns, spec=label), timestamps, gaps)
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
-    where, cuts, key_kind, gap = _place(runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(
-        size, scales, stride, fwd, back - H), progress=progress)
+    where, cuts, key_kind, gap, left_out = _place(
+        runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(size, scales, stride, fwd, back - H),
+        progress=progress, append=prior is not None)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
     future = _future_splits(where, splits)
     if prior is None:
@@ -285,7 +287,8 @@ def build_training_set(
                          scales=scales, halo=H, materialize=materialize, block_windows=block_windows, prior=prior)
     geometry = {"size": size, "stride": stride, "scales": list(scales), "halo": H, "back": back, "fwd": fwd}
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
-                      windows=geometry, splits=_split_attrs(per_split, key_kind, cuts, gap, H, fwd), dropped=dropped)
+                      windows=geometry, splits={**_split_attrs(per_split, key_kind, cuts, gap, H, fwd), **left_out},
+                      dropped=dropped)
     shared: dict[str, da.Array] = {} if materialize else {"features": apply_normalization(f, norm, stats, segs)}
     if not materialize:
         attrs["virtual"] = {k: geometry[k] for k in ("size", "stride", "scales", "halo")}
@@ -586,14 +589,30 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
 
 
 def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], timestamps: da.Array | None, *,
-           back: int, fwd: int, gap: int, progress: bool) -> tuple[np.ndarray, list[int], str, int]:
-    """The split of every window (``-1``: none), the cuts between splits, and whether
-    they are times or rows.
+           back: int, fwd: int, gap: int, progress: bool, append: bool = False
+           ) -> tuple[np.ndarray, list[int], str, int, dict[str, Any]]:
+    """The split of every window (``-1``: none), the cuts between splits, whether they
+    are times or rows, the gap, and what the placement left out (``split_left_out``:
+    windows an embargo took from each split, windows outside every split's time).
 
     Fraction cuts are placed where :func:`~pipeline.features.geometry.split_ranges`
     would start each split among the windows in time order (with the gap of one
     series), then every window is placed by its reach, so a cut that falls inside a
-    session leaves out exactly the windows that straddle it.
+    session leaves out exactly the windows that straddle it. Dated splits place each
+    window in the split whose spans (:func:`~pipeline.features.splits.split_spans`)
+    hold its reach; then each split's embargo leaves out its windows that end too
+    close to the next split.
+
+    Raises
+    ------
+    WindowError
+        A listed date on which no window starts (not for an ``append``, which holds
+        only new days); an embargo without timestamps.
+
+    Warns
+    -----
+    UserWarning
+        How many windows lie on dates no split lists (date-list splits only).
     """
     names = list(splits)
     dated = is_dated(splits)
@@ -601,20 +620,59 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
     lo_key, hi_key, end_key, key_kind = _reach_keys(runs, back, fwd, timestamps, dated or (several and len(names) > 1),
                                                     progress)
     order = np.argsort(end_key, kind="stable")
+    left_out: dict[str, Any] = {}
     if dated:
-        cuts = [splits[k]["until"] for k in names]
-        cuts = cuts[:-1] if cuts[-1] is None else cuts
+        spans = split_spans(splits)
+        where = place_windows(lo_key, hi_key, spans)
+        cuts = [b["until"] for b in splits.values() if "dates" not in b and b.get("until") is not None]
+        outside = outside_splits(lo_key, spans)
+        if outside.any() or has_dates(splits):  # a warm-up before a from, days no split lists
+            left_out["outside"] = int(outside.sum())
+        if has_dates(splits):
+            _check_listed_dates(lo_key, hi_key, splits, append=append)
+            if outside.any():
+                first = np.datetime64(int(lo_key[outside].min()), "ns")
+                warnings.warn(f"splits: {int(outside.sum())} of {runs.n} windows start on dates no split lists "
+                              f"(the first at {first}); they are left out of every split", UserWarning,
+                              stacklevel=3)
+        embargo = embargoes(splits)
+        if any(embargo):
+            embargoed = embargo_mask(lo_key, hi_key, where, embargo)
+            left_out["embargo"] = {name: int((embargoed & (where == k)).sum()) for k, name in enumerate(names)
+                                   if embargo[k]}
+            where[embargoed] = -1
     elif len(names) > 1:
         cuts = fraction_cuts(lo_key, order, splits, gap)
+        where = assign_splits(lo_key, hi_key, cuts, names)
     else:
         cuts = []
-    where = assign_splits(lo_key, hi_key, cuts, names)
+        where = assign_splits(lo_key, hi_key, cuts, names)
     if not dated and len(names) > 1 and sum(splits.values()) < 1.0 - 1e-9:
         # Fractions summing below 1 leave the latest windows out, as the count of the
         # last split says.
         last_hi = list(split_ranges(runs.n, splits, gap).values())[-1][1]
         where[order[last_hi:]] = -1
-    return where, cuts, key_kind, gap
+    return where, cuts, key_kind, gap, ({"split_left_out": left_out} if left_out else {})
+
+
+def _check_listed_dates(lo_key: np.ndarray, hi_key: np.ndarray, splits: Mapping[str, Any], *, append: bool) -> None:
+    """Refuse a listed date on which no window starts, inside the data's time: a
+    published split that names a day the data lacks would be reproduced without it.
+
+    Raises
+    ------
+    WindowError
+        Naming the split, the first dates and how many.
+    """
+    missing = [] if append else lacking_dates(lo_key, hi_key, splits)
+    if missing:
+        name = missing[0][0]
+        days = [str(np.datetime64(d // 86_400_000_000_000, "D")) for n, d in missing if n == name]
+        raise WindowError(
+            f"splits: split {name!r} lists {len(days)} date(s) on which no window starts: {', '.join(days[:5])}"
+            f"{', ...' if len(days) > 5 else ''} ({len(missing)} such dates in all splits; the data's windows "
+            f"run from {np.datetime64(int(lo_key.min()), 'ns')} to {np.datetime64(int(hi_key.max()), 'ns')}); "
+            "add those days' files, or remove the dates from the split")
 
 
 def _chunks(n: int, per: int = 1 << 20) -> tuple[int, ...]:
@@ -625,9 +683,13 @@ def _chunks(n: int, per: int = 1 << 20) -> tuple[int, ...]:
 def _describe_splits(splits: Mapping[str, Any]) -> str:
     parts = []
     for k, v in splits.items():
-        if isinstance(v, Mapping):
-            u = v.get("until")
-            parts.append(f"{k} until {np.datetime64(int(u), 'ns')}" if u is not None else f"{k} the rest")
+        if isinstance(v, Mapping) and v.get("dates"):
+            parts.append(f"{k} on {len(v['dates'])} listed date(s)")
+        elif isinstance(v, Mapping):
+            u, f = v.get("until"), v.get("from")
+            since = f" from {np.datetime64(int(f), 'ns')}" if f is not None else ""
+            parts.append(f"{k}{since} until {np.datetime64(int(u), 'ns')}" if u is not None
+                         else f"{k}{since} the rest" if not since else f"{k}{since} on")
         else:
             parts.append(f"{k} {v:g}")
     return ", ".join(parts)

@@ -1,37 +1,56 @@
 """Splits and walk-forward folds: which windows go where, with no time step shared.
 
 Every window reaches from ``e - back`` (its oldest step's feature history, or its
-label's history) to ``e + fwd`` (its label's last step). A split is an interval of time
-``[lo, hi)``; a window belongs to it when its whole reach lies inside. A window that
-straddles a cut belongs to no split: that is the leakage gap. Where a cut falls on a
-session boundary no window straddles it (windows never span sessions), so date splits
-on daily sessions lose nothing.
+label's history) to ``e + fwd`` (its label's last step). A split is a set of time
+spans: fractions and ``until`` dates cut time into consecutive intervals ``[lo, hi)``,
+``from`` leaves a warm-up out, a list of dates (or a file assigning dates to splits, as
+published splits come) gives each of its days. A window belongs to a split when its
+whole reach lies in one of its spans. A window that straddles a cut belongs to no
+split: that is the leakage gap. Where a cut falls on a session boundary no window
+straddles it (windows never span sessions), so date splits on daily sessions lose
+nothing. An embargo leaves out, on top, a split's windows that end within a duration
+of the next split's first step.
 
 "Time" is the timestamp where there is one and the row number otherwise (one
-instrument's rows are in time order). Pure arithmetic: no dask, no I/O.
+instrument's rows are in time order). Pure arithmetic, but for the split file
+:func:`read_split_file` reads: no dask.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, Sequence
 
 import numpy as np
 
 from pipeline.errors import ConfigError, WindowError
 from pipeline.features.sessions import UTC_NAMES
 
+_DAY_NS = 86_400 * 10**9
+#: The keys of a dated split.
+_BOUND_KEYS = ("from", "until", "dates", "embargo")
+
 __all__ = [
     "FoldSpec",
     "NormalizeSpec",
     "as_splits",
     "assign_splits",
+    "calendar_splits",
+    "duration_text",
+    "embargo_mask",
+    "embargoes",
     "fold_sessions",
     "fraction_cuts",
-    "calendar_splits",
+    "has_dates",
+    "lacking_dates",
     "localize_splits",
+    "outside_splits",
     "parse_splits",
+    "place_windows",
+    "read_split_file",
+    "split_spans",
+    "splits_value",
     "to_ns",
 ]
 
@@ -53,20 +72,45 @@ def to_ns(value: Any, path: str) -> int:
 
 
 def parse_splits(value: Any, path: str) -> dict[str, Any]:
-    """``{train: 0.8, val: 0.2}`` (fractions by time) or ``{train: {until: "2026-01-08"},
-    test: {}}`` (dates; ``until`` exclusive; the last split may omit it and take the rest).
+    """Splits from their config value, checked.
 
-    Returns the mapping with fractions as floats, or date bounds as ``{"until": ns}``
-    (``None`` for an open end).
+    Fractions by time (``{train: 0.8, val: 0.2}``), or dated splits: each an interval
+    (``{from: "2026-01-10", until: "2026-02-01"}``; ``from`` inclusive, default the
+    previous interval split's ``until``; ``until`` exclusive, which only the last
+    interval split may omit to take the rest), or a list of dates (``{dates:
+    ["2026-01-05", "2026-01-12"]}``: every window whose reach lies in those days), or
+    ``{file: splits.csv}``, a CSV file of ``date,split`` rows (:func:`read_split_file`).
+    A dated split may add ``embargo: 1h``: its windows whose reach ends less than that
+    before the next split's first step are left out (:func:`embargo_mask`); ``{file:
+    ..., embargo: 1h}`` gives every split the same.
+
+    Returns
+    -------
+    dict
+        Fractions as floats; or per split ``{"until": ns or None}`` (an interval split,
+        with ``"from": ns`` when given) or ``{"dates": [[day, lo, hi], ...]}`` (each
+        date's midnight and its span ``[lo, hi)``, all wall-clock ns), with
+        ``"embargo": ns`` when given.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key (``splits.val.dates[1]``, or the file and its row) and what was
+        expected: a malformed value, bounds out of order, a date in two splits or
+        inside an interval split, an embargo on fraction splits.
     """
+    if _is_file_form(value):
+        value = read_split_file(value, path)
     if not isinstance(value, Mapping) or not value:
-        raise ConfigError(path, "a mapping of split name to fraction or to {until: date}", value)
+        raise ConfigError(path, "a mapping of split name to fraction, to {until: date}, to {dates: [...]}, "
+                                "or {file: splits.csv}", value)
     for name in value:
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(f"{path}.{name}", "a split name made of letters, digits and _", name)
     dated = [isinstance(v, Mapping) or v is None for v in value.values()]
     if any(dated) and not all(dated):
-        raise ConfigError(path, "fractions for every split, or {until: date} for every split", dict(value))
+        raise ConfigError(path, "fractions for every split, or {until: date} for every split (an embargo needs "
+                                "dated splits)", dict(value))
     if not all(dated):
         out: dict[str, Any] = {}
         for name, frac in value.items():
@@ -77,25 +121,156 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
         if total > 1.0 + 1e-9:
             raise ConfigError(path, "fractions that sum to at most 1", f"a sum of {total:g}")
         return out
-    out = {}
-    names = list(value)
-    previous = None
-    for i, name in enumerate(names):
-        bound = value[name] or {}
-        unknown = [k for k in bound if k != "until"]
-        if unknown:
-            raise ConfigError(f"{path}.{name}.{unknown[0]}", "", detail="unknown key (expected: until)")
-        if "until" not in bound or bound["until"] is None:
-            if i != len(names) - 1:
-                raise ConfigError(f"{path}.{name}.until", "", detail="missing: every split but the last needs until")
-            out[name] = {"until": None}
-            continue
-        ns = to_ns(bound["until"], f"{path}.{name}.until")
-        if previous is not None and ns <= previous:
-            raise ConfigError(f"{path}.{name}.until", "a date after the previous split's", bound["until"])
-        previous = ns
-        out[name] = {"until": ns}
+    out = _parse_dated(value, path)
+    _check_disjoint(out, path)
     return out
+
+
+def _parse_dated(value: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """Each dated split's bounds, dates and embargo (:func:`parse_splits`)."""
+    names = list(value)
+    intervals = [n for n in names if "dates" not in (value[n] or {})]
+    out: dict[str, Any] = {}
+    previous = None  # the previous interval split's until: where the next one starts
+    for name in names:
+        bound, key = value[name] or {}, f"{path}.{name}"
+        unknown = [k for k in bound if k not in _BOUND_KEYS]
+        if unknown:
+            raise ConfigError(f"{key}.{unknown[0]}", "", detail=f"unknown key (expected: {', '.join(_BOUND_KEYS)})")
+        spec: dict[str, Any] = {}
+        if "dates" in bound:
+            both = [k for k in ("from", "until") if k in bound]
+            if both:
+                raise ConfigError(f"{key}.{both[0]}", "", detail="a split is given by dates or by from/until, "
+                                                                 "not both")
+            spec["dates"] = _parse_dates(bound["dates"], f"{key}.dates")
+        else:
+            if bound.get("until") is None and name != intervals[-1]:
+                raise ConfigError(f"{key}.until", "", detail="missing: every interval split but the last needs "
+                                                             "until")
+            lo = None if bound.get("from") is None else to_ns(bound["from"], f"{key}.from")
+            until = None if bound.get("until") is None else to_ns(bound["until"], f"{key}.until")
+            if lo is not None and previous is not None and lo < previous:
+                raise ConfigError(f"{key}.from", "a date on or after the previous split's until (splits share no "
+                                                 "time)", bound["from"])
+            if until is not None and lo is not None and until <= lo:
+                raise ConfigError(f"{key}.until", "a date after this split's from", bound["until"])
+            if until is not None and previous is not None and until <= previous:
+                raise ConfigError(f"{key}.until", "a date after the previous split's", bound["until"])
+            previous = until if until is not None else previous
+            spec["until"] = until
+            if lo is not None:
+                spec["from"] = lo
+        if bound.get("embargo") is not None:
+            spec["embargo"] = _parse_embargo(bound["embargo"], f"{key}.embargo")
+        out[name] = spec
+    return out
+
+
+def _parse_dates(value: Any, path: str) -> list[list[int]]:
+    """``[2026-01-05, ...]`` as sorted ``[day, lo, hi]`` wall-clock ns (``lo = day``,
+    ``hi`` the next midnight), or the triples :func:`as_splits` passes on as they are."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(path, "a list of dates such as ['2026-01-05', '2026-01-12']", value)
+    out = []
+    for i, d in enumerate(value):
+        if isinstance(d, _Span):
+            out.append([int(v) for v in d])
+            continue
+        ns = to_ns(d, f"{path}[{i}]")
+        if ns % _DAY_NS:
+            raise ConfigError(f"{path}[{i}]", "a date without a time of day, such as '2026-01-05'", d)
+        out.append([ns, ns, ns + _DAY_NS])
+    out.sort()
+    for a, b in zip(out, out[1:]):
+        if a[0] == b[0]:
+            raise ConfigError(path, "", detail=f"date {_day_text(a[0])} listed twice")
+    return out
+
+
+def _parse_embargo(value: Any, path: str) -> int:
+    from pipeline.features.sessions import parse_duration
+
+    return parse_duration(value, path)
+
+
+def _check_disjoint(splits: Mapping[str, Any], path: str) -> None:
+    """Refuse a date listed by two splits, or lying in an interval split's time: the
+    two would share its windows. Compared in wall-clock time, as the config gives it."""
+    spans = split_spans(splits, merge=False)
+    owner = [(int(s[0]), int(s[1]), name) for name, sp in zip(splits, spans) for s in sp]
+    owner.sort()
+    for (lo_a, hi_a, a), (lo_b, hi_b, b) in zip(owner, owner[1:]):
+        if lo_b < hi_a and a != b:
+            clash = b if "dates" in splits[b] else a
+            other = a if clash == b else b
+            day = lo_b if clash == b else lo_a
+            raise ConfigError(f"{path}.{clash}.dates", "", detail=f"date {_day_text(day)} is also in split "
+                                                                  f"{other!r}'s time; a date belongs to one split")
+
+
+def _is_file_form(value: Any) -> bool:
+    return isinstance(value, Mapping) and isinstance(value.get("file"), str)
+
+
+def read_split_file(value: Mapping[str, Any], path: str) -> dict[str, Any]:
+    """``{file: splits.csv[, embargo: 1h]}`` as ``{split: {dates: [...]}}``, splits in
+    the order of their first date.
+
+    The file is CSV with a header holding ``date`` and ``split`` (other columns are
+    ignored), one row per date: ``2026-01-05,train``; a relative path is taken from the
+    working directory, as ``source.paths`` is.
+
+    Raises
+    ------
+    ConfigError
+        Naming the file and its row: no such file, no ``date`` or ``split`` column, a
+        row whose date or split name is not one, a date given twice, no row.
+    """
+    import csv
+
+    import fsspec
+
+    key = f"{path}.file"
+    unknown = [k for k in value if k not in ("file", "embargo")]
+    if unknown:
+        raise ConfigError(f"{path}.{unknown[0]}", "", detail="unknown key beside file (expected: file, embargo)")
+    name = value["file"]
+    try:
+        with fsspec.open(name, "rt", newline="") as fh:
+            rows = list(csv.reader(fh))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(key, "", detail=f"cannot read split file {name!r}: {exc}") from None
+    header = [c.strip().lower() for c in rows[0]] if rows else []
+    if "date" not in header or "split" not in header:
+        raise ConfigError(key, "", detail=f"{name}: expected a header row with columns date and split, got {header}")
+    di, si = header.index("date"), header.index("split")
+    dates: dict[str, list[Any]] = {}
+    seen: dict[int, int] = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not any(c.strip() for c in row):
+            continue
+        where = f"{name} line {line}"
+        if len(row) <= max(di, si):
+            raise ConfigError(key, "", detail=f"{where}: expected a date and a split, got {row}")
+        split, text = row[si].strip(), row[di].strip()
+        if not split.isidentifier():
+            raise ConfigError(key, "", detail=f"{where}: expected a split name made of letters, digits and _, "
+                                              f"got {split!r}")
+        ns = to_ns(text, f"{key} ({where}) date")
+        if ns % _DAY_NS:
+            raise ConfigError(key, "", detail=f"{where}: expected a date without a time of day, got {text!r}")
+        if ns in seen:
+            raise ConfigError(key, "", detail=f"{where}: date {text} is already assigned on line {seen[ns]}; a date "
+                                              "belongs to one split")
+        seen[ns] = line
+        dates.setdefault(split, []).append(text)
+    if not dates:
+        raise ConfigError(key, "", detail=f"{name}: no date assigned (a header and no rows)")
+    order = sorted(dates, key=lambda s: min(to_ns(d, key) for d in dates[s]))
+    embargo = ({} if value.get("embargo") is None
+               else {"embargo": f"{_parse_embargo(value['embargo'], f'{path}.embargo')}ns"})
+    return {split: {"dates": dates[split], **embargo} for split in order}
 
 
 def as_splits(value: Any, path: str = "splits") -> dict[str, Any]:
@@ -113,15 +288,56 @@ def as_splits(value: Any, path: str = "splits") -> dict[str, Any]:
     ConfigError
         Naming the split (``splits.train.until``), what was expected and what arrived.
     """
-    if isinstance(value, Mapping):
-        value = {name: ({**bound, "until": np.datetime64(int(bound["until"]), "ns")}
-                        if isinstance(bound, Mapping) and _is_ns(bound.get("until")) else bound)
-                 for name, bound in value.items()}
+    if isinstance(value, Mapping) and not _is_file_form(value):
+        value = {name: _unparsed(bound) for name, bound in value.items()}
     return parse_splits(value, path)
 
 
 def _is_ns(value: Any) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+class _Span(tuple):
+    """A parsed date ``(day, lo, hi)`` in ns, as :func:`as_splits` hands it back to
+    :func:`parse_splits` (a config's numbers are never read as dates)."""
+
+
+def _unparsed(bound: Any) -> Any:
+    """A split as :func:`parse_splits` returned it, in a form it reads again: ns
+    bounds as ``datetime64``, dates as :class:`_Span`, the embargo as ``"<n>ns"``."""
+    if not isinstance(bound, Mapping):
+        return bound
+    out = {k: (np.datetime64(int(v), "ns") if k in ("from", "until") and _is_ns(v) else v) for k, v in bound.items()}
+    if isinstance(out.get("dates"), (list, tuple)):
+        out["dates"] = [_Span(int(v) for v in d) if isinstance(d, (list, tuple)) and len(d) == 3
+                        and all(_is_ns(v) for v in d) else d for d in out["dates"]]
+    if _is_ns(out.get("embargo")):
+        out["embargo"] = f"{int(out['embargo'])}ns"
+    return out
+
+
+def _day_text(ns: int) -> str:
+    return str(np.datetime64(int(ns) // _DAY_NS, "D"))
+
+
+def _map_times(splits: Mapping[str, Any], to_instant: Any) -> dict[str, Any]:
+    """Dated splits with every bound (``from``, ``until``, each date's span) mapped by
+    ``to_instant`` (an int64 array of wall-clock ns -> ns); a date keeps its day."""
+    out: dict[str, Any] = {}
+    for name, bound in splits.items():
+        if not isinstance(bound, Mapping):
+            out[name] = bound
+            continue
+        new = dict(bound)
+        for key in ("from", "until"):
+            if new.get(key) is not None:
+                new[key] = int(to_instant(np.array([int(new[key])], dtype=np.int64))[0])
+        if new.get("dates"):
+            d = np.asarray(new["dates"], dtype=np.int64).reshape(-1, 3)
+            lo, hi = to_instant(d[:, 1]), to_instant(d[:, 2])
+            new["dates"] = [[int(a), int(b), int(c)] for a, b, c in zip(d[:, 0], lo, hi)]
+        out[name] = new
+    return out
 
 
 def localize_splits(splits: Mapping[str, Any], tz: str | None) -> dict[str, Any]:
@@ -142,15 +358,12 @@ def localize_splits(splits: Mapping[str, Any], tz: str | None) -> dict[str, Any]
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    out: dict[str, Any] = {}
-    for name, bound in splits.items():
-        until = bound.get("until")
-        if until is not None:
-            wall = pa.array(np.array([until], dtype=np.int64), pa.timestamp("ns"))
-            instant = pc.assume_timezone(wall, timezone=tz, ambiguous="earliest", nonexistent="latest")
-            until = int(instant.cast(pa.int64()).to_numpy()[0])
-        out[name] = {**bound, "until": until}
-    return out
+    def to_instant(wall_ns: np.ndarray) -> np.ndarray:
+        wall = pa.array(wall_ns.astype(np.int64), pa.timestamp("ns"))
+        instant = pc.assume_timezone(wall, timezone=tz, ambiguous="earliest", nonexistent="latest")
+        return instant.cast(pa.int64()).to_numpy(zero_copy_only=False)
+
+    return _map_times(splits, to_instant)
 
 
 def calendar_splits(splits: Mapping[str, Any], calendar: str, *, aware: bool) -> dict[str, Any]:
@@ -171,28 +384,43 @@ def calendar_splits(splits: Mapping[str, Any], calendar: str, *, aware: bool) ->
         timestamps are read there.
     """
     from pipeline.features.calendars import calendar_opens, calendar_zone
-    from pipeline.features.sessions import _DAY_NS
 
-    out: dict[str, Any] = {}
-    for name, bound in splits.items():
-        until = bound.get("until") if isinstance(bound, Mapping) else None
-        if until is not None:
-            until = int(calendar_opens(calendar, np.array([int(until) // _DAY_NS]))[0])
-            if not aware:
-                import pandas as pd
+    def to_open(wall_ns: np.ndarray) -> np.ndarray:
+        opens = np.asarray(calendar_opens(calendar, np.floor_divide(wall_ns, _DAY_NS)), dtype=np.int64)
+        if aware:
+            return opens
+        import pandas as pd
 
-                wall = pd.Timestamp(until, tz="UTC").tz_convert(calendar_zone(calendar)).tz_localize(None)
-                until = int(wall.as_unit("ns").value)
-        out[name] = {**bound, "until": until} if isinstance(bound, Mapping) else bound
-    return out
+        wall = pd.DatetimeIndex(opens.astype("datetime64[ns]"), tz="UTC").tz_convert(calendar_zone(calendar))
+        return wall.tz_localize(None).as_unit("ns").asi8
+
+    return _map_times(splits, to_open)
 
 
 def splits_value(splits: Mapping[str, Any]) -> dict[str, Any]:
-    """The ``output.splits`` value that parses back to ``splits`` (dates as ISO text)."""
-    def until(ns: int | None) -> dict[str, str]:
-        return {} if ns is None else {"until": str(np.datetime64(int(ns), "ns"))}
+    """The ``output.splits`` value that parses back to ``splits`` (dates as ISO text;
+    a file's assignments as the date lists it gave)."""
+    def one(bound: Mapping[str, Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in ("from", "until"):
+            if bound.get(key) is not None:
+                out[key] = str(np.datetime64(int(bound[key]), "ns"))
+        if bound.get("dates"):
+            out["dates"] = [_day_text(d[0]) for d in bound["dates"]]
+        if bound.get("embargo"):
+            out["embargo"] = duration_text(int(bound["embargo"]))
+        return out
 
-    return {k: until(v["until"]) if isinstance(v, Mapping) else v for k, v in splits.items()}
+    return {k: one(v) if isinstance(v, Mapping) else v for k, v in splits.items()}
+
+
+def duration_text(ns: int) -> str:
+    """``3_600_000_000_000`` -> ``"1h"``: the largest unit that divides it."""
+    for unit, size in (("d", 86_400 * 10**9), ("h", 3600 * 10**9), ("min", 60 * 10**9), ("s", 10**9),
+                       ("ms", 10**6), ("us", 10**3)):
+        if ns % size == 0:
+            return f"{ns // size}{unit}"
+    return f"{ns}ns"
 
 
 def is_dated(splits: Mapping[str, Any]) -> bool:
@@ -331,6 +559,123 @@ def assign_splits(keys_lo: np.ndarray, keys_hi: np.ndarray, cuts: list[int | Non
             inside &= keys_hi < hi
         out[inside & (out < 0)] = k
     return out
+
+
+_MIN, _MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+
+
+def split_spans(splits: Mapping[str, Any], *, merge: bool = True) -> list[np.ndarray]:
+    """The time of each dated split as sorted ``(m, 2)`` int64 spans ``[lo, hi)``, in
+    the time its bounds are in (wall-clock as parsed; instants once localized).
+
+    An interval split spans ``[from, until)``, ``from`` defaulting to the previous
+    interval split's ``until``, open ends as the int64 extremes. A date-list split
+    spans its dates, those touching merged (``merge``) so that a window over midnight
+    between two of its dates is inside it; a date with no time (a calendar's holiday,
+    once :func:`calendar_splits` has placed it) spans nothing.
+    """
+    out, previous = [], None
+    for bound in splits.values():
+        if "dates" in bound:
+            s = np.asarray([d[1:] for d in bound["dates"]], dtype=np.int64).reshape(-1, 2)
+            s = s[s[:, 0] < s[:, 1]]
+            s = s[np.argsort(s[:, 0], kind="stable")]
+            out.append(_merge(s) if merge else s)
+            continue
+        lo = bound.get("from", previous)
+        hi = bound.get("until")
+        out.append(np.array([[_MIN if lo is None else lo, _MAX if hi is None else hi]], dtype=np.int64))
+        previous = hi if hi is not None else previous
+    return out
+
+
+def _merge(spans: np.ndarray) -> np.ndarray:
+    keep: list[list[int]] = []
+    for lo, hi in spans.tolist():
+        if keep and lo <= keep[-1][1]:
+            keep[-1][1] = max(keep[-1][1], hi)
+        else:
+            keep.append([lo, hi])
+    return np.asarray(keep, dtype=np.int64).reshape(-1, 2)
+
+
+def _inside(lo: np.ndarray, hi: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Whether each reach ``[lo, hi]`` lies in one of ``spans`` (sorted, disjoint)."""
+    if not len(spans):
+        return np.zeros(lo.shape, dtype=bool)
+    j = np.searchsorted(spans[:, 0], lo, side="right") - 1
+    k = np.maximum(j, 0)
+    return (j >= 0) & (lo < spans[k, 1]) & (hi < spans[k, 1])
+
+
+def place_windows(keys_lo: np.ndarray, keys_hi: np.ndarray, spans: list[np.ndarray]) -> np.ndarray:
+    """Split of each window (``-1``: none) whose reach ``[keys_lo, keys_hi]`` lies whole
+    in one span of the split (:func:`split_spans`); a window over a cut, or outside
+    every split's time (before a ``from``, on a date no split lists), is in none."""
+    out = np.full(np.shape(keys_lo), -1, dtype=np.int32)
+    for k, s in enumerate(spans):
+        out[_inside(keys_lo, keys_hi, s) & (out < 0)] = k
+    return out
+
+
+def embargo_mask(keys_lo: np.ndarray, keys_hi: np.ndarray, where: np.ndarray,
+                 embargo: Sequence[int]) -> np.ndarray:
+    """Windows an embargo leaves out: those of split ``k`` whose reach ends less than
+    ``embargo[k]`` before the next split's first step, that is before the earliest
+    reach start (``keys_lo``) of a window of another split after the window's own
+    start. Information that lingers past a window's last step (autocorrelated prices,
+    overlapping labels) then cannot reach a window of the next split.
+    """
+    out = np.zeros(np.shape(keys_lo), dtype=bool)
+    placed = where >= 0
+    for k, gap in enumerate(embargo):
+        mine = np.flatnonzero(where == k)
+        if not gap or not mine.size:
+            continue
+        others = np.sort(keys_lo[placed & (where != k)])
+        j = np.searchsorted(others, keys_lo[mine], side="right")
+        has = j < others.size
+        near = np.zeros(mine.size, dtype=bool)
+        near[has] = others[j[has]] - keys_hi[mine[has]] < gap
+        out[mine[near]] = True
+    return out
+
+
+def lacking_dates(keys_lo: np.ndarray, keys_hi: np.ndarray, splits: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(split, day)`` of every listed date on which no window starts, but for dates
+    after the last window's reach (days to come, for an append to fill)."""
+    if not np.size(keys_lo):
+        return []
+    starts = np.sort(keys_lo)
+    last = int(np.max(keys_hi))
+    out = []
+    for name, bound in splits.items():
+        for day, lo, hi in bound.get("dates", ()):
+            if lo > last:
+                continue
+            n = np.searchsorted(starts, hi, side="left") - np.searchsorted(starts, lo, side="left")
+            if n == 0:
+                out.append((name, int(day)))
+    return out
+
+
+def outside_splits(keys_lo: np.ndarray, spans: list[np.ndarray]) -> np.ndarray:
+    """Windows that start outside every split's time (on a date no split lists,
+    before a ``from``, after the last ``until``), as opposed to straddling a cut."""
+    covered = np.zeros(np.shape(keys_lo), dtype=bool)
+    for s in spans:
+        covered |= _inside(keys_lo, keys_lo, s)
+    return ~covered
+
+
+def embargoes(splits: Mapping[str, Any]) -> list[int]:
+    """Each split's embargo in ns (0: none)."""
+    return [int(b.get("embargo") or 0) if isinstance(b, Mapping) else 0 for b in splits.values()]
+
+
+def has_dates(splits: Mapping[str, Any]) -> bool:
+    """Whether a split is given by dates (by a list, or by a file)."""
+    return any(isinstance(b, Mapping) and "dates" in b for b in splits.values())
 
 
 def fold_sessions(periods: int, spec: FoldSpec) -> list[tuple[np.ndarray, np.ndarray]]:

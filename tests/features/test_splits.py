@@ -195,7 +195,8 @@ def test_split_and_fold_specs_refuse_bad_values():
         ({"a": {}, "b": {"until": "2026-01-08"}}, "s.a.until"),
         ({"a": {"until": "2026-01-09"}, "b": {"until": "2026-01-08"}}, "s.b.until"),
         ({"a": {"until": "tomorrow"}, "b": {}}, "s.a.until"),
-        ({"a": {"from": "2026-01-01"}}, "s.a.from"),
+        ({"a": {"from": "2026-01-01"}, "b": {"until": "2026-01-08"}}, "s.a.until"),
+        ({"a": {"from": "2026-01-09", "until": "2026-01-08"}, "b": {}}, "s.a.until"),
         ({"a": 0.7, "b": 0.7}, "s"),
     ]
     for value, path in bad:
@@ -303,3 +304,234 @@ def test_global_normalization_per_instrument_parses_and_renders_back():
                         ({"kind": "trailing", "sessions": 1, "per": "instrument"}, "n.per")):
         with pytest.raises(ConfigError, match=rf"^{path}"):
             NormalizeSpec.from_value(value, "n")
+
+
+# -- published splits (dates, files), from: bounds, embargoes -----------------------------
+
+DAYS = ["2026-01-05", "2026-01-06", "2026-01-07", "2026-01-08", "2026-01-09"]
+
+
+def _five_days(instruments: int = 2):
+    """``instruments`` instruments on the five days of :data:`DAYS`, a session a day each."""
+    lengths = [70, 85, 60, 90, 75, 80, 65, 95, 70, 85][: 5 * instruments]
+    days = list(range(5)) * instruments
+    inst = np.repeat(np.arange(instruments), 5)
+    segs = SegmentTable.from_lengths(lengths, instrument=inst, instruments=[f"i{k}" for k in range(instruments)])
+    return book(sum(lengths), seed=5), segs, _times(lengths, days)
+
+
+def _build(x, segs, t, splits, **kw):
+    return build_training_set(da.from_array(x, chunks=(97, -1)), columns=COLS, features=SPECS, size=4, stride=2,
+                              scales=(1, 2), label=LabelSpec(horizon=3), segments=segs,
+                              timestamps=da.from_array(t, chunks=211), splits=splits, materialize=False, **kw)
+
+
+def _candidates(segs, t, back: int, fwd: int, stride: int = 2):
+    """Every window that fits a session, from the documented geometry alone, with the
+    timestamps of its reach (pandas)."""
+    import pandas as pd
+
+    ends = np.concatenate([np.arange(a + back, b - fwd, stride) for a, b in zip(segs.starts, segs.stops)])
+    return pd.DataFrame({"end": ends, "lo": pd.to_datetime(t[ends - back]), "hi": pd.to_datetime(t[ends + fwd])})
+
+
+def _stored_ends(ts) -> dict[str, set[int]]:
+    return {name: set(ts.splits[name]["ends"].compute().astype(np.int64).tolist()) for name in ts.splits}
+
+
+def _by_dates(c, assignment: dict[str, list[str]]) -> dict[str, set[int]]:
+    """Which windows land where by pandas: a window is in the split listing its date when
+    its whole reach lies on that date."""
+    import pandas as pd
+
+    day = c["lo"].dt.normalize()
+    same = day == c["hi"].dt.normalize()
+    return {name: set(c.loc[same & day.isin(pd.to_datetime(d)), "end"].tolist()) for name, d in assignment.items()}
+
+
+def test_published_date_lists_place_each_window_by_its_sessions_date():
+    """val lies between train days, as published splits may: every window goes to the
+    split that lists its session's date (pandas' date of its first and last step)."""
+    x, segs, t = _five_days()
+    assignment = {"train": [DAYS[0], DAYS[1], DAYS[3]], "val": [DAYS[2]], "test": [DAYS[4]]}
+    ts = _build(x, segs, t, parse_splits({k: {"dates": v} for k, v in assignment.items()}, "s"))
+    w = ts.attrs["windows"]
+    want = _by_dates(_candidates(segs, t, w["back"], w["fwd"]), assignment)
+    assert _stored_ends(ts) == want
+    assert all(want.values()) and ts.attrs["split_left_out"] == {"outside": 0}
+
+
+def test_a_split_file_assigns_dates_and_windows_on_unlisted_dates_are_counted_and_left_out(tmp_path):
+    x, segs, t = _five_days()
+    (tmp_path / "splits.csv").write_text("date,split,note\n2026-01-05,train,\n2026-01-06,train,x\n"
+                                         "2026-01-07,val,\n2026-01-08,test,\n")
+    splits = parse_splits({"file": str(tmp_path / "splits.csv")}, "output.splits")
+    assert list(splits) == ["train", "val", "test"]
+    with pytest.warns(UserWarning, match=r"windows start on dates no split lists \(the first at 2026-01-09"):
+        ts = _build(x, segs, t, splits)
+    w = ts.attrs["windows"]
+    c = _candidates(segs, t, w["back"], w["fwd"])
+    want = _by_dates(c, {"train": DAYS[:2], "val": [DAYS[2]], "test": [DAYS[3]]})
+    assert _stored_ends(ts) == want
+    assert ts.attrs["split_left_out"]["outside"] == int((c["lo"].dt.normalize() == DAYS[4]).sum()) > 0
+
+
+def test_a_listed_date_without_data_is_refused_and_one_after_the_data_waits_for_an_append():
+    x, segs, t = _five_days(1)
+    lacking = {"train": {"dates": DAYS[:3]}, "test": {"dates": ["2026-01-03", DAYS[4]]}}
+    with pytest.raises(WindowError, match=r"split 'test' lists 1 date\(s\) on which no window starts: 2026-01-03"):
+        _build(x, segs, t, parse_splits(lacking, "s"))
+    later = {"train": {"dates": DAYS[:4]}, "test": {"dates": ["2026-01-12"]}}  # after the data: empty for now
+    with pytest.warns(UserWarning, match="31 of 159 windows start on dates no split lists"):  # the 9th
+        ts = _build(x, segs, t, parse_splits(later, "s"), normalize="none")
+    assert ts.attrs["window_counts"]["test"] == 0 and ts.attrs["window_counts"]["train"] > 0
+
+
+@pytest.mark.parametrize("text, match", [
+    ("day,split\n2026-01-05,train\n", "header row with columns date and split"),
+    ("date,split\n2026-01-05,train\n2026-01-5x,val\n", "line 3"),
+    ("date,split\n2026-01-05,train\n2026-01-05,val\n", "line 3: date 2026-01-05 is already assigned on line 2"),
+    ("date,split\n2026-01-05T10:00,train\n", "line 2: expected a date without a time of day"),
+    ("date,split\n2026-01-05,train set\n", "line 2: expected a split name"),
+    ("date,split\n", "no date assigned"),
+])
+def test_a_malformed_split_file_is_refused_naming_the_file_and_line(tmp_path, text, match):
+    path = tmp_path / "splits.csv"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=r"^output\.splits\.file") as err:
+        parse_splits({"file": str(path)}, "output.splits")
+    assert match in str(err.value) and (str(path) in str(err.value) or "no date" not in match)
+
+
+@pytest.mark.parametrize("value, path, match", [
+    ({"a": {"dates": ["2026-01-05"], "until": "2026-01-06"}, "b": {}}, "s.a.until", "dates or by from/until"),
+    ({"a": {"dates": ["2026-01-05T12:00"]}}, r"s.a.dates\[0\]", "without a time of day"),
+    ({"a": {"dates": "2026-01-05"}}, "s.a.dates", "a list of dates"),
+    ({"a": {"dates": ["2026-01-05", "2026-01-05"]}}, "s.a.dates", "listed twice"),
+    ({"a": {"dates": ["2026-01-05"]}, "b": {"dates": ["2026-01-05"]}}, "s.b.dates", "also in split 'a'"),
+    ({"a": {"until": "2026-01-08"}, "b": {"dates": ["2026-01-06"]}, "c": {"from": "2026-01-09"}}, "s.b.dates",
+     "also in split 'a'"),
+    ({"a": {"until": "2026-01-08"}, "b": {"from": "2026-01-07"}}, "s.b.from", "on or after the previous"),
+    ({"a": {"until": "2026-01-08", "embargo": "soon"}, "b": {}}, "s.a.embargo", "a duration"),
+    ({"a": 0.8, "b": {"embargo": "1h"}}, "s", "an embargo needs dated splits"),
+    ({"file": "x.csv", "a": {}}, "s.a", "unknown key beside file"),
+])
+def test_misused_split_bounds_are_refused_naming_the_key(value, path, match):
+    with pytest.raises(ConfigError, match=rf"^{path}") as err:
+        parse_splits(value, "s")
+    assert match in str(err.value)
+
+
+def test_splits_round_trip_through_their_config_value_and_the_parsed_form():
+    from pipeline.features.splits import as_splits, splits_value
+
+    value = {"train": {"from": "2026-01-02", "until": "2026-01-08", "embargo": "90min"},
+             "val": {"dates": ["2026-01-12", "2026-01-09"], "embargo": "1h"}, "test": {"from": "2026-01-13"}}
+    parsed = parse_splits(value, "s")
+    assert parsed["val"]["dates"][0][0] == to_ns("2026-01-09", "d") and parsed["train"]["embargo"] == 5400 * 10**9
+    assert parse_splits(splits_value(parsed), "s") == parsed == as_splits(parsed)
+    assert splits_value(parsed)["train"]["embargo"] == "90min"
+
+
+def test_a_from_bound_leaves_a_warm_up_out_of_every_split():
+    import pandas as pd
+
+    x, segs, t = _five_days()
+    start = "2026-01-06T09:30:20"  # inside the second day's sessions: windows reaching before it are out
+    ts = _build(x, segs, t, parse_splits({"train": {"from": start, "until": DAYS[3]}, "test": {}}, "s"))
+    w = ts.attrs["windows"]
+    c = _candidates(segs, t, w["back"], w["fwd"])
+    lo, cut = pd.Timestamp(start), pd.Timestamp(DAYS[3])
+    want = {"train": set(c.loc[(c["lo"] >= lo) & (c["hi"] < cut), "end"]), "test": set(c.loc[c["lo"] >= cut, "end"])}
+    assert _stored_ends(ts) == want
+    assert ts.attrs["split_left_out"]["outside"] == int((c["lo"] < lo).sum()) > 0
+
+
+def _embargoed(c, split_of, embargo: str, name: str, others: list[str]) -> set[int]:
+    """pandas: windows of ``name`` whose last step is less than ``embargo`` before the
+    first step of the next window of another split (in ``others``) after it starts."""
+    import pandas as pd
+
+    mine = c[c["end"].isin(split_of[name])]
+    other_lo = np.sort(c.loc[c["end"].isin(set().union(*(split_of[o] for o in others))), "lo"].to_numpy())
+    out = set()
+    for end, lo, hi in mine[["end", "lo", "hi"]].itertuples(index=False):
+        later = other_lo[other_lo > np.datetime64(lo)]
+        if later.size and pd.Timestamp(later[0]) - hi < pd.Timedelta(embargo):
+            out.add(end)
+    return out
+
+
+def test_an_embargo_leaves_out_the_windows_that_end_too_close_to_the_next_split():
+    """A cut inside a session, with a 20 s embargo on train: the train windows whose
+    label ends less than 20 s before test's first step are left out, and counted."""
+    import pandas as pd
+
+    x, segs, t = _five_days()
+    cut = "2026-01-06T09:31:00"
+    plain = _build(x, segs, t, parse_splits({"train": {"until": cut}, "test": {}}, "s"))
+    ts = _build(x, segs, t, parse_splits({"train": {"until": cut, "embargo": "20s"}, "test": {}}, "s"))
+    w = ts.attrs["windows"]
+    c = _candidates(segs, t, w["back"], w["fwd"])
+    cut_at = pd.Timestamp(cut)
+    before = {"train": set(c.loc[c["hi"] < cut_at, "end"]), "test": set(c.loc[c["lo"] >= cut_at, "end"])}
+    assert _stored_ends(plain) == before
+    dropped = _embargoed(c, before, "20s", "train", ["test"])
+    assert dropped and _stored_ends(ts) == {"train": before["train"] - dropped, "test": before["test"]}
+    assert ts.attrs["split_left_out"]["embargo"] == {"train": len(dropped)}
+
+
+def test_an_embargo_between_interleaved_date_splits_looks_at_the_next_split_in_time():
+    """train on days 1, 3, 5 and val on 2, 4, with a train embargo longer than a night:
+    the train days before a val day lose their late windows, the last one none."""
+    x, segs, t = _five_days()
+    assignment = {"train": [DAYS[0], DAYS[2], DAYS[4]], "val": [DAYS[1], DAYS[3]]}
+    embargo = "86390s"  # a day less 10 s: reaches into the previous day's last 10 s before the next open
+    ts = _build(x, segs, t, parse_splits({"train": {"dates": assignment["train"], "embargo": embargo},
+                                          "val": {"dates": assignment["val"]}}, "s"))
+    w = ts.attrs["windows"]
+    c = _candidates(segs, t, w["back"], w["fwd"])
+    before = _by_dates(c, assignment)
+    dropped = _embargoed(c, before, embargo, "train", ["val"])
+    assert dropped and _stored_ends(ts) == {"train": before["train"] - dropped, "val": before["val"]}
+    assert not dropped & set(c.loc[c["lo"].dt.normalize() == DAYS[4], "end"])
+
+
+def test_dates_and_from_bounds_are_taken_in_the_zone_of_the_data():
+    import pandas as pd
+
+    splits = parse_splits({"warm": {"until": "2026-01-05"}, "train": {"from": "2026-01-06", "until": "2026-01-08"},
+                           "val": {"dates": ["2026-01-09"]}}, "s")
+    got = localize_splits(splits, "Australia/Sydney")
+
+    def sydney(day: str) -> int:
+        return pd.Timestamp(day).tz_localize("Australia/Sydney").value
+
+    assert got["train"]["from"] == sydney("2026-01-06") and got["train"]["until"] == sydney("2026-01-08")
+    assert got["val"]["dates"] == [[to_ns("2026-01-09", "d"), sydney("2026-01-09"), sydney("2026-01-10")]]
+
+
+@pytest.mark.parametrize("aware", [True, False])
+def test_listed_trading_dates_span_their_calendar_session_and_a_weekend_spans_nothing(aware):
+    """Under a futures calendar, trading date 2024-03-12 spans from its open (18:00 New
+    York on the 11th) to the next session's open; Saturday the 9th has no session."""
+    pytest.importorskip("exchange_calendars")
+    import warnings
+
+    import exchange_calendars as xcals
+
+    from pipeline.features.splits import calendar_splits, split_spans
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sched = xcals.get_calendar("us_futures", start="2024-03-01", end="2024-03-29").schedule
+    got = calendar_splits(parse_splits({"val": {"dates": ["2024-03-09", "2024-03-12"]}}, "s"), "us_futures",
+                          aware=aware)
+
+    def at(day: str) -> int:
+        o = sched.loc[day, "open"]
+        return o.value if aware else o.tz_convert("America/New_York").tz_localize(None).value
+
+    assert [d[1:] for d in got["val"]["dates"]] == [[at("2024-03-11"), at("2024-03-11")],
+                                                    [at("2024-03-12"), at("2024-03-13")]]
+    assert split_spans(got)[0].tolist() == [[at("2024-03-12"), at("2024-03-13")]]
