@@ -606,8 +606,8 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
     Raises
     ------
     WindowError
-        A listed date on which no window starts (not for an ``append``, which holds
-        only new days); an embargo without timestamps.
+        A listed date that no window of its split reaches into (not for an
+        ``append``, which holds only new days).
 
     Warns
     -----
@@ -629,7 +629,7 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
         if outside.any() or has_dates(splits):  # a warm-up before a from, days no split lists
             left_out["outside"] = int(outside.sum())
         if has_dates(splits):
-            _check_listed_dates(lo_key, hi_key, splits, append=append)
+            _check_listed_dates(lo_key, hi_key, where, splits, append=append)
             if outside.any():
                 first = np.datetime64(int(lo_key[outside].min()), "ns")
                 warnings.warn(f"splits: {int(outside.sum())} of {runs.n} windows start on dates no split lists "
@@ -655,24 +655,28 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
     return where, cuts, key_kind, gap, ({"split_left_out": left_out} if left_out else {})
 
 
-def _check_listed_dates(lo_key: np.ndarray, hi_key: np.ndarray, splits: Mapping[str, Any], *, append: bool) -> None:
-    """Refuse a listed date on which no window starts, inside the data's time: a
-    published split that names a day the data lacks would be reproduced without it.
+def _check_listed_dates(lo_key: np.ndarray, hi_key: np.ndarray, where: np.ndarray, splits: Mapping[str, Any], *,
+                        append: bool) -> None:
+    """Refuse a listed date, inside the data's time, that no window of its split reaches
+    into (:func:`~pipeline.features.splits.lacking_dates`): a published split naming a
+    day the data lacks would otherwise be reproduced without it, silently.
 
     Raises
     ------
     WindowError
         Naming the split, the first dates and how many.
     """
-    missing = [] if append else lacking_dates(lo_key, hi_key, splits)
+    missing = [] if append else lacking_dates(lo_key, hi_key, where, splits)
     if missing:
         name = missing[0][0]
         days = [str(np.datetime64(d // 86_400_000_000_000, "D")) for n, d in missing if n == name]
         raise WindowError(
-            f"splits: split {name!r} lists {len(days)} date(s) on which no window starts: {', '.join(days[:5])}"
-            f"{', ...' if len(days) > 5 else ''} ({len(missing)} such dates in all splits; the data's windows "
-            f"run from {np.datetime64(int(lo_key.min()), 'ns')} to {np.datetime64(int(hi_key.max()), 'ns')}); "
-            "add those days' files, or remove the dates from the split")
+            f"splits: split {name!r} lists {len(days)} date(s) that none of its windows reaches into: "
+            f"{', '.join(days[:5])}{', ...' if len(days) > 5 else ''} ({len(missing)} such dates in all splits; "
+            f"the data's windows run from {np.datetime64(int(lo_key.min()), 'ns')} to "
+            f"{np.datetime64(int(hi_key.max()), 'ns')}): the data has no session that day, or no window's reach "
+            "(history to label) fits in the split's days; add those days' files, remove the dates, or use "
+            "sessions within a day and shorter windows")
 
 
 def _chunks(n: int, per: int = 1 << 20) -> tuple[int, ...]:

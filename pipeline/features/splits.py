@@ -641,20 +641,26 @@ def embargo_mask(keys_lo: np.ndarray, keys_hi: np.ndarray, where: np.ndarray,
     return out
 
 
-def lacking_dates(keys_lo: np.ndarray, keys_hi: np.ndarray, splits: Mapping[str, Any]) -> list[tuple[str, int]]:
-    """``(split, day)`` of every listed date on which no window starts, but for dates
-    after the last window's reach (days to come, for an append to fill)."""
+def lacking_dates(keys_lo: np.ndarray, keys_hi: np.ndarray, where: np.ndarray,
+                  splits: Mapping[str, Any]) -> list[tuple[str, int]]:
+    """``(split, day)`` of every listed date that no window of its split (``where``)
+    reaches into: the data has no session that day, or no window's reach fits in the
+    split's days (a window longer than a day). Dates after every window's reach are
+    not listed: days to come, for an append to fill."""
     if not np.size(keys_lo):
         return []
-    starts = np.sort(keys_lo)
     last = int(np.max(keys_hi))
     out = []
-    for name, bound in splits.items():
+    for k, (name, bound) in enumerate(splits.items()):
+        mine = where == k
+        order = np.argsort(keys_lo[mine], kind="stable")
+        starts = keys_lo[mine][order]
+        reach = np.maximum.accumulate(keys_hi[mine][order]) if order.size else order
         for day, lo, hi in bound.get("dates", ()):
             if lo > last:
                 continue
-            n = np.searchsorted(starts, hi, side="left") - np.searchsorted(starts, lo, side="left")
-            if n == 0:
+            n = int(np.searchsorted(starts, hi, side="left"))  # windows starting before the date ends
+            if n == 0 or reach[n - 1] < lo:
                 out.append((name, int(day)))
     return out
 

@@ -379,8 +379,17 @@ def test_a_split_file_assigns_dates_and_windows_on_unlisted_dates_are_counted_an
 def test_a_listed_date_without_data_is_refused_and_one_after_the_data_waits_for_an_append():
     x, segs, t = _five_days(1)
     lacking = {"train": {"dates": DAYS[:3]}, "test": {"dates": ["2026-01-03", DAYS[4]]}}
-    with pytest.raises(WindowError, match=r"split 'test' lists 1 date\(s\) on which no window starts: 2026-01-03"):
+    with pytest.raises(WindowError, match=r"split 'test' lists 1 date\(s\) that none of its windows reaches into: "
+                                          r"2026-01-03 \(1 such dates in all splits"):
         _build(x, segs, t, parse_splits(lacking, "s"))
+    # A day whose session is too short for one window has data, but gives val nothing.
+    short = SegmentTable.from_lengths([70, 85, 6, 90, 75])
+    t_short = _times([70, 85, 6, 90, 75], [0, 1, 2, 3, 4])
+    with pytest.raises(WindowError, match=r"split 'val' lists 1 date\(s\) that none of its windows reaches into: "
+                                          r"2026-01-07 .*no window's reach \(history to label\) fits"):
+        _build(book(326, seed=1), short, t_short,
+               parse_splits({"train": {"dates": [DAYS[0], DAYS[1], DAYS[3]]}, "val": {"dates": [DAYS[2]]},
+                             "test": {"dates": [DAYS[4]]}}, "s"))
     later = {"train": {"dates": DAYS[:4]}, "test": {"dates": ["2026-01-12"]}}  # after the data: empty for now
     with pytest.warns(UserWarning, match="31 of 159 windows start on dates no split lists"):  # the 9th
         ts = _build(x, segs, t, parse_splits(later, "s"), normalize="none")
