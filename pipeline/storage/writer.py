@@ -987,14 +987,17 @@ RESUME_KEY = "resume_sources"
 
 
 def _resume_record(attrs: Mapping[str, Any]) -> list[list[Any]]:
-    """``[path, size, rows, hash]`` of every source file (and companion) a build read, from
-    its ``sources`` attribute; empty for writes of arrays."""
+    """``[path, size, rows, hash, crc32]`` of every source file (and companion) a build
+    read, from its ``sources`` attribute (``hash``: its first and last MiB; ``crc32``:
+    every byte, so that a same-size correction inside a file is told); empty for writes
+    of arrays."""
     sources = attrs.get("sources") if isinstance(attrs.get("sources"), Mapping) else {}
     out = []
     for entry in sources.get("files") or []:
         for item in (entry, entry.get("companion")):
             if isinstance(item, Mapping):
-                out.append([str(item.get("path")), item.get("size"), item.get("rows"), item.get("hash")])
+                out.append([str(item.get(k)) if k == "path" else item.get(k)
+                            for k in ("path", "size", "rows", "hash", "crc32")])
     return out
 
 
@@ -1019,13 +1022,15 @@ def _check_resume(location: str, root: Mapping[str, Any], attrs: Mapping[str, An
         now = {row[0]: row for row in _resume_record(attrs)}
         for path in sorted(set(then) | set(now)):
             a, b = then.get(path), now.get(path)
+            if a is not None and b is not None and len(a) != len(b):
+                a, b = a[:4], b[:4]  # begun by a version that recorded no crc32: what both record
             if a == b:
                 continue
             if a is None or b is None:
                 why = "read now, but not by the interrupted build" if a is None else "read by the interrupted " \
                     "build, but not now"
             else:
-                fields = ("size", "rows", "content hash")
+                fields = ("size", "rows", "content hash", "content CRC-32")
                 why = "its " + ", ".join(f"{f} was {x}, is {y}" for f, x, y in zip(fields, a[1:], b[1:]) if x != y)
             raise StoreConflictError(f"{location}: {path}: changed since the interrupted build began ({why}){fix}")
     group = open_store_group(location, mode="r", storage_options=storage_options)
