@@ -154,7 +154,9 @@ class OutputConfig:
     """The zarr store: location, splits, chunking and compression."""
 
     path: str
-    #: Fractions by time (``{train: 0.8, val: 0.2}``) or dates (``{train: {until: ...}}``).
+    #: Fractions by time (``{train: 0.8, val: 0.2}``) or dated splits: ``{from: ..., until: ...}``,
+    #: ``{dates: [...]}``, each with an optional ``embargo: 1h``, or ``{file: splits.csv}`` (rows
+    #: ``date,split``); see :func:`pipeline.features.splits.parse_splits`.
     splits: dict[str, Any] = field(default_factory=lambda: {"train": 1.0})
     #: :class:`pipeline.features.splits.FoldSpec`: walk-forward folds over sessions.
     folds: Any = None
