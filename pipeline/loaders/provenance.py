@@ -71,7 +71,8 @@ def _open(path: str, storage_options: dict | None) -> Any:
     reads straight into the caller's buffer)."""
     if "://" not in path or path.startswith("file://"):
         return open(path.removeprefix("file://"), "rb")
-    return fsspec.open(path, "rb", **(storage_options or {})).open()
+    # The OpenFile, not its .open(): a chained URL's filesystem (zip::) must live while it is read.
+    return fsspec.open(path, "rb", **(storage_options or {}))
 
 
 def _ends(size: int) -> tuple[tuple[int, int], tuple[int, int]]:

@@ -182,3 +182,17 @@ def test_a_file_that_cannot_be_read_is_named(tmp_path):
     gone = str(tmp_path / "gone.csv")
     with pytest.raises(LoaderError, match=r"gone\.csv: cannot read"):
         with_hashes({"files": [_record(there), {"path": gone, "size": 4, "mtime": 0.0}]})
+
+
+def test_a_member_read_through_a_chained_zip_url_is_hashed_whole(tmp_path):
+    """``zip://NAME::/abs/x.zip``: the zip filesystem must stay open while the member is
+    read (an early ``.open()`` let it be collected: 'seek of closed file')."""
+    import zipfile
+
+    data = _long_csv(tmp_path / "day.csv")
+    with zipfile.ZipFile(tmp_path / "day.zip", "w") as z:
+        z.writestr("day.csv", data)
+    url = f"zip://day.csv::{tmp_path / 'day.zip'}"
+    got = with_hashes({"files": [{"path": url, "size": len(data)}]})["files"][0]
+    assert got[CRC_KEY] == f"{zlib.crc32(data):08x}"
+    assert got["hash"] == _ends_hash(data)
