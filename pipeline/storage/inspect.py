@@ -56,6 +56,9 @@ class StoreReport:
     #: Written by another tool (no ``pipeline`` attributes): no completeness flag, no
     #: checksums; its arrays are listed wherever they are in the hierarchy.
     foreign: bool = False
+    #: The codec line of a store whose attributes do not record one yet (an incomplete
+    #: build records it last): read from its arrays, or why it cannot be.
+    codec_note: str | None = None
 
     @property
     def nbytes(self) -> int:
@@ -89,7 +92,48 @@ def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str
             if split in newest.samples and attrs.get("complete"):
                 arr = pinned_array(arr, newest.samples[split])  # not an append in progress
             arrays.append(_array_report(split, name, arr))
-    return StoreReport(location=loc, complete=bool(attrs.get("complete")), arrays=tuple(arrays), attrs=attrs)
+    note = None if "codec" in attrs else _codec_from_arrays(group)
+    return StoreReport(location=loc, complete=bool(attrs.get("complete")), arrays=tuple(arrays), attrs=attrs,
+                       codec_note=note)
+
+
+def describe_compressors(compressors: Any) -> str:
+    """A zarr array's compressors in :meth:`pipeline.storage.codecs.CodecSpec.describe`'s
+    words (``blosc(lz4, noshuffle, 5)``, ``zstd(3)``, ``none``); another codec by its name."""
+    if not compressors:
+        return "none"
+    (c, *rest) = compressors
+    kind = type(c).__name__.removesuffix("Codec").lower()
+    if rest:
+        return ", ".join(type(x).__name__.removesuffix("Codec").lower() for x in compressors)
+    if kind == "blosc":
+        value = lambda v: getattr(v, "value", v)  # noqa: E731 - zarr's enums, or plain strings
+        return f"blosc({value(c.cname)}, {value(c.shuffle)}, {c.clevel})"
+    if kind == "zstd":
+        return f"zstd({c.level})"
+    return kind
+
+
+def _codec_from_arrays(group: Any) -> str:
+    """The codec line for a pipeline store whose attributes lack ``codec``.
+
+    The writer records the configured codec only when it marks the store complete. It
+    creates every array first, and stores windows (arrays of 3 and more dimensions,
+    outside ``_shared``) with exactly that codec; smaller arrays get a byte shuffle, and
+    the per-step features of virtual windows blosc-zstd (:func:`pipeline.storage.writer
+    ._codec_for`), so they do not tell it.
+    """
+    from pipeline.storage.writer import SHARED
+
+    for split, sub in sorted(group.groups()):
+        if split == SHARED:
+            continue
+        for name, arr in sorted(sub.arrays()):
+            if not name.startswith("_") and arr.ndim >= 3:
+                return (f"{describe_compressors(arr.compressors)} (read from {split}/{name}: the store records its "
+                        f"codec once complete)")
+    return ("not recorded yet (the store records its codec once complete, and it holds no array of windows to "
+            "read it from: each array's compressor is listed below)")
 
 
 def _array_report(split: str, name: str, arr: Any) -> ArrayReport:
@@ -122,7 +166,7 @@ def format_report(report: StoreReport) -> str:
         lines.append(f"complete: {'yes' if report.complete else 'NO (rerun the same pipeline run to finish it)'}")
     lines.append(f"size: {_mib(report.stored_bytes)} on disk, {_mib(report.nbytes)} uncompressed, ratio {ratio:.2f}x")
     if not report.foreign:
-        lines.append(f"codec: {a.get('codec', '?')}")
+        lines.append(f"codec: {a['codec'] if 'codec' in a else report.codec_note}")
     for r in report.arrays:
         shard = f", shards {r.shards}" if r.shards else ""
         rr = r.nbytes / r.stored_bytes if r.stored_bytes else float("nan")

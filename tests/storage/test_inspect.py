@@ -279,3 +279,31 @@ def test_the_report_says_statistics_are_per_instrument():
     assert line({"kind": "global", "per": "instrument", "fit_on": "train"}) == (
         "normalization: global, per instrument (fit on train)")
     assert line({"kind": "global", "fit_on": "train"}) == "normalization: global (fit on train)"
+
+
+@pytest.mark.parametrize("codec", [{"name": "blosc", "cname": "zstd", "clevel": 4, "shuffle": "noshuffle"},
+                                   {"name": "zstd", "clevel": 3}, "none"])
+def test_an_incomplete_store_names_the_codec_its_windows_were_created_with(tmp_path, codec):
+    import dask.array as da
+    import zarr
+
+    x = np.arange(240 * 8 * 4, dtype=np.float32).reshape(240, 8, 4)
+
+    def fail_late(block, block_info=None):
+        if block_info[0]["chunk-location"][0] == 3:  # a write that dies part-way: the store stays incomplete
+            raise OSError("no space left on device")
+        return block
+
+    lazy = da.from_array(x, chunks=(40, 8, 4)).map_blocks(fail_late, dtype=x.dtype)
+    path = tmp_path / "s.zarr"
+    with pytest.raises(Exception):
+        write(path, {"x": lazy, "y": np.arange(240)}, chunk_samples=40, codec=codec, progress=False)
+    report = inspect_store(path)
+    assert not report.complete
+    # The reference: the compressor zarr itself reads from the array's metadata.
+    (c,) = zarr.open_array(str(path / "train" / "x"), mode="r").compressors or (None,)
+    expected = ("none" if c is None else f"blosc({c.cname.value}, {c.shuffle.value}, {c.clevel})"
+                if type(c).__name__ == "BloscCodec" else f"zstd({c.level})")
+    line = next(ln for ln in format_report(report).splitlines() if ln.startswith("codec: "))
+    assert line.startswith(f"codec: {expected} (read from train/x"), line
+    assert "?" not in line
