@@ -200,6 +200,13 @@ def _segment_name(label: str, instrument: str, file: str | None = None) -> str:
     return name
 
 
+def _column_key_order(key: str) -> tuple[float, str]:
+    """A ``{column: NAME}`` session's key (``time_id=16``) as a build orders it: by the
+    column's value (``time_id=9`` comes before ``time_id=16``), not by its text."""
+    name, _, value = str(key).rpartition("=")
+    return float(value), name
+
+
 def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None,
                       mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None, tz: str | None = None,
                       calendar: str | None = None, files: Sequence[str] | None = None) -> np.ndarray:
@@ -246,12 +253,14 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
         if keys is None or len(old_keys) != len(stored):
             raise WindowError("append: new sessions cannot be placed after the stored ones without timestamps or "
                               "the stored session keys; set source.timestamp, or rebuild with --rebuild")
-        last = max(old_keys)
+        order = _column_key_order if mode == "column" else str
+        last = max(old_keys, key=order)
         for key, name in zip(keys, names):
-            if key <= last:
+            if order(key) <= order(last):
                 raise WindowError(f"append: {name} falls before or among the stored sessions (the last stored is "
                                   f"{last}); new files must come after every stored one, or rebuild with --rebuild")
-        return top + 1 + np.unique(np.asarray(keys, dtype=object).astype(str), return_inverse=True)[1].reshape(-1)
+        ranked = sorted(set(keys), key=order)
+        return top + 1 + np.array([ranked.index(k) for k in keys], dtype=np.int64)
     first, last = times
     spec = SessionSpec(mode="calendar", calendar=calendar) if mode == "calendar" else None
     stored_days, new_days = session_days(first, tz, spec), session_days(np.asarray(first_ns), tz, spec)

@@ -84,3 +84,18 @@ def test_a_new_date_session_is_named_with_its_instrument_and_a_file_label_as_it_
                                           r"before or among the stored sessions"):
         continue_sessions(prior, np.array([0, 1]), ["AAA/2026-01-06.parquet", "BBB/2026-01-04.parquet"], first,
                           "file")
+
+
+def test_column_sessions_append_after_the_stored_ones_in_value_order_not_text_order():
+    """Keys of ``sessions: {column: time_id}`` compared as text put time_id=16 before
+    time_id=5: an append of later buckets was refused, and new ones numbered out of order."""
+    stored = [("S0", f"time_id={v}", "", "") for v in (5, 9, 11)]
+    prior = prior_from_attrs({"sessions": [{"rows": [10 * i, 10 * i + 10], "instrument": inst, "session": i,
+                                            "label": label} for i, (inst, label, _, _) in enumerate(stored)],
+                              "instruments": ["S0"], "session_keys": [s[1] for s in stored]}, {"train": 0})
+    new = ["time_id=100", "time_id=16", "time_id=16"]
+    got = continue_sessions(prior, np.array([0, 0, 0]), new, None, "column", keys=new)
+    assert got.tolist() == [4, 3, 3]  # 16 before 100, both after the stored 11
+    with pytest.raises(WindowError, match=r"time_id=10 of instrument 'S0' falls before or among the stored "
+                                          r"sessions \(the last stored is time_id=11\)"):
+        continue_sessions(prior, np.array([0]), ["time_id=10"], None, "column", keys=["time_id=10"])
