@@ -5,9 +5,10 @@ a store that cannot be written) fails the computation, and the client reports it
 line naming the file, key or chunk. A worker of a LocalCluster writes to the same
 terminal, and distributed logs every failed task there first ("Compute Failed", its key,
 its task and the traceback as one escaped string): the same message again, buried in a
-dump. :class:`QuietOwnErrors` drops that record for the package's own errors (any other
-exception is a bug, and its record is kept whole), and the warning a worker logs for a
-task cancelled as it closes.
+dump. :class:`QuietOwnErrors` drops that record for the package's own errors and for an
+``OSError`` of a write task (a full disk, a read-only output: the writer reports it in
+one line); any other exception is a bug, and its record is kept whole. It also drops the
+warning a worker logs for a task cancelled as it closes.
 
 The scheduler of a LocalCluster runs in the caller's process, and
 :func:`quiet_cancelled_feeds` keeps one of its records off the same terminal: a
@@ -25,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 import time
 import traceback
@@ -51,13 +53,34 @@ def own_error_names() -> frozenset[str]:
     return frozenset(names)
 
 
+def os_error_names() -> frozenset[str]:
+    """The class names of ``OSError`` and every built-in subclass (``PermissionError``,
+    ``FileNotFoundError``, ...)."""
+    names, todo = set(), [OSError]
+    while todo:
+        cls = todo.pop()
+        names.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return frozenset(names)
+
+
+#: Where a write task stores its units (:mod:`pipeline.storage.units`), as a formatted
+#: traceback names the frame: an ``OSError`` raised there (a full disk, a read-only
+#: output) is the one the writer reports in one line, "cannot write (...)".
+_WRITE_FRAME = re.compile(r'pipeline[/\\]storage[/\\]units\.py", line \d+, in _write_(made|block)\b')
+
+
 class _OwnErrors(logging.Filter):
     """Drops distributed's "Compute Failed" record of a task whose exception is one of
-    this package's errors (its fourth argument is the exception's ``repr``)."""
+    this package's errors, or an ``OSError`` raised while a write task stored its units,
+    which the writer turns into its own one-line :class:`~pipeline.errors.StoreError`
+    (the record's fourth argument is the exception's ``repr``, its fifth the formatted
+    traceback)."""
 
     def __init__(self) -> None:
         super().__init__()
         self.names = own_error_names()
+        self.os_errors = os_error_names()
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not (isinstance(record.msg, str) and record.msg.startswith("Compute Failed")):
@@ -65,7 +88,12 @@ class _OwnErrors(logging.Filter):
         args = record.args if isinstance(record.args, tuple) else ()
         if len(args) < 4:
             return True
-        return str(args[3]).split("(", 1)[0] not in self.names
+        name = str(args[3]).split("(", 1)[0]
+        if name in self.names:
+            return False
+        # Not every OSError: one raised while a task read a raw file, or in a user's
+        # feature, is not what the writer reports, and is kept whole.
+        return not (name in self.os_errors and len(args) >= 5 and _WRITE_FRAME.search(str(args[4])) is not None)
 
 
 class _CancelledAtClose(logging.Filter):

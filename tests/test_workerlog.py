@@ -66,16 +66,17 @@ def _day(path: Path, start_ns: int, n: int, swap: int | None = None) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def _run(tmp_path: Path, steps: list, swap: int | None) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, steps: list, swap: int | None, *, rows: int = 400,
+         output: Path | None = None) -> subprocess.CompletedProcess:
     raw = tmp_path / "raw"
     raw.mkdir()
-    _day(raw / "day1.csv", 1_767_605_400 * 10**9, 400)
-    _day(raw / "day2.csv", 1_767_691_800 * 10**9, 400, swap=swap)
+    _day(raw / "day1.csv", 1_767_605_400 * 10**9, rows)
+    _day(raw / "day2.csv", 1_767_691_800 * 10**9, rows, swap=swap)
     cfg = {"cluster": {"n_workers": 1, "threads_per_worker": 1, "memory_limit": "1GiB"},
            "source": {"paths": str(raw / "*.csv"), "timestamp": "timestamp", "sessions": "file"},
            "features": {"steps": steps}, "windows": {"size": 8, "stride": 1},
            "labels": {"kind": "return", "horizon": 5},
-           "output": {"path": str(tmp_path / "out.zarr"), "splits": {"train": 0.8, "test": 0.2}}}
+           "output": {"path": str(output or tmp_path / "out.zarr"), "splits": {"train": 0.8, "test": 0.2}}}
     (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     return subprocess.run([str(BIN / "pipeline"), "run", str(tmp_path / "cfg.yaml"), "--no-progress"],
@@ -89,6 +90,43 @@ def test_a_run_reports_a_refused_file_once(tmp_path):
     (line,) = [x for x in done.stderr.splitlines() if x.startswith("pipeline run:")]
     assert "day2.csv" in line and "line 203" in line, line
     assert not (tmp_path / "out.zarr" / "train").exists()
+
+
+#: How distributed formats the traceback of a write task's OSError (the fifth argument),
+#: and of a raw file's read that failed with one.
+_WRITE_TB = ('  File "/site/pipeline/storage/units.py", line 307, in _write_made\n    count = write(...)\n'
+             '  File "/site/zarr/storage/_local.py", line 60, in _put\n    f.write(value)\n')
+_READ_TB = '  File "/site/pipeline/loaders/tables.py", line 80, in read_part\n    with open(path) as fh:\n'
+
+
+@pytest.mark.parametrize("exception, traceback_text, kept", [
+    ("OSError(28, 'No space left on device')", _WRITE_TB, False),
+    ("PermissionError(13, 'Permission denied')", _WRITE_TB, False),
+    ("FileNotFoundError(2, 'No such file or directory')", _READ_TB, True),  # not the writer's: kept whole
+    ("ValueError('bad')", _WRITE_TB, True),  # a bug in the writer: kept whole
+])
+def test_an_os_error_of_a_write_task_is_dropped_as_the_writer_reports_it(exception, traceback_text, kept):
+    failed = _record("Compute Failed\nKey: %s\nState: %s\nTask: %s\nException: %r\nTraceback: %r\n",
+                     "('write-units-train-1', 1)", "executing", "<Task>", exception, traceback_text)
+    assert _OwnErrors().filter(failed) is kept
+
+
+def test_a_full_disk_under_a_local_cluster_is_one_line_without_a_workers_traceback(tmp_path):
+    mount = Path("/tmp") / f"pipeline-full-{os.getpid()}-{tmp_path.name}"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                      capture_output=True).returncode:
+        mount.rmdir()
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        done = _run(tmp_path, ["mid_price", "spread"], swap=None, rows=12_000, output=mount / "out.zarr")
+    finally:
+        subprocess.run(["umount", str(mount)], check=False)
+        mount.rmdir()
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Compute Failed" not in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("pipeline run:")]
+    assert "cannot write (No space left on device)" in line, line
 
 
 def test_a_bug_in_a_users_feature_is_still_logged_whole(tmp_path):
