@@ -166,6 +166,54 @@ def check_window_ends(ends: np.ndarray, rows: int, size: int, scales: Sequence[i
 MAX_BLOCK_BYTES = 64 * 2**20
 
 
+def _one_series_windows(x: da.Array, size: int, stride: int, scales: Sequence[int],
+                        out_chunks: Sequence[int] | None, max_block_bytes: int) -> da.Array:
+    """:func:`windows` of one continuous series: one block of windows per block of rows
+    (re-cut to ``out_chunks`` or to ``max_block_bytes``), each reading its rows and the
+    halo before them."""
+    T, F = x.shape
+    h = halo(size, scales)
+    x = x.rechunk({1: -1})
+    if out_chunks is not None:
+        chunks = input_chunks_for_windows(out_chunks, T, size, stride, scales)
+    else:
+        window_bytes = size * F * len(scales) * x.dtype.itemsize
+        # Bounded by the rows a block reads as well as by its output: with a stride
+        # larger than the window, few output bytes cover many input rows.
+        max_steps = min(max(stride, (max_block_bytes // max(1, window_bytes)) * stride),
+                        rows_per_block(max_block_bytes // max(1, F * x.dtype.itemsize), h))
+        chunks = split_long_chunks(x.chunks[0], max(max_steps, h))
+        if h > 0:
+            chunks = merge_short_chunks(chunks, h)
+    if chunks != x.chunks[0]:
+        x = x.rechunk({0: chunks})
+    in_chunks = x.chunks[0]
+    counts = block_window_counts(in_chunks, size, stride, scales)
+    starts = np.concatenate([[0], np.cumsum(in_chunks)[:-1]]).astype(np.int64)
+    overlapped = da.overlap.overlap(x, depth={0: (h, 0), 1: 0}, boundary="none") if h > 0 else x
+
+    def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
+        j = block_id[0]
+        if counts[j] == 0:
+            return np.empty((0, size, F * len(scales)), dtype=block.dtype)
+        start = int(starts[j])
+        left = min(h, start)  # the first block has no left neighbour to borrow from
+        first = max(0, -(-(start - h) // stride))
+        ends = h + stride * (first + np.arange(counts[j], dtype=np.int64))
+        return windows_numpy_block(block, ends - (start - left), size, scales)
+
+    out = da.map_blocks(
+        block_fn,
+        overlapped,
+        dtype=x.dtype,
+        chunks=(counts, (size,), (F * len(scales),)),
+        new_axis=2,
+        token="windows",
+        meta=np.empty((0, 0, 0), dtype=x.dtype),
+    )
+    return out
+
+
 def windows(
     x: da.Array | np.ndarray,
     *,
@@ -242,7 +290,7 @@ def windows(
     scales = _validate(size, stride, scales, horizon)
     lengths, runs, _ = _plan(x, size, stride, scales, sessions, horizon or 0)
     x = _series(x)
-    T, F = x.shape
+    F = x.shape[1]
     features = _feature_names(names, F)
     h = halo(size, scales)
     geometry: dict[str, Any] = {"size": int(size), "stride": int(stride), "scales": list(scales), "halo": int(h)}
@@ -254,44 +302,7 @@ def windows(
         out = windows_at(x, runs, size=size, scales=scales, out_chunks=out_chunks, max_block_bytes=max_block_bytes)
         out.attrs = {"windows": {**geometry, **features}}
         return out
-    x = x.rechunk({1: -1})
-    if out_chunks is not None:
-        chunks = input_chunks_for_windows(out_chunks, T, size, stride, scales)
-    else:
-        window_bytes = size * F * len(scales) * x.dtype.itemsize
-        # Bounded by the rows a block reads as well as by its output: with a stride
-        # larger than the window, few output bytes cover many input rows.
-        max_steps = min(max(stride, (max_block_bytes // max(1, window_bytes)) * stride),
-                        rows_per_block(max_block_bytes // max(1, F * x.dtype.itemsize), h))
-        chunks = split_long_chunks(x.chunks[0], max(max_steps, h))
-        if h > 0:
-            chunks = merge_short_chunks(chunks, h)
-    if chunks != x.chunks[0]:
-        x = x.rechunk({0: chunks})
-    in_chunks = x.chunks[0]
-    counts = block_window_counts(in_chunks, size, stride, scales)
-    starts = np.concatenate([[0], np.cumsum(in_chunks)[:-1]]).astype(np.int64)
-    overlapped = da.overlap.overlap(x, depth={0: (h, 0), 1: 0}, boundary="none") if h > 0 else x
-
-    def block_fn(block: np.ndarray, block_id: tuple[int, ...] = (0, 0)) -> np.ndarray:
-        j = block_id[0]
-        if counts[j] == 0:
-            return np.empty((0, size, F * len(scales)), dtype=block.dtype)
-        start = int(starts[j])
-        left = min(h, start)  # the first block has no left neighbour to borrow from
-        first = max(0, -(-(start - h) // stride))
-        ends = h + stride * (first + np.arange(counts[j], dtype=np.int64))
-        return windows_numpy_block(block, ends - (start - left), size, scales)
-
-    out = da.map_blocks(
-        block_fn,
-        overlapped,
-        dtype=x.dtype,
-        chunks=(counts, (size,), (F * len(scales),)),
-        new_axis=2,
-        token="windows",
-        meta=np.empty((0, 0, 0), dtype=x.dtype),
-    )
+    out = _one_series_windows(x, size, stride, scales, out_chunks, max_block_bytes)
     # The geometry travels with the array, so that pipeline.write can leave the
     # leakage-free gap between time splits by itself.
     out.attrs = {"windows": {**geometry, **features}}
