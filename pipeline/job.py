@@ -319,15 +319,15 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
     return _summary(config, rows, t0, "build")
 
 
-#: How many of the local raw files the workers of a remote cluster are asked to see
-#: (the first and the last ones): each worker answers in one call, whatever the count.
-_FILES_CHECKED = 16
-
-
 def _check_workers_see(client: Any, config: Config) -> None:
     """Refuse, before any task, a remote cluster whose workers cannot see the local
-    output's folder (the write lock this process holds beside the store) or the local
-    raw files (a sample of them), naming the workers (:func:`pipeline.remote.check_workers_see`)."""
+    output's folder (the write lock this process holds beside the store) or one of the
+    local raw files, or see a raw file at another size than this process (a stale
+    copy), naming the workers (:func:`pipeline.remote.check_workers_see`).
+
+    Every file is checked, not a sample: a worker with one stale day among thousands
+    wrote that day's windows from the wrong bytes. Each worker stats them all in one
+    call (no byte is read)."""
     from pipeline.loaders import _local_target, expand_paths
     from pipeline.remote import check_workers_see
     from pipeline.storage.lock import lock_path
@@ -338,9 +338,7 @@ def _check_workers_see(client: Any, config: Config) -> None:
     files: list[str] = []
     if not any("://" in str(p) for p in paths):
         # A zip's member (zip://NAME::/abs/x.zip) is seen where its archive is.
-        found = list(dict.fromkeys(_local_target(str(f)) or str(f) for f in expand_paths(src.paths)))
-        half = _FILES_CHECKED // 2
-        files = found if len(found) <= _FILES_CHECKED else found[:half] + found[-half:]
+        files = list(dict.fromkeys(_local_target(str(f)) or str(f) for f in expand_paths(src.paths)))
     marker = None if is_remote(out.path) else lock_path(out.path)
     check_workers_see(client, store=out.path, marker=marker, files=files)
 

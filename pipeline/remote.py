@@ -668,41 +668,103 @@ def check_same_code(client: "distributed.Client", where: str) -> None:
         f"workers' image after an upgrade)")
 
 
-def _sees(paths: Sequence[str]) -> list[str]:
-    """Those of ``paths`` this process cannot see (run on each worker)."""
+def _views(paths: Sequence[str]) -> list[tuple[int, int] | None]:
+    """Each of ``paths`` as this process sees it: ``(size, mtime_ns)``, or ``None`` where
+    it sees no file (run on each worker, and here)."""
     import os
 
-    return [p for p in paths if not os.path.exists(p)]
+    out: list[tuple[int, int] | None] = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+        except OSError:
+            out.append(None)
+        else:
+            out.append((int(st.st_size), int(st.st_mtime_ns)))
+    return out
+
+
+def _named(workers: Sequence[str]) -> str:
+    return ", ".join(workers[:3]) + (f" and {len(workers) - 3} more" if len(workers) > 3 else "")
+
+
+def _when(mtime_ns: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(mtime_ns / 1e9, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def differing_views(files: Sequence[str], mine: Sequence[tuple[int, int] | None],
+                    theirs: Mapping[str, object]) -> dict[str, list[tuple[str, tuple[int, int], tuple[int, int]]]]:
+    """The workers whose view of ``files`` differs in size from this client's (``mine``,
+    from :func:`_views`): each worker's ``(file, client's (size, mtime_ns), worker's)``,
+    in the files' order. A worker's answer that is not a list (an exception) is no
+    evidence and left out; a file either side does not see is left to the
+    missing-files check.
+
+    Only the size decides: the modification time of a copy may differ while its bytes
+    do not (``cp`` without ``-p``, a node's own copy), so it is shown, never compared.
+    """
+    out: dict[str, list[tuple[str, tuple[int, int], tuple[int, int]]]] = {}
+    for address, views in theirs.items():
+        if not isinstance(views, list) or len(views) != len(files):
+            continue
+        differ = [(f, m, tuple(v)) for f, m, v in zip(files, mine, views)
+                  if m is not None and v is not None and int(v[0]) != m[0]]
+        if differ:
+            out[address] = differ  # type: ignore[assignment]
+    return out
 
 
 def check_workers_see(client: "distributed.Client", *, store: str, marker: str | None,
                       files: Sequence[str]) -> None:
     """Raise a one-line :class:`~pipeline.errors.ClusterError` naming the workers of a
     remote cluster that cannot see ``marker`` (a file this client holds beside the
-    local output ``store``: its write lock) or one of the local raw ``files``.
+    local output ``store``: its write lock) or one of the local raw ``files``, or that
+    see one of ``files`` at another size than this client does.
 
     The workers read the raw files and write the store themselves: a worker without the
     client's folder failed deep inside a task ("no zarr group found", a file not found),
-    as if the store or the file were at fault. One call per worker, before any task.
+    as if the store or the file were at fault; a worker that saw another file at the
+    same path (a stale NFS cache, an old copy on one node) wrote a wrong store without
+    a word. One call per worker, before any task: each stats every path (no byte is
+    read), and the client compares the sizes with its own.
     """
     paths = ([marker] if marker else []) + list(files)
     if not paths:
         return
-    missing = {a: m for a, m in client.run(_sees, paths, on_error="return").items() if isinstance(m, list) and m}
-    if not missing:
-        return
-    workers = sorted(missing)
-    named = ", ".join(workers[:3]) + (f" and {len(workers) - 3} more" if len(workers) > 3 else "")
-    lost = missing[workers[0]]
-    if marker and marker in lost:
+    answers = client.run(_views, paths, on_error="return")
+    missing = {a: [p for p, v in zip(paths, views) if v is None] for a, views in answers.items()
+               if isinstance(views, list)}
+    missing = {a: m for a, m in missing.items() if m}
+    if missing:
+        workers = sorted(missing)
+        named = _named(workers)
+        lost = missing[workers[0]]
+        if marker and marker in lost:
+            raise ClusterError(
+                f"{store}: the workers {named} cannot see this output folder ({os.path.dirname(store)} is a local "
+                f"path of this client's machine): they write the store themselves; use a folder the client and "
+                f"every worker share (a shared filesystem mounted at the same path) or an object store (s3://...)")
         raise ClusterError(
-            f"{store}: the workers {named} cannot see this output folder ({os.path.dirname(store)} is a local "
-            f"path of this client's machine): they write the store themselves; use a folder the client and every "
-            f"worker share (a shared filesystem mounted at the same path) or an object store (s3://...)")
+            f"{lost[0]}: the workers {named} cannot see this raw file ({len(lost)} of the {len(files)} checked), "
+            f"which this client reads: they read the raw files themselves; put them on a filesystem every worker "
+            f"mounts at the same path, or in an object store (s3://...)")
+    offset = 1 if marker else 0
+    differ = differing_views(files, _views(files), {a: v[offset:] for a, v in answers.items()
+                                                    if isinstance(v, list)})
+    if not differ:
+        return
+    workers = sorted(differ)
+    first, (size, mtime), (their_size, their_mtime) = differ[workers[0]][0]
+    n_files = len({f for d in differ.values() for f, _, _ in d})
+    more = f" ({n_files} files differ in all)" if n_files > 1 else ""
+    others = f" (and {_named(workers[1:])} see other sizes too)" if len(workers) > 1 else ""
     raise ClusterError(
-        f"{lost[0]}: the workers {named} cannot see this raw file ({len(lost)} of the {len(files)} checked), "
-        f"which this client reads: they read the raw files themselves; put them on a filesystem every worker "
-        f"mounts at the same path, or in an object store (s3://...)")
+        f"{first}: the worker {workers[0]} sees {their_size:,} bytes at this path (modified {_when(their_mtime)}), "
+        f"this client {size:,} (modified {_when(mtime)}){others}{more}: that worker would read another file than "
+        f"this client and write a wrong store; a stale copy (an NFS client's cache, an old copy on that node) is the "
+        f"usual cause: make every worker see the client's files at the same path, then rerun")
 
 
 def _no_credentials(exc: BaseException) -> bool:

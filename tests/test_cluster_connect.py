@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from pipeline.cluster import check_address, cluster, scheduler_file_address
@@ -502,3 +503,84 @@ def test_a_worker_that_joins_while_the_run_connects_is_counted(monkeypatch):
         finally:
             joins.join()
     assert log.getvalue().splitlines()[0] == f"cluster: scheduler {local.scheduler_address} with 1 workers"
+
+
+@pytest.fixture()
+def stale_worker(tmp_path):
+    """A scheduler, one worker that sees the client's ``raw`` folder, and one that sees,
+    at the same path, an old copy where ``raw/d13.parquet`` holds other bytes (its own
+    mount namespace: a tmpfs over ``raw``, as a stale NFS cache or a node's own copy).
+
+    Yields the scheduler's address, the raw files, the stale worker's address and the
+    stale copy of ``d13.parquet``.
+    """
+    if os.geteuid() != 0:
+        pytest.skip("needs root (unshare -m) to give one worker its own view of a folder")
+    raw, old = tmp_path / "raw", tmp_path / "old"
+    raw.mkdir()
+    old.mkdir()
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(20):
+        f = raw / f"d{i:02d}.parquet"
+        f.write_bytes(rng.bytes(1000 + i))
+        (old / f.name).write_bytes(f.read_bytes())
+        files.append(str(f))
+    (old / "d13.parquet").write_bytes(rng.bytes(900))  # the stale copy: another day's bytes, another size
+    sched_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen(
+        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+         "--scheduler-file", str(sched_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        assert wait_until(lambda: scheduler_address(sched_file) is not None, timeout=60, watch=tmp_path,
+                          procs=procs), "the scheduler did not start"
+        address = scheduler_address(sched_file)
+        worker = [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--memory-limit", "512MiB",
+                  "--host", "127.0.0.1", "--no-dashboard", "--no-nanny", "--name"]
+        procs.append(subprocess.Popen(worker + ["fresh"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen(
+            ["unshare", "-m", "sh", "-c", f'mount -t tmpfs none {raw} && cp {old}/* {raw}/ && exec "$0" "$@"',
+             *worker, "stale"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        from distributed import Client
+
+        with Client(address, timeout=30) as c:
+            c.wait_for_workers(2, timeout=60)
+            stale = next(a for a, w in c.scheduler_info()["workers"].items() if w["name"] == "stale")
+        yield address, files, stale, old / "d13.parquet"
+    finally:
+        stop_cluster(procs)
+
+
+def test_a_worker_that_sees_another_file_at_the_same_path_is_refused_naming_both_sizes(stale_worker, tmp_path):
+    """A worker with a stale copy wrote a wrong store, marked complete; now the check
+    before any task compares every file's size as each worker sees it with the client's."""
+    from pipeline.remote import check_workers_see
+
+    address, files, stale, old = stale_worker
+    client_size, worker_size = os.path.getsize(files[13]), os.path.getsize(old)  # the reference: plain os.stat
+    assert client_size != worker_size
+    with cluster(address, timeout=TIMEOUT, log=None) as client:
+        with pytest.raises(ClusterError) as err:
+            check_workers_see(client, store=str(tmp_path / "out.zarr"), marker=None, files=files)
+        # The files a worker sees alike pass, whatever their modification times.
+        check_workers_see(client, store=str(tmp_path / "out.zarr"), marker=None, files=files[:13] + files[14:])
+    msg = str(err.value)
+    assert msg.startswith(f"{files[13]}: the worker {stale} sees {worker_size:,} bytes at this path"), msg
+    assert f"this client {client_size:,}" in msg and "stale copy" in msg and "\n" not in msg
+
+
+def test_checking_what_the_workers_see_is_one_call_per_worker_and_cheap_for_thousands_of_files(plain, tmp_path):
+    from pipeline.remote import check_workers_see
+
+    address, *_ = plain
+    folder = tmp_path / "many"
+    folder.mkdir()
+    files = []
+    for i in range(5000):
+        (folder / f"{i:05d}.csv").write_bytes(b"x" * (i % 97))
+        files.append(str(folder / f"{i:05d}.csv"))
+    with cluster(address, timeout=TIMEOUT, log=None) as client:
+        t0 = time.perf_counter()
+        check_workers_see(client, store=str(tmp_path / "out.zarr"), marker=None, files=files)
+        seconds = time.perf_counter() - t0
+    assert seconds < 5, seconds  # measured: well under a second on the shared 2-core machine
