@@ -35,9 +35,9 @@ from pipeline.features.normalize import apply_normalization, fit_normalization, 
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
-from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign_splits, embargo_mask, embargoes,
-                                      fold_sessions, fraction_cuts, has_dates, is_dated, lacking_dates, outside_splits,
-                                      place_windows, split_spans)
+from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign_splits, duration_text,
+                                      embargo_mask, embargoes, fold_sessions, fraction_cuts, has_dates, is_dated,
+                                      lacking_dates, outside_splits, place_windows, split_spans)
 from pipeline.features.steps import FeatureFrame, compute_features, feature_lookback
 from pipeline.features.filesessions import file_sessions
 from pipeline.features.windows import gather_rows, windows_at
@@ -263,7 +263,7 @@ def build_training_set(
     names = list(splits)
     where, cuts, key_kind, gap, left_out = _place(
         runs, segs, splits, timestamps, back=back, fwd=fwd, gap=split_gap_windows(size, scales, stride, fwd, back - H),
-        progress=progress, append=prior is not None)
+        progress=progress, prior=prior)
     fold_sets = _folds(segs, runs, where, folds) if folds is not None and prior is None else None
     future = _future_splits(where, splits)
     if prior is None:
@@ -589,7 +589,7 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
 
 
 def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], timestamps: da.Array | None, *,
-           back: int, fwd: int, gap: int, progress: bool, append: bool = False
+           back: int, fwd: int, gap: int, progress: bool, prior: Prior | None = None
            ) -> tuple[np.ndarray, list[int], str, int, dict[str, Any]]:
     """The split of every window (``-1``: none), the cuts between splits, whether they
     are times or rows, the gap, and what the placement left out (``split_left_out``:
@@ -606,8 +606,9 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
     Raises
     ------
     WindowError
-        A listed date that no window of its split reaches into (not for an
-        ``append``, which holds only new days).
+        A listed date that no window of its split reaches into (not for an append
+        (``prior``), which holds only new days); an append whose new windows start
+        within a stored split's embargo (:func:`_check_append_embargo`).
 
     Warns
     -----
@@ -629,7 +630,7 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
         if outside.any() or has_dates(splits):  # a warm-up before a from, days no split lists
             left_out["outside"] = int(outside.sum())
         if has_dates(splits):
-            _check_listed_dates(lo_key, hi_key, where, splits, append=append)
+            _check_listed_dates(lo_key, hi_key, where, splits, append=prior is not None)
             if outside.any():
                 first = np.datetime64(int(lo_key[outside].min()), "ns")
                 warnings.warn(f"splits: {int(outside.sum())} of {runs.n} windows start on dates no split lists "
@@ -641,6 +642,8 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
             left_out["embargo"] = {name: int((embargoed & (where == k)).sum()) for k, name in enumerate(names)
                                    if embargo[k]}
             where[embargoed] = -1
+            if prior is not None:
+                _check_append_embargo(lo_key, where, splits, prior)
     elif len(names) > 1:
         cuts = fraction_cuts(lo_key, order, splits, gap)
         where = assign_splits(lo_key, hi_key, cuts, names)
@@ -653,6 +656,37 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
         last_hi = list(split_ranges(runs.n, splits, gap).values())[-1][1]
         where[order[last_hi:]] = -1
     return where, cuts, key_kind, gap, ({"split_left_out": left_out} if left_out else {})
+
+
+def _check_append_embargo(lo_key: np.ndarray, where: np.ndarray, splits: Mapping[str, Any], prior: Prior) -> None:
+    """Refuse an append whose new windows of one split start within another split's
+    embargo of the stored data's last step, while that split holds stored samples:
+    those were placed before the next split's first step existed, and a build of every
+    file would leave some of them out (stored samples are never taken back).
+
+    Raises
+    ------
+    WindowError
+        Naming both splits, the embargo and the fix (a rebuild).
+    """
+    ends = [np.datetime64(str(r["end"]), "ns").astype(np.int64) for r in prior.attrs.get("sessions") or []
+            if isinstance(r, Mapping) and r.get("end")]
+    if not ends:
+        return
+    last = int(max(ends))
+    names = list(splits)
+    for k, gap in enumerate(embargoes(splits)):
+        if not gap or not prior.samples.get(names[k]):
+            continue
+        others = (where >= 0) & (where != k)
+        if others.any() and int(lo_key[others].min()) - last < gap:
+            first = names[int(where[others][np.argmin(lo_key[others])])]
+            raise WindowError(
+                f"append: split {names[k]!r} has an embargo of {duration_text(gap)}, and the new files' first "
+                f"window of split {first!r} starts at {np.datetime64(int(lo_key[others].min()), 'ns')}, within it "
+                f"of the stored data's last step ({np.datetime64(last, 'ns')}); {names[k]!r}'s stored samples were "
+                "placed before that step existed and are never taken back: rebuild the store "
+                "(pipeline run --rebuild) to apply the embargo")
 
 
 def _check_listed_dates(lo_key: np.ndarray, hi_key: np.ndarray, where: np.ndarray, splits: Mapping[str, Any], *,

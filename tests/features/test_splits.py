@@ -4,6 +4,7 @@ forward."""
 
 from __future__ import annotations
 
+import functools
 import dask.array as da
 import numpy as np
 import pytest
@@ -544,3 +545,27 @@ def test_listed_trading_dates_span_their_calendar_session_and_a_weekend_spans_no
     assert [d[1:] for d in got["val"]["dates"]] == [[at("2024-03-11"), at("2024-03-11")],
                                                     [at("2024-03-12"), at("2024-03-13")]]
     assert split_spans(got)[0].tolist() == [[at("2024-03-12"), at("2024-03-13")]]
+
+
+@pytest.mark.parametrize("embargo, refused", [("20min", True), ("1h", True), ("10min", False)])
+def test_an_append_that_starts_the_next_split_within_a_stored_splits_embargo_is_refused(embargo, refused):
+    """The stored days end at 09:31:25 on the 6th; new sessions of the test split start
+    at 09:50 the same day (after a break): the stored train windows were placed before
+    that step existed, so an embargo of 20 min or more must be applied by a rebuild."""
+    from pipeline.features.history import Prior
+
+    lengths = [60, 70]
+    t = _times(lengths, [1, 1]) + np.int64(20 * 60 * 10**9)  # 09:50 on the 6th
+    stored_end = str(np.datetime64("2026-01-06T09:31:25", "ns"))
+    prior = Prior(samples={"train": 40, "test": 0}, rows=500, segments=SegmentTable.from_lengths([250, 250]),
+                  stats={}, attrs={"sessions": [{"start": "2026-01-05T09:30", "end": stored_end}]})
+    splits = parse_splits({"train": {"until": "2026-01-06T09:40", "embargo": embargo}, "test": {}}, "s")
+    run = functools.partial(_build, book(sum(lengths), seed=3), SegmentTable.from_lengths(lengths), t, splits,
+                            normalize="none", prior=prior)
+    if refused:
+        with pytest.raises(WindowError, match=rf"append: split 'train' has an embargo of {embargo}, and the new "
+                                              r"files' first window of split 'test' starts at 2026-01-06T09:50.*"
+                                              r"pipeline run --rebuild"):
+            run()
+    else:
+        assert run().attrs["window_counts"]["test"] > 0
