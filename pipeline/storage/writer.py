@@ -239,8 +239,8 @@ def _check_random_split(arrays: Mapping[str, Any], horizon: int | None) -> None:
         shape = {k: geometry.get(k) for k in ("size", "stride", "scales")}
         shape["horizon"] = horizon if horizon is not None else geometry.get("horizon", "from attrs['horizon']")
         raise StoreError(
-            f"write: split_by='random' over the windows of array {name!r} ({shape}): each window shares time steps with "
-            f"the {reach} windows after it, so a random split would put steps of training windows into the other "
+            f"write: split_by='random' over the windows of array {name!r} ({shape}): each window shares time steps "
+            f"with the {reach} windows after it, so a random split would put steps of training windows into the other "
             "splits; split by time (split_by='time', the default, leaves the gap), or make windows that share no "
             "step (a stride larger than the window's reach), or pass arrays already split"
         )
@@ -759,35 +759,26 @@ def write(
         ``{"train": {"x": ..., "y": ...}, "val": {...}}``. numpy or dask arrays.
     splits
         ``None`` writes one split named ``train``; fractions split by time in the given
-        order with ``gap`` samples left between splits, or by a seeded permutation with
-        ``split_by="random"``. By time, samples are taken in array order, which is
-        time order for one series; windows of several sessions (the files an array
-        from :func:`pipeline.load` was joined from, one instrument each, say) need
-        ``times`` and are refused without them.
+        order with ``gap`` samples left between splits (in array order for one series;
+        windows of several sessions need ``times``), or by a seeded permutation.
     split_by
-        ``"time"`` (the default) or ``"random"``. A random split of windows that share
-        steps (overlapping windows, or a label reaching into the next ones) is
-        refused: it would put the steps of training windows into the other splits.
-        Samples without window geometry (images, independent records) split freely.
+        ``"time"`` (the default) or ``"random"``: refused for windows that share steps
+        (it would put training windows' steps into the other splits); samples without
+        window geometry (images, independent records) split freely.
     gap
         Samples left out between consecutive time splits, so that no two splits share a
-        step through a window, its lookback or its label (recorded as
-        ``split_gap_samples``). ``None``: derived from the window geometry an array
-        carries (from :func:`pipeline.windows`) and ``horizon``; what cannot be known is
-        refused, not assumed (see :func:`split_gap_from_arrays`).
+        step through a window, its lookback or its label (``split_gap_samples``).
+        ``None``: derived from the geometry an array carries and ``horizon``; what
+        cannot be known is refused, not assumed (:func:`split_gap_from_arrays`).
     horizon
-        The steps a label reads after its window (default the ``horizon`` an array
-        carries, from ``pipeline.windows(..., horizon=k)`` or ``attrs["horizon"]``), for
-        the derived ``gap``.
+        The steps a label reads after its window, for the derived ``gap`` (default the
+        ``horizon`` an array carries, from ``pipeline.windows`` or ``attrs``).
     times
-        ``(n,)`` time of each sample (its window's end: datetime64 or numbers),
-        for time splits of windows over several sessions: every session is cut at the
-        same instants, as ``pipeline run`` cuts instruments, split ``k`` holding
-        ``fractions[k]`` of the samples counted in time order, and within each session
-        ``gap`` samples are left out after a cut (see :func:`split_at_times`).
+        ``(n,)`` time of each sample (its window's end: datetime64 or numbers): every
+        session is cut at the same instants, as ``pipeline run`` cuts instruments
+        (:func:`split_at_times`).
     chunk_samples
-        Samples per chunk (default from ``target_chunk_bytes`` of ``x``, or of the first
-        array).
+        Samples per chunk (default from ``target_chunk_bytes`` of ``x`` or the first array).
     shard_chunks
         Chunks per shard along the sample axis (``None``: no sharding).
     codec
@@ -803,23 +794,19 @@ def write(
     progress
         Show a progress bar.
     shared
-        Arrays of no split, in the ``_shared`` group (the per-step features of virtual
-        windows).
+        Arrays of no split, in the ``_shared`` group (virtual windows' per-step features).
     shared_chunk_rows
-        Rows per chunk of ``shared``: for virtual windows the steps one chunk of windows
-        spans, so a shuffled chunk decodes one or two small feature chunks.
+        Rows per chunk of ``shared`` (virtual windows: the steps one chunk of windows spans).
     folds
         Walk-forward folds ``{"fold0/train": idx, ...}``: sorted, unique sample indices
         into split ``fold_base``, stored as ``folds/<name>`` before the store is marked
-        complete, listed in ``attrs["folds"]`` and streamed by name
-        (``pipeline.stream(store, split="fold0/train")``).
+        complete and streamed by name (``pipeline.stream(store, split="fold0/train")``).
     fold_base
         The split the folds' indices point into.
     features
-        One name per feature of ``x`` (its last axis holds them once per window scale;
-        for virtual windows, the columns of ``shared["features"]``), stored as the
-        ``features`` attribute. ``None``: the names an array carries from
-        ``pipeline.windows(..., names=...)``, if any.
+        One name per feature of ``x`` (its last axis holds them once per scale; virtual
+        windows: the columns of ``shared["features"]``), the ``features`` attribute.
+        ``None``: the names an array carries from ``pipeline.windows(..., names=)``.
 
     Returns
     -------
@@ -829,22 +816,15 @@ def write(
     Raises
     ------
     StoreError
-        Before anything is written: time splits whose gap cannot be known, time
-        splits of windows over several sessions without ``times``, random splits of
-        windows that share steps, folds whose base or indices do not fit (naming the
-        fold), arrays of different lengths, feature names that are not one string per
-        feature.
+        Before anything is written: a gap that cannot be known, windows of several
+        sessions split by time without ``times``, a random split of windows sharing
+        steps, folds that do not fit (naming the fold), arrays of different lengths,
+        feature names that are not one string per feature.
     """
     location = local_absolute(os.fspath(target))
     codec = CodecSpec.from_mapping(codec, "codec")
-    _check_splits(splits)
-    used_gap = _split_gap(arrays, splits, split_by, gap, horizon)
-    picked = _time_split_index(arrays, splits, split_by, used_gap or 0, times)
-    groups = _normalize(arrays, splits, split_by, used_gap or 0, seed, picked)
-    if shared:
-        groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
-    fold_index = _check_folds(folds, fold_base, groups, attrs)
-    attrs = _write_attrs(attrs, features, arrays, groups, used_gap, fold_index, fold_base)
+    groups, fold_index, attrs = _split_groups(arrays, splits, split_by, gap, horizon, times, seed, shared, folds,
+                                              fold_base, attrs, features)
     fingerprint = fingerprint or content_fingerprint(groups, fold_index, attrs, codec, chunk_samples,
                                                      target_chunk_bytes, shard_chunks, shared_chunk_rows)
     attrs = _with_provenance(attrs, arrays)  # after the fingerprint: a file touched is the same write
@@ -862,6 +842,23 @@ def write(
     except OSError as exc:  # creating the store or its lock: read-only, full, no permission
         raise StoreError(f"{location}: cannot write ({exc.strerror or exc})") from exc
     return location
+
+
+def _split_groups(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str, gap: int | None,
+                  horizon: int | None, times: Any, seed: int, shared: Mapping[str, Any] | None,
+                  folds: Mapping[str, np.ndarray] | None, fold_base: str, attrs: Mapping[str, Any] | None,
+                  features: Sequence[str] | None) -> tuple[dict[str, dict[str, da.Array]], Any, dict[str, Any]]:
+    """:func:`write`'s groups (split -> name -> dask array, ``_shared`` beside them), its
+    checked fold indices and the store's attributes, every refusal before anything is
+    written."""
+    _check_splits(splits)
+    used_gap = _split_gap(arrays, splits, split_by, gap, horizon)
+    picked = _time_split_index(arrays, splits, split_by, used_gap or 0, times)
+    groups = _normalize(arrays, splits, split_by, used_gap or 0, seed, picked)
+    if shared:
+        groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
+    fold_index = _check_folds(folds, fold_base, groups, attrs)
+    return groups, fold_index, _write_attrs(attrs, features, arrays, groups, used_gap, fold_index, fold_base)
 
 
 def _pack_zip(directory: str, target: str) -> None:
