@@ -569,3 +569,28 @@ def test_an_append_that_starts_the_next_split_within_a_stored_splits_embargo_is_
             run()
     else:
         assert run().attrs["window_counts"]["test"] > 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(lo=st.lists(st.integers(0, 400), min_size=1, max_size=40), width=st.integers(0, 20),
+       days=st.lists(st.tuples(st.integers(0, 19), st.integers(0, 2)), min_size=1, max_size=12,
+                     unique_by=lambda d: d[0]),
+       embargo=st.tuples(st.integers(0, 30), st.integers(0, 30), st.integers(0, 30)))
+def test_placement_and_embargo_equal_a_brute_force_over_days_of_20_steps(lo, width, days, embargo):
+    """Days of 20 steps assigned to three splits: a window is in the split of the days
+    its whole reach covers (touching days of one split join); the embargo drops one
+    whose reach ends less than ``embargo`` before a later-starting window of another split."""
+    from pipeline.features.splits import embargo_mask, place_windows, split_spans
+
+    lo = np.asarray(lo, dtype=np.int64)
+    hi = lo + width
+    splits = {f"s{k}": {"dates": [[d, 20 * d, 20 * d + 20] for d, kk in days if kk == k]} for k in range(3)}
+    owner = {step: k for d, k in days for step in range(20 * d, 20 * d + 20)}
+    where = place_windows(lo, hi, split_spans(splits))
+    for i in range(lo.size):
+        ks = {owner.get(step, -1) for step in range(lo[i], hi[i] + 1)}
+        assert where[i] == (ks.pop() if len(ks) == 1 else -1)
+    dropped = embargo_mask(lo, hi, where, list(embargo))
+    for i in range(lo.size):
+        later = [lo[j] for j in range(lo.size) if where[j] >= 0 and where[j] != where[i] and lo[j] > lo[i]]
+        assert dropped[i] == (where[i] >= 0 and bool(later) and min(later) - hi[i] < embargo[where[i]])
