@@ -5,6 +5,7 @@ forward."""
 from __future__ import annotations
 
 import functools
+
 import dask.array as da
 import numpy as np
 import pytest
