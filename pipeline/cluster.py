@@ -238,6 +238,7 @@ def cluster(
     log: IO[str] | None = sys.stderr,
     preload: Sequence[str] = WORKER_MODULES,
     paused_after: float | None = 5.0,
+    unanswered_after: float | None = 15.0,
 ) -> Iterator["distributed.Client"]:
     """Start or connect to a dask cluster and yield a client for it.
 
@@ -286,6 +287,12 @@ def cluster(
         Seconds workers may stay paused at their memory limit, or the scheduler stay
         without workers, while tasks wait, before a warning on ``log`` names them
         (:class:`pipeline.workerlog.PausedWorkersWatch`); ``None``: no warning.
+    unanswered_after
+        Seconds the scheduler may leave a question unanswered before a line on ``log``
+        says so (a stopped process, a paused VM, a network partition: its connections
+        stay open, and the client would wait without a word), and another once it
+        answers again. The run keeps waiting: a scheduler that comes back finishes it.
+        ``None``: nothing said.
 
     Yields
     ------
@@ -316,10 +323,12 @@ def cluster(
         try:
             if log is not None:
                 _announce(client, local, log)
-            if log is not None and paused_after is not None:
+            if log is not None and (paused_after is not None or unanswered_after is not None):
                 from pipeline.workerlog import PausedWorkersWatch
 
-                watch.enter_context(PausedWorkersWatch(client, log, after=paused_after))
+                # paused_after=None: never named (no look at the workers lasts that long).
+                watch.enter_context(PausedWorkersWatch(client, log, after=paused_after or float("inf"),
+                                                       unanswered_after=unanswered_after))
             yield client
         finally:
             watch.close()  # before the client it asks closes

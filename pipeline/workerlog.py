@@ -36,8 +36,8 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from pipeline.errors import PipelineError
 
-__all__ = ["PausedWorkersWatch", "QuietOwnErrors", "no_workers_warning", "own_error_names", "paused_warning",
-           "paused_workers", "quiet_cancelled_feeds"]
+__all__ = ["PausedWorkersWatch", "QuietOwnErrors", "answers_again_line", "no_workers_warning", "os_error_names",
+           "own_error_names", "paused_warning", "paused_workers", "quiet_cancelled_feeds", "unanswered_warning"]
 
 #: The logger distributed's workers report failed tasks on.
 _LOGGER = "distributed.worker"
@@ -191,13 +191,36 @@ def no_workers_warning(scheduler: str, seconds: float) -> str:
             f"goes on once workers join (dask worker {scheduler})")
 
 
+def unanswered_warning(scheduler: str, seconds: float) -> str:
+    """One line saying that the scheduler has stopped answering, that the run keeps
+    waiting for it, and what to check."""
+    return (f"cluster: the scheduler {scheduler} has not answered for {seconds:.0f} s; still waiting (a scheduler "
+            f"that is paused or overloaded, or a network partition, may come back, and the run then goes on): "
+            f"check that its process runs and its host answers; Ctrl-C stops the run, and the same command "
+            f"resumes it")
+
+
+def answers_again_line(scheduler: str, seconds: float) -> str:
+    """One line saying that a scheduler said to be silent answers again."""
+    return f"cluster: the scheduler {scheduler} answers again, after {seconds:.0f} s without an answer"
+
+
 class PausedWorkersWatch:
     """Warn once on ``log`` when workers stay paused (at their memory limit), or the
-    scheduler has no workers, for ``after`` seconds while the client waits for tasks.
+    scheduler has no workers, for ``after`` seconds while the client waits for tasks;
+    and when the scheduler has not answered for ``unanswered_after`` seconds (and again
+    once it answers).
 
     A thread asks the scheduler for its workers' state every ``interval`` seconds; the
     client's own futures tell whether anything waits (a paused worker holding finished
     results stops nothing). Use as a context manager around the client's use.
+
+    A scheduler that stops answering (its process stopped, its VM paused, a network
+    partition) keeps its connections open: distributed's client then waits for it
+    without end and without a word, where a dead scheduler closes them and fails the
+    run within a second. Each look is bounded by ``unanswered_after``, so the silence is
+    told. The run is not stopped: a paused VM or a healed partition brings the
+    scheduler back with its state, and the run then finishes.
 
     Parameters
     ----------
@@ -209,10 +232,15 @@ class PausedWorkersWatch:
         Seconds a worker must stay paused before it is named.
     interval
         Seconds between two looks at the scheduler.
+    unanswered_after
+        Seconds without an answer from the scheduler before a line says so; ``None``:
+        looks wait for their answer, and nothing is said.
     """
 
-    def __init__(self, client: Any, log: IO[str], *, after: float = 5.0, interval: float = 1.0):
+    def __init__(self, client: Any, log: IO[str], *, after: float = 5.0, interval: float = 1.0,
+                 unanswered_after: float | None = 15.0):
         self.client, self.log, self.after, self.interval = client, log, after, interval
+        self.unanswered_after = unanswered_after
         self.warned: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pipeline-paused-workers", daemon=True)
@@ -232,24 +260,51 @@ class PausedWorkersWatch:
         except RuntimeError:  # the futures changed under us (the client's loop thread): look again
             return False
 
+    def _say(self, line: str) -> None:
+        self.warned = line
+        print(line, file=self.log, flush=True)
+
+    def _look(self) -> dict[str, Any]:
+        """The scheduler's worker records, waiting at most ``unanswered_after`` seconds
+        (a ``TimeoutError`` then)."""
+        client = self.client
+        if self.unanswered_after is None:
+            return client.scheduler_info(n_workers=-1).get("workers", {})
+        # The scheduler's identity call, as scheduler_info makes it, with a bound.
+        info = client.sync(client.scheduler.identity, n_workers=-1, callback_timeout=self.unanswered_after)
+        return (info or {}).get("workers", {})
+
     def _run(self) -> None:
         since: dict[str, float] = {}
         empty_since: float | None = None
+        silent_since: float | None = None
+        told: set[str] = set()  # paused, no workers: each said once
+        scheduler = str(self.client.scheduler.address)
         while not self._stop.wait(self.interval):
+            asked = time.monotonic()
             try:
-                workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+                workers = self._look()
+            except TimeoutError:
+                if self._stop.is_set():
+                    return
+                if silent_since is None:
+                    silent_since = asked
+                    self._say(unanswered_warning(scheduler, time.monotonic() - asked))
+                continue
             except Exception:  # noqa: BLE001 - a closing or lost client: nothing more to watch
                 return
             now = time.monotonic()
+            if silent_since is not None:
+                self._say(answers_again_line(scheduler, now - silent_since))
+                silent_since = None
             empty_since = (empty_since or now) if not workers else None
-            if empty_since is not None and now - empty_since >= self.after and self._waiting():
-                self.warned = no_workers_warning(str(self.client.scheduler.address), now - empty_since)
-                print(self.warned, file=self.log, flush=True)
-                return
+            if ("empty" not in told and empty_since is not None and now - empty_since >= self.after
+                    and self._waiting()):
+                told.add("empty")
+                self._say(no_workers_warning(scheduler, now - empty_since))
             paused = paused_workers(workers)
             since = {address: since.get(address, now) for address in paused}
             long = {a: v for a, v in paused.items() if now - since[a] >= self.after}
-            if long and self._waiting():
-                self.warned = paused_warning(long, max(now - since[a] for a in long))
-                print(self.warned, file=self.log, flush=True)
-                return
+            if "paused" not in told and long and self._waiting():
+                told.add("paused")
+                self._say(paused_warning(long, max(now - since[a] for a in long)))

@@ -380,3 +380,41 @@ def test_an_append_on_a_remote_cluster_equals_a_local_build(remote, tmp_path):
     assert full.returncode == 0, full.stderr
     assert_same_store(tmp_path / "grown.zarr", tmp_path / "full.zarr")
     assert pipeline.open(tmp_path / "grown.zarr").versions[-1].kind == "append"
+
+
+def test_a_scheduler_that_stops_answering_is_said_to_and_the_run_goes_on_when_it_answers_again(tmp_path):
+    """A scheduler stopped with SIGSTOP (a hung VM, a network partition) keeps its
+    connections open: the client waited without end and without a word. Now a line
+    comes once it has not answered for ``unanswered_after`` s, the run keeps waiting,
+    and finishes once the scheduler runs again (SIGCONT)."""
+    sched_file = tmp_path / "scheduler.json"
+    procs = [subprocess.Popen(
+        [str(BIN / "dask"), "scheduler", "--host", "127.0.0.1", "--port", "0", "--dashboard-address", ":0",
+         "--scheduler-file", str(sched_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    stopped = False
+    try:
+        assert wait_until(lambda: scheduler_address(sched_file) is not None, timeout=60, watch=tmp_path,
+                          procs=procs), "the scheduler did not start"
+        address = scheduler_address(sched_file)
+        procs.append(subprocess.Popen(
+            [str(BIN / "dask"), "worker", address, "--nthreads", "1", "--memory-limit", "512MiB", "--host",
+             "127.0.0.1", "--no-dashboard", "--no-nanny"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        log = _Log()
+        with cluster(address, timeout=30, log=log, unanswered_after=1.0) as client:
+            client.wait_for_workers(1, timeout=60)
+            future = client.submit(time.sleep, 0.5, pure=False)
+            procs[0].send_signal(signal.SIGSTOP)
+            stopped = True
+            assert log.wait_for(lambda: "has not answered" in log.getvalue(), 8), log.getvalue()
+            assert future.status == "pending"  # the result waits in the stopped scheduler
+            procs[0].send_signal(signal.SIGCONT)
+            stopped = False
+            assert future.result(timeout=30) is None  # kept waiting: it finishes once the scheduler is back
+            assert log.wait_for(lambda: "answers again" in log.getvalue(), 8), log.getvalue()
+        (line,) = [x for x in log.getvalue().splitlines() if "has not answered" in x]
+        assert re.fullmatch(rf"cluster: the scheduler {re.escape(address)} has not answered for \d+ s; still waiting "
+                            r"\(.*\): check that its process runs .*resumes it", line), line
+    finally:
+        if stopped:
+            procs[0].send_signal(signal.SIGCONT)
+        stop_cluster(procs)
