@@ -94,6 +94,19 @@ def prior_from_attrs(attrs: Mapping[str, Any], samples: Mapping[str, int],
                  base_sessions=base_sessions, attrs=dict(attrs))
 
 
+def _summed_left_out(old: Any, new: Any) -> dict[str, Any]:
+    """``split_left_out`` of the stored build and of an append, added: ``outside``
+    (windows on dates no split holds) and ``embargo`` (per split)."""
+    old, new = dict(old or {}), dict(new or {})
+    out: dict[str, Any] = {}
+    if "outside" in old or "outside" in new:
+        out["outside"] = int(old.get("outside", 0)) + int(new.get("outside", 0))
+    if "embargo" in old or "embargo" in new:
+        a, b = dict(old.get("embargo") or {}), dict(new.get("embargo") or {})
+        out["embargo"] = {k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in dict.fromkeys([*a, *b])}
+    return out
+
+
 def merge_attrs(prior: Prior, new: Mapping[str, Any]) -> dict[str, Any]:
     """The attributes of the store after an append: the stored ones with the new
     sessions' rows, counts, statistics and folds joined in.
@@ -113,6 +126,9 @@ def merge_attrs(prior: Prior, new: Mapping[str, Any]) -> dict[str, Any]:
         for k, v in dict(new.get(key) or {}).items():
             merged[k] = int(merged.get(k, 0)) + int(v)
         out[key] = merged
+    left = _summed_left_out(prior.attrs.get("split_left_out"), new.get("split_left_out"))
+    if left:
+        out["split_left_out"] = left
     if "class_balance" in new:
         old = dict(prior.attrs.get("class_balance") or {})
         out["class_balance"] = {k: (np.asarray(old[k]) + np.asarray(v)).tolist() if k in old and len(old[k]) else v

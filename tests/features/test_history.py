@@ -99,3 +99,14 @@ def test_column_sessions_append_after_the_stored_ones_in_value_order_not_text_or
     with pytest.raises(WindowError, match=r"time_id=10 of instrument 'S0' falls before or among the stored "
                                           r"sessions \(the last stored is time_id=11\)"):
         continue_sessions(prior, np.array([0]), ["time_id=10"], None, "column", keys=["time_id=10"])
+
+
+def test_an_append_adds_its_left_out_windows_to_the_stored_counts():
+    from pipeline.features.history import merge_attrs
+
+    prior = _stored([("AAA", "2026-01-05", "2026-01-05T09:30", "2026-01-05T16:00")])
+    prior = prior_from_attrs({**prior.attrs, "split_left_out": {"outside": 3, "embargo": {"train": 2, "val": 0}}},
+                             {"train": 0})
+    merged = merge_attrs(prior, {"split_left_out": {"outside": 4, "embargo": {"val": 5, "test": 1}}})
+    assert merged["split_left_out"] == {"outside": 7, "embargo": {"train": 2, "val": 5, "test": 1}}
+    assert merge_attrs(prior, {})["split_left_out"] == {"outside": 3, "embargo": {"train": 2, "val": 0}}
