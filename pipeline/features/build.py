@@ -143,7 +143,9 @@ def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | No
         return ends - back, ends + fwd, ends, "row"
     if timestamps is None:
         raise WindowError("splits: date splits, and time splits of several instruments, need timestamps; "
-                          "set source.timestamp to the timestamp column")
+                          "set source.timestamp to the timestamp column; data without times (sessions by a "
+                          "column such as time_id) can be split by whole sessions: splits: {train: 1.0} with "
+                          "output.folds")
     if 3 * runs.n >= int(timestamps.shape[0]):
         # Every row's time is no more to bring here than three per window (windows at
         # stride 1 or 2): one compute of the series, indexed here, where gathering on

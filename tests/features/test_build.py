@@ -480,3 +480,13 @@ def test_statistics_and_stored_windows_are_the_same_bits_for_any_chunking(normal
         for split in ("train", "test"):
             np.testing.assert_array_equal(ts.splits[split]["x"].compute().view(np.uint32),
                                           built[0].splits[split]["x"].compute().view(np.uint32))
+
+
+def test_fraction_splits_of_several_instruments_without_times_point_at_whole_session_folds():
+    """Optiver's books have no timestamps: instruments cannot be cut at one instant, and
+    the refusal says what splits such data instead."""
+    x, table, _ = _two_instruments()
+    with pytest.raises(WindowError, match=r"need timestamps; set source.timestamp .*split by whole sessions: "
+                                          r"splits: \{train: 1.0\} with output.folds$"):
+        build_training_set(da.from_array(x, chunks=(128, -1)), columns=COLS, features=SPECS, size=4,
+                           label=LabelSpec(horizon=2), splits={"train": 0.7, "test": 0.3}, segments=table)
