@@ -338,7 +338,10 @@ class Mix:
             keys += [("rank", self.rank), ("world_size", self.world_size)]
         for key, have in keys:
             if key in state and int(state[key]) != have:
-                raise StreamError(f"mix: state_dict was saved with {key}={state[key]}, this mix has {have}")
+                fix = ("; a mix of streams without global_batch_size resumes only the rank that saved the state: "
+                       "save each rank's own state_dict() and load it on that rank, or give every source "
+                       "global_batch_size=") if key in ("rank", "world_size") else ""
+                raise StreamError(f"mix: state_dict was saved with {key}={state[key]}, this mix has {have}{fix}")
         self._check_sources(state)
         served = int(state["batches_served"])
         if not 0 <= served <= self.steps:

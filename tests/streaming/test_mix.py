@@ -425,3 +425,21 @@ def test_a_mix_state_served_in_this_process_records_one_server():
     r.load_state_dict(state)
     with pytest.raises(StreamError, match="saved while 1 DataLoader workers served, this loader has 2"):
         next(r.iter_resumed(0, 2))
+
+
+def test_a_mix_state_of_another_rank_is_refused_saying_what_to_do():
+    """Rank 0's state of a mix of per-rank streams, loaded on rank 1: refused, naming
+    per-rank states and global_batch_size (whose mix state any rank loads)."""
+    def arrays(n):
+        y = np.arange(n)
+        return {"x": y[:, None].astype(np.float32), "y": y}
+
+    m0, m1 = (pipeline.mix([arrays(100), arrays(60)], weights=[1, 1], batch_size=10, seed=1, rank=r, world_size=2)
+              for r in range(2))
+    it = iter(m0)
+    next(it)
+    state = m0.state_dict()
+    it.close()
+    with pytest.raises(StreamError, match=r"saved with rank=0, this mix has 1; .*save each rank's own "
+                                          r"state_dict\(\) .* global_batch_size="):
+        m1.load_state_dict(state)
