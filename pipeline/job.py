@@ -208,7 +208,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
         if log is not None:
             print(msg, file=log, flush=True)
 
-    from pipeline.remote import remote_errors_explained
+    from pipeline.remote import quiet_abandoned_gathers, remote_errors_explained
     from pipeline.storage.lock import write_lock
     from pipeline.storage.writer import local_absolute
 
@@ -230,7 +230,10 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     # within this hold (pipeline.storage.lock is re-entrant).
     _check_table_source(config.source)  # no file, or arrays: refused before anything is written
     sources = (config.source.paths,) if isinstance(config.source.paths, str) else tuple(config.source.paths)
-    with write_lock(config.output.path), remote_errors_explained(config.output.path, sources=sources, remote=remote):
+    # Ctrl-C leaves the client's gathers unawaited: without their tracebacks, the
+    # interruption is the one line the command prints.
+    with write_lock(config.output.path), quiet_abandoned_gathers(), \
+            remote_errors_explained(config.output.path, sources=sources, remote=remote):
         return _run_locked(config, mode=mode, say=say, progress=progress, log=log, t0=t0)
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "check_tls_files",
     "code_fingerprint",
     "connect_remote",
+    "quiet_abandoned_gathers",
     "remote_errors_explained",
     "scheduler_file_address",
     "scheduler_lost",
@@ -553,6 +554,30 @@ class _ReconnectNoise(logging.Filter):
             msg = record.getMessage()
             return not ("connection to the scheduler" in msg.lower() or "reconnect" in msg.lower())
         return not any(isinstance(c, (CommClosedError, OSError, asyncio.CancelledError)) for c in _causes(exc))
+
+
+class _AbandonedGathers(logging.Filter):
+    """Drops asyncio's "Task exception was never retrieved" record of distributed's
+    ``AllExit``: the signal a client's ``gather`` uses to stop its helper tasks. A run
+    interrupted by Ctrl-C leaves them unawaited, and each printed a traceback before
+    the run's one line ("interrupted; rerun the same command to resume")."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (exc is not None and type(exc).__name__ == "AllExit"
+                    and type(exc).__module__.startswith("distributed"))
+
+
+@contextlib.contextmanager
+def quiet_abandoned_gathers() -> Iterator[None]:
+    """No asyncio traceback of an abandoned gather's ``AllExit`` while the block runs
+    (:class:`_AbandonedGathers`); any other never-retrieved exception is kept."""
+    logger, quiet = logging.getLogger("asyncio"), _AbandonedGathers()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
 
 
 @contextlib.contextmanager

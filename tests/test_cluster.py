@@ -418,3 +418,37 @@ def test_a_scheduler_that_stops_answering_is_said_to_and_the_run_goes_on_when_it
         if stopped:
             procs[0].send_signal(signal.SIGCONT)
         stop_cluster(procs)
+
+
+def test_ctrl_c_of_a_remote_run_prints_one_line_without_tracebacks(remote, tmp_path):
+    """SIGINT (a terminal's Ctrl-C) while a remote run writes: it printed asyncio's "Task
+    exception was never retrieved ... AllExit" tracebacks of the client's abandoned
+    gathers before its one line."""
+    address, _ = remote
+    raw = tmp_path / "raw"
+    write_demo_data(raw, DemoSpec(days=2, rows_per_day=40_000, seed=7, formats=("parquet",)))
+    cfg = {
+        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 4000},
+        "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 10}, "log_return",
+                               {"name": "rolling_std", "window": 50}]},
+        "windows": {"size": 64, "stride": 1, "scales": [1, 4]},
+        "labels": {"kind": "return", "horizon": 10},
+        "output": {"path": str(tmp_path / "o.zarr"), "splits": {"train": 0.9, "val": 0.1}, "chunk_samples": 512},
+    }
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    for line in run.stdout:
+        lines.append(line)
+        if line.startswith("writing"):
+            time.sleep(1.0)  # the write's gathers are under way
+            run.send_signal(signal.SIGINT)
+    run.wait(timeout=60)
+    text = "".join(lines)
+    assert any(x.startswith("writing") for x in lines), text
+    assert run.returncode == 130, text
+    assert "Traceback" not in text and "AllExit" not in text, text
+    assert text.rstrip().endswith("interrupted; rerun the same command to resume"), text
