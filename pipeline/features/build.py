@@ -160,6 +160,24 @@ def _reach_keys(runs: WindowRuns, back: int, fwd: int, timestamps: da.Array | No
     return np.asarray(lo), np.asarray(hi), np.asarray(end), "time"
 
 
+def _fitted(f: da.Array, runs: WindowRuns, where: np.ndarray, splits: Sequence[str], fold_sets: Any,
+            names: Sequence[str], labels_steps: da.Array, timestamps: da.Array | None, segs: SegmentTable,
+            norm: NormalizeSpec, prior: Prior | None, **kw: Any) -> tuple:
+    """:func:`_fit_and_check` over the windows statistics are fitted on (the split named
+    ``train``, else the first; or the first fold's training part), with ``global``
+    statistics' fit checked first and recorded after (``fit_on``, the feature ``names``)."""
+    fit_on = fit_split(splits) if fold_sets is None else "fold0/train"
+    fit_runs = runs.subset(where == list(splits).index(fit_on)) if fold_sets is None else runs.subset(
+        fold_sets[0][0][0])
+    fresh_global = norm.kind == "global" and prior is None
+    if fresh_global:
+        _check_fit_windows(runs, fit_runs, segs, norm, fit_on)
+    out = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm, prior=prior, **kw)
+    if fresh_global:
+        out[1].update(fit_on=fit_on, features=list(names))
+    return out
+
+
 def build_training_set(
     x: da.Array, *, columns: Sequence[str], features: Sequence[FeatureSpec], size: int, stride: int = 1,
     scales: Sequence[int] = (1,), label: LabelSpec = LabelSpec(), splits: Mapping[str, Any] | None = None,
@@ -188,15 +206,13 @@ def build_training_set(
     scales
         Sampling intervals, one block of features each.
     splits
-        Fractions by time (default ``{"train": 1.0}``) or date bounds (``{"train":
-        {"until": "2026-01-08"}, "test": {}}``; ``until`` also a date, datetime, pandas
-        Timestamp or numpy datetime64): a window goes to the split holding its whole
-        reach, or to none (:func:`~pipeline.features.splits.as_splits`).
+        Fractions by time (default ``{"train": 1.0}``) or dates (``{"train": {"until":
+        "2026-01-08"}, "test": {}}``, :func:`~pipeline.features.splits.as_splits`): a
+        window goes to the split holding its whole reach, or to none.
     normalize
-        ``global`` (fitted on the split named ``train``, else the first one, or on the
-        first fold's training part; ``{"kind": "global", "per": "instrument"}``: each
-        instrument by its own), ``trailing`` (each session by its instrument's sessions
-        before it), ``window`` or ``none``.
+        ``global`` (fitted on the split named ``train``, else the first, or on the first
+        fold's training part; ``per: instrument``: each by its own), ``trailing`` (each
+        session by its instrument's sessions before it), ``window`` or ``none``.
     nan
         Windows or labels holding NaN/inf: ``drop`` (counted), ``fill`` or ``raise``.
     fill_value
@@ -210,18 +226,16 @@ def build_training_set(
         Windows per block: the writer's unit (or a function of a window's bytes).
     segments
         The source's segments (sessions of instruments). Default: each file of an array
-        joined from several (as :func:`~pipeline.features.windows.windows` takes them),
-        else one; ``SegmentTable.single(len(x))`` makes one series across files.
+        joined from several, else one (``SegmentTable.single(len(x))``: one series).
     timestamps
         ``(T,)`` int64 ns times: each window's ``t``; date splits and instruments need them.
     folds
-        Walk-forward folds over the first split's sessions (sample indices into it).
+        Walk-forward folds over the first split's sessions.
     prior
-        Append: ``x`` holds only new sessions after the stored build ``prior``
-        (:mod:`pipeline.features.history`), windowed with its statistics.
+        Append: ``x`` holds only new sessions after this stored build (its statistics).
     source_fill
-        The value the source wrote where a value was empty (``source.nan: fill``): a
-        window whose mid-price label reads a price holding it is left out, with a warning.
+        The value ``source.nan: fill`` wrote for empty values: windows whose mid-price
+        label reads one are left out, with a warning.
 
     Returns
     -------
@@ -232,35 +246,29 @@ def build_training_set(
     ConfigError
         ``splits`` or ``normalize`` malformed, naming the key.
     WindowError
-        A split without windows; ``global`` normalization with no window (or, ``per:
-        instrument``, an instrument with windows but none) in the split it fits on.
+        A split without windows, or none to fit ``global`` statistics on (per instrument).
 
     Warns
     -----
     UserWarning
         How many windows ``source_fill`` left out, and which price was empty.
     PriceResolutionWarning
-        Class labels from float32 prices so close to a class boundary that exact prices
-        could change them (:func:`~pipeline.features.labels.rounding_message`).
+        Float32 class labels near a class boundary (``labels.rounding_message``).
     """
-    splits = as_splits(splits or {"train": 1.0}, "splits")
-    norm = NormalizeSpec.from_value(normalize, "normalize")
-    scales = tuple(scales)
-    segs = segments if segments is not None else _file_segments(x)
+    splits, norm = as_splits(splits or {"train": 1.0}, "splits"), NormalizeSpec.from_value(normalize, "normalize")
+    scales, segs = tuple(scales), segments if segments is not None else _file_segments(x)
     _check_inputs(x, segs, norm, materialize)
     frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features),
                                                                  fill_value if nan == "fill" else None))
-    L = frame.lookback
-    H = halo(size, scales)
-    label_back, fwd = label.reach
-    back = max(H + L, label_back)
+    L, H = frame.lookback, halo(size, scales)
+    back, fwd = max(H + L, label.reach[0]), label.reach[1]
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
                              prior=None if prior is None else prior.segments)
-    f = frame.array
     gaps = (label_gaps(x, columns=columns, spec=label, empty=source_fill)
             if source_fill is not None and label.kind != "column" else None)
     # Read by every pass below: held when they fit, so the raw files are decoded once.
-    f, labels_steps, timestamps, gaps = hold(f, label_steps(x, columns=columns, spec=label), timestamps, gaps)
+    f, labels_steps, timestamps, gaps = hold(frame.array, label_steps(x, columns=columns, spec=label), timestamps,
+                                             gaps)
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
     where, cuts, key_kind, gap, left_out = _place(
@@ -271,18 +279,11 @@ def build_training_set(
     if prior is None:
         _check_splits_hold_windows(runs, where, splits, norm, future)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
-    fit_on = fit_split(names) if fold_sets is None else "fold0/train"
-    fit_runs = runs.subset(where == names.index(fit_on)) if fold_sets is None else runs.subset(fold_sets[0][0][0])
-    if norm.kind == "global" and prior is None:
-        _check_fit_windows(runs, fit_runs, segs, norm, fit_on)
-    f, stats, bad, y_values, seg_times, empty_reads = _fit_and_check(
-        f, runs, fit_runs, labels_steps, timestamps, segs, norm, size=size, scales=scales, lookback=L,
-        progress=progress, prior=prior, gaps=gaps)
-    if norm.kind == "global" and prior is None:
-        stats.update(fit_on=fit_on, features=list(frame.names))
+    f, stats, bad, y_values, seg_times, empty_reads = _fitted(
+        f, runs, where, names, fold_sets, frame.names, labels_steps, timestamps, segs, norm, size=size, scales=scales,
+        lookback=L, progress=progress, prior=prior, gaps=gaps)
     bad, dropped = _left_out(bad, empty_reads, where, y_values, runs, label, nan=nan, rounded=x.dtype == np.float32,
                              halo=H, fwd=fwd)
-
     # -- the arrays of each split --------------------------------------------------------
     per_split = _split_runs(runs, where, dropped, splits, norm, empty_ok=prior is not None, future=future)
     out = _split_outputs(f, per_split, labels_steps, timestamps, segs, norm, stats, label=label, size=size,
@@ -291,9 +292,8 @@ def build_training_set(
     attrs = _metadata(frame.names, L, label, stats, segs, per_split, where, bad, y_values, seg_times,
                       windows=geometry, splits={**_split_attrs(per_split, key_kind, cuts, gap, H, fwd), **left_out},
                       dropped=dropped)
-    shared: dict[str, da.Array] = {} if materialize else {"features": apply_normalization(f, norm, stats, segs)}
-    if not materialize:
-        attrs["virtual"] = {k: geometry[k] for k in ("size", "stride", "scales", "halo")}
+    shared = {} if materialize else {"features": apply_normalization(f, norm, stats, segs)}
+    attrs.update({} if materialize else {"virtual": {k: geometry[k] for k in ("size", "stride", "scales", "halo")}})
     fold_index: dict[str, np.ndarray] = {}
     if folds is not None:
         fold_index, attrs["folds"] = _fold_output(fold_sets, where, dropped, folds, segs, per_split, prior)
