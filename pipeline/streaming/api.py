@@ -76,14 +76,10 @@ def stream(
         by any rank resumes on any such world size and worker count
         (:mod:`~pipeline.streaming.elastic`).
     shuffle
-        Permute the chunk order and mix samples in the buffer (``False``: store order).
-        With ``global_batch_size``, ``False`` is store order lane by lane, not overall:
-        the epoch is cut into ``L`` lanes, consecutive stretches of the store
-        (:func:`~pipeline.streaming.elastic.lane_count`, 8 for a power of two from 8),
-        and every global step takes its next ``global_batch_size / L`` samples from
-        each, so a batch holds ``L`` runs of the store, far apart (``global_batch_size=120``
-        on 20,000 samples: samples 0, 166, 333, ... then 1, 167, 334, ...), and a rank
-        holds its own lanes' runs.
+        Permute the chunk order and mix samples in the buffer (``False``: store order;
+        with ``global_batch_size``, store order lane by lane: each step takes its next
+        samples from each of ``L`` stretches of the store, far apart, see
+        :func:`~pipeline.streaming.elastic.lane_count`).
     seed
         Seeds the chunk order and the in-buffer mixing with ``(seed, epoch)``: an integer,
         0 or more, the same on every rank (not None: ranks would not share one order).
@@ -110,17 +106,14 @@ def stream(
     partial
         Read a store that is not marked complete.
     prefetch
-        Groups read ahead in the background; groups under 4 chunks, and groups smaller
-        than a batch, are read further ahead, those additions bounded to 256 MiB or one
-        batch's groups (:func:`~pipeline.streaming.streamer.groups_ahead`).
+        Groups read ahead in the background (small groups further ahead, see
+        :func:`~pipeline.streaming.streamer.groups_ahead`).
     threads
         Threads decoding chunks.
     verify
         Check every chunk read against the CRC32 recorded when it was written (unsharded
-        stores). Without it, a damaged chunk is refused only when it fails to decode (a
-        codec's frame check, a wrong size, a truncated shard): a flipped byte that still
-        decodes is served. It costs a CRC pass over every decoded byte, and large blosc
-        chunks are then decoded whole rather than block by block.
+        stores). Without it, a damaged chunk is refused only when it fails to decode: a
+        flipped byte that still decodes is served. It costs a CRC pass over every byte.
     read_niceness
         How many steps nicer than the process the read threads run (Linux, 0 to 19):
         reading ahead must not take cores from the training loop.
@@ -133,10 +126,9 @@ def stream(
     follow
         Move to the newest version at each new epoch (``set_epoch``).
     cache_dir
-        For a remote store: keep its chunk objects in this local directory (subfolder
-        ``pipeline-chunk-cache``), fetched ahead of need; every rank and DataLoader
-        worker of a node may share it (:mod:`~pipeline.streaming.cache`).
-        ``Stream.cache_stats(epoch)`` reports hits and bytes fetched.
+        For a remote store: keep its chunk objects in this local directory, fetched
+        ahead of need, shared by a node's ranks and DataLoader workers
+        (:mod:`~pipeline.streaming.cache`; ``Stream.cache_stats(epoch)``).
     cache_bytes
         The most bytes ``cache_dir`` keeps (least recently used evicted).
 
