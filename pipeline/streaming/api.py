@@ -94,9 +94,8 @@ def stream(
         G))`` the groups that the batches queued for the loop (``Q``:
         ``Stream.prefetch_batches``, 4, or 2-3 for batches over 16 MiB), the one it holds
         and the one being cut still view. A split smaller than that window costs its own
-        size plus two batches. ``Stream.memory_bound()`` computes it. The process's own
-        memory (interpreter, libraries, the threads' stacks and allocator arenas) comes
-        on top, tens of MiB at most, whatever these settings.
+        size plus two batches. ``Stream.memory_bound()`` computes it; the process's own
+        memory (interpreter, libraries, stacks, allocator arenas) comes on top.
     drop_last
         Drop each rank's incomplete last batch.
     rank
@@ -121,8 +120,7 @@ def stream(
         With a list of sources: draw whole batches from each in these proportions, as
         :func:`pipeline.mix` does.
     version
-        The store version to serve (default the newest when the stream opens), kept
-        while appends add others and recorded by ``state_dict``.
+        The store version to serve (default the newest when the stream opens).
     follow
         Move to the newest version at each new epoch (``set_epoch``).
     cache_dir
