@@ -426,7 +426,7 @@ def test_ctrl_c_of_a_remote_run_prints_one_line_without_tracebacks(remote, tmp_p
     gathers before its one line."""
     address, _ = remote
     raw = tmp_path / "raw"
-    write_demo_data(raw, DemoSpec(days=2, rows_per_day=40_000, seed=7, formats=("parquet",)))
+    write_demo_data(raw, DemoSpec(days=2, rows_per_day=60_000, seed=7, formats=("parquet",)))
     cfg = {
         "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 4000},
         "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 10}, "log_return",
@@ -440,15 +440,18 @@ def test_ctrl_c_of_a_remote_run_prints_one_line_without_tracebacks(remote, tmp_p
     run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address],
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines = []
-    for line in run.stdout:
-        lines.append(line)
-        if line.startswith("writing"):
-            time.sleep(1.0)  # the write's gathers are under way
-            run.send_signal(signal.SIGINT)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
+    reader.start()
+    chunks = tmp_path / "o.zarr" / "train" / "x" / "c"
+    # Interrupted while its gathers wait: some chunks written, not all.
+    wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 6),
+               timeout=240, watch=tmp_path, procs=[run])
+    assert run.poll() is None, "the run ended before it could be interrupted; make the data larger"
+    run.send_signal(signal.SIGINT)
     run.wait(timeout=60)
+    reader.join(timeout=10)
     text = "".join(lines)
-    assert any(x.startswith("writing") for x in lines), text
     assert run.returncode == 130, text
     assert "Traceback" not in text and "AllExit" not in text, text
     assert text.rstrip().endswith("interrupted; rerun the same command to resume"), text
