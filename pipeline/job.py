@@ -10,7 +10,7 @@ import dataclasses
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, Literal, NoReturn
 
 import yaml
@@ -35,6 +35,9 @@ class RunSummary:
     #: What the run did: "build", "append" (``added`` sessions) or "up to date".
     action: str = "build"
     added: int = 0
+    #: Windows the splits left out (the store's ``split_left_out``): ``outside`` every
+    #: split's dates, and per split within an ``embargo`` of the next.
+    left_out: dict[str, Any] = field(default_factory=dict)
 
     def format(self) -> str:
         """A few human-readable lines."""
@@ -48,8 +51,18 @@ class RunSummary:
         if self.action == "up to date":  # nothing read or written: the store as it is
             return "\n".join(head + [f"windows per split: {splits}", f"store size: {size}",
                                       f"wall time: {self.seconds:.1f} s"])
-        return "\n".join(head + [f"rows read: {self.rows_read:,}", f"windows per split: {splits}",
-                                  f"written: {size}", f"wall time: {self.seconds:.1f} s ({rate:,.1f} MiB/s of windows)"])
+        return "\n".join(head + [f"rows read: {self.rows_read:,}", f"windows per split: {splits}"] + self._left_out()
+                         + [f"written: {size}", f"wall time: {self.seconds:.1f} s ({rate:,.1f} MiB/s of windows)"])
+
+    def _left_out(self) -> list[str]:
+        """The line of the windows the splits left out, when any were."""
+        parts = []
+        if self.left_out.get("outside"):
+            parts.append(f"{int(self.left_out['outside']):,} on dates no split holds")
+        embargo = {k: int(v) for k, v in dict(self.left_out.get("embargo") or {}).items() if v}
+        if embargo:
+            parts.append("by the embargo: " + ", ".join(f"{k} {v:,}" for k, v in embargo.items()))
+        return [f"windows left out: {'; '.join(parts)}"] if parts else []
 
 
 def _cluster_kwargs(config: Config) -> dict[str, Any]:
@@ -419,6 +432,7 @@ def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) 
         version=ds.version.number,
         action=action,
         added=added,
+        left_out=dict(ds.attrs.get("split_left_out") or {}),
     )
 
 
