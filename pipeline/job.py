@@ -56,13 +56,10 @@ class RunSummary:
 
     def _left_out(self) -> list[str]:
         """The line of the windows the splits left out, when any were."""
-        parts = []
-        if self.left_out.get("outside"):
-            parts.append(f"{int(self.left_out['outside']):,} on dates no split holds")
-        embargo = {k: int(v) for k, v in dict(self.left_out.get("embargo") or {}).items() if v}
-        if embargo:
-            parts.append("by the embargo: " + ", ".join(f"{k} {v:,}" for k, v in embargo.items()))
-        return [f"windows left out: {'; '.join(parts)}"] if parts else []
+        from pipeline.storage.inspect import left_out_line
+
+        line = left_out_line(self.left_out)
+        return [line] if line else []
 
 
 def _cluster_kwargs(config: Config) -> dict[str, Any]:

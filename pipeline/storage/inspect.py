@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 import yaml
@@ -154,6 +154,18 @@ def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
 
 
+def left_out_line(left_out: Mapping[str, Any]) -> str | None:
+    """The line for the windows a build's splits left out (its ``split_left_out``: on
+    dates no split holds, and per split within an embargo of the next), or None."""
+    parts = []
+    if left_out.get("outside"):
+        parts.append(f"{int(left_out['outside']):,} on dates no split holds")
+    embargo = {k: int(v) for k, v in dict(left_out.get("embargo") or {}).items() if v}
+    if embargo:
+        parts.append("by the embargo: " + ", ".join(f"{k} {v:,}" for k, v in embargo.items()))
+    return f"windows left out: {'; '.join(parts)}" if parts else None
+
+
 def format_report(report: StoreReport) -> str:
     """Human-readable lines for a :class:`StoreReport`."""
     a = report.attrs
@@ -190,7 +202,11 @@ def format_report(report: StoreReport) -> str:
     norm = a.get("normalization") or {}
     if norm:
         per = ", per instrument" if norm.get("per") == "instrument" else ""
-        lines.append(f"normalization: {norm.get('kind')}{per}" + (f" (fit on {norm['fit_on']})" if "fit_on" in norm else ""))
+        fit = f" (fit on {norm['fit_on']})" if "fit_on" in norm else ""
+        lines.append(f"normalization: {norm.get('kind')}{per}{fit}")
+    left = left_out_line(a.get("split_left_out") or {})
+    if left:
+        lines.append(left)
     sources = a.get("sources") or {}
     files = sources.get("files", []) if isinstance(sources, dict) else []
     if files:

@@ -307,3 +307,12 @@ def test_an_incomplete_store_names_the_codec_its_windows_were_created_with(tmp_p
     line = next(ln for ln in format_report(report).splitlines() if ln.startswith("codec: "))
     assert line.startswith(f"codec: {expected} (read from train/x"), line
     assert "?" not in line
+
+
+def test_the_report_says_what_the_splits_left_out():
+    from pipeline.storage.inspect import StoreReport, format_report
+
+    left = {"split_left_out": {"outside": 7, "embargo": {"val": 2}}}
+    text = format_report(StoreReport("s.zarr", True, (), attrs=left))
+    assert "windows left out: 7 on dates no split holds; by the embargo: val 2" in text.splitlines()
+    assert "windows left out" not in format_report(StoreReport("s.zarr", True, (), attrs={}))
