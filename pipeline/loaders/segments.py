@@ -32,9 +32,10 @@ import numpy as np
 from pipeline.errors import ConfigError, LoaderError, SessionGapWarning
 from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds
-from pipeline.features.sessions import (GAP_FACTOR, InstrumentSpec, SegmentTable, SessionSpec, come_back,
-                                        session_days, step_gaps, value_runs)
+from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, session_days, step_gaps
 from pipeline.loaders import Source, expand_paths, open_source
+from pipeline.loaders.sessionscan import (column_runs, column_session_numbers, gap_report, gap_tasks, global_row,
+                                          reading_column, session_column, show_value)
 from pipeline.loaders.timeorder import check_file_times, check_instrument_times, instrument_spans
 
 __all__ = ["SegmentedSource", "file_groups", "file_types", "open_segmented", "session_major_order", "zone_of"]
@@ -143,7 +144,7 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None, spec: S
     calendar's sessions change with their trading date, ``spec``'s
     :func:`~pipeline.features.sessions.session_days`), and, date sessions' chunks being
     read here, each chunk's :func:`~pipeline.features.sessions.step_gaps` (its row of the
-    first gap made a row of ``ts``): :func:`_gap_report`."""
+    first gap made a row of ``ts``): :func:`gap_report`."""
     if ts.shape[0] == 0:
         return np.zeros(0, np.int64), []
     gaps = mode == "date"
@@ -164,7 +165,7 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None, spec: S
     starts = chunk_bounds(ts.chunks[0])
     out: list[np.ndarray] = []
     prev_last = None
-    stats = [_global_row(p[3], int(starts[i])) for i, p in enumerate(parts)]
+    stats = [global_row(p[3], int(starts[i])) for i, p in enumerate(parts)]
     for i, (first, last, inner, _) in enumerate(parts):
         if starts[i + 1] == starts[i]:
             continue
@@ -175,12 +176,6 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None, spec: S
         out.append(inner + starts[i])
         prev_last = last
     return (np.concatenate(out) if out else np.zeros(0, np.int64)), stats
-
-
-def _global_row(gap: tuple[int, int, int, int], start: int) -> tuple[int, int, int, int]:
-    """A chunk's :func:`~pipeline.features.sessions.step_gaps` with its first gap's row
-    counted from the series' start (``start``: the chunk's first row)."""
-    return (*gap[:3], gap[3] + start if gap[3] >= 0 else -1)
 
 
 def _day_label(day: int) -> str:
@@ -284,7 +279,7 @@ def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Arr
                  ) -> tuple[np.ndarray, tuple[Any, ...]]:
     """The first timestamp (ns) of each segment, read from the chunks holding them; an empty
     segment (every row dropped) takes its instrument's previous one, keeping its place.
-    ``also``: dask collections computed in the same pass (:func:`_gap_tasks`: the chunks
+    ``also``: dask collections computed in the same pass (:func:`gap_tasks`: the chunks
     both read are read once), their results returned beside."""
     lengths = np.asarray(lengths, dtype=np.int64)
     starts = chunk_bounds(lengths)[:-1]
@@ -564,156 +559,6 @@ def _left_out(sources: Sequence[Source]) -> int:
     NaN under ``nan: drop``): the files' rows, known from their parts, less those kept."""
     return sum(sum(int(f.rows or 0) for f in src.files) - int(src.array.shape[0]) for src in sources)
 
-#: Integers float32 holds exactly: beyond, two session ids could read as one.
-_FLOAT32_EXACT = 2**24
-
-
-def _value_block(b: np.ndarray) -> tuple[np.ndarray, np.ndarray, int, float]:
-    """:func:`~pipeline.features.sessions.value_runs` of one chunk of a session column,
-    with its first NaN row (-1: none) and its largest magnitude."""
-    b = np.asarray(b).reshape(-1)
-    inner, values = value_runs(b)
-    nan = np.flatnonzero(np.isnan(b)) if b.dtype.kind == "f" else np.zeros(0, np.int64)
-    return inner, values, int(nan[0]) if nan.size else -1, float(np.abs(b).max()) if b.size else 0.0
-
-
-def _where(row: int, file_rows: Sequence[int], file_names: Sequence[str]) -> str:
-    """``file, row n`` of an instrument's row (rows counted in each file from 0, as read)."""
-    ends = np.cumsum(np.asarray(file_rows, dtype=np.int64))
-    i = min(int(np.searchsorted(ends, row, side="right")), len(file_names) - 1)
-    return f"{file_names[i]}: row {row - int(ends[i] - file_rows[i])}"
-
-
-def _show(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def _column_runs(values: da.Array, column: str, file_rows: Sequence[int], file_names: Sequence[str]
-                 ) -> tuple[list[int], list[float]]:
-    """Row counts and values of one instrument's sessions by ``column`` (``values``: its
-    column, rows as read): one pass, each chunk's runs joined to the previous chunk's
-    last when their values are equal.
-
-    Raises
-    ------
-    LoaderError
-        Naming the file and row: a value that comes back after another (rows not
-        grouped by the column), a NaN, or, read in float32, a value too large for
-        float32 to tell from its neighbours.
-    """
-    rows = int(values.shape[0])
-    if rows == 0:
-        return [0], [0.0]
-    parts = dask.compute(*(dask.delayed(_value_block)(b) for b in values.to_delayed().ravel()))
-    bounds = chunk_bounds(values.chunks[0])
-    starts: list[int] = []
-    run_values: list[float] = []
-    for i, (inner, vals, nan, big) in enumerate(parts):
-        if nan >= 0:
-            raise LoaderError(_where(int(bounds[i]) + nan, file_rows, file_names),
-                              f"source.sessions column {column!r} is empty (NaN); every row needs its session")
-        if values.dtype == np.float32 and big >= _FLOAT32_EXACT:
-            raise LoaderError(file_names[0], f"source.sessions column {column!r} holds values up to {big:,.0f}, "
-                              "beyond the integers float32 tells apart (2**24); set source.dtype: float64")
-        if vals.size == 0:
-            continue
-        if run_values and vals[0] == run_values[-1]:
-            inner, vals = inner, vals[1:]
-        else:
-            inner = np.concatenate([[0], inner])
-        starts += (inner + int(bounds[i])).tolist()
-        run_values += vals.tolist()
-    again = come_back(np.asarray(run_values))
-    if again is not None:
-        first = run_values.index(run_values[again])
-        raise LoaderError(_where(starts[again], file_rows, file_names),
-                          f"source.sessions column {column!r} has the value {_show(run_values[again])} again "
-                          f"after {_show(run_values[again - 1])} (first seen at "
-                          f"{_where(starts[first], file_rows, file_names)}); rows must be grouped by the "
-                          "column: each value in one run of rows, per instrument")
-    lengths = np.diff(np.append(starts, rows)).tolist()
-    return lengths, run_values
-
-
-def _reading(options: dict[str, Any], column: str) -> tuple[dict[str, Any], bool]:
-    """The loader options with the session column read too, and whether the array keeps
-    it: it does when the options read it anyway (a feature reads it, or every column
-    is read), else it is taken out after its values are read."""
-    read, columns = options.get("read"), options.get("columns")
-    kept = (column in read) if read is not None else (columns is None or column in columns)
-    out = dict(options)
-    if read is not None and column not in read:
-        out["read"] = (*read, column)
-    if columns is not None and column not in columns:
-        out["columns"] = (*columns, column)
-    return out, kept
-
-
-def _session_column(columns: Sequence[str], column: str, src: Source) -> int:
-    """The index of the session column among the columns read, or a refusal naming the
-    columns there are (a text column, or the timestamp or instrument column, is not read
-    as a number)."""
-    if column not in columns:
-        raise LoaderError(src.files[0].path, f"source.sessions column {column!r} is not among the numeric columns "
-                          f"read ({', '.join(columns)}); name a numeric column (a session id or number)")
-    return columns.index(column)
-
-
-def _column_session_numbers(values: Sequence[float]) -> np.ndarray:
-    """Session numbers by value: equal values (of different instruments) are one period,
-    numbered in value order (time order, when the column counts periods)."""
-    return np.unique(np.asarray(values, dtype=np.float64), return_inverse=True)[1].reshape(-1)
-
-
-def _gap_tasks(ts: da.Array, lengths: Sequence[int]) -> list[Any]:
-    """One task per chunk of an instrument's timestamps ``ts`` counting its gaps
-    (:func:`~pipeline.features.sessions.step_gaps`), its sessions of ``lengths`` rows
-    told to it: no step onto a session's first row counts, nor a step between chunks."""
-    if ts.shape[0] == 0:
-        return []
-    bounds = chunk_bounds(ts.chunks[0])
-    heads = chunk_bounds(np.asarray(lengths, dtype=np.int64))[:-1]
-    tasks = []
-    for i, b in enumerate(ts.to_delayed().ravel()):
-        lo, hi = np.searchsorted(heads, [bounds[i], bounds[i + 1]])
-        tasks.append(dask.delayed(_chunk_gaps)(b, heads[lo:hi] - bounds[i], int(bounds[i])))
-    return tasks
-
-
-def _chunk_gaps(b: np.ndarray, heads: np.ndarray, start: int) -> tuple[int, int, int, int]:
-    """:func:`~pipeline.features.sessions.step_gaps` of a chunk starting at row ``start``."""
-    return _global_row(step_gaps(b, heads), start)
-
-
-def _gap_report(found: Sequence[tuple[str, Sequence[tuple[int, int, int, int]], Sequence[int], Sequence[str]]]
-                ) -> str | None:
-    """The :class:`~pipeline.errors.SessionGapWarning` message for the gaps found, or
-    ``None`` without any. ``found``: per instrument, its name, its chunks'
-    :func:`~pipeline.features.sessions.step_gaps` (rows of the instrument), and its files'
-    rows and names, which name where the first gap is."""
-    count = sum(g[0] for _, gaps, _, _ in found for g in gaps)
-    if not count:
-        return None
-    largest = max(g[1] for _, gaps, _, _ in found for g in gaps)
-    typical = min(g[2] for _, gaps, _, _ in found for g in gaps if g[0])
-    name, gaps, file_rows, names = next(f for f in found if any(g[0] for g in f[1]))
-    first = next(g[3] for g in gaps if g[0])
-    where = _where(first, file_rows, names)
-    return (f"{count:,} step(s) inside sessions are more than {GAP_FACTOR}x the typical step of their part of "
-            f"the data ({_duration(typical)}; the largest {_duration(largest)}; the first before {where}"
-            f"{f' of {name}' if name else ''}): windows, features' lookback and labels span them. If they are "
-            "outages, set source.sessions: {gap: <duration>} to start a new session at each (a duration between "
-            "the typical step and the gaps)")
-
-
-def _duration(ns: int) -> str:
-    for unit, size in (("d", 86_400 * 10**9), ("h", 3600 * 10**9), ("min", 60 * 10**9), ("s", 10**9),
-                       ("ms", 10**6), ("us", 10**3)):
-        if ns >= size:
-            return f"{ns / size:.3g} {unit}"
-    return f"{ns} ns"
-
-
 def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequence[str], first: Source
                     ) -> tuple[list[int], list[int], list[str], dict[int, list], dict[int, list]]:
     """Every instrument's sessions: their row counts, instrument codes and keys (the
@@ -727,16 +572,16 @@ def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequenc
     for k, (name, xk, tk, per_file, file_keys, tz) in enumerate(groups):
         counted = None
         if spec.mode == "column":
-            col = _session_column(columns, spec.column or "", first)
-            rows, vals = _column_runs(xk[:, col], spec.column or "", per_file,
+            col = session_column(columns, spec.column or "", first)
+            rows, vals = column_runs(xk[:, col], spec.column or "", per_file,
                                       [f.replace("{instrument}", name) for f in file_keys])
-            ks = [f"{spec.column}={_show(v)}" for v in vals]
+            ks = [f"{spec.column}={show_value(v)}" for v in vals]
         else:
             rows, ks, counted = _session_runs(int(xk.shape[0]), tk, spec, file_keys, per_file, tz)
         if counted is not None:
             gaps[k] = counted
         elif tk is not None and spec.mode in ("file", "none", "column"):
-            tasks[k] = _gap_tasks(tk, rows)
+            tasks[k] = gap_tasks(tk, rows)
         lengths += rows
         inst += [k] * len(rows)
         keys += ks
@@ -767,7 +612,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         options = {**options, "calendar": spec.calendar}
     kept = True
     if spec.mode == "column":
-        options, kept = _reading(options, spec.column or "")
+        options, kept = reading_column(options, spec.column or "")
     by_name, key_of = _instrument_files(files, instrument, options.get("format"))
     groups: list[tuple[str, da.Array, da.Array | None, list[int], list[str], str | None]] = []
     sources: list[Source] = []
@@ -824,7 +669,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         for k, g in enumerate(groups):
             mine = np.asarray(inst) == k
             first_day[mine] = session_days(first_ns[mine], g[5], spec)
-    session = (_column_session_numbers([float(k.rpartition("=")[2]) for k in keys]) if spec.mode == "column"
+    session = (column_session_numbers([float(k.rpartition("=")[2]) for k in keys]) if spec.mode == "column"
                else _session_numbers(keys, inst, first_day, spec))
     if options.get("format") == "fi2010" and spec.mode == "file" and len(groups) == 1:
         # No timestamps, and names that do not sort in time order (Train_ after Test_):
@@ -843,7 +688,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
         col = columns.index(spec.column)
         array = array[:, [i for i in range(len(columns)) if i != col]]
         columns = columns[:col] + columns[col + 1:]
-    report = _gap_report([(g[0], gaps[k], g[3], [f.replace("{instrument}", g[0]) for f in g[4]])
+    report = gap_report([(g[0], gaps[k], g[3], [f.replace("{instrument}", g[0]) for f in g[4]])
                           for k, g in enumerate(groups) if k in gaps])
     if report is not None:
         warnings.warn(SessionGapWarning(report), stacklevel=2)
