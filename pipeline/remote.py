@@ -568,16 +568,12 @@ class _AbandonedGathers(logging.Filter):
                     and type(exc).__module__.startswith("distributed"))
 
 
-@contextlib.contextmanager
-def quiet_abandoned_gathers() -> Iterator[None]:
+def quiet_abandoned_gathers() -> contextlib.AbstractContextManager[None]:
     """No asyncio traceback of an abandoned gather's ``AllExit`` while the block runs
     (:class:`_AbandonedGathers`); any other never-retrieved exception is kept."""
-    logger, quiet = logging.getLogger("asyncio"), _AbandonedGathers()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
+    from pipeline.workerlog import filtered_log
+
+    return filtered_log("asyncio", _AbandonedGathers())
 
 
 @contextlib.contextmanager

@@ -36,32 +36,33 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from pipeline.errors import PipelineError
 
-__all__ = ["PausedWorkersWatch", "QuietOwnErrors", "answers_again_line", "no_workers_warning", "os_error_names",
-           "own_error_names", "paused_warning", "paused_workers", "quiet_cancelled_feeds", "unanswered_warning"]
+__all__ = ["PausedWorkersWatch", "QuietOwnErrors", "answers_again_line", "filtered_log", "no_workers_warning",
+           "os_error_names", "own_error_names", "paused_warning", "paused_workers", "quiet_cancelled_feeds",
+           "unanswered_warning"]
 
 #: The logger distributed's workers report failed tasks on.
 _LOGGER = "distributed.worker"
 
 
-def own_error_names() -> frozenset[str]:
-    """The class names of :class:`~pipeline.errors.PipelineError` and every subclass."""
-    names, todo = set(), [PipelineError]
+def _class_names(root: type) -> frozenset[str]:
+    """The names of ``root`` and of every subclass of it, at any depth."""
+    names, todo = set(), [root]
     while todo:
         cls = todo.pop()
         names.add(cls.__name__)
         todo.extend(cls.__subclasses__())
     return frozenset(names)
+
+
+def own_error_names() -> frozenset[str]:
+    """The class names of :class:`~pipeline.errors.PipelineError` and every subclass."""
+    return _class_names(PipelineError)
 
 
 def os_error_names() -> frozenset[str]:
     """The class names of ``OSError`` and every built-in subclass (``PermissionError``,
     ``FileNotFoundError``, ...)."""
-    names, todo = set(), [OSError]
-    while todo:
-        cls = todo.pop()
-        names.add(cls.__name__)
-        todo.extend(cls.__subclasses__())
-    return frozenset(names)
+    return _class_names(OSError)
 
 
 #: Where a write task stores its units (:mod:`pipeline.storage.units`), as a formatted
@@ -144,15 +145,20 @@ class _CancelledFeed(logging.Filter):
 
 
 @contextlib.contextmanager
-def quiet_cancelled_feeds() -> Iterator[None]:
-    """No "ERROR ... CancelledError" record from a cancelled progress feed while the
-    block runs (a LocalCluster's life, its close included)."""
-    logger, quiet = logging.getLogger("distributed.scheduler"), _CancelledFeed()
+def filtered_log(name: str, quiet: logging.Filter) -> Iterator[None]:
+    """Logger ``name`` with the filter ``quiet`` while the block runs."""
+    logger = logging.getLogger(name)
     logger.addFilter(quiet)
     try:
         yield
     finally:
         logger.removeFilter(quiet)
+
+
+def quiet_cancelled_feeds() -> contextlib.AbstractContextManager[None]:
+    """No "ERROR ... CancelledError" record from a cancelled progress feed while the
+    block runs (a LocalCluster's life, its close included)."""
+    return filtered_log("distributed.scheduler", _CancelledFeed())
 
 
 def paused_workers(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[int | None, int | None]]:
