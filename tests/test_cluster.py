@@ -305,21 +305,27 @@ def test_same_config_on_a_remote_cluster_gives_the_local_output(remote, tmp_path
     assert_same_store(tmp_path / "local.zarr", tmp_path / "remote.zarr")
 
 
-def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
-    """SIGKILL one of the two workers while chunks are being written: the scheduler
-    reruns its tasks on the survivor and the store equals an undisturbed run's."""
-    address, procs = remote
+def _long_run(tmp_path, *, seed: int, store: str) -> dict:
+    """A config over two generated days whose write phase lasts long enough to be
+    interrupted (stride 1, chunks of 512 windows)."""
     raw = tmp_path / "raw"
-    write_demo_data(raw, DemoSpec(days=2, rows_per_day=60_000, seed=5, formats=("parquet",)))
-    cfg = {
+    write_demo_data(raw, DemoSpec(days=2, rows_per_day=60_000, seed=seed, formats=("parquet",)))
+    return {
         "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 4000},
         "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 10}, "log_return",
                                {"name": "rolling_std", "window": 50}]},
         "windows": {"size": 64, "stride": 1, "scales": [1, 4]},
         "labels": {"kind": "return", "horizon": 10},
-        "output": {"path": str(tmp_path / "killed.zarr"), "splits": {"train": 0.9, "val": 0.1},
-                   "chunk_samples": 512, "codec": {"name": "zstd"}},
+        "output": {"path": str(tmp_path / store), "splits": {"train": 0.9, "val": 0.1}, "chunk_samples": 512},
     }
+
+
+def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
+    """SIGKILL one of the two workers while chunks are being written: the scheduler
+    reruns its tasks on the survivor and the store equals an undisturbed run's."""
+    address, procs = remote
+    cfg = _long_run(tmp_path, seed=5, store="killed.zarr")
+    cfg["output"]["codec"] = {"name": "zstd"}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "KERAS_BACKEND": "torch"}
@@ -425,16 +431,7 @@ def test_ctrl_c_of_a_remote_run_prints_one_line_without_tracebacks(remote, tmp_p
     exception was never retrieved ... AllExit" tracebacks of the client's abandoned
     gathers before its one line."""
     address, _ = remote
-    raw = tmp_path / "raw"
-    write_demo_data(raw, DemoSpec(days=2, rows_per_day=60_000, seed=7, formats=("parquet",)))
-    cfg = {
-        "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 4000},
-        "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 10}, "log_return",
-                               {"name": "rolling_std", "window": 50}]},
-        "windows": {"size": 64, "stride": 1, "scales": [1, 4]},
-        "labels": {"kind": "return", "horizon": 10},
-        "output": {"path": str(tmp_path / "o.zarr"), "splits": {"train": 0.9, "val": 0.1}, "chunk_samples": 512},
-    }
+    cfg = _long_run(tmp_path, seed=7, store="o.zarr")
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
     run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address],
