@@ -292,6 +292,40 @@ def test_times_of_day_dated_by_file_name_build_the_store_of_whole_times(raw_dir,
             np.testing.assert_array_equal(stores["itch"][split][name][:], want)
 
 
+def test_times_of_day_dated_by_a_date_column_in_one_file_build_the_store_of_whole_times(raw_dir, tmp_path):
+    """The demo's days as an LSEG/TRTH-like export would deliver them (one file of
+    every day, nanoseconds since midnight beside a YYYYMMDD integer date column, which
+    is no feature) build the same store as the files with whole timestamps, one session
+    per date."""
+    tables = []
+    for f in sorted(raw_dir.glob("*.parquet")):
+        t = pq.read_table(f)
+        ns = t.column("timestamp").cast(pa.int64()).to_numpy()
+        day = ns // (86_400 * 10**9) * (86_400 * 10**9)
+        ymd = np.array([int(str(d)[:10].replace("-", "")) for d in day.astype("datetime64[ns]")], dtype=np.int64)
+        t = t.set_column(t.schema.get_field_index("timestamp"), "timestamp", pa.array(ns - day))
+        tables.append(t.append_column("date", pa.array(ymd)))
+    vendor = tmp_path / "vendor"
+    vendor.mkdir()
+    pq.write_table(pa.concat_tables(tables), vendor / "quotes.parquet", row_group_size=2500)  # groups span midnights
+    stores = {}
+    for kind in ("whole", "column"):
+        cfg = config_dict(raw_dir, tmp_path / f"{kind}.zarr")
+        cfg["cluster"]["n_workers"] = 1
+        cfg["source"]["sessions"] = "date"
+        first = sorted(raw_dir.glob("*.parquet"))[0].stem  # the first day: train; the rest: val
+        cfg["output"]["splits"] = {"train": {"until": str(np.datetime64(first) + 1)}, "val": {}}
+        if kind == "column":
+            cfg["source"].update(paths=str(vendor / "quotes.parquet"), date={"column": "date", "format": "%Y%m%d"})
+        run(parse_config(cfg), log=None, progress=False)
+        stores[kind] = pipeline.open(tmp_path / f"{kind}.zarr")
+    for split in ("train", "val"):
+        for name in ("x", "y", "t", "session"):
+            want = stores["whole"][split][name][:]
+            assert want.shape[0] > 0
+            np.testing.assert_array_equal(stores["column"][split][name][:], want)
+
+
 def test_an_up_to_date_store_still_refuses_a_wrong_cluster_section_and_contacts_no_scheduler(store, raw_dir,
                                                                                               tmp_path, monkeypatch):
     """A cron job whose scheduler file or TLS file is wrong reported success (exit 0)

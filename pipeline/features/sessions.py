@@ -354,49 +354,65 @@ DATE_FORMATS = ("%Y-%m-%d", "%Y%m%d")
 
 @dataclass(frozen=True, slots=True)
 class DateSpec:
-    """Where each file's date comes from when its timestamps are times of day
-    (``source.date``): NASDAQ ITCH's nanoseconds since midnight, a feed's
-    ``HH:MM:SS.fff`` strings, Parquet's ``time64`` type, with the date only in the file
-    name.
+    """Where the date of times of day comes from (``source.date``): NASDAQ ITCH's
+    nanoseconds since midnight, a feed's ``HH:MM:SS.fff`` strings, Parquet's ``time64``
+    type, with the date in the file name (``path``) or in a column of each row
+    (``column``: LSEG/TRTH-like exports, several days in one file).
 
-    Each row's time is the file's date at 00:00 plus its time of day: a wall-clock time
-    of the exchange's own day, naive as LOBSTER's (sessions by ``date`` and split dates
-    are that day's).
+    Each row's time is its date at 00:00 plus its time of day: a wall-clock time of the
+    exchange's own day, naive as LOBSTER's (sessions by ``date`` and split dates are
+    that day's).
 
     Attributes
     ----------
     path
         A path pattern with ``{date}`` in it (``data/itch/{date}.csv``,
         ``data/{date}/book.parquet``). ``*`` matches within one path component, ``**``
-        across components.
+        across components. ``None`` with ``column``.
     format
-        The date's ``strptime`` format in the path (``%m%d%Y`` for ITCH's
-        ``01302019``); ``None`` takes ``YYYY-MM-DD`` or ``YYYYMMDD``.
+        The date's ``strptime`` format in the path or the column (``%m%d%Y`` for ITCH's
+        ``01302019``); ``None`` takes ``YYYY-MM-DD`` or ``YYYYMMDD``. A column of a date
+        type needs none.
+    column
+        The column holding each row's date (text, ``YYYYMMDD`` integers, or a date
+        type), read beside the timestamp column and never a feature; ``None`` with
+        ``path``.
     """
 
-    path: str
+    path: str | None = None
     format: str | None = None
+    column: str | None = None
 
     @classmethod
     def from_value(cls, value: Any, path: str) -> "DateSpec | None":
-        """Parse ``{path: PATTERN with {date}, format: STRPTIME}`` (``format`` optional)."""
+        """Parse ``{path: PATTERN with {date}}`` or ``{column: NAME}``, either with an
+        optional ``format: STRPTIME``."""
         if value is None:
             return None
         if isinstance(value, DateSpec):
             return value
-        expected = "{path: PATTERN with {date}} and, optionally, format: a strptime format such as '%m%d%Y'"
-        if not isinstance(value, Mapping) or "path" not in value or set(value) - {"path", "format"}:
+        expected = ("{path: PATTERN with {date}} or {column: NAME}, and, optionally, format: a strptime format "
+                    "such as '%m%d%Y'")
+        if not isinstance(value, Mapping) or len({"path", "column"} & set(value)) != 1 \
+                or set(value) - {"path", "column", "format"}:
             raise ConfigError(path, expected, value)
-        text, fmt = value["path"], value.get("format")
-        if not isinstance(text, str) or text.count("{date}") != 1:
-            raise ConfigError(f"{path}.path", "a pattern with {date} in it once", text)
+        fmt = value.get("format")
         if fmt is not None and (not isinstance(fmt, str) or "%" not in fmt):
             raise ConfigError(f"{path}.format", "a strptime format such as '%Y%m%d' or '%m%d%Y'", fmt)
+        if "column" in value:
+            name = value["column"]
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"{path}.column", "the name of a column of dates", name)
+            return cls(column=name, format=fmt)
+        text = value["path"]
+        if not isinstance(text, str) or text.count("{date}") != 1:
+            raise ConfigError(f"{path}.path", "a pattern with {date} in it once", text)
         return cls(path=text, format=fmt)
 
     def to_value(self) -> dict[str, str]:
         """The ``source.date`` value that parses back to this spec."""
-        return {"path": self.path} if self.format is None else {"path": self.path, "format": self.format}
+        out = {"column": self.column} if self.column is not None else {"path": self.path}
+        return out if self.format is None else {**out, "format": self.format}
 
     def day_ns(self, file: str) -> int:
         """Midnight of the date in ``file``'s path, in nanoseconds since the epoch.
@@ -408,6 +424,8 @@ class DateSpec:
         """
         import datetime as _dt
 
+        if self.path is None:  # a caller's bug: a column's dates are per row
+            raise TypeError("DateSpec.day_ns: this spec dates rows from a column, not from a path")
         m = path_pattern_regex(self.path, "date").match(file.replace("\\", "/"))
         if m is None:
             raise ValueError(f"does not match source.date.path {self.path!r}")

@@ -994,14 +994,23 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     parts = [part for _, _, _, ps in probed for part in ps]
     if not parts:  # every file empty: nothing to read, though headers were found
         raise EmptyInputError(probed[0][0], f"every one of the {len(probed)} file(s) has no data rows")
+    dates = None
     if date is not None:
-        from pipeline.loaders.columns import dated_parts
+        from pipeline.loaders.columns import dated_parts, row_dates
 
+        dates = row_dates(parts, date)  # before dated_parts drops the footers' bounds
         dated = dated_parts(parts, date, timestamp, timestamp_unit)
-        # Joined in date order: names such as ITCH's 12312018 and 01302019 do not sort so.
-        day = {p.path: p.day_ns for p in dated}
-        probed = sorted(probed, key=lambda f: day.get(f[0], 0))
-        parts = sorted(dated, key=lambda p: day[p.path])
+        if dates is None:
+            # Joined in date order: names such as ITCH's 12312018 and 01302019 do not sort so.
+            day = {p.path: p.day_ns for p in dated}
+            probed = sorted(probed, key=lambda f: day.get(f[0], 0))
+            parts = sorted(dated, key=lambda p: day[p.path])
+        else:
+            # Each row dated by a column: a file may hold several days, so no one date
+            # orders the files; they join in name order, as files of whole times do, and
+            # are refused out of time order from their rows' dated times.
+            parts = dated
+            columns = _without_date_column(parts, columns, timestamp, instrument_column, dates.column)
     # Before the time order: a naive file among aware ones is the cause, not its order.
     zones = check_time_zones(parts, timestamp) if timestamp else ()
     exact = dtype is not None and np.dtype(dtype) == np.float64
@@ -1010,7 +1019,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
                           "source.timestamp")
     arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
                                                    fill_value, so, timestamp_unit, read, exact, rules, halts,
-                                                   (calendar, zones[0] if zones else None))
+                                                   (calendar, zones[0] if zones else None), dates)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
@@ -1022,15 +1031,29 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
                             times_from_metadata=known))
 
 
+def _without_date_column(parts: Sequence[Any], columns: Sequence[str] | None, timestamp: str | None,
+                         instrument_column: str | None, date_column: str) -> Sequence[str] | None:
+    """The columns read as values when ``source.date`` names a column of dates: by
+    default every numeric column but the timestamp, the instrument and the date column
+    (its ``YYYYMMDD`` integers would otherwise be read as a feature); ``columns`` as
+    given."""
+    if columns:
+        return columns
+    first = parts[0]
+    return tuple(c for c in first.columns if c not in (timestamp, instrument_column, date_column, "")
+                 and first.source_of(c) not in first.non_numeric)
+
+
 def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, instrument_column: str | None,
            names: Sequence[str] | None, nan: str, fill_value: float, so: dict,
            timestamp_unit: str | None = None, read: Sequence[str] | None = None, exact: bool = False,
-           rules: Any = None, halts: str | None = None, calendar: tuple[str | None, str | None] = (None, None)
-           ) -> tuple:
+           rules: Any = None, halts: str | None = None, calendar: tuple[str | None, str | None] = (None, None),
+           dates: Any = None) -> tuple:
     """The values (float64 when ``exact``, else float32), columns, timestamps,
     instrument codes and names of joined table parts (LOBSTER's trading halts left
     out under ``halts="drop"``, rows outside the sessions of ``calendar``: its name and
-    the zone the timestamps store, ``None`` for naive wall-clock times)."""
+    the zone the timestamps store, ``None`` for naive wall-clock times; ``dates``: a
+    :class:`~pipeline.loaders.columns.RowDates` dating times of day row by row)."""
     import dask
 
     from pipeline.loaders import columns as side
@@ -1078,7 +1101,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
                                  rules=rules)
     if timestamp_unit is not None and timestamp_unit not in side.TIMESTAMP_UNITS:
         raise ConfigError("timestamp_unit", " or ".join(side.TIMESTAMP_UNITS), timestamp_unit)
-    times = (side.timestamp_array(parts, timestamp, so, timestamp_unit, instrument_column)
+    times = (side.timestamp_array(parts, timestamp, so, timestamp_unit, instrument_column, dates)
              if timestamp or first.fmt == "lobster" else None)
     codes = instruments = None
     if instrument_column is not None or first.fmt == "lobster":

@@ -16,6 +16,7 @@ January 1970) is refused with the unit to set, rather than read as the wrong tim
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import dask
@@ -33,8 +34,8 @@ from pipeline.loaders.tables import (
 )
 from pipeline.loaders.timeorder import DAY_NS, repeated_hour_advice
 
-__all__ = ["TIMESTAMP_UNITS", "check_day_unit", "dated_parts", "drop_rows", "instrument_array", "instrument_names", "keep_mask", "timestamp_array",
-           "to_ns"]
+__all__ = ["TIMESTAMP_UNITS", "RowDates", "check_day_unit", "dated_parts", "dates_to_ns", "drop_rows", "instrument_array",
+           "instrument_names", "keep_mask", "row_dates", "timestamp_array", "to_ns"]
 
 #: Nanoseconds per unit of numeric timestamps (``source.timestamp_unit``).
 TIMESTAMP_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -218,17 +219,108 @@ def footer_time_of_day(value: Any, unit: str | None) -> int | None:
     return ns if 0 <= ns < DAY_NS else None
 
 
+def dates_to_ns(col: Any, path: str, name: str, fmt: str | None = None,
+                where: Callable[[int], str] = _at_row) -> np.ndarray:
+    """A pyarrow column of dates as int64 nanoseconds since the epoch of each row's
+    midnight (naive, as :meth:`~pipeline.features.sessions.DateSpec.day_ns` gives a
+    path's date).
+
+    Date types are cast, as are naive timestamp types at midnight (pandas writes dates
+    so); text and integers (``20231228``) are parsed with the ``strptime`` format
+    ``fmt``, by default ``YYYY-MM-DD`` or ``YYYYMMDD`` (each value by whichever parses).
+
+    Raises
+    ------
+    LoaderError
+        Naming the file, the column and the row (``where(i)``: a file's line) of a
+        missing value, of a value that is no date in the format, or of a time that is
+        not midnight; and a column of another type.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipeline.features.sessions import DATE_FORMATS
+
+    if col.null_count:
+        raise LoaderError(path, f"date column {name!r}: missing value at {where(_first_null(col))}; "
+                          "source.date: {column: ...} dates every row by it")
+    t = col.type
+    if pa.types.is_date(t) or (pa.types.is_timestamp(t) and not t.tz):
+        ns = pc.cast(pc.cast(col, pa.timestamp("ns")), pa.int64()).to_numpy(zero_copy_only=False)
+    elif pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_large_string(t):
+        text = pc.cast(col, pa.string())
+        parsed = None
+        for f in (fmt,) if fmt else DATE_FORMATS:
+            # Each value by the first format that reads it: YYYY-MM-DD and YYYYMMDD
+            # never both read one text, so the order decides nothing.
+            one = pc.strptime(text, format=f, unit="s", error_is_null=True)
+            parsed = one if parsed is None else pc.coalesce(parsed, one)
+        if parsed.null_count:
+            r = _first_null(parsed)
+            shown = repr(fmt) if fmt else "YYYY-MM-DD or YYYYMMDD (set source.date.format)"
+            raise LoaderError(path, f"date column {name!r}: {where(r)} holds {col[r].as_py()!r}, not a date in the "
+                              f"format {shown}")
+        ns = pc.cast(pc.cast(parsed, pa.timestamp("ns")), pa.int64()).to_numpy(zero_copy_only=False)
+    else:
+        raise LoaderError(path, f"date column {name!r}: expected dates (a date type, text or YYYYMMDD integers), "
+                          f"got {t}")
+    ns = np.asarray(ns, dtype=np.int64)
+    # A time of day in the date column would be added to the timestamp's own: twice.
+    timed = np.flatnonzero(ns % DAY_NS)
+    if timed.size:
+        r = int(timed[0])
+        raise LoaderError(path, f"date column {name!r}: {where(r)} holds {col[r].as_py()!r}, a time past midnight; "
+                          "expected a date only (each row's time of day is the timestamp column's)")
+    return ns
+
+
+@dataclass(frozen=True, slots=True)
+class RowDates:
+    """How the rows of parts are dated from a column (``source.date: {column: NAME}``).
+
+    Attributes
+    ----------
+    column
+        The column of dates.
+    format
+        Its ``strptime`` format, or ``None`` (see :func:`dates_to_ns`).
+    checked
+        Files whose times-of-day unit their Parquet footers checked (:func:`dated_parts`):
+        their row groups are not checked again one by one, as one holding only the
+        first minutes after midnight would look like another unit.
+    """
+
+    column: str
+    format: str | None = None
+    checked: frozenset[str] = frozenset()
+
+
+def row_dates(parts: Sequence[TablePart], spec: Any) -> RowDates | None:
+    """The :class:`RowDates` of a ``source.date`` ``spec`` that names a column (``None``
+    for a path's date), from the parts before :func:`dated_parts`."""
+    if getattr(spec, "column", None) is None:
+        return None
+    return RowDates(spec.column, spec.format, frozenset(_files_largest(parts)))
+
+
 def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, unit: str | None
                 ) -> list[TablePart]:
     """Parts whose timestamp column holds times of day, each given the date of its
     file's path (``spec``, a :class:`~pipeline.features.sessions.DateSpec`) and its
     footer bounds as whole times, so that files are ordered and sessions dated.
 
+    With ``spec.column`` each row is dated by that column as it is read (:class:`RowDates`):
+    the parts get no date and no footer bounds (those of times of day bound no whole
+    time once a file holds several days), so files are checked against each other from
+    their first and last rows' whole times, as CSV files are.
+
     Raises
     ------
     LoaderError
         Naming a file whose path does not match the pattern, or whose date does not
         parse, or whose timestamp column is a timestamp type (it has its date).
+    MissingColumnError
+        Naming a file without the date column.
     FormatMismatchError
         For LOBSTER and FI-2010 files, and without a timestamp column.
     """
@@ -250,6 +342,9 @@ def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, un
         if p.tz is not None:
             raise LoaderError(p.path, f"timestamp column {timestamp!r} is a timestamp type, a time with its date: "
                               "source.date is for columns of times of day; leave source.date unset")
+        if spec.column is not None:
+            out.append(_column_dated(p, spec.column, timestamp, None if unit else largest.get(p.path)))
+            continue
         if p.path not in days:
             try:
                 days[p.path] = spec.day_ns(p.path)
@@ -262,6 +357,25 @@ def dated_parts(parts: Sequence[TablePart], spec: Any, timestamp: str | None, un
         out.append(replace(p, day_ns=day, times_of_day=True, first_ts=first, last_ts=last,
                            group_bounds=tuple(_dated_bounds(a, b, day, unit) for a, b in p.group_bounds)))
     return out
+
+
+def _column_dated(part: TablePart, column: str, timestamp: str, largest: int | None) -> TablePart:
+    """A part of times of day dated row by row from ``column``: no day of its own and
+    no footer bounds (``largest``: its file's largest time of day from the footers,
+    checked for the unit here, before anything is read)."""
+    from dataclasses import replace
+
+    from pipeline.errors import MissingColumnError
+
+    if column not in part.columns:
+        raise MissingColumnError(part.path, f"missing date column {column!r} (source.date.column); the file has "
+                                 f"{list(part.columns)}")
+    if column == timestamp:
+        raise LoaderError(part.path, f"source.date.column {column!r} is the timestamp column itself; name the "
+                          "column of dates beside the times of day")
+    check_day_unit(largest, part.path, timestamp)
+    return replace(part, day_ns=0, times_of_day=True, first_ts=None, last_ts=None,
+                   group_bounds=tuple((None, None) for _ in part.group_bounds))
 
 
 def _files_largest(parts: Sequence[TablePart]) -> dict[str, int]:
@@ -287,12 +401,14 @@ def _dated_bounds(first: Any, last: Any, day: int, unit: str | None) -> tuple[An
     return np.datetime64(day + lo, "ns"), np.datetime64(day + hi, "ns")
 
 
-def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.ndarray | None = None) -> None:
+def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.ndarray | None = None,
+                        date_column: str | None = None) -> None:
     """Refuse a part whose timestamps go back in time from one row to the next of the
     same instrument (``codes``: each row's instrument, when a column names it; equal
     times are fine: many book events share a timestamp). Windows, labels and sessions
     take each instrument's rows in file order as time order; files are checked against
-    each other by :func:`~pipeline.loaders.timeorder.check_time_order`."""
+    each other by :func:`~pipeline.loaders.timeorder.check_time_order`. ``date_column``:
+    the times are each row's date from that column plus its time of day."""
     if codes is None:
         rows = np.arange(ns.size)
     else:  # each instrument's rows in file order, one instrument after another
@@ -310,7 +426,7 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
         more = f" (and {back.size - 1} more such rows)" if back.size > 1 else ""
         same = " of the same instrument" if codes is not None else ""
         path = part.companion if part.fmt == "lobster" else part.path
-        advice = repeated_hour_advice(int(ns[above]) - int(ns[r]), part.tz) or _days_advice(ns, part) or \
+        advice = repeated_hour_advice(int(ns[above]) - int(ns[r]), part.tz) or _days_advice(ns, part, date_column) or \
             "rows must be in time order: sort the file by time"
         raise LoaderError(path, f"timestamp column {name!r}: {where(r)} is at {np.datetime64(int(ns[r]), 'ns')}, "
                           f"before the row above it{same} ({where(above)}) at {np.datetime64(int(ns[above]), 'ns')}"
@@ -318,12 +434,17 @@ def check_rows_in_order(ns: np.ndarray, part: TablePart, name: str, codes: np.nd
 
 
 
-def _days_advice(ns: np.ndarray, part: TablePart) -> str | None:
+def _days_advice(ns: np.ndarray, part: TablePart, date_column: str | None = None) -> str | None:
     """Why rows go back in time when the cause is several days' times of day in one
     file, else ``None``: sorting such a file by time, the usual advice, would mix its
     days. Either every time is within the epoch's first day (times of day read as
     whole times: each day's rows start again at 1970-01-01), or ``source.date`` gave
-    the whole file one date (its times of day go back at each midnight)."""
+    the whole file one date (its times of day go back at each midnight). Rows dated
+    by a ``date_column`` are told to sort by both columns: by time alone would mix
+    the days again."""
+    if date_column is not None:
+        return (f"each row's time is its date (column {date_column!r}, source.date) plus its time of day, and rows "
+                f"must be in time order by both: sort the file by {date_column!r}, then by time")
     if part.times_of_day:
         return ("source.date gives a whole file one date, from its path, so a file holding several days' times of "
                 "day goes back at each midnight: keep one day per file (split it by its date column, if it has one)")
@@ -332,21 +453,30 @@ def _days_advice(ns: np.ndarray, part: TablePart) -> str | None:
                 "since midnight, as NASDAQ ITCH gives them) without their date, and a row going back is likely the "
                 "next day's first; sorting would mix the days. Store whole times in the timestamp column (each "
                 "row's date added, from a date column if the file has one), or keep one day per file and take each "
-                "file's date from its path with source.date ({path: 'data/{date}.csv'})")
+                "file's date from its path with source.date ({path: 'data/{date}.csv'}), or each row's from a date column "
+                "with source.date ({column: date})")
     return None
 
 
 def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | None,
-                instrument_column: str | None) -> tuple[np.ndarray, Any]:
-    """A part's int64 nanoseconds and, with an instrument column, its rows' instruments."""
+                instrument_column: str | None, dates: RowDates | None = None) -> tuple[np.ndarray, Any]:
+    """A part's int64 nanoseconds and, with an instrument column, its rows' instruments
+    (``dates``: each row dated by a column, :class:`RowDates`)."""
     if part.fmt == "lobster":  # one instrument per file, named by it
         from pipeline.loaders.lobster import read_timestamps
 
         return read_timestamps(part, so), None
     per_row = instrument_column is not None and part.instrument is None
-    # Both columns in one read: a CSV part is parsed once, not once per column.
-    cols = read_columns(part, [timestamp, instrument_column] if per_row else [timestamp], so)
-    if part.times_of_day:  # source.date: the file's date plus each row's time of day
+    # Every column in one read: a CSV part is parsed once, not once per column.
+    wanted = [timestamp] + ([dates.column] if dates is not None else []) + ([instrument_column] if per_row else [])
+    cols = read_columns(part, wanted, so)
+    if dates is not None:  # source.date: {column: ...}: each row's date plus its time of day
+        where = lambda i: row_place(part, i)  # noqa: E731
+        check = part.fmt != "parquet" and _ends_unchecked_file(part) or \
+            part.fmt == "parquet" and part.path not in dates.checked
+        ns = dates_to_ns(cols[dates.column], part.path, dates.column, dates.format, where) + \
+            times_of_day_to_ns(cols[timestamp], part.path, timestamp, unit, where, check)
+    elif part.times_of_day:  # source.date: the file's date plus each row's time of day
         ns = part.day_ns + times_of_day_to_ns(cols[timestamp], part.path, timestamp, unit,
                                               lambda i: row_place(part, i), _ends_unchecked_file(part))
     else:
@@ -385,30 +515,34 @@ def _row_above(part: TablePart, so: dict) -> TablePart | None:
 
 
 def _read_timestamps(part: TablePart, timestamp: str | None, so: dict, unit: str | None = None,
-                     instrument_column: str | None = None) -> np.ndarray:
+                     instrument_column: str | None = None, dates: RowDates | None = None) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    ns, labels = _part_times(part, timestamp, so, unit, instrument_column)
+    ns, labels = _part_times(part, timestamp, so, unit, instrument_column, dates)
     above = _row_above(part, so)
     checked, first = (ns, part)
     if above is not None:
-        above_ns, above_labels = _part_times(above, timestamp, so, unit, instrument_column)
+        above_ns, above_labels = _part_times(above, timestamp, so, unit, instrument_column, dates)
         checked, first = np.concatenate([above_ns, ns]), above
         labels = None if labels is None else pa.concat_arrays([above_labels, labels])
     # Several instruments in one file may come one after another, each in time order.
     codes = None if labels is None else pc.dictionary_encode(labels).indices.to_numpy(zero_copy_only=False)
-    check_rows_in_order(checked, first, timestamp or "time", codes)
+    check_rows_in_order(checked, first, timestamp or "time", codes, dates.column if dates is not None else None)
     return ns
 
 
 def timestamp_array(parts: Sequence[TablePart], timestamp: str | None, so: dict, unit: str | None = None,
-                    instrument_column: str | None = None) -> da.Array:
+                    instrument_column: str | None = None, dates: RowDates | None = None) -> da.Array:
     """``(rows,)`` int64 nanoseconds since the epoch, one chunk per part (``unit``: of a
     numeric column, see :func:`to_ns`), each instrument's rows checked to be in time
-    order (``instrument_column``: the column naming them, if any)."""
-    return parts_array(parts, _read_timestamps, timestamp, so, unit, instrument_column, token="read-timestamps",
-                       dtype=np.int64)
+    order (``instrument_column``: the column naming them, if any; ``dates``: times of
+    day dated row by row from a column, :class:`RowDates`)."""
+    if dates is None:  # the graph (and its key names) of every other source stays as it was
+        return parts_array(parts, _read_timestamps, timestamp, so, unit, instrument_column, token="read-timestamps",
+                           dtype=np.int64)
+    return parts_array(parts, _read_timestamps, timestamp, so, unit, instrument_column, dates,
+                       token="read-timestamps", dtype=np.int64)
 
 
 def _labels(part: TablePart, column: str | None, so: dict, col: Any = None) -> Any:

@@ -349,6 +349,33 @@ def test_date_spec_takes_each_files_date_from_its_path_and_refuses_what_does_not
             DateSpec.from_value(bad, "d")
 
 
+def test_date_spec_takes_a_column_of_dates_with_an_optional_format_and_refuses_what_is_neither():
+    from pipeline.config import parse_config
+
+    spec = DateSpec.from_value({"column": "date"}, "d")
+    assert (spec.column, spec.path, spec.format) == ("date", None, None)
+    dated = DateSpec.from_value({"column": "trade_date", "format": "%Y%m%d"}, "d")
+    assert (dated.column, dated.format) == ("trade_date", "%Y%m%d")
+    for one in (spec, dated):
+        assert DateSpec.from_value(one.to_value(), "d") == one
+    with pytest.raises(TypeError, match="from a column"):
+        spec.day_ns("data/20231228.csv")  # a row's date is no file's
+    for bad, key in (({"column": "date", "path": "{date}.csv"}, "d"), ({"column": 5}, "d.column"),
+                     ({"column": ""}, "d.column"), ({"column": "date", "format": "yyyymmdd"}, "d.format"),
+                     ({"format": "%Y%m%d"}, "d"), ({"column": "date", "zone": "UTC"}, "d")):
+        with pytest.raises(ConfigError, match=f"^{key}"):
+            DateSpec.from_value(bad, "d")
+    # Through the config, as `--set source.date={column: date}` gives it.
+    cfg = parse_config({"source": {"paths": "q.csv", "timestamp": "timestamp",
+                                   "date": {"column": "date", "format": "%Y%m%d"}},
+                        "windows": {"size": 8}, "output": {"path": "out.zarr"}})
+    assert cfg.source.date == DateSpec(column="date", format="%Y%m%d")
+    with pytest.raises(ConfigError, match=r"^source\.date: expected \{path: PATTERN with \{date\}\} or "
+                       r"\{column: NAME\}"):
+        parse_config({"source": {"paths": "q.csv", "date": {"colum": "date"}}, "windows": {"size": 8},
+                      "output": {"path": "out.zarr"}})
+
+
 def test_a_leading_dot_component_in_a_path_pattern_matches_like_the_pattern_without_it():
     # Files are matched as absolute paths, which hold no "." component: "./itch/{date}.csv"
     # names the same files as "itch/{date}.csv".

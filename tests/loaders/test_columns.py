@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from pipeline.errors import LoaderError
+from pipeline.errors import LoaderError, MissingColumnError
 from pipeline.loaders import open_source
 
 #: 09:30:00 to 09:30:04 as nanoseconds since midnight (NASDAQ ITCH's times of day).
@@ -47,3 +49,120 @@ def test_whole_times_out_of_order_are_still_told_to_sort(tmp_path):
     pd.DataFrame({"timestamp": t, "v": [1.0, 2.0, 3.0]}).to_csv(tmp_path / "q.csv", index=False)
     with pytest.raises(LoaderError, match=r"q\.csv: timestamp column 'timestamp': line 4 .*sort the file by time$"):
         open_source(str(tmp_path / "q.csv"), timestamp="timestamp").timestamps.compute()
+
+
+# -- each row's date from a column (source.date: {column: ...}) -------------------------------
+
+#: Three trading days; the second file continues on the third.
+_DAYS = (20231228, 20231229, 20240102)
+
+
+def _vendor_days(path, dates, rng, rows=40, fmt=None, parquet=False) -> pd.DataFrame:
+    """An LSEG/TRTH-like export: a ``date`` column (``YYYYMMDD`` integers, or text in
+    ``fmt``) beside nanoseconds since midnight, several days in one file, in time order."""
+    frames = []
+    for d in dates:
+        tod = np.sort(rng.integers(34_200 * 10**9, 57_600 * 10**9, rows))
+        date = d if fmt is None else pd.Timestamp(str(d)).strftime(fmt)
+        frames.append(pd.DataFrame({"date": date, "timestamp": tod,
+                                    "bid_price_1": np.round(190 + rng.normal(0, 1, rows), 2)}))
+    frame = pd.concat(frames, ignore_index=True)
+    frame["ask_price_1"] = frame["bid_price_1"] + 0.01
+    if parquet:
+        # Small row groups: the footers' times-of-day bounds go back at each midnight.
+        frame.to_parquet(path, index=False, row_group_size=15)
+    else:
+        frame.to_csv(path, index=False)
+    return frame
+
+
+def _whole_times(frame: pd.DataFrame, fmt: str | None = None) -> np.ndarray:
+    """The reference: pandas' date plus the time of day, as int64 ns."""
+    day = pd.to_datetime(frame["date"].astype(str), format=fmt or "%Y%m%d")
+    return (day + pd.to_timedelta(frame["timestamp"], unit="ns")).to_numpy().astype("datetime64[ns]").astype(np.int64)
+
+
+@pytest.mark.parametrize("parquet", [False, True])
+def test_a_date_column_dates_the_times_of_day_of_a_file_of_several_days(tmp_path, parquet):
+    name = "quotes.parquet" if parquet else "quotes.csv"
+    frame = _vendor_days(tmp_path / name, _DAYS, np.random.default_rng(1), parquet=parquet)
+    src = open_source(str(tmp_path / name), timestamp="timestamp", date={"column": "date"}, chunk_rows=25)
+    np.testing.assert_array_equal(src.timestamps.compute(), _whole_times(frame))
+    # The date column is read, not a feature.
+    assert list(src.columns) == ["bid_price_1", "ask_price_1"]
+    np.testing.assert_array_equal(src.array.compute(),
+                                  frame[["bid_price_1", "ask_price_1"]].to_numpy(np.float32))
+
+
+@pytest.mark.parametrize("parquet", [False, True])
+def test_files_of_several_days_join_by_their_rows_dated_times_and_date_sessions_follow_the_column(tmp_path, parquet):
+    from pipeline.features.sessions import SessionSpec
+    from pipeline.loaders.segments import open_segmented
+
+    rng = np.random.default_rng(2)
+    suffix = "parquet" if parquet else "csv"
+    frames = [_vendor_days(tmp_path / f"part-{k}.{suffix}", days, rng, parquet=parquet)
+              for k, days in enumerate((_DAYS[:2], _DAYS[2:]))]
+    frame = pd.concat(frames, ignore_index=True)
+    src = open_segmented(str(tmp_path / f"*.{suffix}"), timestamp="timestamp", date={"column": "date"},
+                         sessions=SessionSpec(mode="date"))
+    np.testing.assert_array_equal(src.timestamps.compute(), _whole_times(frame))
+    per_day = frame.groupby("date", sort=True).size()
+    assert (src.segments.stops - src.segments.starts).tolist() == per_day.tolist()
+    assert src.segments.session.tolist() == [0, 1, 2]
+
+
+def test_files_whose_dated_rows_overlap_are_refused_naming_both(tmp_path):
+    from pipeline.loaders.segments import open_segmented
+
+    rng = np.random.default_rng(3)
+    _vendor_days(tmp_path / "a.csv", _DAYS[1:], rng)
+    _vendor_days(tmp_path / "b.csv", _DAYS[:1], rng)  # earlier days, later name
+    with pytest.raises(LoaderError, match=r"b\.csv: starts at 2023-12-28T.*before the previous file .*a\.csv ends "
+                       r"at 2024-01-02T"):
+        open_segmented(str(tmp_path / "*.csv"), timestamp="timestamp", date={"column": "date"})
+
+
+@pytest.mark.parametrize(("fmt", "given"), [(None, None), ("%Y%m%d", "%Y%m%d"), ("%Y-%m-%d", None),
+                                            ("%Y-%m-%d", "%Y-%m-%d"), ("%d/%m/%Y", "%d/%m/%Y")])
+def test_a_date_column_of_integers_or_text_reads_in_its_format(tmp_path, fmt, given):
+    frame = _vendor_days(tmp_path / "q.csv", _DAYS, np.random.default_rng(4), fmt=fmt)
+    date = {"column": "date"} if given is None else {"column": "date", "format": given}
+    src = open_source(str(tmp_path / "q.csv"), timestamp="timestamp", date=date)
+    np.testing.assert_array_equal(src.timestamps.compute(), _whole_times(frame, fmt))
+
+
+def test_a_parquet_date_type_needs_no_format(tmp_path):
+    frame = _vendor_days(tmp_path / "q.csv", _DAYS, np.random.default_rng(5))
+    table = pa.Table.from_pandas(frame.assign(date=pd.to_datetime(frame["date"].astype(str)).dt.date),
+                                 preserve_index=False)
+    assert pa.types.is_date(table.schema.field("date").type)
+    pq.write_table(table, tmp_path / "q.parquet")
+    src = open_source(str(tmp_path / "q.parquet"), timestamp="timestamp", date={"column": "date"})
+    np.testing.assert_array_equal(src.timestamps.compute(), _whole_times(frame))
+
+
+def test_a_missing_or_unreadable_date_is_refused_naming_the_file_and_line(tmp_path):
+    frame = _vendor_days(tmp_path / "q.csv", _DAYS, np.random.default_rng(6), fmt="%Y-%m-%d")
+    frame.loc[45, "date"] = None  # pandas' row 45 is the file's line 47 (header, from 1)
+    frame.to_csv(tmp_path / "q.csv", index=False)
+    with pytest.raises(LoaderError, match=r"q\.csv: date column 'date': missing value at line 47"):
+        open_source(str(tmp_path / "q.csv"), timestamp="timestamp", date={"column": "date"}).timestamps.compute()
+    frame.loc[45, "date"] = "2023-12-32"
+    frame.to_csv(tmp_path / "q.csv", index=False)
+    with pytest.raises(LoaderError, match=r"q\.csv: date column 'date': line 47 holds '2023-12-32', not a date in "
+                       r"the format YYYY-MM-DD or YYYYMMDD"):
+        open_source(str(tmp_path / "q.csv"), timestamp="timestamp", date={"column": "date"}).timestamps.compute()
+    with pytest.raises(MissingColumnError, match=r"q\.csv: missing date column 'day'"):
+        open_source(str(tmp_path / "q.csv"), timestamp="timestamp", date={"column": "day"})
+
+
+def test_rows_out_of_order_by_date_and_time_are_told_to_sort_by_both(tmp_path):
+    frame = _vendor_days(tmp_path / "q.csv", _DAYS, np.random.default_rng(7))
+    # The last day's rows first: each day is in order, the days are not.
+    frame = pd.concat([frame[frame["date"] == _DAYS[2]], frame[frame["date"] != _DAYS[2]]], ignore_index=True)
+    frame.to_csv(tmp_path / "q.csv", index=False)
+    with pytest.raises(LoaderError, match=r"q\.csv: timestamp column 'timestamp': line 42 is at 2023-12-28T.*before "
+                       r"the row above it \(line 41\) at 2024-01-02T.*sort the file by 'date', then by time$"):
+        open_source(str(tmp_path / "q.csv"), timestamp="timestamp", date={"column": "date"},
+                    chunk_rows=25).timestamps.compute()
