@@ -113,7 +113,8 @@ class SourceConfig:
     #: :class:`pipeline.features.sessions.InstrumentSpec` or ``None`` (one instrument).
     instrument: Any = None
     #: :class:`pipeline.features.sessions.DateSpec` or ``None``: each file's date from its
-    #: path, for timestamps that are times of day (NASDAQ ITCH's ns since midnight).
+    #: path (``{path: ...}``), or each row's from a date column (``{column: ...}``), for
+    #: timestamps that are times of day (NASDAQ ITCH's ns since midnight).
     date: Any = None
     #: LOBSTER only: its trading-halt messages (event type 7), whose rows repeat the
     #: book row before them: ``drop`` leaves those rows out of the series (no window,

@@ -447,7 +447,8 @@ def _days_advice(ns: np.ndarray, part: TablePart, date_column: str | None = None
                 f"must be in time order by both: sort the file by {date_column!r}, then by time")
     if part.times_of_day:
         return ("source.date gives a whole file one date, from its path, so a file holding several days' times of "
-                "day goes back at each midnight: keep one day per file (split it by its date column, if it has one)")
+                "day goes back at each midnight: keep one day per file, or, if it has a date column, date each row "
+                "by it with source.date ({column: date})")
     if ns.size and int(ns.min()) >= 0 and int(ns.max()) < DAY_NS:
         return ("every time here is within a day of 1970-01-01T00:00: they look like times of day (nanoseconds "
                 "since midnight, as NASDAQ ITCH gives them) without their date, and a row going back is likely the "
