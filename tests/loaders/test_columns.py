@@ -166,3 +166,20 @@ def test_rows_out_of_order_by_date_and_time_are_told_to_sort_by_both(tmp_path):
                        r"the row above it \(line 41\) at 2024-01-02T.*sort the file by 'date', then by time$"):
         open_source(str(tmp_path / "q.csv"), timestamp="timestamp", date={"column": "date"},
                     chunk_rows=25).timestamps.compute()
+
+
+def test_the_unit_of_times_of_day_dated_by_a_column_is_checked_per_file_not_per_row_group(tmp_path):
+    # A 24-hour market: the row group holding the first minute after midnight alone
+    # looks like another unit; the file's footers, which reach 23:59, say ns.
+    tod = np.array([10, 20, 80, 3_600, 86_000], dtype=np.int64) * 10**9
+    frame = pd.DataFrame({"date": np.repeat([20240102, 20240103], 5), "timestamp": np.tile(tod, 2),
+                          "bid_price_1": np.arange(10.0)})
+    frame.to_parquet(tmp_path / "fx.parquet", index=False, row_group_size=3)
+    src = open_source(str(tmp_path / "fx.parquet"), timestamp="timestamp", date={"column": "date"}, chunk_rows=3)
+    assert src.timestamps.numblocks[0] > 1  # the row groups read apart
+    np.testing.assert_array_equal(src.timestamps.compute(), _whole_times(frame))
+    # Milliseconds since midnight read as ns would put each day in its first 86.4 s.
+    frame.assign(timestamp=frame["timestamp"] // 10**6).to_parquet(tmp_path / "ms.parquet", index=False)
+    with pytest.raises(LoaderError, match=r"ms\.parquet: timestamp column 'timestamp': times of day up to 86000000.*"
+                       r"source\.timestamp_unit: ms"):
+        open_source(str(tmp_path / "ms.parquet"), timestamp="timestamp", date={"column": "date"})
