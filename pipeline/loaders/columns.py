@@ -34,8 +34,8 @@ from pipeline.loaders.tables import (
 )
 from pipeline.loaders.timeorder import DAY_NS, repeated_hour_advice
 
-__all__ = ["TIMESTAMP_UNITS", "RowDates", "check_day_unit", "dated_parts", "dates_to_ns", "drop_rows", "instrument_array",
-           "instrument_names", "keep_mask", "row_dates", "timestamp_array", "to_ns"]
+__all__ = ["TIMESTAMP_UNITS", "RowDates", "check_day_unit", "dated_parts", "dates_to_ns", "drop_rows",
+           "instrument_array", "instrument_names", "keep_mask", "row_dates", "timestamp_array", "to_ns"]
 
 #: Nanoseconds per unit of numeric timestamps (``source.timestamp_unit``).
 TIMESTAMP_UNITS = {"s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -454,8 +454,8 @@ def _days_advice(ns: np.ndarray, part: TablePart, date_column: str | None = None
                 "since midnight, as NASDAQ ITCH gives them) without their date, and a row going back is likely the "
                 "next day's first; sorting would mix the days. Store whole times in the timestamp column (each "
                 "row's date added, from a date column if the file has one), or keep one day per file and take each "
-                "file's date from its path with source.date ({path: 'data/{date}.csv'}), or each row's from a date column "
-                "with source.date ({column: date})")
+                "file's date from its path with source.date ({path: 'data/{date}.csv'}), or each row's from a date "
+                "column with source.date ({column: date})")
     return None
 
 
