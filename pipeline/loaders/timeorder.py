@@ -182,7 +182,7 @@ def files_out_of_order(path: str, first: Any, previous: str, last: Any, *, times
                            "starting no earlier than the one before it ends: keep one file per day, or name a "
                            "day's files in time order")
     if day is not None:  # from the rows: whether source.date ordered them is not known here
-        return LoaderError(path, f"{where}; {order} (by the dates in their paths under source.date): both hold "
+        return LoaderError(path, f"{where}; {order} (by their dates under source.date): both hold "
                            f"times of {day} (a day supplied twice?)")
     if times_of_day:
         return LoaderError(path, f"{where}; every timestamp of both files is within a day of 1970-01-01T00:00: they "

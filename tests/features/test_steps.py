@@ -199,7 +199,8 @@ def test_book_defaults_to_ten_levels():
 def test_book_missing_column_fails_before_computing():
     cols = orderbook_columns(1)
     x = da.zeros((10, len(cols)), chunks=5)
-    with pytest.raises(FeatureError, match="feature book \(features.steps\[0\]\) reads column 'ask_price_2', which is not in the source"):
+    with pytest.raises(FeatureError, match=r"feature book \(features.steps\[0\]\) reads column 'ask_price_2', "
+                                           r"which is not in the source"):
         compute_features(x, columns=cols, specs=[FeatureSpec("book", levels=2)])
     with pytest.raises(ConfigError, match=r"^f\.levels: expected a positive integer, got 0"):
         FeatureSpec.from_mapping({"name": "book", "levels": 0}, "f")
