@@ -272,7 +272,11 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
         order = _column_key_order if mode == "column" else str
         last = max(old_keys, key=order)
         for key, name in zip(keys, names):
-            if order(key) <= order(last):
+            if order(key) == order(last):
+                raise WindowError(f"append: {name} continues the last stored session ({last}); an append adds "
+                                  "whole new sessions: new files must start after every stored one, or rebuild "
+                                  "with --rebuild")
+            if order(key) < order(last):
                 raise WindowError(f"append: {name} falls before or among the stored sessions (the last stored is "
                                   f"{last}); new files must come after every stored one, or rebuild with --rebuild")
         ranked = sorted(set(keys), key=order)

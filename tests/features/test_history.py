@@ -110,3 +110,13 @@ def test_an_append_adds_its_left_out_windows_to_the_stored_counts():
     merged = merge_attrs(prior, {"split_left_out": {"outside": 4, "embargo": {"val": 5, "test": 1}}})
     assert merged["split_left_out"] == {"outside": 7, "embargo": {"train": 2, "val": 5, "test": 1}}
     assert merge_attrs(prior, {})["split_left_out"] == {"outside": 3, "embargo": {"train": 2, "val": 0}}
+
+
+def test_new_data_continuing_the_last_stored_column_session_is_told_so():
+    stored = [("S0", f"time_id={v}", "", "") for v in (5, 11)]
+    prior = prior_from_attrs({"sessions": [{"rows": [10 * i, 10 * i + 10], "instrument": inst, "session": i,
+                                            "label": label} for i, (inst, label, _, _) in enumerate(stored)],
+                              "instruments": ["S0"], "session_keys": [s[1] for s in stored]}, {"train": 0})
+    with pytest.raises(WindowError, match=r"^append: time_id=11 of instrument 'S0' continues the last stored session "
+                                          r"\(time_id=11\); an append adds whole new sessions"):
+        continue_sessions(prior, np.array([0]), ["time_id=11"], None, "column", keys=["time_id=11"])
