@@ -34,6 +34,7 @@ from pipeline.features.blockwise import take_rows
 from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import InstrumentSpec, SegmentTable, SessionSpec, session_days, step_gaps
 from pipeline.loaders import Source, expand_paths, open_source
+from pipeline.loaders.registry import format_of
 from pipeline.loaders.sessionscan import (column_runs, column_session_numbers, gap_report, gap_tasks, global_row,
                                           reading_column, session_column, show_value)
 from pipeline.loaders.timeorder import check_file_times, check_instrument_times, instrument_spans
@@ -427,6 +428,7 @@ def _instrument_files(files: Sequence[str], instrument: InstrumentSpec | None, f
     for f in files:
         name = instrument.instrument_of(f)
         if name is None:
+            format_of(f, fmt)  # a folder given as a path (a hive partition) is refused as one, with a glob
             raise LoaderError(f, f"does not match source.instrument.path {instrument.path!r}")
         by_name.setdefault(name, []).append(f)
     return by_name, path_key

@@ -56,6 +56,16 @@ def test_a_file_outside_the_instrument_pattern_is_named(tmp_path):
         open_segmented(str(tmp_path / "raw" / "*.parquet"), instrument=InstrumentSpec(path="x/{instrument}/*.parquet"))
 
 
+def test_a_partition_folder_given_as_a_path_is_refused_as_a_folder_not_as_off_the_pattern(tmp_path):
+    """paths: book_train.parquet/stock_id=0 (a hive partition) beside an instrument
+    pattern over stock_id={instrument}: the folder is the cause, not the pattern."""
+    part = tmp_path / "book_train.parquet" / "stock_id=0"
+    write_demo_data(part, DemoSpec(days=1, rows_per_day=50, levels=1, formats=("parquet",)))
+    pattern = InstrumentSpec(path=str(tmp_path / "book_train.parquet" / "stock_id={instrument}" / "*.parquet"))
+    with pytest.raises(LoaderError, match=r"stock_id=0: is a directory, not a file; give a glob of its files"):
+        open_segmented(str(part), instrument=pattern)
+
+
 def _interleaved(tmp_path: Path, days: int = 2, n: int = 300) -> list[Path]:
     """Files per day with two symbols interleaved at random, timestamps increasing."""
     rng = np.random.default_rng(1)
