@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import NoReturn, Sequence
 
 from pipeline import __version__
@@ -352,6 +353,14 @@ def _bench_remote_options(args: argparse.Namespace) -> tuple[dict, str]:
     return out, ""
 
 
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     line: str | None = None) -> str:
+    """A warning as the command line prints it: its class and message on one line,
+    without the file, line number and source line Python's default adds (they name the
+    package's code, which the user did not write)."""
+    return f"{category.__name__}: {message}\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pipeline`` console script and of ``python -m pipeline``.
 
@@ -362,6 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         when interrupted (``--help`` and ``--version`` exit 0 through argparse).
     """
     args = _parser().parse_args(argv)
+    # A warning is a line of the run's output, not a pointer into the package's source.
+    warnings.formatwarning = one_line_warning
     handlers = {
         "run": _cmd_run,
         "inspect": _cmd_inspect,
