@@ -6,6 +6,9 @@ attributes: nothing is read.
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import dask.array as da
@@ -13,7 +16,7 @@ import numpy as np
 
 from pipeline.errors import WindowError
 
-__all__ = ["SESSION_RULES", "file_sessions", "series_length", "session_rows"]
+__all__ = ["SESSION_RULES", "file_sessions", "remember_files", "series_length", "session_rows"]
 
 
 def series_length(x: da.Array | np.ndarray) -> int:
@@ -41,29 +44,61 @@ SESSION_RULES = ("file", "none")
 
 def file_sessions(x: Any) -> list[int] | None:
     """Rows per file of an array joined from several files, from the provenance it
-    carries, or ``None`` when it carries none.
+    carries or, for an array computed from such an array, from the loaded array's;
+    ``None`` when there is none.
 
     :func:`pipeline.load` and ``open_source(...).array`` set ``x.attrs`` to the files
     read, in array order (``attrs["files"]``, each with its ``rows`` (tables) or its
     ``shape`` (npy, HDF5), and ``attrs["shape"]``). Files joined along time
     (``combine="concat"``) are separate recordings: a window over the seam of two
-    mixes them. ``None`` for one file, files stacked one sample each, a numpy array,
-    or a dask array computed from the loaded one (dask drops ``attrs``).
+    mixes them. ``None`` for one file, files stacked one sample each, or a numpy array.
+
+    Dask drops ``attrs`` from every array computed from ``x`` (``x * 2``, ``x[:, :2]``,
+    ``x.map_blocks(f)``), so for an array without them the loaded arrays its dask graph
+    depends on are looked up (see :func:`remember_files`): when they hold exactly its
+    rows (features computed row by row, columns selected or joined), their files are
+    its sessions.
 
     Raises
     ------
     WindowError
         When the files' rows do not add up to ``x``'s length (rows dropped by
-        ``nan="drop"``, or attrs copied from another array) or a file does not say how
-        many rows it holds: where one file ends is then not known.
+        ``nan="drop"``, or attrs copied from another array), a file does not say how
+        many rows it holds, or ``x`` was computed from a loaded array of several files
+        but has another number of rows (sliced, shifted, joined along time), or from
+        several whose files end at different rows: where one file ends is then not
+        known.
     """
     attrs = getattr(x, "attrs", None)
     files = attrs.get("files") if isinstance(attrs, Mapping) else None
-    if not isinstance(files, (list, tuple)) or len(files) < 2:
+    if not isinstance(files, (list, tuple)):
+        return _derived_file_rows(x)
+    if len(files) < 2:
         return None
     shape = attrs.get("shape")
     ndim = len(shape) if isinstance(shape, (list, tuple)) else len(x.shape)
     T = series_length(x)
+    rows = _attr_rows(files, ndim)
+    if rows is None:
+        return None
+    return _checked_rows(rows, T, f"x carries the {len(files)} files it was read from (x.attrs['files'], the first "
+                                  f"{_first_path(files)})")
+
+
+def _first_path(files: Sequence[Any]) -> str:
+    """The first file's path, for messages."""
+    return str(files[0].get("path", "?")) if files and isinstance(files[0], Mapping) else "?"
+
+
+def _attr_rows(files: Sequence[Any], ndim: int) -> list[int | None] | None:
+    """Rows per file from ``attrs["files"]`` (``None`` for a file stacked as one sample),
+    or ``None`` when every file is one sample (the series runs across them).
+
+    Raises
+    ------
+    WindowError
+        For a file that says neither its rows nor its shape.
+    """
     rows: list[int | None] = []
     for f in files:
         f = f if isinstance(f, Mapping) else {}
@@ -78,18 +113,127 @@ def file_sessions(x: Any) -> list[int] | None:
             raise WindowError(f"windows: x carries the files it was read from (x.attrs['files']), but "
                               f"{f.get('path', f)!r} does not say how many rows it holds, so where it ends is not "
                               "known; pass sessions=[rows per session], or sessions='none' for one series")
-    if all(n is None for n in rows):
-        return None  # stacked: each row is a file, and the series runs across them
+    return None if all(n is None for n in rows) else rows
+
+
+def _checked_rows(rows: Sequence[int | None], T: int, where: str) -> list[int]:
+    """``rows`` when every file's rows are known and add up to ``T``.
+
+    Raises
+    ------
+    WindowError
+        Otherwise, saying ``where`` the files come from, their sum and ``T``.
+    """
     known = [n for n in rows if n is not None]
     if len(known) != len(rows) or sum(known) != T:
-        path = files[0].get("path", "?") if isinstance(files[0], Mapping) else "?"
         raise WindowError(
-            f"windows: x carries the {len(files)} files it was read from (x.attrs['files'], the first {path}), "
-            f"whose rows add up to {sum(known)}, not x's {T} (rows dropped by nan='drop', or the attrs of another "
-            "array), so where one file ends is not known; pass sessions=[rows per file] (no window spans two), "
-            "or sessions='none' for one continuous series"
+            f"windows: {where}, whose rows add up to {sum(known)}, not x's {T} (rows dropped by nan='drop', "
+            "or the attrs of another array), so where one file ends is not known; pass sessions=[rows per file] "
+            "(no window spans two), or sessions='none' for one continuous series"
         )
     return known
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadedFiles:
+    """What windows need of a loaded array of several files joined along time, kept
+    after the array itself is gone: its files' rows (``None``: unknown, see
+    ``problem``), its own length and its first file, for messages."""
+
+    rows: tuple[int | None, ...] | None
+    length: int
+    first: str
+    problem: str | None = None
+
+
+# Dask names of loaded arrays -> their files. Keyed by name, not by the array: a
+# derived array's graph holds the loaded array's layer (by name), not the array, which
+# is often gone (`f = pipeline.load(...) * 2`). Bounded, oldest dropped first, by
+# entries and by files held (an array of 100,000 npy files keeps 100,000 counts).
+_LOADED: OrderedDict[str, _LoadedFiles] = OrderedDict()
+_LOADED_LOCK = threading.Lock()
+_MAX_LOADED = 256
+_MAX_LOADED_FILES = 2_000_000
+
+
+def remember_files(x: Any) -> None:
+    """Record the files a loaded array ``x`` was joined from under its dask name, so
+    that arrays computed from it (which lose ``x.attrs``) keep them as sessions (see
+    :func:`file_sessions`). Arrays of one file or stacked files (one series) are not
+    recorded; nothing is read.
+    """
+    attrs = getattr(x, "attrs", None)
+    files = attrs.get("files") if isinstance(attrs, Mapping) else None
+    name = getattr(x, "name", None)
+    shape = tuple(getattr(x, "shape", ()))
+    if not isinstance(name, str) or not isinstance(files, (list, tuple)) or len(files) < 2 or len(shape) != 2:
+        return
+    if np.isnan(shape[0]):
+        return
+    try:
+        rows = _attr_rows(files, len(shape))
+        record = _LoadedFiles(None if rows is None else tuple(rows), int(shape[0]), _first_path(files))
+    except WindowError as err:
+        record = _LoadedFiles(None, int(shape[0]), _first_path(files), problem=str(err))
+    if record.rows is None and record.problem is None:
+        return  # stacked: one series, as without a record
+    with _LOADED_LOCK:
+        _LOADED.pop(name, None)
+        _LOADED[name] = record
+        held = sum(len(r.rows or ()) for r in _LOADED.values())
+        while len(_LOADED) > 1 and (len(_LOADED) > _MAX_LOADED or held > _MAX_LOADED_FILES):
+            _, old = _LOADED.popitem(last=False)
+            held -= len(old.rows or ())
+
+
+def _loaded_ancestors(x: Any) -> list[_LoadedFiles]:
+    """The recorded loaded arrays ``x``'s dask graph depends on (``x`` among them)."""
+    layers = getattr(getattr(x, "dask", None), "layers", None) if isinstance(x, da.Array) else None
+    if not isinstance(layers, Mapping):
+        return []
+    with _LOADED_LOCK:
+        return [_LOADED[name] for name in layers if name in _LOADED]
+
+
+def _derived_file_rows(x: Any) -> list[int] | None:
+    """Rows per file of the loaded arrays of several files that ``x`` was computed
+    from, when they hold exactly ``x``'s rows; ``None`` when it depends on none.
+
+    Equal lengths are taken as rows kept one for one, as elementwise features,
+    column selections, ``map_blocks`` and joins along columns keep them. A reordering
+    that keeps the length (``x[::-1]``) cannot be told apart here.
+
+    Raises
+    ------
+    WindowError
+        When ``x`` has another length than such an array (rows sliced, shifted or
+        joined along time: no file's end is known), or depends on several whose
+        files end at different rows.
+    """
+    found = _loaded_ancestors(x)
+    if not found:
+        return None
+    T = series_length(x)
+    for rec in found:
+        if rec.length != T:
+            raise WindowError(
+                f"windows: x was computed from an array of {len(rec.rows or ())} files joined along time (the first "
+                f"{rec.first}) of {rec.length} rows, but has {T} rows (sliced, shifted or joined along time), so "
+                "where one file ends in it is not known; pass sessions=[rows per file] (no window spans two), or "
+                "sessions='none' for one continuous series"
+            )
+        if rec.problem is not None:
+            raise WindowError(f"{rec.problem} (x was computed from that array)")
+    bounds = {tuple(_checked_rows(rec.rows or (), T, f"x was computed from an array of {len(rec.rows or ())} files "
+                                                    f"joined along time (the first {rec.first})"))
+              for rec in found}
+    if len(bounds) > 1:
+        raise WindowError(
+            f"windows: x was computed from {len(found)} arrays joined from files whose ends differ "
+            f"({' and '.join(str(list(b)) for b in sorted(bounds)[:2])} rows per file), so its sessions are not known; "
+            "pass sessions=[rows per session], or sessions='none' for one continuous series"
+        )
+    return list(bounds.pop())
 
 
 def session_rows(x: Any, sessions: Sequence[int] | str | None) -> list[int] | None:
@@ -114,9 +258,8 @@ def session_rows(x: Any, sessions: Sequence[int] | str | None) -> list[int] | No
         if lengths is None:
             raise WindowError(
                 "windows: sessions='file' needs an array joined from several files (pipeline.load or "
-                "open_source(...).array with combine='concat'), which carries them in x.attrs['files']; this one "
-                "carries none (dask drops attrs when an array is computed on: copy them back, x2.attrs = x.attrs, "
-                "or pass sessions=[rows per session])"
+                "open_source(...).array with combine='concat'), which carries them in x.attrs['files'], or an "
+                "array computed from one; this one is neither (pass sessions=[rows per session])"
             )
         return lengths
     if sessions is None:

@@ -255,8 +255,9 @@ def windows(
         only, with ends counted from each session's start, and sessions too short for
         a window make none. ``None`` (the default): the files ``x`` was joined from when
         it carries them (an array of several files from :func:`pipeline.load` or
-        ``open_source(...).array`` with ``combine="concat"``, see
-        :func:`file_sessions`), otherwise one series. ``"file"``: the files, refused
+        ``open_source(...).array`` with ``combine="concat"``, or one computed from it
+        row for row, such as ``x * 2`` or ``x[:, :2]``; see :func:`file_sessions`),
+        otherwise one series. ``"file"``: the files, refused
         for an array that carries none; ``"none"``: one continuous series, across files.
     names
         One name per column of ``x`` (``["mid", "spread", ...]``), recorded once (the
@@ -285,7 +286,9 @@ def windows(
     WindowError
         When ``x`` is not 2-D, no window fits in ``T`` steps (or in any session),
         ``sessions`` do not add up to ``T``, ``names`` are not one string per
-        column of ``x``, or ``horizon`` is not a count of steps.
+        column of ``x``, or ``horizon`` is not a count of steps; by default, also
+        when ``x`` was computed from an array of several files but has other rows
+        (``x[5:]``), so that where one file ends is not known.
     """
     scales = _validate(size, stride, scales, horizon)
     lengths, runs, _ = _plan(x, size, stride, scales, sessions, horizon or 0)

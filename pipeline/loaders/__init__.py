@@ -490,10 +490,15 @@ def open_source(
 def _carrying(source: "Source") -> "Source":
     """``source`` with its provenance on its array as ``array.attrs``, which
     :func:`pipeline.write` records in the store (files, classes, skipped files)."""
+    from pipeline.features.filesessions import remember_files
+
     try:
         source.array.attrs = source.metadata()
     except AttributeError:  # pragma: no cover - a dask version with slots-only arrays
         pass
+    # Dask drops attrs from every array computed from this one (f = x * 2): recorded
+    # under its dask name, its files stay the sessions windows of f are made within.
+    remember_files(source.array)
     return source
 
 

@@ -653,3 +653,111 @@ def test_a_horizon_that_is_no_count_of_steps_or_leaves_no_window_is_refused():
             window_end_rows(x, size=3, horizon=bad)
     with pytest.raises(WindowError, match=r"series of 10 steps is too short .*horizon=8.*3 steps, and 8 after"):
         windows(x, size=3, horizon=8)
+
+
+def write_npy_recordings(folder: Path, lengths: list[int], F: int = 3,
+                         seed: int = 7) -> tuple[list[np.ndarray], list[str]]:
+    """One ``.npy`` per recording (values in the thousands of its index) and their paths."""
+    rng = np.random.default_rng(seed)
+    parts = [rng.standard_normal((n, F)) + 1000 * i for i, n in enumerate(lengths)]
+    paths = [str(folder / f"rec{i}.npy") for i in range(len(parts))]
+    for path, part in zip(paths, parts):
+        np.save(path, part)
+    return parts, paths
+
+
+def per_file_with_horizon(parts: list[np.ndarray], size: int, stride: int, scales: tuple[int, ...], k: int
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Each file's windows on its own whose end is ``k`` rows before the file's end (the
+    windows of the file without its last ``k`` rows), and their end rows in the join."""
+    h = (size - 1) * max(scales)
+    wins, ends, start = [], [], 0
+    for p in parts:
+        w = reference(p[: len(p) - k], size, stride, scales)
+        wins.append(w)
+        ends.append(start + h + stride * np.arange(len(w), dtype=np.int64))
+        start += len(p)
+    return np.concatenate(wins), np.concatenate(ends)
+
+
+DERIVED = {
+    "arithmetic": (lambda x: x * 2 - 1, lambda a: a * 2 - 1),
+    "columns": (lambda x: x[:, [2, 0]], lambda a: a[:, [2, 0]]),
+    "map_blocks": (lambda x: x.map_blocks(lambda b: np.cumsum(b, axis=1), dtype=x.dtype),
+                   lambda a: np.cumsum(a, axis=1)),
+    "joined_columns": (lambda x: da.concatenate([x, np.log(np.abs(x) + 1)], axis=1),
+                       lambda a: np.concatenate([a, np.log(np.abs(a) + 1)], axis=1)),
+}
+
+
+@pytest.mark.parametrize("derive", list(DERIVED))
+def test_features_computed_from_loaded_files_keep_the_files_as_sessions(tmp_path, derive):
+    """f = x * 2 (dask drops x.attrs) of two recordings joined along time: its windows
+    and horizon labels stay inside each file, as numpy makes them from each file of f
+    alone, though the loaded array itself is gone."""
+    on_dask, on_numpy = DERIVED[derive]
+    lengths = [40, 30]
+    parts, paths = write_npy_recordings(tmp_path, lengths)
+    f = on_dask(pipeline_load(paths, combine="concat", chunk_rows=16))
+    assert "files" not in (getattr(f, "attrs", None) or {})  # what dask leaves: nothing to read the files from
+    expect, ends = per_file_with_horizon([on_numpy(p) for p in parts], 5, 2, (1, 2), 3)
+    got = windows(f, size=5, stride=2, scales=(1, 2), horizon=3)
+    assert got.attrs["windows"]["sessions"] == lengths
+    np.testing.assert_allclose(got.compute(scheduler="sync"), expect)
+    np.testing.assert_array_equal(window_end_rows(f, size=5, stride=2, scales=(1, 2), horizon=3), ends)
+    np.testing.assert_array_equal(windows(f, size=5, stride=2, scales=(1, 2), sessions="file").shape[0],
+                                  len(per_session([on_numpy(p) for p in parts], 5, 2, (1, 2))[0]))
+
+
+def test_the_trial_of_a_derived_array_makes_no_window_across_the_files(tmp_path):
+    """The user trial: 40 + 30 rows, f = x * 2, size 8, horizon 3: 30 + 20 windows
+    (not 60, 10 of them reading the next file)."""
+    parts, paths = write_npy_recordings(tmp_path, [40, 30], F=2)
+    f = pipeline_load(paths, combine="concat") * 2
+    e = window_end_rows(f, size=8, horizon=3)
+    assert len(e) == 30 + 20 and not np.any((e - 7 < 40) & (e + 3 >= 40))
+    np.testing.assert_array_equal(windows(f, size=8, horizon=3).compute(),
+                                  per_file_with_horizon([p * 2 for p in parts], 8, 1, (1,), 3)[0])
+
+
+@pytest.mark.parametrize("derive", [lambda x: x[5:], lambda x: x[1:] - x[:-1], lambda x: da.concatenate([x, x])],
+                         ids=["row_slice", "lag", "joined_rows"])
+def test_an_array_of_other_rows_than_its_files_is_refused_not_guessed(tmp_path, derive):
+    """A row slice, a lag or a join along time of loaded files: where each file ends in
+    it is not known, so windows refuse (naming the first file and both lengths) rather
+    than take the files' bounds; sessions= resolves it."""
+    parts, paths = write_npy_recordings(tmp_path, [40, 30])
+    f = derive(pipeline_load(paths, combine="concat", chunk_rows=16))
+    T = f.shape[0]
+    with pytest.raises(WindowError, match=rf"rec0\.npy\) of 70 rows, but has {T} rows.*sessions=\[rows per file\]"):
+        windows(f, size=4)
+    with pytest.raises(WindowError, match=rf"but has {T} rows"):
+        window_end_rows(f, size=4, horizon=2)
+    lengths = [T - 30, 30]  # e.g. x[5:]: the first file's last 35 rows, then the second file
+    got = windows(f, size=4, sessions=lengths).compute()
+    joined = f.compute()
+    np.testing.assert_array_equal(got, per_session([joined[: T - 30], joined[T - 30:]], 4, 1, (1,))[0])
+    np.testing.assert_array_equal(windows(f, size=4, sessions="none").compute(), reference(joined, 4, 1, (1,)))
+
+
+def test_columns_joined_from_files_that_end_at_different_rows_are_refused(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    _, first = write_npy_recordings(tmp_path / "a", [40, 30])
+    _, second = write_npy_recordings(tmp_path / "b", [30, 40])
+    f = da.concatenate([pipeline_load(first, combine="concat"), pipeline_load(second, combine="concat")], axis=1)
+    with pytest.raises(WindowError, match=r"computed from 2 arrays .*\[30, 40\] and \[40, 30\] rows per file"):
+        windows(f, size=4)
+    assert windows(f, size=4, sessions="none").shape == (67, 4, 6)
+
+
+def test_an_array_computed_from_files_whose_rows_do_not_add_up_is_refused_as_they_are(tmp_path):
+    for i, n in enumerate([25, 40]):
+        df = pd.DataFrame({"a": np.arange(n, dtype=float), "b": np.ones(n)})
+        df.loc[3, "a"] = np.nan
+        df.to_csv(tmp_path / f"day{i}.csv", index=False)
+    f = pipeline_load(f"{tmp_path}/day*.csv", nan="drop")[:, :1] * 2
+    with pytest.raises(WindowError, match=r"computed from an array of 2 files .*day0\.csv\), whose rows add up to 65, "
+                                          r"not x's 63"):
+        windows(f, size=5)
+    assert windows(f, size=5, sessions=[24, 39]).shape[0] == 20 + 35
