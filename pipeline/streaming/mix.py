@@ -66,7 +66,7 @@ import numpy as np
 from pipeline.errors import StreamError
 from pipeline.streaming.plan import resumed_share
 from pipeline.streaming.api import EMPTY_EPOCHS_OK, check_seed, stream
-from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value, warn_continued
+from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value, uncounted_workers, warn_continued
 
 __all__ = ["Mix", "MixPlan", "apportion", "epoch_steps", "mix", "quota_schedule", "shares"]
 
@@ -258,7 +258,16 @@ class Mix:
         batches_served, num_workers
             For a loop over a DataLoader: the batches it consumed this epoch and the
             loader's ``num_workers`` (by default what this mix's own iteration counted).
+
+        Raises
+        ------
+        StreamError
+            Without ``batches_served``, while the workers of this mix's ``torch()``
+            dataset serve the epoch from where the mix stands, as for a stream (see
+            :meth:`Stream.state_dict`).
         """
+        if batches_served is None and (workers := self._reported_workers()) is not None:
+            raise uncounted_workers("mix", workers, self.epoch, self._served, self.steps)
         served = self._served if batches_served is None else int(batches_served)
         if served < self._served:
             raise StreamError(f"mix: state_dict: batches_served counts this epoch's batches, at least the "

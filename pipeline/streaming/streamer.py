@@ -88,7 +88,7 @@ from pipeline.streaming.plan import (
 )
 
 __all__ = ["AHEAD_BYTES", "AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "QUEUE_BYTES", "Stream", "groups_ahead", "memory_bound",
-           "saved_value", "warn_continued", "warn_repeated"]
+           "saved_value", "uncounted_workers", "warn_continued", "warn_repeated"]
 
 #: What an epoch's order depends on besides the seed, epoch, rank and world size: recorded
 #: by :meth:`Stream.state_dict` and checked on loading a state saved mid-epoch.
@@ -120,6 +120,22 @@ def warn_continued(what: str, epoch: int, served: int, total: int) -> None:
         f"the next epoch first (set_epoch({epoch}) keeps the position), or load_state_dict({{'epoch': {epoch}, "
         "'batches_served': 0}) to serve this epoch again from its start; to continue it on purpose, "
         "load_state_dict(state_dict()) first", RuntimeWarning, stacklevel=3)
+
+
+def uncounted_workers(what: str, workers: int, epoch: int, served: int, total: int) -> StreamError:
+    """The refusal of ``state_dict()`` without ``batches_served=`` while ``workers``
+    DataLoader workers serve the position it stands at.
+
+    The workers iterate copies of the stream, so the batches the loop took from them
+    are counted nowhere in this process: its own count (0, or a loaded state's
+    ``served``) would have a resume serve them again.
+    """
+    return StreamError(
+        f"{what}: state_dict() without batches_served=, but {workers} DataLoader workers serve epoch {epoch} "
+        f"from batch {served} of {total} (its torch() dataset's workers said so when they started), and this "
+        "process cannot count the batches the loop took from them: pass batches_served=n, the batches the loop "
+        f"took this epoch ({served} to {total}, those before a resume included; {total} after the whole epoch), "
+        f"or call set_epoch({epoch + 1}) first to save the next epoch's start")
 
 
 def warn_repeated(epoch: int) -> None:
@@ -463,8 +479,10 @@ class Stream:
         ----------
         batches_served
             For a loop over a DataLoader, whose workers iterate copies of the stream:
-            the batches the loop consumed this epoch. By default, what this stream's own
-            iteration counted.
+            the batches the loop consumed this epoch (those before a resume included).
+            By default, what this stream's own iteration counted (a plain loop, Keras,
+            ``DataLoader(num_workers=0)``), which is refused while DataLoader workers
+            serve where the stream stands (see Raises).
         num_workers
             With ``batches_served``: the loader's ``num_workers``. Optional: the workers
             of this stream's ``torch()`` dataset report how many they are, and a count
@@ -487,7 +505,24 @@ class Stream:
             runs; ``rank``,
             ``world_size`` and ``batch_size`` (this rank's share of a step) are then for
             information, not checked.
+
+        Raises
+        ------
+        StreamError
+            Without ``batches_served``, when the workers of this stream's ``torch()``
+            dataset reported serving the epoch from where the stream stands (since its
+            last ``set_epoch`` or ``load_state_dict``): this process cannot count the
+            batches the loop took from them, and its own count would have a resume
+            serve them again. Pass ``batches_served=n``, or, between epochs, call
+            ``set_epoch`` with the next epoch first: its start needs no count. With
+            ``batches_served``, when no worker count is known for a count mid-epoch
+            (see ``num_workers``), or the count is below the batches served before
+            this iteration began.
         """
+        if batches_served is None and (workers := self._reported_workers()) is not None:
+            # Refused in this process, not in the workers: a loader whose workers raise
+            # takes torch seconds per worker to shut down.
+            raise uncounted_workers("stream", workers, self.epoch, self._served, len(self))
         served = self._served if batches_served is None else int(batches_served)
         if served < self._served:
             # A count of the loop's own batches since a resume would skip back and

@@ -322,3 +322,47 @@ def test_a_loader_without_workers_counts_what_it_served(store):
     resumed = pipeline.stream(store, batch_size=32, seed=7)
     resumed.load_state_dict(state)
     np.testing.assert_array_equal(np.concatenate([np.asarray(y) for _, y in resumed]), np.concatenate(rest))
+
+
+def test_state_dict_without_a_count_is_refused_while_workers_serve(store):
+    """After a break in a loop over DataLoader workers, state_dict() without
+    batches_served= once said batches_served=0 (the workers' batches are counted in no
+    copy this process sees), and the resume served the batches taken twice: it is
+    refused, in this process, asking for the count; with it, the resume serves the rest
+    of the epoch once. Before any iteration, after load_state_dict and after set_epoch
+    nothing was taken from workers at that position, and state_dict() answers."""
+    make = lambda: pipeline.stream(store, batch_size=32, seed=4)  # noqa: E731
+    s = make()
+    loader = DataLoader(s.torch(), batch_size=None, num_workers=2)
+    assert s.state_dict()["batches_served"] == 0  # the loader made, nothing iterated
+    first = _labels(loader, 10)
+    with pytest.raises(StreamError, match=r"2 DataLoader workers serve epoch 0 .* pass batches_served=n"):
+        s.state_dict()
+    with pytest.raises(StreamError, match=r"pass batches_served=n"):
+        s.state_dict(num_workers=2)  # a worker count is no batch count
+    state = s.state_dict(batches_served=10)
+    assert (state["batches_served"], state["num_workers"]) == (10, 2)
+    r = make()
+    r.load_state_dict(state)
+    assert r.state_dict()["batches_served"] == 10  # a loaded state: the count is known
+    rest = _labels(DataLoader(r.torch(), batch_size=None, num_workers=2))
+    served = np.concatenate(first + rest)
+    np.testing.assert_array_equal(np.sort(served), np.arange(1000))  # each sample once
+    with pytest.raises(StreamError, match=r"from batch 10 of 32 .* \(10 to 32, .* set_epoch\(1\)"):
+        r.state_dict()  # the whole epoch was served, by workers this process did not count
+    r.set_epoch(1)
+    assert {k: r.state_dict()[k] for k in ("epoch", "batches_served")} == {"epoch": 1, "batches_served": 0}
+
+
+def test_a_mix_refuses_a_state_without_a_count_while_workers_serve(tmp_path):
+    a, b = make_store(tmp_path / "a.zarr", n=300), make_store(tmp_path / "b.zarr", n=200)
+    m = pipeline.mix([pipeline.stream(a, batch_size=16, seed=1), pipeline.stream(b, batch_size=16, seed=1)],
+                     weights=[1, 1], batch_size=16, seed=1)
+    assert m.state_dict()["batches_served"] == 0
+    _labels(DataLoader(m.torch(), batch_size=None, num_workers=2), 5)
+    with pytest.raises(StreamError, match=r"mix: .* 2 DataLoader workers serve epoch 0 .* pass batches_served=n"):
+        m.state_dict()
+    assert {k: m.state_dict(batches_served=5)[k] for k in ("batches_served", "num_workers")} == \
+        {"batches_served": 5, "num_workers": 2}
+    m.set_epoch(1)
+    assert m.state_dict()["batches_served"] == 0

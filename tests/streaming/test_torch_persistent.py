@@ -57,7 +57,7 @@ def test_persistent_workers_take_up_a_loaded_state(store):
     s = pipeline.stream(store, **KW)
     loader = _loader(s, True)
     assert _samples(_epoch(loader)) == list(range(1000))  # epoch 0 starts the workers
-    s.load_state_dict({**s.state_dict(), "epoch": 3, "batches_served": 6, "num_workers": 2})
+    s.load_state_dict({**s.state_dict(batches_served=len(s)), "epoch": 3, "batches_served": 6, "num_workers": 2})
     assert _epoch(loader) == whole[6:]  # exactly the rest of epoch 3
     s.set_epoch(4)
     ref.set_epoch(4)
@@ -90,7 +90,7 @@ def test_persistent_workers_resume_in_the_uninterrupted_order(store, kw):
     loader = _loader(s, True)
     _epoch(loader)
     # 5 batches on 2 workers: the rest starts with the second worker's turn.
-    s.load_state_dict({**s.state_dict(), "epoch": 1, "batches_served": 5, "num_workers": 2})
+    s.load_state_dict({**s.state_dict(batches_served=len(s)), "epoch": 1, "batches_served": 5, "num_workers": 2})
     assert _epoch(loader) == full[5:]
 
 
@@ -125,3 +125,18 @@ def test_the_board_travels_only_to_a_spawned_process(store):
     s.set_epoch(5)
     assert board.read().epoch == 5 and board.read().served == 0 and board.read().seq > got.seq
     np.testing.assert_equal(len(ds), len(s))
+
+
+def test_persistent_workers_report_each_epoch_they_serve(store):
+    """Persistent workers report anew at each epoch they take up: state_dict() without
+    a count is refused after each epoch they served (the count is not 0), and answers
+    after set_epoch, before the next one."""
+    s = pipeline.stream(store, **KW)
+    loader = _loader(s, True)
+    for epoch in range(2):
+        s.set_epoch(epoch)
+        assert (s.state_dict()["epoch"], s.state_dict()["batches_served"]) == (epoch, 0)
+        assert _samples(_epoch(loader)) == list(range(1000))
+        with pytest.raises(StreamError, match=f"2 DataLoader workers serve epoch {epoch} .* batches_served=n"):
+            s.state_dict()
+        assert s.state_dict(batches_served=len(s))["batches_served"] == len(s)
