@@ -20,7 +20,9 @@ To resume mid-epoch, count the batches the loop consumed this epoch and save
 ``stream.state_dict(batches_served=n)``: the state records ``num_workers``, the
 loader's workers, which each tell the stream in the main process how many they are
 before their first batch (on the board below; ``num_workers=k`` may still be passed, and
-a count no worker reported for is refused rather than guessed). With ``num_workers=0``
+a count no worker reported for is refused rather than guessed; so is
+``stream.state_dict()`` without the count once workers served from where the stream
+stands, which would say 0). With ``num_workers=0``
 the dataset iterates the stream itself, as a plain loop, one server that counts its
 batches: ``stream.state_dict()`` holds them, and iterating the loader again after a
 ``break`` continues the epoch. Before the next ``iter(loader)``, call
