@@ -595,7 +595,9 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
            ) -> tuple[np.ndarray, list[int], str, int, dict[str, Any]]:
     """The split of every window (``-1``: none), the cuts between splits, whether they
     are times or rows, the gap, and what the placement left out (``split_left_out``:
-    windows an embargo took from each split, windows outside every split's time).
+    ``outside`` every split's time, ``across`` a cut (their reach crosses from one
+    split's time into another's, or past a split's end), and per split taken by its
+    ``embargo``; with the windows stored, they add up to the windows made).
 
     Fraction cuts are placed where :func:`~pipeline.features.geometry.split_ranges`
     would start each split among the windows in time order (with the gap of one
@@ -631,6 +633,7 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
         outside = outside_splits(lo_key, spans)
         if outside.any() or has_dates(splits):  # a warm-up before a from, days no split lists
             left_out["outside"] = int(outside.sum())
+        left_out["across"] = _across(where, outside)
         if has_dates(splits):
             _check_listed_dates(lo_key, hi_key, where, splits, append=prior is not None)
             if outside.any():
@@ -649,15 +652,27 @@ def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], time
     elif len(names) > 1:
         cuts = fraction_cuts(lo_key, order, splits, gap)
         where = assign_splits(lo_key, hi_key, cuts, names)
+        left_out["across"] = _across(where, np.zeros(where.shape, dtype=bool))
     else:
         cuts = []
         where = assign_splits(lo_key, hi_key, cuts, names)
     if not dated and len(names) > 1 and sum(splits.values()) < 1.0 - 1e-9:
         # Fractions summing below 1 leave the latest windows out, as the count of the
-        # last split says.
+        # last split says: outside every split's share of time.
         last_hi = list(split_ranges(runs.n, splits, gap).values())[-1][1]
-        where[order[last_hi:]] = -1
+        tail = np.zeros(where.shape, dtype=bool)
+        tail[order[last_hi:]] = True
+        left_out["across"] -= int((tail & (where < 0)).sum())
+        left_out["outside"] = int(tail.sum())
+        where[tail] = -1
     return where, cuts, key_kind, gap, ({"split_left_out": left_out} if left_out else {})
+
+
+def _across(where: np.ndarray, outside: np.ndarray) -> int:
+    """How many windows the placement left out because their reach crosses a cut (from
+    one split's time into the next one's, or past a split's end), as opposed to those
+    starting outside every split's time (``outside``): in no split, and not outside."""
+    return int(((where < 0) & ~outside).sum())
 
 
 def _check_append_embargo(lo_key: np.ndarray, where: np.ndarray, splits: Mapping[str, Any], prior: Prior) -> None:

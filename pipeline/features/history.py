@@ -96,11 +96,13 @@ def prior_from_attrs(attrs: Mapping[str, Any], samples: Mapping[str, int],
 
 def _summed_left_out(old: Any, new: Any) -> dict[str, Any]:
     """``split_left_out`` of the stored build and of an append, added: ``outside``
-    (windows on dates no split holds) and ``embargo`` (per split)."""
+    (windows on dates no split holds), ``across`` (windows over a cut between splits)
+    and ``embargo`` (per split)."""
     old, new = dict(old or {}), dict(new or {})
     out: dict[str, Any] = {}
-    if "outside" in old or "outside" in new:
-        out["outside"] = int(old.get("outside", 0)) + int(new.get("outside", 0))
+    for key in ("outside", "across"):
+        if key in old or key in new:
+            out[key] = int(old.get(key, 0)) + int(new.get(key, 0))
     if "embargo" in old or "embargo" in new:
         a, b = dict(old.get("embargo") or {}), dict(new.get("embargo") or {})
         out["embargo"] = {k: int(a.get(k, 0)) + int(b.get(k, 0)) for k in dict.fromkeys([*a, *b])}

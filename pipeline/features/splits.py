@@ -81,8 +81,9 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
     ["2026-01-05", "2026-01-12"]}``: every window whose reach lies in those days), or
     ``{file: splits.csv}``, a CSV file of ``date,split`` rows (:func:`read_split_file`).
     A dated split may add ``embargo: 1h``: its windows whose reach ends less than that
-    before the next split's first step are left out (:func:`embargo_mask`); ``{file:
-    ..., embargo: 1h}`` gives every split the same.
+    before the next split's first step are left out (:func:`embargo_mask`); ``embargo:
+    1h`` beside the splits (``{train: {until: ...}, test: {}, embargo: 1h}``, or ``{file:
+    ..., embargo: 1h}``) gives every split that has none of its own the same.
 
     Returns
     -------
@@ -97,20 +98,31 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
     ConfigError
         Naming the key (``splits.val.dates[1]``, or the file and its row) and what was
         expected: a malformed value, bounds out of order, a date in two splits or
-        inside an interval split, an embargo on fraction splits.
+        inside an interval split, an embargo on fraction splits (``{path}.embargo``
+        beside them, or fractions mixed with dated splits: both list the dated forms).
     """
     if _is_file_form(value):
         value = read_split_file(value, path)
     if not isinstance(value, Mapping) or not value:
         raise ConfigError(path, "a mapping of split name to fraction, to {until: date}, to {dates: [...]}, "
                                 "or {file: splits.csv}", value)
+    value, embargo = _top_embargo(value, path)
     for name in value:
         if not isinstance(name, str) or not name.isidentifier():
             raise ConfigError(f"{path}.{name}", "a split name made of letters, digits and _", name)
     dated = [isinstance(v, Mapping) or v is None for v in value.values()]
     if any(dated) and not all(dated):
-        raise ConfigError(path, "fractions for every split, or {until: date} for every split (an embargo needs "
-                                "dated splits)", dict(value))
+        raise ConfigError(path, f"fractions for every split, or dated splits for every split ({_DATED_FORMS}; "
+                                f"an embargo needs dated splits)",
+                          dict(value))
+    if embargo is not None and not all(dated):
+        raise ConfigError(f"{path}.embargo", "", detail=f"an embargo needs dated splits ({_DATED_FORMS}), "
+                                                        "with embargo: 1h beside them or per split (train: {until: "
+                                                        "date, embargo: 1h}): fractions have no time to measure it "
+                                                        "in")
+    if embargo is not None:
+        # A split's own embargo wins: the top-level one is every other split's.
+        value = {name: {"embargo": embargo, **(bound or {})} for name, bound in value.items()}
     if not all(dated):
         out: dict[str, Any] = {}
         for name, frac in value.items():
@@ -124,6 +136,31 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
     out = _parse_dated(value, path)
     _check_disjoint(out, path)
     return out
+
+
+#: The dated forms, as the messages about them list them.
+_DATED_FORMS = "{until: date}, {from: date, until: date}, {dates: [date, ...]}, or {file: splits.csv}"
+
+
+def _top_embargo(value: Mapping[str, Any], path: str) -> tuple[Mapping[str, Any], str | None]:
+    """The splits without a top-level ``embargo`` key, and that embargo checked, as
+    ``"<n>ns"`` (None: none given).
+
+    ``embargo`` beside the splits is a duration for every split, never a split's name.
+
+    Raises
+    ------
+    ConfigError
+        ``{path}.embargo`` not a duration; no split beside it.
+    """
+    if "embargo" not in value:
+        return value, None
+    ns = _parse_embargo(value["embargo"], f"{path}.embargo")
+    rest = {k: v for k, v in value.items() if k != "embargo"}
+    if not rest:
+        raise ConfigError(path, "splits beside embargo, such as {train: {until: date}, test: {}, embargo: 1h}",
+                          dict(value))
+    return rest, f"{ns}ns"
 
 
 def _parse_dated(value: Mapping[str, Any], path: str) -> dict[str, Any]:

@@ -156,10 +156,13 @@ def _mib(n: float) -> str:
 
 def left_out_line(left_out: Mapping[str, Any]) -> str | None:
     """The line for the windows a build's splits left out (its ``split_left_out``: on
-    dates no split holds, and per split within an embargo of the next), or None."""
+    dates no split holds, across a cut between splits, and per split within an embargo
+    of the next), or None."""
     parts = []
     if left_out.get("outside"):
         parts.append(f"{int(left_out['outside']):,} on dates no split holds")
+    if left_out.get("across"):
+        parts.append(f"{int(left_out['across']):,} across a cut between splits")
     embargo = {k: int(v) for k, v in dict(left_out.get("embargo") or {}).items() if v}
     if embargo:
         parts.append("by the embargo: " + ", ".join(f"{k} {v:,}" for k, v in embargo.items()))

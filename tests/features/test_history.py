@@ -112,6 +112,19 @@ def test_an_append_adds_its_left_out_windows_to_the_stored_counts():
     assert merge_attrs(prior, {})["split_left_out"] == {"outside": 3, "embargo": {"train": 2, "val": 0}}
 
 
+def test_an_append_adds_its_windows_across_a_cut_to_the_stored_count():
+    from pipeline.features.history import merge_attrs
+
+    prior = _stored([("AAA", "2026-01-05", "2026-01-05T09:30", "2026-01-05T16:00")])
+    prior = prior_from_attrs({**prior.attrs, "split_left_out": {"outside": 0, "across": 15}}, {"train": 0})
+    merged = merge_attrs(prior, {"split_left_out": {"outside": 2, "across": 4, "embargo": {"val": 1}}})
+    assert merged["split_left_out"] == {"outside": 2, "across": 19, "embargo": {"val": 1}}
+    # A store built before the count existed: the append counts its own (the stored ones went uncounted).
+    older = prior_from_attrs({**prior.attrs, "split_left_out": {"outside": 3}}, {"train": 0})
+    assert merge_attrs(older, {"split_left_out": {"outside": 0, "across": 6}})["split_left_out"] == {
+        "outside": 3, "across": 6}
+
+
 def test_new_data_continuing_the_last_stored_column_session_is_told_so():
     stored = [("S0", f"time_id={v}", "", "") for v in (5, 11)]
     prior = prior_from_attrs({"sessions": [{"rows": [10 * i, 10 * i + 10], "instrument": inst, "session": i,

@@ -360,7 +360,8 @@ def test_published_date_lists_place_each_window_by_its_sessions_date():
     w = ts.attrs["windows"]
     want = _by_dates(_candidates(segs, t, w["back"], w["fwd"]), assignment)
     assert _stored_ends(ts) == want
-    assert all(want.values()) and ts.attrs["split_left_out"] == {"outside": 0}
+    # Cuts on day boundaries with daily sessions: no window reaches across one.
+    assert all(want.values()) and ts.attrs["split_left_out"] == {"outside": 0, "across": 0}
 
 
 def test_a_split_file_assigns_dates_and_windows_on_unlisted_dates_are_counted_and_left_out(tmp_path):
@@ -490,6 +491,103 @@ def test_an_embargo_leaves_out_the_windows_that_end_too_close_to_the_next_split(
     dropped = _embargoed(c, before, "20s", "train", ["test"])
     assert dropped and _stored_ends(ts) == {"train": before["train"] - dropped, "test": before["test"]}
     assert ts.attrs["split_left_out"]["embargo"] == {"train": len(dropped)}
+
+
+def test_the_left_out_counts_and_the_stored_windows_add_up_to_the_windows_made():
+    """A warm-up before a ``from``, a cut inside a session between train and val, an
+    embargo on train, and date-list test days: pandas places each window by its reach
+    and counts, apart, those starting outside every split, those reaching across a cut
+    and those the embargo takes; ``split_left_out`` holds the same three counts, and they
+    and the stored windows add up to every window made."""
+    import pandas as pd
+
+    x, segs, t = _five_days()
+    start, cut = pd.Timestamp("2026-01-05T09:30:20"), pd.Timestamp("2026-01-06T09:31:00")
+    splits = parse_splits({"train": {"from": str(start), "until": str(cut), "embargo": "20s"},
+                           "val": {"until": DAYS[3]}, "test": {"dates": DAYS[3:]}}, "s")
+    with pytest.warns(UserWarning, match="windows start on dates no split lists"):  # the warm-up
+        ts = _build(x, segs, t, splits)
+    w = ts.attrs["windows"]
+    c = _candidates(segs, t, w["back"], w["fwd"])
+    end = pd.Timestamp(DAYS[3])
+    placed = {"train": set(c.loc[(c["lo"] >= start) & (c["hi"] < cut), "end"]),
+              "val": set(c.loc[(c["lo"] >= cut) & (c["hi"] < end), "end"]),
+              "test": set(c.loc[c["lo"] >= end, "end"])}
+    outside = int((c["lo"] < start).sum())
+    across = len(c) - outside - sum(len(v) for v in placed.values())
+    embargoed = _embargoed(c, placed, "20s", "train", ["val", "test"])
+    left = ts.attrs["split_left_out"]
+    assert across > 0 and embargoed and outside > 0
+    assert left == {"outside": outside, "across": across, "embargo": {"train": len(embargoed)}}
+    stored = sum(ts.attrs["window_counts"].values())
+    assert stored + left["outside"] + left["across"] + sum(left["embargo"].values()) == len(c)
+
+
+@pytest.mark.parametrize("fractions", [{"train": 0.6, "val": 0.2, "test": 0.2}, {"train": 0.5, "test": 0.3}])
+def test_fraction_splits_count_the_windows_over_a_cut_and_past_their_share(fractions):
+    """Fraction cuts inside sessions: the windows whose reach holds a cut (by the stored
+    ``split_cuts``, counted with numpy) are ``across``; fractions that sum below 1
+    leave the latest windows ``outside``; with the stored ones they are every window."""
+    lengths = [300, 250, 350]
+    x = book(sum(lengths), seed=2)
+    segs = SegmentTable.from_lengths(lengths)
+    ts = build_training_set(da.from_array(x, chunks=(101, -1)), columns=COLS, features=SPECS, size=6, stride=2,
+                            scales=(1, 3), label=LabelSpec(horizon=4), segments=segs, splits=fractions,
+                            materialize=False)
+    w = ts.attrs["windows"]
+    ends = np.concatenate([np.arange(a + w["back"], b - w["fwd"], 2) for a, b in zip(segs.starts, segs.stops)])
+    lo, hi = ends - w["back"], ends + w["fwd"]
+    cuts = ts.attrs["split_cuts"]
+    assert len(cuts) == len(fractions) - 1
+    over = np.zeros(ends.size, dtype=bool)
+    for cut in cuts:
+        over |= (lo < cut) & (hi >= cut)
+    left = ts.attrs["split_left_out"]
+    assert left["across"] == int(over.sum()) > 0
+    stored = sum(ts.attrs["window_counts"].values())
+    assert stored + left["across"] + left.get("outside", 0) == ends.size
+    assert ("outside" in left) == (sum(fractions.values()) < 1)
+
+
+def test_an_embargo_beside_dated_splits_is_every_splits_unless_one_gives_its_own():
+    """``embargo: 20s`` beside interval or date-list splits gives each split that
+    embargo (one given inside a split wins); the build leaves out the windows pandas
+    finds within it of the next split, as the per-split form does."""
+    import pandas as pd
+
+    x, segs, t = _five_days()
+    cut = "2026-01-06T09:31:00"
+    top = parse_splits({"train": {"until": cut}, "test": {}, "embargo": "20s"}, "s")
+    assert top == parse_splits({"train": {"until": cut, "embargo": "20s"}, "test": {"embargo": "20s"}}, "s")
+    own = parse_splits({"train": {"until": cut, "embargo": "1h"}, "test": {}, "embargo": "20s"}, "s")
+    assert [own["train"]["embargo"], own["test"]["embargo"]] == [3600 * 10**9, 20 * 10**9]
+    listed = {"train": {"dates": DAYS[:2]}, "test": {"dates": DAYS[2:]}, "embargo": "90min"}
+    assert {k: v["embargo"] for k, v in parse_splits(listed, "s").items()} == {"train": 5400 * 10**9,
+                                                                                 "test": 5400 * 10**9}
+    ts = _build(x, segs, t, top)
+    w = ts.attrs["windows"]
+    c = _candidates(segs, t, w["back"], w["fwd"])
+    cut_at = pd.Timestamp(cut)
+    before = {"train": set(c.loc[c["hi"] < cut_at, "end"]), "test": set(c.loc[c["lo"] >= cut_at, "end"])}
+    dropped = _embargoed(c, before, "20s", "train", ["test"])
+    assert dropped and _stored_ends(ts) == {"train": before["train"] - dropped, "test": before["test"]}
+
+
+@pytest.mark.parametrize("value, path, match", [
+    ({"train": 0.8, "val": 0.2, "embargo": "1h"}, "s.embargo",
+     "an embargo needs dated splits ({until: date}, {from: date, until: date}, {dates: [date, ...]}, or "
+     "{file: splits.csv}), with embargo: 1h beside them or per split (train: {until: date, embargo: 1h})"),
+    ({"train": 0.8, "val": {"until": "2026-01-08"}}, "s",
+     "expected fractions for every split, or dated splits for every split ({until: date}, {from: date, until: "
+     "date}, {dates: [date, ...]}, or {file: splits.csv}; an embargo needs dated splits)"),
+    ({"train": {"until": "2026-01-08"}, "test": {}, "embargo": "soon"}, "s.embargo", "a duration such as '30min'"),
+    ({"train": 0.8, "embargo": 0.2}, "s.embargo", "a duration such as '30min'"),
+    ({"embargo": "1h"}, "s", "splits beside embargo"),
+])
+def test_a_misplaced_embargo_is_refused_naming_the_dated_forms(value, path, match):
+    with pytest.raises(ConfigError, match=rf"^{path}:") as err:
+        parse_splits(value, "s")
+    assert match in str(err.value)
 
 
 def test_an_embargo_between_interleaved_date_splits_looks_at_the_next_split_in_time():
