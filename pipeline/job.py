@@ -36,7 +36,8 @@ class RunSummary:
     action: str = "build"
     added: int = 0
     #: Windows the splits left out (the store's ``split_left_out``): ``outside`` every
-    #: split's dates, and per split within an ``embargo`` of the next.
+    #: split's time, ``across`` a cut between splits, and per split within an
+    #: ``embargo`` of the next.
     left_out: dict[str, Any] = field(default_factory=dict)
 
     def format(self) -> str:

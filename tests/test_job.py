@@ -12,9 +12,9 @@ def _summary(**kw) -> RunSummary:
 
 def test_the_summary_says_what_the_splits_left_out():
     lines = _summary(left_out={"outside": 1234, "embargo": {"train": 5, "val": 0}}).format().splitlines()
-    assert "windows left out: 1,234 on dates no split holds; by the embargo: train 5" in lines
+    assert "windows left out: 1,234 outside every split; by the embargo: train 5" in lines
     assert lines.index("windows per split: train 80, val 10") + 1 == lines.index(
-        "windows left out: 1,234 on dates no split holds; by the embargo: train 5")
+        "windows left out: 1,234 outside every split; by the embargo: train 5")
     assert not any(x.startswith("windows left out") for x in _summary().format().splitlines())
     assert not any(x.startswith("windows left out") for x in _summary(left_out={"embargo": {"train": 0}}).format()
                    .splitlines())

@@ -96,7 +96,7 @@ def prior_from_attrs(attrs: Mapping[str, Any], samples: Mapping[str, int],
 
 def _summed_left_out(old: Any, new: Any) -> dict[str, Any]:
     """``split_left_out`` of the stored build and of an append, added: ``outside``
-    (windows on dates no split holds), ``across`` (windows over a cut between splits)
+    (windows outside every split's time), ``across`` (windows over a cut between splits)
     and ``embargo`` (per split)."""
     old, new = dict(old or {}), dict(new or {})
     out: dict[str, Any] = {}

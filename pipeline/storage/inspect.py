@@ -155,12 +155,12 @@ def _mib(n: float) -> str:
 
 
 def left_out_line(left_out: Mapping[str, Any]) -> str | None:
-    """The line for the windows a build's splits left out (its ``split_left_out``: on
-    dates no split holds, across a cut between splits, and per split within an embargo
-    of the next), or None."""
+    """The line for the windows a build's splits left out (its ``split_left_out``:
+    outside every split's time, across a cut between splits, and per split within an
+    embargo of the next), or None."""
     parts = []
     if left_out.get("outside"):
-        parts.append(f"{int(left_out['outside']):,} on dates no split holds")
+        parts.append(f"{int(left_out['outside']):,} outside every split")
     if left_out.get("across"):
         parts.append(f"{int(left_out['across']):,} across a cut between splits")
     embargo = {k: int(v) for k, v in dict(left_out.get("embargo") or {}).items() if v}

@@ -314,7 +314,7 @@ def test_the_report_says_what_the_splits_left_out():
 
     left = {"split_left_out": {"outside": 7, "embargo": {"val": 2}}}
     text = format_report(StoreReport("s.zarr", True, (), attrs=left))
-    assert "windows left out: 7 on dates no split holds; by the embargo: val 2" in text.splitlines()
+    assert "windows left out: 7 outside every split; by the embargo: val 2" in text.splitlines()
     assert "windows left out" not in format_report(StoreReport("s.zarr", True, (), attrs={}))
     across = {"split_left_out": {"outside": 0, "across": 1234, "embargo": {"train": 45}}}
     assert ("windows left out: 1,234 across a cut between splits; by the embargo: train 45"
