@@ -38,12 +38,12 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 import fsspec
 
-from zlib_ng.zlib_ng import crc32
 
 from pipeline.errors import LoaderError
+from pipeline.storage.checksum import crc32
 
-__all__ = ["CRC_KEY", "FileChanges", "compare_files", "content_crc", "content_hash", "file_digests",
-           "recorded_files", "with_hashes"]
+__all__ = ["CRC_KEY", "FileChanges", "compare_files", "content_hash", "file_digests", "recorded_files",
+           "with_hashes"]
 
 #: The record key of a file's whole-content CRC-32 (8 hex digits). Its own key, not a
 #: new meaning of ``hash``: a record without it was written before, and is compared
@@ -104,8 +104,8 @@ def content_hash(path: str, size: int, storage_options: dict | None = None) -> s
 
 
 def file_digests(path: str, size: int, storage_options: dict | None = None) -> tuple[str, str]:
-    """A file's ``hash`` (as :func:`content_hash`) and ``crc32`` (as
-    :func:`content_crc`), in one pass over its bytes.
+    """A file's ``hash`` (as :func:`content_hash`) and ``crc32`` (the CRC-32 of its
+    whole content, 8 hex digits), in one pass over its bytes.
 
     Parameters
     ----------
@@ -122,20 +122,12 @@ def file_digests(path: str, size: int, storage_options: dict | None = None) -> t
     LoaderError
         When the file cannot be read, naming it.
     """
-    hashed, crc = _one_pass(path, size, storage_options, ends=True)
-    return str(hashed), crc
-
-
-def _one_pass(path: str, size: int, storage_options: dict | None, *, ends: bool) -> tuple[str | None, str]:
-    """:func:`file_digests`, or with ``ends=False`` the CRC-32 alone (``None`` for the
-    hash)."""
     h = hashlib.blake2b(digest_size=16)
     h.update(int(size).to_bytes(8, "little"))
-    ranges = _ends(int(size)) if ends else ()
+    ranges = _ends(int(size))
     crc = 0
     offset = 0
-    buf = bytearray(_BLOCK_BYTES)
-    view = memoryview(buf)
+    view = memoryview(bytearray(_BLOCK_BYTES))
     try:
         with _open(path, storage_options) as f:
             while True:
@@ -152,18 +144,7 @@ def _one_pass(path: str, size: int, storage_options: dict | None, *, ends: bool)
                 offset += n
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc})") from None
-    return (h.hexdigest() if ends else None), f"{crc:08x}"
-
-
-def content_crc(path: str, storage_options: dict | None = None) -> str:
-    """The CRC-32 of a file's whole content, as 8 hex digits (the record's ``crc32``).
-
-    Raises
-    ------
-    LoaderError
-        When the file cannot be read, naming it.
-    """
-    return _one_pass(path, 0, storage_options, ends=False)[1]
+    return h.hexdigest(), f"{crc:08x}"
 
 
 def _in_threads(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:

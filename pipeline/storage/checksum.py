@@ -13,8 +13,9 @@ from zlib_ng.zlib_ng import crc32 as _crc32
 __all__ = ["crc32"]
 
 
-def crc32(data: Any) -> int:
+def crc32(data: Any, value: int = 0) -> int:
     """The CRC-32 of a bytes-like object (a contiguous numpy array's ``.data``, bytes),
-    as ``zlib.crc32`` gives it. The GIL is released for large inputs. A function of its
-    own, not an alias, so that a profile names the time spent here."""
-    return _crc32(data)
+    as ``zlib.crc32`` gives it; ``value``: the CRC of the bytes before, to continue it
+    block by block. The GIL is released for large inputs. A function of its own, not an
+    alias, so that a profile names the time spent here."""
+    return _crc32(data, value)
