@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.errors import MissingColumnError, WindowError
 from pipeline.features.sessions import SegmentTable, SessionSpec, session_days
+from pipeline.features.splits import duration_text
 
 __all__ = ["Prior", "check_new_columns", "continue_folds", "continue_sessions", "merge_attrs", "prior_from_attrs",
            "stored_segments"]
@@ -196,16 +197,6 @@ def _periods(instrument: np.ndarray, days: np.ndarray, start: Mapping[tuple[int,
     return out
 
 
-def _duration(ns: int) -> str:
-    """A whole number of the largest unit that divides ``ns`` exactly (``90min``, ``2h``),
-    as a config spells a gap."""
-    for unit, size in (("d", 86_400 * 10**9), ("h", 3_600 * 10**9), ("min", 60 * 10**9), ("s", 10**9),
-                       ("ms", 10**6), ("us", 10**3)):
-        if ns and ns % size == 0:
-            return f"{ns // size}{unit}"
-    return f"{ns}ns"
-
-
 def _segment_name(label: str, instrument: str, file: str | None = None) -> str:
     """A new segment as a user knows it: its file, or its label (a file or a date), with
     its instrument unless that is named already. A gap session's label (``#0``: its rank
@@ -303,7 +294,7 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
             if joins:
                 after = int(first_ns[k]) - end
                 why = ("on the same session date" if mode != "gap" else "it starts before that end" if after < 0
-                       else f"{_duration(after)} later, within source.sessions' gap of {_duration(int(gap_ns))}")
+                       else f"{duration_text(after)} later, within source.sessions' gap of {duration_text(int(gap_ns))}")
                 raise WindowError(f"append: {name} (from {np.datetime64(int(first_ns[k]), 'ns')}) continues the "
                                   f"stored session of its instrument that ends at {np.datetime64(end, 'ns')} "
                                   f"({why}); an append adds whole new sessions: rebuild with --rebuild")

@@ -452,10 +452,11 @@ def splits_value(splits: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def duration_text(ns: int) -> str:
-    """``3_600_000_000_000`` -> ``"1h"``: the largest unit that divides it."""
+    """``3_600_000_000_000`` -> ``"1h"``: the largest unit that divides it, as a config
+    spells a duration (``90min``; ``0ns``)."""
     for unit, size in (("d", 86_400 * 10**9), ("h", 3600 * 10**9), ("min", 60 * 10**9), ("s", 10**9),
                        ("ms", 10**6), ("us", 10**3)):
-        if ns % size == 0:
+        if ns and ns % size == 0:
             return f"{ns // size}{unit}"
     return f"{ns}ns"
 
