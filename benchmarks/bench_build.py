@@ -440,6 +440,11 @@ def _executed(dask_worker: Any) -> int:
     return dask_worker.state.executed_count
 
 
+def _received(dask_worker: Any) -> int:
+    """Bytes this worker has fetched from other workers so far."""
+    return sum(int(e.get("total", 0)) for e in dask_worker.transfer_incoming_log)
+
+
 def thread_cpu() -> dict[int, float]:
     """CPU seconds of each thread of this process so far (Linux; empty elsewhere)."""
     out = {}
@@ -500,6 +505,7 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True, sample: bool = Fals
         main0 = thread_cpu().get(threading.get_native_id(), 0.0)
         t0 = time.perf_counter()
         done0 = sum(client.run(_executed).values())
+        moved0 = sum(client.run(_received).values())
         stream = get_task_stream(client=client) if sample else contextlib.nullcontext()
         with stream as ts, phases() as marks, PeakRSS(procs) as rss:
             summary = job.run(cfg, log=None, progress=False)
@@ -514,6 +520,7 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True, sample: bool = Fals
         faults = sum(minor_faults(p.pid) for p in procs) - f0
         profile = client.profile(start=start) if sample else {}
         tasks = sum(client.run(_executed).values()) - done0
+        moved = sum(client.run(_received).values()) - moved0
         t1 = time.perf_counter()
         client.gather(client.map(_noop, range(400), pure=False))
         per_task = (time.perf_counter() - t1) / 400
@@ -522,7 +529,7 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True, sample: bool = Fals
     spill = [s["stop"] - s["start"] for s in steps if s["action"].startswith("disk")]
     return {"wall": wall, "summary": summary, "client_cpu": client_cpu, "main_cpu": main_cpu, "worker_cpu": worker_cpu,
             "worker_sys": worker_sys, "faults": faults,
-            "tasks": tasks, "busy": busy, "spill_s": sum(spill), "spills": len(spill),
+            "tasks": tasks, "moved": moved, "busy": busy, "spill_s": sum(spill), "spills": len(spill),
             "profile": by_component(profile) if sample else {}, "peak_over_base": max(p - b for p, b in zip(rss.peaks, base.values())),
             "anon_over_base": max(p - b for p, b in zip(rss.anon_peaks, anon_base)),
             "per_task": per_task, "phases": [(name, a - t0, b - t0) for name, a, b in marks]}
@@ -828,7 +835,7 @@ def say_profile(p: dict[str, Any], window_bytes: int) -> None:
           f"{p['anon_over_base'] / block:.1f}x")
     print(f"  dask: {p['tasks']} tasks at about {1e3 * p['per_task']:.1f} ms each (an empty task's round trip) "
           f"= {p['tasks'] * p['per_task']:.1f} s; one task per write block would be "
-          f"{-(-window_bytes // block)} tasks")
+          f"{-(-window_bytes // block)} tasks; {p['moved'] / 2**20:,.0f} MiB moved between workers")
     last = 0.0
     stages = []
     for name, a, b in p["phases"]:

@@ -22,7 +22,7 @@ from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import List, Task, TaskRef
 
-from pipeline.features.geometry import chunk_bounds, row_pieces
+from pipeline.features.geometry import chunk_bounds, halo_span, row_pieces
 
 __all__ = ["map_with_halo", "rows_task", "take_rows"]
 
@@ -94,7 +94,8 @@ def _step(fn: Callable[[np.ndarray], np.ndarray], rows: np.ndarray, columns: Seq
 
 def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: int, fwd: int, width: int,
                   dtype: Any, token: str, columns: Sequence[int] | None = None,
-                  post: Callable[[np.ndarray, int], np.ndarray] | None = None) -> da.Array:
+                  post: Callable[[np.ndarray, int], np.ndarray] | None = None,
+                  cuts: Sequence[int] | None = None) -> da.Array:
     """``fn`` over each block of ``x`` (``(T, C)``) with ``back`` rows before and ``fwd``
     after it; ``fn`` returns one row per input row, of ``width`` columns.
 
@@ -121,6 +122,13 @@ def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: 
         block's first row): a step that would otherwise be a layer of its own, and so,
         once dask fuses it with this one, an extra task per block that only hands the
         fused result on under the layer's keys.
+    cuts
+        Rows where the series is cut into sessions (their starts and stops): no block's
+        halo reaches across one (:func:`~pipeline.features.geometry.halo_span`). Rows
+        whose reach crosses a cut then come out otherwise than over the uncut series;
+        for callers that never use those rows (a build: see the geometry's note). A
+        block starting or ending on a cut then reads no neighbour's chunk, so its task
+        need not wait for that chunk, nor keep it in memory.
 
     Returns
     -------
@@ -134,14 +142,15 @@ def map_with_halo(x: da.Array, fn: Callable[[np.ndarray], np.ndarray], *, back: 
         return da.zeros((0, width), dtype=out_dtype, chunks=((0,), (width,)))
     bounds = chunk_bounds(x.chunks[0])
     cols = None if columns is None else tuple(int(c) for c in columns)
-    name = f"{token}-{tokenize(x.name, fn, back, fwd, width, out_dtype.str, cols, post)}"
+    edges = None if cuts is None else np.unique(np.asarray(cuts, dtype=np.int64))
+    name = f"{token}-{tokenize(x.name, fn, back, fwd, width, out_dtype.str, cols, post, edges)}"
     layer = {}
     for i in range(len(x.chunks[0])):
         start, stop = int(bounds[i]), int(bounds[i + 1])
         if stop == start:
             layer[(name, i, 0)] = Task((name, i, 0), np.zeros, [0, width], out_dtype)
             continue
-        lo, hi = max(0, start - back), min(T, stop + fwd)
+        lo, hi = halo_span(start, stop, back, fwd, T, edges)
         layer[(name, i, 0)] = Task((name, i, 0), _step, fn, rows_task(x, bounds, lo, hi), cols, start - lo,
                                    stop - start, out_dtype, post, start)
     graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])

@@ -258,16 +258,19 @@ def build_training_set(
     splits, norm = as_splits(splits or {"train": 1.0}, "splits"), NormalizeSpec.from_value(normalize, "normalize")
     scales, segs = tuple(scales), segments if segments is not None else _file_segments(x)
     _check_inputs(x, segs, norm, materialize)
+    # No halo reaches across a session: values that would read another session are
+    # never used, and a block starting or ending on one needs no neighbour's chunk.
+    cuts = np.union1d(segs.starts, segs.stops)
     frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features),
-                                                                 fill_value if nan == "fill" else None))
+                                                                 fill_value if nan == "fill" else None), cuts)
     L, H = frame.lookback, halo(size, scales)
     back, fwd = max(H + L, label.reach[0]), label.reach[1]
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
                              prior=None if prior is None else prior.segments)
-    gaps = (label_gaps(x, columns=columns, spec=label, empty=source_fill)
+    gaps = (label_gaps(x, columns=columns, spec=label, empty=source_fill, cuts=cuts)
             if source_fill is not None and label.kind != "column" else None)
     # Read by every pass below: held when they fit, so the raw files are decoded once.
-    f, labels_steps, timestamps, gaps = hold(frame.array, label_steps(x, columns=columns, spec=label), timestamps,
+    f, labels_steps, timestamps, gaps = hold(frame.array, label_steps(x, columns=columns, spec=label, cuts=cuts), timestamps,
                                              gaps)
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
@@ -352,12 +355,13 @@ def _left_out(bad: np.ndarray, empty_reads: np.ndarray, where: np.ndarray, y_val
 
 
 def _feature_frame(x: da.Array, columns: Sequence[str], features: Sequence[FeatureSpec], norm: NormalizeSpec,
-                   finish: Callable[[np.ndarray, int], np.ndarray] | None) -> FeatureFrame:
+                   finish: Callable[[np.ndarray, int], np.ndarray] | None, cuts: np.ndarray) -> FeatureFrame:
     """The per-step features of ``x``. Float64 sources keep float64 features until they
     are normalized: a 97,000-level price rounded to float32 first (0.0078 apart) moves
     its z-score by that over a small std. Unnormalized features are float32, as stored."""
     exact = x.dtype == np.float64 and norm.kind != "none"
-    return compute_features(x, columns=columns, specs=features, post=finish, dtype="float64" if exact else "float32")
+    return compute_features(x, columns=columns, specs=features, post=finish, dtype="float64" if exact else "float32",
+                            cuts=cuts)
 
 
 def _split_outputs(f: da.Array, per_split: Mapping[str, WindowRuns], labels_steps: da.Array,

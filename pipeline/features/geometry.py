@@ -19,6 +19,7 @@ __all__ = [
     "bounded_window_chunks",
     "chunk_bounds",
     "halo",
+    "halo_span",
     "input_chunks_for_windows",
     "merge_short_chunks",
     "row_pieces",
@@ -296,3 +297,24 @@ def row_pieces(bounds: np.ndarray, lo: int, hi: int) -> list[tuple[int, int, int
             out.append((c, a - int(bounds[c]), b - int(bounds[c])))
         c += 1
     return out
+
+
+def halo_span(start: int, stop: int, back: int, fwd: int, n: int, cuts: np.ndarray | None = None) -> tuple[int, int]:
+    """Rows ``lo .. hi - 1`` a block of rows ``start .. stop - 1`` reads: ``back`` rows
+    before it and ``fwd`` after, inside ``0 .. n``, and, given sorted ``cuts`` (the
+    rows where sessions begin and end), never past the last cut at or before ``start``
+    nor the first at or after ``stop``.
+
+    A value whose reach crosses a cut is never used (features NaN their segment's first
+    rows, windows and labels stay inside their segment), so a block that starts or ends
+    on a cut reads nothing of its neighbour: its task then depends on its own chunk only.
+    """
+    lo, hi = max(0, start - back), min(n, stop + fwd)
+    if cuts is not None and len(cuts):
+        before = int(np.searchsorted(cuts, start, side="right")) - 1
+        after = int(np.searchsorted(cuts, stop, side="left"))
+        if before >= 0:
+            lo = max(lo, min(start, int(cuts[before])))
+        if after < len(cuts):
+            hi = min(hi, max(stop, int(cuts[after])))
+    return lo, hi

@@ -116,7 +116,8 @@ def label_steps_numpy(block: np.ndarray, columns: Sequence[str], spec: LabelSpec
     return out
 
 
-def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.Array:
+def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec, cuts: Sequence[int] | None = None
+                ) -> da.Array:
     """Unfinalized label value of every step of the series, blockwise.
 
     Parameters
@@ -127,6 +128,10 @@ def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.A
         Names of ``x``'s columns.
     spec
         The label.
+    cuts
+        Rows where the series is cut into sessions: no block reads across one
+        (:func:`~pipeline.features.blockwise.map_with_halo`); steps whose reach crosses
+        one then differ from the uncut series (a build never uses them).
 
     Returns
     -------
@@ -148,7 +153,7 @@ def label_steps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec) -> da.A
     needed = spec.required_columns
     # Only the columns the label reads reach its step, selected in the step's task.
     return map_with_halo(x, lambda block: label_steps_numpy(block, needed, spec), back=back, fwd=fwd,
-                         width=spec.width, dtype=np.float64, token="label-steps", columns=idx)
+                         width=spec.width, dtype=np.float64, token="label-steps", columns=idx, cuts=cuts)
 
 
 def _any_within(flags: np.ndarray, first: int, last: int) -> np.ndarray:
@@ -203,7 +208,8 @@ def label_gaps_numpy(block: np.ndarray, columns: Sequence[str], spec: LabelSpec,
     return out
 
 
-def label_gaps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec, empty: float) -> da.Array:
+def label_gaps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec, empty: float,
+               cuts: Sequence[int] | None = None) -> da.Array:
     """:func:`label_gaps_numpy` over the whole series, blockwise.
 
     Parameters
@@ -216,6 +222,10 @@ def label_gaps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec, empty: f
         The label (a mid-price kind).
     empty
         The value the source wrote where a price was empty.
+    cuts
+        Rows where the series is cut into sessions: no block reads across one
+        (:func:`~pipeline.features.blockwise.map_with_halo`); steps whose reach crosses
+        one then differ from the uncut series (a build never uses them).
 
     Returns
     -------
@@ -237,7 +247,7 @@ def label_gaps(x: da.Array, *, columns: Sequence[str], spec: LabelSpec, empty: f
     back, fwd = spec.reach
     needed = spec.required_columns
     return map_with_halo(x, lambda block: label_gaps_numpy(block, needed, spec, empty), back=back, fwd=fwd,
-                         width=len(needed), dtype=bool, token="label-gaps", columns=idx)
+                         width=len(needed), dtype=bool, token="label-gaps", columns=idx, cuts=cuts)
 
 
 def gaps_message(reads: np.ndarray, spec: LabelSpec) -> str | None:

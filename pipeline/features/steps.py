@@ -233,7 +233,7 @@ def feature_lookback(specs: Sequence[FeatureSpec]) -> int:
 
 def compute_features(
     x: da.Array, *, columns: Sequence[str], specs: Sequence[FeatureSpec], dtype: str = "float32",
-    post: Callable[[np.ndarray, int], np.ndarray] | None = None,
+    post: Callable[[np.ndarray, int], np.ndarray] | None = None, cuts: Sequence[int] | None = None,
 ) -> FeatureFrame:
     """Per-step features, blockwise with a halo equal to the largest lookback.
 
@@ -251,6 +251,10 @@ def compute_features(
         ``post(block, start)`` finishes each block of features in the task that
         computes it (``start``: its first row); see
         :func:`~pipeline.features.blockwise.map_with_halo`.
+    cuts
+        Rows where the series is cut into sessions: no block reads history across one.
+        Only for a ``post`` that NaNs each session's first ``lookback`` rows (a build's),
+        the one place where the history before a cut is read.
 
     Returns
     -------
@@ -275,5 +279,5 @@ def compute_features(
     lookback = feature_lookback(specs)
     cols = tuple(columns)
     arr = map_with_halo(x, lambda block: features_numpy(block, cols, specs), back=lookback, fwd=0,
-                        width=sum(s.width for s in specs), dtype=dtype, token="features", post=post)
+                        width=sum(s.width for s in specs), dtype=dtype, token="features", post=post, cuts=cuts)
     return FeatureFrame(array=arr, names=tuple(name for s in specs for name in s.labels), lookback=lookback)

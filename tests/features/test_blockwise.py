@@ -97,3 +97,37 @@ def test_take_rows_equals_numpys_index_and_computes_only_the_chunks_holding_them
     # Chunked along the columns too: dask's own index, the same rows.
     np.testing.assert_array_equal(take_rows(x.rechunk({1: 1}), rows).compute(scheduler="sync"),
                                   values[np.asarray(rows, dtype=np.int64)].reshape(-1, 2))
+
+
+@settings(max_examples=80, deadline=None)
+@given(chunks=st.lists(st.integers(1, 9), min_size=1, max_size=10), data=st.data())
+def test_a_step_with_cuts_equals_it_over_each_session_and_reads_no_other_sessions_chunk(chunks, data):
+    """With ``cuts`` every row whose reach stays inside its session comes out as the
+    step over that session alone (the reference: numpy over each session on its own),
+    and a block's halo stops at the cuts around it: a block that starts and ends on
+    cuts reads its own chunk alone."""
+    total = sum(chunks)
+    x = np.random.default_rng(total).standard_normal((total, 4))
+    inner = data.draw(st.lists(st.integers(1, max(1, total - 1)), max_size=4, unique=True)) if total > 1 else []
+    cuts = np.unique([0, total, *inner])
+    a = da.from_array(x, chunks=(tuple(chunks), -1))
+    out = map_with_halo(a, _trailing_and_leading, back=3, fwd=2, width=2, dtype=np.float64, token="t",
+                        columns=[2, 0], cuts=cuts)
+    with dask.config.set(scheduler="sync"):
+        got = out.compute()
+    for lo, hi in zip(cuts[:-1], cuts[1:]):
+        want = _trailing_and_leading(x[lo:hi][:, [2, 0]])
+        # Rows whose reach stays in the session (3 back for column 0, 2 ahead for
+        # column 1): the others may read another session (inside one block) or not.
+        # (A sum of cumulative sums: its rounding depends on where the block starts.)
+        np.testing.assert_allclose(got[lo + 3 : hi, 0], want[3:, 0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_array_equal(got[lo : max(lo, hi - 2), 1], want[: max(0, hi - lo - 2), 1])
+    bounds = chunk_bounds(chunks)
+    graph = dict(out.__dask_graph__())
+    for i in range(len(chunks)):
+        task = graph[(out.name, i, 0)]
+        read = {dep[1] for dep in task.dependencies}
+        start, stop = int(bounds[i]), int(bounds[i + 1])
+        lo = max(max(0, start - 3), int(cuts[cuts <= start].max()))
+        hi = min(min(total, stop + 2), int(cuts[cuts >= stop].min()))
+        assert read == {c for c in range(len(chunks)) if bounds[c] < hi and bounds[c + 1] > lo}

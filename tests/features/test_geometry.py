@@ -68,3 +68,24 @@ def test_rows_per_block_leave_room_for_the_reach_and_always_progress(budget, rea
     rows = rows_per_block(budget, reach)
     assert rows >= 1 and rows >= reach
     assert rows + reach <= max(budget, 2 * reach, reach + 1)  # a block reads its ends' rows and the reach
+
+
+@given(start=st.integers(0, 60), length=st.integers(1, 40), back=st.integers(0, 30), fwd=st.integers(0, 30),
+       cuts=st.lists(st.integers(0, 120), max_size=6))
+def test_a_halo_holds_its_block_and_never_crosses_a_cut_outside_it(start, length, back, fwd, cuts):
+    from pipeline.features.geometry import halo_span
+
+    n = start + length + 20
+    stop = start + length
+    edges = np.unique(np.asarray([c for c in cuts if c <= n], dtype=np.int64))
+    lo, hi = halo_span(start, stop, back, fwd, n, edges)
+    assert lo <= start and hi >= stop  # the block itself, always
+    assert lo == max(0, start - back) if not edges.size else lo >= max(0, start - back)
+    outside = [c for c in edges if lo < c < start or stop < c < hi]
+    assert not outside  # no cut strictly inside the halo beyond the block's own rows
+    # As wide as allowed: widened by one row more, it would cross a cut or the bounds.
+    if lo > max(0, start - back):
+        assert lo in edges.tolist()
+    if hi < min(n, stop + fwd):
+        assert hi in edges.tolist()
+    assert halo_span(start, stop, back, fwd, n) == (max(0, start - back), min(n, stop + fwd))
