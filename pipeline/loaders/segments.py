@@ -590,7 +590,8 @@ def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequenc
     return (*_non_empty(lengths, inst, keys), gaps, tasks)
 
 
-def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrument: InstrumentSpec | None = None,
+def open_segmented(paths: Any, *, sessions: SessionSpec | str | dict | None = None,
+                   instrument: InstrumentSpec | dict | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
     """Open a table source and divide it into instruments and sessions.
 
@@ -599,13 +600,19 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | None = None, instrumen
     paths
         As for :func:`pipeline.loaders.open_source`.
     sessions
-        How rows divide into sessions (default: ``file`` when there are several files,
-        else one session).
+        How rows divide into sessions, as :class:`SessionSpec` or in the config's
+        spelling (``"file"``, ``{"gap": "30min"}``, ...; default: ``file`` when there are
+        several files, else one session).
     instrument
-        Where each row's instrument comes from (default: one instrument).
+        Where each row's instrument comes from, as :class:`InstrumentSpec` or in the
+        config's spelling (``{"column": "symbol"}``; default: one instrument).
     storage_options, options
         Passed to :func:`pipeline.loaders.open_source`.
     """
+    if sessions is not None and not isinstance(sessions, SessionSpec):
+        sessions = SessionSpec.from_value(sessions, "sessions")
+    if instrument is not None and not isinstance(instrument, InstrumentSpec):
+        instrument = InstrumentSpec.from_value(instrument, "instrument")
     so = storage_options
     files = expand_paths(paths, so)
     spec = sessions or SessionSpec(mode="file" if len(files) > 1 else "none")

@@ -50,6 +50,21 @@ def test_path_instruments_with_file_sessions(tmp_path):
     assert seg.labels[1].endswith("raw/BBB/2026-01-05.parquet")
 
 
+def test_sessions_and_instruments_in_the_configs_spelling_equal_their_specs(tmp_path):
+    write_demo_data(tmp_path / "raw", DemoSpec(days=2, rows_per_day=300, levels=1, formats=("parquet",),
+                                               per_instrument=True, instruments=("BBB", "AAA")))
+    paths = str(tmp_path / "raw" / "*" / "*.parquet")
+    spelled = open_segmented(paths, timestamp="timestamp", sessions="file",
+                             instrument={"path": "raw/{instrument}/*.parquet"})
+    specs = open_segmented(paths, timestamp="timestamp", sessions=SessionSpec(mode="file"),
+                           instrument=InstrumentSpec(path="raw/{instrument}/*.parquet"))
+    assert spelled.segments.instruments == specs.segments.instruments == ("AAA", "BBB")
+    np.testing.assert_array_equal(spelled.segments.starts, specs.segments.starts)
+    np.testing.assert_array_equal(spelled.segments.instrument, specs.segments.instrument)
+    with pytest.raises(ConfigError, match="sessions"):
+        open_segmented(paths, sessions="weekly")
+
+
 def test_a_file_outside_the_instrument_pattern_is_named(tmp_path):
     write_demo_data(tmp_path / "raw", DemoSpec(days=1, rows_per_day=50, levels=1, formats=("parquet",)))
     with pytest.raises(LoaderError, match=r"2026-01-05.parquet: does not match source.instrument.path"):
