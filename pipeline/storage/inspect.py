@@ -6,19 +6,21 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import yaml
 
 from pipeline.storage.plot import PlotSample, feature_labels, plot_sample, plot_store, spread_chunks
-from pipeline.storage.store import FOLDS, open_store_group, store_root_attrs, stored_bytes
-from pipeline.storage.versions import PENDING, pinned_array, versions_of
+from pipeline.storage.store import (FOLDS, is_remote, is_zip, open_store_group, store_root_attrs, stored_bytes,
+                                    zip_staging)
+from pipeline.storage.versions import PENDING, Version, pinned_array, versions_of
 
 __all__ = [
     "ArrayReport",
     "PlotSample",
     "StoreReport",
+    "VerifyReport",
     "feature_labels",
     "fold_lines",
     "format_report",
@@ -27,6 +29,7 @@ __all__ = [
     "plot_store",
     "spread_chunks",
     "verify_store",
+    "written_samples",
 ]
 
 
@@ -43,6 +46,14 @@ class ArrayReport:
     codecs: str
     nbytes: int
     stored_bytes: int
+    #: Uncompressed bytes of the write units on disk, which ``stored_bytes`` measures:
+    #: ``nbytes`` once every unit is written; less in a store still being built, and
+    #: more while an append writes past the version readers see. None: ``nbytes``.
+    written_nbytes: int | None = None
+
+    @property
+    def held_nbytes(self) -> int:
+        return self.nbytes if self.written_nbytes is None else self.written_nbytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +70,18 @@ class StoreReport:
     #: The codec line of a store whose attributes do not record one yet (an incomplete
     #: build records it last): read from its arrays, or why it cannot be.
     codec_note: str | None = None
+    #: The folder a ``.zarr.zip`` build writes before packing (``location`` does not
+    #: exist yet): the store described is there, interrupted or still being written.
+    staging: str | None = None
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
+
+    @property
+    def held_nbytes(self) -> int:
+        """Uncompressed bytes of the write units on disk (what the ratio is over)."""
+        return sum(a.held_nbytes for a in self.arrays)
 
     @property
     def stored_bytes(self) -> int:
@@ -71,30 +90,100 @@ class StoreReport:
 
 def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> StoreReport:
     """Describe a store's newest version without reading its chunks (sizes come from the
-    store listing)."""
+    store listing, what is written from the write markers).
+
+    A ``.zarr.zip`` path that does not exist yet, beside the folder its build writes
+    (:func:`pipeline.storage.store.zip_staging`), is described from that folder: a build
+    interrupted or still running, not a missing store.
+    """
     from pipeline.storage.store import ATTRS_KEY
+    from pipeline.storage.writer import WRITTEN, written_units
 
     loc = os.fspath(location)
-    group = open_store_group(loc, mode="r", storage_options=storage_options)
+    where, staging = _located(loc)
+    group = open_store_group(where, mode="r", storage_options=storage_options)
     if ATTRS_KEY not in group.attrs:
         arrays = tuple(_array_report(*path.rpartition("/")[::2], arr) for path, arr in _every_array(group))
         return StoreReport(location=loc, complete=False, arrays=arrays, foreign=True)
     attrs = store_root_attrs(group)
-    newest = versions_of(attrs)[-1]
+    newest = versions_of(attrs)[-1] if attrs.get("complete") else None
     arrays = []
     for split, sub in sorted(group.groups(), key=lambda kv: list(attrs.get("splits", {})).index(kv[0])
                              if kv[0] in attrs.get("splits", {}) else 1 << 30):
-        if split == FOLDS and "_written" not in sub:  # fold indices: see fold_lines
+        if split == FOLDS and WRITTEN not in sub:  # fold indices: see fold_lines
             continue
+        done = written_units(group, split) if WRITTEN in sub else None
         for name, arr in sorted(sub.arrays()):
             if name.startswith("_"):  # bookkeeping (write markers), not data
                 continue
-            if split in newest.samples and attrs.get("complete"):
-                arr = pinned_array(arr, newest.samples[split])  # not an append in progress
-            arrays.append(_array_report(split, name, arr))
+            committed = _committed_rows(newest, split, int(arr.shape[0]))
+            held = None
+            if done is not None:
+                unit = _unit_rows(arr)
+                per_sample = arr.nbytes // arr.shape[0] if arr.shape[0] else 0
+                held = written_samples(done, unit, int(arr.shape[0]), committed) * per_sample
+            if newest is not None and committed < arr.shape[0]:
+                arr = pinned_array(arr, committed)  # what readers see, not an append in progress
+            arrays.append(_array_report(split, name, arr, held))
     note = None if "codec" in attrs else _codec_from_arrays(group)
     return StoreReport(location=loc, complete=bool(attrs.get("complete")), arrays=tuple(arrays), attrs=attrs,
-                       codec_note=note)
+                       codec_note=note, staging=staging)
+
+
+def _located(location: str) -> tuple[str, str | None]:
+    """Where to read the store at ``location``, and the build folder it is read from
+    when that is not ``location``: a ``.zarr.zip`` is written as a folder beside it and
+    packed last, so before then only the folder exists."""
+    path = location[len("file://"):] if location.startswith("file://") else location
+    if is_zip(path) and not is_remote(path) and not os.path.exists(path) and os.path.isdir(zip_staging(path)):
+        return zip_staging(path), zip_staging(path)
+    return location, None
+
+
+def _unit_rows(arr: Any) -> int:
+    """Samples per write unit of ``arr``: a shard when sharded, else a chunk."""
+    return int((arr.shards or arr.chunks)[0])
+
+
+def _committed_rows(newest: Version | None, split: str, rows: int) -> int:
+    """Samples of ``split`` in the version readers see (``newest``; None: a build not
+    finished, no version yet) of an array holding ``rows``: an append in progress
+    writes past them."""
+    from pipeline.storage.writer import SHARED
+
+    if newest is None:
+        return 0
+    if split == SHARED:
+        return rows if newest.shared_rows is None else min(rows, newest.shared_rows)
+    return min(rows, newest.samples.get(split, rows))
+
+
+def written_samples(done: np.ndarray, unit: int, rows: int, committed: int) -> int:
+    """Samples on disk in the write units of an array of ``rows`` samples.
+
+    Parameters
+    ----------
+    done
+        Per write unit, whether its marker is set (``_written``).
+    unit
+        Samples per write unit.
+    rows
+        The array's length now (an append in progress has grown it).
+    committed
+        Samples of the version readers see (0 before a build finishes): their units are
+        on disk even when unmarked, since an append clears the marker of the partly
+        filled last unit before it rewrites that unit whole.
+
+    Returns
+    -------
+    int
+        Samples a marked unit holds of ``rows``, plus those an unmarked unit holds of
+        ``committed``.
+    """
+    starts = np.arange(len(done), dtype=np.int64) * int(unit)
+    now = np.clip(int(rows) - starts, 0, unit)
+    then = np.clip(int(committed) - starts, 0, unit)
+    return int(np.where(np.asarray(done, dtype=bool), now, then).sum())
 
 
 def describe_compressors(compressors: Any) -> str:
@@ -136,11 +225,12 @@ def _codec_from_arrays(group: Any) -> str:
             "read it from: each array's compressor is listed below)")
 
 
-def _array_report(split: str, name: str, arr: Any) -> ArrayReport:
+def _array_report(split: str, name: str, arr: Any, held: int | None = None) -> ArrayReport:
     codecs = ", ".join(type(c).__name__.removesuffix("Codec").lower() for c in arr.compressors) or "none"
     return ArrayReport(split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),
                        chunks=tuple(arr.chunks), shards=tuple(arr.shards) if arr.shards else None,
-                       codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=stored_bytes(arr))
+                       codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=stored_bytes(arr),
+                       written_nbytes=None if held is None or held == arr.nbytes else int(held))
 
 
 def _every_array(group: Any) -> list[tuple[str, Any]]:
@@ -152,6 +242,36 @@ def _every_array(group: Any) -> list[tuple[str, Any]]:
 
 def _mib(n: float) -> str:
     return f"{n / 2**20:,.1f} MiB"
+
+
+def _ratio(held: int, stored: int) -> str:
+    """A compression ratio, or why it is not known: nothing written yet."""
+    return f"{held / stored:.2f}x" if held and stored else "not known yet (nothing written)"
+
+
+def size_line(report: StoreReport) -> str:
+    """The ``size:`` line: bytes on disk against the uncompressed bytes of the same
+    write units. While a build runs those are fewer than its arrays will hold, and while
+    an append runs more than the version readers see: both are said."""
+    stored, whole, held = report.stored_bytes, report.nbytes, report.held_nbytes
+    ratio = _ratio(held, stored)
+    if held == whole:
+        return f"size: {_mib(stored)} on disk, {_mib(whole)} uncompressed, ratio {ratio}"
+    if not report.complete:
+        return (f"size: {_mib(stored)} on disk so far, holding {_mib(held)} uncompressed (ratio {ratio}); "
+                f"{_mib(whole)} uncompressed once complete")
+    return (f"size: {_mib(stored)} on disk, holding {_mib(held)} uncompressed (ratio {ratio}), of which readers see "
+            f"{_mib(whole)}: the rest is an unfinished append's")
+
+
+def complete_line(report: StoreReport) -> str:
+    """The ``complete:`` line of a store pipeline wrote."""
+    if report.complete:
+        return "complete: yes"
+    if report.staging:
+        return (f"complete: NO: the build was interrupted (or is still running) in {report.staging}, which is packed "
+                f"into {report.location} once complete; rerun the same pipeline run to finish it")
+    return "complete: NO (rerun the same pipeline run to finish it)"
 
 
 def left_out_line(left_out: Mapping[str, Any]) -> str | None:
@@ -172,22 +292,21 @@ def left_out_line(left_out: Mapping[str, Any]) -> str | None:
 def format_report(report: StoreReport) -> str:
     """Human-readable lines for a :class:`StoreReport`."""
     a = report.attrs
-    ratio = report.nbytes / report.stored_bytes if report.stored_bytes else float("nan")
     lines = [f"store: {report.location}"]
     if report.foreign:
         lines.append("written by: another tool (no 'pipeline' attributes): no completeness flag and no checksums "
                      "(--verify decodes every chunk)")
     else:
-        lines.append(f"complete: {'yes' if report.complete else 'NO (rerun the same pipeline run to finish it)'}")
-    lines.append(f"size: {_mib(report.stored_bytes)} on disk, {_mib(report.nbytes)} uncompressed, ratio {ratio:.2f}x")
+        lines.append(complete_line(report))
+    lines.append(size_line(report))
     if not report.foreign:
         lines.append(f"codec: {a['codec'] if 'codec' in a else report.codec_note}")
     for r in report.arrays:
         shard = f", shards {r.shards}" if r.shards else ""
-        rr = r.nbytes / r.stored_bytes if r.stored_bytes else float("nan")
+        rr = f"{r.held_nbytes / r.stored_bytes:.2f}x" if r.held_nbytes and r.stored_bytes else "nothing written"
         where = f"{r.split}/{r.name}" if r.split else r.name
         lines.append(f"  {where}: {r.shape} {r.dtype}, chunks {r.chunks}{shard}, "
-                     f"{r.codecs}, {_mib(r.stored_bytes)} ({rr:.2f}x)")
+                     f"{r.codecs}, {_mib(r.stored_bytes)} ({rr})")
     lines += session_lines(a)
     lines += balance_lines(a)
     lines += fold_lines(a)
@@ -281,8 +400,74 @@ def fold_lines(attrs: dict[str, Any]) -> list[str]:
     return lines
 
 
-def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """What :func:`verify_store` found.
+
+    Iterating it, ``len`` and truth look at ``problems`` only: units not written yet are
+    no damage, so ``if report:`` means "something is damaged".
+
+    Attributes
+    ----------
+    problems
+        Damage, one line each naming split, array and chunk (``train/x chunk 12:
+        checksum mismatch``): a chunk that does not decode or does not match the CRC32
+        recorded when it was written, a lost marker of a committed unit.
+    pending
+        Units not written yet, one line for the store (``incomplete: 3 of 8 write units
+        not written yet ...`` for a build; the same for an append, whose store readers
+        see whole at its previous version): no damage, a rerun of the same pipeline run
+        writes them.
+    checked
+        Write units checked against their checksums (chunks decoded, for a store another
+        tool wrote).
+    version
+        The newest version readers see, checked with every older one (None: a build
+        not finished, or a store another tool wrote).
+    foreign
+        A store another tool wrote: no checksums, every chunk decoded instead.
+    """
+
+    problems: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+    checked: int = 0
+    version: int | None = None
+    foreign: bool = False
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.problems)
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+    def __bool__(self) -> bool:
+        return bool(self.problems)
+
+    @property
+    def summary(self) -> str:
+        """The closing line of ``pipeline inspect --verify``, after ``verify: ``."""
+        if self.problems:
+            return f"{len(self.problems)} problem(s)"
+        if self.foreign:
+            return "no checksums recorded (a store pipeline did not write): every chunk decodes"
+        if not self.pending:
+            return "every chunk matches its checksum"
+        if self.version is None:
+            return (f"every written chunk matches its checksum ({self.checked} write units); the store is "
+                    "incomplete, not damaged")
+        return (f"every chunk readers see (version {self.version} and older) matches its checksum, as do any the "
+                "unfinished append has written")
+
+
+def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str, Any] | None = None) -> VerifyReport:
     """Check every written unit against the CRC32s recorded when it was written.
+
+    What readers see is checked whole: every unit of the newest committed version,
+    with the last samples of each older one against their own checksums. Units an
+    append in progress (or interrupted) has written are checked too, since a rerun
+    keeps them; those a build or an append has not written yet are counted in
+    ``pending``, not reported as damage. A ``.zarr.zip`` not packed yet is checked in
+    the folder its build writes.
 
     A store another tool wrote records no checksums: every chunk of every array is
     decoded instead, which finds damaged chunks (a codec's own checks, a decoded size
@@ -290,58 +475,156 @@ def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str,
 
     Returns
     -------
-    list of str
-        One line per problem, naming split, array and chunk (``train/x chunk 12:
-        checksum mismatch``); empty when every chunk matches.
+    VerifyReport
+        ``problems`` (damage, one line each: ``train/x chunk 12: checksum mismatch``;
+        none when every chunk matches) apart from ``pending`` (units not written yet).
     """
     from pipeline.storage.checksum import crc32
     from pipeline.storage.store import ATTRS_KEY
     from pipeline.storage.writer import WRITTEN
 
-    loc = os.fspath(location)
+    loc, staging = _located(os.fspath(location))
     group = open_store_group(loc, mode="r", storage_options=storage_options)
     if ATTRS_KEY not in group.attrs:
-        return [line for path, arr in _every_array(group) for line in _decode_problems(path, arr)]
+        found = [(path, arr) for path, arr in _every_array(group)]
+        problems = [line for path, arr in found for line in _decode_problems(path, arr)]
+        chunks = sum(int(np.prod([-(-int(n) // int(c)) for n, c in zip(a.shape, a.chunks)])) for _, a in found)
+        return VerifyReport(problems=tuple(problems), checked=chunks, foreign=True)
+    attrs = store_root_attrs(group)
+    versions = versions_of(attrs) if attrs.get("complete") else []
+    newest = versions[-1] if versions else None
     problems: list[str] = []
+    unwritten: dict[str, tuple[int, int]] = {}  # per split: units not written, of those to write
+    checked = 0
     for split, sub in sorted(group.groups()):
         if WRITTEN not in sub:
             continue
-        table = sub[WRITTEN][:]
-        names = [n for n, _ in sub.arrays() if n != WRITTEN]
-        for unit, row in enumerate(table):
-            if row[0] != 1:
-                problems.append(f"{split}: write unit {unit} was never completed")
+        arrays = {n: a for n, a in sub.arrays() if n != WRITTEN}
+        if not arrays:
+            continue
+        rows, torn = _marker_rows(sub[WRITTEN])
+        probe = next(iter(arrays.values()))
+        unit, total = _unit_rows(probe), int(probe.shape[0])
+        committed = _committed_rows(newest, split, total)
+        for version in reversed(versions):  # the newest first: what a reader opens by default
+            found, n = _version_problems(split, arrays, version, rows, torn, unit, newest=version is newest,
+                                         crc32=crc32)
+            problems += found
+            checked += n
+        if total > committed:  # a build not finished, or an append past the version readers see
+            todo = range(committed // unit, -(-total // unit))
+            note = "" if newest is None else f" (written by the unfinished append to version {newest.number + 1})"
+            done = [u for u in todo if u < len(rows) and u not in torn and rows[u][0] == 1]
+            for u in done:
+                problems += _unit_problems(arrays, split, u, [int(v) for v in rows[u][1:]], crc32, note)
+            checked += len(done)
+            unwritten[split] = (len(todo) - len(done), len(todo))
+    pending = _pending_lines(unwritten, newest, attrs, staging)
+    return VerifyReport(problems=tuple(problems), pending=pending, checked=checked,
+                        version=None if newest is None else newest.number)
+
+
+def _marker_rows(table: Any) -> tuple[np.ndarray, frozenset[int]]:
+    """A split's ``_written`` rows, and the units whose row cannot be read (a marker
+    file torn by a crash mid-write: not written, unless a version says otherwise)."""
+    try:
+        return np.asarray(table[:]), frozenset()
+    except Exception:  # noqa: BLE001 - read the rows one by one, as writer.written_units does
+        rows, torn = np.zeros(table.shape, dtype=np.uint64), set()
+        for u in range(table.shape[0]):
+            try:
+                rows[u] = table[u]
+            except Exception:  # noqa: BLE001
+                torn.add(u)
+        return rows, frozenset(torn)
+
+
+def _version_problems(split: str, arrays: Mapping[str, Any], version: Version, rows: np.ndarray,
+                      torn: frozenset[int], unit: int, *, newest: bool, crc32: Any) -> tuple[list[str], int]:
+    """What is wrong with ``split`` as a reader of ``version`` sees it, and the units
+    checked: every unit for the newest version; for an older one only its partly filled
+    last unit, against the checksum it recorded (a later append rewrote that unit with
+    more samples; the units before it are the newest version's)."""
+    from pipeline.storage.writer import SHARED
+
+    n = (version.shared_rows if split == SHARED else version.samples.get(split))
+    n = int(next(iter(arrays.values())).shape[0]) if n is None else int(n)
+    units = -(-n // unit)
+    tail = version.tails.get(split)
+    todo = range(units) if newest else [units - 1] if tail is not None and units else []
+    if not todo:
+        return [], 0
+    try:
+        seen = {name: pinned_array(a, n) for name, a in arrays.items()}
+    except Exception as exc:  # noqa: BLE001 - pinned_array's StoreError: fewer samples than recorded
+        return [f"{split}: version {version.number} records {n} samples ({exc})"], 0
+    note = "" if newest else f" (the last samples of version {version.number})"
+    problems = []
+    for u in todo:
+        row = tail if tail is not None and u == units - 1 else None
+        if row is None:
+            if u >= len(rows) or u in torn or rows[u][0] != 1:
+                # A store recorded before versions kept their last unit's checksum, while
+                # an append rewrites that unit: nothing to check it against until then.
+                if not (u == units - 1 and n % unit and len(rows) > units):
+                    problems.append(f"{split}: write unit {u} of version {version.number} has lost its marker "
+                                    "(its checksums)")
                 continue
-            problems += _unit_problems(sub, split, names, unit, [int(v) for v in row[1:]], crc32)
-    return problems
+            row = [int(v) for v in rows[u]]
+        problems += _unit_problems(seen, split, u, [int(v) for v in row[1:]], crc32, note)
+    return problems, len(todo)
 
 
-def _unit_problems(sub: Any, split: str, names: list[str], unit: int, recorded: list[int], crc32: Any) -> list[str]:
+def _pending_lines(unwritten: Mapping[str, tuple[int, int]], newest: Version | None, attrs: Mapping[str, Any],
+                   staging: str | None) -> tuple[str, ...]:
+    """The line saying what a build or an append still has to write (none when
+    nothing: a store whose newest version is committed and no append under way)."""
+    pending = attrs.get(PENDING)
+    if newest is not None and not unwritten and not isinstance(pending, Mapping):
+        return ()
+    new = "" if newest is None else "new "
+    missing = sum(m for m, _ in unwritten.values())
+    total = sum(t for _, t in unwritten.values())
+    per = ", ".join(f"{split} {m} of {t}" for split, (m, t) in unwritten.items() if m)
+    counted = (f"{missing} of {total} {new}write units not written yet ({per})" if missing else
+               f"every {new}write unit written ({total}), not committed yet" if total else
+               f"no {new}write unit begun yet")
+    if newest is None:
+        where = f" in {staging}" if staging else ""
+        return (f"incomplete{where}: {counted}; rerun the same pipeline run to resume",)
+    to = pending.get("version") if isinstance(pending, Mapping) else newest.number + 1
+    return (f"append to version {to} in progress (or interrupted): {counted}; readers see version "
+            f"{newest.number}; rerun the same pipeline run to finish it",)
+
+
+def _unit_problems(arrays: Mapping[str, Any], split: str, unit: int, recorded: list[int], crc32: Any,
+                   note: str = "") -> list[str]:
     """What is wrong with one write unit of a split's arrays, against its recorded CRC32s.
 
     A row of ``_written`` holds the CRCs in the order the arrays were written, which
     zarr does not keep (it lists them alphabetically). So the unit's CRCs, recomputed,
     must be the row's as a multiset: each array's among them, and no CRC more often than
     recorded. Membership alone would take one array's chunk copied over another's (two
-    arrays of the unit then holding the same bytes) for intact.
+    arrays of the unit then holding the same bytes) for intact. ``arrays`` may be
+    pinned to a version: a unit then holds that version's samples only, as its CRC does.
     """
     problems, computed = [], {}
-    for name in names:
-        arr = sub[name]
-        rows = arr.shards[0] if arr.shards else arr.chunks[0]
+    for name in sorted(arrays):
+        arr = arrays[name]
+        rows = _unit_rows(arr)
         lo = unit * rows
         try:
             computed[name] = (crc32(np.ascontiguousarray(arr[lo : lo + rows]).data), lo // arr.chunks[0])
         except Exception as exc:  # noqa: BLE001 - any decode failure is corruption
-            problems.append(f"{split}/{name} chunk {lo // arr.chunks[0]}: cannot decode ({exc})")
+            problems.append(f"{split}/{name} chunk {lo // arr.chunks[0]}: cannot decode ({exc}){note}")
     want, have = Counter(recorded), Counter(crc for crc, _ in computed.values())
     for name, (crc, chunk) in computed.items():
         if crc not in want:
-            problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch")
+            problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch{note}")
         elif have[crc] > want[crc]:
             same = [f"{split}/{n}" for n, (c, _) in computed.items() if c == crc and n != name]
             problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch (it holds the same bytes as "
-                            f"{', '.join(same)}, which the unit's checksums do not)")
+                            f"{', '.join(same)}, which the unit's checksums do not){note}")
     return problems
 
 

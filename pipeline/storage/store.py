@@ -16,7 +16,8 @@ from pipeline.errors import StoreError
 if TYPE_CHECKING:  # pragma: no cover
     import zarr
 
-__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "local_path", "open_store_group", "store_root_attrs", "stored_bytes"]
+__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "local_path", "open_store_group", "store_root_attrs", "stored_bytes",
+           "zip_staging"]
 
 #: Key under which the package keeps its metadata in the root group's attributes.
 ATTRS_KEY = "pipeline"
@@ -27,6 +28,13 @@ FOLDS = "folds"
 def is_zip(location: str) -> bool:
     """Whether ``location`` names a single-file zip store."""
     return str(location).endswith(".zip")
+
+
+def zip_staging(location: str) -> str:
+    """The directory a ``.zarr.zip`` store is built in before it is packed
+    (:func:`pipeline.storage.writer._write_zip`): while a build runs, or after one was
+    interrupted, the store is there and ``location`` does not exist yet."""
+    return str(location) + ".partial.zarr"
 
 
 def is_remote(location: str) -> bool:
@@ -86,6 +94,12 @@ def open_store_group(
                     "store; open them with mode='r'"
                 )
             if not os.path.exists(loc):
+                staging = zip_staging(loc)
+                if os.path.isdir(staging):
+                    # Not "no such store": its build is running or was interrupted.
+                    raise StoreError(f"{loc}: not packed yet: its build was interrupted (or is still running) in "
+                                     f"{staging}; rerun the same pipeline run to finish it (`pipeline inspect "
+                                     f"{loc}` says what is written)")
                 raise StoreError(f"{loc}: no such zip store")
             if os.path.isdir(loc):
                 raise StoreError(f"{loc}: a directory, not a zip store")

@@ -49,7 +49,7 @@ def test_verify_names_every_corrupt_chunk(tmp_path):
     write(path, {"x": x, "y": np.arange(200)}, chunk_samples=50, codec="none", progress=False)
     from pipeline.storage import verify_store
 
-    assert verify_store(path) == []
+    assert verify_store(path).problems == ()
     # A silent bit flip (uncompressed, so it still decodes) and a truncated chunk.
     chunk = path / "train" / "x" / "c" / "1" / "0"
     data = bytearray(chunk.read_bytes())
@@ -74,7 +74,7 @@ def test_verify_finds_one_arrays_chunk_copied_over_anothers(tmp_path):
     path = tmp_path / "v.zarr"
     write(path, {"x": np.ones((n, 2), np.float32), "y": np.arange(n), "t": np.arange(n) * 1000}, chunk_samples=50,
           codec="none", progress=False)
-    assert verify_store(path) == []
+    assert verify_store(path).problems == ()
     (path / "train" / "y" / "c" / "0").write_bytes((path / "train" / "t" / "c" / "0").read_bytes())
     np.testing.assert_array_equal(pipeline.open(path)["train"]["y"][:50], np.arange(50) * 1000)  # it decodes
     problems = verify_store(path)
@@ -105,7 +105,7 @@ def test_a_store_another_tool_wrote_is_described_as_such_and_verify_decodes_ever
     text = format_report(report)
     assert "written by: another tool" in text and "rerun" not in text and f"  {prefix}x: (500, 4) float32" in text
     assert report.nbytes == x.nbytes + 500 * 8
-    assert verify_store(path) == []
+    assert verify_store(path).problems == ()
     cli = [sys.executable, "-m", "pipeline.cli", "inspect", str(path), "--verify"]
     result = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout.rstrip().endswith(
@@ -119,7 +119,7 @@ def test_a_store_another_tool_wrote_is_described_as_such_and_verify_decodes_ever
     data[10:30] = b"\xff" * 20
     chunk.write_bytes(bytes(data))
     problems = verify_store(path)
-    assert len(problems) == 1 and problems[0].startswith(f"{prefix}x chunk (2, 0): cannot decode")
+    assert len(problems) == 1 and problems.problems[0].startswith(f"{prefix}x chunk (2, 0): cannot decode")
     result = subprocess.run(cli, capture_output=True, text=True, timeout=120)
     assert result.returncode == 1 and f"CORRUPT {prefix}x chunk (2, 0): cannot decode" in result.stdout
 
@@ -319,3 +319,180 @@ def test_the_report_says_what_the_splits_left_out():
     across = {"split_left_out": {"outside": 0, "across": 1234, "embargo": {"train": 45}}}
     assert ("windows left out: 1,234 across a cut between splits; by the embargo: train 45"
             in format_report(StoreReport("s.zarr", True, (), attrs=across)).splitlines())
+
+
+# -- unfinished builds and appends -------------------------------------------------------
+
+
+def _markers(path) -> np.ndarray:
+    """The write markers of a split as zarr itself reads them: 1 in column 0 once a unit
+    is written."""
+    import zarr
+
+    return np.asarray(zarr.open_array(str(path), mode="r")[:, 0]) == 1
+
+
+def _failing(x: np.ndarray, rows: int, bad_from: int):
+    """``x`` as a dask array whose blocks past sample ``bad_from`` fail to compute: a
+    write that stops part-way, as a Ctrl-C or a full disk leaves it. They fail after a
+    moment, so that the tasks of the other blocks have written their units by then."""
+    import time
+
+    import dask.array as da
+
+    def fail(block, block_info=None):
+        if block_info[0]["array-location"][0][1] > bad_from:
+            time.sleep(0.5)
+            raise OSError("interrupted")
+        return block
+
+    return da.from_array(x, chunks=(rows, *x.shape[1:])).map_blocks(fail, dtype=x.dtype)
+
+
+def test_written_samples_counts_marked_units_and_the_versions_own():
+    from pipeline.storage.inspect import written_samples
+
+    assert written_samples(np.array([1, 1, 1], bool), 10, 25, 25) == 25
+    assert written_samples(np.array([1, 0, 1], bool), 10, 25, 0) == 15  # a build: units 0 and 2 (5 samples)
+    # An append from 25 to 47 samples: unit 2 (the version's last 5) cleared, to be rewritten.
+    assert written_samples(np.array([1, 1, 0, 1, 0], bool), 10, 47, 25) == 10 + 10 + 5 + 10
+    assert written_samples(np.array([], bool), 10, 0, 0) == 0
+
+
+def test_an_interrupted_build_is_incomplete_not_corrupt_and_its_ratio_counts_what_is_written(tmp_path, monkeypatch):
+    from pipeline.storage import layout
+
+    x = np.random.default_rng(5).standard_normal((240, 8, 4)).astype(np.float32)
+    y = np.arange(240, dtype=np.int64)
+    path = tmp_path / "s.zarr"
+    monkeypatch.setattr(layout, "TASK_BYTES", 1)  # one write task per unit, so that some finish
+    with pytest.raises(Exception):
+        write(path, {"x": _failing(x, 40, 200), "y": y}, chunk_samples=40, codec="none", progress=False)
+    done = _markers(path / "train" / "_written")
+    assert 0 < done.sum() < 6  # units of 40 samples: some written, the failing ones not
+    from pipeline.storage import verify_store
+
+    result = verify_store(path)
+    missing = int((~done).sum())
+    assert result.problems == () and not result and list(result) == []
+    assert result.pending == (f"incomplete: {missing} of 6 write units not written yet (train {missing} of 6); "
+                              "rerun the same pipeline run to resume",)
+    assert result.checked == int(done.sum()) and result.version is None
+    # The ratio is over the written units' bytes (codec none: about 1x), not the whole arrays'.
+    report = inspect_store(path)
+    held = int(done.sum()) * 40 * (x[0].nbytes + y[0].nbytes)
+    assert report.held_nbytes == held and report.nbytes == x.nbytes + y.nbytes
+    size = next(line for line in format_report(report).splitlines() if line.startswith("size: "))
+    assert f"ratio {held / report.stored_bytes:.2f}x" in size and size.endswith(
+        f"{(x.nbytes + y.nbytes) / 2**20:,.1f} MiB uncompressed once complete")
+    assert 0.9 < held / report.stored_bytes < 1.1
+    # A damaged written unit is still damage.
+    first = int(np.flatnonzero(done)[0])
+    chunk = path / "train" / "x" / "c" / str(first) / "0" / "0"
+    data = bytearray(chunk.read_bytes())
+    data[7] ^= 0xFF
+    chunk.write_bytes(bytes(data))
+    assert verify_store(path).problems == (f"train/x chunk {first}: checksum mismatch",)
+
+
+def test_verify_of_an_interrupted_append_checks_the_versions_readers_see(tmp_path, monkeypatch):
+    """Units an unfinished append has not written are pending, not CORRUPT; the version
+    readers see is checked whole (its last, partly filled unit against its own checksum,
+    though the append cleared that unit's marker), and so are the units the append wrote."""
+    from pipeline.storage import layout, verify_store
+    from pipeline.storage.append import append
+
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((400, 6)).astype(np.float32)
+    y = np.arange(400, dtype=np.int64)
+    path = tmp_path / "a.zarr"
+    write(path, {"x": x[:230], "y": y[:230]}, chunk_samples=50, codec="none", progress=False)
+    attrs = pipeline.open(path).attrs
+    monkeypatch.setattr(layout, "TASK_BYTES", 1)  # one write task per unit, so that some finish
+    with pytest.raises(Exception):
+        append(path, {"train": {"x": _failing(x[230:], 170, 100), "y": y[230:]}}, attrs=attrs, token="t",
+               progress=False)
+    done = _markers(path / "train" / "_written")
+    assert done.size == 8 and done[:4].all() and not done[4:].all()  # units 4-7 are the append's
+    result = verify_store(path)
+    missing = int((~done[4:]).sum())
+    assert result.problems == () and result.version == 0
+    assert result.pending == (f"append to version 1 in progress (or interrupted): {missing} of 4 new write units not "
+                              f"written yet (train {missing} of 4); readers see version 0; rerun the same pipeline "
+                              "run to finish it",)
+    report = inspect_store(path)
+    assert [a.shape[0] for a in report.arrays] == [230, 230]  # what readers see
+    # Readers of version 0 get its samples: the reference the checks stand for.
+    np.testing.assert_array_equal(pipeline.open(path)["train"]["x"][:], x[:230])
+    cli = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(path), "--verify"],
+                         capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0 and "CORRUPT" not in cli.stdout, cli.stdout
+    # Damage to version 0, to its last unit (which the append cleared) and to a unit
+    # the append wrote, is found and named.
+    for chunk, at in (("1", 10), ("4", 4 * 30)):
+        f = path / "train" / "x" / "c" / chunk / "0"
+        data = bytearray(f.read_bytes())
+        data[at] ^= 0xFF
+        f.write_bytes(bytes(data))
+    problems = list(verify_store(path))
+    assert problems[:2] == ["train/x chunk 1: checksum mismatch", "train/x chunk 4: checksum mismatch"]
+    written = [u for u in (5, 6) if done[u]]
+    for u in written:
+        f = path / "train" / "y" / "c" / str(u)
+        data = bytearray(f.read_bytes())
+        data[0] ^= 0xFF
+        f.write_bytes(bytes(data))
+    assert list(verify_store(path))[2:] == [f"train/y chunk {u}: checksum mismatch (written by the unfinished "
+                                            "append to version 1)" for u in written]
+
+
+def test_verify_checks_each_older_versions_last_samples(tmp_path):
+    from pipeline.storage import verify_store
+    from pipeline.storage.append import append
+
+    x = np.random.default_rng(9).standard_normal((130, 3)).astype(np.float32)
+    path = tmp_path / "v.zarr"
+    write(path, {"x": x[:70], "y": np.arange(70)}, chunk_samples=50, codec="none", progress=False)
+    append(path, {"train": {"x": x[70:], "y": np.arange(70, 130)}}, attrs=pipeline.open(path).attrs, token="t",
+           progress=False)
+    result = verify_store(path)
+    assert result.problems == () and result.pending == () and result.version == 1
+    assert result.checked == 3 + 1  # version 1's three units, version 0's partly filled last one
+    # Version 0 holds samples 50-69 of chunk 1: a flipped byte there is damage to both.
+    f = path / "train" / "x" / "c" / "1" / "0"
+    data = bytearray(f.read_bytes())
+    data[5 * 12] ^= 0xFF
+    f.write_bytes(bytes(data))
+    assert list(verify_store(path)) == ["train/x chunk 1: checksum mismatch",
+                                        "train/x chunk 1: checksum mismatch (the last samples of version 0)"]
+
+
+def test_an_interrupted_zip_build_is_found_in_its_folder(tmp_path, monkeypatch):
+    from pipeline.storage import layout, verify_store
+
+    x = np.random.default_rng(2).standard_normal((200, 4, 3)).astype(np.float32)
+    zipped = tmp_path / "set.zarr.zip"
+    staging = tmp_path / "set.zarr.zip.partial.zarr"
+    monkeypatch.setattr(layout, "TASK_BYTES", 1)
+    with pytest.raises(Exception):
+        write(zipped, {"x": _failing(x, 50, 120), "y": np.arange(200)}, chunk_samples=50, progress=False)
+    assert staging.is_dir() and not zipped.exists()
+    report = inspect_store(zipped)
+    assert report.location == str(zipped) and report.staging == str(staging) and not report.complete
+    assert f"complete: NO: the build was interrupted (or is still running) in {staging}, which is packed into " \
+           f"{zipped} once complete; rerun the same pipeline run to finish it" in format_report(report).splitlines()
+    missing = int((~_markers(staging / "train" / "_written")).sum())
+    assert missing and verify_store(zipped).pending == (
+        f"incomplete in {staging}: {missing} of 4 write units not written yet (train {missing} of 4); rerun the "
+        "same pipeline run to resume",)
+    cli = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(zipped)], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0 and f"in {staging}" in cli.stdout, cli.stderr
+    with pytest.raises(StoreError, match=r"set\.zarr\.zip: not packed yet: its build was interrupted \(or is still "
+                       r"running\) in .*set\.zarr\.zip\.partial\.zarr; rerun"):
+        pipeline.open(zipped)
+    # Written whole (other dask names, so another fingerprint: overwrite), it is packed.
+    write(zipped, {"x": x, "y": np.arange(200)}, chunk_samples=50, overwrite=True, progress=False)
+    assert not staging.exists() and inspect_store(zipped).staging is None and inspect_store(zipped).complete
+    with pytest.raises(StoreError, match=r"nope\.zarr\.zip: no such zip store$"):
+        pipeline.open(tmp_path / "nope.zarr.zip")
