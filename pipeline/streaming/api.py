@@ -74,7 +74,11 @@ def stream(
         Instead of ``batch_size``: samples per step over all ranks. Step ``j`` holds the
         same samples on every world size from 1 to 8 that divides it, and a state saved
         by any rank resumes on any such world size and worker count
-        (:mod:`~pipeline.streaming.elastic`).
+        (:mod:`~pipeline.streaming.elastic`). Every step is full but the epoch's last,
+        which holds ``N mod global_batch_size`` samples (none with ``drop_last``), the
+        ranks' shares of it differing by one sample at most; a world size above that
+        remainder would leave a rank without a sample and is refused without
+        ``drop_last``.
     shuffle
         Permute the chunk order and mix samples in the buffer (``False``: store order;
         with ``global_batch_size``, store order lane by lane: each step takes its next

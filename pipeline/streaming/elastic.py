@@ -16,6 +16,18 @@ serves lanes ``[r L / W, (r + 1) L / W)``: the same contiguous stretch of the ch
 sequence that rank ``r`` reads without ``global_batch_size``, so each rank reads its own
 chunks, not all of them.
 
+**The last step.** An epoch of ``N`` samples is ``ceil(N / G)`` global steps, all of
+``G`` samples but the last, which holds the ``R = N mod G`` left (none with
+``drop_last``, as ``batch_size=`` ends an epoch with one short batch). Since lane ``l``
+starts at sample ``floor(l N / L)``, its share of that step is ``floor((l + 1) R / L) -
+floor(l R / L)`` samples: rank ``r`` of ``W`` gets ``floor((r + 1) R / W) - floor(r R /
+W)``, so the ranks' shares differ by at most one sample on every world size, and DDP's
+average over ranks weighs the step's samples alike. A world size above ``R`` would leave
+a rank without a sample in the last step, and is refused without ``drop_last``
+(:meth:`Lanes.check_world_size`). Layouts before :data:`LAYOUT` 2 spread the step over
+the last two when ``R`` was below ``L``; their mid-epoch states are refused where the
+steps they served differ (:func:`legacy_first_step`).
+
 **Groups.** Global steps are taken ``T`` at a time, ``T = ceil(buffer_chunks * C / G)``
 (``C`` the longest chunk): a group of steps holds ``buffer_chunks`` chunks' worth of
 samples of the whole job, whatever its world size. Each lane mixes its samples of a
@@ -64,9 +76,10 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.errors import StreamError
-from pipeline.streaming.plan import Piece, batch_sizes, batches_per_rank, chunk_order, round_robin_consumed
+from pipeline.streaming.plan import Piece, chunk_order, round_robin_consumed
 
 __all__ = [
+    "LAYOUT",
     "MAX_WORLD_SIZE",
     "ElasticPlan",
     "Lanes",
@@ -75,6 +88,7 @@ __all__ = [
     "elastic_served_order",
     "epoch_lanes",
     "lane_count",
+    "legacy_first_step",
     "per_rank_batch",
     "remaining_steps",
     "step_intervals",
@@ -84,10 +98,10 @@ __all__ = [
 #: Every world size up to this one that divides the global batch gets the same global steps.
 MAX_WORLD_SIZE = 8
 
-# The last steps of a lane that may hold fewer than ``m`` samples: its last, and the one
-# before that lends it a sample (lanes differ by at most one sample; with ``m = 1`` see
-# _single_sample_tail).
-_TAIL = 2
+#: The layout of an epoch's steps that a state records (``elastic_layout``): 2 ends an
+#: epoch with one short step. States without it were saved by layout 1, which made the
+#: last two steps short when the last step held fewer samples than lanes.
+LAYOUT = 2
 
 
 def lane_count(global_batch_size: int) -> int:
@@ -139,14 +153,18 @@ class Lanes:
         Raises
         ------
         StreamError
-            When each rank serves one lane and a lane skips a step (one sample per
-            lane and step, lanes of unequal length).
+            When the epoch's last step holds fewer samples than ``world_size`` (its
+            ranks' shares differ by at most one: some would be 0), without drop_last.
         """
-        if self.n_lanes // world_size == 1 and self.tail.size and int(self.tail.min()) == 0:
+        if not self.tail.size:
+            return
+        last = self.tail[:, -1].reshape(world_size, -1).sum(axis=1)
+        if int(last.min()) == 0:
+            n, rest = int(self.starts[-1]), int(self.tail[:, -1].sum())
             raise StreamError(
-                f"on {world_size} ranks each rank serves 1 sample per step of global_batch_size={self.global_batch}, "
-                f"and {int(self.starts[-1])} samples do not give every rank a sample at every step; use "
-                "drop_last=True or a larger global batch")
+                f"stream: {n} samples in global steps of global_batch_size={self.global_batch} leave {rest} for "
+                f"the epoch's last step, fewer than world_size={world_size}: a rank would have no sample in it; "
+                f"use drop_last=True, a world size of at most {rest}, or another global batch")
 
     def group_range(self, group: int) -> tuple[int, int]:
         """Global steps ``[t0, t1)`` of a group."""
@@ -179,45 +197,38 @@ class Lanes:
         return out
 
 
-def _single_sample_tail(lens: np.ndarray) -> np.ndarray:
-    """The last two steps of lanes serving one sample per step, some lanes one sample short.
-
-    A short lane skips its last step if its number is even, the one before if odd: any
-    two neighbouring lanes then serve a sample at each step, so a rank of two lanes or
-    more never has an empty batch, on any world size.
-    """
-    tail = np.ones((lens.size, _TAIL), dtype=np.int64)
-    short = np.flatnonzero(lens < lens.max())
-    tail[short, _TAIL - 1 - short % 2] = 0
-    return tail
-
-
 def epoch_lanes(n_samples: int, *, global_batch_size: int, drop_last: bool, longest_chunk: int,
                 buffer_chunks: int) -> Lanes:
-    """The lanes and steps of every epoch of ``n_samples`` samples (see the module notes).
-
-    Raises
-    ------
-    StreamError
-        When there are fewer samples than lanes, without drop_last.
-    """
+    """The lanes and steps of every epoch of ``n_samples`` samples (see the module notes):
+    every step full but the last, which holds ``n_samples mod global_batch_size``."""
     n_lanes = lane_count(global_batch_size)
     micro = global_batch_size // n_lanes
-    if n_samples < n_lanes and not drop_last:
-        raise StreamError(f"{n_samples} samples cannot be shared among the {n_lanes} lanes of "
-                          f"global_batch_size={global_batch_size}; use drop_last=True or a smaller global batch")
     starts = np.array([n_samples * k // n_lanes for k in range(n_lanes + 1)], dtype=np.int64)
-    steps = batches_per_rank(n_samples, n_lanes, micro, drop_last)
-    lens = np.diff(starts)
-    if micro == 1 and not drop_last and lens.min() < lens.max():
-        tail = _single_sample_tail(lens)
+    steps = n_samples // global_batch_size if drop_last else -(-n_samples // global_batch_size)
+    if drop_last or n_samples % global_batch_size == 0:
+        tail = np.empty((n_lanes, 0), dtype=np.int64)
     else:
-        k = min(steps, _TAIL)
-        tail = np.array([batch_sizes(int(n) - micro * (steps - k), k, micro, drop_last) for n in lens],
-                        dtype=np.int64).reshape(n_lanes, k)
+        # Lane l is micro * (steps - 1) samples long, plus its share of the last step
+        # (the lane starts floor(l N / L) spread that step's samples evenly).
+        tail = (np.diff(starts) - micro * (steps - 1)).reshape(n_lanes, 1)
     group_steps = max(1, -(-buffer_chunks * longest_chunk // global_batch_size))
     return Lanes(global_batch=global_batch_size, micro=micro, steps=steps, group_steps=group_steps,
                  starts=starts, tail=tail)
+
+
+def legacy_first_step(lanes: Lanes) -> int | None:
+    """The first step whose samples a state saved before :data:`LAYOUT` 2 meant
+    otherwise, or None when both layouts agree.
+
+    Layout 1 gave every lane a sample in the last step: when it held fewer samples than
+    lanes, the lanes without one took one from the step before. Only those two steps'
+    samples differ, but a group mixes its samples over its steps, so the steps of the
+    groups that hold them (the last, and the one before when the last starts at the
+    epoch's last step) are laid out otherwise too.
+    """
+    if not lanes.tail.size or lanes.steps < 2 or int(lanes.tail.min()) > 0:
+        return None
+    return (lanes.steps - 2) // lanes.group_steps * lanes.group_steps
 
 
 # -- steps left, and who serves them -------------------------------------------------------

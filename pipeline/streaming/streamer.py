@@ -70,7 +70,9 @@ from pipeline.streaming.elastic import (
     consumed_steps,
     elastic_plan,
     elastic_served_order,
+    LAYOUT,
     epoch_lanes,
+    legacy_first_step,
     remaining_steps,
     step_intervals,
     worker_steps,
@@ -500,7 +502,9 @@ class Stream:
             batches counted (beyond ``done``), once given, reported by the workers, or
             once this process iterated the stream (1: a plain loop, Keras or
             ``DataLoader(num_workers=0)``, one server). With ``global_batch_size`` also ``global_batch_size``,
-            ``steps_per_epoch`` (checked on loading) and ``done``, the
+            ``steps_per_epoch`` (checked on loading), ``elastic_layout`` (how the
+            epoch's last steps are laid out: a state without it is refused mid-epoch
+            where that changed the steps it served) and ``done``, the
             global steps served before the iteration in progress as ``[start, stop)``
             runs; ``rank``,
             ``world_size`` and ``batch_size`` (this rank's share of a step) are then for
@@ -555,7 +559,7 @@ class Stream:
                 # else: the loader went on with the turns of the loop that served the
                 # state, so the steps done before it and the count still say what it took.
             state.update(global_batch_size=self.global_batch_size, steps_per_epoch=len(self),
-                         done=[list(p) for p in done])
+                         elastic_layout=LAYOUT, done=[list(p) for p in done])
             if workers is not None:
                 state["num_workers"] = workers
         elif num_workers is not None or self._served_workers is not None:
@@ -591,6 +595,7 @@ class Stream:
         # The samples are those of the version the state names, checked before switching
         # to it, so that a state refused for its samples leaves the stream on its version.
         self._check_samples(state, int(sum(source.lengths)))
+        self._check_layout(state, source)
         if source is not self.source:
             self._switch(source)
         served = int(state["batches_served"])
@@ -662,6 +667,37 @@ class Stream:
                               f"has n_samples={n_samples}{where}; the samples changed since (an append, or "
                               "another store), and resuming would skip and repeat samples: finish the epoch on "
                               "the samples it was saved on, or start a new epoch (set_epoch)")
+
+    def _check_layout(self, state: Mapping[str, Any], source: Any) -> None:
+        """Refuse a mid-epoch state of an earlier elastic layout (no ``elastic_layout``)
+        that served steps this layout fills with other samples: the rest of the epoch
+        would skip some samples and repeat others. Its steps before those resume exactly.
+        """
+        if self.global_batch_size is None or "elastic_layout" in state:
+            return
+        lengths = source.lengths
+        lanes = epoch_lanes(int(sum(lengths)), global_batch_size=self.global_batch_size, drop_last=self.drop_last,
+                            longest_chunk=max(lengths, default=0), buffer_chunks=self.buffer_chunks)
+        first = legacy_first_step(lanes)
+        served = int(state.get("batches_served", 0))
+        if first is None or not 0 < served < lanes.steps:
+            return
+        left = remaining_steps(lanes.steps, [[int(a), int(b)] for a, b in state.get("done", ())])
+        pending = served - (lanes.steps - left.size)
+        if not 0 <= pending <= left.size:
+            return  # refused, with the counts, by load_state_dict
+        # The steps taken: those done, and those the loop's workers took beyond them.
+        taken = np.setdiff1d(np.arange(lanes.steps), left, assume_unique=True)
+        if pending:
+            workers = max(1, int(state.get("num_workers") or 1))
+            taken = np.concatenate([taken, consumed_steps(left, pending, workers, lanes.group_steps)])
+        if int(taken.max()) >= first:
+            raise StreamError(
+                f"state_dict was saved mid-epoch by an earlier pipeline (no elastic_layout), whose last "
+                f"{lanes.steps - first} global steps of this epoch hold other samples than they do now (the epoch "
+                f"now ends with one short step), and it served some of them; resuming would skip and repeat "
+                f"samples: finish epoch {state.get('epoch')} with the pipeline that saved it, or start the next "
+                "epoch (set_epoch)")
 
     def _publish(self) -> None:
         """After a move (set_epoch, load_state_dict): count it, and show the persistent
