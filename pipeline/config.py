@@ -48,10 +48,11 @@ class ClusterConfig:
     scheduler_file: str | None = None
     n_workers: int = 2
     threads_per_worker: int = 1
-    memory_limit: str = "auto"
+    # Kept as written (4GiB, 0.5, auto): dask reads it when the workers start.
+    memory_limit: str | float | None = "auto"
     # 127.0.0.1 so a laptop run never exposes the dashboard to the network; ":0" picks a
     # free port, which avoids clashes between concurrent runs.
-    dashboard_address: str = "127.0.0.1:0"
+    dashboard_address: str | None = "127.0.0.1:0"
     tls_ca_file: str | None = None
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
@@ -205,7 +206,17 @@ _POSITIVE_INTS = {
 _POSITIVE_FLOATS = {"target_chunk_mb"}
 
 
+#: What keys with their own validator accept, in the words of their errors (and of the
+#: config reference, which describes every key by :func:`_describe`).
+_ACCEPTS = {
+    "memory_limit": "a size such as 4GiB or 500MB, a fraction of memory such as 0.5, auto, or null (no limit)",
+    "dashboard_address": "a port such as 8787, or host:port such as 127.0.0.1:8787, or null (no dashboard)",
+}
+
+
 def _describe(tp: Any, name: str) -> str:
+    if name in _ACCEPTS:
+        return _ACCEPTS[name]
     origin = typing.get_origin(tp)
     args = typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
@@ -531,7 +542,8 @@ def _cluster(value: Any, path: str) -> ClusterConfig:
     """
     from pipeline.remote import check_address, check_encryption
 
-    cfg = _build(ClusterConfig, value, path)
+    cfg = _build(ClusterConfig, value, path, {"memory_limit": _memory_limit,
+                                              "dashboard_address": _dashboard_address})
     for name in ("scheduler_file", "tls_ca_file", "tls_cert_file", "tls_key_file"):
         given = getattr(cfg, name)
         if given is not None and not given.strip():
@@ -541,6 +553,65 @@ def _cluster(value: Any, path: str) -> ClusterConfig:
         tls_files = any((cfg.tls_ca_file, cfg.tls_cert_file, cfg.tls_key_file))
         check_encryption(cfg.address, key=f"{path}.address", tls_files=tls_files)
     return cfg
+
+
+def _memory_limit(value: Any, path: str) -> str | float | None:
+    """``cluster.memory_limit`` as dask's LocalCluster reads it
+    (``distributed.worker_memory.parse_memory_limit``): ``auto``, ``null`` (no limit), a
+    number (at most 1: a fraction of the machine's memory; above: bytes) or a size that
+    :func:`dask.utils.parse_bytes` reads (``4GiB``, ``500 MB``). Checked here, because
+    the LocalCluster's own refusal is a traceback from inside its start.
+
+    Returns
+    -------
+    The value as given (dask reads it the same way when the run starts).
+    """
+    if value is None or value == "auto":
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    elif isinstance(value, str) and value.strip():
+        try:  # "0.5" is a fraction to dask, as 0.5 is
+            number = float(value)
+        except ValueError:
+            from dask.utils import parse_bytes
+
+            try:
+                number = float(parse_bytes(value))
+            except (ValueError, TypeError):
+                raise ConfigError(path, _ACCEPTS["memory_limit"], value) from None
+    else:
+        raise ConfigError(path, _ACCEPTS["memory_limit"], value)
+    # dask takes a negative size, or infinity, and fails on it once the workers start.
+    if not math.isfinite(number) or number < 0:
+        raise ConfigError(path, _ACCEPTS["memory_limit"], value)
+    return value
+
+
+def _dashboard_address(value: Any, path: str) -> str | None:
+    """``cluster.dashboard_address``: ``host:port``, ``host`` (port 0: a free one), or a
+    bare port (``8787``, ``":8787"``), which dask would open on every network interface:
+    here it means the loopback address, as the default does, so that only a host written
+    out (``0.0.0.0:8787``) exposes the dashboard. ``null``: no dashboard.
+
+    Returns
+    -------
+    The address as ``host:port`` or ``host``, ``127.0.0.1:<port>`` for a bare port.
+    """
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        host, port = "", str(value)
+    elif isinstance(value, str) and value.strip() and not any(c.isspace() for c in value):
+        host, sep, port = value.rpartition(":")
+        if not sep:  # "8787" is a port, "localhost" a host
+            host, port = ("", value) if value.isdigit() else (value, "0")
+    else:
+        raise ConfigError(path, _ACCEPTS["dashboard_address"], value)
+    # dask splits host and port on every ":" (an IPv6 address is refused there too).
+    if ":" in host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(path, _ACCEPTS["dashboard_address"], value)
+    return f"{host or '127.0.0.1'}:{int(port)}"
 
 
 def _scales(value: Any, path: str) -> tuple[int, ...]:
@@ -788,21 +859,63 @@ def _fingerprint_of(raw_yaml: str) -> str:
 def config_differences(stored_yaml: str, raw_yaml: str, limit: int = 5) -> list[str]:
     """The key paths where two configs differ in what the fingerprint covers, as
     ``"windows.stride: 2 -> 3"`` (``limit`` of them, sorted): what a refusal of a store
-    of another fingerprint names."""
-    def leaves(value: Any, path: str = "") -> dict[str, Any]:
-        if isinstance(value, Mapping) and value:
-            out: dict[str, Any] = {}
-            for key, sub in value.items():
-                out.update(leaves(sub, f"{path}.{key}" if path else str(key)))
-            return out
-        return {path: value}
+    of another fingerprint names.
 
+    A key written as one value on one side and as a mapping on the other is one
+    difference, not one per field of the mapping; ``output.codec`` is compared as the
+    codec each side parses to, in words (``output.codec: blosc lz4 clevel 5 noshuffle
+    -> zstd clevel 5``), an unset codec as the default it stands for.
+    """
     try:
-        a, b = leaves(_fingerprinted(stored_yaml)), leaves(_fingerprinted(raw_yaml))
+        a, b = _fingerprinted(stored_yaml), _fingerprinted(raw_yaml)
     except yaml.YAMLError:
         return []
-    keys = sorted(k for k in set(a) | set(b) if a.get(k, "(unset)") != b.get(k, "(unset)"))
-    return [f"{k}: {a.get(k, '(unset)')!r} -> {b.get(k, '(unset)')!r}" for k in keys[:limit]]
+    return [f"{key}: {text}" for key, text in sorted(_differences(a, b, ""))[:limit]]
+
+
+class _Unset:
+    """A key one of two configs does not hold."""
+
+    def __repr__(self) -> str:
+        return "(unset)"
+
+
+_UNSET = _Unset()
+
+
+def _differences(a: Any, b: Any, path: str) -> list[tuple[str, str]]:
+    """``(key path, "old -> new")`` for each difference between two config values."""
+    if path in _COMPARED_AS:
+        text = _COMPARED_AS[path](a, b)
+        return [(path, text)] if text else []
+    if (isinstance(a, Mapping) or isinstance(b, Mapping)) and all(
+            isinstance(v, Mapping) or v is _UNSET for v in (a, b)):
+        da, db = ({} if v is _UNSET else v for v in (a, b))
+        return [d for key in {**da, **db}
+                for d in _differences(da.get(key, _UNSET), db.get(key, _UNSET), f"{path}.{key}" if path else str(key))]
+    return [] if a == b else [(path, f"{a!r} -> {b!r}")]
+
+
+def _codec_change(a: Any, b: Any) -> str:
+    """``output.codec``'s change in words, or ``""`` when equal. Compared field by field,
+    a short name (``zstd``) against a mapping was a difference per field, fields that do
+    not apply to the new codec among them (``output.codec.cname: 'lz4' -> (unset)``)."""
+    from pipeline.storage import CodecSpec
+
+    if a == b:
+        return ""
+    default = OutputConfig.__dataclass_fields__["codec"].default
+    try:
+        words = [CodecSpec.from_mapping(default if v is _UNSET else v, "output.codec").in_words() for v in (a, b)]
+    except ConfigError:  # a stored config of an older version, say: as written
+        return f"{a!r} -> {b!r}"
+    if words[0] == words[1]:  # written otherwise (a short name, an unset default): the fingerprint differs
+        return f"{a!r} -> {b!r} (the same codec, {words[0]}, written otherwise)"
+    return f"{words[0]} -> {words[1]}"
+
+
+#: Keys whose values are compared as what they mean, not field by field.
+_COMPARED_AS = {"output.codec": _codec_change}
 
 
 def _fingerprinted(raw_yaml: str) -> dict[str, Any]:

@@ -478,3 +478,164 @@ def test_source_header_auto_reaches_the_loader_without_names():
     assert _source_kwargs(cfg)["header"] == "auto"
     # The default (a header, its own names) is not passed: formats without headers take no such option.
     assert "header" not in _source_kwargs(parse_config(base()))
+
+
+# -- cluster values dask reads ------------------------------------------------------------
+
+
+def _dask_memory_limit(value):
+    """The bytes a LocalCluster worker gets for ``value``, by distributed's own parser
+    (the reference: what the run would do with the value), or the exception it raises."""
+    import logging
+
+    from distributed.worker_memory import parse_memory_limit
+
+    try:
+        return parse_memory_limit(value, 1, logger=logging.getLogger("test"))
+    except (ValueError, TypeError, OverflowError) as exc:
+        return exc
+
+
+@pytest.mark.parametrize("value", ["4GiB", "500MB", "1.5 GB", "0.5", 0.5, 1, 4_000_000_000, "4000000000", "auto",
+                                   None, 0])
+def test_cluster_memory_limit_takes_what_dask_reads_as_it_was_written(value):
+    data = base()
+    data["cluster"]["memory_limit"] = value
+    assert parse_config(data).cluster.memory_limit == value  # passed to dask as written
+    limit = _dask_memory_limit(value)
+    assert limit is None or (isinstance(limit, int) and limit > 0)
+
+
+@pytest.mark.parametrize("value", ["lots", "4 GiBs", "", "-1GB", -1, float("inf"), "nan", True, [4], {"a": 1}])
+def test_cluster_memory_limit_dask_cannot_use_is_one_line_naming_the_key(value):
+    """The LocalCluster refused 'lots' with a traceback from inside its start, after
+    ``--print-config`` had shown it without a word."""
+    data = base()
+    data["cluster"]["memory_limit"] = value
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value) == ("cluster.memory_limit: expected a size such as 4GiB or 500MB, a fraction of memory such "
+                              f"as 0.5, auto, or null (no limit), got {value!r}")
+    limit = _dask_memory_limit(value)
+    # dask fails on it, or reads what no one means: a negative size, '' as 1 byte, True
+    # as the whole machine's memory.
+    assert isinstance(limit, Exception) or limit < 0 or value in ("", True)
+
+
+@pytest.mark.parametrize(("value", "address"), [
+    (8787, "127.0.0.1:8787"), (":8787", "127.0.0.1:8787"), ("8787", "127.0.0.1:8787"), (0, "127.0.0.1:0"),
+    ("127.0.0.1:0", "127.0.0.1:0"), ("0.0.0.0:8787", "0.0.0.0:8787"), ("localhost", "localhost:0"), (None, None)])
+def test_cluster_dashboard_address_takes_a_bare_port_on_the_loopback_address(value, address):
+    """A bare port was refused as 'expected a string'; dask reads one as every network
+    interface, which only a host written out asks for here."""
+    from distributed.utils import clean_dashboard_address
+
+    data = base()
+    data["cluster"]["dashboard_address"] = value
+    got = parse_config(data).cluster.dashboard_address
+    assert got == address
+    if value is not None:
+        port = int(str(value).rpartition(":")[2]) if str(value).rpartition(":")[2].isdigit() else 0
+        assert clean_dashboard_address(got) == [{"address": address.rpartition(":")[0], "port": port}]
+
+
+@pytest.mark.parametrize("value", [70000, -1, "a:b", "host:", "[::1]:8787", "tcp://h:8787", "", " 8787", True, 8.5])
+def test_cluster_dashboard_address_dask_cannot_use_is_refused_naming_the_key(value):
+    data = base()
+    data["cluster"]["dashboard_address"] = value
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value) == ("cluster.dashboard_address: expected a port such as 8787, or host:port such as "
+                              f"127.0.0.1:8787, or null (no dashboard), got {value!r}")
+
+
+# -- the codec, printed and compared -------------------------------------------------------
+
+
+@pytest.mark.parametrize(("codec", "printed"), [
+    ("zstd", {"name": "zstd", "clevel": 5}),
+    ({"name": "zstd", "clevel": 3}, {"name": "zstd", "clevel": 3}),
+    ("none", {"name": "none"}),
+    ("blosc-zstd", {"name": "blosc", "cname": "zstd", "clevel": 5, "shuffle": "noshuffle"}),
+    ("blosc-lz4", {"name": "blosc", "cname": "lz4", "clevel": 5, "shuffle": "noshuffle"}),
+])
+def test_print_config_shows_only_the_codec_fields_that_apply(codec, printed):
+    """``cname`` and ``shuffle`` are blosc's: a zstd codec listed them (cname: lz4)."""
+    from zarr.codecs import BloscCodec, ZstdCodec
+
+    from pipeline.job import config_as_yaml
+
+    config = load_config(EXAMPLE, overrides=[f"output.codec={yaml.safe_dump(codec, default_flow_style=True).strip()}"])
+    shown = yaml.safe_load(config_as_yaml(config))["output"]["codec"]
+    assert shown == printed
+    assert parse_config(yaml.safe_load(config_as_yaml(config))).output.codec == config.output.codec
+    # The reference: the zarr codecs the spec writes, and the fields they take.
+    compressors = config.output.codec.zarr_compressors()
+    if printed["name"] == "zstd":
+        assert compressors == [ZstdCodec(level=printed["clevel"])]
+    elif printed["name"] == "blosc":
+        assert compressors == [BloscCodec(cname=printed["cname"], clevel=printed["clevel"], shuffle=printed["shuffle"])]
+    else:
+        assert compressors == []
+
+
+_STORED = ("source: {paths: raw/*.csv}\nwindows: {size: 4}\n"
+           "output: {path: s.zarr, codec: {name: blosc, cname: lz4, clevel: 5, shuffle: noshuffle}}\n")
+
+
+@pytest.mark.parametrize(("new", "said"), [
+    ("zstd", "output.codec: blosc lz4 clevel 5 noshuffle -> zstd clevel 5"),
+    ("{name: zstd, clevel: 3}", "output.codec: blosc lz4 clevel 5 noshuffle -> zstd clevel 3"),
+    ("none", "output.codec: blosc lz4 clevel 5 noshuffle -> none (uncompressed)"),
+    ("{name: blosc, shuffle: shuffle}", "output.codec: blosc lz4 clevel 5 noshuffle -> blosc lz4 clevel 5 shuffle"),
+    ("blosc-lz4", "output.codec: {'name': 'blosc', 'cname': 'lz4', 'clevel': 5, 'shuffle': 'noshuffle'} -> "
+                  "'blosc-lz4' (the same codec, blosc lz4 clevel 5 noshuffle, written otherwise)"),
+])
+def test_a_codec_change_is_named_once_in_words(new, said):
+    """Field by field, ``codec: zstd`` against a mapping was 'output.codec: '(unset)' ->
+    'zstd'; output.codec.clevel: 5 -> '(unset)'; ...'."""
+    from pipeline.config import config_differences
+
+    raw = parse_config(apply_overrides(yaml.safe_load(_STORED), [f"output.codec={new}"])).raw_yaml
+    assert config_differences(_STORED, raw) == [said]
+
+
+def test_a_value_written_as_a_mapping_on_one_side_only_is_one_difference():
+    from pipeline.config import config_differences
+
+    stored = "source: {paths: raw/*.csv, sessions: file}\nwindows: {size: 4, stride: 2}\noutput: {path: s.zarr}\n"
+    now = ("source: {paths: raw/*.csv, sessions: {gap: 30min}}\nwindows: {size: 4, stride: 3, scales: [1, 2]}\n"
+           "output: {path: s.zarr, codec: none}\n")
+    assert config_differences(stored, now) == [
+        "output.codec: blosc lz4 clevel 5 noshuffle -> none (uncompressed)",  # unset: the default
+        "source.sessions: 'file' -> {'gap': '30min'}",
+        "windows.scales: (unset) -> [1, 2]",
+        "windows.stride: 2 -> 3",
+    ]
+    assert config_differences(stored, now, limit=1) == ["output.codec: blosc lz4 clevel 5 noshuffle -> none "
+                                                        "(uncompressed)"]
+
+
+def test_a_run_over_a_store_of_another_codec_names_the_codecs_in_words(tmp_path, monkeypatch):
+    """The refusal of ``pipeline run --set output.codec=zstd`` over a store built with
+    the default codec, before a cluster starts."""
+    import numpy as np
+
+    import pipeline
+    import pipeline.cluster
+    from pipeline.errors import StoreConflictError
+    from pipeline.job import run
+
+    monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: (_ for _ in ()).throw(AssertionError("started")))
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "a.csv").write_text("timestamp,bid_price_1,ask_price_1\n1,1,2\n2,1,2\n")
+    stored = yaml.safe_load(_STORED)
+    stored["source"]["paths"] = str(tmp_path / "raw" / "*.csv")
+    stored["output"]["path"] = str(tmp_path / "s.zarr")
+    built = parse_config(stored)
+    pipeline.write(built.output.path, {"x": np.zeros((8, 4, 2), np.float32), "y": np.arange(8)},
+                   attrs={"config": built.raw_yaml}, fingerprint=config_fingerprint(built), progress=False)
+    with pytest.raises(StoreConflictError) as err:
+        run(parse_config(apply_overrides(stored, ["output.codec=zstd"])), log=None, progress=False)
+    assert str(err.value).endswith("What differs from the stored build's config: output.codec: blosc lz4 clevel 5 "
+                                   "noshuffle -> zstd clevel 5 (--rebuild builds it again)")

@@ -80,6 +80,24 @@ class CodecSpec:
         """The same codec with another shuffle (only blosc has one)."""
         return CodecSpec(name=self.name, cname=self.cname, clevel=self.clevel, shuffle=shuffle)
 
+    def to_value(self) -> dict[str, Any]:
+        """The mapping :meth:`from_mapping` reads back, with only the fields that apply
+        to this codec: ``cname`` and ``shuffle`` are blosc's, ``clevel`` is not used
+        without compression (``--print-config`` listed them for every codec)."""
+        if self.name == "none":
+            return {"name": "none"}
+        if self.name == "zstd":
+            return {"name": "zstd", "clevel": self.clevel}
+        return {"name": "blosc", "cname": self.cname, "clevel": self.clevel, "shuffle": self.shuffle}
+
+    def in_words(self) -> str:
+        """The codec in words, its fields that apply only, e.g. ``blosc lz4 clevel 5
+        noshuffle``, ``zstd clevel 3`` or ``none (uncompressed)``: how a refusal of a
+        store built with another codec says what changed."""
+        if self.name == "none":
+            return "none (uncompressed)"
+        return " ".join(f"clevel {v}" if k == "clevel" else str(v) for k, v in self.to_value().items())
+
     def describe(self) -> str:
         """Short text for reports, e.g. ``blosc(lz4, shuffle, 5)``."""
         if self.name == "blosc":
