@@ -98,8 +98,9 @@ def _parser() -> argparse.ArgumentParser:
                     "another tool wrote.",
     )
     insp.add_argument("store", metavar="STORE", help="store path or URL (directory, .zarr.zip, s3://...)")
-    insp.add_argument("--plot", metavar="FILE", help="also draw sample windows and feature histograms to a PNG "
-                      "(stores pipeline wrote)")
+    insp.add_argument("--plot", metavar="FILE", help="also draw sample windows, feature histograms and label "
+                      "distributions (of a store pipeline wrote) to an image file; the format follows the "
+                      "extension: .png, .jpg, .pdf, .svg and the others matplotlib writes (none: .png is added)")
     _storage_options_argument(insp)
     insp.add_argument(
         "--verify",
@@ -117,10 +118,10 @@ def _parser() -> argparse.ArgumentParser:
         "see pipeline.demo for the layout).",
     )
     demo.add_argument("directory", metavar="DIR", help="output directory")
-    demo.add_argument("--days", type=int, default=5, help="number of days (default 5)")
-    demo.add_argument("--rows-per-day", type=int, default=400_000,
+    demo.add_argument("--days", type=_positive_int, default=5, help="number of days (default 5)")
+    demo.add_argument("--rows-per-day", type=_positive_int, default=400_000,
                       help="snapshots per day (per instrument for lobster; default 400000)")
-    demo.add_argument("--levels", type=int, default=10, help="book levels per side (default 10)")
+    demo.add_argument("--levels", type=_positive_int, default=10, help="book levels per side (default 10)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     demo.add_argument(
         "--formats", "--format", dest="formats", default="parquet,csv",
@@ -149,9 +150,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     bench.add_argument("store", metavar="STORE", help="store path or URL")
     bench.add_argument("--split", default="train", help="split to stream (default train)")
-    bench.add_argument("--batch-size", type=int, default=256, help="batch size (default 256)")
-    bench.add_argument("--buffer-chunks", type=int, default=4, help="chunks mixed in memory (default 4)")
-    bench.add_argument("--epochs", type=int, default=3, help="epochs to time (default 3)")
+    bench.add_argument("--batch-size", type=_positive_int, default=256, help="batch size (default 256)")
+    bench.add_argument("--buffer-chunks", type=_positive_int, default=4, help="chunks mixed in memory (default 4)")
+    bench.add_argument("--epochs", type=_positive_int, default=3, help="epochs to time (default 3)")
     _storage_options_argument(bench)
     bench.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="a remote store: cache its chunks in DIR and print each epoch's hit rate; needs "
@@ -159,6 +160,19 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--cache-bytes", default=None, metavar="SIZE",
                        help="the most the cache keeps on disk (bytes, or a size such as 50GiB); needs --cache-dir")
     return parser
+
+
+def _positive_int(text: str) -> int:
+    """An option's value that must be a positive integer, refused by argparse (exit
+    status 2, the option named, as for a value that is not a number): the library's own
+    refusal would name its argument (``batch_size``), not the option."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
 
 
 def _storage_options_argument(command: argparse.ArgumentParser) -> None:
@@ -212,16 +226,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 def _cmd_inspect(args: argparse.Namespace) -> int:
     from pipeline.storage import format_report, inspect_store, plot_store, verify_store
+    from pipeline.storage.plot import plot_target
 
     options, problem = _storage_options(args.storage_options)
     if problem:
         print(f"pipeline inspect: {problem}", file=sys.stderr)
         return 2
     remote = {"storage_options": options} if options is not None else {}
+    # The image's name is checked before the store is read and described: a refusal
+    # after the whole report is easy to miss.
+    target = plot_target(args.plot) if args.plot is not None else None
     report = inspect_store(args.store, **remote)
     print(format_report(report))
-    if args.plot:
-        print(f"plot: {plot_store(args.store, args.plot, **remote)}")
+    if target is not None:
+        print(f"plot: {plot_store(args.store, target, **remote)}")
     if args.verify:
         problems = verify_store(args.store, **remote)
         for line in problems:
@@ -240,9 +258,6 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
 
     formats = tuple(f.strip() for f in args.formats.split(",") if f.strip())
     instruments = tuple(t.strip() for t in args.instruments.split(",") if t.strip())
-    for name, value in (("--days", args.days), ("--rows-per-day", args.rows_per_day), ("--levels", args.levels)):
-        if value <= 0:
-            raise ConfigError(name, "a positive integer", value)
     if not formats or set(formats) - {"parquet", "csv", "lobster"}:
         raise ConfigError("--format", "parquet, csv and/or lobster", args.formats)
     # A ticker starts each file name: keep it to characters every file system takes.
@@ -274,9 +289,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     from pipeline.streaming import stream
 
-    if args.epochs < 1:
-        print("pipeline bench: --epochs: expected a positive integer", file=sys.stderr)
-        return 2
     remote, problem = _bench_remote_options(args)
     if problem:
         print(f"pipeline bench: {problem}", file=sys.stderr)

@@ -36,6 +36,9 @@ def test_help_lists_every_command_and_option():
         ("windows.size=abc", "windows.size: expected a positive integer, got 'abc'"),
         ("windows.bogus=1", "windows.bogus: unknown key"),
         ("cluster.n_workers=[1]", "cluster.n_workers: expected a positive integer, got [1]"),
+        # It passed, and the LocalCluster's start failed with dask's traceback (exit status 1).
+        ("cluster.memory_limit=lots", "cluster.memory_limit: expected a size such as 4GiB or 500MB, a fraction of "
+         "memory such as 0.5, auto, or null (no limit), got 'lots'"),
     ],
 )
 def test_config_errors_are_one_line_with_exit_status_2(override, message):
@@ -85,7 +88,61 @@ def test_inspect_plot_into_a_missing_folder_is_one_line_naming_it(tmp_path):
     assert result.stderr.strip().splitlines() == [
         f"pipeline inspect: --plot {tmp_path / 'no' / 'such' / 'x.png'}: the folder {tmp_path / 'no' / 'such'} "
         "does not exist; create it or choose another file"]
+    assert result.stdout == ""  # refused before the store is described
     assert not (tmp_path / "no").exists()
+
+
+def _small_store(tmp_path: Path) -> Path:
+    import numpy as np
+
+    import pipeline
+
+    store = tmp_path / "s.zarr"
+    x = np.arange(64 * 4 * 2, dtype=np.float32).reshape(64, 4, 2)
+    pipeline.write(store, {"x": x, "y": np.arange(64)}, progress=False)
+    return store
+
+
+def test_inspect_plot_to_a_format_matplotlib_cannot_write_is_refused_before_the_report(tmp_path):
+    """``--plot p.txt`` printed the whole report, then matplotlib's traceback."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    store = _small_store(tmp_path)
+    result = cli("inspect", str(store), "--plot", str(tmp_path / "p.txt"))
+    assert result.returncode == 2 and result.stdout == "" and "Traceback" not in result.stderr
+    [line] = result.stderr.strip().splitlines()
+    assert line.startswith("pipeline inspect: --plot: expected a file name ending in an image format's extension "
+                           "(the format follows it: ") and line.endswith(f"), got {str(tmp_path / 'p.txt')!r}")
+    named = set(line.split("follows it: ", 1)[1].split(")", 1)[0].split(", "))
+    # The reference: the formats matplotlib writes, less LaTeX code and raw pixel buffers.
+    assert named == {f".{e}" for e in FigureCanvasBase.get_supported_filetypes()} - {".pgf", ".raw", ".rgba"}
+    assert {".png", ".jpg", ".pdf", ".svg"} <= named
+    assert not (tmp_path / "p.txt").exists()
+
+
+def test_inspect_plot_without_an_extension_reports_the_png_it_writes(tmp_path):
+    """``--plot myplot`` said 'plot: myplot' and matplotlib wrote myplot.png."""
+    from PIL import Image
+
+    store = _small_store(tmp_path)
+    result = cli("inspect", str(store), "--plot", str(tmp_path / "myplot"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == f"plot: {tmp_path / 'myplot.png'}"
+    assert not (tmp_path / "myplot").exists()
+    with Image.open(tmp_path / "myplot.png") as image:
+        assert image.format == "PNG" and image.size[0] > 100
+
+
+def test_inspect_plot_into_a_directory_is_refused_before_the_report(tmp_path):
+    store = _small_store(tmp_path)
+    (tmp_path / "figs").mkdir()
+    for given in (tmp_path / "figs", f"{tmp_path / 'figs'}/"):
+        result = cli("inspect", str(store), "--plot", str(given))
+        assert result.returncode == 1 and result.stdout == "", result.stderr
+        assert result.stderr.strip().splitlines() == [
+            f"pipeline inspect: --plot {given}: a directory; name an image file, such as "
+            f"{Path(tmp_path / 'figs' / 'plot.png')}"]
+    assert list((tmp_path / "figs").iterdir()) == [] and not (tmp_path / "figs.png").exists()
 
 
 def test_demo_data_is_seeded_and_time_ordered(tmp_path):
@@ -152,7 +209,12 @@ def test_bench_streams_a_remote_store_through_the_cache_and_prints_each_epochs_h
 
 
 @pytest.mark.parametrize(("args", "status", "message"), [
-    (["--epochs", "0"], 2, "pipeline bench: --epochs: expected a positive integer"),
+    (["--epochs", "0"], 2, "pipeline bench: error: argument --epochs: expected a positive integer, got '0'"),
+    # The stream's own refusal named its argument (batch_size), with exit status 1.
+    (["--batch-size", "0"], 2, "pipeline bench: error: argument --batch-size: expected a positive integer, got '0'"),
+    (["--buffer-chunks", "-2"], 2,
+     "pipeline bench: error: argument --buffer-chunks: expected a positive integer, got '-2'"),
+    (["--batch-size", "x"], 2, "pipeline bench: error: argument --batch-size: expected a positive integer, got 'x'"),
     (["--split", "nope"], 1, "no split 'nope'"),
     (["--storage-options", "[1, 2]"], 2, "--storage-options: expected a mapping"),
     (["--storage-options", "{a: [}"], 2, "--storage-options: not YAML or JSON"),
@@ -208,6 +270,8 @@ def test_demo_data_lobster_pairs_are_seeded_headerless_and_load(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
+    (["--days", "0"], "pipeline demo-data: error: argument --days: expected a positive integer, got '0'"),
+    (["--levels", "-1"], "pipeline demo-data: error: argument --levels: expected a positive integer, got '-1'"),
     (["--format", "lobstr"], "--format: expected parquet, csv and/or lobster, got 'lobstr'"),
     (["--format", "lobster", "--instruments", "A/B"], "--instruments: expected distinct comma-separated tickers"),
     (["--format", "lobster", "--empty-level-rate", "1.5"], "--empty-level-rate: expected a fraction in [0, 1]"),

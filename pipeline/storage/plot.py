@@ -1,5 +1,6 @@
 """``pipeline inspect --plot``: sample windows from across a split, feature histograms over
-a sample of its chunks, and the label distribution of every split, in one PNG.
+a sample of its chunks, and the label distribution of every split, in one image (PNG,
+JPEG, PDF, SVG...: the format follows the file's extension).
 
 Reads go through the streamer's store source, so virtual stores (windows assembled from
 the stored features) are drawn exactly as they are streamed.
@@ -14,10 +15,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from pipeline.errors import MissingDependencyError, PipelineError, StoreError
+from pipeline.errors import ConfigError, MissingDependencyError, PipelineError, StoreError
 from pipeline.storage.store import ATTRS_KEY, open_store_group, store_root_attrs
 
-__all__ = ["PLOT_CHUNKS", "PlotSample", "feature_labels", "plot_sample", "plot_store", "spread_chunks"]
+__all__ = ["PLOT_CHUNKS", "PlotSample", "feature_labels", "plot_formats", "plot_sample", "plot_store", "plot_target",
+           "spread_chunks"]
 
 
 #: Chunks of a split read for its feature histograms and label counts, spread evenly:
@@ -285,10 +287,76 @@ def _draw_labels(ax: Any, split: str, info: dict[str, Any], label_attrs: dict[st
     ax.tick_params(labelsize=6)
 
 
+#: matplotlib's file types that are not an image to look at: LaTeX code (which needs a TeX
+#: system to be written) and raw pixel buffers.
+_NOT_IMAGES = frozenset({"pgf", "raw", "rgba"})
+
+
+def plot_formats() -> tuple[str, ...]:
+    """The extensions :func:`plot_store` writes, sorted: matplotlib's image formats.
+
+    Raises
+    ------
+    MissingDependencyError
+        Without matplotlib.
+    """
+    try:
+        from matplotlib.backend_bases import FigureCanvasBase
+    except ImportError:
+        raise MissingDependencyError("pipeline inspect --plot", "matplotlib", "plot") from None
+    return tuple(sorted(set(FigureCanvasBase.get_supported_filetypes()) - _NOT_IMAGES))
+
+
+def plot_target(path: str | os.PathLike[str], formats: Sequence[str] | None = None) -> str:
+    """The file :func:`plot_store` writes for ``path``, checked before anything is read.
+
+    The image format follows the extension (any case); a name without one gets ``.png``
+    added, as matplotlib would add it, so that the path returned is the file written.
+
+    Parameters
+    ----------
+    path
+        The ``--plot`` argument.
+    formats
+        The extensions accepted (:func:`plot_formats` by default).
+
+    Returns
+    -------
+    str
+        ``path``, or ``path + ".png"`` when it has no extension.
+
+    Raises
+    ------
+    ConfigError
+        An extension that is not an image format (``--plot plot.txt``), naming those
+        that are.
+    StoreError
+        ``path`` is a directory, or its folder does not exist.
+    """
+    png = os.fspath(path)
+    if os.path.isdir(png) or not os.path.basename(png):  # "out/", or a folder that exists
+        raise StoreError(f"--plot {png}: a directory; name an image file, such as "
+                         f"{os.path.join(png, 'plot.png')}")
+    stem, dot_ext = os.path.splitext(png)
+    if not dot_ext:
+        png, dot_ext = f"{png}.png", ".png"
+        if os.path.isdir(png):
+            raise StoreError(f"--plot {png}: a directory; name an image file, such as "
+                             f"{os.path.join(png, 'plot.png')}")
+    known = tuple(formats) if formats is not None else plot_formats()
+    if dot_ext[1:].lower() not in known:
+        raise ConfigError("--plot", "a file name ending in an image format's extension (the format follows it: "
+                          + ", ".join(f".{e}" for e in known) + ")", os.fspath(path))
+    folder = os.path.dirname(os.path.abspath(png))
+    if not os.path.isdir(folder):
+        raise StoreError(f"--plot {png}: the folder {folder} does not exist; create it or choose another file")
+    return png
+
+
 def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4, split: str | None = None,
                seed: int = 0, max_chunks: int = PLOT_CHUNKS,
                storage_options: dict[str, Any] | None = None) -> str:
-    """Draw sample windows, feature histograms and label distributions to one PNG.
+    """Draw sample windows, feature histograms and label distributions to one image.
 
     Windows come from across ``split`` (see :func:`plot_sample`); histograms of each
     feature's value at every sample's last step (each time step once, at stride 1)
@@ -303,7 +371,8 @@ def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4
     location
         The store.
     png
-        Where to write the image.
+        Where to write the image; its extension names the format (``.png``, ``.jpg``,
+        ``.pdf``, ``.svg``...: :func:`plot_formats`), ``.png`` when it has none.
     n_windows
         Sample windows to draw.
     split
@@ -318,23 +387,21 @@ def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4
     Returns
     -------
     str
-        ``png``.
+        The file written: ``png``, with ``.png`` added when it has no extension
+        (:func:`plot_target`).
 
     Raises
     ------
     MissingDependencyError
         Without matplotlib.
+    ConfigError
+        When ``png``'s extension is not an image format's.
     StoreError
-        When ``split`` is not in the store, or holds no ``x`` to draw, or ``png``'s
-        folder does not exist (checked before the store is read).
+        When ``split`` is not in the store, or holds no ``x`` to draw, or ``png`` is a
+        directory or its folder does not exist (checked before the store is read).
     """
-    try:
-        from matplotlib.figure import Figure  # no pyplot: no global backend or state
-    except ImportError:
-        raise MissingDependencyError("pipeline inspect --plot", "matplotlib", "plot") from None
-    folder = os.path.dirname(os.path.abspath(os.fspath(png)))
-    if not os.path.isdir(folder):
-        raise StoreError(f"--plot {png}: the folder {folder} does not exist; create it or choose another file")
+    png = plot_target(png)  # first: raises MissingDependencyError without matplotlib
+    from matplotlib.figure import Figure  # no pyplot: no global backend or state
     from pipeline.streaming.sources import StoreSource, available_splits, is_split_group
 
     loc = os.fspath(location)
@@ -391,7 +458,8 @@ def plot_store(location: str | os.PathLike[str], png: str, *, n_windows: int = 4
         for ax, (s, info) in zip(parts[2].subplots(1, len(labels), squeeze=False)[0], labels.items()):
             _draw_labels(ax, s, info, label_attrs)
     try:
-        fig.savefig(png)
+        # The format plot_target checked, not one matplotlib infers again.
+        fig.savefig(png, format=os.path.splitext(png)[1][1:].lower())
     except OSError as exc:  # no permission, a full disk
         raise StoreError(f"--plot {png}: cannot write the image ({exc.strerror or exc})") from None
     return png
