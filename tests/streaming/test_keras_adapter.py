@@ -324,3 +324,91 @@ def test_resume_on_jax(store, ahead):
                             capture_output=True, text=True, timeout=240, env=env)
     assert result.returncode == 0, result.stderr[-6000:]
     assert json.loads(result.stdout.strip().splitlines()[-1]) == {"backend": "jax", "resumed": True, "whole": True}
+
+
+# -- what the Keras recipe says ---------------------------------------------------------------
+
+RECIPE = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "pages", "recipes", "keras.md")
+SHUFFLE_IGNORED = r"`shuffle=True` was passed, but will be ignored"
+
+
+def _recipe_block(containing: str) -> str:
+    """The Keras recipe's python code block that holds ``containing``."""
+    import re
+
+    text = open(RECIPE, encoding="utf-8").read()
+    blocks = [b for b in re.findall(r"```python[^\n]*\n(.*?)```", text, flags=re.S) if containing in b]
+    assert len(blocks) == 1, f"the Keras recipe has {len(blocks)} python blocks with {containing!r}"
+    return blocks[0]
+
+
+def test_the_recipes_repeat_fit_gives_keras_no_shuffle_to_ignore(store):
+    """Keras warns that it ignores fit's default shuffle=True on an endless PyDataset
+    (repeat=True), as it does on any; the recipe passes shuffle=False, and following it
+    warns of nothing (that warning is an error here)."""
+    import warnings
+
+    model = _model([])
+    with pytest.warns(UserWarning, match=SHUFFLE_IGNORED):
+        model.fit(pipeline.stream(store, **KW).keras(repeat=True), steps_per_epoch=2, epochs=1, verbose=0)
+    train = pipeline.stream(store, **KW)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=SHUFFLE_IGNORED)
+        exec(compile(_recipe_block("keras(repeat=True)"), "keras.md", "exec"), {"train": train, "model": model})
+    # 2 Keras epochs of 50 steps: the stream's 10-batch epochs 0 to 9, whole, and on to 10
+    assert train.state_dict()["epoch"] == 10 and train.state_dict()["batches_served"] == 0
+
+
+# -- sample and class weights -----------------------------------------------------------------
+
+
+def _weighted_store(path, y: np.ndarray, w: np.ndarray) -> str:
+    from pipeline.storage import write
+
+    x = np.ones((y.size, 4, 3), np.float32)
+    write(path, {"x": x, "y": y.astype(np.float32), "w": w.astype(np.float32)}, chunk_samples=32, progress=False)
+    return str(path)
+
+
+def _frozen_loss(store, arrays, **fit_kwargs) -> float:
+    """The loss one fit epoch reports for a model that predicts 0 and does not learn."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input(shape=(4, 3)), keras.layers.Flatten(),
+                              keras.layers.Dense(1, kernel_initializer="zeros")])
+    model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.0), loss="mse")
+    s = pipeline.stream(store, arrays=arrays, batch_size=20, seed=1, buffer_chunks=2)
+    return float(model.fit(s.keras(), epochs=1, verbose=0, **fit_kwargs).history["loss"][-1])
+
+
+def test_a_third_array_is_keras_sample_weight(tmp_path):
+    """arrays=("x", "y", "w"): Keras weighs each sample's loss by w. Samples of weight 0
+    with labels far off leave the loss as it is with those labels at 0; the loss is
+    numpy's sum(w * y**2) / N for a model that predicts 0 (Keras's mean over a batch
+    divides by its size)."""
+    n = 200
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=n)
+    w = rng.uniform(0.5, 2.0, size=n)
+    off = rng.choice(n, size=40, replace=False)
+    w[off] = 0.0
+    far = y.copy()
+    far[off] = 1e3
+    near = y.copy()
+    near[off] = 0.0
+    a = _weighted_store(tmp_path / "far.zarr", far, w)
+    b = _weighted_store(tmp_path / "near.zarr", near, w)
+    weighted = _frozen_loss(a, ("x", "y", "w"))
+    assert weighted == pytest.approx(_frozen_loss(b, ("x", "y", "w")), rel=1e-5)
+    assert weighted == pytest.approx(float(np.sum(w * far**2) / n), rel=1e-5)
+    assert _frozen_loss(a, ("x", "y")) == pytest.approx(float(np.mean(far**2)), rel=1e-5)  # without w
+
+
+def test_class_weight_weighs_each_sample_by_its_label(tmp_path):
+    """fit(class_weight=...) on (x, y) batches: class 1 at weight 0 leaves the loss of the
+    class 0 samples alone, sum(y**2 over class 0) / N for a model that predicts 0."""
+    y = np.arange(100) % 2
+    path = _weighted_store(tmp_path / "c.zarr", y, np.ones(100))
+    assert _frozen_loss(path, ("x", "y"), class_weight={0: 1.0, 1: 0.0}) == 0.0  # class 0 has y = 0
+    assert _frozen_loss(path, ("x", "y"), class_weight={0: 0.0, 1: 3.0}) == pytest.approx(3.0 * 50 / 100)
+    with pytest.raises(ValueError, match="class_weight.*sample_weight"):
+        _frozen_loss(path, ("x", "y", "w"), class_weight={0: 1.0, 1: 1.0})
