@@ -427,6 +427,7 @@ def test_verify_of_an_interrupted_append_checks_the_versions_readers_see(tmp_pat
     cli = subprocess.run([sys.executable, "-m", "pipeline.cli", "inspect", str(path), "--verify"],
                          capture_output=True, text=True, timeout=120)
     assert cli.returncode == 0 and "CORRUPT" not in cli.stdout, cli.stdout
+    assert f"PENDING {result.pending[0]}" in cli.stdout and f"verify: {result.summary}" in cli.stdout
     # Damage to version 0, to its last unit (which the append cleared) and to a unit
     # the append wrote, is found and named.
     for chunk, at in (("1", 10), ("4", 4 * 30)):
