@@ -12,7 +12,9 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
 from pipeline.errors import ClusterError
@@ -156,11 +158,46 @@ def start_worker_server(modules: Sequence[str] = WORKER_MODULES) -> bool:
     multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
     os.environ.update(added)
     try:
-        forkserver.ensure_running()
+        with _children_ignore_interrupts():
+            forkserver.ensure_running()
     finally:
         for key in added:
             os.environ.pop(key, None)
     return True
+
+
+@contextlib.contextmanager
+def _children_ignore_interrupts() -> Iterator[None]:
+    """Processes started in the block ignore SIGINT for their whole life, and so do the
+    processes they fork; this process's own handling is as before once the block ends.
+
+    A terminal's Ctrl-C is a SIGINT to its whole foreground process group: the workers
+    of a LocalCluster got it too, each died printing its ``KeyboardInterrupt`` and
+    ``CancelledError`` tracebacks, and the scheduler, the nannies and multiprocessing's
+    resource tracker then reported the lost workers. The process that holds the cluster
+    stops them in order instead (its ``KeyboardInterrupt`` closes the cluster). An
+    ignored signal stays ignored across ``exec`` (Python then installs no handler of its
+    own), and the forkserver restores it in every process it forks. SIGINT is blocked
+    meanwhile, so that a Ctrl-C that comes in the block waits for its end, here, rather
+    than being lost.
+    """
+    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - no forkserver there either
+        yield
+        return
+    if signal.getsignal(signal.SIGINT) is None:  # a handler set outside Python: not ours to swap
+        yield
+        return
+    was_blocked = signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # Only the main thread may set a handler; the mask alone still keeps it from the children.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        yield
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+        if not was_blocked:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def dashboard_link(client: object) -> str | None:
@@ -312,13 +349,16 @@ def cluster(
             # The workers share the user's terminal: a task's own error is reported once,
             # by the client, not first dumped by every worker (pipeline.workerlog).
             from pipeline.gcfreeze import FreezeWorkerHeap
-            from pipeline.workerlog import QuietOwnErrors
+            from pipeline.workerlog import IgnoreInterrupts, QuietOwnErrors
 
             client.register_plugin(QuietOwnErrors())
             if processes:
                 # The workers' own processes (not threads of the caller's): what they
-                # hold once set up is left out of their full collections (pipeline.gcfreeze).
+                # hold once set up is left out of their full collections (pipeline.gcfreeze),
+                # and a Ctrl-C at the terminal, which reaches them too, is this process's
+                # to handle: it closes them (pipeline.workerlog.IgnoreInterrupts).
                 client.register_plugin(FreezeWorkerHeap())
+                client.register_plugin(IgnoreInterrupts())
         watch = contextlib.ExitStack()
         try:
             if log is not None:
@@ -331,10 +371,38 @@ def cluster(
                                                        unanswered_after=unanswered_after))
             yield client
         finally:
-            watch.close()  # before the client it asks closes
-            client.close()
-            if local is not None:
-                local.close()
+            with _interrupts_deferred():
+                watch.close()  # before the client it asks closes
+                client.close()
+                if local is not None:
+                    local.close()
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """A SIGINT (Ctrl-C) that comes while the block runs is held until its end, and
+    delivered then, unless an exception is on its way out already (a first Ctrl-C's
+    ``KeyboardInterrupt``, a run's error): it is the answer to that.
+
+    Closing the cluster is what a first Ctrl-C leads to. A second one, pressed while the
+    cluster closed, cancelled distributed's close midway: the cluster stayed "closing",
+    and at the process's exit distributed waited 10 s for it to close again before
+    giving up. The close is short (the workers, which ignore the Ctrl-C, stop when their
+    nannies ask them). Only the main thread may set a handler (and one set outside Python
+    could not be put back): elsewhere nothing is held.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    came: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if came and sys.exc_info()[0] is None:
+        # To the handler there was before: KeyboardInterrupt, or whatever the caller chose.
+        signal.raise_signal(signal.SIGINT)
 
 
 def _enter_local_settings(settings: contextlib.ExitStack, processes: bool) -> None:

@@ -8,7 +8,9 @@ its task and the traceback as one escaped string): the same message again, burie
 dump. :class:`QuietOwnErrors` drops that record for the package's own errors and for an
 ``OSError`` of a write task (a full disk, a read-only output: the writer reports it in
 one line); any other exception is a bug, and its record is kept whole. It also drops the
-warning a worker logs for a task cancelled as it closes.
+warning a worker logs for a task cancelled as it closes. :class:`IgnoreInterrupts` keeps a
+terminal's Ctrl-C, which reaches the workers' processes too, from killing them mid-task
+with a traceback each: the process that holds the cluster closes them.
 
 The scheduler of a LocalCluster runs in the caller's process, and
 :func:`quiet_cancelled_feeds` keeps one of its records off the same terminal: a
@@ -27,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 import threading
 import time
 import traceback
@@ -36,9 +39,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 
 from pipeline.errors import PipelineError
 
-__all__ = ["PausedWorkersWatch", "QuietOwnErrors", "answers_again_line", "filtered_log", "no_workers_warning",
-           "os_error_names", "own_error_names", "paused_warning", "paused_workers", "quiet_cancelled_feeds",
-           "unanswered_warning"]
+__all__ = ["IgnoreInterrupts", "PausedWorkersWatch", "QuietOwnErrors", "answers_again_line", "filtered_log",
+           "no_workers_warning", "os_error_names", "own_error_names", "paused_warning", "paused_workers",
+           "quiet_cancelled_feeds", "unanswered_warning"]
 
 #: The logger distributed's workers report failed tasks on.
 _LOGGER = "distributed.worker"
@@ -130,6 +133,28 @@ class QuietOwnErrors(WorkerPlugin):
     def teardown(self, worker: Any) -> None:
         for name, quiet in self._filters:
             logging.getLogger(name).removeFilter(quiet)
+
+
+class IgnoreInterrupts(WorkerPlugin):
+    """A worker plugin: the worker's process ignores SIGINT (registered on the
+    LocalClusters of worker processes that :func:`pipeline.cluster.cluster` starts).
+
+    A terminal's Ctrl-C reaches every process of its foreground group, a LocalCluster's
+    workers too: each died printing its ``KeyboardInterrupt`` and ``CancelledError``
+    tracebacks, and the nannies and the scheduler then reported the lost workers. The
+    process that holds the cluster gets the same Ctrl-C and closes the cluster in order.
+    Workers forked from :func:`pipeline.cluster.start_worker_server` ignore it from
+    their start already; this covers the other start methods (``fork``) from the moment
+    the worker is set up. Kept until the process ends: its close is when a Ctrl-C comes.
+    """
+
+    name = "pipeline-ignore-interrupts"
+
+    def setup(self, worker: Any) -> None:
+        # Only a process's main thread may set a handler: a worker that is a thread of
+        # the caller's process (processes=False) leaves the caller's Ctrl-C alone.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 class _CancelledFeed(logging.Filter):

@@ -305,11 +305,11 @@ def test_same_config_on_a_remote_cluster_gives_the_local_output(remote, tmp_path
     assert_same_store(tmp_path / "local.zarr", tmp_path / "remote.zarr")
 
 
-def _long_run(tmp_path, *, seed: int, store: str) -> dict:
+def _long_run(tmp_path, *, seed: int, store: str, rows_per_day: int = 60_000) -> dict:
     """A config over two generated days whose write phase lasts long enough to be
     interrupted (stride 1, chunks of 512 windows)."""
     raw = tmp_path / "raw"
-    write_demo_data(raw, DemoSpec(days=2, rows_per_day=60_000, seed=seed, formats=("parquet",)))
+    write_demo_data(raw, DemoSpec(days=2, rows_per_day=rows_per_day, seed=seed, formats=("parquet",)))
     return {
         "source": {"paths": str(raw / "*.parquet"), "timestamp": "timestamp", "chunk_rows": 4000},
         "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 10}, "log_return",
@@ -452,3 +452,103 @@ def test_ctrl_c_of_a_remote_run_prints_one_line_without_tracebacks(remote, tmp_p
     assert run.returncode == 130, text
     assert "Traceback" not in text and "AllExit" not in text, text
     assert text.rstrip().endswith("interrupted; rerun the same command to resume"), text
+
+
+def test_ctrl_c_at_the_terminal_stops_a_local_run_with_its_one_line_and_the_rerun_resumes(tmp_path):
+    """A terminal's Ctrl-C is a SIGINT to its whole foreground process group: the
+    LocalCluster's worker processes got it too, and died printing their KeyboardInterrupt
+    and CancelledError tracebacks, followed by the scheduler's list of lost tasks, the
+    nannies' "still alive after 4.0 seconds, killing" and multiprocessing's leaked
+    semaphores, before the run's one line. A second Ctrl-C while the cluster closed made
+    the process wait 10 s at its exit. The rerun resumes to the uninterrupted store."""
+    cfg = _long_run(tmp_path, seed=11, store="o.zarr", rows_per_day=20_000)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    # Its own process group, as a terminal's foreground job: the group gets the signal.
+    run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress"], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
+    reader.start()
+    chunks = tmp_path / "o.zarr" / "train" / "x" / "c"
+    try:
+        # Interrupted while the workers write: some chunks written, not all.
+        wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 6),
+                   timeout=240, watch=tmp_path, procs=[run])
+        assert run.poll() is None, "the run ended before it could be interrupted; make the data larger"
+        os.killpg(run.pid, signal.SIGINT)
+        pressed = time.monotonic()
+        time.sleep(0.1)  # impatient: again, while the cluster closes
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=60)
+        took = time.monotonic() - pressed
+        reader.join(timeout=10)
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+    text = "".join(lines)
+    assert run.returncode == 130, text
+    for noise in ("Traceback", "CancelledError", "KeyboardInterrupt", "leaked semaphore", "still alive",
+                  "CommClosedError", "WARNING"):
+        assert noise not in text, text
+    written = [i for i, line in enumerate(lines) if line.startswith("writing")]
+    assert written and lines[written[0] + 1:] == ["interrupted; rerun the same command to resume\n"], text
+    assert took < 8, f"{took:.1f} s from Ctrl-C to the exit\n{text}"
+    # The workers are gone with the run: none left in its group.
+    assert wait_until(lambda: not _group_alive(run.pid), timeout=10, watch=tmp_path), "workers outlived the run"
+
+    resumed = run_cli("run", str(path), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    reference = run_cli("run", str(path), "--no-progress", "--set", f"output.path={tmp_path / 'ref.zarr'}")
+    assert reference.returncode == 0, reference.stderr
+    assert_same_store(tmp_path / "o.zarr", tmp_path / "ref.zarr")
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` is still running (zombies are dead)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended while we looked
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False
+
+
+def test_a_ctrl_c_while_the_cluster_closes_is_held_until_it_has_closed():
+    """A second Ctrl-C cancelled distributed's close midway (the process then waited 10 s
+    at its exit): it now comes once the block is done, and not on top of an exception
+    already on its way out."""
+    from pipeline.cluster import _interrupts_deferred
+
+    reached = []
+    with pytest.raises(KeyboardInterrupt):
+        with _interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)  # the signal is handled here, by the main thread
+            reached.append("end of block")
+    assert reached == ["end of block"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(ValueError, match="the run's own error"):
+        with _interrupts_deferred():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            raise ValueError("the run's own error")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_processes_started_for_the_workers_ignore_ctrl_c():
+    """The forkserver that a LocalCluster's workers are forked from starts with SIGINT
+    ignored, which every process it forks keeps; this process's own Ctrl-C is kept."""
+    from pipeline.cluster import _children_ignore_interrupts
+
+    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)"]
+    with _children_ignore_interrupts():
+        inside = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    after = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
+    assert (inside, after) == ("True", "False")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])

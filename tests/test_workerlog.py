@@ -192,3 +192,31 @@ def test_closing_a_cluster_right_after_a_progress_bar_logs_no_error(capsys):
     # Filters of a logger drop a record before its handlers see it.
     assert [r.getMessage() for r in records] == []
     assert "CancelledError" not in capsys.readouterr().err
+
+
+def _sigint_handler() -> str:
+    import signal
+
+    return repr(signal.getsignal(signal.SIGINT))
+
+
+@pytest.mark.parametrize("method", [None, "fork"])
+def test_the_workers_of_a_local_cluster_ignore_ctrl_c(method):
+    """A terminal's Ctrl-C reaches the workers too (the process group): they printed their
+    KeyboardInterrupt tracebacks and died, where the process holding the cluster closes
+    them. Forked from the worker server they ignore it from their start; forked from
+    this process (the ``fork`` method), once set up (IgnoreInterrupts). A worker that is
+    a thread leaves this process's Ctrl-C alone."""
+    import signal
+
+    import dask
+
+    from pipeline.cluster import cluster
+
+    chosen = {"distributed.worker.multiprocessing-method": method} if method else {}
+    with dask.config.set(chosen), cluster(n_workers=1, memory_limit="512MiB", log=None) as client:
+        handlers = client.run(_sigint_handler)
+    assert list(handlers.values()) == [repr(signal.SIG_IGN)]
+    with cluster(n_workers=1, processes=False, log=None) as client:
+        assert list(client.run(_sigint_handler).values()) == [repr(signal.default_int_handler)]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
