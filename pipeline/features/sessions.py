@@ -587,8 +587,12 @@ class WindowRuns:
 
     def segments_of(self, lo: int = 0, hi: int | None = None) -> np.ndarray:
         """Segment of windows ``[lo, hi)``."""
+        return self.per_window(self.segment, lo, hi)
+
+    def per_window(self, values: np.ndarray, lo: int = 0, hi: int | None = None) -> np.ndarray:
+        """``values`` (one per run) repeated for each of windows ``[lo, hi)``."""
         _, _, runs, held = self._range(lo, hi)
-        return np.repeat(self.segment[runs], held)
+        return np.repeat(np.asarray(values)[runs], held)
 
     def per_segment(self, n_segments: int) -> np.ndarray:
         """Windows per segment."""

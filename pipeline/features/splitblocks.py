@@ -17,7 +17,7 @@ writer makes and writes a block in the same task. Anything else that computes th
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Mapping, Sequence
 
 import dask.array as da
@@ -61,31 +61,61 @@ class _Geometry:
     scaler: RowScaler | None = None
 
 
+@dataclass(frozen=True, eq=False)
+class _BlockMaker:
+    """One block's inputs, ready to make the arrays of any range of its windows: the
+    writer makes a block a write unit at a time, so that only one unit's windows exist
+    at once (a task's whole block of windows is 8 units of 4 MiB, and one unit's is
+    still in the cache when it is encoded).
+
+    ``features``, ``labels`` and ``times`` hold rows from ``origin[name]`` on (the
+    features already scaled); ``session`` and ``instrument`` hold one value per run."""
+
+    runs: WindowRuns
+    origin: Mapping[str, int]
+    session: np.ndarray
+    instrument: np.ndarray
+    g: _Geometry
+    features: np.ndarray | None
+    labels: np.ndarray
+    times: np.ndarray | None
+
+    def __call__(self, lo: int = 0, hi: int | None = None) -> dict[str, np.ndarray]:
+        """Every array of windows ``[lo, hi)`` of the block, in the order they are
+        stored: the values of :func:`~pipeline.features.windows.windows_at`,
+        :func:`~pipeline.features.windows.gather_rows` and ``finalize_labels``, which
+        made them before."""
+        runs, origin, g = self.runs, self.origin, self.g
+        ends = runs.ends(lo, hi)
+        out: dict[str, np.ndarray] = {}
+        if g.materialize:
+            x = windows_numpy_block(self.features, ends - origin["features"], g.size, g.scales)
+            out["x"] = window_zscore(x) if g.zscore else x
+        else:
+            out["ends"] = (ends + g.row_offset).astype(g.ends_dtype)
+        out["y"] = finalize_labels(self.labels[ends - origin["labels"]], g.label)
+        if self.times is not None:
+            out["t"] = self.times[ends - origin["times"]]
+        out["session"] = runs.per_window(self.session, lo, hi).astype(np.int32)
+        if g.instruments:
+            out["instrument"] = runs.per_window(self.instrument, lo, hi).astype(np.int32)
+        return out
+
+
+def _block_maker(runs: WindowRuns, origin: Mapping[str, int], session: np.ndarray, instrument: np.ndarray,
+                 g: _Geometry, features: np.ndarray | None, labels: np.ndarray,
+                 times: np.ndarray | None) -> _BlockMaker:
+    """A block's :class:`_BlockMaker`, its feature rows scaled once for all its windows."""
+    if g.materialize and g.scaler is not None:
+        features = g.scaler(features, origin["features"])
+    return _BlockMaker(runs, origin, session, instrument, replace(g, scaler=None), features, labels, times)
+
+
 def _make_block(runs: WindowRuns, origin: Mapping[str, int], session: np.ndarray, instrument: np.ndarray,
                 g: _Geometry, features: np.ndarray | None, labels: np.ndarray,
                 times: np.ndarray | None) -> dict[str, np.ndarray]:
-    """Every array of one block of windows (``runs``), in the order they are stored.
-
-    ``features``, ``labels`` and ``times`` hold rows from ``origin[name]`` on; the
-    values are those of :func:`~pipeline.features.windows.windows_at`,
-    :func:`~pipeline.features.windows.gather_rows` and ``finalize_labels``, which made
-    them before."""
-    ends = runs.ends()
-    out: dict[str, np.ndarray] = {}
-    if g.materialize:
-        if g.scaler is not None:
-            features = g.scaler(features, origin["features"])
-        x = windows_numpy_block(features, ends - origin["features"], g.size, g.scales)
-        out["x"] = window_zscore(x) if g.zscore else x
-    else:
-        out["ends"] = (ends + g.row_offset).astype(g.ends_dtype)
-    out["y"] = finalize_labels(labels[ends - origin["labels"]], g.label)
-    if times is not None:
-        out["t"] = times[ends - origin["times"]]
-    out["session"] = np.repeat(session, runs.count).astype(np.int32)
-    if g.instruments:
-        out["instrument"] = np.repeat(instrument, runs.count).astype(np.int32)
-    return out
+    """Every array of one whole block of windows (``runs``): see :class:`_BlockMaker`."""
+    return _block_maker(runs, origin, session, instrument, g, features, labels, times)()
 
 
 def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], labels_steps: da.Array,
@@ -150,17 +180,19 @@ def split_arrays(f: da.Array | None, runs: WindowRuns, chunks: Sequence[int], la
     bounds = {k: chunk_bounds(a.chunks[0]) for k, a in inputs.items() if a is not None}
     starts = chunk_bounds(chunks)
     name = "split-blocks-" + tokenize(runs, chunks, g, *(a.name for a in inputs.values() if a is not None))
-    tasks = []
+    tasks, makers = [], []
     for j in range(len(chunks)):
         sub = runs.slice(int(starts[j]), int(starts[j + 1]))
         lo, last = sub.span()
         hi = last + 1
         origin = {"features": lo - halo, "labels": lo, "times": lo}
         reads = {k: rows_task(a, bounds[k], origin[k], hi) if a is not None else None for k, a in inputs.items()}
-        tasks.append(Task(None, _make_block, sub, origin, segs.session[sub.segment], segs.instrument[sub.segment],
-                          g, reads["features"], reads["labels"], reads["times"]))
+        args = (sub, origin, segs.session[sub.segment], segs.instrument[sub.segment], g, reads["features"],
+                reads["labels"], reads["times"])
+        tasks.append(Task(None, _make_block, *args))
+        makers.append(Task(None, _block_maker, *args))
     made = MadeBlocks(name=name, chunks=chunks, tasks=tuple(tasks),
-                      inputs=tuple(a for a in inputs.values() if a is not None))
+                      inputs=tuple(a for a in inputs.values() if a is not None), makers=tuple(makers))
     base = made.graph()  # the made blocks' layer, shared by every field's graph
     return {k: _field(made, base, k, shape, dtype) for k, (shape, dtype) in specs.items()}
 

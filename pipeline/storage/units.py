@@ -61,13 +61,16 @@ class MadeBlocks:
 
     ``tasks[j]`` is an inline task (no key) whose result maps each field to block
     ``j`` of that array (``chunks[j]`` samples); its dependencies are chunks of
-    ``inputs``.
+    ``inputs``. ``makers[j]``, when given, is the same block as a callable
+    ``maker(lo, hi)`` that makes the fields of its samples ``lo .. hi - 1`` only: the
+    writer then makes a block one write unit at a time.
     """
 
     name: str
     chunks: tuple[int, ...]
     tasks: tuple[Task, ...]
     inputs: tuple[da.Array, ...]
+    makers: tuple[Task, ...] = ()
 
     def graph(self) -> HighLevelGraph:
         """The graph whose key ``(name, j)`` is made block ``j``, with its inputs'."""
@@ -308,13 +311,29 @@ def _write_made(plan: tuple[int, list], made: Mapping[str, np.ndarray], *, write
     return np.full((1,), count, dtype=np.int64)
 
 
+def _write_made_units(plan: tuple[int, list], maker: Callable[[int, int], Mapping[str, np.ndarray]], *,
+                      write: Callable[..., int], location: str, storage_options: dict | None, split: str,
+                      fields: tuple[tuple[str, str], ...], call: str) -> np.ndarray:
+    """:func:`_write_made` a unit at a time: each unit's samples made, then written
+    (its data, then its marker), before the next unit's are made."""
+    start, todo = plan
+    count = 0
+    for unit in todo:
+        made = maker(unit[1] - start, unit[2] - start)
+        count += write(location, storage_options, split, [unit], unit[1], {name: made[field] for name, field in fields},
+                       call)
+        del made  # this unit's arrays freed before the next unit's are made
+    return np.full((1,), count, dtype=np.int64)
+
+
 def _made_writes(write: Callable[..., int], location: str, storage_options: dict | None, split: str,
                  made: MadeBlocks, fields: tuple[tuple[str, str], ...], plans: np.ndarray, needed: list[int],
                  token: str) -> da.Array:
     """One task per block to write: it makes the block (the recipe's task, inline) and
-    writes it."""
+    writes it, a unit at a time where the recipe has makers."""
     name = f"write-units-{split}-{token}"
-    layer = {(name, k): Task((name, k), _write_made, plans[b], made.tasks[b], write=write, location=location,
+    step, recipes = (_write_made_units, made.makers) if made.makers else (_write_made, made.tasks)
+    layer = {(name, k): Task((name, k), step, plans[b], recipes[b], write=write, location=location,
                              storage_options=storage_options, split=split, fields=fields, call=token)
              for k, b in enumerate(needed)}
     graph = HighLevelGraph.from_collections(name, layer, dependencies=made.inputs)
