@@ -70,8 +70,9 @@ def os_error_names() -> frozenset[str]:
 
 #: Where a write task stores its units (:mod:`pipeline.storage.units`), as a formatted
 #: traceback names the frame: an ``OSError`` raised there (a full disk, a read-only
-#: output) is the one the writer reports in one line, "cannot write (...)".
-_WRITE_FRAME = re.compile(r'pipeline[/\\]storage[/\\]units\.py", line \d+, in _write_(made|block)\b')
+#: output) is the one the writer reports in one line, "cannot write (...)". A block made
+#: a unit at a time is written from ``_write_made_units``.
+_WRITE_FRAME = re.compile(r'pipeline[/\\]storage[/\\]units\.py", line \d+, in _write_(made|made_units|block)\b')
 
 
 class _OwnErrors(logging.Filter):

@@ -97,11 +97,14 @@ def test_a_run_reports_a_refused_file_once(tmp_path):
 _WRITE_TB = ('  File "/site/pipeline/storage/units.py", line 307, in _write_made\n    count = write(...)\n'
              '  File "/site/zarr/storage/_local.py", line 60, in _put\n    f.write(value)\n')
 _READ_TB = '  File "/site/pipeline/loaders/tables.py", line 80, in read_part\n    with open(path) as fh:\n'
+#: A block made and written a unit at a time.
+_UNITS_TB = _WRITE_TB.replace("in _write_made\n", "in _write_made_units\n")
 
 
 @pytest.mark.parametrize("exception, traceback_text, kept", [
     ("OSError(28, 'No space left on device')", _WRITE_TB, False),
     ("PermissionError(13, 'Permission denied')", _WRITE_TB, False),
+    ("OSError(28, 'No space left on device')", _UNITS_TB, False),
     ("FileNotFoundError(2, 'No such file or directory')", _READ_TB, True),  # not the writer's: kept whole
     ("ValueError('bad')", _WRITE_TB, True),  # a bug in the writer: kept whole
 ])
