@@ -63,3 +63,58 @@ def test_an_empty_split_gives_empty_arrays_of_the_stored_shapes():
     arrays = split_arrays(fd, runs, (), sd, td, segs, label=LabelSpec(horizon=1), size=4, scales=(1,), halo=3,
                           zscore=False, materialize=True)
     assert {k: a.shape for k, a in arrays.items()} == {"x": (0, 4, 3), "y": (0,), "t": (0,), "session": (0,)}
+
+
+@pytest.mark.parametrize("materialize", [True, False])
+def test_a_blocks_maker_makes_any_range_of_it_as_the_whole_block_holds_it(materialize):
+    """The writer makes a block a unit at a time: every range its maker makes equals
+    that range of the whole block (the whole block itself checked against numpy above)."""
+    size, scales, halo = 4, (1, 3), 9
+    f, steps, times, (fd, sd, td) = _inputs(300, 40)
+    segs = SegmentTable.from_lengths([120, 180])
+    runs = window_runs(segs, size=size, stride=1, scales=scales, back=halo, fwd=0)
+    chunks = (100,) * (runs.n // 100) + ((runs.n % 100,) if runs.n % 100 else ())
+    arrays = split_arrays(fd, runs, chunks, sd, td, segs, label=LabelSpec(horizon=3, scale=10.0), size=size,
+                          scales=scales, halo=halo, zscore=False, materialize=materialize)
+    made, _ = arrays["y"].attrs["blocks"]
+    assert len(made.makers) == len(chunks)
+    with dask.config.set(scheduler="sync"):
+        whole = {k: a.compute() for k, a in arrays.items()}
+        for j, start in enumerate(np.cumsum((0,) + chunks[:-1])):
+            graph = dict(made.graph())
+            maker = dask.get({**graph, "m": made.makers[j]}, "m")
+            for lo, hi in ((0, chunks[j]), (0, 7), (7, 60), (60, chunks[j]), (5, 5)):
+                part = maker(lo, hi)
+                assert list(part) == list(whole)
+                for k, v in part.items():
+                    np.testing.assert_array_equal(v, whole[k][start + lo : start + hi])
+
+
+def test_the_writer_makes_and_writes_a_block_one_unit_at_a_time():
+    """A write task makes only one unit's samples at a time, and writes every unit of
+    its plan from them, in order."""
+    from pipeline.storage.units import write_blocks
+
+    f, steps, times, (fd, sd, td) = _inputs(300, 40)
+    segs = SegmentTable.from_lengths([300])
+    runs = window_runs(segs, size=4, stride=1, scales=(1,), back=3, fwd=0)
+    unit, block = 16, 64
+    chunks = (block,) * (runs.n // block) + ((runs.n % block,) if runs.n % block else ())
+    arrays = split_arrays(fd, runs, chunks, sd, td, segs, label=LabelSpec(horizon=3, scale=10.0), size=4,
+                          scales=(1,), halo=3, zscore=False, materialize=True)
+    whole = {k: a.compute(scheduler="sync") for k, a in arrays.items()}
+    seen = []
+
+    def write(location, options, split, todo, start, blocks, token):
+        assert len(todo) == 1 and todo[0][1] == start
+        for k, v in blocks.items():
+            assert v.shape[0] == todo[0][2] - todo[0][1] <= unit
+            np.testing.assert_array_equal(v, whole[k][todo[0][1] : todo[0][2]])
+        seen.append(todo[0][0])
+        return 1
+
+    done = np.zeros(-(-runs.n // unit), dtype=bool)
+    done[3] = True  # written before: not made again
+    counts = write_blocks(write, "mem://", None, "train", arrays, unit=unit, block=block, done=done, token="t")
+    assert int(counts.sum().compute(scheduler="sync")) == done.size - 1
+    assert sorted(seen) == [u for u in range(done.size) if u != 3]
