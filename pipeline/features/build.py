@@ -31,7 +31,8 @@ from pipeline.features.geometry import chunk_bounds, halo, split_gap_windows, sp
 from pipeline.features.history import Prior, continue_folds
 from pipeline.features.labels import (class_balance, finalize_labels, gaps_message, label_gaps, label_steps,
                                       rounding_message)
-from pipeline.features.normalize import apply_normalization, fit_normalization, row_scaler
+from pipeline.features.normalize import (MIN_HISTORY_ROWS, apply_normalization, describe_segment,
+                                         fit_normalization, row_scaler, trailing_history_rows)
 from pipeline.features.sessions import SegmentTable, WindowRuns, window_runs
 from pipeline.features.specs import FeatureSpec, LabelSpec
 from pipeline.features.splitblocks import split_arrays
@@ -172,7 +173,10 @@ def _fitted(f: da.Array, runs: WindowRuns, where: np.ndarray, splits: Sequence[s
     fresh_global = norm.kind == "global" and prior is None
     if fresh_global:
         _check_fit_windows(runs, fit_runs, segs, norm, fit_on)
-    out = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm, prior=prior, **kw)
+    # Trailing statistics too thin to scale by are refused only for sessions whose windows are stored.
+    serves = runs.subset(where >= 0).per_segment(len(segs)) > 0
+    out = _fit_and_check(f, runs, fit_runs, labels_steps, timestamps, segs, norm, prior=prior, features=names,
+                         serves=serves, **kw)
     if fresh_global:
         out[1].update(fit_on=fit_on, features=list(names))
     return out
@@ -212,7 +216,10 @@ def build_training_set(
     normalize
         ``global`` (fitted on the split named ``train``, else the first, or on the first
         fold's training part; ``per: instrument``: each by its own), ``trailing`` (each
-        session by its instrument's sessions before it), ``window`` or ``none``.
+        session by its instrument's sessions before it; an instrument's first sessions,
+        and those whose sessions before them hold fewer than
+        :data:`~pipeline.features.normalize.MIN_HISTORY_ROWS` rows after the lookback,
+        make no window), ``window`` or ``none``.
     nan
         Windows or labels holding NaN/inf: ``drop`` (counted), ``fill`` or ``raise``.
     fill_value
@@ -246,12 +253,15 @@ def build_training_set(
     ConfigError
         ``splits`` or ``normalize`` malformed, naming the key.
     WindowError
-        A split without windows, or none to fit ``global`` statistics on (per instrument).
+        A split without windows, or none to fit ``global`` statistics on (per instrument);
+        a session whose windows are stored over a trailing history without two finite
+        values of a feature.
 
     Warns
     -----
     UserWarning
-        How many windows ``source_fill`` left out, and which price was empty.
+        How many windows ``source_fill`` left out, and which price was empty; how many
+        sessions (and windows) trailing normalization left out for too short a history.
     PriceResolutionWarning
         Float32 class labels near a class boundary (``labels.rounding_message``).
     """
@@ -486,15 +496,47 @@ def _windows_that_fit(segs: SegmentTable, norm: NormalizeSpec, *, size: int, str
     if norm.kind == "trailing":
         first = _first_sessions(segs, norm.sessions, prior)[runs.segment]
         runs = runs.subset(np.repeat(segs.session[runs.segment] >= first, runs.count))
+        runs = _without_thin_histories(runs, segs, norm.sessions, lookback, prior)
     if runs.n == 0 and prior is None:
         longest = int((segs.stops - segs.starts).max())
         raise WindowError(
             f"windows: no session leaves room for a window: the longest has {longest} steps, and a window of "
             f"size={size} at scales={tuple(scales)} with a feature lookback of {lookback} and a label reaching "
             f"{fwd} ahead needs {back + fwd + 1}"
-            + (f" (and trailing normalization skips the first {norm.sessions} sessions)"
+            + (f" (and trailing normalization skips the first {norm.sessions} sessions, and those whose "
+               f"sessions before them hold fewer than {MIN_HISTORY_ROWS} rows after the lookback)"
                if norm.kind == "trailing" else ""))
     return runs
+
+
+def _without_thin_histories(runs: WindowRuns, segs: SegmentTable, sessions: int, lookback: int,
+                            prior: SegmentTable | None) -> WindowRuns:
+    """``runs`` without the windows of sessions whose trailing history holds fewer than
+    :data:`~pipeline.features.normalize.MIN_HISTORY_ROWS` rows after the lookback (a
+    short day before them): like an instrument's first sessions, they make no window.
+    Scaled, they would be stored unscaled (statistics of no row are 0 and 1) or only
+    centred (one row's std of 0 is taken as 1) beside z-scored sessions.
+
+    Warns
+    -----
+    UserWarning
+        How many sessions and windows were left out, naming the first sessions.
+    """
+    rows = trailing_history_rows(segs, lookback, sessions, prior)
+    thin = (rows >= 0) & (rows < MIN_HISTORY_ROWS)
+    lost = thin[runs.segment] & (runs.count > 0)
+    if not lost.any():
+        return runs
+    named = np.unique(runs.segment[lost])
+    shown = "; ".join(describe_segment(segs, int(k)) for k in named[:5]) + ("; ..." if named.size > 5 else "")
+    before = "session" if sessions == 1 else f"{sessions} sessions"
+    warnings.warn(f"normalize: trailing: {named.size} session(s) make no window ({int(runs.count[lost].sum()):,} "
+                  f"windows left out): the {before} of their instrument before them "
+                  f"hold{'s' if sessions == 1 else ''} fewer than "
+                  f"{MIN_HISTORY_ROWS} rows after the features' lookback of {lookback} to fit statistics on: "
+                  f"{shown}; remove such short sessions' files, or use more sessions "
+                  f"(normalize: {{kind: trailing, sessions: {sessions + 1}}})", UserWarning, stacklevel=4)
+    return runs.subset(np.repeat(~thin[runs.segment], runs.count))
 
 
 def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
@@ -555,7 +597,7 @@ def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, A
 def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_steps: da.Array,
                    timestamps: da.Array | None, segs: SegmentTable, norm: NormalizeSpec, *, size: int,
                    scales: Sequence[int], lookback: int, progress: bool, prior: Prior | None = None,
-                   gaps: da.Array | None = None
+                   gaps: da.Array | None = None, features: Sequence[str] = (), serves: np.ndarray | None = None
                    ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
     """One pass over the data for everything needed before the write: the normalization
     statistics, every window's label values and whether any row a window uses is not
@@ -563,7 +605,10 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
     :func:`~pipeline.features.labels.label_gaps`) which prices each window's label reads
     empty. Returns the features (as given: :func:`~pipeline.features.normalize.row_scaler`
     applies the statistics), the statistics, which windows hold NaN or inf, the label
-    values, the times, and ``(n, columns)`` bool empty reads (``(n, 0)`` without ``gaps``)."""
+    values, the times, and ``(n, columns)`` bool empty reads (``(n, 0)`` without ``gaps``).
+    ``features`` (their names) and ``serves`` (whether each segment's windows are stored)
+    go to trailing statistics, which refuse to scale such a segment over too thin a
+    history (:func:`~pipeline.features.normalize.fit_normalization`)."""
     # The label values themselves (a few numbers per window) rather than only whether
     # they are finite: the class balance then needs no second pass over the data.
     reductions = [_bad_row_counts(f, segs, lookback), gather_rows(labels_steps, runs, _chunks(runs.n))]
@@ -577,7 +622,8 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
     else:
         stats_tasks, finish = fit_normalization(f, norm, segs, fit_runs, halo(size, scales), lookback,
                                                 prior=None if prior is None or norm.kind != "trailing"
-                                                else (prior.segments, prior.moments()))
+                                                else (prior.segments, prior.moments()),
+                                                serves=serves, features=features)
     results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
     bad_steps_n, y_values = int(np.sum(results[0])), np.asarray(results[1])
     bad = ~np.isfinite(y_values).all(axis=1)

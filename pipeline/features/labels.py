@@ -395,12 +395,23 @@ def class_balance(y: np.ndarray, spec: LabelSpec) -> list:
     list
         ``[count of class 0, class 1, ...]`` as ints (classes named by
         ``spec.class_names``); with ``spec.multi`` one such list per horizon, in
-        horizon order. ``[]`` for labels that are not classes.
+        horizon order; zeros for no labels (a split still empty). ``[]`` for labels that
+        are not classes.
+
+    Raises
+    ------
+    FeatureError
+        When ``y`` does not hold one label per horizon (``spec.multi``).
     """
     names = spec.class_names
     if names is None:
         return []
     y = np.asarray(y)
-    per_column = y.reshape(y.shape[0], -1) if spec.multi else y.reshape(-1, 1)
+    if spec.multi and (y.ndim == 0 or y.size != y.shape[0] * spec.width):
+        raise FeatureError(f"labels: expected class labels of shape (n, {spec.width}) for "
+                           f"{spec.width} horizons, got {y.shape}")
+    # The width from the spec, not inferred (-1): an empty split's labels, (0, H), cannot
+    # tell numpy how many horizons they have.
+    per_column = y.reshape(y.shape[0], spec.width) if spec.multi else y.reshape(-1, 1)
     counts = [np.bincount(per_column[:, j], minlength=len(names)).tolist() for j in range(per_column.shape[1])]
     return counts if spec.multi else counts[0]

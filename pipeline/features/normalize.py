@@ -1,11 +1,20 @@
 """Normalization statistics fitted without look-ahead, and their application blockwise.
 
-- ``global``: each feature's mean and std over the steps of the windows it is fitted on
-  (the split named ``train``, else the first split; or the first fold's training
-  sessions): other splits never inform it. ``per: instrument`` fits one mean and std per
-  instrument, on its own rows of those windows.
+- ``global``: each feature's mean and std over the rows of the training period (the
+  windows of the split named ``train``, else of the first split; or of the first fold's
+  training sessions): every row a fitted window holds, and every row between two
+  consecutive windows of a session that are both fitted. A stride wider than a window
+  therefore does not thin the rows out: the statistics are those of the period, as a
+  scaler fitted on the training rows gives them, whatever the stride. Rows between two
+  fitted windows with a window of another split (or of none) between them are not
+  counted, so other splits never inform the statistics; nor are a session's first
+  ``lookback`` rows. ``per: instrument`` fits one mean and std per instrument, on its
+  own such rows.
 - ``trailing``: each session z-scored with the pooled statistics of the ``N`` sessions of
-  its instrument before it.
+  its instrument before it. A session whose ``N`` sessions before it hold fewer than
+  :data:`MIN_HISTORY_ROWS` rows after the features' lookback (a short day) makes no
+  window, as the first ``N`` sessions make none (:func:`trailing_history_rows`); one
+  whose history holds enough rows but fewer finite values of a feature is refused.
 
 Both are pooled from moments (count, mean, sum of squared deviations, in float64: prices
 far from zero lose no digits, as a sum of squares would) combined with Chan et al.'s
@@ -32,16 +41,24 @@ from pipeline.features.geometry import chunk_bounds
 from pipeline.features.sessions import SegmentTable, WindowRuns
 from pipeline.features.splits import NormalizeSpec
 
-__all__ = ["CELL_ROWS", "RowScaler", "apply_normalization", "cell_edges", "combine_moments", "fit_normalization",
-           "row_scaler", "segment_moments"]
+__all__ = ["CELL_ROWS", "MIN_HISTORY_ROWS", "RowScaler", "apply_normalization", "cell_edges", "combine_moments",
+           "describe_segment", "fit_normalization", "row_scaler", "segment_moments",
+           "trailing_history_rows"]
 
 #: Rows of a cell of the grid moments are taken over (:func:`cell_edges`): large enough
 #: that a cell's task costs little beside its rows, small enough to hold in a worker.
 CELL_ROWS = 1 << 16
 
+#: Fewest values of a feature trailing statistics are fitted on. A std needs two: from
+#: none, the statistics were 0 and 1 and the session was stored unscaled; from one, its
+#: std of 0 became 1 and the session was only centred.
+MIN_HISTORY_ROWS = 2
+
 
 def _intervals(runs: WindowRuns, halo: int) -> list[tuple[int, int]]:
-    """Row intervals covered by the windows of ``runs`` (their steps), merged."""
+    """Row intervals ``global`` statistics are fitted on, merged: each run of
+    consecutive windows from its first window's first step to its last window's end
+    (the rows between windows of a stride wider than a window included)."""
     out: list[list[int]] = []
     for first, count in zip(runs.first.tolist(), runs.count.tolist()):
         lo, hi = first - halo, first + (count - 1) * runs.stride + 1
@@ -127,20 +144,31 @@ def combine_moments(parts: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray]], 
 
 def fit_normalization(f: da.Array, spec: NormalizeSpec, segments: SegmentTable, fit_runs: WindowRuns,
                       halo: int, lookback: int = 0, prior: tuple[SegmentTable, Sequence[Any]] | None = None,
-                      cell: int = CELL_ROWS) -> tuple[list[Any], Callable[[Sequence[Any]], dict[str, Any]]]:
+                      cell: int = CELL_ROWS, serves: np.ndarray | None = None, features: Sequence[str] = ()
+                      ) -> tuple[list[Any], Callable[[Sequence[Any]], dict[str, Any]]]:
     """The dask objects that compute ``spec``'s statistics, and a function that turns
     their results into the statistics recorded in the store's metadata.
 
     The caller computes them together with its other reductions: one pass over the data.
     Moments are taken over the grid of :func:`cell_edges` (``cell`` rows) and combined
     in row order, so the statistics are the same bits for any chunking of ``f``.
-    ``global`` statistics come from the rows of ``fit_runs``' windows (``per:
-    instrument``: ``mean`` and ``std`` hold a row per instrument of ``segments``, in its
-    order, named by ``instruments``; an instrument without such rows gets 0 and 1).
-    Trailing statistics record each segment's moments too (``moments``), so that an
-    append scales its new sessions by the stored ones before them: ``prior`` is the
-    stored segment table and its moments, and the statistics returned are then the new
-    segments' only.
+    ``global`` statistics come from the rows :func:`_intervals` gives for ``fit_runs``
+    (with ``halo``: each run of consecutive windows from its first window's first step
+    to its last window's end; ``per: instrument``: ``mean`` and ``std`` hold a row per
+    instrument of ``segments``, in its order, named by ``instruments``; an instrument
+    without such rows gets 0 and 1). Trailing statistics record each segment's moments
+    too (``moments``), so that an append scales its new sessions by the stored ones
+    before them: ``prior`` is the stored segment table and its moments, and the
+    statistics returned are then the new segments' only. ``serves``: whether each
+    segment makes windows (default: every one with ``spec.sessions`` sessions before
+    it); ``features``: the features' names, for the refusal below.
+
+    Raises
+    ------
+    WindowError
+        From the returned function, for ``trailing``: a segment that ``serves`` windows
+        and whose history holds fewer than :data:`MIN_HISTORY_ROWS` finite values of a
+        feature, naming the session, its instrument and the feature.
     """
     if spec.kind not in ("global", "trailing"):
         return [], lambda res: {"kind": spec.kind}
@@ -185,7 +213,7 @@ def fit_normalization(f: da.Array, spec: NormalizeSpec, segments: SegmentTable, 
 
     def finish_trailing(res: Sequence[Any]) -> dict[str, Any]:
         moments = per_segment(res)
-        mean, std = _trailing(segments, moments, spec.sessions, width, prior)
+        mean, std = _trailing(segments, moments, spec.sessions, width, prior, serves, features)
         return {"kind": "trailing", "sessions": spec.sessions, "mean": mean.tolist(), "std": std.tolist(),
                 "moments": {k: [m[i].tolist() for m in moments] for i, k in enumerate(("count", "mean", "m2"))}}
 
@@ -201,11 +229,54 @@ def _mean_std(moments: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.nd
     return np.nan_to_num(m), np.where(np.isfinite(sd) & (sd > 0), sd, 1.0)
 
 
+def _history(inst: np.ndarray, sess: np.ndarray, k: int, sessions: int) -> np.ndarray:
+    """Indices of the ``sessions`` sessions of segment ``k``'s instrument just before it
+    (fewer when it has fewer before it), in time order."""
+    mine = np.flatnonzero(inst == inst[k])
+    before = mine[sess[mine] < sess[k]]
+    return before[np.argsort(sess[before], kind="stable")][-sessions:]
+
+
+def trailing_history_rows(segments: SegmentTable, lookback: int, sessions: int,
+                          prior: SegmentTable | None = None) -> np.ndarray:
+    """Per segment, how many rows trailing statistics would be fitted on: the rows after
+    the features' ``lookback`` of the ``sessions`` sessions of its instrument before it
+    (stored ones of ``prior`` included, with the same lookback); ``-1`` for a segment
+    with fewer sessions before it. A pure function of the segment tables, so a build
+    and an append leave out the same sessions (those under :data:`MIN_HISTORY_ROWS`).
+
+    Returns
+    -------
+    numpy.ndarray
+        int64, one per segment of ``segments``.
+    """
+    tables = [segments] if prior is None else [prior, segments]
+    inst = np.concatenate([t.instrument for t in tables])
+    sess = np.concatenate([t.session for t in tables])
+    usable = np.concatenate([np.maximum(t.stops - t.starts - lookback, 0) for t in tables]).astype(np.int64)
+    skip = inst.size - len(segments)
+    out = np.full(len(segments), -1, dtype=np.int64)
+    for s in range(len(segments)):
+        before = _history(inst, sess, skip + s, sessions)
+        if before.size == sessions:
+            out[s] = int(usable[before].sum())
+    return out
+
+
 def _trailing(segments: SegmentTable, moments: Sequence[Any], sessions: int, width: int,
-              prior: tuple[SegmentTable, Sequence[Any]] | None) -> tuple[np.ndarray, np.ndarray]:
+              prior: tuple[SegmentTable, Sequence[Any]] | None, serves: np.ndarray | None = None,
+              features: Sequence[str] = ()) -> tuple[np.ndarray, np.ndarray]:
     """Per segment, the mean and std pooled over the ``sessions`` sessions of its
     instrument before it (stored ones of ``prior`` included); 0 and 1 for a segment
-    with fewer before it, which makes no window."""
+    with fewer before it, or whose history holds fewer than :data:`MIN_HISTORY_ROWS`
+    values of a feature (for that feature): such a segment makes no window, and one that
+    ``serves`` windows is refused rather than stored unscaled.
+
+    Raises
+    ------
+    WindowError
+        A segment that ``serves`` windows over too thin a history, naming it.
+    """
     inst, sess, pool = segments.instrument, segments.session, list(moments)
     if prior is not None:
         inst = np.concatenate([prior[0].instrument, inst])
@@ -215,14 +286,45 @@ def _trailing(segments: SegmentTable, moments: Sequence[Any], sessions: int, wid
     mean = np.zeros((len(segments), width))
     std = np.ones((len(segments), width))
     for s in range(len(segments)):
-        k = skip + s
-        mine = np.flatnonzero(inst == inst[k])
-        before = mine[sess[mine] < sess[k]]
-        before = before[np.argsort(sess[before], kind="stable")][-sessions:]
+        before = _history(inst, sess, skip + s, sessions)
         if before.size < sessions:
             continue  # makes no window: it only serves as history
-        mean[s], std[s] = _mean_std(combine_moments([pool[b] for b in before], width))
+        n, m, m2 = combine_moments([pool[b] for b in before], width)
+        thin = n < MIN_HISTORY_ROWS
+        if thin.any() and (serves is None or bool(serves[s])):
+            _refuse_thin(segments, s, int(np.argmax(thin)), int(n[thin][0]), sessions, features)
+        mean[s], std[s] = _mean_std((n, m, m2))
+        mean[s][thin], std[s][thin] = 0.0, 1.0
     return mean, std
+
+
+def _refuse_thin(segments: SegmentTable, s: int, column: int, count: int, sessions: int,
+                 features: Sequence[str]) -> None:
+    """Raise for segment ``s``, whose trailing history holds ``count`` finite values of
+    feature ``column``.
+
+    Raises
+    ------
+    WindowError
+        Naming the session (its label: the file or date), its instrument, the feature
+        and the count.
+    """
+    name = features[column] if column < len(features) else f"column {column}"
+    before = "session" if sessions == 1 else f"{sessions} sessions"
+    raise WindowError(
+        f"normalize: trailing: {describe_segment(segments, s)} would be scaled by statistics of the {before} of "
+        f"its instrument before it, which hold {count} finite value(s) of feature {name!r} (a std needs "
+        f"at least {MIN_HISTORY_ROWS}); give those sessions data, use more "
+        "sessions (normalize: {kind: trailing, sessions: N}), or normalize: global")
+
+
+def describe_segment(segments: SegmentTable, s: int) -> str:
+    """Segment ``s`` for a message: its session number, its label (the file or date)
+    when the table has one, and its instrument when it is named."""
+    label = segments.labels[s] if s < len(segments.labels) and segments.labels[s] else ""
+    name = segments.instruments[int(segments.instrument[s])]
+    return (f"session {int(segments.session[s])}" + (f" ({label})" if label else "")
+            + (f" of instrument {name!r}" if name else ""))
 
 
 @dataclass(frozen=True, eq=False)

@@ -490,3 +490,131 @@ def test_fraction_splits_of_several_instruments_without_times_point_at_whole_ses
                                           r"splits: \{train: 1.0\} with output.folds$"):
         build_training_set(da.from_array(x, chunks=(128, -1)), columns=COLS, features=SPECS, size=4,
                            label=LabelSpec(horizon=2), splits={"train": 0.7, "test": 0.3}, segments=table)
+
+
+# -- trailing normalization over a short session; empty date splits of several horizons ------------
+
+def write_day(d, day: str, n: int, seed: int) -> None:
+    """A one-level order book of ``n`` snapshots 200 ms apart on ``day``, as Parquet."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    t = np.datetime64(f"{day}T09:30:00", "ns") + (np.arange(n) * 200_000_000).astype("timedelta64[ns]")
+    mid = 100.0 + 0.01 * np.cumsum(rng.choice([-1, 0, 1], n))
+    pd.DataFrame({"timestamp": t, "bid_price_1": np.round(mid - 0.01, 2), "ask_price_1": np.round(mid + 0.01, 2),
+                  "bid_size_1": rng.integers(1, 500, n), "ask_size_1": rng.integers(1, 500, n)}
+                 ).to_parquet(d / f"{day}.parquet", index=False)
+
+
+def pandas_features(path) -> np.ndarray:
+    """mid_price and log_return of one day's file, as float32 (row 0's return is NaN)."""
+    import pandas as pd
+
+    book = pd.read_parquet(path)
+    mid = (book["bid_price_1"].astype(np.float32).astype(np.float64)
+           + book["ask_price_1"].astype(np.float32).astype(np.float64)) / 2
+    return np.stack([mid, np.log(mid).diff()], axis=1).astype(np.float32)
+
+
+def _open_days(d):
+    from pipeline.loaders.segments import open_segmented
+
+    return open_segmented(str(d / "*.parquet"), timestamp="timestamp", sessions="file")
+
+
+@pytest.mark.parametrize("short", [1, 2])
+def test_a_session_after_one_too_short_to_fit_trailing_statistics_is_left_out_not_stored_unscaled(tmp_path, short):
+    """Trailing normalization, sessions: 1, a day of 1 or 2 rows (0 or 1 row after the
+    log return's lookback) before a full day: that day's statistics were 0 and 1 (or a
+    std of 0 taken as 1) and its windows were stored at raw scale beside z-scored ones,
+    with no word. It makes no window, as the first session, and the build says so; the
+    day after it is z-scored with pandas' statistics of the full day before it."""
+    days = {"2026-01-05": 200, "2026-01-06": short, "2026-01-07": 150, "2026-01-08": 120}
+    for k, (day, n) in enumerate(days.items()):
+        write_day(tmp_path, day, n, seed=k)
+    src = _open_days(tmp_path)
+    specs = [FeatureSpec.from_mapping(v, "f") for v in ("mid_price", "log_return")]
+    with pytest.warns(UserWarning) as caught:
+        ts = build_training_set(src.array, columns=src.columns, features=specs, size=4, label=LabelSpec(horizon=1),
+                                normalize={"kind": "trailing", "sessions": 1}, segments=src.segments,
+                                timestamps=src.timestamps)
+    said = [str(w.message) for w in caught if "normalize: trailing" in str(w.message)]
+    assert len(said) == 1 and "1 session(s) make no window (145 windows left out)" in said[0], said
+    assert "session 2 (" in said[0] and "2026-01-07" in said[0] and "fewer than 2 rows" in said[0]
+    sessions = ts.attrs["sessions"]
+    assert [s["windows"] for s in sessions] == [0, 0, 0, 120 - 4 - 1]  # the left-out day counted as the first
+    # Every stored window is day 4's, z-scored with day 3's rows after the lookback.
+    history = pandas_features(tmp_path / "2026-01-07.parquet")[1:].astype(np.float64)
+    mean, std = history.mean(axis=0), history.std(axis=0)
+    norm = ts.attrs["normalization"]
+    np.testing.assert_allclose(norm["mean"][3], mean, rtol=1e-12)
+    np.testing.assert_allclose(norm["std"][3], std, rtol=1e-9)
+    assert norm["mean"][2] == [0.0, 0.0] and norm["std"][2] == [1.0, 1.0]  # makes no window: not fitted
+    # Float32 features are scaled in float32 with the statistics rounded to it.
+    f = (pandas_features(tmp_path / "2026-01-08.parquet") - np.float32(mean)) / np.float32(std)
+    want = np.stack([f[e - 3 : e + 1] for e in range(4, 120 - 1)])
+    x = ts.splits["train"]["x"].compute()
+    np.testing.assert_allclose(x, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(x.std(axis=(0, 1)) - 1).max() < 0.5  # z-scored, not raw (a log return's std is ~1e-4)
+
+
+def test_a_build_whose_only_windows_follow_a_too_short_session_is_refused_naming_the_reason(tmp_path):
+    """The fuzz's case: days of 300, 3 and 300 rows, rolling_std over 4 returns (a
+    lookback of 4): the 3-row day holds no usable row, so the last day has nothing to be
+    scaled by and no session is left to make a window."""
+    for k, (day, n) in enumerate({"2026-01-05": 300, "2026-01-06": 3, "2026-01-07": 300}.items()):
+        write_day(tmp_path, day, n, seed=k)
+    src = _open_days(tmp_path)
+    with pytest.warns(UserWarning, match=r"1 session\(s\) make no window \(292 windows left out\)"), \
+            pytest.raises(WindowError, match="and those whose sessions before them hold fewer than 2 rows"):
+        build_training_set(src.array, columns=src.columns, features=[FeatureSpec.from_mapping(
+                           {"name": "rolling_std", "window": 4}, "f")], size=4, label=LabelSpec(horizon=1),
+                           normalize={"kind": "trailing", "sessions": 1}, segments=src.segments,
+                           timestamps=src.timestamps)
+
+
+@pytest.mark.filterwarnings("ignore::pipeline.errors.PriceResolutionWarning")  # float32 prices, as the README's
+def test_the_readme_deeplob_config_builds_while_its_test_split_is_still_empty(tmp_path):
+    """The README's "Real order-book data" config (smoothed labels at four horizons with
+    alpha, trailing normalization, virtual windows, date splits train/val/test) on days
+    up to 2026-01-08: test is empty until the next day is appended. Its class balance
+    crashed (a reshape of (0, 4)); it is zeros per horizon, and the other splits' equal
+    numpy's counts of their stored labels."""
+    for k, day in enumerate(["2026-01-06", "2026-01-07", "2026-01-08"]):
+        write_day(tmp_path, day, 400, seed=k)
+    src = _open_days(tmp_path)
+    label = LabelSpec.from_mapping({"kind": "smoothed", "horizons": [10, 20, 50, 100], "reference": "past_mean",
+                                    "alpha": 0.00006}, "labels")
+    specs = [FeatureSpec.from_mapping({"name": "book", "levels": 1}, "f")]
+    ts = build_training_set(src.array, columns=src.columns, features=specs, size=20, label=label,
+                            normalize={"kind": "trailing", "sessions": 1}, segments=src.segments,
+                            timestamps=src.timestamps, materialize=False,
+                            splits={"train": {"until": "2026-01-08"}, "val": {"until": "2026-01-09"}, "test": {}})
+    counts = ts.attrs["window_counts"]
+    assert counts["test"] == 0 and counts["train"] == counts["val"] == 400 - 99 - 100
+    balance = ts.attrs["class_balance"]
+    assert balance["test"] == [[0, 0, 0]] * 4
+    assert ts.splits["test"]["ends"].shape == (0,)
+    for split in ("train", "val"):
+        y = ts.splits[split]["y"].compute()
+        assert y.shape == (counts[split], 4)
+        assert balance[split] == [np.bincount(y[:, j], minlength=3).tolist() for j in range(4)]
+
+
+def test_global_statistics_with_a_stride_wider_than_the_window_are_the_training_periods_rows(tmp_path):
+    """size 1, stride 10: every 10th row is a window. The statistics are those of the
+    training period (rows 0..190, from the first window to the last), as documented, not
+    of the 20 rows the windows sample: pandas over the same rows."""
+    import pandas as pd
+
+    write_day(tmp_path, "2026-01-05", 200, seed=3)
+    src = _open_days(tmp_path)
+    ts = build_training_set(src.array, columns=src.columns, features=[FeatureSpec.from_mapping(
+                            {"name": "imbalance", "levels": 1}, "f")], size=1, stride=10, label=LabelSpec(horizon=1),
+                            segments=src.segments, timestamps=src.timestamps)
+    book = pd.read_parquet(tmp_path / "2026-01-05.parquet")
+    imbalance = ((book.bid_size_1 - book.ask_size_1) / (book.bid_size_1 + book.ask_size_1)).astype(np.float32)
+    period = imbalance.iloc[:191].astype(np.float64)
+    assert ts.attrs["window_counts"]["train"] == 20
+    np.testing.assert_allclose(ts.attrs["normalization"]["mean"], [period.mean()], rtol=1e-9)
+    np.testing.assert_allclose(ts.attrs["normalization"]["std"], [period.std(ddof=0)], rtol=1e-9)

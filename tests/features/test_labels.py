@@ -134,6 +134,21 @@ def test_class_balance_per_horizon():
     assert class_balance(np.zeros(3, np.float32), spec(kind="return")) == []
 
 
+@pytest.mark.parametrize("value", [{"kind": "class", "horizons": [1, 2], "thresholds": [-1.0, 1.0]},
+                                   {"kind": "smoothed", "horizons": [10, 20, 50, 100], "alpha": 0.00006,
+                                    "reference": "past_mean"}])
+def test_class_balance_of_an_empty_split_counts_zero_per_horizon(value):
+    """A date split after the data is created empty, for appended days to fill: with
+    several horizons its class balance crashed (reshape of (0, H) into (0, -1))."""
+    label = spec(**value)
+    y = finalize_labels(np.zeros((0, len(value["horizons"]))), label)
+    assert y.shape == (0, len(value["horizons"]))
+    zeros = [np.bincount(np.zeros(0, np.int64), minlength=len(label.class_names)).tolist()] * len(value["horizons"])
+    assert class_balance(y, label) == zeros
+    with pytest.raises(FeatureError, match=r"expected class labels of shape \(n, \d\) for \d horizons"):
+        class_balance(np.zeros((4, 3), np.int64), label)
+
+
 def test_column_label_is_the_value_at_the_window_end():
     label = spec(kind="column", column="tag")
     got = steps(label)

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import WindowError
-from pipeline.features.normalize import apply_normalization, cell_edges, fit_normalization, row_scaler
+from pipeline.features.normalize import (apply_normalization, cell_edges, fit_normalization, row_scaler,
+                                         trailing_history_rows)
 from pipeline.features.sessions import SegmentTable, window_runs
 from pipeline.features.splits import NormalizeSpec
 
@@ -157,3 +158,93 @@ def test_per_instrument_statistics_scale_each_instrument_by_its_own():
     np.testing.assert_array_equal(row_scaler(spec, stats, table)(f[3:11], 3), expected[3:11])
     with pytest.raises(WindowError, match="instrument 'BTC'"):
         row_scaler(spec, {**stats, "instruments": ["ETH", "SOL"]}, table)
+
+
+# -- which rows statistics are fitted on ---------------------------------------------------------------
+
+def test_global_statistics_count_every_row_between_consecutive_fitted_windows_and_no_other():
+    """A stride wider than a window (size 1, stride 10): the statistics are those of the
+    training period, every row from a run's first window's first step to its last
+    window's end, not only the rows the windows sample; rows between two runs (a window
+    of another split between them) and rows of another session are not counted."""
+    rng = np.random.default_rng(3)
+    table = SegmentTable.from_lengths([200, 130])
+    f = rng.standard_normal((330, 2)) + np.arange(330)[:, None] % 10  # the row's phase mod 10 shows
+    runs = window_runs(table, size=1, stride=10, scales=(1,), back=2, fwd=1)
+    keep = np.ones(runs.n, bool)
+    keep[[5, 6]] = False  # two windows of session 0 in another split: a hole between two runs
+    keep[runs.n - 3 :] = False  # and session 1's last ones
+    fitted = runs.subset(keep)
+    spec = NormalizeSpec.from_value("global", "normalize")
+    tasks, finish = fit_normalization(da.from_array(f, chunks=(37, -1)), spec, table, fitted, halo=0, lookback=2,
+                                      cell=64)
+    got = finish(dask.compute(*tasks, scheduler="sync"))
+    # Independently: the runs of kept windows, by their end rows, each from first to last.
+    ends = runs.ends()
+    rows = np.zeros(330, bool)
+    session = np.searchsorted(table.stops, ends, side="right")
+    k = 0
+    while k < ends.size:
+        if not keep[k]:
+            k += 1
+            continue
+        j = k
+        while j + 1 < ends.size and keep[j + 1] and session[j + 1] == session[k]:
+            j += 1
+        rows[ends[k] : ends[j] + 1] = True
+        k = j + 1
+    assert 0 < rows.sum() < 330 and not rows[ends[4] + 1 : ends[7]].any()
+    np.testing.assert_allclose(got["mean"], f[rows].mean(axis=0), rtol=1e-12)
+    np.testing.assert_allclose(got["std"], f[rows].std(axis=0), rtol=1e-9)
+    assert not np.allclose(got["mean"], f[ends[keep]].mean(axis=0), rtol=1e-3)  # not the sampled rows only
+
+
+# -- trailing statistics over a thin history ---------------------------------------------------------
+
+def _history_reference(lengths, instrument, lookback, sessions):
+    """Per segment, the rows after ``lookback`` of the ``sessions`` segments of its
+    instrument before it, by a plain loop; -1 with fewer before it."""
+    out = []
+    for k, code in enumerate(instrument):
+        before = [j for j in range(k) if instrument[j] == code][-sessions:] if sessions else []
+        ok = len(before) == sessions
+        out.append(sum(max(0, lengths[j] - lookback) for j in before) if ok else -1)
+    return out
+
+
+@pytest.mark.parametrize("sessions", [1, 2])
+def test_trailing_history_rows_count_the_usable_rows_of_the_sessions_before_and_continue_a_prior(sessions):
+    lengths, instrument = [50, 3, 40, 1, 60, 7, 30], [0, 0, 1, 0, 1, 0, 1]
+    table = SegmentTable.from_lengths(lengths, instrument=instrument, instruments=("A", "B"))
+    want = _history_reference(lengths, instrument, lookback=4, sessions=sessions)
+    assert trailing_history_rows(table, 4, sessions).tolist() == want
+    # An append: the stored segments first, the new ones numbered after them.
+    stored = SegmentTable.from_lengths(lengths[:4], instrument=instrument[:4], instruments=("A", "B"))
+    new = SegmentTable(table.starts[4:], table.stops[4:], table.instrument[4:], table.session[4:], ("A", "B"))
+    assert trailing_history_rows(new, 4, sessions, prior=stored).tolist() == want[4:]
+
+
+def test_trailing_statistics_over_a_history_without_finite_values_are_refused_naming_the_session():
+    """A history of enough rows but NaN in one feature (a price missing all day): its
+    statistics were 0 and 1, the session stored unscaled. A session that makes windows
+    is refused, naming it and the feature; one that makes none gets 0 and 1."""
+    table = SegmentTable.from_lengths([40, 30, 35], labels=("d1.parquet", "d2.parquet", "d3.parquet"),
+                                      instruments=("ES",), instrument=[0, 0, 0])
+    f = np.random.default_rng(0).standard_normal((105, 2))
+    f[40:70, 1] = np.nan
+    f[41, 1] = 5.0  # one finite value: a std of 0, once only centred
+    spec = NormalizeSpec.from_value({"kind": "trailing", "sessions": 1}, "normalize")
+    runs = window_runs(table, size=2, stride=1, scales=(1,), back=2, fwd=1)
+
+    def fit(serves):
+        tasks, finish = fit_normalization(da.from_array(f, chunks=(16, -1)), spec, table, runs, halo=1, lookback=1,
+                                          serves=serves, features=("mid_price", "spread"))
+        return finish(dask.compute(*tasks, scheduler="sync"))
+
+    with pytest.raises(WindowError, match=r"normalize: trailing: session 2 \(d3.parquet\) of instrument 'ES' would "
+                                          r"be scaled by .* which hold 1 finite value\(s\) of feature 'spread'"):
+        fit(None)
+    got = fit(np.array([False, True, False]))
+    history = f[41:70, 0]
+    np.testing.assert_allclose(got["mean"][2], [history.mean(), 0.0], rtol=1e-12)
+    np.testing.assert_allclose(got["std"][2], [history.std(), 1.0], rtol=1e-9)
