@@ -19,6 +19,7 @@ instrument's rows are in time order). Pure arithmetic, but for the split file
 from __future__ import annotations
 
 import datetime as _dt
+import warnings
 from dataclasses import dataclass
 from typing import Any, Literal, Mapping, Sequence
 
@@ -34,6 +35,7 @@ _BOUND_KEYS = ("from", "until", "dates", "embargo")
 __all__ = [
     "FoldSpec",
     "NormalizeSpec",
+    "ORDER_WARNING",
     "as_splits",
     "assign_splits",
     "calendar_splits",
@@ -42,6 +44,7 @@ __all__ = [
     "embargoes",
     "fold_sessions",
     "fraction_cuts",
+    "fraction_order_problem",
     "has_dates",
     "lacking_dates",
     "localize_splits",
@@ -52,6 +55,7 @@ __all__ = [
     "split_spans",
     "splits_value",
     "to_ns",
+    "warn_fraction_order",
 ]
 
 
@@ -74,7 +78,8 @@ def to_ns(value: Any, path: str) -> int:
 def parse_splits(value: Any, path: str) -> dict[str, Any]:
     """Splits from their config value, checked.
 
-    Fractions by time (``{train: 0.8, val: 0.2}``), or dated splits: each an interval
+    Fractions by time, in time order as listed (``{train: 0.8, val: 0.2}``: train the
+    earliest 80% of the windows), or dated splits: each an interval
     (``{from: "2026-01-10", until: "2026-02-01"}``; ``from`` inclusive, default the
     previous interval split's ``until``; ``until`` exclusive, which only the last
     interval split may omit to take the rest), or a list of dates (``{dates:
@@ -100,6 +105,13 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
         expected: a malformed value, bounds out of order, a date in two splits or
         inside an interval split, an embargo on fraction splits (``{path}.embargo``
         beside them, or fractions mixed with dated splits: both list the dated forms).
+
+    Warns
+    -----
+    UserWarning
+        Fractions are placed in time order as listed: when that order looks unintended
+        (``train`` not first, or names sorted alphabetically out of their usual order:
+        :func:`fraction_order_problem`), naming the order used and how to keep it.
     """
     if _is_file_form(value):
         value = read_split_file(value, path)
@@ -132,10 +144,74 @@ def parse_splits(value: Any, path: str) -> dict[str, Any]:
         total = sum(out.values())
         if total > 1.0 + 1e-9:
             raise ConfigError(path, "fractions that sum to at most 1", f"a sum of {total:g}")
-        return out
+        warn_fraction_order(out)
+        return _CheckedFractions(out)
     out = _parse_dated(value, path)
     _check_disjoint(out, path)
     return out
+
+
+#: How the order warning begins: colon-free and the same for every key path, so that
+#: ``PYTHONWARNINGS="ignore:fraction splits in time order as listed"`` (a prefix of the
+#: message, where ``:`` separates fields) silences it for a deliberate order.
+ORDER_WARNING = "fraction splits in time order as listed"
+#: Conventional names in their usual time order (fit, then select, then evaluate).
+_USUAL_RANK = {"train": 0, "training": 0, "val": 1, "valid": 1, "validation": 1, "dev": 1, "test": 2,
+               "holdout": 2, "eval": 2}
+
+
+def fraction_order_problem(names: Sequence[str]) -> str:
+    """Why the time order of fraction splits listed as ``names`` looks unintended, or
+    ``""``.
+
+    Fractions are placed in time order as listed, so the order of a mapping is a
+    decision: a YAML file written by ``yaml.safe_dump`` (keys sorted by default) turns
+    ``{train, val, test}`` into ``{test, train, val}``, and test becomes the earliest
+    period. Two signs: ``train`` (the split ``global`` statistics are fitted on) is
+    not the earliest, or the names are sorted alphabetically while the usual ones
+    among them (train, then val/valid/validation/dev, then test/holdout/eval) are not
+    in their usual order.
+    """
+    names = list(names)
+    if len(names) < 2:
+        return ""
+    if "train" in names and names[0] != "train":
+        return (f"statistics (features.normalize: global) are fitted on 'train', which then lies after "
+                f"{', '.join(repr(n) for n in names[:names.index('train')])}")
+    ranks = [_USUAL_RANK[n.lower()] for n in names if n.lower() in _USUAL_RANK]
+    if names == sorted(names) and ranks != sorted(ranks):
+        return "the names are in alphabetical order, not in the usual train, val, test order"
+    return ""
+
+
+def warn_fraction_order(fractions: Mapping[str, float]) -> None:
+    """Warn when fraction splits are listed in an order that looks unintended
+    (:func:`fraction_order_problem`), naming the order used and how to keep it.
+
+    Warns
+    -----
+    UserWarning
+        Starting with :data:`ORDER_WARNING`, so that a deliberate order can be kept
+        without it.
+    """
+    problem = fraction_order_problem(list(fractions))
+    if not problem:
+        return
+    names = list(fractions)
+    shares = [f"{name} {fractions[name]:.0%}" for name in names]
+    order = ", ".join([f"{shares[0]} (earliest)", *shares[1:-1], f"{shares[-1]} (latest)"])
+    # One text whatever the key path: one PYTHONWARNINGS prefix silences the config's
+    # warning and the Python API's alike.
+    warnings.warn(f"{ORDER_WARNING} (output.splits): {order}; {problem}. List the splits in the time order "
+                  f"you mean (yaml.safe_dump sorts keys: pass sort_keys=False); to keep this order, set "
+                  f"PYTHONWARNINGS=\"ignore:{ORDER_WARNING}\"", UserWarning, stacklevel=1)
+
+
+class _CheckedFractions(dict):
+    """Fraction splits as :func:`parse_splits` returned them, their order warned about
+    already: a run parses its config, then its build parses the same splits again
+    (:func:`as_splits`), and a second warning would only repeat the first (Python's
+    once-per-place filter is reset whenever a library restores its warning filters)."""
 
 
 #: The dated forms, as the messages about them list them.
@@ -325,6 +401,8 @@ def as_splits(value: Any, path: str = "splits") -> dict[str, Any]:
     ConfigError
         Naming the split (``splits.train.until``), what was expected and what arrived.
     """
+    if isinstance(value, _CheckedFractions):
+        return value
     if isinstance(value, Mapping) and not _is_file_form(value):
         value = {name: _unparsed(bound) for name, bound in value.items()}
     return parse_splits(value, path)
@@ -565,15 +643,27 @@ class FoldSpec:
 def fraction_cuts(keys_lo: np.ndarray, order: np.ndarray, fractions: Mapping[str, float], gap: int) -> list[int]:
     """Cut points between fraction splits, in the units of ``keys_lo``.
 
-    Windows are counted in time order (``order`` sorts them by end time); split ``k``
-    gets ``fractions[k]`` of them as :func:`~pipeline.features.geometry.split_ranges`
-    counts them with ``gap`` windows between splits, and the cut before split ``k + 1``
-    is the reach start of its first window. Returns one cut per boundary.
+    Windows are counted in time order (``order`` sorts them by end time; only their
+    number is used here): split ``k`` gets ``fractions[k]`` of them as
+    :func:`~pipeline.features.geometry.split_ranges` counts them with ``gap`` windows
+    between splits. The cut before split ``k + 1`` is the ``b``-th smallest reach
+    start, ``b`` the windows counted before split ``k + 1``: from that instant on start
+    exactly the windows counted to split ``k + 1`` and the later ones (ties aside), so
+    these hold their share, and split ``k`` gives up the windows whose reach holds the
+    cut (``across``: about the gap's worth per instrument).
+
+    The cut is a quantile of reach starts, not the reach start of the first window of
+    split ``k + 1`` in end order: with several instruments that window may reach far
+    back in time (a sparse day of an illiquid instrument), and a cut placed there
+    moved every other instrument's windows of that whole period out of split ``k``.
+    For one instrument the two are the same instant (its reach starts are in end
+    order). Returns one cut per boundary, non-decreasing.
     """
     from pipeline.features.geometry import split_ranges
 
     ranges = list(split_ranges(int(order.size), fractions, gap).values())
-    return [int(keys_lo[order[lo]]) for lo, _ in ranges[1:]]
+    starts = np.sort(np.asarray(keys_lo), kind="stable")
+    return [int(starts[lo]) for lo, _ in ranges[1:]]
 
 
 def assign_splits(keys_lo: np.ndarray, keys_hi: np.ndarray, cuts: list[int | None],

@@ -5,6 +5,7 @@ forward."""
 from __future__ import annotations
 
 import functools
+import warnings
 
 import dask.array as da
 import numpy as np
@@ -13,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import ConfigError, WindowError
-from pipeline.features import LabelSpec, build_training_set
+from pipeline.features import FeatureSpec, LabelSpec, build_training_set
 from pipeline.features.sessions import SegmentTable
-from pipeline.features.splits import (FoldSpec, NormalizeSpec, assign_splits, fold_sessions, localize_splits,
-                                     parse_splits, to_ns)
+from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign_splits, fold_sessions,
+                                     localize_splits, parse_splits, to_ns)
 from tests.features.test_sessions import SPECS, L, _times
 from tests.features.test_steps import COLS, book
 
@@ -693,3 +694,187 @@ def test_placement_and_embargo_equal_a_brute_force_over_days_of_20_steps(lo, wid
     for i in range(lo.size):
         later = [lo[j] for j in range(lo.size) if where[j] >= 0 and where[j] != where[i] and lo[j] > lo[i]]
         assert dropped[i] == (where[i] >= 0 and bool(later) and min(later) - hi[i] < embargo[where[i]])
+
+
+#: Fraction splits the share tests draw from: two or three splits summing to 1.
+_SHARES = [{"train": 0.6, "val": 0.4}, {"train": 0.7, "val": 0.15, "test": 0.15},
+           {"train": 0.5, "val": 0.25, "test": 0.25}, {"train": 0.8, "test": 0.2}]
+
+
+def _uneven_instruments(data) -> tuple[list[np.ndarray], list[list[int]]]:
+    """Timestamps (int ns) per instrument, on the same days, sampled unevenly: every
+    instrument its own step and start, some days of a few rows only (an illiquid
+    instrument's window then reaches back over days); and each instrument's sessions
+    as row lengths (one continuous series, or a session per day)."""
+    days = data.draw(st.integers(2, 4), label="days")
+    per_day = data.draw(st.booleans(), label="a session per day")
+    times, sessions = [], []
+    for _ in range(data.draw(st.integers(2, 3), label="instruments")):
+        step = data.draw(st.integers(1, 3), label="seconds between rows") * 10**9
+        rows = [data.draw(st.one_of(st.integers(1, 6), st.integers(60, 160)), label="rows") for _ in range(days)]
+        start = data.draw(st.integers(0, 600), label="start") * 10**9
+        t = [d * 86_400 * 10**9 + start + np.arange(r, dtype=np.int64) * step for d, r in enumerate(rows)]
+        times.append(np.concatenate(t))
+        sessions.append(rows if per_day else [sum(rows)])
+    return times, sessions
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_fraction_cuts_keep_the_configured_shares_of_instruments_sampled_unevenly(data):
+    """Instruments whose windows reach back over days where others hold hundreds of
+    rows: every instrument is cut at the same instants, no stored window's reach holds
+    a cut, and each split holds its configured share of the windows counted in time
+    order, within a few windows per instrument and cut (those whose reach holds the
+    cut). The cut used to be the reach start of the next split's first window, a whole
+    day early when that window was an illiquid instrument's (60% -> 40%)."""
+    from pipeline.features.geometry import split_ranges
+    from pipeline.features.splits import fraction_cuts
+
+    times, sessions = _uneven_instruments(data)
+    back, fwd, stride = data.draw(st.integers(1, 8)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 3))
+    fractions = data.draw(st.sampled_from(_SHARES))
+    gap = (back + fwd) // stride  # split_gap_windows of a reach of back + fwd rows
+    lo, hi, end = [], [], []
+    for t, lengths in zip(times, sessions):
+        for a, b in zip(np.cumsum([0, *lengths[:-1]]), np.cumsum(lengths)):
+            e = np.arange(a + back, b - fwd, stride)
+            lo.append(t[e - back]), hi.append(t[e + fwd]), end.append(t[e])
+    lo, hi, end = np.concatenate(lo), np.concatenate(hi), np.concatenate(end)
+    n, m, k = lo.size, len(fractions), len(times)
+    per_cut = k * (gap + 2)  # at most this many windows of k instruments hold one instant in their reach
+    try:
+        split_ranges(n, fractions, gap)
+    except WindowError:
+        return  # too few windows for a window in every split: refused before any cut
+    cuts = fraction_cuts(lo, np.argsort(end, kind="stable"), fractions, gap)
+    where = assign_splits(lo, hi, cuts, list(fractions))
+    assert len(cuts) == m - 1 and cuts == sorted(cuts)
+    for c in cuts:
+        assert not ((where >= 0) & (lo < c) & (hi >= c)).any()
+    counts = np.bincount(where[where >= 0], minlength=m)
+    across = int((where < 0).sum())
+    assert across <= (m - 1) * per_cut
+    stored = int(counts.sum())
+    # Counted in time order, split j holds fractions[j] of the stored windows, off by at
+    # most the windows that can hold a cut (those split_ranges' gap does not reserve).
+    tolerance = (m - 1) * per_cut
+    for j, name in enumerate(fractions):
+        assert abs(counts[j] - fractions[name] * stored) <= tolerance, (name, counts, stored, cuts)
+
+
+def test_fraction_splits_hold_their_share_when_an_illiquid_instruments_window_reaches_back_a_day():
+    """The fuzz's case: AAA and BBB on three days of 400 rows, BBB with 3 rows on the
+    second day, one series per instrument (``sessions: none``), {train: 0.6, val: 0.4}.
+    The first val window in end order was BBB's, reaching back to the first day: the cut
+    went there, and all of AAA's second day went to val (train 40%). Counted by numpy
+    from the geometry: train holds 60% of the stored windows, within the windows that
+    can hold the cut, AAA's second day is in train, and no step is shared."""
+    day = 86_400 * 10**9
+    base = int(np.datetime64("2026-01-05T09:30", "ns").astype(np.int64))
+    rows = {"AAA": [400, 400, 400], "BBB": [400, 3, 400]}
+    starts = {"AAA": base, "BBB": base - 60 * 10**9}  # BBB from 09:29
+    t = np.concatenate([starts[name] + d * day + np.arange(r, dtype=np.int64) * 10**9
+                        for name, per_day in rows.items() for d, r in enumerate(per_day)])
+    lengths = [sum(v) for v in rows.values()]
+    segs = SegmentTable.from_lengths(lengths, instrument=[0, 1], instruments=list(rows))
+    x = book(sum(lengths), seed=4)
+    mid = [FeatureSpec.from_mapping("mid_price", "features.steps[0]")]  # no lookback, as the fuzz's config
+    ts = build_training_set(da.from_array(x, chunks=(211, -1)), columns=COLS, features=mid, size=8, stride=1,
+                            label=LabelSpec(horizon=1), segments=segs, timestamps=da.from_array(t, chunks=300),
+                            splits={"train": 0.6, "val": 0.4}, normalize="none", materialize=False)
+    w = ts.attrs["windows"]
+    ends = np.concatenate([np.arange(a + w["back"], b - w["fwd"]) for a, b in zip(segs.starts, segs.stops)])
+    stored = {name: ts.splits[name]["ends"].compute().astype(np.int64) for name in ("train", "val")}
+    total = sum(e.size for e in stored.values())
+    assert total + ts.attrs["split_left_out"]["across"] == ends.size
+    gap = ts.attrs["split_gap_windows"]
+    assert abs(stored["train"].size - 0.6 * total) <= 2 * (gap + 2)  # two instruments, one cut
+    train_hi = t[stored["train"] + w["fwd"]].max()
+    assert train_hi < t[stored["val"] - w["back"]].min()  # both instruments cut at one instant
+    aaa_day2 = (t[stored["train"]] >= base + day) & (t[stored["train"]] < base + 2 * day) & (stored["train"] < 1200)
+    assert aaa_day2.sum() >= 400 - 2 * (gap + 2)  # AAA's second day in train, but where the cut is (it had none)
+
+
+def _config_file(tmp_path, splits: dict, **dump) -> str:
+    """A config file holding ``splits``, written by ``yaml.safe_dump`` as a script
+    writes one (``dump``: its options)."""
+    import yaml
+
+    cfg = {"source": {"paths": str(tmp_path / "raw" / "*.parquet"), "timestamp": "timestamp"},
+           "windows": {"size": 4}, "output": {"path": str(tmp_path / "o.zarr"), "splits": splits}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg, **dump))
+    return str(path)
+
+
+def test_fraction_splits_sorted_by_yaml_safe_dump_warn_naming_the_order_used(tmp_path):
+    """yaml.safe_dump sorts keys: {train, val, test} comes back {test, train, val}, and
+    fractions are placed in time order as listed, so test became the earliest 20% and
+    the statistics were fitted after it, silently. The warning names the order the file
+    holds (read back with yaml), says why it looks unintended and how to keep it."""
+    import re
+
+    import yaml
+
+    from pipeline.config import load_config
+    from pipeline.features.splits import ORDER_WARNING
+
+    path = _config_file(tmp_path, {"train": 0.6, "val": 0.2, "test": 0.2})  # sort_keys=True, the default
+    listed = list(yaml.safe_load(open(path))["output"]["splits"])
+    assert listed == ["test", "train", "val"]
+    with pytest.warns(UserWarning, match=re.escape(ORDER_WARNING)) as caught:
+        config = load_config(path)
+    text = str(caught[0].message)
+    assert list(config.output.splits) == listed  # the order is kept: deliberate orders still work
+    assert "test 20% (earliest), train 60%, val 20% (latest)" in text
+    assert "fitted on 'train', which then lies after 'test'" in text and "sort_keys=False" in text
+    path = _config_file(tmp_path, {"train": 0.6, "val": 0.2, "test": 0.2}, sort_keys=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert list(load_config(path).output.splits) == ["train", "val", "test"]
+
+
+@pytest.mark.parametrize("splits, warns", [
+    ({"val": 0.3, "train": 0.5, "test": 0.2}, "which then lies after 'val'"),   # a period held out first
+    ({"test": 0.5, "val": 0.5}, "alphabetical order"),                            # sorted, no train
+    ({"train": 0.8, "val": 0.2}, None),
+    ({"train": 0.6, "test": 0.2, "val": 0.2}, None),   # train first: fitted on the earliest period
+    ({"early": 0.6, "late": 0.4}, None),               # names that say nothing of an order
+    ({"a": 0.5, "b": 0.5}, None),
+    ({"train": 1.0}, None),
+    ({"test": {"until": "2026-01-06"}, "train": {}}, None),   # dated: the dates give the order
+])
+def test_only_fraction_orders_that_look_unintended_warn(splits, warns):
+    if warns is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            parse_splits(splits, "output.splits")
+        return
+    with pytest.warns(UserWarning, match=warns):
+        assert list(parse_splits(splits, "output.splits")) == list(splits)
+
+
+def test_the_documented_pythonwarnings_setting_keeps_a_deliberate_order_without_the_warning(tmp_path):
+    """The PYTHONWARNINGS value the warning and the docs give silences it in a fresh
+    interpreter (``:`` separates its fields, so the message must start colon-free);
+    a config parsed, then parsed again by its build, warns once."""
+    import os
+    import subprocess
+    import sys
+
+    from pipeline.features.splits import ORDER_WARNING
+
+    path = _config_file(tmp_path, {"train": 0.6, "val": 0.2, "test": 0.2})
+    check = "import sys; from pipeline.config import load_config; print(list(load_config(sys.argv[1]).output.splits))"
+    env = {**os.environ, "PYTHONWARNINGS": f"ignore:{ORDER_WARNING}"}
+    quiet = subprocess.run([sys.executable, "-c", check, path], capture_output=True, text=True, timeout=60, env=env)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert quiet.stdout == "['test', 'train', 'val']\n"
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        parsed = parse_splits({"test": 0.2, "train": 0.6, "val": 0.2}, "output.splits")  # pipeline run: the config,
+        assert as_splits(parsed, "splits") == parsed                                      # then build_training_set
+        assert len(caught) == 1 and f'PYTHONWARNINGS="ignore:{ORDER_WARNING}"' in str(caught[0].message)
+        as_splits({"test": 0.2, "train": 0.6, "val": 0.2}, "splits")  # the Python API's own splits: warned
+        assert len(caught) == 2
