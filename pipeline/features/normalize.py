@@ -49,9 +49,9 @@ __all__ = ["CELL_ROWS", "MIN_HISTORY_ROWS", "RowScaler", "apply_normalization", 
 #: that a cell's task costs little beside its rows, small enough to hold in a worker.
 CELL_ROWS = 1 << 16
 
-#: Fewest values of a feature trailing statistics are fitted on. A std needs two: from
-#: none, the statistics were 0 and 1 and the session was stored unscaled; from one, its
-#: std of 0 became 1 and the session was only centred.
+#: Fewest rows (and finite values of each feature) trailing statistics are fitted on.
+#: A std needs two: statistics of no value would be 0 and 1, storing the session
+#: unscaled beside z-scored ones, and one value's std of 0 taken as 1 only centres it.
 MIN_HISTORY_ROWS = 2
 
 
