@@ -739,7 +739,9 @@ def test_fraction_cuts_keep_the_configured_shares_of_instruments_sampled_unevenl
     for t, lengths in zip(times, sessions):
         for a, b in zip(np.cumsum([0, *lengths[:-1]]), np.cumsum(lengths)):
             e = np.arange(a + back, b - fwd, stride)
-            lo.append(t[e - back]), hi.append(t[e + fwd]), end.append(t[e])
+            lo.append(t[e - back])
+            hi.append(t[e + fwd])
+            end.append(t[e])
     lo, hi, end = np.concatenate(lo), np.concatenate(hi), np.concatenate(end)
     n, m, k = lo.size, len(fractions), len(times)
     per_cut = k * (gap + 2)  # at most this many windows of k instruments hold one instant in their reach
