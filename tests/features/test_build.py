@@ -387,6 +387,7 @@ def _fitted_rows(ts, split: str, halo: int) -> np.ndarray:
 
 @pytest.mark.parametrize("splits, fit_on", [({"val": 0.3, "train": 0.5, "test": 0.2}, "train"),
                                             ({"early": 0.6, "late": 0.4}, "early")])
+@pytest.mark.filterwarnings("ignore:fraction splits in time order as listed")  # listed out of order on purpose
 def test_global_statistics_are_fitted_on_the_split_named_train_wherever_it_is_listed(splits, fit_on):
     """A held-out period listed first (val, then train, then test) had its statistics
     applied to train. They come from the split named train, else the first listed."""
