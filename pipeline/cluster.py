@@ -276,6 +276,7 @@ def cluster(
     preload: Sequence[str] = WORKER_MODULES,
     paused_after: float | None = 5.0,
     unanswered_after: float | None = 15.0,
+    stalled_after: float | None = 30.0,
 ) -> Iterator["distributed.Client"]:
     """Start or connect to a dask cluster and yield a client for it.
 
@@ -330,6 +331,22 @@ def cluster(
         stay open, and the client would wait without a word), and another once it
         answers again. The run keeps waiting: a scheduler that comes back finishes it.
         ``None``: nothing said.
+    stalled_after
+        Seconds every worker of a LocalCluster may stay paused at its memory limit
+        running no task, while tasks wait, before the run is stopped with a
+        :class:`~pipeline.errors.ClusterError` naming the worker's memory and the limit
+        to set (such a worker frees nothing, and no other joins); ``None``: it waits.
+        A LocalCluster of worker processes whose worker is paused as it starts is
+        refused at once.
+
+    Raises
+    ------
+    ClusterError
+        Besides a cluster that cannot be started or reached: a task that every worker
+        running it died of (distributed's ``KilledWorker``, most often a worker
+        restarted at its memory limit), naming what the task read or wrote, the memory
+        limit and the settings that help; and a LocalCluster whose workers cannot run a
+        task within their memory limit.
 
     Yields
     ------
@@ -359,23 +376,113 @@ def cluster(
                 # to handle: it closes them (pipeline.workerlog.IgnoreInterrupts).
                 client.register_plugin(FreezeWorkerHeap())
                 client.register_plugin(IgnoreInterrupts())
+        _record_failed_tasks(client)
         watch = contextlib.ExitStack()
+        watcher = None
         try:
+            if local is not None and processes:
+                _check_idle_memory(client)
             if log is not None:
                 _announce(client, local, log)
-            if log is not None and (paused_after is not None or unanswered_after is not None):
+            stalled = stalled_after if local is not None else None
+            if log is not None and (paused_after is not None or unanswered_after is not None) or stalled is not None:
                 from pipeline.workerlog import PausedWorkersWatch
 
                 # paused_after=None: never named (no look at the workers lasts that long).
-                watch.enter_context(PausedWorkersWatch(client, log, after=paused_after or float("inf"),
-                                                       unanswered_after=unanswered_after))
+                watcher = watch.enter_context(PausedWorkersWatch(
+                    client, log if log is not None and paused_after is not None else _NoLog(),
+                    after=paused_after or float("inf"), unanswered_after=unanswered_after if log is not None else None,
+                    stalled_after=stalled))
             yield client
+        except Exception as exc:
+            if watcher is not None and watcher.stalled is not None:
+                raise ClusterError(watcher.stalled) from None
+            from distributed.scheduler import KilledWorker
+
+            if isinstance(exc, KilledWorker):
+                raise ClusterError(_killed_worker(client, exc)) from None
+            raise
         finally:
             with _interrupts_deferred():
                 watch.close()  # before the client it asks closes
                 client.close()
                 if local is not None:
                     local.close()
+
+
+class _NoLog:
+    """A log that drops what is written to it."""
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+
+def _record_failed_tasks(client: Any) -> None:
+    """Register :class:`pipeline.workerlog.TaskFacts` on the scheduler of ``client``, so
+    that a ``KilledWorker`` can be told as the file or block its task read or wrote.
+
+    A scheduler that cannot take it (one without pipeline installed, where the graph's
+    own functions could not be read either) leaves the message with the task's name.
+    """
+    from pipeline.workerlog import TaskFacts
+
+    try:
+        client.register_plugin(TaskFacts())
+    except Exception:  # noqa: BLE001 - only the message of a later failure is poorer
+        pass
+
+
+def _check_idle_memory(client: Any) -> None:
+    """Refuse a LocalCluster whose worker, running no task, already holds the fraction of
+    its memory limit at which dask pauses a worker: it would never run one, and the run
+    would wait for good. (A worker of threads measures the caller's process instead:
+    not checked.)"""
+    from pipeline.workerlog import _pause_fraction, idle_over_limit_line
+
+    pause = _pause_fraction()
+    for address, info in client.scheduler_info(n_workers=-1).get("workers", {}).items():
+        limit = int(info.get("memory_limit") or 0)
+        memory = (info.get("metrics") or {}).get("memory")
+        if limit and memory is not None and (info.get("status") == "paused" or memory >= pause * limit):
+            raise ClusterError(idle_over_limit_line(address, int(memory), limit, pause))
+
+
+def _killed_worker(client: Any, exc: BaseException) -> str:
+    """The one line of a ``KilledWorker``: what its task read or wrote (as the
+    scheduler's :class:`pipeline.workerlog.TaskFacts` recorded it), the workers' memory
+    limit and whether their nannies restarted them for memory, and what to set."""
+    from pipeline.workerlog import failed_task_facts, killed_worker_line, memory_restarts
+
+    key = getattr(exc, "task", None)
+    last = getattr(exc, "last_worker", None)
+    facts = failed_task_facts(client, key)
+    write = facts.get("write") or {}
+    sample_bytes, unit_bytes = _split_sizes(write) if write else (None, None)
+    return killed_worker_line(key, attempts=int(getattr(exc, "allowed_failures", 3)) + 1,
+                              memory_limit=getattr(last, "memory_limit", None), restarted=memory_restarts(client),
+                              last_worker=str(getattr(last, "address", "")), facts=facts,
+                              unit_bytes=unit_bytes, sample_bytes=sample_bytes)
+
+
+def _split_sizes(write: dict[str, Any]) -> tuple[int | None, int | None]:
+    """The bytes of one sample, and of one write unit (a chunk, or a shard), of the
+    arrays of a split being written, from the store's metadata; ``(None, None)`` when
+    it cannot be read."""
+    import math
+
+    from pipeline.storage.store import open_store_group
+
+    try:
+        group = open_store_group(write["location"], mode="r", storage_options=write.get("storage_options") or None)
+        arrays = [a for name, a in group[write["split"]].arrays() if not name.startswith("_")]
+        sample = sum(math.prod(a.shape[1:]) * a.dtype.itemsize for a in arrays)
+        unit = max(int((a.shards or a.chunks)[0]) for a in arrays)
+    except Exception:  # noqa: BLE001 - the sizes only add to the message
+        return None, None
+    return (sample, sample * unit) if arrays else (None, None)
 
 
 @contextlib.contextmanager
@@ -423,10 +530,12 @@ def _enter_local_settings(settings: contextlib.ExitStack, processes: bool) -> No
         settings.callback(_restore_environ, {k: os.environ.get(k) for k in names})
         settings.enter_context(_main_file_hidden())
     settings.enter_context(_local_settings())
-    from pipeline.workerlog import quiet_cancelled_feeds
+    from pipeline.workerlog import quiet_cancelled_feeds, quiet_failed_for_dead_workers
 
-    # The scheduler logs here: a progress bar's feed cancelled at close is not an error.
+    # The scheduler logs here: a progress bar's feed cancelled at close is not an error,
+    # and a task its workers died of is the client's one line (cluster's KilledWorker).
     settings.enter_context(quiet_cancelled_feeds())
+    settings.enter_context(quiet_failed_for_dead_workers())
 
 
 #: Seconds the announcement of a remote cluster waits for its first worker to register:

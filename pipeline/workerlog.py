@@ -35,13 +35,14 @@ import time
 import traceback
 from typing import IO, Any, Iterator, Mapping
 
-from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from pipeline.errors import PipelineError
 
-__all__ = ["IgnoreInterrupts", "PausedWorkersWatch", "QuietOwnErrors", "answers_again_line", "filtered_log",
+__all__ = ["IgnoreInterrupts", "PausedWorkersWatch", "QuietOwnErrors", "TaskFacts", "answers_again_line",
+           "failed_task_facts", "filtered_log", "idle_over_limit_line", "killed_worker_line", "memory_restarts",
            "no_workers_warning", "os_error_names", "own_error_names", "paused_warning", "paused_workers",
-           "quiet_cancelled_feeds", "unanswered_warning"]
+           "quiet_cancelled_feeds", "quiet_failed_for_dead_workers", "task_facts", "unanswered_warning"]
 
 #: The logger distributed's workers report failed tasks on.
 _LOGGER = "distributed.worker"
@@ -112,14 +113,61 @@ class _CancelledAtClose(logging.Filter):
         return not (msg.startswith("Async instruction for") and msg.endswith("ended with CancelledError"))
 
 
+class _HeartbeatAtClose(logging.Filter):
+    """Drops the worker's "Failed to communicate with scheduler during heartbeat" record
+    (and its traceback) when the connection to the scheduler was closed under it
+    (distributed's ``CommClosedError``) or every worker of this process is closing: a
+    heartbeat that races the close of a LocalCluster, whose scheduler closes its
+    connections only as it closes. A heartbeat that fails otherwise (a timeout, a refused
+    connection while a worker still runs) is kept.
+
+    One per process, never removed (:func:`_quiet_heartbeats_at_close`): a heartbeat
+    under way when the worker closes fails after its plugins' teardown.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not (isinstance(record.msg, str)
+                and record.msg.startswith("Failed to communicate with scheduler during heartbeat")):
+            return True
+        exc = record.exc_info[1] if record.exc_info else None
+        if not isinstance(exc, OSError):
+            return True
+        from distributed.comm.core import CommClosedError
+
+        # The exception itself, not its chain: a connection refused after retries is an
+        # OSError ("Timed out trying to connect") raised during a CommClosedError.
+        if isinstance(exc, CommClosedError):
+            return False
+        return not _workers_closing()
+
+
+def _workers_closing() -> bool:
+    """Whether this process has workers and every one is closing or closed."""
+    from distributed import Worker
+
+    statuses = [str(getattr(w.status, "name", w.status)) for w in list(getattr(Worker, "_instances", ()))]
+    return bool(statuses) and all(s in {"closing", "closed", "closing_gracefully", "failed"} for s in statuses)
+
+
+_HEARTBEATS = _HeartbeatAtClose()
+
+
+def _quiet_heartbeats_at_close() -> None:
+    """:class:`_HeartbeatAtClose` on the workers' logger, once per process."""
+    logger = logging.getLogger(_LOGGER)
+    if _HEARTBEATS not in logger.filters:
+        logger.addFilter(_HEARTBEATS)
+
+
 #: The logger distributed's worker state machine reports a cancelled instruction on.
 _STATE_LOGGER = "distributed.worker.state_machine"
 
 
 class QuietOwnErrors(WorkerPlugin):
     """A worker plugin: no "Compute Failed" record for this package's own errors, which
-    the client reports, and no record of a task cancelled as the worker closes
-    (registered on the LocalClusters :func:`pipeline.cluster.cluster` starts)."""
+    the client reports, no record of a task cancelled as the worker closes, and no
+    traceback of a heartbeat that races the cluster's close (registered on the
+    LocalClusters :func:`pipeline.cluster.cluster` starts)."""
 
     name = "pipeline-quiet-own-errors"
 
@@ -127,6 +175,7 @@ class QuietOwnErrors(WorkerPlugin):
         self._filters: list[tuple[str, logging.Filter]] = []
 
     def setup(self, worker: Any) -> None:
+        _quiet_heartbeats_at_close()
         self._filters = [(_LOGGER, _OwnErrors()), (_STATE_LOGGER, _CancelledAtClose())]
         for name, quiet in self._filters:
             logging.getLogger(name).addFilter(quiet)
@@ -170,6 +219,22 @@ class _CancelledFeed(logging.Filter):
         return not any(frame.name == "feed" for frame in traceback.extract_tb(exc.__traceback__))
 
 
+class _FailedForDeadWorkers(logging.Filter):
+    """Drops the scheduler's "Task ... marked as failed because 4 workers died while
+    trying to run it": the client's one line says it, naming what the task read or
+    wrote instead of its key (:func:`killed_worker_line`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (isinstance(record.msg, str) and "marked as failed because" in record.msg
+                    and "workers died" in record.msg)
+
+
+def quiet_failed_for_dead_workers() -> contextlib.AbstractContextManager[None]:
+    """No scheduler record of a task failed because its workers died while the block
+    runs (a LocalCluster's life, whose scheduler logs to this process's terminal)."""
+    return filtered_log("distributed.scheduler", _FailedForDeadWorkers())
+
+
 @contextlib.contextmanager
 def filtered_log(name: str, quiet: logging.Filter) -> Iterator[None]:
     """Logger ``name`` with the filter ``quiet`` while the block runs."""
@@ -199,6 +264,20 @@ def paused_workers(workers: Mapping[str, Mapping[str, Any]]) -> dict[str, tuple[
         limit = info.get("memory_limit")
         out[address] = (int(memory) if memory is not None else None, int(limit) if limit else None)
     return out
+
+
+def _executing(info: Mapping[str, Any]) -> int:
+    """How many tasks a worker record (``scheduler_info()["workers"][address]``) says
+    its worker runs."""
+    counts = (info.get("metrics") or {}).get("task_counts") or {}
+    return int(counts.get("executing", 0) or 0)
+
+
+def _pause_fraction() -> float:
+    """The fraction of its memory limit at which dask pauses a worker."""
+    import dask
+
+    return float(dask.config.get("distributed.worker.memory.pause", 0.8) or 0.8)
 
 
 def _mib(n: int | None) -> str:
@@ -267,13 +346,23 @@ class PausedWorkersWatch:
     unanswered_after
         Seconds without an answer from the scheduler before a line says so; ``None``:
         looks wait for their answer, and nothing is said.
+    stalled_after
+        Seconds every worker may stay paused running no task, while tasks wait, before
+        the watch gives up on the run: :attr:`stalled` then holds the one line that
+        says why (:func:`idle_over_limit_line`), and the waiting futures are cancelled,
+        so that the computation waiting on them ends. For a LocalCluster, whose workers
+        free no memory they hold while idle and to which no worker is added; ``None``:
+        the watch only warns.
     """
 
     def __init__(self, client: Any, log: IO[str], *, after: float = 5.0, interval: float = 1.0,
-                 unanswered_after: float | None = 15.0):
+                 unanswered_after: float | None = 15.0, stalled_after: float | None = None):
         self.client, self.log, self.after, self.interval = client, log, after, interval
         self.unanswered_after = unanswered_after
+        self.stalled_after = stalled_after
         self.warned: str | None = None
+        #: Why the watch stopped the run (``stalled_after``), or ``None``.
+        self.stalled: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pipeline-paused-workers", daemon=True)
 
@@ -291,6 +380,28 @@ class PausedWorkersWatch:
             return any(state.status == "pending" for state in list(self.client.futures.values()))
         except RuntimeError:  # the futures changed under us (the client's loop thread): look again
             return False
+
+    def _give_up(self, line: str) -> None:
+        """Record why the run stops, and end the client's wait for what is pending:
+        the computation waiting on those futures raises, and
+        :func:`pipeline.cluster.cluster` reports ``line`` as it closes the cluster.
+
+        Only this client's view of the futures is cancelled, on its own event loop: the
+        scheduler forgets the tasks when the client closes (asking it to cancel keys
+        whose dependents it still holds failed an assertion in distributed).
+        """
+        self.stalled = line
+        client = self.client
+
+        def cancel() -> None:
+            for state in list(client.futures.values()):
+                if state.status == "pending":
+                    state.cancel(reason="pipeline-stalled", msg=line)
+
+        try:
+            client.loop.add_callback(cancel)
+        except Exception:  # noqa: BLE001 - a client closing meanwhile: nothing left to stop
+            pass
 
     def _say(self, line: str) -> None:
         self.warned = line
@@ -310,6 +421,7 @@ class PausedWorkersWatch:
         since: dict[str, float] = {}
         empty_since: float | None = None
         silent_since: float | None = None
+        stuck_since: float | None = None  # every worker paused, running no task
         told: set[str] = set()  # paused, no workers: each said once
         scheduler = str(self.client.scheduler.address)
         while not self._stop.wait(self.interval):
@@ -340,3 +452,248 @@ class PausedWorkersWatch:
             if "paused" not in told and long and self._waiting():
                 told.add("paused")
                 self._say(paused_warning(long, max(now - since[a] for a in long)))
+            idle = {a: workers[a] for a in paused if not _executing(workers[a])}
+            if not (workers and len(idle) == len(workers)):
+                stuck_since = None
+                continue
+            stuck_since = stuck_since or now
+            if self.stalled_after is not None and now - stuck_since >= self.stalled_after and self._waiting():
+                # Every worker paused, none running a task: none will free memory, and
+                # the run would wait for good. The fullest one is named.
+                address = max(idle, key=lambda a: paused[a][0] or 0)
+                memory, limit = paused[address]
+                self._give_up(idle_over_limit_line(address, memory or 0, limit or 0, _pause_fraction(),
+                                                   seconds=now - stuck_since))
+                return
+
+
+# -- a worker killed at its memory limit ----------------------------------------------
+
+#: The functions of :mod:`pipeline.storage.units` a write task runs, each given its
+#: block's plan ``(start, [(unit, first, stop), ...])`` first and the store's
+#: ``location`` and ``split`` by keyword.
+_WRITE_STEPS = frozenset({"_write_made_units", "_write_made", "_write_block"})
+
+
+def _plan(value: Any) -> tuple[int, list] | None:
+    """A write task's plan, ``(start, [(unit, first, stop), ...])``, from its first
+    argument (a ``_write_block`` gets it as a one-element object array), or ``None``."""
+    value = getattr(value, "value", value)  # a DataNode holds it
+    if hasattr(value, "dtype") and getattr(value, "size", 0) == 1:
+        value = value.reshape(-1)[0]
+    if (isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], list)
+            and all(isinstance(u, tuple) and len(u) == 3 for u in value[1])):
+        return int(value[0]), [tuple(int(v) for v in u) for u in value[1]]
+    return None
+
+
+def task_facts(spec: Any, *, limit: int = 500) -> dict[str, Any]:
+    """What a task reads or writes, as plain values found in its spec (the scheduler's
+    ``run_spec``: a :class:`dask.task_spec.Task`, whose arguments may hold other tasks
+    inlined by dask's fusion).
+
+    ``{"read": [{"path", "fmt", "group", "rows", "companion"}, ...]}`` for the raw-file
+    parts (:class:`pipeline.loaders.tables.TablePart`) among its arguments, and
+    ``{"write": {"location", "split", "start", "units"}}`` for a write task of
+    :mod:`pipeline.storage.units`; empty when neither is found. At most ``limit`` values
+    are looked at: a fused task's arguments may be many.
+    """
+    facts: dict[str, Any] = {}
+    todo, seen = [spec], 0
+    while todo and seen < limit:
+        obj = todo.pop()
+        seen += 1
+        if isinstance(obj, (str, bytes, int, float)) or obj is None:
+            continue
+        if type(obj).__name__ == "TablePart" and hasattr(obj, "path"):
+            read = {k: getattr(obj, k, None) for k in ("path", "fmt", "group", "rows", "companion")}
+            if read not in facts.setdefault("read", []):
+                facts["read"].append(read)
+            continue
+        func, args = getattr(obj, "func", None), getattr(obj, "args", None)
+        kwargs = getattr(obj, "kwargs", None) or getattr(obj, "keywords", None)
+        if callable(func) and isinstance(args, tuple):
+            name = getattr(func, "__name__", "")
+            if name in _WRITE_STEPS and isinstance(kwargs, Mapping) and "write" not in facts:
+                plan = _plan(args[0]) if args else None
+                facts["write"] = {"location": str(kwargs.get("location")), "split": str(kwargs.get("split")),
+                                  "storage_options": kwargs.get("storage_options"),
+                                  "start": plan[0] if plan else None, "units": plan[1] if plan else None}
+            todo.extend(args)
+            todo.append(func)  # a partial or a fused subgraph's callable holds arguments too
+            if isinstance(kwargs, Mapping):
+                todo.extend(kwargs.values())
+        elif isinstance(obj, (tuple, list)):
+            todo.extend(obj[:limit])
+        elif isinstance(obj, Mapping):
+            todo.extend(list(obj.values())[:limit])
+        elif hasattr(obj, "value") and not callable(obj):  # a DataNode
+            todo.append(obj.value)
+    return facts
+
+
+class TaskFacts(SchedulerPlugin):
+    """A scheduler plugin that keeps :func:`task_facts` of the last tasks that failed of
+    themselves (a worker killed under them four times, or their own exception), so that
+    the client can name the file or the block behind a ``KilledWorker`` after the
+    scheduler has forgotten the task: ``dask.compute`` releases its futures as the error
+    comes back, and with them the failed task.
+
+    Registered by :func:`pipeline.cluster.cluster` on the scheduler of every cluster it
+    starts or connects to; :func:`failed_task_facts` reads it there.
+    """
+
+    name = "pipeline-task-facts"
+    idempotent = True  # one per scheduler: runs connecting to one scheduler share it
+    keep = 64
+
+    def __init__(self) -> None:
+        self.facts: dict[str, dict[str, Any]] = {}
+        self.scheduler: Any = None
+
+    async def start(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def transition(self, key: Any, start: str, finish: str, *args: Any, stimulus_id: str = "",
+                   **kwargs: Any) -> None:
+        # Every transition of every task comes here: return at once but for a task that
+        # failed of itself (its dependents fail with it, blamed on it: not these).
+        if finish != "erred" or kwargs.get("cause") != key or self.scheduler is None:
+            return
+        ts = self.scheduler.tasks.get(key)
+        if ts is None:
+            return
+        try:
+            found = task_facts(ts.run_spec)
+        except Exception:  # noqa: BLE001 - a spec this does not know: nothing to add
+            return
+        self.facts[str(key)] = found
+        while len(self.facts) > self.keep:
+            self.facts.pop(next(iter(self.facts)))
+
+
+def _facts_on_scheduler(dask_scheduler: Any, key: str) -> dict[str, Any]:
+    plugin = dask_scheduler.plugins.get(TaskFacts.name)
+    return dict(getattr(plugin, "facts", {}).get(key, {}))
+
+
+def failed_task_facts(client: Any, key: Any) -> dict[str, Any]:
+    """The :func:`task_facts` the scheduler of ``client`` recorded for the failed task
+    ``key``; empty when none (a scheduler without :class:`TaskFacts`, or no answer)."""
+    try:
+        return client.run_on_scheduler(_facts_on_scheduler, key=str(key)) or {}
+    except Exception:  # noqa: BLE001 - the facts only add to the message
+        return {}
+
+
+def memory_restarts(client: Any) -> dict[str, int]:
+    """The workers (by address) that their nanny restarted for exceeding its memory
+    budget, each with its process memory then (bytes): the scheduler's
+    ``worker-restart-memory`` events; empty when there are none or no answer."""
+    try:
+        events = client.get_events("worker-restart-memory")
+    except Exception:  # noqa: BLE001 - the events only add to the message
+        return {}
+    out = {}
+    for _, event in events or ():
+        if isinstance(event, Mapping) and "worker" in event:
+            out[str(event["worker"])] = int(event.get("rss") or 0)
+    return out
+
+
+def _task_name(key: Any) -> str:
+    """A task key's name (``('read-table-ab67', 0, 0)`` -> ``read-table-ab67``)."""
+    return str(key[0] if isinstance(key, tuple) and key else key)
+
+
+def _rows(read: Mapping[str, Any]) -> str:
+    rows = read.get("rows")
+    rows_text = f"{rows:,} rows" if isinstance(rows, int) else "rows"
+    if read.get("fmt") == "parquet" and isinstance(read.get("group"), int):
+        return f"row group {read['group']} ({rows_text})"
+    return f"a part of {rows_text}"
+
+
+def killed_worker_line(key: Any, *, attempts: int, memory_limit: int | None, restarted: Mapping[str, int],
+                       last_worker: str, facts: Mapping[str, Any], unit_bytes: int | None = None,
+                       sample_bytes: int | None = None) -> str:
+    """One line for a task that every worker that ran it died of (distributed's
+    ``KilledWorker``): what the task did, the workers' memory limit, and what to set.
+
+    Parameters
+    ----------
+    key
+        The task's key.
+    attempts
+        How many workers died running it.
+    memory_limit
+        The last worker's memory limit in bytes (0 or ``None``: none).
+    restarted
+        Workers their nanny restarted for memory, with their memory then
+        (:func:`memory_restarts`).
+    last_worker
+        The address of the last worker that died running it.
+    facts
+        What the task read or wrote (:func:`task_facts`).
+    unit_bytes, sample_bytes
+        For a write task: the bytes of one write unit of its split, and of one sample.
+    """
+    name = _task_name(key)
+    what = f"task {name}"
+    fix = []
+    reads, write = facts.get("read") or [], facts.get("write")
+    if reads:
+        shown = "; ".join(f"{r['path']} {_rows(r)}" for r in reads[:3]) + (" and more" if len(reads) > 3 else "")
+        what = f"reading {shown}"
+        if any(r.get("fmt") == "parquet" for r in reads):
+            fix.append("or write the Parquet file with smaller row groups (a row group is read whole: "
+                       "source.chunk_rows does not split it; pyarrow.parquet.write_table(..., row_group_size=...))")
+        else:
+            fix.append("or read the file in smaller parts (source.chunk_rows)")
+    elif write:
+        what = f"writing split {write['split']!r} of {write['location']}"
+        units = write.get("units") or []
+        if units:
+            samples = max(u[2] for u in units) - min(u[1] for u in units)
+            size = f" ({_mib(samples * sample_bytes)})" if sample_bytes else ""
+            what += f": a block of {samples:,} samples{size} in {len(units)} write unit(s)"
+        if unit_bytes:
+            what += f" of {_mib(unit_bytes)} each"
+        fix.append("or make the write units smaller (output.target_chunk_mb; output.shard_chunks for sharded stores)")
+    else:
+        fix.append("or make its chunks smaller")
+    memory = restarted.get(last_worker)
+    if memory_limit:
+        why = (f"the last, {last_worker}, restarted by its nanny at {_mib(memory)} of its {_mib(memory_limit)} "
+               f"memory limit" if memory is not None else f"most likely at their {_mib(memory_limit)} memory limit")
+    else:
+        why = "they had no memory limit: the system's out-of-memory killer, or a crash, is likely"
+    return (f"cluster: {attempts} workers died running one task, {what} ({why}); the run was stopped. Give the "
+            f"workers more memory (cluster.memory_limit, or dask worker --memory-limit) " + ", ".join(fix)
+            + ", and run again: a build resumes")
+
+
+# -- a LocalCluster that cannot run a task --------------------------------------------
+
+
+def _suggested_limit(memory: int) -> int:
+    """A memory limit for a worker whose idle process holds ``memory`` bytes: two and a
+    half times it, rounded up to 64 MiB: room for the tasks beside what it holds, and for
+    what a run's first tasks import (a worker that held 85 MiB as it started held about
+    140 MiB once it had read a Parquet file)."""
+    step = 64 * 2**20
+    return -(-5 * memory // (2 * step)) * step
+
+
+def idle_over_limit_line(worker: str, memory: int, limit: int, pause: float, *, seconds: float | None = None) -> str:
+    """One line for a LocalCluster whose worker, running no task, holds ``pause`` of its
+    memory ``limit`` or more: dask pauses it, and it never runs a task. ``seconds``:
+    how long it stayed so while tasks waited (``None``: found as it started)."""
+    where = f"{_mib(memory)} of its {_mib(limit)} memory limit (dask pauses a worker at {pause:.0%} of it)"
+    if seconds is None:
+        said = f"cluster: worker {worker} holds {where} as it starts, before any task: it would never run one"
+    else:
+        said = (f"cluster: worker {worker} has stayed paused for {seconds:.0f} s at {where}, running no task while "
+                f"tasks wait: the memory it holds leaves no room for one, and the run was stopped")
+    return (f"{said}. Set cluster.memory_limit to at least {_mib(_suggested_limit(memory))} (its own memory, what "
+            f"a run's tasks import, and room for the tasks), and run again: a build resumes")

@@ -552,3 +552,27 @@ def test_processes_started_for_the_workers_ignore_ctrl_c():
     assert (inside, after) == ("True", "False")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
+
+
+def test_a_local_cluster_whose_workers_stay_paused_running_nothing_stops_the_run_after_a_bounded_wait():
+    """Workers paused at their memory limit with no task running free nothing, and a
+    LocalCluster gets no other worker: the run waited for good. A threaded worker
+    measures this process, far above the 64 MiB it is given, so it stays paused."""
+    import dask
+
+    log, limit = _Log(), 64 * 2**20
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as refused:
+        with cluster(n_workers=1, processes=False, memory_limit=limit, dashboard_address=None, log=log,
+                     paused_after=0.5, stalled_after=1.0) as client:
+            (address,) = client.scheduler_info()["workers"]
+            assert _poll(lambda: client.scheduler_info()["workers"][address]["status"] == "paused", 10)
+            client.submit(sum, [1, 2]).result(timeout=60)
+    assert time.monotonic() - started < 30
+    message = str(refused.value)
+    found = re.search(r"has stayed paused for \d+ s at ([\d,]+) MiB of its 64 MiB memory limit \(dask pauses a worker "
+                      r"at (\d+)% of it\), running no task while tasks wait", message)
+    assert found, message
+    assert int(found[2]) == round(100 * dask.config.get("distributed.worker.memory.pause"))
+    assert int(found[1].replace(",", "")) >= int(found[2]) / 100 * 64
+    assert "Set cluster.memory_limit to at least" in message and "\n" not in message

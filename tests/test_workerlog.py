@@ -4,6 +4,7 @@ one-line report; any other exception (a bug, a user hook's) is still logged whol
 from __future__ import annotations
 
 import logging
+import re
 import os
 import subprocess
 import sys
@@ -223,3 +224,175 @@ def test_the_workers_of_a_local_cluster_ignore_ctrl_c(method):
     with cluster(n_workers=1, processes=False, log=None) as client:
         assert list(client.run(_sigint_handler).values()) == [repr(signal.default_int_handler)]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+# -- a worker killed at its memory limit, a LocalCluster that cannot run a task, a heartbeat at close
+
+
+def _book(path: Path, rows: int, *, row_group: int) -> None:
+    """A 10-level order book in Parquet, uncompressed, ``row_group`` rows per row group."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(0)
+    mid = 100 + np.cumsum(rng.choice([-0.01, 0, 0.01], size=rows))
+    cols = {"timestamp": pa.array(np.datetime64("2026-01-05T09:30", "ns").astype(np.int64)
+                                  + np.arange(rows) * 5_000_000, type=pa.timestamp("ns"))}
+    for side, sign in (("bid", -1), ("ask", 1)):
+        for level in range(1, 11):
+            cols[f"{side}_price_{level}"] = np.round(mid + sign * 0.01 * level, 2)
+            cols[f"{side}_size_{level}"] = rng.integers(1, 1000, rows).astype(np.int32)
+    pq.write_table(pa.table(cols), path, row_group_size=row_group, compression="none", use_dictionary=False)
+
+
+def _run_config(tmp_path: Path, cfg: dict, name: str = "cfg.yaml") -> subprocess.CompletedProcess:
+    (tmp_path / name).write_text(yaml.safe_dump(cfg))
+    # One death per task, not distributed's four: the same message, four times sooner.
+    env = {**os.environ, "DASK_DISTRIBUTED__SCHEDULER__ALLOWED_FAILURES": "0"}
+    return subprocess.run([str(BIN / "pipeline"), "run", str(tmp_path / name), "--no-progress"],
+                          capture_output=True, text=True, env=env, timeout=240)
+
+
+def _one_line(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert "Traceback" not in done.stderr and "KilledWorker" not in done.stderr, done.stderr[-3000:]
+    (line,) = [x for x in done.stderr.splitlines() if x.startswith("pipeline run:")]
+    return line
+
+
+def test_a_row_group_larger_than_the_workers_memory_names_the_file_the_limit_and_the_fix(tmp_path):
+    import pyarrow.parquet as pq
+
+    raw = tmp_path / "big.parquet"
+    _book(raw, 1_000_000, row_group=1_000_000)  # ~250 MB of columns, read whole
+    meta = pq.ParquetFile(raw).metadata
+    cfg = {"cluster": {"n_workers": 1, "threads_per_worker": 1, "memory_limit": "250MiB"},
+           "source": {"paths": str(raw), "timestamp": "timestamp", "chunk_rows": 100_000},
+           # Every level's prices and sizes: the read decodes 40 columns of the row group.
+           "features": {"steps": ["mid_price", {"name": "imbalance", "levels": 10}]}, "windows": {"size": 8},
+           "labels": {"kind": "return", "horizon": 5},
+           "output": {"path": str(tmp_path / "out.zarr"), "splits": {"train": 0.8, "val": 0.2}}}
+    line = _one_line(_run_config(tmp_path, cfg))
+    assert meta.num_row_groups == 1
+    assert f"reading {raw} row group 0 ({meta.row_group(0).num_rows:,} rows)" in line, line
+    assert re.search(r"restarted by its nanny at [\d,]+ MiB of its 250 MiB memory limit", line), line
+    for fix in ("cluster.memory_limit", "smaller row groups", "source.chunk_rows does not split it", "resumes"):
+        assert fix in line, line
+    assert not (tmp_path / "out.zarr.lock").exists()  # the write lock released
+
+
+def test_a_write_block_larger_than_the_workers_memory_names_the_split_its_size_and_the_fix_and_resumes(tmp_path):
+    import zarr
+
+    import pipeline
+
+    raw = tmp_path / "day.parquet"
+    _book(raw, 300_000, row_group=50_000)
+    cfg = {"cluster": {"n_workers": 1, "threads_per_worker": 1, "memory_limit": "250MiB"},
+           "source": {"paths": str(raw), "timestamp": "timestamp"},
+           "features": {"steps": ["mid_price", "spread", {"name": "imbalance", "levels": 5}, "log_return"]},
+           "windows": {"size": 64, "scales": [1, 4]}, "labels": {"kind": "return", "horizon": 20},
+           "output": {"path": str(tmp_path / "out.zarr"), "target_chunk_mb": 200,
+                      "splits": {"train": 0.8, "val": 0.1, "test": 0.1}}}
+    line = _one_line(_run_config(tmp_path, cfg))
+    found = re.search(rf"writing split '(\w+)' of {re.escape(str(tmp_path / 'out.zarr'))}: a block of ([\d,]+) "
+                      r"samples \(([\d,]+) MiB\)", line)
+    assert found, line
+    split, samples = found[1], int(found[2].replace(",", ""))
+    # The block's size from the store's own metadata: every array of the split, per sample.
+    group = zarr.open_group(str(tmp_path / "out.zarr"), mode="r")[split]
+    per_sample = sum(int(np.prod(a.shape[1:])) * a.dtype.itemsize for name, a in group.arrays()
+                     if not name.startswith("_"))
+    assert samples <= group["x"].shape[0]
+    assert int(found[3].replace(",", "")) == round(samples * per_sample / 2**20)
+    assert "250 MiB memory limit" in line and "cluster.memory_limit" in line and "output.target_chunk_mb" in line
+    # More memory, the same config otherwise: the build resumes and completes.
+    cfg["cluster"]["memory_limit"] = "2GiB"
+    again = _run_config(tmp_path, cfg, "more.yaml")
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert pipeline.open(tmp_path / "out.zarr")[split]["x"].shape[0] == group["x"].shape[0]
+
+
+def test_a_local_cluster_whose_idle_worker_is_over_its_pause_limit_is_refused_before_any_work(tmp_path):
+    raw = tmp_path / "day.parquet"
+    _book(raw, 2_000, row_group=2_000)
+    cfg = {"cluster": {"n_workers": 1, "threads_per_worker": 1, "memory_limit": "64MiB"},
+           "source": {"paths": str(raw), "timestamp": "timestamp"},
+           "features": {"steps": ["mid_price"]}, "windows": {"size": 4},
+           "labels": {"kind": "return", "horizon": 2},
+           "output": {"path": str(tmp_path / "out.zarr"), "splits": {"train": 1.0}}}
+    line = _one_line(_run_config(tmp_path, cfg))
+    found = re.search(r"holds ([\d,]+) MiB of its 64 MiB memory limit \(dask pauses a worker at (\d+)% of it\) as it "
+                      r"starts, before any task", line)
+    assert found, line
+    assert int(found[1].replace(",", "")) >= int(found[2]) / 100 * 64
+    assert "Set cluster.memory_limit to at least" in line
+    assert not (tmp_path / "out.zarr").exists() and not (tmp_path / "out.zarr.lock").exists()
+
+
+def test_a_heartbeat_whose_connection_the_closing_scheduler_closed_is_not_logged():
+    """The record distributed's worker logs when its heartbeat's connection is closed
+    under it (as a LocalCluster's scheduler does when it closes), made by a real
+    worker's heartbeat to a peer that closes the connection, is dropped; one that fails
+    otherwise while the worker runs is kept."""
+    import asyncio
+
+    import dask
+    from distributed import Scheduler, Worker
+
+    from pipeline.workerlog import _HEARTBEATS, _HeartbeatAtClose
+
+    records: list[logging.LogRecord] = []
+    kept: dict[str, bool] = {}  # each record as the filter judged it when it was logged
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    def judged(name: str) -> None:
+        record = records[-1]
+        assert record.getMessage().startswith("Failed to communicate with scheduler during heartbeat"), record
+        kept[name] = _HeartbeatAtClose().filter(record)
+
+    async def heartbeats() -> None:
+        async def close_at_once(reader, writer):
+            writer.close()
+
+        closing = await asyncio.start_server(close_at_once, "127.0.0.1", 0)
+        port = closing.sockets[0].getsockname()[1]
+        async with Scheduler(dashboard_address=None, host="127.0.0.1") as s, Worker(s.address) as w:
+            w.scheduler = w.rpc(f"tcp://127.0.0.1:{port}")
+            await w.heartbeat()  # the connection closed under it
+            assert type(records[-1].exc_info[1]).__name__ == "CommClosedError"
+            judged("closed")
+            w.scheduler = w.rpc("tcp://127.0.0.1:9")  # nothing listens: refused, the worker still running
+            await w.heartbeat()
+            assert "Timed out trying to connect" in str(records[-1].exc_info[1])
+            judged("refused")
+        closing.close()
+
+    logger, keep = logging.getLogger("distributed.worker"), Keep()
+    # A LocalCluster of threads in this process (an earlier test) left its filter on.
+    installed = _HEARTBEATS in logger.filters
+    logger.removeFilter(_HEARTBEATS)
+    logger.addHandler(keep)
+    try:
+        with dask.config.set({"distributed.comm.timeouts.connect": "1s"}):
+            asyncio.run(heartbeats())
+    finally:
+        logger.removeHandler(keep)
+        if installed:
+            logger.addFilter(_HEARTBEATS)
+    assert kept == {"closed": False, "refused": True}
+
+
+def test_a_local_clusters_workers_drop_a_heartbeat_that_races_its_close():
+    from pipeline.cluster import cluster
+
+    def quiet() -> bool:
+        from pipeline.workerlog import _HeartbeatAtClose
+
+        return any(isinstance(f, _HeartbeatAtClose) for f in logging.getLogger("distributed.worker").filters)
+
+    with cluster(n_workers=1, memory_limit="512MiB", log=None) as client:
+        assert list(client.run(quiet).values()) == [True]
