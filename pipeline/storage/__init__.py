@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 __all__ = [
     "CodecSpec",
     "Dataset",
+    "VerifyReport",
     "format_report",
     "inspect_store",
     "open",
@@ -24,6 +25,7 @@ __all__ = [
 _LAZY = {
     "CodecSpec": "pipeline.storage.codecs",
     "Dataset": "pipeline.storage.reader",
+    "VerifyReport": "pipeline.storage.inspect",
     "format_report": "pipeline.storage.inspect",
     "inspect_store": "pipeline.storage.inspect",
     "open": "pipeline.storage.reader",
@@ -35,7 +37,7 @@ _LAZY = {
 
 if TYPE_CHECKING:  # pragma: no cover
     from pipeline.storage.codecs import CodecSpec
-    from pipeline.storage.inspect import format_report, inspect_store, verify_store
+    from pipeline.storage.inspect import VerifyReport, format_report, inspect_store, verify_store
     from pipeline.storage.plot import plot_store
     from pipeline.storage.reader import Dataset, open
     from pipeline.storage.store import open_store_group

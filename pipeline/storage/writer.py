@@ -30,6 +30,7 @@ import re
 import shutil
 import uuid
 import zipfile
+from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any, Callable, Literal, Mapping, Sequence
 
@@ -52,7 +53,15 @@ from pipeline.storage.layout import (
     unit_samples,
 )
 from pipeline.storage.replace import make_way
-from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
+from pipeline.storage.store import (
+    ATTRS_KEY,
+    FOLDS,
+    is_remote,
+    is_zip,
+    open_store_group,
+    store_root_attrs,
+    zip_staging,
+)
 from pipeline.storage.units import read_rows_sync, write_blocks, write_units
 from pipeline.storage.versions import HISTORY, record
 
@@ -93,8 +102,180 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def _as_dask(a: Any) -> da.Array:
-    return a if isinstance(a, da.Array) else da.from_array(np.asarray(a), chunks=-1)
+def _sample_bytes(arrs: Mapping[str, Any]) -> int:
+    """Bytes of one sample of ``x`` (or the first array): what sizes a split's chunks."""
+    probe = arrs.get("x", next(iter(arrs.values())))
+    return int(np.prod(probe.shape[1:], dtype=np.int64)) * np.dtype(probe.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """The options that size write units and write tasks (see :func:`write`)."""
+
+    chunk_samples: int | None
+    target_chunk_bytes: int
+    shard_chunks: int | None
+    shared_chunk_rows: int | None
+
+    def unit(self, split: str, arrs: Mapping[str, Any], *, sharded: bool = True) -> int:
+        """Samples per write unit of a split (per chunk, with ``sharded=False``)."""
+        explicit = self.shared_chunk_rows if split == SHARED else self.chunk_samples
+        shards = self.shard_chunks if sharded and split != SHARED else None
+        return unit_samples(_sample_bytes(arrs), explicit, shards, self.target_chunk_bytes)
+
+    def block(self, split: str, arrs: Mapping[str, Any]) -> int:
+        """Samples one write task writes, in whole units (:func:`task_block`)."""
+        return task_block(self.unit(split, arrs), _sample_bytes(arrs),
+                          SHARED_TASK_BYTES if split == SHARED else None)
+
+
+@dataclass(frozen=True, eq=False)
+class _FileRows:
+    """Rows of an array that lies in a file, as a memory map lays them out: the file,
+    the position of element ``[0, ...]``, shape, strides and dtype, and the file's size
+    and modification time when the write began. Everything a write task needs to read
+    its rows itself, by path: the graph holds no array data.
+
+    ``index`` (sorted rows of the array so described) picks rows, for a split made by
+    ``times=`` or ``split_by="random"``; it holds one block's rows only.
+    """
+
+    path: str
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype
+    stamp: tuple[int, int]
+    index: np.ndarray | None = None
+
+    def __str__(self) -> str:  # errors of the blocks read (blocks.check_block) name the file
+        return self.path
+
+    @property
+    def rows(self) -> int:
+        """Rows described (picked, where ``index`` picks them)."""
+        return int(self.shape[0] if self.index is None else self.index.size)
+
+    def sliced(self, lo: int, hi: int) -> "_FileRows":
+        """Rows ``lo:hi`` (``0 <= lo <= hi <= shape[0]``), a view of the same file."""
+        return _FileRows(self.path, self.offset + lo * self.strides[0], (hi - lo, *self.shape[1:]), self.strides,
+                         self.dtype, self.stamp)
+
+    def picked(self, index: np.ndarray) -> "_FileRows":
+        """Rows ``index`` of these rows (sorted, in range)."""
+        return _FileRows(self.path, self.offset, self.shape, self.strides, self.dtype, self.stamp,
+                         np.asarray(index, dtype=np.int64))
+
+    def read(self, lo: int, hi: int) -> np.ndarray:
+        """Rows ``lo:hi`` read from the file into memory. Runs on a worker.
+
+        Raises
+        ------
+        LoaderError
+            Naming the file, when it changed since the write began (size or
+            modification time) or no longer holds the rows.
+        """
+        from pipeline.errors import LoaderError
+
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise LoaderError(self.path, f"cannot read the memory-mapped array's rows ({exc.strerror or exc}); "
+                              "every worker must see the file at this path") from None
+        fix = "pass the array again (np.load(..., mmap_mode='r')) to write the file as it is now"
+        if (st.st_size, st.st_mtime_ns) != self.stamp:
+            raise LoaderError(self.path, f"changed since pipeline.write began (size {self.stamp[0]} bytes, modified "
+                              f"at {self.stamp[1]} ns; now {st.st_size} bytes at {st.st_mtime_ns} ns): the rows "
+                              f"stored would not be the array's; {fix}")
+        data, start = _file_bytes(self.path, self.offset)
+        try:
+            view = np.ndarray(self.shape, self.dtype, buffer=data, offset=self.offset - start, strides=self.strides)
+        except (TypeError, ValueError) as exc:
+            raise LoaderError(self.path, f"expected {self.shape} {self.dtype} from byte {self.offset}, the file "
+                              f"holds {st.st_size} bytes ({exc}); {fix}") from None
+        # A copy: the block outlives neither the map nor the file's bytes as they are now.
+        return np.array(view[lo:hi]) if self.index is None else view[self.index[lo:hi]]
+
+
+def _file_bytes(path: str, first: int) -> tuple[np.ndarray, int]:
+    """A file's bytes from ``first`` on, as a read-only memory map, and the file position
+    of the map's first byte.
+
+    An ``.npy`` file is opened as :func:`pipeline.load` opens it
+    (:func:`~pipeline.loaders.npy.read_npy`: its header parsed, a pickle refused, errors
+    naming it) and its data mapped; any other file (a raw ``np.memmap``), or a map of an
+    ``.npy`` that starts inside its header, whole.
+    """
+    from pipeline.loaders.npy import read_npy
+
+    if path.endswith(".npy"):
+        full = read_npy(path, {})
+        if isinstance(full, np.memmap) and full.size and first >= int(full.offset):
+            return full.ravel(order="K").view(np.uint8), int(full.offset)
+    return np.memmap(path, dtype=np.uint8, mode="r"), 0
+
+
+def _file_rows(a: np.ndarray) -> _FileRows | None:
+    """Where ``a`` lies in a file, when it is (a view of) a memory map whose file holds
+    what it shows; None otherwise (in memory, empty, or a copy-on-write map, whose
+    changed pages are in memory only)."""
+    root = a
+    while isinstance(root, np.ndarray) and not (isinstance(root, np.memmap) and root.base is getattr(
+            root, "_mmap", None) and root.base is not None):
+        root = root.base
+    if not isinstance(root, np.memmap) or a.ndim == 0 or a.size == 0 or root.mode not in ("r", "r+", "w+"):
+        return None
+    path = os.path.abspath(str(root.filename)) if root.filename else None
+    if path is None or not os.path.isfile(path):
+        return None
+    if root.mode != "r":
+        root.flush()  # what a writable map holds, on disk for the workers
+    st = os.stat(path)
+    start = int(root.offset) + (a.__array_interface__["data"][0] - root.__array_interface__["data"][0])
+    return _FileRows(path, start, tuple(int(s) for s in a.shape), tuple(int(s) for s in a.strides), a.dtype,
+                     (int(st.st_size), int(st.st_mtime_ns)))
+
+
+def _as_dask(a: Any, block: int, rows: slice | np.ndarray | None = None) -> da.Array:
+    """Rows ``rows`` of ``a`` (all of them for None; a ``slice`` of ``lo:hi``, or sorted
+    indices) as a dask array in blocks of ``block`` samples, which a write task writes
+    as they come (:func:`~pipeline.storage.units.write_blocks`): a numpy array is
+    never taken whole into one task.
+
+    A dask array is sliced as it is. A memory-mapped file (``np.load(path,
+    mmap_mode="r")``, or a view of one) is read by each task from the file by path and
+    position, through the blockwise layer that :func:`pipeline.load` reads files with
+    (:func:`~pipeline.loaders.blocks.concat_array`): the graph holds no array data,
+    and the client reads none. Any other array is cut into the blocks in memory.
+    """
+    if isinstance(a, da.Array):
+        return a if rows is None else a[rows]
+    a = a if isinstance(a, np.ndarray) else np.asarray(a)
+    tail = tuple(int(s) for s in a.shape[1:])
+    source = _file_rows(a)
+    if source is not None:
+        from pipeline.loaders.blocks import concat_array
+
+        if isinstance(rows, slice):
+            lo, hi, _ = rows.indices(source.shape[0])
+            source = source.sliced(lo, max(lo, hi))
+        if rows is None or isinstance(rows, slice):
+            parts = [source]
+        else:  # each block's indices only, in its own task's spec
+            index = np.asarray(rows, dtype=np.int64)
+            parts = [source.picked(index[i:i + block]) for i in range(0, index.size, block)]
+        return concat_array(parts, [p.rows for p in parts], tail, a.dtype, _read_file_rows, rows_per_chunk=block,
+                            probed=[((p.rows, *tail), a.dtype) for p in parts])
+    a = np.asarray(a)  # a copy-on-write map is in memory like any array
+    # Picked rows are gathered here: each task then gets its own block only, where
+    # tasks gathering from the whole array would each need all of it.
+    picked = a if rows is None else a[rows] if isinstance(rows, slice) else np.take(a, rows, axis=0)
+    return da.from_array(picked, chunks=(unit_chunks(picked.shape[0], block), *((s,) for s in tail)))
+
+
+def _read_file_rows(source: _FileRows, lo: int, hi: int) -> np.ndarray:
+    """:func:`~pipeline.loaders.blocks.concat_array`'s reader: rows ``lo:hi`` of ``source``."""
+    return source.read(lo, hi)
 
 
 def split_gap_from_arrays(arrays: Mapping[str, Any], horizon: int | None = None) -> int | None:
@@ -502,40 +683,52 @@ def write_fold_arrays(group: zarr.Group, folds: Mapping[str, np.ndarray], compre
 
 
 def _normalize(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str,
-               gap: int, seed: int, picked: Mapping[str, np.ndarray] | None = None
-               ) -> dict[str, dict[str, da.Array]]:
+               gap: int, seed: int, picked: Mapping[str, np.ndarray] | None = None, *,
+               layout: _Layout) -> dict[str, dict[str, da.Array]]:
+    """:func:`write`'s arrays as dask arrays per split; numpy arrays in blocks of the
+    split's write tasks (``layout``), cut after the split is chosen (:func:`_as_dask`)."""
     if not arrays:
         raise StoreError("write: no arrays given")
     first = next(iter(arrays.values()))
     if isinstance(first, Mapping):
         if splits is not None:
             raise StoreError("write: arrays are already split; leave splits=None")
-        out = {str(k): {str(n): _as_dask(a) for n, a in v.items()} for k, v in arrays.items()}
+        given = {str(k): _with_samples({str(n): a for n, a in v.items()}, f"split {k!r}: ") for k, v in arrays.items()}
+        out = {k: {n: _as_dask(a, layout.block(k, v)) for n, a in v.items()} for k, v in given.items()}
     else:
-        flat = {str(n): _as_dask(a) for n, a in arrays.items()}
+        flat = _with_samples({str(n): a for n, a in arrays.items()}, "")
         n = {name: a.shape[0] for name, a in flat.items()}
         if len(set(n.values())) != 1:
             raise StoreError(f"write: arrays must have the same length on axis 0, got {n}")
         total = next(iter(n.values()))
+        # Every split's samples are the same size: one task block for all of them.
+        block = layout.block("train", flat)
         if splits is None:
-            out = {"train": flat}
+            chosen: dict[str, slice | np.ndarray | None] = {"train": None}
         elif picked is not None:
-            out = {name: {k: a[idx] for k, a in flat.items()} for name, idx in picked.items()}
+            chosen = dict(picked)
         elif split_by == "random":
             perm = np.random.default_rng(seed).permutation(total)
-            out = {}
-            for name, (lo, hi) in time_split_ranges(total, splits, 0).items():
-                idx = np.sort(perm[lo:hi])
-                out[name] = {k: a[idx] for k, a in flat.items()}
+            chosen = {name: np.sort(perm[lo:hi]) for name, (lo, hi) in time_split_ranges(total, splits, 0).items()}
         else:
-            out = {name: {k: a[lo:hi] for k, a in flat.items()}
-                   for name, (lo, hi) in time_split_ranges(total, splits, gap).items()}
+            chosen = {name: slice(lo, hi) for name, (lo, hi) in time_split_ranges(total, splits, gap).items()}
+        out = {name: {k: _as_dask(a, block, rows) for k, a in flat.items()} for name, rows in chosen.items()}
     for split, group in out.items():
         lengths = {k: a.shape[0] for k, a in group.items()}
         if len(set(lengths.values())) != 1:
             raise StoreError(f"write: split {split!r}: arrays must have the same length, got {lengths}")
         if any(np.isnan(a.shape[0]) for a in group.values()):
             raise StoreError(f"write: split {split!r}: arrays of unknown length; call compute_chunk_sizes()")
+    return out
+
+
+def _with_samples(arrs: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Each array as a dask or numpy array (a memory map stays one), refusing one
+    without a sample axis."""
+    out = {name: a if isinstance(a, (da.Array, np.ndarray)) else np.asarray(a) for name, a in arrs.items()}
+    for name, a in out.items():
+        if a.ndim == 0:
+            raise StoreError(f"write: {where}array {name!r} is 0-d (a single value); expected samples along axis 0")
     return out
 
 
@@ -710,7 +903,7 @@ def _write_zip(location: str, overwrite: bool, write_dir: Callable[[str, dict[st
     """
     if is_remote(location):
         raise StoreError(f"{location}: zip stores are written locally; write a directory to object storage")
-    staging = location + ".partial.zarr"
+    staging = zip_staging(location)
     if overwrite and os.path.exists(location):
         os.remove(location)
     if os.path.exists(location):  # complete, and of this fingerprint (check_target): kept
@@ -756,7 +949,14 @@ def write(
         or an fsspec URL such as ``s3://bucket/set.zarr``.
     arrays
         ``{"x": a, "y": b}`` (then ``splits`` divides them along axis 0) or already split
-        ``{"train": {"x": ..., "y": ...}, "val": {...}}``. numpy or dask arrays.
+        ``{"train": {"x": ..., "y": ...}, "val": {...}}``. numpy or dask arrays. A
+        memory-mapped file (``np.load(path, mmap_mode="r")``, ``np.memmap``, or a view
+        of one) is read from the file by each write task, a block at a time: nothing of
+        it is read by this process or put in the graph, so a file larger than memory
+        writes. The workers must see the file at the same path, unchanged until the
+        write ends (a file changed meanwhile is refused, naming it). Other numpy arrays
+        (and copy-on-write maps, ``mmap_mode="c"``) go into the graph cut into the
+        blocks the write tasks write.
     splits
         ``None`` writes one split named ``train``; fractions split by time in the given
         order with ``gap`` samples left between splits (in array order for one series;
@@ -823,8 +1023,9 @@ def write(
     """
     location = local_absolute(os.fspath(target))
     codec = CodecSpec.from_mapping(codec, "codec")
+    layout = _Layout(chunk_samples, target_chunk_bytes, shard_chunks, shared_chunk_rows)
     groups, fold_index, attrs = _split_groups(arrays, splits, split_by, gap, horizon, times, seed, shared, folds,
-                                              fold_base, attrs, features)
+                                              fold_base, attrs, features, layout)
     fingerprint = fingerprint or content_fingerprint(groups, fold_index, attrs, codec, chunk_samples,
                                                      target_chunk_bytes, shard_chunks, shared_chunk_rows)
     attrs = _with_provenance(attrs, arrays)  # after the fingerprint: a file touched is the same write
@@ -847,16 +1048,19 @@ def write(
 def _split_groups(arrays: Mapping[str, Any], splits: Mapping[str, float] | None, split_by: str, gap: int | None,
                   horizon: int | None, times: Any, seed: int, shared: Mapping[str, Any] | None,
                   folds: Mapping[str, np.ndarray] | None, fold_base: str, attrs: Mapping[str, Any] | None,
-                  features: Sequence[str] | None) -> tuple[dict[str, dict[str, da.Array]], Any, dict[str, Any]]:
+                  features: Sequence[str] | None, layout: _Layout
+                  ) -> tuple[dict[str, dict[str, da.Array]], Any, dict[str, Any]]:
     """:func:`write`'s groups (split -> name -> dask array, ``_shared`` beside them), its
     checked fold indices and the store's attributes, every refusal before anything is
-    written."""
+    written; numpy arrays in the blocks that ``layout`` gives each split's write tasks."""
     _check_splits(splits)
     used_gap = _split_gap(arrays, splits, split_by, gap, horizon)
     picked = _time_split_index(arrays, splits, split_by, used_gap or 0, times)
-    groups = _normalize(arrays, splits, split_by, used_gap or 0, seed, picked)
+    groups = _normalize(arrays, splits, split_by, used_gap or 0, seed, picked, layout=layout)
     if shared:
-        groups[SHARED] = {str(k): _as_dask(v) for k, v in shared.items()}
+        given = _with_samples({str(k): v for k, v in shared.items()}, f"{SHARED}: ")
+        block = layout.block(SHARED, given)
+        groups[SHARED] = {k: _as_dask(v, block) for k, v in given.items()}
     fold_index = _check_folds(folds, fold_base, groups, attrs)
     return groups, fold_index, _write_attrs(attrs, features, arrays, groups, used_gap, fold_index, fold_base)
 
@@ -1050,16 +1254,9 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
         _check_resume(location, root, attrs, groups, storage_options)
     # Samples per chunk come from x's sample size (or the first array's); arrays shared by
     # every split (the per-step features of virtual windows) get their own, by row size.
-    def sample_bytes(arrs: Mapping[str, da.Array]) -> int:
-        probe = arrs.get("x", next(iter(arrs.values())))
-        return int(np.prod(probe.shape[1:], dtype=np.int64)) * probe.dtype.itemsize
-
-    def unit_of(split: str, arrs: Mapping[str, da.Array], shards: int | None) -> int:
-        explicit = shared_chunk_rows if split == SHARED else chunk_samples
-        return unit_samples(sample_bytes(arrs), explicit, shards, target_chunk_bytes)
-
-    per_chunks = {split: unit_of(split, arrs, None) for split, arrs in groups.items()}
-    units = {split: unit_of(split, arrs, None if split == SHARED else shard_chunks) for split, arrs in groups.items()}
+    layout = _Layout(chunk_samples, target_chunk_bytes, shard_chunks, shared_chunk_rows)
+    per_chunks = {split: layout.unit(split, arrs, sharded=False) for split, arrs in groups.items()}
+    units = {split: layout.unit(split, arrs) for split, arrs in groups.items()}
     per_chunk = next((c for k, c in per_chunks.items() if k != SHARED), 0)
 
     group = open_store_group(location, mode="a" if exists else "w", storage_options=storage_options)
@@ -1104,8 +1301,7 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
         # One task writes a block of whole units: arrays chunked that way already (the
         # windows of a job are made in these blocks) are not rechunked at all, and the
         # write fuses with the blockwise layers that make them (see storage.units).
-        block = _made_block(arrs, unit) or task_block(
-            unit, sample_bytes(arrs), SHARED_TASK_BYTES if split == SHARED else None)
+        block = _made_block(arrs, unit) or layout.block(split, arrs)
         # A store created by this call holds no unit yet: its markers need no reading.
         done = np.zeros(len(unit_chunks(n, unit)), dtype=bool) if not exists else written_units(group, split)
         known[split] = done

@@ -688,3 +688,144 @@ def test_versions_record_python_and_the_table_readers(tmp_path):
     assert versions["python"] == platform.python_version()
     for name in ("pandas", "pyarrow", "numpy", "dask", "zarr"):
         assert versions[name] == version(name)
+
+
+def _captured_writes(monkeypatch):
+    """Make ``pipeline.write`` record the collections it computes (its write graphs)."""
+    import pipeline.storage.writer as writer
+
+    real, seen = writer.compute, []
+
+    def compute(*collections, **kwargs):
+        seen.extend(collections)
+        return real(*collections, **kwargs)
+
+    monkeypatch.setattr(writer, "compute", compute)
+    return seen
+
+
+def test_a_memmapped_npy_is_read_by_path_in_each_task_on_a_cluster(tmp_path, monkeypatch):
+    """A memory-mapped ``.npy`` is read by each write task from the file, a block at a
+    time, on the workers of a LocalCluster: the graph (pickled, as it goes to the
+    scheduler of a cluster of processes) holds no array data (it held the whole array as
+    one chunk: the client read it all, the worker that got it was killed), needs no
+    rechunk, and the store equals the file as numpy reads it."""
+    import cloudpickle
+    from distributed import Client
+
+    import pipeline.storage.layout as layout
+    from tests.conftest import in_process_cluster
+
+    rng = np.random.default_rng(5)
+    np.save(tmp_path / "x.npy", rng.standard_normal((4000, 16, 8)).astype(np.float32))  # 2 MiB
+    x = np.load(tmp_path / "x.npy", mmap_mode="r")
+    reference = np.load(tmp_path / "x.npy")  # plain numpy, read whole
+    y = np.arange(4000, dtype=np.int64)
+    monkeypatch.setattr(layout, "TASK_BYTES", 2 * 250 * 16 * 8 * 4)  # two units of 250 samples per task
+    seen = _captured_writes(monkeypatch)
+    with in_process_cluster(n_workers=2, threads_per_worker=1, dashboard_address=":0") as cluster, Client(cluster):
+        whole = write(tmp_path / "whole.zarr", {"x": x, "y": y}, chunk_samples=250, progress=False)
+        # A view (rows and a feature range cut) and a random split (rows picked).
+        parts = write(tmp_path / "parts.zarr", {"x": x[100:, :, 2:6], "y": y[100:]}, splits={"a": .7, "b": .3},
+                      split_by="random", chunk_samples=250, progress=False)
+    np.testing.assert_array_equal(pipeline.open(whole)["train"]["x"][:], reference)
+    ds = pipeline.open(parts)
+    for split in ("a", "b"):
+        rows = ds[split]["y"][:]
+        np.testing.assert_array_equal(ds[split]["x"][:], reference[rows][:, :, 2:6])
+    assert sorted(np.concatenate([ds["a"]["y"][:], ds["b"]["y"][:]]).tolist()) == list(range(100, 4000))
+    for collection in seen:
+        graph = collection.__dask_graph__()
+        pickled = cloudpickle.dumps(dict(graph))
+        assert len(pickled) < 100_000  # the array is 2 MiB
+        assert len(cloudpickle.loads(pickled)) == len(graph)  # and it is all there to ship
+        assert not [name for name in graph.layers if name.startswith("rechunk")]
+
+
+def test_an_in_memory_numpy_array_is_cut_into_the_write_tasks_blocks(tmp_path, monkeypatch):
+    """An in-memory array goes into the graph in the blocks its write tasks write (it
+    was one chunk, rechunked by the tasks), and is stored as given."""
+    import pipeline.storage.layout as layout
+
+    x = np.random.default_rng(6).standard_normal((1000, 4, 3)).astype(np.float32)
+    monkeypatch.setattr(layout, "TASK_BYTES", 3 * 100 * 4 * 3 * 4)  # three units of 100 samples per task
+    seen = _captured_writes(monkeypatch)
+    for kwargs in ({}, {"splits": {"a": .5, "b": .5}, "gap": 0}, {"splits": {"a": .5, "b": .5}, "split_by": "random"}):
+        path = write(tmp_path / f"s{len(seen)}.zarr", {"x": x, "y": np.arange(1000)}, chunk_samples=100,
+                     progress=False, **kwargs)
+        ds = pipeline.open(path)
+        for split in ds.splits:
+            np.testing.assert_array_equal(ds[split]["x"][:], x[ds[split]["y"][:]])
+    for collection in seen:
+        assert not [name for name in collection.__dask_graph__().layers if name.startswith("rechunk")]
+    assert len(seen) == 5 and seen[0].numblocks[0] == 4  # 1000 samples: blocks of 300; then 2 + 2 splits
+
+
+def test_a_memmapped_file_changed_during_the_write_is_refused_naming_it(tmp_path):
+    """A task reading rows of a file that changed since the write began refuses, naming
+    the file, rather than storing rows of another array."""
+    from pipeline.errors import LoaderError
+    from pipeline.storage.writer import _file_rows
+
+    np.save(tmp_path / "x.npy", np.zeros((100, 3), np.float32))
+    source = _file_rows(np.load(tmp_path / "x.npy", mmap_mode="r")[10:])
+    np.testing.assert_array_equal(source.read(0, 5), np.zeros((5, 3), np.float32))
+    np.save(tmp_path / "x.npy", np.ones((90, 3), np.float32))
+    with pytest.raises(LoaderError, match=rf"{tmp_path}/x.npy: changed since pipeline.write began"):
+        source.read(0, 5)
+    assert _file_rows(np.zeros((4, 2))) is None  # in memory: no file to read
+
+
+def test_a_zip_store_is_built_in_the_staging_directory_the_store_module_names(tmp_path, monkeypatch):
+    """The staging directory's name lives in ``pipeline.storage.store.zip_staging``
+    (``inspect`` and readers look there for an unfinished build), not in the writer."""
+    import pipeline.storage.writer as writer
+
+    monkeypatch.setattr(writer, "zip_staging", lambda location: str(location) + ".staged")
+    used = []
+    real = writer._write_dir
+
+    def write_dir(location, *args, **kwargs):
+        used.append(location)
+        return real(location, *args, **kwargs)
+
+    monkeypatch.setattr(writer, "_write_dir", write_dir)
+    path = write(tmp_path / "s.zarr.zip", {"x": np.zeros((10, 2))}, progress=False)
+    assert used == [str(tmp_path / "s.zarr.zip.staged")]
+    np.testing.assert_array_equal(pipeline.open(path)["train"]["x"][:], np.zeros((10, 2)))
+
+
+def test_a_memmapped_file_written_again_resumes_and_a_changed_one_is_refused(tmp_path):
+    """The identity of a write of a memory-mapped file is the file as it was (path, size,
+    modification time) and where the array lies in it: the same write again keeps the
+    store; the file rewritten is another write, refused without ``overwrite``."""
+    np.save(tmp_path / "x.npy", np.arange(60, dtype=np.float32).reshape(20, 3))
+    path = write(tmp_path / "s.zarr", {"x": np.load(tmp_path / "x.npy", mmap_mode="r")}, progress=False)
+    write(tmp_path / "s.zarr", {"x": np.load(tmp_path / "x.npy", mmap_mode="r")}, progress=False)
+    os.utime(tmp_path / "x.npy", ns=(0, 10**9))  # rewritten (in place, same size)
+    with pytest.raises(StoreConflictError, match="written from fingerprint"):
+        write(tmp_path / "s.zarr", {"x": np.load(tmp_path / "x.npy", mmap_mode="r")}, progress=False)
+    np.testing.assert_array_equal(pipeline.open(path)["train"]["x"][:], np.arange(60, dtype=np.float32).reshape(20, 3))
+
+
+@pytest.mark.parametrize("kind", ["raw", "npy-bytes", "fortran"])
+def test_other_memory_maps_are_read_from_their_files_as_numpy_shows_them(tmp_path, kind):
+    """A raw ``np.memmap`` (no header), a map of an ``.npy``'s bytes from its start (the
+    header inside the map) and a Fortran-ordered ``.npy`` are stored as numpy shows them."""
+    data = np.random.default_rng(7).standard_normal((300, 5, 2))
+    if kind == "raw":
+        data.tofile(tmp_path / "x.dat")
+        x = np.memmap(tmp_path / "x.dat", dtype=data.dtype, mode="r", shape=data.shape)
+    elif kind == "npy-bytes":
+        np.save(tmp_path / "x.npy", data)
+        raw = np.memmap(tmp_path / "x.npy", dtype=np.uint8, mode="r")
+        x = raw[raw.size - data.nbytes:].view(data.dtype).reshape(data.shape)
+    else:
+        np.save(tmp_path / "x.npy", np.asfortranarray(data))
+        x = np.load(tmp_path / "x.npy", mmap_mode="r")
+    view = x[7:, ::2]
+    assert view.flags.c_contiguous is False
+    path = write(tmp_path / "s.zarr", {"x": view}, splits={"a": .5, "b": .5}, gap=0, chunk_samples=16,
+                 target_chunk_bytes=1, progress=False)
+    ds = pipeline.open(path)
+    np.testing.assert_array_equal(np.concatenate([ds["a"]["x"][:], ds["b"]["x"][:]]), data[7:, ::2])
