@@ -229,15 +229,27 @@ def memory_bound(*, sample_bytes: int, share_samples: int, group_samples: int, b
     return int((rows + 2 * batch_size + decoding) * sample_bytes)
 
 
-def _sample_bytes(source: Any, names: Sequence[str]) -> int:
-    """Bytes of one sample over the arrays held in group buffers (not assembled ones)."""
+def _sample_bytes(source: Any, names: Sequence[str], *, assembled: bool = False) -> int:
+    """Bytes of one sample over the arrays held in group buffers (not assembled ones),
+    or with ``assembled`` over the arrays assembled per batch (virtual windows)."""
     total = 0
     for n in names:
-        if source.assembled(n):
+        if source.assembled(n) != assembled:
             continue
         tail, dtype = source.sample_shape(n)
         total += int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize
     return total
+
+
+def _window_reader(source: Any, name: str) -> Any:
+    """The :class:`~pipeline.streaming.virtual.VirtualWindowReader` behind assembled
+    array ``name`` (a fold's source reads through its base split's); None if none."""
+    while source is not None:
+        reader = (getattr(source, "readers", None) or {}).get(name)
+        if reader is not None and hasattr(reader, "max_piece_rows"):
+            return reader
+        source = getattr(source, "base", None)
+    return None
 
 
 class Stream:
@@ -272,7 +284,8 @@ class Stream:
         # reuse, so four batches of 64 MiB kept 384 MiB of groups alive (with the one
         # held and the one being cut); views cost nothing to make, and two queued
         # suffice to cover a wait for a group.
-        row = _sample_bytes(source, names)
+        # Assembled windows count too: each queued batch of them is a copy of its own.
+        row = _sample_bytes(source, names) + _sample_bytes(source, names, assembled=True)
         self.prefetch_batches = max(2, min(4, QUEUE_BYTES // max(1, batch_size * row)))
         self.epoch = 0
         self._served = 0  # batches served in the current epoch, for state_dict
@@ -313,19 +326,87 @@ class Stream:
 
     @staticmethod
     def _group_bytes(source: Any, names: Sequence[str], buffer_chunks: int) -> int:
-        """Bytes of one full group's buffers (arrays assembled per batch hold none)."""
-        return buffer_chunks * max(source.lengths, default=0) * _sample_bytes(source, names)
+        """Bytes of one full group: its buffers, and for assembled arrays (virtual
+        windows) the feature rows and ends it holds, estimated without reading them (a
+        chunk's span of steps taken as one feature chunk's rows: the build writes the
+        features in chunks of the steps one chunk of windows spans)."""
+        samples = buffer_chunks * max(source.lengths, default=0)
+        total = samples * _sample_bytes(source, names)
+        for n in names:
+            reader = _window_reader(source, n) if source.assembled(n) else None
+            if reader is not None:
+                # Here, not at the top: virtual.py imports the window code, and with it
+                # dask, which a stream of stored arrays never needs.
+                from pipeline.streaming.virtual import window_group_bytes
+
+                total += window_group_bytes(samples=samples, pieces=buffer_chunks,
+                                            piece_rows=reader.features.rows + reader.halo, row_bytes=reader.row_bytes)
+        return total
 
     def memory_bound(self) -> int:
         """The most bytes of batch memory this stream holds per process while its loop
-        keeps no batch (:func:`memory_bound` of its settings; an estimate before the
+        keeps no batch (:func:`memory_bound` of its settings, plus for virtual windows
+        :func:`~pipeline.streaming.virtual.window_memory`: the groups' feature rows and
+        ends, the pieces being read and the assembled batches; an estimate before the
         first iteration of a stream with ``global_batch_size``). The process's own
-        memory (interpreter, libraries, threads) comes on top: see :func:`memory_bound`."""
-        capacity, share = self._group_rows(), self._share_rows()
-        return memory_bound(sample_bytes=_sample_bytes(self.source, self.names), share_samples=share,
-                            group_samples=capacity, batch_size=self.batch_size, ahead=self.prefetch,
-                            queued_batches=self.prefetch_batches, chunk_samples=max(self.source.lengths, default=0),
-                            read_threads=self.threads)
+        memory (interpreter, libraries, threads) comes on top: see :func:`memory_bound`.
+
+        For virtual windows the first call reads every chunk of the window ends once,
+        to measure the widest chunk's span of steps (kept for later calls)."""
+        capacity, plan = self._group_rows(), self.plan(0, 1)
+        share = int(sum(p.hi - p.lo for p in plan.pieces))
+        stored = memory_bound(sample_bytes=_sample_bytes(self.source, self.names), share_samples=share,
+                              group_samples=capacity, batch_size=self.batch_size, ahead=self.prefetch,
+                              queued_batches=self.prefetch_batches, chunk_samples=max(self.source.lengths, default=0),
+                              read_threads=self.threads)
+        return stored + self._window_bound(plan, capacity, share)
+
+    def _window_bound(self, plan: WorkerPlan | ElasticPlan, group: int, share: int) -> int:
+        """What assembled arrays (virtual windows) add to :meth:`memory_bound`: see
+        :func:`~pipeline.streaming.virtual.window_memory`. Their batches are copies,
+        alive while queued for the loop (``prefetch_batches``), held by it, waiting for
+        the queue and being cut (3), and waiting to be taken from the assembling
+        threads (``2 * gather + 1`` when several assemble)."""
+        names = [n for n in self.names if self.source.assembled(n)]
+        if not names:
+            return 0
+        from pipeline.streaming.virtual import window_group_bytes, window_memory
+
+        pieces = max((b - a for a, b in plan.groups), default=0)
+        viewed = max(1, -(-(self.prefetch_batches + 2) * self.batch_size // max(1, group)))
+        groups = min(self.prefetch + 2 + viewed, -(-share // max(1, group)) + 1)
+        gather = self._gather_threads()
+        batches = self.prefetch_batches + 3 + (2 * gather + 1 if gather > 1 else 0)
+        total = 0
+        for n in names:
+            reader = _window_reader(self.source, n)
+            tail, dtype = self.source.sample_shape(n)
+            window = int(np.prod(tail, dtype=np.int64)) * np.dtype(dtype).itemsize
+            group_bytes = window_group_bytes(samples=group, pieces=pieces, piece_rows=reader.max_piece_rows(),
+                                             row_bytes=reader.row_bytes)
+            total += window_memory(groups=groups, group_bytes=group_bytes, read_threads=self._read_threads(),
+                                   read_bytes=reader.read_bytes(), batches=batches, batch_size=self.batch_size,
+                                   window_bytes=window, gather_threads=gather, cache_bytes=reader.kept.max_bytes)
+        return total
+
+    def _read_threads(self) -> int:
+        """Threads reading chunks. Reads of virtual windows are small chunks (window
+        ends, per-step features) whose Python overhead weighs more than their decoding:
+        more read threads only fight over the GIL (one read thread per two cores
+        streamed faster than two). Half the threads read, the other half assemble."""
+        return max(1, self.threads // 2) if self._assembled() else self.threads
+
+    def _gather_threads(self) -> int:
+        """Threads assembling batches of virtual windows (1 otherwise, the batch thread
+        itself): half the threads (a second assembling thread per core slowed each
+        assembly, competing with the first for the core's cache), and no more than
+        :data:`QUEUE_BYTES` of batches at once. Each thread keeps two batches in
+        flight, and with long windows a batch is hundreds of MB: eight threads held
+        gigabytes of batches nobody had asked for yet."""
+        if not self._assembled():
+            return 1
+        batch = self.batch_size * _sample_bytes(self.source, self.names, assembled=True)
+        return max(1, min(self.threads // 2, QUEUE_BYTES // max(1, batch)))
 
     def peak_buffer_bytes(self) -> int:
         """The most bytes of group buffers in use at once so far, plus the batch memory made
@@ -1042,12 +1123,10 @@ class Stream:
 
         Stored arrays need no gather: their batches are runs of a group buffer already
         in mixed order. Assembled arrays (virtual windows) are built per batch: reading
-        their feature rows is cheap and assembling the windows is the work, so half the
-        threads assemble (a second assembling thread per core slowed each assembly,
-        competing with the first for the core's cache); numpy's
-        fancy indexing releases the GIL.
+        their feature rows is cheap and assembling the windows is the work, so several
+        threads assemble (:meth:`_gather_threads`); numpy's fancy indexing releases the GIL.
         """
-        gather_threads = max(1, self.threads // 2) if self._assembled() else 1
+        gather_threads = self._gather_threads()
         gatherer = ThreadPoolExecutor(gather_threads, "pipeline-gather") if gather_threads > 1 else None
         pending: deque[tuple[Future, list[Group]]] = deque()
         try:
@@ -1102,11 +1181,7 @@ class Stream:
         return any(self.source.assembled(n) for n in self.names)
 
     def _loader(self, plan: WorkerPlan | ElasticPlan, epoch: int, worker: int) -> GroupLoader:
-        # Reads of virtual windows are small chunks (window ends, per-step features)
-        # whose Python overhead weighs more than their decoding: more read threads only
-        # fight over the GIL (one read thread per two cores streamed faster than two).
-        # Half the threads read, the other half assemble.
-        threads = max(1, self.threads // 2) if self._assembled() else self.threads
+        threads = self._read_threads()
         elastic = isinstance(plan, ElasticPlan)
         source = self.source
         if elastic:  # a lane's chunk may be cut in pieces for several groups: decode it once

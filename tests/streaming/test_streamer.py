@@ -778,3 +778,101 @@ def test_too_few_samples_for_the_ranks_names_the_store(tmp_path):
     with pytest.raises(StreamError, match=f"stream: split 'train' of {path} holds 1 samples, which cannot be shared "
                                           "among 2 ranks"):
         pipeline.stream(path, batch_size=1, rank=1, world_size=2)
+
+
+# -- memory of virtual windows (assembled while streaming) ------------------------------------------
+
+
+def _traced_epoch(s) -> tuple[int, np.ndarray, tuple]:
+    """Peak numpy allocations (tracemalloc) over one epoch, the labels served, and the
+    first batch (copied)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        seen, first = [], None
+        for xb, yb in s:
+            if first is None:
+                first = (xb.copy(), yb.copy())
+            seen.append(yb.copy())
+        peak = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    return peak, np.concatenate(seen), first
+
+
+@pytest.mark.parametrize("size, batch_size, chunk, threads", [
+    (64, 64, 128, 2),      # small windows, chunks of ends
+    (512, 256, 64, 2),     # long windows, short chunks
+    (512, 256, 4096, 2),   # long windows, a group of 320 MiB of windows
+    (512, 1024, 4096, 8),  # batches of 20 MiB, several threads assembling
+    (2048, 32, 512, 2),    # windows of 80 KiB, features in chunks of a fourth of the lookback
+])
+def test_virtual_windows_stay_within_the_bound(tmp_path, size, batch_size, chunk, threads):
+    """A virtual store's windows are assembled per batch: peak numpy allocations over an
+    epoch stay within memory_bound(), which counts them (the stored arrays alone are
+    kilobytes) and grows with the batch and the threads, not with the chunks of window
+    ends (a group's windows, up to 320 MiB here, are never all in memory)."""
+    from tests.streaming.virtualstore import make_virtual_store, windows_of
+
+    F, scales, n = 5, (1, 4), 3000
+    halo = (size - 1) * max(scales)
+    path, f, ends = make_virtual_store(tmp_path / "v.zarr", steps=halo + n, features=F, size=size, scales=scales,
+                                       chunk=chunk)
+    window = size * F * len(scales) * 4
+    batch = batch_size * window
+    s = pipeline.stream(path, batch_size=batch_size, buffer_chunks=4, seed=1, threads=threads)
+    # Queued batches count their windows: 4, or 2-3 for batches over 16 MiB.
+    assert s.prefetch_batches == max(2, min(4, (64 << 20) // (batch_size * (window + 8))))
+    bound = s.memory_bound()
+    peak, seen, (xb, yb) = _traced_epoch(s)
+    s.close()
+    np.testing.assert_array_equal(np.sort(seen), np.arange(n))
+    np.testing.assert_array_equal(xb, windows_of(f, ends[yb], size, scales))
+    kept = xb.nbytes + yb.nbytes + 2 * n * 8  # what the test itself keeps: the first batch, the labels
+    assert peak <= bound + kept, (peak, bound)
+    # What is counted: at least the batches queued and held, and nothing per chunk of
+    # ends: queued, held and in-flight batches (the most that assemble at once: two
+    # each), the kept features (all of them here) and a few MiB of groups and scratch.
+    gather = max(1, min(threads // 2, (64 << 20) // batch))
+    alive = s.prefetch_batches + 3 + (2 * gather + 1 if gather > 1 else 0)
+    assert (s.prefetch_batches + 2) * batch <= bound <= alive * batch + f.nbytes + (8 << 20), (bound, alive * batch)
+
+
+def test_virtual_stream_anonymous_memory_stays_within_the_bound(tmp_path):
+    """The process's anonymous memory (RssAnon, in a fresh interpreter, once a first
+    stream has loaded the libraries streaming uses) grows by no more than
+    memory_bound() plus the allocator's and threads' own few MiB, over groups of 8,192
+    windows of 20 KiB (160 MiB of windows a group if assembled per group)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.streaming.virtualstore import make_virtual_store
+
+    size, scales = 512, (1, 4)
+    path, _, _ = make_virtual_store(tmp_path / "v.zarr", steps=(size - 1) * 4 + 40_000, size=size, scales=scales,
+                                    chunk=2048)
+    code = f"""
+import gc, json, pipeline
+def anon():
+    for line in open("/proc/self/status"):
+        if line.startswith("RssAnon"):
+            return int(line.split()[1]) * 1024
+warm = pipeline.stream({path!r}, batch_size=1, buffer_chunks=1, seed=0, threads=2)
+next(iter(warm))
+warm.close()
+del warm
+gc.collect()
+a0, peak = anon(), 0
+s = pipeline.stream({path!r}, batch_size=256, buffer_chunks=4, seed=0, threads=2)
+for i, (xb, yb) in enumerate(s):
+    peak = max(peak, anon() - a0)
+    if i == 100:
+        break
+print(json.dumps({{"bound": s.memory_bound(), "grew": peak}}))
+"""
+    out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                    cwd=tmp_path).stdout.splitlines()[-1])
+    assert out["grew"] <= out["bound"] + (32 << 20), out

@@ -171,3 +171,89 @@ def test_keras_fit_on_a_virtual_store_sees_every_window_of_each_epoch(stores, mo
     assert np.isfinite(history.history["loss"]).all() and len(history.history["loss"]) == 2
     want = np.sort(pipeline.open(stores[False])["train"]["y"][:])
     np.testing.assert_array_equal(np.sort(np.concatenate(seen)), want)
+
+
+# -- memory and reads that follow the stored bytes, not the assembled windows ------------
+
+
+def test_mixed_windows_hold_their_ends_not_a_row_index_per_window(monkeypatch):
+    """A group of long windows in mixed order costs 8 bytes a window (its ends), not 8
+    bytes per window *row* (2 MiB here, 256 times more); batches cut from it in pieces
+    of a few window rows each equal the windows by definition."""
+    import tracemalloc
+
+    from pipeline.streaming import virtual
+
+    size, scales, F, n = 128, (1, 2), 3, 2000
+    span = (size - 1) * max(scales)
+    block = np.random.default_rng(1).standard_normal((span + n, F)).astype(np.float32)
+    ends = np.arange(span, span + n, dtype=np.int64)
+    perm = np.random.default_rng(2).permutation(n)
+    rows = WindowRows(block, ends, size, scales)
+    tracemalloc.start()
+    try:
+        mixed = rows.mixed(perm)
+        held = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert held <= 2 * n * 8 + 4096, held  # the mixed ends (and np.take's own copy), not n * 256 * 8
+    monkeypatch.setattr(virtual, "TAKE_ROWS", 3 * size * len(scales) + 5)  # 3 windows a piece
+    want = _definition(block, ends[perm], size, scales)
+    for lo, hi in [(0, 1), (1, 8), (8, 301), (301, n)]:
+        out = np.full((hi - lo, size, F * len(scales)), np.nan, np.float32)
+        np.testing.assert_array_equal(mixed.take_range(lo, hi, out), want[lo:hi])
+
+
+def test_feature_chunks_short_beside_the_lookback_are_decoded_once(tmp_path, monkeypatch):
+    """Features chunked in 16 steps under a lookback of 189: every chunk of windows
+    needs 13 feature chunks, and each feature chunk is needed by 13 chunks of windows.
+    Decoded in runs and kept, each feature chunk is decoded once over all chunks of
+    windows (it was once per chunk of windows needing it), and every chunk's feature
+    rows equal the features read with zarr."""
+    import zarr
+
+    from pipeline.streaming.chunks import ChunkReader
+    from tests.streaming.virtualstore import make_virtual_store
+
+    path, f, ends = make_virtual_store(tmp_path / "v.zarr", steps=1200, size=64, scales=(1, 3), chunk=16)
+    decoded = collections.Counter()
+    read = ChunkReader.read
+
+    def counting(self, i, out=None):
+        if self.where[1] == "_shared":
+            decoded[i] += 1
+        return read(self, i, out)
+
+    monkeypatch.setattr(ChunkReader, "read", counting)
+    s = pipeline.stream(path, batch_size=32, seed=0)
+    reader = s.source.readers["x"]
+    stored = zarr.open_group(path, mode="r")
+    want_f, want_ends = stored["_shared/features"][:], stored["train/ends"][:]
+    for i in np.random.default_rng(0).permutation(reader.n_chunks):
+        got = reader.window_rows(int(i))
+        e = want_ends[i * 16 : (i + 1) * 16]
+        first = e.min() - 63 * 3
+        np.testing.assert_array_equal(got.block, want_f[first : e.max() + 1])
+        np.testing.assert_array_equal(got.ends, e - first)
+    assert sorted(decoded) == list(range(-(-1200 // 16))) and set(decoded.values()) == {1}
+
+
+def test_feature_chunks_keep_at_most_their_budget(tmp_path):
+    """Past ``max_bytes`` the least recently used runs go; what is served is still the
+    stored rows."""
+    import zarr
+
+    from pipeline.streaming.chunks import ChunkReader
+    from pipeline.streaming.virtual import FeatureChunks
+    from tests.streaming.virtualstore import make_virtual_store
+
+    path, f, _ = make_virtual_store(tmp_path / "v.zarr", steps=70_000, features=4, size=8, chunk=4096)
+    reader = ChunkReader(zarr.open_array(f"{path}/_shared/features", mode="r"), (path, "_shared", "features"))
+    kept = FeatureChunks(reader, max_bytes=3 * 4096 * 16, unit_rows=10**6)
+    assert kept.rows == 4096 * 16 and kept.max_bytes == 4096 * 16 * 16  # runs of 16 chunks of 64 KiB: one run at least
+    for u in (0, 1, 0, 1):
+        np.testing.assert_array_equal(kept.unit(u), f[u * kept.rows : (u + 1) * kept.rows])
+    assert kept._bytes <= kept.max_bytes and len(kept._kept) == 1
+    big = FeatureChunks(reader, unit_rows=5000)
+    assert big.rows == 8192 and big.max_bytes == f.nbytes  # units of 2 chunks; the whole features fit the budget
+    np.testing.assert_array_equal(np.concatenate([big.unit(u) for u in range(-(-70_000 // big.rows))]), f)
