@@ -45,7 +45,7 @@ def stream(
     storage_options: dict[str, Any] | None = None, prefetch: int = 2, threads: int | None = None,
     verify: bool = False, read_niceness: int = 5, version: int | None = None, follow: bool = False,
     weights: Sequence[float] | None = None, cache_dir: str | os.PathLike[str] | None = None,
-    cache_bytes: int | None = None, dim: str | None = None,
+    cache_bytes: int | None = None, dim: str | None = None, keep_mapped: int | None = None,
 ) -> Stream:
     """Stream shuffled, aligned batches of a split.
 
@@ -99,7 +99,8 @@ def stream(
         ``Stream.prefetch_batches``, 4, or 2-3 for batches over 16 MiB), the one it holds
         and the one being cut still view. A split smaller than that window costs its own
         size plus two batches. ``Stream.memory_bound()`` computes it; the process's own
-        memory (interpreter, libraries, stacks, allocator arenas) comes on top.
+        memory (interpreter, libraries, stacks, allocator arenas) and the chunk files
+        kept mapped (``keep_mapped``) come on top.
     drop_last
         Drop each rank's incomplete last batch.
     rank
@@ -133,6 +134,25 @@ def stream(
         (:mod:`~pipeline.streaming.cache`; ``Stream.cache_stats(epoch)``).
     cache_bytes
         The most bytes ``cache_dir`` keeps (least recently used evicted).
+    keep_mapped
+        Bytes of a local store's chunk files kept mapped from one epoch to the next, per
+        process (each DataLoader worker keeps its own). Chunk files are mapped to be
+        decoded: the page cache's own pages, clean, nothing copied, which the kernel may
+        drop under memory pressure, but which count in the process's resident memory
+        (``RssFile``: what ``ps``, ``psutil``, SLURM's accounting and a pod's working
+        set report) and in its address space while mapped. A file kept mapped is read
+        in later epochs with no page fault or system call; the files mapped first are
+        kept, the others unmapped once decoded. ``None`` (the default): up to a quarter
+        of the memory the process may use (physical memory, or its cgroup's limit
+        where lower: a container's, a SLURM job's, a pod's), at most 16 GiB
+        (:func:`~pipeline.streaming.maps.default_map_budget`): the fastest later
+        epochs, and a store that fits in that budget stays mapped whole. ``N`` bytes
+        (0 allowed; more than that default keeps the default): at most ``N``, and with
+        0 each file is unmapped once decoded; resident memory then grows over an epoch
+        by about ``memory_bound()`` plus ``N`` plus the files being decoded. The
+        setting for an address-space limit (``ulimit -v``) or strict accounting of
+        resident memory; it costs stream CPU on a warm store (the API reference's
+        "Memory" paragraph has the measured cost).
 
     Returns
     -------
@@ -141,6 +161,7 @@ def stream(
         store or a damaged cache file: see :mod:`pipeline.streaming.api`.
     """
     seed = check_seed(seed, "stream")
+    keep_mapped = _check_keep_mapped(keep_mapped)
     if weights is not None:
         # Every other argument goes on to each source's stream: taken from the call's own
         # parameters, so that a parameter added to stream cannot be dropped here.
@@ -151,7 +172,7 @@ def stream(
     rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,
                                                  world_size)
     src = _opened(source, split, arrays, partial, storage_options, verify, version,
-                  cache_spec(cache_dir, cache_bytes), dim)
+                  cache_spec(cache_dir, cache_bytes), dim, keep_mapped)
     where = _where(source, split, src)
     _check_samples(where, int(sum(src.lengths)), world_size)
     s = Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
@@ -162,6 +183,23 @@ def stream(
         s.close()
         raise _no_whole_batch(where, s.n_samples, batch_size, global_batch_size, world_size)
     return s
+
+
+def _check_keep_mapped(keep_mapped: Any) -> int | None:
+    """``keep_mapped`` checked: None (the default budget) or a number of bytes, 0 or more.
+
+    Raises
+    ------
+    StreamError
+        For a bool, a float, a string or a negative number, naming ``keep_mapped``.
+    """
+    if keep_mapped is None:
+        return None
+    if isinstance(keep_mapped, bool) or not isinstance(keep_mapped, numbers.Integral) or keep_mapped < 0:
+        raise StreamError(f"stream: keep_mapped must be None (the default: chunk files kept mapped up to a quarter "
+                          f"of the memory the process may use) or bytes, an integer 0 or more; got {keep_mapped!r} "
+                          f"({type(keep_mapped).__name__})")
+    return int(keep_mapped)
 
 
 def _check_samples(where: str, n: int, world_size: int) -> None:
@@ -259,7 +297,7 @@ def _check_shares(batch_size: int | None, global_batch_size: int | None, buffer_
 
 
 def _opened(source: Any, split: str, arrays: Sequence[str], partial: bool, storage_options: dict[str, Any] | None,
-            verify: bool, version: int | None, cache: Any, dim: str | None) -> Any:
+            verify: bool, version: int | None, cache: Any, dim: str | None, keep_mapped: int | None = None) -> Any:
     """:func:`_open_source`, with a store's metadata file that is not valid JSON named
     (zarr raises a bare ``JSONDecodeError`` that names neither the store nor the file).
 
@@ -270,7 +308,8 @@ def _opened(source: Any, split: str, arrays: Sequence[str], partial: bool, stora
         ``.zmetadata``, naming the store and the file.
     """
     try:
-        return _open_source(source, split, arrays, partial, storage_options, verify, version, cache, dim)
+        return _open_source(source, split, arrays, partial, storage_options, verify, version, cache, dim,
+                            keep_mapped)
     except Exception as exc:
         bad = damaged_json(exc)
         if bad is None or not (isinstance(source, (str, os.PathLike)) or is_zarr(source, "Group")):
@@ -283,9 +322,11 @@ def _opened(source: Any, split: str, arrays: Sequence[str], partial: bool, stora
 
 def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
                  storage_options: dict[str, Any] | None, verify: bool, version: int | None, cache: Any,
-                 dim: str | None = None) -> Any:
+                 dim: str | None = None, keep_mapped: int | None = None) -> Any:
     """The source ``stream`` reads: a store's split or fold, another tool's variables, or
     arrays (zarr arrays, alone or with numpy ones, through the fast chunk reader).
+    ``keep_mapped``: bytes of a pipeline store's chunk files kept mapped (None: the
+    default budget, see :func:`~pipeline.streaming.sources.map_budget`).
 
     Raises
     ------
@@ -299,7 +340,8 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
             if foreign is not None:
                 _unverifiable(verify, foreign.label)
                 return foreign
-            return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache)
+            return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache,
+                                     keep_mapped=keep_mapped)
     if dim is not None:
         raise StreamError(f"stream: dim={dim!r} names the samples' dimension of a store's variables; arrays "
                           "passed directly have their samples along axis 0")

@@ -13,7 +13,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MapCache", "close_map", "default_map_budget", "live_mappings", "map_file"]
+__all__ = ["MapCache", "close_map", "default_map_budget", "live_mappings", "map_file", "memory_limit"]
+
+#: Where a process's cgroup memory limit is read: cgroup v2's ``memory.max`` of the
+#: process's own group (``/proc/self/cgroup``'s ``0::`` line), else cgroup v1's.
+_CGROUP_ROOT = "/sys/fs/cgroup"
+_PROC_CGROUP = "/proc/self/cgroup"
 
 
 def _load_mmap() -> tuple[Any, Any] | None:
@@ -56,8 +61,9 @@ def map_file(fd: int, size: int) -> np.ndarray:
     a read-only ``uint8`` array that holds no file descriptor: the caller closes ``fd``.
 
     Python's ``mmap.mmap`` keeps a duplicate of the file's descriptor for as long as the
-    mapping lives (Python 3.13's ``trackfd=False`` aside). A stream keeps every chunk
-    file it read mapped, thousands for a store of a few GB: at the usual limit of 1024
+    mapping lives (Python 3.13's ``trackfd=False`` aside). A stream keeps the chunk
+    files it read mapped up to its budget (:class:`MapCache`), thousands for a store of
+    a few GB, and maps the others for one read each: at the usual limit of 1024
     descriptors a process then fails to open anything ("Too many open files"), and any
     ``select()`` in it fails once descriptors pass 1024. This mapping is made by libc's
     ``mmap`` directly, and unmapped once nothing references it: the array, any array
@@ -92,25 +98,92 @@ def live_mappings() -> int:
         return _live[0]
 
 
-def default_map_budget() -> int:
-    """Bytes of chunk files a stream keeps mapped: a quarter of physical memory, at most
-    16 GiB. Mapped file pages are the page cache's own (nothing is copied), so the
-    budget bounds address space and page tables, not memory taken from the machine."""
+def _cgroup_limit(root: str | None = None, proc_cgroup: str | None = None) -> int | None:
+    """The memory limit of this process's cgroup in bytes, or None where there is none
+    (``max``, no cgroup file system, or v1's "unlimited", a number near 2**63).
+
+    The lowest of the limits of its group and of the groups above it, which bound it
+    too (a SLURM job's step under the job's limit). ``root`` and ``proc_cgroup``: where
+    the cgroup file system and this process's ``/proc/self/cgroup`` are read (default
+    ``_CGROUP_ROOT`` and ``_PROC_CGROUP``).
+    """
+    root = _CGROUP_ROOT if root is None else root
+    proc_cgroup = _PROC_CGROUP if proc_cgroup is None else proc_cgroup
+    groups = []  # (directory of the hierarchy, the group's path in it, the limit's file)
+    try:
+        with open(proc_cgroup) as fh:
+            for line in fh:
+                hierarchy, controllers, path = line.rstrip("\n").split(":", 2)
+                if hierarchy == "0" and controllers == "":
+                    groups.append((root, path, "memory.max"))
+                elif "memory" in controllers.split(","):
+                    groups.append((os.path.join(root, "memory"), path, "memory.limit_in_bytes"))
+    except (OSError, ValueError):
+        pass
+    # A container often sees its own group as the root of the file system it mounts.
+    groups += [(root, "/", "memory.max"), (os.path.join(root, "memory"), "/", "memory.limit_in_bytes")]
+    limits = []
+    for top, path, name in groups:
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # the group, then each group above it
+            limit = _read_limit(os.path.join(top, *parts[:depth], name))
+            if limit is not None:
+                limits.append(limit)
+    return min(limits, default=None)
+
+
+def _read_limit(path: str) -> int | None:
+    """A cgroup memory limit file's bytes; None when absent, unreadable or unlimited."""
+    try:
+        with open(path) as fh:
+            text = fh.read().strip()
+        limit = int(text)
+    except (OSError, ValueError):  # absent, or "max" (v2's unlimited)
+        return None
+    return limit if 0 < limit < 1 << 62 else None
+
+
+def memory_limit() -> int:
+    """The memory this process may use: physical memory, or its cgroup's limit (a
+    container's, a SLURM job's, a Kubernetes pod's) where that is lower."""
     try:
         physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):  # pragma: no cover - not on Linux
         physical = 8 << 30
-    return int(min(physical // 4, 16 << 30))
+    limit = _cgroup_limit()
+    return int(physical if limit is None else min(physical, limit))
+
+
+def default_map_budget() -> int:
+    """The most bytes of chunk files a stream keeps mapped from one epoch to the next:
+    a quarter of :func:`memory_limit`, at most 16 GiB. ``pipeline.stream``'s default
+    (``keep_mapped=None``), and the cap of a ``keep_mapped`` given.
+
+    Mapped file pages are the page cache's own (nothing is copied, and the kernel may
+    drop them, clean, under memory pressure), but they count in the process's resident
+    memory (``RssFile``), which ``ps``, ``psutil``, SLURM's accounting and a pod's
+    working set report, and in its address space (``ulimit -v``): hence a share of the
+    memory the process may use (a container's limit), not of the machine's.
+    """
+    return int(min(memory_limit() // 4, 16 << 30))
 
 
 class MapCache:
-    """Chunk files kept mapped from one read to the next, least recently used unmapped
-    past a budget of bytes.
+    """Chunk files kept mapped from one read to the next, up to a budget of bytes.
 
-    Mapping a chunk file for every read and unmapping it after costs a page fault per
-    few pages, every epoch, and an unmap that interrupts the other cores (a large share
-    of the stream's CPU went to system time). A file
-    kept mapped is faulted in once: later epochs read it with no system call at all.
+    Mapping a chunk file for every read and unmapping it after costs its page tables
+    again every epoch (a fault every few pages, and an unmap that interrupts the other
+    cores: ``benchmarks/README.md`` has the figures). A file kept mapped is faulted in
+    once: later epochs read it with no system call at all. But every page kept mapped
+    counts in the process's resident memory, so the stream keeps only ``budget`` bytes
+    of files (``pipeline.stream``'s ``keep_mapped``; by default
+    :func:`default_map_budget`): the files mapped first stay, and a file read once the
+    budget is full is mapped for that read only, unmapped once decoded. Nothing kept is
+    unmapped to make room: every epoch reads every chunk once, in a new order, so
+    evicting the least recently used would unmap and map a file at nearly every read
+    of a store larger than the budget, where keeping a fixed set saves the same share
+    of the store's maps every epoch.
+
     Only for stores nothing writes to any more (a file truncated while mapped would end
     the process with SIGBUS); a store overwritten while streamed is removed and written
     anew, and the files already mapped keep serving the old bytes until the stream is
@@ -128,28 +201,23 @@ class MapCache:
         self._lock = threading.Lock()
 
     def get(self, path: str) -> np.ndarray | None:
-        with self._lock:
-            m = self._maps.get(path)
-            if m is not None:
-                self._maps.move_to_end(path)
-            return m
+        return self._maps.get(path)
 
     def holds(self, path: str) -> bool:
-        """Whether ``path`` is kept mapped (without counting as a use)."""
+        """Whether ``path`` is kept mapped."""
         return path in self._maps
 
     def add(self, path: str, m: np.ndarray) -> np.ndarray:
-        """Keep ``m`` (or the mapping another thread kept first, closing ``m``) and
-        return the one kept."""
+        """Keep ``m`` where the budget has room for it (or the mapping another thread
+        kept first, closing ``m``) and return the mapping to read: one not kept is
+        unmapped once its reader lets go of it."""
         with self._lock:
             kept = self._maps.get(path)
             if kept is None:
+                if self._bytes + len(m) > self.budget or len(self._maps) >= self.max_files:
+                    return m
                 self._maps[path] = kept = m
                 self._bytes += len(m)
-                while (self._bytes > self.budget or len(self._maps) > self.max_files) and len(self._maps) > 1:
-                    _, old = self._maps.popitem(last=False)
-                    self._bytes -= len(old)
-                    close_map(old)
         if kept is not m:
             close_map(m)
         return kept

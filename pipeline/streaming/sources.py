@@ -16,7 +16,7 @@ from pipeline.errors import IncompleteStoreError, StreamError
 from pipeline.storage.store import FOLDS
 from pipeline.streaming.chunks import ChunkReader, native_dtype
 from pipeline.streaming.localstore import is_group, open_root
-from pipeline.streaming.maps import MapCache
+from pipeline.streaming.maps import MapCache, default_map_budget
 from pipeline.streaming.readahead import ReadAhead, local_files
 from pipeline.streaming.storeid import DirIdentity, StoreGuard, local_store_dir
 from pipeline.streaming.zarrmeta import cf_problem, chunk_reader
@@ -43,13 +43,22 @@ def available_splits(group: Any, meta: Mapping[str, Any]) -> str:
     return f"splits: {', '.join(splits) or 'none'}; folds: {', '.join(folds) or 'none'}"
 
 
+def map_budget(keep_mapped: int | None) -> int:
+    """Bytes of chunk files a stream keeps mapped for ``keep_mapped`` asked (None: the
+    default), at most :func:`~pipeline.streaming.maps.default_map_budget`: a quarter of
+    the memory the process may use (its cgroup's limit where lower), at most 16 GiB."""
+    budget = default_map_budget()
+    return budget if keep_mapped is None else max(0, min(int(keep_mapped), budget))
+
+
 class StoreSource:
     """Chunks of the arrays of one split of a zarr store, at one version of the store
     (``version``: the newest when opened, kept however many appends follow)."""
 
     def __init__(self, location: Any, split: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False, version: int | None = None,
-                 cache: Any = None, identity: DirIdentity | None = None, opened: Mapping[str, Any] | None = None):
+                 cache: Any = None, identity: DirIdentity | None = None, opened: Mapping[str, Any] | None = None,
+                 keep_mapped: int | None = None):
         from pipeline.storage.store import ATTRS_KEY, store_root_attrs
         from pipeline.streaming.cache import open_remote_cache
         from pipeline.storage.versions import pinned_array, select_version, verified_sums
@@ -113,9 +122,11 @@ class StoreSource:
         if verify and "_written" in group[split]:
             sums = verified_sums(group, split, pinned, samples)
         # A store marked complete is no longer written: its chunk files can be mapped,
-        # and stay mapped from one epoch to the next. Files of a foreign group may still
-        # be rewritten by their tool (a mapped file truncated under us faults): read them.
-        self.maps = MapCache() if meta.get("complete") and not partial else None
+        # and up to map_budget(keep_mapped) bytes of them stay mapped from one epoch to
+        # the next. Files of a foreign group may still be rewritten by their tool (a
+        # mapped file truncated under us faults): read them.
+        self.keep_mapped = None if keep_mapped is None else int(keep_mapped)
+        self.maps = MapCache(map_budget(keep_mapped)) if meta.get("complete") and not partial else None
         # A remote store's chunk objects go through a node-local cache when one is asked for.
         self.cache_spec, self.cache = cache, open_remote_cache(cache, group, location, storage_options, meta)
         self.readers = {n: chunk_reader(a, (str(label), split, n), checksums=sums, maps=self.maps, cache=self.cache)
@@ -151,7 +162,7 @@ class StoreSource:
         return {"location": location, "split": self.split, "names": self.names,
                 "partial": self.partial, "storage_options": self.storage_options, "verify": self.verify,
                 "version": self.version, "cache": self.cache_spec, "identity": self.identity,
-                "opened": self._opened}
+                "opened": self._opened, "keep_mapped": self.keep_mapped}
 
     def __setstate__(self, state: dict) -> None:
         location = state["location"]
@@ -159,7 +170,8 @@ class StoreSource:
             location = location.open()
         self.__init__(location, state["split"], state["names"], state["partial"], state["storage_options"],
                       state.get("verify", False), state.get("version"), cache=state.get("cache"),
-                      identity=state.get("identity"), opened=state.get("opened"))
+                      identity=state.get("identity"), opened=state.get("opened"),
+                      keep_mapped=state.get("keep_mapped"))
 
     @property
     def identity(self) -> DirIdentity | None:
@@ -182,7 +194,7 @@ class StoreSource:
         """The same split at another version of the store (``None``: the newest); an
         overwritten store has no newer version, only another store (refused)."""
         return StoreSource(self.location, self.split, self.names, self.partial, self.storage_options, self.verify,
-                           version, cache=self.cache_spec, identity=self.identity)
+                           version, cache=self.cache_spec, identity=self.identity, keep_mapped=self.keep_mapped)
 
     def read(self, name: str, chunk: int, out: np.ndarray | None = None) -> np.ndarray:
         if self._pid != os.getpid():
@@ -264,7 +276,7 @@ class StoreSource:
                     location = _GroupAt(location, forked=True).open()
                 self.__init__(location, self.split, self.names, self.partial, self.storage_options,
                               self.verify, self.version, cache=self.cache_spec, identity=self.identity,
-                              opened=self._opened)
+                              opened=self._opened, keep_mapped=self.keep_mapped)
 
     def sample_shape(self, name: str) -> tuple[tuple[int, ...], np.dtype]:
         r = self.readers[name]

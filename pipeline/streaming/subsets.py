@@ -237,7 +237,7 @@ class FoldSource(SubsetSource):
 
     def __init__(self, location: Any, fold: str, names: Sequence[str], partial: bool,
                  storage_options: dict | None, verify: bool = False, version: int | None = None,
-                 cache: Any = None, identity: Any = None):
+                 cache: Any = None, identity: Any = None, keep_mapped: int | None = None):
         from pipeline.storage.store import FOLDS, store_root_attrs
         from pipeline.storage.versions import attrs_at, select_version
         from pipeline.streaming.sources import StoreSource
@@ -264,7 +264,7 @@ class FoldSource(SubsetSource):
         except KeyError as exc:
             raise StoreError(f"{where}: listed in the store's attributes, but its index array is missing") from exc
         base = StoreSource(location, info["base"], names, partial, storage_options, verify, self.version,
-                           cache=cache, identity=identity)
+                           cache=cache, identity=identity, keep_mapped=keep_mapped)
         expected = (info.get("counts") or {}).get(fold)
         if expected is not None and int(index.size) != int(expected):
             raise StoreError(f"{where}: {index.size} sample indices stored, {expected} recorded")
@@ -276,24 +276,29 @@ class FoldSource(SubsetSource):
     def at_version(self, version: int | None) -> "FoldSource":
         """The same fold at another version of the store (``None``: the newest)."""
         return FoldSource(self.location, self.fold, self.names, self.partial, self.storage_options, self.verify,
-                          version, cache=self.base.cache_spec, identity=self.base.identity)
+                          version, cache=self.base.cache_spec, identity=self.base.identity,
+                          keep_mapped=self.base.keep_mapped)
 
     def __getstate__(self) -> dict:
         if not isinstance(self.location, (str, os.PathLike)):
             raise StreamError("a stream over an open zarr group cannot be sent to worker processes; pass its path")
         return {"location": self.location, "fold": self.fold, "names": self.names, "partial": self.partial,
                 "storage_options": self.storage_options, "verify": self.verify, "version": self.version,
-                "cache": self.base.cache_spec, "identity": self.base.identity}
+                "cache": self.base.cache_spec, "identity": self.base.identity,
+                "keep_mapped": self.base.keep_mapped}
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["location"], state["fold"], state["names"], state["partial"], state["storage_options"],
-                      state["verify"], state.get("version"), cache=state.get("cache"), identity=state.get("identity"))
+                      state["verify"], state.get("version"), cache=state.get("cache"), identity=state.get("identity"),
+                      keep_mapped=state.get("keep_mapped"))
 
 
 def open_store_source(location: Any, split: str, names: Sequence[str], partial: bool,
                       storage_options: dict | None, verify: bool = False, version: int | None = None,
-                      cache: Any = None) -> Any:
-    """The source of ``split`` of a store: a split, or a fold named in its attributes.
+                      cache: Any = None, keep_mapped: int | None = None) -> Any:
+    """The source of ``split`` of a store: a split, or a fold named in its attributes,
+    keeping up to ``keep_mapped`` bytes of chunk files mapped (see
+    :func:`~pipeline.streaming.sources.map_budget`).
 
     Raises
     ------
@@ -305,5 +310,7 @@ def open_store_source(location: Any, split: str, names: Sequence[str], partial: 
 
     meta = store_root_attrs(open_root(location, storage_options))
     if split in fold_names(meta):
-        return FoldSource(location, split, names, partial, storage_options, verify, version, cache=cache)
-    return StoreSource(location, split, names, partial, storage_options, verify, version, cache=cache)
+        return FoldSource(location, split, names, partial, storage_options, verify, version, cache=cache,
+                          keep_mapped=keep_mapped)
+    return StoreSource(location, split, names, partial, storage_options, verify, version, cache=cache,
+                       keep_mapped=keep_mapped)
