@@ -24,7 +24,11 @@ batches still view, and near an epoch's end the next epoch's first. The bound is
 :func:`memory_bound` (stated in :func:`pipeline.stream`'s docstring): the ring of group
 buffers never holds more than an epoch's samples, the read-ahead is bounded in bytes
 (:data:`AHEAD_BYTES`) and the batch queue too (:data:`QUEUE_BYTES`), and the next epoch's
-first group is read ahead only where the ring has room for it.
+first group is read ahead only where the ring has room for it. Virtual windows are
+assembled batch by batch (:mod:`~pipeline.streaming.virtual`): a group holds their
+feature rows and ends, never its windows, and :meth:`Stream.memory_bound` adds the
+assembled batches alive, which the queue's and the assembling threads' byte limits keep
+to a few batches, whatever the chunks' sizes.
 
 Why two groups ahead: the read threads then always have the next group's chunks queued
 behind the current group's, and never wait for a group's slowest chunk; with one group

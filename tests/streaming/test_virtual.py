@@ -40,8 +40,11 @@ def stores(tmp_path_factory):
                          "normalize": "global"},
             "windows": {"size": 16, "stride": 1, "scales": [1, 4], "materialize": materialize},
             "labels": {"kind": "return", "horizon": 6, "scale": 1e4},
+            # One chunking for both stores (227 windows of 16 x 18 float32: 0.25 MiB), so that
+            # the same seed serves the same batches: a virtual store's default chunks
+            # follow its stored arrays' bytes, not the windows'.
             "output": {"path": str(d / f"m{int(materialize)}.zarr"), "splits": {"train": 0.8, "val": 0.2},
-                       "target_chunk_mb": 0.25},
+                       "chunk_samples": 227},
         }
         run(parse_config(cfg), log=None, progress=False)
         out[materialize] = str(d / f"m{int(materialize)}.zarr")
