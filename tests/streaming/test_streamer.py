@@ -840,6 +840,23 @@ def test_virtual_windows_stay_within_the_bound(tmp_path, size, batch_size, chunk
     assert (s.prefetch_batches + 2) * batch <= bound <= alive * batch + f.nbytes + (8 << 20), (bound, alive * batch)
 
 
+def test_virtual_windows_of_global_steps_stay_within_the_bound(tmp_path):
+    """With ``global_batch_size`` a group is laid out by steps, from pieces of many
+    chunks: its windows are still assembled per batch and counted by memory_bound()."""
+    from tests.streaming.virtualstore import make_virtual_store, windows_of
+
+    size, scales, n = 512, (1, 4), 6000
+    path, f, ends = make_virtual_store(tmp_path / "v.zarr", steps=(size - 1) * 4 + n, size=size, scales=scales,
+                                       chunk=1024)
+    s = pipeline.stream(path, global_batch_size=256, seed=3, threads=2)
+    bound = s.memory_bound()
+    peak, seen, (xb, yb) = _traced_epoch(s)
+    s.close()
+    np.testing.assert_array_equal(np.sort(seen), np.arange(n))
+    np.testing.assert_array_equal(xb, windows_of(f, ends[yb], size, scales))
+    assert peak <= bound + xb.nbytes + yb.nbytes + 2 * n * 8, (peak, bound)
+
+
 def test_virtual_stream_anonymous_memory_stays_within_the_bound(tmp_path):
     """The process's anonymous memory (RssAnon, in a fresh interpreter, once a first
     stream has loaded the libraries streaming uses) grows by no more than
