@@ -765,15 +765,15 @@ def test_a_memmapped_file_changed_during_the_write_is_refused_naming_it(tmp_path
     """A task reading rows of a file that changed since the write began refuses, naming
     the file, rather than storing rows of another array."""
     from pipeline.errors import LoaderError
-    from pipeline.storage.writer import _file_rows
+    from pipeline.storage.arraysource import file_rows
 
     np.save(tmp_path / "x.npy", np.zeros((100, 3), np.float32))
-    source = _file_rows(np.load(tmp_path / "x.npy", mmap_mode="r")[10:])
+    source = file_rows(np.load(tmp_path / "x.npy", mmap_mode="r")[10:])
     np.testing.assert_array_equal(source.read(0, 5), np.zeros((5, 3), np.float32))
     np.save(tmp_path / "x.npy", np.ones((90, 3), np.float32))
     with pytest.raises(LoaderError, match=rf"{tmp_path}/x.npy: changed since pipeline.write began"):
         source.read(0, 5)
-    assert _file_rows(np.zeros((4, 2))) is None  # in memory: no file to read
+    assert file_rows(np.zeros((4, 2))) is None  # in memory: no file to read
 
 
 def test_a_zip_store_is_built_in_the_staging_directory_the_store_module_names(tmp_path, monkeypatch):
