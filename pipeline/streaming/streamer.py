@@ -403,10 +403,11 @@ class Stream:
     def _gather_threads(self) -> int:
         """Threads assembling batches of virtual windows (1 otherwise, the batch thread
         itself): half the threads (a second assembling thread per core slowed each
-        assembly, competing with the first for the core's cache), and no more than
-        :data:`QUEUE_BYTES` of batches at once. Each thread keeps two batches in
-        flight, and with long windows a batch is hundreds of MB: eight threads held
-        gigabytes of batches nobody had asked for yet."""
+        assembly, competing with the first for the core's cache), but no more than
+        assemble :data:`QUEUE_BYTES` of batches at once. Each keeps two batches in
+        flight, and with long windows a batch is hundreds of MB: on 16 threads, eight
+        assemblers would hold 17 batches, 5 GiB of batches of 4,096 windows of 80 KiB
+        that nobody had asked for yet."""
         if not self._assembled():
             return 1
         batch = self.batch_size * _sample_bytes(self.source, self.names, assembled=True)
