@@ -98,7 +98,9 @@ def stream(
         G))`` the groups that the batches queued for the loop (``Q``:
         ``Stream.prefetch_batches``, 4, or 2-3 for batches over 16 MiB), the one it holds
         and the one being cut still view. A split smaller than that window costs its own
-        size plus two batches. ``Stream.memory_bound()`` computes it; the process's own
+        size plus two batches. Virtual windows (``materialize: false``) add the batches
+        being assembled, each loaded group's feature rows and ends, and up to 64 MiB of
+        decoded features. ``Stream.memory_bound()`` computes it all; the process's own
         memory (interpreter, libraries, stacks, allocator arenas) and the chunk files
         kept mapped (``keep_mapped``) come on top.
     drop_last

@@ -102,10 +102,11 @@ class ChunkReader:
         The split's ``_written`` rows, to verify every decoded chunk against.
     maps
         Map whole chunk files of a local store into memory instead of reading them, and
-        keep them mapped here (shared by the readers of one stream): ``read()`` copies
-        the bytes out of the page cache, which costs about as much CPU as decoding
-        them, while a mapped file costs system time only the first time it is read.
-        Only for stores nothing writes to any more (see
+        keep them mapped here (shared by the readers of one stream), up to its budget
+        (``pipeline.stream``'s ``keep_mapped``; past it a file is mapped for its read
+        only): ``read()`` copies the bytes out of the page cache, which costs about as
+        much CPU as decoding them, while a kept file costs system time only the first
+        time it is read. Only for stores nothing writes to any more (see
         :class:`MapCache`). Without it, chunk files are read into reused buffers.
     cache
         For a remote store: read its chunk objects through this node-local cache

@@ -225,7 +225,8 @@ def memory_bound(*, sample_bytes: int, share_samples: int, group_samples: int, b
     Not counted: the memory of the interpreter, the libraries and the stream's threads
     themselves (stacks, the allocator's per-thread arenas, Python objects), which does
     not grow with these settings but comes on top of the bound in a process's resident
-    memory (``RssAnon``), tens of MiB at most.
+    memory (``RssAnon``), tens of MiB at most; and the chunk files kept mapped (clean
+    page-cache pages, up to ``pipeline.stream``'s ``keep_mapped``).
     """
     viewed = max(1, -(-(queued_batches + 2) * batch_size // max(1, group_samples)))
     rows = min(share_samples, (ahead + 2 + viewed) * group_samples)
