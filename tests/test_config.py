@@ -506,16 +506,22 @@ def test_cluster_memory_limit_takes_what_dask_reads_as_it_was_written(value):
     assert limit is None or (isinstance(limit, int) and limit > 0)
 
 
+def _cluster_refusal(key: str, value: object) -> str:
+    """The error of a config whose ``cluster.<key>`` is ``value``."""
+    data = base()
+    data["cluster"][key] = value
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    return str(err.value)
+
+
 @pytest.mark.parametrize("value", ["lots", "4 GiBs", "", "-1GB", -1, float("inf"), "nan", True, [4], {"a": 1}])
 def test_cluster_memory_limit_dask_cannot_use_is_one_line_naming_the_key(value):
     """The LocalCluster refused 'lots' with a traceback from inside its start, after
     ``--print-config`` had shown it without a word."""
-    data = base()
-    data["cluster"]["memory_limit"] = value
-    with pytest.raises(ConfigError) as err:
-        parse_config(data)
-    assert str(err.value) == ("cluster.memory_limit: expected a size such as 4GiB or 500MB, a fraction of memory such "
-                              f"as 0.5, auto, or null (no limit), got {value!r}")
+    assert _cluster_refusal("memory_limit", value) == (
+        "cluster.memory_limit: expected a size such as 4GiB or 500MB, a fraction of memory such "
+        f"as 0.5, auto, or null (no limit), got {value!r}")
     limit = _dask_memory_limit(value)
     # dask fails on it, or reads what no one means: a negative size, '' as 1 byte, True
     # as the whole machine's memory.
@@ -541,12 +547,9 @@ def test_cluster_dashboard_address_takes_a_bare_port_on_the_loopback_address(val
 
 @pytest.mark.parametrize("value", [70000, -1, "a:b", "host:", "[::1]:8787", "tcp://h:8787", "", " 8787", True, 8.5])
 def test_cluster_dashboard_address_dask_cannot_use_is_refused_naming_the_key(value):
-    data = base()
-    data["cluster"]["dashboard_address"] = value
-    with pytest.raises(ConfigError) as err:
-        parse_config(data)
-    assert str(err.value) == ("cluster.dashboard_address: expected a port such as 8787, or host:port such as "
-                              f"127.0.0.1:8787, or null (no dashboard), got {value!r}")
+    assert _cluster_refusal("dashboard_address", value) == (
+        "cluster.dashboard_address: expected a port such as 8787, or host:port such as "
+        f"127.0.0.1:8787, or null (no dashboard), got {value!r}")
 
 
 # -- the codec, printed and compared -------------------------------------------------------
