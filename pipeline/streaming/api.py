@@ -12,6 +12,22 @@ directory, are not affected: the stream keeps its version. A chunk of a remote s
 that fails in the node-local cache is dropped from it and fetched again once (a warning
 names the cache file); only if the store's own bytes fail too is it reported as the
 store's (:class:`~pipeline.errors.CorruptChunkError`).
+
+Chunk files kept mapped (``stream(keep_mapped=)``): a local store's chunk files are
+mapped to be decoded: the page cache's own pages, clean, nothing copied, which the
+kernel may drop under memory pressure, but which count in the process's resident memory
+(``RssFile``: what ``ps``, ``psutil``, SLURM's accounting and a pod's working set
+report) and in its address space while mapped. A file kept mapped is read in later
+epochs with no page fault or system call; the files mapped first are kept, the others
+unmapped once decoded. The default budget is up to a quarter of the memory the process
+may use (physical memory, or its cgroup's limit where lower: a container's, a SLURM
+job's, a pod's), at most 16 GiB (:func:`~pipeline.streaming.maps.default_map_budget`):
+the fastest later epochs, and a store that fits in it stays mapped whole. With
+``keep_mapped=N`` (more than that default keeps the default; 0: each file unmapped once
+decoded) resident memory grows over an epoch by about ``memory_bound()`` plus ``N`` plus
+the files being decoded: the setting for an address-space limit (``ulimit -v``) or
+strict accounting of resident memory, at a cost in stream CPU on a warm store (the API
+reference's "Memory" paragraph measures it).
 """
 
 from __future__ import annotations
@@ -21,7 +37,7 @@ import numbers
 import os
 import sys
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pipeline.errors import StreamError
 from pipeline.streaming.cache import cache_spec
@@ -31,6 +47,9 @@ from pipeline.streaming.sources import ArraySource
 from pipeline.streaming.streamer import Stream
 from pipeline.streaming.subsets import open_store_source
 from pipeline.streaming.zarrmeta import METADATA_FILES, damaged_json, metadata_error
+
+if TYPE_CHECKING:  # pragma: no cover
+    from pipeline.streaming.mix import Mix
 
 __all__ = ["EMPTY_EPOCHS_OK", "check_seed", "stream"]
 
@@ -77,8 +96,7 @@ def stream(
         (:mod:`~pipeline.streaming.elastic`). Every step is full but the epoch's last,
         which holds ``N mod global_batch_size`` samples (none with ``drop_last``), the
         ranks' shares of it differing by one sample at most; a world size above that
-        remainder would leave a rank without a sample and is refused without
-        ``drop_last``.
+        remainder (a rank without a sample) is refused without ``drop_last``.
     shuffle
         Permute the chunk order and mix samples in the buffer (``False``: store order;
         with ``global_batch_size``, store order lane by lane: each step takes its next
@@ -101,8 +119,7 @@ def stream(
         size plus two batches. Virtual windows (``materialize: false``) add the batches
         being assembled, each loaded group's feature rows and ends, and up to 64 MiB of
         decoded features. ``Stream.memory_bound()`` computes it all; the process's own
-        memory (interpreter, libraries, stacks, allocator arenas) and the chunk files
-        kept mapped (``keep_mapped``) come on top.
+        memory (interpreter, libraries, stacks) and mapped chunk files come on top.
     drop_last
         Drop each rank's incomplete last batch.
     rank
@@ -111,6 +128,8 @@ def stream(
         The number of ranks (default from ``torch.distributed``, else 1).
     partial
         Read a store that is not marked complete.
+    storage_options
+        fsspec options for a remote store (credentials, endpoint...).
     prefetch
         Groups read ahead in the background (small groups further ahead, see
         :func:`~pipeline.streaming.streamer.groups_ahead`).
@@ -138,23 +157,10 @@ def stream(
         The most bytes ``cache_dir`` keeps (least recently used evicted).
     keep_mapped
         Bytes of a local store's chunk files kept mapped from one epoch to the next, per
-        process (each DataLoader worker keeps its own). Chunk files are mapped to be
-        decoded: the page cache's own pages, clean, nothing copied, which the kernel may
-        drop under memory pressure, but which count in the process's resident memory
-        (``RssFile``: what ``ps``, ``psutil``, SLURM's accounting and a pod's working
-        set report) and in its address space while mapped. A file kept mapped is read
-        in later epochs with no page fault or system call; the files mapped first are
-        kept, the others unmapped once decoded. ``None`` (the default): up to a quarter
-        of the memory the process may use (physical memory, or its cgroup's limit
-        where lower: a container's, a SLURM job's, a pod's), at most 16 GiB
-        (:func:`~pipeline.streaming.maps.default_map_budget`): the fastest later
-        epochs, and a store that fits in that budget stays mapped whole. ``N`` bytes
-        (0 allowed; more than that default keeps the default): at most ``N``, and with
-        0 each file is unmapped once decoded; resident memory then grows over an epoch
-        by about ``memory_bound()`` plus ``N`` plus the files being decoded. The
-        setting for an address-space limit (``ulimit -v``) or strict accounting of
-        resident memory; it costs stream CPU on a warm store (the API reference's
-        "Memory" paragraph has the measured cost).
+        process (each DataLoader worker its own), counted in its resident memory. ``None``:
+        up to a quarter of the memory the process may use, at most 16 GiB, the fastest
+        later epochs; ``N`` (0 allowed, at most that default): for ``ulimit -v`` or strict
+        accounting of resident memory (how, at what cost: :mod:`pipeline.streaming.api`).
 
     Returns
     -------
@@ -162,25 +168,46 @@ def stream(
         (a :class:`~pipeline.streaming.mix.Mix` with ``weights``); an overwrite of its
         store or a damaged cache file: see :mod:`pipeline.streaming.api`.
     """
-    seed = check_seed(seed, "stream")
-    keep_mapped = _check_keep_mapped(keep_mapped)
+    seed, keep_mapped = check_seed(seed, "stream"), _check_keep_mapped(keep_mapped)
     if weights is not None:
-        # Every other argument goes on to each source's stream: taken from the call's own
-        # parameters, so that a parameter added to stream cannot be dropped here.
-        options = {k: v for k, v in locals().items() if k not in ("source", "weights")}
-        from pipeline.streaming.mix import mix  # here: the mix module builds on this one
-
-        return mix(source, weights=weights, **options)
+        return _mixed(source, weights, locals())  # locals(): a parameter added to stream cannot be left out
     rank, world_size, batch_size = _check_shares(batch_size, global_batch_size, buffer_chunks, read_niceness, rank,
                                                  world_size)
     src = _opened(source, split, arrays, partial, storage_options, verify, version,
                   cache_spec(cache_dir, cache_bytes), dim, keep_mapped)
-    where = _where(source, split, src)
+    return _checked_stream(src, _where(source, split, src), batch_size, global_batch_size, drop_last, rank, world_size,
+                           shuffle=shuffle, seed=seed, buffer_chunks=buffer_chunks, prefetch=prefetch, threads=threads,
+                           read_niceness=read_niceness, follow=follow)
+
+
+def _mixed(source: Any, weights: Sequence[float], options: dict[str, Any]) -> Mix:
+    """``stream(source, weights=weights, ...)``: a :class:`~pipeline.streaming.mix.Mix`.
+
+    ``options`` are ``stream``'s own parameters, as checked: every one but ``source`` and
+    ``weights`` goes on to each source's stream, so that none can be dropped here.
+    """
+    from pipeline.streaming.mix import mix  # here: the mix module builds on this one
+
+    return mix(source, weights=weights, **{k: v for k, v in options.items() if k not in ("source", "weights")})
+
+
+def _checked_stream(src: Any, where: str, batch_size: int, global_batch_size: int | None, drop_last: bool,
+                    rank: int, world_size: int, **options: Any) -> Stream:
+    """The :class:`Stream` over ``src`` (what ``where`` names), its samples checked first.
+
+    ``options`` are :class:`Stream`'s other keywords (``shuffle``, ``seed``,
+    ``buffer_chunks``, ``prefetch``, ``threads``, ``read_niceness``, ``follow``).
+
+    Raises
+    ------
+    StreamError
+        For a split of no samples or of fewer than ranks; and, the stream closed, when
+        ``drop_last`` leaves every epoch without a batch (unless a mix opens it, see
+        :data:`EMPTY_EPOCHS_OK`).
+    """
     _check_samples(where, int(sum(src.lengths)), world_size)
-    s = Stream(src, names=src.names, batch_size=batch_size, shuffle=shuffle, seed=seed,
-               buffer_chunks=buffer_chunks, drop_last=drop_last, rank=rank, world_size=world_size,
-               prefetch=prefetch, threads=threads, read_niceness=read_niceness, follow=follow,
-               global_batch_size=global_batch_size)
+    s = Stream(src, names=src.names, batch_size=batch_size, drop_last=drop_last, rank=rank, world_size=world_size,
+               global_batch_size=global_batch_size, **options)
     if drop_last and len(s) == 0 and not EMPTY_EPOCHS_OK.get():
         s.close()
         raise _no_whole_batch(where, s.n_samples, batch_size, global_batch_size, world_size)
