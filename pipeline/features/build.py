@@ -216,10 +216,9 @@ def build_training_set(
     normalize
         ``global`` (fitted on the split named ``train``, else the first, or on the first
         fold's training part; ``per: instrument``: each by its own), ``trailing`` (each
-        session by its instrument's sessions before it; an instrument's first sessions,
-        and those whose sessions before them hold fewer than
-        :data:`~pipeline.features.normalize.MIN_HISTORY_ROWS` rows after the lookback,
-        make no window), ``window`` or ``none``.
+        session by its instrument's sessions before it; its first sessions, and those
+        after fewer than :data:`~pipeline.features.normalize.MIN_HISTORY_ROWS` rows of
+        history past the lookback, make no window), ``window`` or ``none``.
     nan
         Windows or labels holding NaN/inf: ``drop`` (counted), ``fill`` or ``raise``.
     fill_value
@@ -268,20 +267,13 @@ def build_training_set(
     splits, norm = as_splits(splits or {"train": 1.0}, "splits"), NormalizeSpec.from_value(normalize, "normalize")
     scales, segs = tuple(scales), segments if segments is not None else _file_segments(x)
     _check_inputs(x, segs, norm, materialize)
-    # No halo reaches across a session: values that would read another session are
-    # never used, and a block starting or ending on one needs no neighbour's chunk.
-    cuts = np.union1d(segs.starts, segs.stops)
-    frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features),
-                                                                 fill_value if nan == "fill" else None), cuts)
+    frame, f, labels_steps, timestamps, gaps = _step_arrays(x, columns, features, label, segs, norm, timestamps,
+                                                            fill=fill_value if nan == "fill" else None,
+                                                            source_fill=source_fill)
     L, H = frame.lookback, halo(size, scales)
     back, fwd = max(H + L, label.reach[0]), label.reach[1]
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
                              prior=None if prior is None else prior.segments)
-    gaps = (label_gaps(x, columns=columns, spec=label, empty=source_fill, cuts=cuts)
-            if source_fill is not None and label.kind != "column" else None)
-    # Read by every pass below: held when they fit, so the raw files are decoded once.
-    f, labels_steps, timestamps, gaps = hold(frame.array, label_steps(x, columns=columns, spec=label, cuts=cuts), timestamps,
-                                             gaps)
     # -- which split each window falls in ---------------------------------------------
     names = list(splits)
     where, cuts, key_kind, gap, left_out = _place(
@@ -362,6 +354,23 @@ def _left_out(bad: np.ndarray, empty_reads: np.ndarray, where: np.ndarray, y_val
         if text is not None:
             warnings.warn(text, category, stacklevel=3)  # the build's caller
     return bad, dropped
+
+
+def _step_arrays(x: da.Array, columns: Sequence[str], features: Sequence[FeatureSpec], label: LabelSpec,
+                 segs: SegmentTable, norm: NormalizeSpec, timestamps: da.Array | None, *, fill: float | None,
+                 source_fill: float | None) -> tuple[FeatureFrame, da.Array, da.Array, da.Array | None, da.Array | None]:
+    """What every pass of a build reads, held when it fits (:func:`hold`: the raw files
+    are decoded once): the feature frame and its array, the label values per step, the
+    times and, with ``source_fill``, which prices each label reads empty."""
+    # No halo reaches across a session: values that would read another session are
+    # never used, and a block starting or ending on one needs no neighbour's chunk.
+    edges = np.union1d(segs.starts, segs.stops)
+    frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features), fill), edges)
+    gaps = (label_gaps(x, columns=columns, spec=label, empty=source_fill, cuts=edges)
+            if source_fill is not None and label.kind != "column" else None)
+    f, labels_steps, timestamps, gaps = hold(frame.array, label_steps(x, columns=columns, spec=label, cuts=edges),
+                                             timestamps, gaps)
+    return frame, f, labels_steps, timestamps, gaps
 
 
 def _feature_frame(x: da.Array, columns: Sequence[str], features: Sequence[FeatureSpec], norm: NormalizeSpec,

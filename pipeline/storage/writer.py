@@ -886,6 +886,13 @@ def write(
         _write_dir(path, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs, fingerprint,
                    overwrite, options, progress, shared_chunk_rows, fold_index)
 
+    return _write_at(location, write_dir, storage_options, fingerprint, overwrite)
+
+
+def _write_at(location: str, write_dir: Callable[[str, dict[str, Any] | None], None],
+              storage_options: dict[str, Any] | None, fingerprint: str, overwrite: bool) -> str:
+    """:func:`write`'s store written at ``location`` by ``write_dir``: a zip built
+    beside it and packed, or a directory or object store under its write lock."""
     if is_zip(location):
         check_target(location, fingerprint, overwrite)
         return _write_zip(location, overwrite, write_dir)

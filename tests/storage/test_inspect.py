@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -332,17 +333,22 @@ def _markers(path) -> np.ndarray:
     return np.asarray(zarr.open_array(str(path), mode="r")[:, 0]) == 1
 
 
-def _failing(x: np.ndarray, rows: int, bad_from: int):
+def _failing(x: np.ndarray, rows: int, bad_from: int, store: Path | None = None):
     """``x`` as a dask array whose blocks past sample ``bad_from`` fail to compute: a
-    write that stops part-way, as a Ctrl-C or a full disk leaves it. They fail after a
-    moment, so that the tasks of the other blocks have written their units by then."""
-    import time
-
+    write that stops part-way, as a Ctrl-C or a full disk leaves it. Given the
+    ``store`` folder, they fail only once another task has marked a unit of its
+    ``train`` split written, so that some units are."""
     import dask.array as da
+
+    from tests.conftest import wait_until
+
+    def some_marked() -> bool:
+        return any(p.is_file() for p in (store / "train" / "_written" / "c").rglob("*"))
 
     def fail(block, block_info=None):
         if block_info[0]["array-location"][0][1] > bad_from:
-            time.sleep(0.5)
+            if store is not None:
+                wait_until(some_marked, timeout=60, watch=store.parent)
             raise OSError("interrupted")
         return block
 
@@ -367,7 +373,7 @@ def test_an_interrupted_build_is_incomplete_not_corrupt_and_its_ratio_counts_wha
     path = tmp_path / "s.zarr"
     monkeypatch.setattr(layout, "TASK_BYTES", 1)  # one write task per unit, so that some finish
     with pytest.raises(Exception):
-        write(path, {"x": _failing(x, 40, 200), "y": y}, chunk_samples=40, codec="none", progress=False)
+        write(path, {"x": _failing(x, 40, 200, path), "y": y}, chunk_samples=40, codec="none", progress=False)
     done = _markers(path / "train" / "_written")
     assert 0 < done.sum() < 6  # units of 40 samples: some written, the failing ones not
     from pipeline.storage import verify_store
@@ -476,7 +482,7 @@ def test_an_interrupted_zip_build_is_found_in_its_folder(tmp_path, monkeypatch):
     staging = tmp_path / "set.zarr.zip.partial.zarr"
     monkeypatch.setattr(layout, "TASK_BYTES", 1)
     with pytest.raises(Exception):
-        write(zipped, {"x": _failing(x, 50, 120), "y": np.arange(200)}, chunk_samples=50, progress=False)
+        write(zipped, {"x": _failing(x, 50, 120, staging), "y": np.arange(200)}, chunk_samples=50, progress=False)
     assert staging.is_dir() and not zipped.exists()
     report = inspect_store(zipped)
     assert report.location == str(zipped) and report.staging == str(staging) and not report.complete
