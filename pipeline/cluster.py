@@ -23,6 +23,8 @@ from pipeline.remote import check_address, check_tls_files, connect_remote, sche
 if TYPE_CHECKING:  # pragma: no cover
     import distributed
 
+    from pipeline.workerlog import PausedWorkersWatch
+
 __all__ = ["WORKER_MODULES", "check_address", "check_tls_files", "cluster", "dashboard_link", "scheduler_file_address",
            "start_worker_server"]
 
@@ -356,27 +358,11 @@ def cluster(
     with contextlib.ExitStack() as settings:
         if address is None and scheduler_file is None:
             _enter_local_settings(settings, processes)
-        client, local, later = _connect(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file,
+        client, local = _connect(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file,
                                  preload=preload if processes else None, log=log, n_workers=n_workers,
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,
                                  dashboard_address=dashboard_address, processes=processes)
-        if later:
-            _serve_dashboard(local)
-        if local is not None:
-            # The workers share the user's terminal: a task's own error is reported once,
-            # by the client, not first dumped by every worker (pipeline.workerlog).
-            from pipeline.gcfreeze import FreezeWorkerHeap
-            from pipeline.workerlog import IgnoreInterrupts, QuietOwnErrors
-
-            client.register_plugin(QuietOwnErrors())
-            if processes:
-                # The workers' own processes (not threads of the caller's): what they
-                # hold once set up is left out of their full collections (pipeline.gcfreeze),
-                # and a Ctrl-C at the terminal, which reaches them too, is this process's
-                # to handle: it closes them (pipeline.workerlog.IgnoreInterrupts).
-                client.register_plugin(FreezeWorkerHeap())
-                client.register_plugin(IgnoreInterrupts())
-        _record_failed_tasks(client)
+        _register_plugins(client, local=local is not None, processes=processes)
         watch = contextlib.ExitStack()
         watcher = None
         try:
@@ -384,30 +370,79 @@ def cluster(
                 _check_idle_memory(client)
             if log is not None:
                 _announce(client, local, log)
-            stalled = stalled_after if local is not None else None
-            if log is not None and (paused_after is not None or unanswered_after is not None) or stalled is not None:
-                from pipeline.workerlog import PausedWorkersWatch
-
-                # paused_after=None: never named (no look at the workers lasts that long).
-                watcher = watch.enter_context(PausedWorkersWatch(
-                    client, log if log is not None and paused_after is not None else _NoLog(),
-                    after=paused_after or float("inf"), unanswered_after=unanswered_after if log is not None else None,
-                    stalled_after=stalled))
+            watcher = _watch_workers(watch, client, log, paused_after=paused_after, unanswered_after=unanswered_after,
+                                     stalled_after=stalled_after if local is not None else None)
             yield client
         except Exception as exc:
-            if watcher is not None and watcher.stalled is not None:
-                raise ClusterError(watcher.stalled) from None
-            from distributed.scheduler import KilledWorker
-
-            if isinstance(exc, KilledWorker):
-                raise ClusterError(_killed_worker(client, exc)) from None
-            raise
+            error = _run_error(exc, client, watcher)
+            if error is None:
+                raise
+            raise error from None
         finally:
-            with _interrupts_deferred():
-                watch.close()  # before the client it asks closes
-                client.close()
-                if local is not None:
-                    local.close()
+            _close(watch, client, local)
+
+
+def _register_plugins(client: "distributed.Client", *, local: bool, processes: bool) -> None:
+    """The plugins of a LocalCluster's workers (``local``) and of the scheduler,
+    registered through ``client``."""
+    if local:
+        # The workers share the user's terminal: a task's own error is reported once,
+        # by the client, not first dumped by every worker (pipeline.workerlog).
+        from pipeline.gcfreeze import FreezeWorkerHeap
+        from pipeline.workerlog import IgnoreInterrupts, QuietOwnErrors
+
+        client.register_plugin(QuietOwnErrors())
+        if processes:
+            # The workers' own processes (not threads of the caller's): what they
+            # hold once set up is left out of their full collections (pipeline.gcfreeze),
+            # and a Ctrl-C at the terminal, which reaches them too, is this process's
+            # to handle: it closes them (pipeline.workerlog.IgnoreInterrupts).
+            client.register_plugin(FreezeWorkerHeap())
+            client.register_plugin(IgnoreInterrupts())
+    _record_failed_tasks(client)
+
+
+def _watch_workers(watch: contextlib.ExitStack, client: "distributed.Client", log: IO[str] | None, *,
+                   paused_after: float | None, unanswered_after: float | None,
+                   stalled_after: float | None) -> "PausedWorkersWatch | None":
+    """A :class:`pipeline.workerlog.PausedWorkersWatch` of ``client``'s cluster, entered on
+    ``watch``, where it has something to say on ``log`` or a stalled run to stop
+    (``stalled_after`` is ``None`` for a remote cluster); otherwise ``None``."""
+    if not (log is not None and (paused_after is not None or unanswered_after is not None)
+            or stalled_after is not None):
+        return None
+    from pipeline.workerlog import PausedWorkersWatch
+
+    # paused_after=None: never named (no look at the workers lasts that long).
+    return watch.enter_context(PausedWorkersWatch(
+        client, log if log is not None and paused_after is not None else _NoLog(),
+        after=paused_after or float("inf"), unanswered_after=unanswered_after if log is not None else None,
+        stalled_after=stalled_after))
+
+
+def _run_error(exc: Exception, client: "distributed.Client",
+               watcher: "PausedWorkersWatch | None") -> ClusterError | None:
+    """The one-line :class:`~pipeline.errors.ClusterError` that ``exc``, raised in a
+    cluster's block, stands for (workers that stayed paused running nothing, a
+    ``KilledWorker``); ``None`` where ``exc`` is to go on as it is."""
+    if watcher is not None and watcher.stalled is not None:
+        return ClusterError(watcher.stalled)
+    from distributed.scheduler import KilledWorker
+
+    if isinstance(exc, KilledWorker):
+        return ClusterError(_killed_worker(client, exc))
+    return None
+
+
+def _close(watch: contextlib.ExitStack, client: "distributed.Client",
+           local: "distributed.LocalCluster | None") -> None:
+    """Close the watch, the client and a LocalCluster, in that order, a Ctrl-C meanwhile
+    held until they are closed (:func:`_interrupts_deferred`)."""
+    with _interrupts_deferred():
+        watch.close()  # before the client it asks closes
+        client.close()
+        if local is not None:
+            local.close()
 
 
 class _NoLog:
@@ -607,13 +642,13 @@ def _restore_environ(saved: dict[str, str | None]) -> None:
 def _connect(address: str | None, scheduler_file: str | None, timeout: float, tls_ca_file: str | None,
              tls_cert_file: str | None, tls_key_file: str | None, *, preload: Sequence[str] | None,
              log: IO[str] | None = None,
-             **local_kwargs: object) -> tuple["distributed.Client", "distributed.LocalCluster | None", bool]:
-    """A client of a new LocalCluster (and the cluster), or of a remote scheduler, and
-    whether the dashboard's pages are still to be added (:func:`_serve_dashboard`)."""
+             **local_kwargs: object) -> tuple["distributed.Client", "distributed.LocalCluster | None"]:
+    """A client of a new LocalCluster (and the cluster, its dashboard's pages added on
+    a first visit: :func:`_serve_dashboard`), or of a remote scheduler."""
     if address is not None or scheduler_file is not None:
         # An address wins over a scheduler file: --scheduler overrides a config's either.
         client = connect_remote(address, scheduler_file, timeout, tls_ca_file, tls_cert_file, tls_key_file, log)
-        return client, None, False
+        return client, None
     from distributed import Client, LocalCluster
 
     local = None
@@ -629,4 +664,6 @@ def _connect(address: str | None, scheduler_file: str | None, timeout: float, tl
         if local is not None:
             local.close()
         raise ClusterError(f"cannot start a LocalCluster: {exc}") from exc
-    return client, local, later
+    if later:
+        _serve_dashboard(local)
+    return client, local

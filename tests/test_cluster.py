@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -477,9 +478,13 @@ def test_ctrl_c_at_the_terminal_stops_a_local_run_with_its_one_line_and_the_reru
         wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 6),
                    timeout=240, watch=tmp_path, procs=[run])
         assert run.poll() is None, "the run ended before it could be interrupted; make the data larger"
+        helpers = _group_members(run.pid) - {run.pid}  # its workers, the forkserver, the resource tracker
         os.killpg(run.pid, signal.SIGINT)
         pressed = time.monotonic()
-        time.sleep(0.1)  # impatient: again, while the cluster closes
+        # Impatient: again, while the cluster closes. The workers ignore the Ctrl-C, and the
+        # other helpers outlive the run: the first of them to end is a worker its nanny
+        # stopped, so the close has begun (and the run is still in it, closing the others).
+        _first_exit(helpers | {run.pid}, timeout=30)
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGINT)
         run.wait(timeout=60)
@@ -506,16 +511,40 @@ def test_ctrl_c_at_the_terminal_stops_a_local_run_with_its_one_line_and_the_reru
     assert_same_store(tmp_path / "o.zarr", tmp_path / "ref.zarr")
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether any process of the group ``pgid`` is still running (zombies are dead)."""
+def _group_members(pgid: int) -> set[int]:
+    """The processes of the group ``pgid`` that are still running (zombies are dead)."""
+    members = set()
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rsplit(")", 1)[1].split()
         except OSError:  # the process ended while we looked
             continue
         if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
+            members.add(int(stat.parent.name))
+    return members
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any process of the group ``pgid`` is still running."""
+    return bool(_group_members(pgid))
+
+
+def _first_exit(pids: set[int], *, timeout: float) -> bool:
+    """Wait until one of ``pids`` ends or ``timeout`` seconds pass; return whether one
+    ended. Woken by the processes' pidfds (readable once a process ends, whoever its
+    parent is): no polling."""
+    fds = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:  # ended already
+                return True
+        ready, _, _ = select.select(fds, [], [], timeout)
+        return bool(ready)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def test_a_ctrl_c_while_the_cluster_closes_is_held_until_it_has_closed():
@@ -527,15 +556,15 @@ def test_a_ctrl_c_while_the_cluster_closes_is_held_until_it_has_closed():
     reached = []
     with pytest.raises(KeyboardInterrupt):
         with _interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)  # the signal is handled here, by the main thread
+            # raise_signal delivers SIGINT to this (the main) thread and runs its Python
+            # handler before it returns: the Ctrl-C has come, inside the block, here.
+            signal.raise_signal(signal.SIGINT)
             reached.append("end of block")
     assert reached == ["end of block"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     with pytest.raises(ValueError, match="the run's own error"):
         with _interrupts_deferred():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.05)
+            signal.raise_signal(signal.SIGINT)
             raise ValueError("the run's own error")
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
