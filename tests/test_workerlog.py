@@ -218,7 +218,9 @@ def test_the_workers_of_a_local_cluster_ignore_ctrl_c(method):
     from pipeline.cluster import cluster
 
     chosen = {"distributed.worker.multiprocessing-method": method} if method else {}
-    with dask.config.set(chosen), cluster(n_workers=1, memory_limit="512MiB", log=None) as client:
+    # 4 GiB: a forked worker's resident memory starts as this process's (under xdist,
+    # with torch imported, over 800 MiB), which a smaller limit refuses as paused.
+    with dask.config.set(chosen), cluster(n_workers=1, memory_limit="4GiB", log=None) as client:
         handlers = client.run(_sigint_handler)
     assert list(handlers.values()) == [repr(signal.SIG_IGN)]
     with cluster(n_workers=1, processes=False, log=None) as client:
