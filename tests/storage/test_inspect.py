@@ -482,7 +482,7 @@ def test_an_interrupted_zip_build_is_found_in_its_folder(tmp_path, monkeypatch):
     staging = tmp_path / "set.zarr.zip.partial.zarr"
     monkeypatch.setattr(layout, "TASK_BYTES", 1)
     with pytest.raises(Exception):
-        write(zipped, {"x": _failing(x, 50, 120, staging), "y": np.arange(200)}, chunk_samples=50, progress=False)
+        write(zipped, {"x": _failing(x, 50, 120), "y": np.arange(200)}, chunk_samples=50, progress=False)
     assert staging.is_dir() and not zipped.exists()
     report = inspect_store(zipped)
     assert report.location == str(zipped) and report.staging == str(staging) and not report.complete
