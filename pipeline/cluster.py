@@ -456,13 +456,13 @@ class _NoLog:
 
 
 def _record_failed_tasks(client: Any) -> None:
-    """Register :class:`pipeline.workerlog.TaskFacts` on the scheduler of ``client``, so
+    """Register :class:`pipeline.taskfacts.TaskFacts` on the scheduler of ``client``, so
     that a ``KilledWorker`` can be told as the file or block its task read or wrote.
 
     A scheduler that cannot take it (one without pipeline installed, where the graph's
     own functions could not be read either) leaves the message with the task's name.
     """
-    from pipeline.workerlog import TaskFacts
+    from pipeline.taskfacts import TaskFacts
 
     try:
         client.register_plugin(TaskFacts())
@@ -487,9 +487,9 @@ def _check_idle_memory(client: Any) -> None:
 
 def _killed_worker(client: Any, exc: BaseException) -> str:
     """The one line of a ``KilledWorker``: what its task read or wrote (as the
-    scheduler's :class:`pipeline.workerlog.TaskFacts` recorded it), the workers' memory
+    scheduler's :class:`pipeline.taskfacts.TaskFacts` recorded it), the workers' memory
     limit and whether their nannies restarted them for memory, and what to set."""
-    from pipeline.workerlog import failed_task_facts, killed_worker_line, memory_restarts
+    from pipeline.taskfacts import failed_task_facts, killed_worker_line, memory_restarts
 
     key = getattr(exc, "task", None)
     last = getattr(exc, "last_worker", None)
