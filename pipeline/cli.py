@@ -18,7 +18,7 @@ import warnings
 from typing import NoReturn, Sequence
 
 from pipeline import __version__
-from pipeline.errors import ConfigError, PipelineError
+from pipeline.errors import ConfigError, PipelineError, StreamError
 
 __all__ = ["main"]
 
@@ -153,6 +153,11 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch-size", type=_positive_int, default=256, help="batch size (default 256)")
     bench.add_argument("--buffer-chunks", type=_positive_int, default=4, help="chunks mixed in memory (default 4)")
     bench.add_argument("--epochs", type=_positive_int, default=3, help="epochs to time (default 3)")
+    bench.add_argument("--arrays", type=_array_names, default=None, metavar="A,B",
+                       help="comma-separated arrays (or another tool's variables) to stream, in order, as "
+                       "pipeline.stream(arrays=...) (default x,y)")
+    bench.add_argument("--dim", default=None, metavar="NAME",
+                       help="an xarray store's samples' dimension, as pipeline.stream(dim=...)")
     _storage_options_argument(bench)
     bench.add_argument("--cache-dir", default=None, metavar="DIR",
                        help="a remote store: cache its chunks in DIR and print each epoch's hit rate; needs "
@@ -173,6 +178,15 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _array_names(text: str) -> tuple[str, ...]:
+    """``--arrays``: comma-separated names, refused by argparse when one is empty (a
+    stray comma would otherwise ask the store for an array named ``''``)."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"expected comma-separated array names such as x,y, got {text!r}")
+    return names
 
 
 def _storage_options_argument(command: argparse.ArgumentParser) -> None:
@@ -296,8 +310,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"pipeline bench: {problem}", file=sys.stderr)
         return 2
     rates: list[tuple[float, float]] = []
-    with stream(args.store, split=args.split, batch_size=args.batch_size, buffer_chunks=args.buffer_chunks,
-                **remote) as s:
+    # Passed only when given: the stream's own defaults (x, y; axis 0) stay the bench's.
+    chosen = {k: v for k, v in (("arrays", args.arrays), ("dim", args.dim)) if v is not None}
+    try:
+        opened = stream(args.store, split=args.split, batch_size=args.batch_size, buffer_chunks=args.buffer_chunks,
+                        **chosen, **remote)
+    except StreamError as exc:
+        raise _with_arrays_hint(exc, args.arrays) from exc
+    with opened as s:
         for epoch in range(args.epochs):
             s.set_epoch(epoch)
             n = 0
@@ -324,6 +344,15 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         print(f"shuffle quality: {quality['mean_distinct_chunks_per_batch']:.2f} distinct chunks per batch, "
               f"Spearman(position, index) = {quality['spearman_position_vs_index']:+.3f}")
     return 0
+
+
+def _with_arrays_hint(exc: StreamError, arrays: tuple[str, ...] | None) -> StreamError:
+    """``exc``, with the flag that fixes it when the default arrays (x, y) are missing
+    from a store whose own are named otherwise."""
+    if arrays is None and any(f"{what} {name!r}" in str(exc) for what in ("no variable", "has no array")
+                              for name in ("x", "y")):
+        return StreamError(f"{exc}; name the arrays to stream with --arrays, e.g. --arrays a,b")
+    return exc
 
 
 def _storage_options(text: str | None) -> tuple[dict | None, str]:

@@ -221,6 +221,11 @@ def test_bench_streams_a_remote_store_through_the_cache_and_prints_each_epochs_h
     (["--cache-dir", "c", "--cache-bytes", "lots"], 2, "--cache-bytes: expected bytes or a size such as 50GiB"),
     (["--cache-bytes", "1GiB"], 2, "--cache-bytes needs --cache-dir"),
     (["--cache-dir", "c"], 2, "--cache-dir needs --cache-bytes"),
+    (["--arrays", "x,"], 2, "pipeline bench: error: argument --arrays: expected comma-separated array names such as "
+     "x,y, got 'x,'"),
+    (["--arrays", "x,z"], 1, "split 'train' has no array 'z'"),
+    # dim= reaches the stream, which refuses it for a pipeline store.
+    (["--dim", "time"], 1, "dim='time' is for stores another tool wrote"),
 ])
 def test_bench_errors_are_one_line(tmp_path, args, status, message):
     import numpy as np
@@ -231,6 +236,43 @@ def test_bench_errors_are_one_line(tmp_path, args, status, message):
     result = cli("bench", str(store), *args)
     assert result.returncode == status
     assert "Traceback" not in result.stderr and message in result.stderr.strip().splitlines()[-1]
+
+
+def test_bench_streams_another_tools_store_by_its_variable_names(tmp_path):
+    """``--arrays`` and ``--dim`` as ``pipeline.stream(arrays=..., dim=...)``: a store whose
+    variables are not x and y was refused with no way to name them."""
+    import numpy as np
+    import zarr
+
+    n = 1000
+    path = tmp_path / "ds.zarr"
+    group = zarr.open_group(path, mode="w")
+    group.create_array("features", data=np.zeros((n, 8), "f4"), chunks=(100, 8))
+    group.create_array("target", data=np.arange(n), chunks=(100,))
+    refused = cli("bench", str(path), "--epochs", "1")
+    assert refused.returncode == 1 and refused.stderr.strip() == (
+        f"pipeline bench: {path}: no variable 'x'; variables: features, target; name the arrays to stream with "
+        "--arrays, e.g. --arrays a,b")
+    result = cli("bench", str(path), "--epochs", "2", "--batch-size", "64", "--arrays", "features,target")
+    assert result.returncode == 0, result.stderr
+    epochs = [line for line in result.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(epochs) == 2 and all(f": {n:,} samples in " in line for line in epochs), result.stdout
+
+
+def test_bench_dim_names_an_xarray_stores_samples(tmp_path):
+    import numpy as np
+    import xarray as xr
+
+    n = 300
+    path = tmp_path / "ds.zarr"
+    xr.Dataset({"v": (("sample", "f"), np.ones((n, 3), "f4")), "w": ("sample", np.arange(n))}).to_zarr(
+        path, zarr_format=3, consolidated=False)
+    result = cli("bench", str(path), "--epochs", "1", "--arrays", "v,w", "--dim", "sample")
+    assert result.returncode == 0, result.stderr
+    assert f"epoch 0: {n:,} samples in " in result.stdout
+    wrong = cli("bench", str(path), "--epochs", "1", "--arrays", "v,w", "--dim", "f")
+    assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+    assert "'f'" in wrong.stderr.strip().splitlines()[-1], wrong.stderr
 
 
 def test_demo_data_lobster_pairs_are_seeded_headerless_and_load(tmp_path):
