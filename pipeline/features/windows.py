@@ -35,6 +35,7 @@ from pipeline.features.geometry import (
     window_count,
     window_ends,
 )
+from pipeline.storage.arraysource import as_blocks, file_rows
 
 __all__ = [
     "check_window_ends",
@@ -62,8 +63,20 @@ def _validate(size: int, stride: int, scales: Sequence[int], horizon: int | None
     return tuple(int(s) for s in scales)
 
 
+#: Rows per block of a numpy series made a dask array (before the windows' own re-cut).
+_SERIES_ROWS = 1 << 16
+
+
 def _series(x: da.Array | np.ndarray) -> da.Array:
-    """``x`` as a 2-D dask array of known length.
+    """``x`` as a 2-D dask array of known length, in blocks of :data:`_SERIES_ROWS` rows.
+
+    A memory-mapped file (``np.memmap``, ``np.load(path, mmap_mode="r")``, or a view or
+    reshape of one) is read by each task from the file, by path and position, as
+    :func:`pipeline.write` reads one (:func:`~pipeline.storage.arraysource.as_blocks`):
+    a token file larger than memory can be windowed. ``da.from_array`` copies a numpy
+    array's every block into the graph when it is built (all of the file, before
+    anything is computed), and a map handed to a worker is pickled with its data. Any
+    other array is cut into blocks in memory, as before.
 
     Raises
     ------
@@ -71,9 +84,12 @@ def _series(x: da.Array | np.ndarray) -> da.Array:
         For another number of dimensions, or an unknown length (a boolean mask's).
     """
     _length(x)  # before from_array, whose chunks are for two axes
-    if not isinstance(x, da.Array):
-        x = da.from_array(np.asarray(x), chunks=(max(1, 1 << 16), -1))
-    return x
+    if isinstance(x, da.Array):
+        return x
+    a = x if isinstance(x, np.ndarray) else np.asarray(x)
+    if file_rows(a) is not None:
+        return as_blocks(a, _SERIES_ROWS)
+    return da.from_array(a, chunks=(_SERIES_ROWS, -1))
 
 
 #: Output rows assembled per ``np.take``: bounds the row-index array (int64 per row) to

@@ -761,3 +761,61 @@ def test_an_array_computed_from_files_whose_rows_do_not_add_up_is_refused_as_the
                                           r"not x's 63"):
         windows(f, size=5)
     assert windows(f, size=5, sessions=[24, 39]).shape[0] == 20 + 35
+
+
+def write_token_file(path: Path, n: int) -> np.ndarray:
+    """An llm.c / fineweb ``.bin`` shard: a 256-int32 header, then ``n`` uint16 tokens."""
+    tokens = (np.arange(n, dtype=np.int64) * 7919 % 50257).astype(np.uint16)
+    header = np.zeros(256, np.int32)
+    header[:3] = [20240520, 1, n]
+    with open(path, "wb") as f:
+        f.write(header.tobytes())
+        f.write(tokens.tobytes())
+    return tokens
+
+
+def token_windows(tokens: np.ndarray, size: int, stride: int) -> np.ndarray:
+    """Windows of a 1-D token array by plain numpy slicing: window ``i`` is
+    ``tokens[i * stride : i * stride + size]``, as ``(n, size, 1)``."""
+    return np.lib.stride_tricks.sliding_window_view(tokens, size)[::stride][..., None]
+
+
+@pytest.mark.parametrize("opened", ["memmap", "npy"])
+def test_windows_over_a_memory_mapped_token_file_read_it_lazily_not_into_memory(tmp_path, opened):
+    """Building the windows of a memmap copied the whole file into memory (``da.from_array``
+    of it as a numpy array): a token file larger than RAM could not be windowed. Each task
+    now reads its rows from the file, as ``pipeline.write`` reads a memmap."""
+    import tracemalloc
+
+    n = 3_000_000  # 6 MB of tokens
+    if opened == "memmap":
+        tokens = write_token_file(tmp_path / "shard.bin", n)
+        m = np.memmap(tmp_path / "shard.bin", np.uint16, "r", offset=1024, shape=(n,)).reshape(-1, 1)
+    else:
+        tokens = (np.arange(n, dtype=np.int64) * 7919 % 50257).astype(np.uint16)
+        np.save(tmp_path / "shard.npy", tokens[:, None])
+        m = np.load(tmp_path / "shard.npy", mmap_mode="r")
+    tracemalloc.start()
+    try:
+        w = windows(m, size=1025, stride=1024)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < tokens.nbytes // 6, f"building lazy windows allocated {peak} bytes for a {tokens.nbytes}-byte file"
+    np.testing.assert_array_equal(w.compute(scheduler="threads"), token_windows(tokens, 1025, 1024))
+
+
+def test_windows_over_a_strided_view_of_a_memmap_and_with_a_horizon_equal_numpy(tmp_path):
+    """A view of a map (every other column, rows from 3) is read from the file too; the
+    path that makes windows per run (``horizon=``) reads it the same way."""
+    x = np.random.default_rng(3).standard_normal((4000, 4)).astype(np.float32)
+    x.tofile(tmp_path / "series.f32")
+    view = np.memmap(tmp_path / "series.f32", np.float32, "r", shape=(4000, 4))[3:, 1::2]
+    expect = np.asarray(view).copy()
+    got = windows(view, size=5, stride=3, scales=(1, 2))
+    assert not any(isinstance(v, np.ndarray) and v.nbytes > 4096 for v in dict(got.dask).values())
+    np.testing.assert_array_equal(got.compute(scheduler="sync"), reference(expect, 5, 3, (1, 2)))
+    ahead = windows(view, size=5, stride=3, scales=(1, 2), horizon=4)
+    ends = window_end_rows(expect, size=5, stride=3, scales=(1, 2), horizon=4)
+    np.testing.assert_array_equal(ahead.compute(scheduler="sync"), reference(expect, 5, 3, (1, 2))[: ends.size])
+    assert ends[-1] + 4 <= len(expect) - 1
