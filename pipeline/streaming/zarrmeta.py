@@ -55,19 +55,42 @@ def dimension_names(array: zarr.Array) -> tuple[str, ...] | None:
     return tuple(str(n) for n in names)
 
 
-def _cf_fill(value: Any) -> float | None:
-    """A ``_FillValue`` attribute as a number (xarray writes a float's as base64 of a
-    little-endian double for zarr 3); None when it cannot be read."""
+def _cf_fill(value: Any, dtype: np.dtype) -> float | complex | None:
+    """A ``_FillValue`` (or ``missing_value``) attribute as a number; None when it
+    cannot be read.
+
+    xarray writes a float's for zarr 3 as base64 of its little-endian bytes (those of a
+    double, whatever the variable's float dtype; bytes of the variable's own dtype are
+    read too), a complex's as a list of two such strings, and NaN or infinities as
+    ``"NaN"``, ``"Infinity"``, ``"-Infinity"``.
+    """
+    if isinstance(value, np.generic):
+        value = value.item()
     if isinstance(value, str):
-        if value.lower() in ("nan", "+nan", "-nan"):
-            return math.nan
-        try:
-            raw = base64.standard_b64decode(value)
-            return struct.unpack("<d", raw)[0] if len(raw) == 8 else None
-        except (ValueError, struct.error):
-            return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
+        return _decoded_float(value, dtype)
+    if isinstance(value, (list, tuple)) and len(value) == 2 and dtype.kind == "c":
+        parts = [_cf_fill(part, np.dtype(np.float64)) for part in value]
+        return None if None in parts else complex(parts[0], parts[1])
+    if isinstance(value, (int, float, complex)) and not isinstance(value, bool):
+        return value
+    return None
+
+
+def _decoded_float(text: str, dtype: np.dtype) -> float | None:
+    """A float fill value spelled as a string: JSON's names for NaN and the infinities,
+    or base64 of little-endian bytes (a double's, or ``dtype``'s own)."""
+    named = {"nan": math.nan, "+nan": math.nan, "-nan": math.nan, "infinity": math.inf, "+infinity": math.inf,
+             "-infinity": -math.inf, "inf": math.inf, "-inf": -math.inf}
+    if text.lower() in named:
+        return named[text.lower()]
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except ValueError:
+        return None
+    if len(raw) == 8:
+        return struct.unpack("<d", raw)[0]
+    if dtype.kind == "f" and len(raw) == dtype.itemsize:
+        return float(np.frombuffer(raw, dtype.newbyteorder("<"))[0])
     return None
 
 
@@ -93,10 +116,12 @@ def cf_problem(array: zarr.Array) -> str | None:
     if array.metadata.zarr_format == 2 and "_ARRAY_DIMENSIONS" in attrs and array.fill_value is not None:
         fills.setdefault("_FillValue", array.fill_value)  # xarray keeps a zarr 2 _FillValue there
     for key, value in fills.items():
-        number = _cf_fill(value.item() if isinstance(value, np.generic) else value)
-        if dtype.kind in "fc" and number is not None and math.isnan(number):
+        number = _cf_fill(value, dtype)
+        if dtype.kind in "fc" and number is not None and bool(np.isnan(number)):
             continue
-        return (f"attribute {key}={value!r}: values equal to it are missing under CF conventions and would be "
+        # The number, not xarray's base64 of its bytes, which no user can read.
+        shown = value if number is None else number
+        return (f"attribute {key}={shown!r}: values equal to it are missing under CF conventions and would be "
                 "served as that number; fill or drop them, and write the variable without it")
     return None
 
