@@ -59,10 +59,15 @@ def file_sessions(x: Any) -> list[int] | None:
     rows (features computed row by row, columns selected or joined), their files are
     its sessions.
 
+    Rows of several instruments read with an instrument column (``attrs["instruments"]``)
+    are interleaved in time, in one file or many: no files' rows keep them apart, so
+    such an array, and any computed from it, is refused rather than windowed as one
+    series (:func:`_mixed_instruments` says how to keep them apart).
+
     Raises
     ------
     WindowError
-        When the files' rows do not add up to ``x``'s length (rows dropped by
+        For the rows of several instruments read with an instrument column. When the files' rows do not add up to ``x``'s length (rows dropped by
         ``nan="drop"``, or attrs copied from another array), a file does not say how
         many rows it holds, or ``x`` was computed from a loaded array of several files
         but has another number of rows (sliced, shifted, joined along time), or from
@@ -73,6 +78,9 @@ def file_sessions(x: Any) -> list[int] | None:
     files = attrs.get("files") if isinstance(attrs, Mapping) else None
     if not isinstance(files, (list, tuple)):
         return _derived_file_rows(x)
+    names = _interleaved_instruments(attrs, files)
+    if names:
+        raise WindowError(_mixed_instruments(names, _first_path(files), len(files), "x"))
     if len(files) < 2:
         return None
     shape = attrs.get("shape")
@@ -88,6 +96,40 @@ def file_sessions(x: Any) -> list[int] | None:
 def _first_path(files: Sequence[Any]) -> str:
     """The first file's path, for messages."""
     return str(files[0].get("path", "?")) if files and isinstance(files[0], Mapping) else "?"
+
+
+def _interleaved_instruments(attrs: Mapping[str, Any], files: Sequence[Any]) -> tuple[str, ...]:
+    """The instruments of an array whose files may hold several interleaved in time
+    (``open_source(..., instrument_column=...)``: ``attrs["instruments"]``), or ``()``.
+
+    Files or no file, such rows are no series: which file holds which instrument is
+    known only by reading the column. LOBSTER's pairs (a file with a ``companion``)
+    name one instrument each in the file name, so its files keep them apart.
+    """
+    names = attrs.get("instruments")
+    if not isinstance(names, (list, tuple)) or len(names) < 2:
+        return ()
+    if files and all(isinstance(f, Mapping) and f.get("companion") for f in files):
+        return ()
+    return tuple(str(n) for n in names)
+
+
+def _mixed_instruments(names: Sequence[str], first: str, n_files: int, what: str) -> str:
+    """The refusal of windows over the interleaved rows of several instruments: which,
+    from which files, and the API that keeps them apart (as ``pipeline run`` does)."""
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    where = first if n_files == 1 else f"{n_files} files (the first {first})"
+    return (
+        f"windows: {what} holds the rows of {len(names)} instruments ({shown}) read from {where} with an instrument "
+        "column, interleaved in time as the files store them: a window, feature or label over its rows would mix "
+        "instruments. Keep them apart with pipeline.loaders.segments.open_segmented(paths, instrument={'column': "
+        "<the instrument column>}, <open_source's other options>), whose array holds each instrument's rows "
+        "session by session, and pass its segments (its array alone does not say where they end), as pipeline "
+        "run does: pipeline.windows(seg.array, ..., sessions=seg.segments.stops - seg.segments.starts), or "
+        "build_training_set(seg.array, ..., "
+        "segments=seg.segments, timestamps=seg.timestamps). sessions='none' (or sessions=[rows per session]) "
+        "makes windows over these rows as they are"
+    )
 
 
 def _attr_rows(files: Sequence[Any], ndim: int) -> list[int | None] | None:
@@ -136,14 +178,17 @@ def _checked_rows(rows: Sequence[int | None], T: int, where: str) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class _LoadedFiles:
-    """What windows need of a loaded array of several files joined along time, kept
-    after the array itself is gone: its files' rows (``None``: unknown, see
-    ``problem``), its own length and its first file, for messages."""
+    """What windows need of a loaded array of several files joined along time, or of
+    interleaved instruments, kept after the array itself is gone: its files' rows
+    (``None``: unknown, see ``problem``), its own length, its first file and how many
+    (for messages), and the instruments its rows interleave (``()``: none)."""
 
     rows: tuple[int | None, ...] | None
     length: int
     first: str
     problem: str | None = None
+    files: int = 0
+    instruments: tuple[str, ...] = ()
 
 
 # Dask names of loaded arrays -> their files. Keyed by name, not by the array: a
@@ -159,23 +204,32 @@ _MAX_LOADED_FILES = 2_000_000
 def remember_files(x: Any) -> None:
     """Record the files a loaded array ``x`` was joined from under its dask name, so
     that arrays computed from it (which lose ``x.attrs``) keep them as sessions (see
-    :func:`file_sessions`). Arrays of one file or stacked files (one series) are not
-    recorded; nothing is read.
+    :func:`file_sessions`), and the instruments its rows interleave, so that those
+    arrays are refused as it is. Arrays of one file or stacked files (one series) of
+    one instrument are not recorded; nothing is read.
+
+    Arrays of any number of dimensions are recorded: 1-D token shards joined along
+    time become a series by ``x[:, None]``, which keeps every row.
     """
     attrs = getattr(x, "attrs", None)
     files = attrs.get("files") if isinstance(attrs, Mapping) else None
     name = getattr(x, "name", None)
     shape = tuple(getattr(x, "shape", ()))
-    if not isinstance(name, str) or not isinstance(files, (list, tuple)) or len(files) < 2 or len(shape) != 2:
+    if not isinstance(name, str) or not isinstance(files, (list, tuple)) or not files or not shape:
         return
     if np.isnan(shape[0]):
         return
+    names = _interleaved_instruments(attrs, files)
+    if len(files) < 2 and not names:
+        return
     try:
         rows = _attr_rows(files, len(shape))
-        record = _LoadedFiles(None if rows is None else tuple(rows), int(shape[0]), _first_path(files))
+        record = _LoadedFiles(None if rows is None else tuple(rows), int(shape[0]), _first_path(files),
+                              files=len(files), instruments=names)
     except WindowError as err:
-        record = _LoadedFiles(None, int(shape[0]), _first_path(files), problem=str(err))
-    if record.rows is None and record.problem is None:
+        record = _LoadedFiles(None, int(shape[0]), _first_path(files), problem=str(err), files=len(files),
+                              instruments=names)
+    if record.rows is None and record.problem is None and not names:
         return  # stacked: one series, as without a record
     with _LOADED_LOCK:
         _LOADED.pop(name, None)
@@ -215,10 +269,15 @@ def _derived_file_rows(x: Any) -> list[int] | None:
         return None
     T = series_length(x)
     for rec in found:
+        # First: whatever x did to the rows (kept, sliced, reordered), they were never
+        # one instrument's series, and no count of rows says where each one's are.
+        if rec.instruments:
+            raise WindowError(_mixed_instruments(rec.instruments, rec.first, rec.files,
+                                                 "x was computed from an array that"))
         if rec.length != T:
             raise WindowError(
                 f"windows: x was computed from an array of {len(rec.rows or ())} files joined along time (the first "
-                f"{rec.first}) of {rec.length} rows, but has {T} rows (sliced, shifted or joined along time), so "
+                f"{rec.first}) of {rec.length} rows, but has {T} rows (sliced, shifted, reshaped or joined along time), so "
                 "where one file ends in it is not known; pass sessions=[rows per file] (no window spans two), or "
                 "sessions='none' for one continuous series"
             )

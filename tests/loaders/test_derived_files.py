@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dask.array as da
 import numpy as np
+import pytest
 
-from pipeline.features import filesessions
+from pipeline.errors import WindowError
+from pipeline.features import filesessions, windows
 from pipeline.features.filesessions import file_sessions
 from pipeline.loaders import load, open_source
 
@@ -55,3 +58,34 @@ def test_a_derived_array_of_a_load_keeps_sessions_after_the_load_is_gone(tmp_pat
     paths = _npy(tmp_path, [(4, 3), (5, 3)])
     f = load(paths, combine="concat")[:, :1] * 3  # the loaded array is garbage at once
     assert file_sessions(f) == [np.load(p).shape[0] for p in paths]
+
+
+def _token_shards(folder: Path, lengths: tuple[int, ...]) -> list[np.ndarray]:
+    """nanoGPT-style 1-D uint16 token shards; the tokens written."""
+    rng = np.random.default_rng(0)
+    tokens = [rng.integers(0, 50257, n, dtype=np.uint16) for n in lengths]
+    for i, t in enumerate(tokens):
+        np.save(folder / f"shard_{i:06d}.npy", t)
+    return tokens
+
+
+def test_1d_shards_made_2d_keep_their_files_as_sessions(tmp_path):
+    """x[:, None], reshape and expand_dims keep every row of 1-D shards joined along
+    time: each window holds one shard's tokens, as numpy slices them."""
+    tokens = _token_shards(tmp_path, (100, 153, 81))
+    x = load(str(tmp_path / "shard_*.npy"), combine="concat")
+    size, stride = 17, 8
+    expect = np.stack([t[e - size + 1:e + 1] for t in tokens for e in range(size - 1, len(t), stride)])
+    for series in (x[:, None], x.reshape(-1, 1), da.expand_dims(x, 1)):
+        assert file_sessions(series) == [len(t) for t in tokens]
+        for sessions in (None, "file"):
+            got = windows(series, size=size, stride=stride, sessions=sessions).compute()
+            np.testing.assert_array_equal(got[:, :, 0], expect)
+
+
+def test_1d_shards_reshaped_to_other_rows_are_refused(tmp_path):
+    """Two tokens a row: no shard's end is a row of it, so no files are sessions."""
+    _token_shards(tmp_path, (100, 154))
+    x = load(str(tmp_path / "shard_*.npy"), combine="concat")
+    with pytest.raises(WindowError, match=r"2 files joined along time .*shard_000000\.npy\) of 254 rows, but has 127"):
+        windows(x.reshape(-1, 2), size=4)
