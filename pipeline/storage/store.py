@@ -117,21 +117,33 @@ def open_store_group(
     except StoreError:
         raise
     except FileNotFoundError as exc:
-        raise StoreError(f"{loc}: no zarr group found ({exc}){_hint(loc)}") from exc
+        raise _not_a_group(loc, "no zarr group found", exc) from exc
     except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         # zarr raises these for a directory without zarr.json or a malformed node;
         # zipfile for a .zip path that is no zip.
-        raise StoreError(f"{loc}: not a readable zarr 3 group ({exc}){_hint(loc)}") from exc
+        raise _not_a_group(loc, "not a readable zarr 3 group", exc) from exc
+
+
+def _not_a_group(loc: str, what: str, exc: Exception) -> StoreError:
+    """The refusal of a location that opens as no zarr group: what it is, when that can
+    be told (:func:`_hint`), else ``what`` with zarr's own words. zarr's words are left
+    out when the location is told: they describe zarr's attempt ("An array already exists
+    in store ... at path ." for an array's directory), not the user's mistake."""
+    hint = _hint(loc)
+    return StoreError(f"{loc}: {hint}" if hint else f"{loc}: {what} ({exc})")
 
 
 def _hint(loc: str) -> str:
     """What a local path that is not a zarr group is, when it can be told: an icechunk
-    repository (its refs/ and snapshots/), or a store whose root is one array."""
+    repository (its refs/ and snapshots/), a store whose root is one array, or a zip
+    holding its store in a folder; ``""`` otherwise."""
+    if is_zip(loc) and os.path.isfile(loc):
+        return _zip_hint(loc)
     if is_remote(loc) or not os.path.isdir(loc):
         return ""
     names = set(os.listdir(loc))
     if {"refs", "snapshots"} <= names:
-        return ("; it is an icechunk repository: open it with icechunk and pass its group, "
+        return ("no zarr group found: it is an icechunk repository: open it with icechunk and pass its group, "
                 "zarr.open_group(icechunk.Repository.open(storage).readonly_session(branch='main').store)")
     meta = os.path.join(loc, "zarr.json")
     if os.path.isfile(meta) or os.path.isfile(os.path.join(loc, ".zarray")):
@@ -141,8 +153,67 @@ def _hint(loc: str) -> str:
         except (OSError, ValueError):
             return ""
         if node.get("node_type") == "array" or "shape" in node:
-            return "; its root is one array, not a group: pass the arrays themselves, (zarr.open_array(path), ...)"
+            return ("not a zarr group: its root is one array; pass the arrays themselves, (zarr.open_array(path), "
+                    f"...){_parent_group(loc)}")
     return ""
+
+
+def _parent_group(loc: str) -> str:
+    """``loc``'s parent, when it is a zarr group, as the other way to stream the array
+    at ``loc``; ``""`` otherwise."""
+    parent = os.path.dirname(os.path.abspath(loc))
+    meta = os.path.join(parent, "zarr.json")
+    try:
+        with open(meta, encoding="utf-8") as fh:
+            is_group = json.load(fh).get("node_type") == "group"
+    except (OSError, ValueError, AttributeError):
+        is_group = os.path.isfile(os.path.join(parent, ".zgroup"))
+    name = os.path.basename(os.path.abspath(loc))
+    return f", or the group that holds it, {parent}, with arrays=({name!r}, ...)" if is_group else ""
+
+
+def _zip_hint(loc: str) -> str:
+    """Where a zip without a zarr group at its root holds one: ``zip -r store.zip
+    store.zarr`` puts the store in a folder inside the zip, which zarr's ``ZipStore``
+    reads only at the root (and no path within a zip can be named here: a location
+    ending in ``.zip`` is the zip itself)."""
+    try:
+        with zipfile.ZipFile(loc) as zf:
+            names = zf.namelist()
+    except (OSError, zipfile.BadZipFile):
+        return ""
+    folders = _top_store_folders(names)
+    members = set(names)
+    if not folders:
+        return ("no zarr group found: the zip holds no zarr.json, .zgroup or .zarray, at its root or in a folder: "
+                "it is not a zarr store")
+    if "" in folders:
+        return ""  # a group's metadata at the root that zarr could not read: zarr's words say why
+    leaf = os.path.basename(folders[0].rstrip("/"))
+    new = f"{leaf}.zip" if f"{leaf}.zip" != os.path.basename(loc) else f"{leaf}-contents.zip"
+    listed = ", ".join(f"{f!r} ({_metadata_member(f, members)!r})" for f in folders[:3]) + (
+        f" and {len(folders) - 3} more" if len(folders) > 3 else "")
+    return (f"no zarr group at the zip's root: it holds the store in the folder {listed}, as `zip -r "
+            f"{os.path.basename(loc)} {leaf}` makes it, and a folder inside a zip cannot be opened as the store; "
+            f"zip the store's contents instead, from inside its folder: `cd {leaf} && zip -r -0 ../{new} .`, "
+            f"and pass {new}")
+
+
+def _metadata_member(folder: str, members: set[str]) -> str:
+    """The zarr metadata file of the zip's ``folder`` (its first of zarr.json, .zgroup, .zarray)."""
+    return next(folder + n for n in ("zarr.json", ".zgroup", ".zarray") if folder + n in members)
+
+
+def _top_store_folders(names: list[str]) -> list[str]:
+    """The shallowest folders (``"store.zarr/"``; ``""`` the root) of the zip members
+    ``names`` that hold zarr metadata (``zarr.json``, ``.zgroup``, ``.zarray``): where a
+    store inside the zip starts. Empty when none does."""
+    found = {name.rpartition("/")[0] for name in names
+             if name.rpartition("/")[2] in ("zarr.json", ".zgroup", ".zarray")}
+    if not found:
+        return []
+    depth = min(0 if not f else f.count("/") + 1 for f in found)
+    return sorted(f + "/" if f else "" for f in found if (0 if not f else f.count("/") + 1) == depth)
 
 
 def store_root_attrs(group: zarr.Group) -> dict[str, Any]:
