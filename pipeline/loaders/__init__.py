@@ -389,7 +389,8 @@ def open_source(
     format
         A format instead of the suffix's (``lobster`` and ``fi2010`` by name only).
     combine
-        ``stack``: one sample per file (arrays' default); ``concat``: along axis 0.
+        ``stack``: one sample per file (arrays' default); ``concat``: along axis 0 (tables,
+        time series, token shards of any lengths).
     columns
         Table columns to read (default every numeric one but timestamp and instrument).
     read
@@ -416,7 +417,11 @@ def open_source(
     classes
         Class names in index order (as Keras' ``class_names``); default the sorted names.
     on_mismatch
-        Stacked files of other shapes: ``raise``, or ``pad``/``crop``/``resize`` to the first's.
+        Stacked files of other shapes than the first's: ``raise``; ``pad``: zeros at the
+        end of each axis up to the first's shape (a larger file is refused: pad never
+        cuts); ``crop``: each cut to it, zeros where shorter; ``resize``: nearest-neighbour
+        resampling (it changes values: not for token ids or labels). Files that differ
+        along axis 0 only (token or time series shards) want ``combine="concat"``.
     nan
         ``raise``, ``fill`` or ``drop`` (tables only); ``None``: ``raise`` for tables, arrays as stored.
     fill_value
@@ -932,11 +937,15 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
     Raises
     ------
     ShapeMismatchError
-        With ``raise``, for any file of another shape; with ``pad``, ``crop`` or
-        ``resize``, for a file of another number of dimensions (a trailing axis of
-        length 1 aside), naming it and both shapes. Images (``image``), whatever
-        ``on_mismatch``: for another number of channels (pad, crop and resize fit height
-        and width only), naming the ``mode=`` that reads them all alike.
+        With ``raise``, for any file of another shape, naming the fixes (first
+        ``combine="concat"`` for files that differ along axis 0 only, as token or time
+        series shards do); with ``pad``, ``crop`` or ``resize``, for a file of another
+        number of dimensions (a trailing axis of length 1 aside), naming it and both
+        shapes; with ``pad``, for a file larger than ``target`` along an axis, naming it
+        and the values that cutting would drop (``pad`` never cuts: ``crop`` does).
+        Images (``image``), whatever ``on_mismatch``: for another number of channels
+        (pad, crop and resize fit height and width only), naming the ``mode=`` that
+        reads them all alike.
     """
     from pipeline.loaders.blocks import can_fit
 
@@ -945,16 +954,74 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
         _check_channels(first, target, bad, on_mismatch)
     if bad and on_mismatch == "raise":
         listing = "; ".join(f"{p}: {s}" for p, s in bad[:5])
-        fix = "set shape=(H, W) to resize every image, or " if image else "set "
         raise ShapeMismatchError(
-            first, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); {fix}"
-            "on_mismatch: pad, crop or resize to make them fit")
+            first, f"has shape {target}, but {len(bad)} file(s) differ (first: {listing}); "
+            f"{_stack_fixes(target, bad, image=image)}")
     unfit = next(((p, s) for p, s in bad if not can_fit(s, target)), None)
     if unfit is not None:
         raise ShapeMismatchError(
             unfit[0], f"has shape {unfit[1]} ({len(unfit[1])}-d), but {first} has {target} ({len(target)}-d): "
             f"on_mismatch={on_mismatch!r} changes the length of axes, not their number; "
             "give files of one number of dimensions")
+    if on_mismatch == "pad":
+        _refuse_pad_cuts(first, target, bad, image=image)
+
+
+def _along_axis_0(target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]]) -> bool:
+    """Whether every file differs from ``target`` in its length along axis 0 only: 1-D
+    token shards, recordings of other lengths, which ``combine="concat"`` joins whole."""
+    return all(len(s) == len(target) and s[1:] == target[1:] for _, s in bad)
+
+
+def _stack_fixes(target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]], *, image: bool) -> str:
+    """The fixes for stacked files of other shapes than the first's ``target``, the one
+    that keeps every value first."""
+    from pipeline.loaders.arrays import values_cut
+
+    larger = sum(values_cut(s, target) > 0 for _, s in bad if len(s) == len(target))
+    pad = ("pad (zeros at the end of each axis up to the first file's shape; it never cuts, and refuses the "
+           f"{larger} larger file(s) here)" if larger else "pad (zeros at the end of each axis up to the first "
+           "file's shape)")
+    fits = (f"{pad}, crop (each file cut to the first file's shape, zeros where it is shorter) or resize "
+            "(nearest-neighbour resampling, which changes values: not for token ids or labels)")
+    if image:
+        return f"set shape=(H, W) to resize every image, or on_mismatch: {fits}"
+    if _along_axis_0(target, bad):
+        return ("they differ along axis 0 only (time steps, tokens): combine='concat' joins them along it into one "
+                f"array, keeping every value; to stack one sample per file instead, set on_mismatch: {fits}")
+    return f"set on_mismatch: {fits} to make them fit"
+
+
+def _refuse_pad_cuts(first: str, target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]], *,
+                     image: bool) -> None:
+    """Refuse ``on_mismatch="pad"`` for files larger than the first along an axis:
+    fitting them would drop their values past the first file's shape, and pad, as
+    ``np.pad`` and Keras' and PyTorch's sequence padding, only adds.
+
+    Raises
+    ------
+    ShapeMismatchError
+        Naming the first such file, its shape and the values cut, how many files and
+        values in all, and the fixes: ``crop`` (the same fit, cuts asked for) and, for
+        files that differ along axis 0 only, ``combine="concat"``.
+    """
+    from pipeline.loaders.arrays import values_cut
+
+    cut = [(p, s, values_cut(s, target)) for p, s in bad]
+    cut = [c for c in cut if c[2] > 0]
+    if not cut:
+        return
+    path, shape, n = cut[0]
+    axes = [ax for ax, (a, b) in enumerate(zip(shape, target)) if a > b]
+    others = "; ".join(f"{p}: {s}, {k} values" for p, s, k in cut[:5])
+    fix = ("combine='concat' joins files along axis 0 (time steps, tokens), keeping every value; or "
+           if not image and _along_axis_0(target, bad) else "")
+    raise ShapeMismatchError(
+        path, f"has shape {shape}, larger than the first file's {target} ({first}) along axis "
+        f"{', '.join(map(str, axes))}: on_mismatch='pad' adds zeros and never cuts, and fitting it would drop {n} "
+        f"of its {int(np.prod(shape, dtype=np.int64))} values ({len(cut)} file(s) larger, "
+        f"{sum(k for *_, k in cut)} values in all; {others}); {fix}on_mismatch='crop' cuts files to the first "
+        "file's shape (and pads shorter ones with zeros, as pad does)")
 
 
 def _check_channels(first: str, target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]],
@@ -1147,7 +1214,8 @@ def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = 
     format
         Force a format instead of the suffix (see :func:`open_source`).
     combine
-        ``stack``: one sample per file; ``concat``: join along axis 0 (tables).
+        ``stack``: one sample per file; ``concat``: join along axis 0 (tables, time series,
+        token shards of any lengths).
     **options
         The other options of :func:`open_source`.
 

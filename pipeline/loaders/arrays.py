@@ -3,7 +3,8 @@
 Files joined into one array are read in one dtype: the files' common dtype when it
 holds every file's values exactly (:func:`common_dtype`), or the ``dtype=`` asked for,
 each value checked as it is read where the cast could change it (:class:`Values`), with
-NaN/inf raised or filled (``nan=``). Short files joined along axis 0 are read several to
+NaN/inf raised or filled (``nan=``); how many values fitting a stacked file to the first's
+shape would cut (:func:`values_cut`). Short files joined along axis 0 are read several to
 a task (:func:`file_runs`, :class:`FileRun`), each still checked on its own and named in
 an error. Small functions of dtypes and arrays that read nothing themselves: the
 loaders call them when they build the array (:func:`pipeline.loaders.open_source`) and
@@ -21,7 +22,7 @@ import numpy as np
 from pipeline.errors import ConfigError, LoaderError
 
 __all__ = ["FileRun", "Values", "changed_values", "checked_casts", "checked_dtype", "common_dtype", "file_runs",
-           "holds_exactly"]
+           "holds_exactly", "values_cut"]
 
 
 def file_runs(rows: Sequence[int], limit: int) -> list[tuple[int, int]]:
@@ -314,3 +315,21 @@ def _promotes(a: np.dtype, b: np.dtype) -> bool:
     except TypeError:
         return False
     return True
+
+
+def values_cut(shape: Sequence[int], target: Sequence[int]) -> int:
+    """How many of an array's values fitting ``shape`` to ``target`` by zeros and cuts
+    (``on_mismatch`` ``pad`` or ``crop``: :func:`~pipeline.loaders.blocks.fit_shape`)
+    drops: those past ``target`` along any axis, ``0`` for an array that fits inside it.
+
+    ``shape`` is one that :func:`~pipeline.loaders.blocks.can_fit` accepts: a trailing
+    axis of length 1 that one of them lacks is added or dropped first, as the fit does,
+    and holds no value of its own.
+    """
+    shape, target = tuple(int(s) for s in shape), tuple(int(t) for t in target)
+    if len(shape) < len(target):
+        shape = (*shape, 1)
+    elif len(shape) > len(target):
+        shape = shape[:-1]
+    kept = int(np.prod([min(s, t) for s, t in zip(shape, target)], dtype=np.int64))
+    return int(np.prod(shape, dtype=np.int64)) - kept

@@ -454,7 +454,7 @@ def test_nan_raise_names_the_file_and_the_index_of_the_first_nan(tmp_path):
     np.save(tmp_path / "ok.npy", np.ones((2, 2), np.float32))
     np.save(tmp_path / "z.npy", ref)
     with pytest.raises(InvalidValueError, match=r"z\.npy: NaN or inf at index \(1, 0\)"):  # the stacked file named
-        pipeline.load(str(tmp_path / "*.npy"), nan="raise", on_mismatch="pad").compute()
+        pipeline.load(str(tmp_path / "*.npy"), nan="raise", on_mismatch="crop").compute()
 
 
 def test_nan_fill_replaces_nan_and_inf_and_unset_keeps_them(tmp_path):

@@ -27,12 +27,71 @@ def test_shape_mismatch_lists_offenders_unless_fixed(tmp_path):
     np.save(tmp_path / "a.npy", np.ones((4, 4), np.float32))
     np.save(tmp_path / "b.npy", np.ones((3, 5), np.float32))
     np.save(tmp_path / "c.npy", np.ones((4, 4), np.float32))
-    with pytest.raises(ShapeMismatchError, match=r"a\.npy: has shape \(4, 4\), but 1 file\(s\) differ .*b\.npy: \(3, 5\)"):
+    with pytest.raises(ShapeMismatchError, match=r"a\.npy: has shape \(4, 4\), but 1 file\(s\) differ .*b\.npy: \(3, 5\)") as e:
         pipeline.load(str(tmp_path / "*.npy"))
-    padded = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad").compute()
-    assert padded.shape == (3, 4, 4) and padded[1].sum() == 3 * 4  # cropped to 4 columns, padded to 4 rows
+    assert "combine='concat'" not in str(e.value)  # b differs along axis 1 too: joining them is no fix
+    with pytest.raises(ShapeMismatchError, match=r"b\.npy: has shape \(3, 5\), larger than the first file's "
+                                                 r"\(4, 4\) .* along axis 1: .* drop 3 of its 15 values"):
+        pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad")
+    cropped = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="crop").compute()
+    assert cropped.shape == (3, 4, 4) and cropped[1].sum() == 3 * 4  # cut to 4 columns, zeros to 4 rows
     resized = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="resize").compute()
     assert resized.shape == (3, 4, 4) and (resized == 1).all()
+
+
+def write_token_shards(folder, lengths) -> list[np.ndarray]:
+    """1-D uint16 token shards (GPT-2 ids), one ``shard_NNNNNN.npy`` per length, in order."""
+    rng = np.random.default_rng(0)
+    raw = [rng.integers(0, 50257, n, dtype=np.uint16) for n in lengths]
+    for i, r in enumerate(raw):
+        np.save(folder / f"shard_{i:06d}.npy", r)
+    return raw
+
+
+def test_token_shards_of_other_lengths_are_told_to_concat_and_concat_keeps_every_token(tmp_path):
+    """1-D shards of other lengths: the error named pad, crop and resize only, each of which
+    changes tokens; combine='concat' joins them whole."""
+    raw = write_token_shards(tmp_path, [1000, 1503, 817])
+    with pytest.raises(ShapeMismatchError, match=r"shard_000000\.npy: has shape \(1000,\), but 2 file\(s\) differ "
+                                                 r".*along axis 0 only .*combine='concat' joins them along it.* "
+                                                 r"on_mismatch: pad .*refuses the 1 larger file.*crop .*resize "
+                                                 r"\(nearest-neighbour resampling, which changes values"):
+        pipeline.load(str(tmp_path / "*.npy"))
+    joined = pipeline.load(str(tmp_path / "*.npy"), combine="concat")
+    assert joined.dtype == np.uint16
+    np.testing.assert_array_equal(joined.compute(), np.concatenate(raw))
+
+
+def test_pad_refuses_to_cut_a_larger_file_naming_it_and_the_values_it_would_drop(tmp_path):
+    """on_mismatch='pad' cut every file longer than the first to its length, silently:
+    503 of a shard's 1503 tokens were lost. Pad only adds zeros; crop cuts."""
+    raw = write_token_shards(tmp_path, [1000, 1503, 817, 1200])
+    with pytest.raises(ShapeMismatchError, match=r"shard_000001\.npy: has shape \(1503,\), larger than the first "
+                                                 r"file's \(1000,\) \(.*shard_000000\.npy\) along axis 0: "
+                                                 r"on_mismatch='pad' adds zeros and never cuts, and fitting it would "
+                                                 r"drop 503 of its 1503 values \(2 file\(s\) larger, 703 values in "
+                                                 r"all; .*shard_000003\.npy: \(1200,\), 200 values\); "
+                                                 r"combine='concat' .*on_mismatch='crop' cuts"):
+        pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad")  # refused from the headers, nothing read
+    expected = np.zeros((4, 1000), np.uint16)
+    for i, r in enumerate(raw):
+        expected[i, : min(1000, r.size)] = r[:1000]
+    np.testing.assert_array_equal(pipeline.load(str(tmp_path / "*.npy"), on_mismatch="crop").compute(), expected)
+    # Files no larger than the first are padded as before.
+    longest = [tmp_path / "shard_000001.npy", tmp_path / "shard_000002.npy"]
+    padded = pipeline.load([str(p) for p in longest], on_mismatch="pad").compute()
+    np.testing.assert_array_equal(padded, np.stack([raw[1], np.pad(raw[2], (0, 1503 - 817))]))
+
+
+@pytest.mark.parametrize("shape, target", [((3, 5), (4, 4)), ((7,), (7,)), ((2, 9, 4), (3, 8, 4)), ((1,), (6,)),
+                                           ((5, 6, 1), (4, 6)), ((5, 6), (4, 6, 1)), ((0, 3), (2, 2))])
+def test_values_cut_counts_what_falls_outside_the_target(shape, target):
+    from pipeline.loaders.arrays import values_cut
+
+    a = np.ones(shape)
+    a = a[..., None] if a.ndim < len(target) else a[..., 0] if a.ndim > len(target) else a
+    kept = a[tuple(slice(0, t) for t in target)]
+    assert values_cut(shape, target) == a.size - kept.size
 
 
 def test_pickled_truncated_and_impostor_npy(tmp_path):
