@@ -13,6 +13,23 @@ that fails in the node-local cache is dropped from it and fetched again once (a 
 names the cache file); only if the store's own bytes fail too is it reported as the
 store's (:class:`~pipeline.errors.CorruptChunkError`).
 
+Batch sizes (``stream(batch_size=B)`` on ``W`` ranks, ``N`` samples in the epoch): rank
+``r`` serves the contiguous share ``[N * r // W, N * (r + 1) // W)`` of the epoch's
+sample sequence, ``N // W`` samples or one more. Every rank serves the same number of
+batches, ``ceil(ceil(N / W) / B)`` (``len(stream)``): a rank out of batches before the
+others would leave them waiting for good in a collective step (DDP's all-reduce). A
+rank's batches hold ``B`` samples each, then the rest of its share: ``R = ceil(N / W) %
+B`` samples on the largest shares (``B`` when 0), one fewer on a share one sample short.
+When the largest shares' last batch holds one sample, a short share's would be empty:
+its batch before gives it one sample, ``[..., B - 1, 1]``, the only case of a batch but
+the last below ``B`` (with ``B = 1`` none can give one: that stream is refused,
+``drop_last`` fixes it). 1000 samples on 3 ranks with ``B = 333``: shares of 333, 333
+and 334 samples, batches ``[332, 1]``, ``[332, 1]`` and ``[333, 1]``. With ``drop_last``
+every batch holds ``B`` samples, ``floor(floor(N / W) / B)`` per rank, and the rest of
+each share is not served that epoch. DataLoader workers split a rank's batches among
+them, sizes kept; ``Stream.plan().batch_sizes`` lists a rank's. A last step of one or
+two samples is avoided by a ``B`` whose ``R`` is larger, or by ``drop_last``.
+
 Chunk files kept mapped (``stream(keep_mapped=)``): a local store's chunk files are
 mapped to be decoded: the page cache's own pages, clean, nothing copied, which the
 kernel may drop under memory pressure, but which count in the process's resident memory
@@ -87,16 +104,17 @@ def stream(
         refused with the transpose that fixes it). Variables whose CF encoding would
         make the stored numbers wrong (``scale_factor``, time ``units``...) are refused.
     batch_size
-        Samples per batch of this rank (the last may be smaller unless ``drop_last``);
-        a state then resumes on the same world size and worker count only.
+        Samples per batch of a rank, ``B``; every rank serves ``ceil(ceil(N / W) / B)``
+        batches (``W`` ranks, ``N`` samples): full ones, then the rest, or ``B - 1`` and 1
+        where that rest would be empty (:mod:`pipeline.streaming.api`). States resume on
+        the same world size and worker count only.
     global_batch_size
-        Instead of ``batch_size``: samples per step over all ranks. Step ``j`` holds the
-        same samples on every world size from 1 to 8 that divides it, and a state saved
-        by any rank resumes on any such world size and worker count
-        (:mod:`~pipeline.streaming.elastic`). Every step is full but the epoch's last,
-        which holds ``N mod global_batch_size`` samples (none with ``drop_last``), the
-        ranks' shares of it differing by one sample at most; a world size above that
-        remainder (a rank without a sample) is refused without ``drop_last``.
+        Instead of ``batch_size``: samples per step over all ranks
+        (:mod:`~pipeline.streaming.elastic`). Step ``j`` holds the same samples on every
+        world size from 1 to 8 that divides it; a state saved by any rank resumes on any
+        such world size and worker count. Every step is full but the epoch's last, of
+        ``N mod global_batch_size`` samples (none with ``drop_last``), the ranks' shares
+        within one sample; a world size above it (a rank without one) needs ``drop_last``.
     shuffle
         Permute the chunk order and mix samples in the buffer (``False``: store order;
         with ``global_batch_size``, store order lane by lane: each step takes its next
@@ -121,7 +139,7 @@ def stream(
         decoded features. ``Stream.memory_bound()`` computes it all; the process's own
         memory (interpreter, libraries, stacks) and mapped chunk files come on top.
     drop_last
-        Drop each rank's incomplete last batch.
+        Only full batches: ``floor(floor(N / W) / B)`` per rank, the rest not served.
     rank
         This process's rank (default from ``torch.distributed`` when initialized, else 0).
     world_size
@@ -143,8 +161,7 @@ def stream(
         How many steps nicer than the process the read threads run (Linux, 0 to 19):
         reading ahead must not take cores from the training loop.
     weights
-        With a list of sources: draw whole batches from each in these proportions, as
-        :func:`pipeline.mix` does.
+        Whole batches drawn from a list of sources in these shares (:func:`pipeline.mix`).
     version
         The store version to serve (default the newest when the stream opens).
     follow

@@ -60,3 +60,64 @@ def test_weights_pass_every_other_argument_on_to_each_source(tmp_path):
                 alone.close()
     finally:
         m.close()
+
+
+def documented_batch_sizes(n: int, world_size: int, batch_size: int, drop_last: bool) -> list[list[int]]:
+    """Each rank's batch sizes as the stream docstring and the API reference state them:
+    shares ``N*r//W`` to ``N*(r+1)//W``; ``ceil(ceil(N/W)/B)`` batches on every rank, full
+    then the rest, an empty rest taking one sample from the batch before; with
+    ``drop_last``, ``floor(floor(N/W)/B)`` full batches."""
+    shares = [n * (r + 1) // world_size - n * r // world_size for r in range(world_size)]
+    if drop_last:
+        return [[batch_size] * ((n // world_size) // batch_size) for _ in shares]
+    count = -(-(-(-n // world_size)) // batch_size)
+    out = []
+    for share in shares:
+        sizes = [batch_size] * (count - 1) + [share - batch_size * (count - 1)]
+        if sizes[-1] == 0:
+            sizes[-2:] = [batch_size - 1, 1]
+        out.append(sizes)
+    return out
+
+
+def test_per_rank_batch_sizes_are_as_documented_on_a_store(tmp_path):
+    """The API reference's table: 1000 samples, batch_size=333, served from a store on
+    disk: every sample once, batches of the sizes it lists."""
+    import zarr
+
+    n = 1000
+    group = zarr.open_group(str(tmp_path / "s.zarr"), mode="w")
+    group.create_array("x", data=np.arange(n * 2, dtype="f4").reshape(n, 2), chunks=(100, 2))
+    group.create_array("y", data=np.arange(n), chunks=(100,))
+    table = {(1, False): [[333, 333, 333, 1]], (3, False): [[332, 1], [332, 1], [333, 1]],
+             (3, True): [[333], [333], [333]]}
+    for (world_size, drop_last), expected in table.items():
+        assert documented_batch_sizes(n, world_size, 333, drop_last) == expected
+        served, sizes = [], []
+        for rank in range(world_size):
+            with pipeline.stream(str(tmp_path / "s.zarr"), batch_size=333, rank=rank, world_size=world_size,
+                                 drop_last=drop_last) as s:
+                ys = [yb.copy() for _, yb in s]
+            sizes.append([len(y) for y in ys])
+            served.extend(ys)
+        assert sizes == expected
+        ids = np.concatenate(served)
+        assert len(ids) == len(set(ids.tolist())) == (n if not drop_last else 999)
+
+
+def test_per_rank_batch_sizes_follow_the_documented_rule():
+    for n in range(1, 41):
+        for world_size in range(1, min(n, 4) + 1):
+            for batch_size in (2, 3, 5, 8, 64):
+                for drop_last in (False, True):
+                    expected = documented_batch_sizes(n, world_size, batch_size, drop_last)
+                    if drop_last and not expected[0]:
+                        continue  # no whole batch: refused, as test_streamer checks
+                    got = []
+                    for rank in range(world_size):
+                        s = pipeline.stream({"x": np.arange(n)}, arrays=("x",), batch_size=batch_size, rank=rank,
+                                            world_size=world_size, drop_last=drop_last)
+                        got.append(list(s.plan().batch_sizes))
+                        assert len(s) == len(got[-1])
+                        s.close()
+                    assert got == expected, (n, world_size, batch_size, drop_last)
