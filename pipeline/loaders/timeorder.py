@@ -11,6 +11,7 @@ nanoseconds: no file is read here.
 
 from __future__ import annotations
 
+import re
 from typing import Any, Collection, Iterator, Mapping, Sequence
 
 import numpy as np
@@ -19,8 +20,8 @@ from pipeline.errors import LoaderError
 from pipeline.loaders.tables import TablePart, group_parts
 
 __all__ = ["DAY_NS", "check_file_times", "check_instrument_times", "check_time_kinds", "check_time_order",
-           "check_time_zones", "files_out_of_order", "instrument_spans", "repeated_hour_advice", "time_kind",
-           "time_kinds"]
+           "check_time_zones", "files_out_of_order", "files_overlap", "instrument_spans", "overlapping_file",
+           "path_hint", "repeated_hour_advice", "time_kind", "time_kinds"]
 
 
 def check_time_order(parts: Sequence[TablePart], instrument_column: str | None = None) -> None:
@@ -203,10 +204,16 @@ def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[
     LOBSTER file has no footer, so its bounds are read from its rows. A file may start
     at the instant the one before it ends (events share timestamps), not earlier: a day
     supplied twice, or a name that sorts out of time order, would put windows across
-    it back in time.
+    it back in time. An instrument's rows in two files over the same time
+    (:func:`overlapping_file`) are refused as that (:func:`files_overlap`), not as an
+    order: no order of the files can join them.
     """
     for k in range(1, len(paths)):
         if int(first[k]) < int(last[k - 1]):
+            j = overlapping_file(first, last, k) if instrument is not None else None
+            if j is not None:
+                raise files_overlap(paths[k], int(first[k]), int(last[k]), paths[j], int(first[j]), int(last[j]),
+                                    instrument=instrument or "", previous=j == k - 1)
             # Both files' times on one date (source.date's dated times of day among them).
             days = {int(t) // DAY_NS for t in (first[k - 1], last[k - 1], first[k], last[k])}
             day = _date_of(int(first[k])) if len(days) == 1 else None
@@ -215,6 +222,62 @@ def check_file_times(paths: Sequence[str], first: Sequence[int], last: Sequence[
                                      times_of_day=_times_of_day(first[k - 1], last[k - 1], first[k], last[k]),
                                      day=day if not _times_of_day(first[k], last[k - 1]) else None, dated=None,
                                      instrument=instrument)
+
+
+def overlapping_file(first: Sequence[int], last: Sequence[int], k: int) -> int | None:
+    """The latest file before file ``k`` whose time span (``first[j]`` to ``last[j]``,
+    int64 ns) overlaps file ``k``'s by more than an instant, or ``None``: files that are
+    merely out of order (the next day's named first) share none."""
+    lo, hi = int(first[k]), int(last[k])
+    return next((j for j in range(k - 1, -1, -1) if lo < int(last[j]) and int(first[j]) < hi), None)
+
+
+def files_overlap(path: str, first: int, last: int, other: str, other_first: int, other_last: int, *,
+                  instrument: str, previous: bool = True) -> LoaderError:
+    """The error for file ``path`` whose rows of ``instrument`` (``first`` to ``last``,
+    int64 ns) overlap in time its rows in the earlier file ``other`` (``previous``: the
+    one just before it that holds the instrument).
+
+    Two files holding one instrument over the same time are two feeds (the same
+    symbol on two exchanges, spot and futures) or a day supplied twice: renaming them
+    cannot help, so the message says how to tell them apart (a column, or a part of
+    the path: :func:`path_hint`) or to keep one.
+    """
+    which = "the previous file holding it" if previous else "an earlier file holding it"
+    start, end = max(first, other_first), min(last, other_last)
+    return LoaderError(path, f"rows of instrument {instrument!r} start at {np.datetime64(first, 'ns')}, before its "
+                       f"rows in {which}, {other}, end at {np.datetime64(other_last, 'ns')}: both files hold its "
+                       f"rows from {np.datetime64(start, 'ns')} to {np.datetime64(end, 'ns')}, which no order of the "
+                       "files joins: two feeds sharing a symbol (two exchanges, spot and futures), or a day "
+                       "supplied twice? A day supplied twice: keep one file. Two feeds: give each its own "
+                       "instrument, by a column whose values tell them apart (source.instrument: {column: NAME}) "
+                       f"or by a part of the path ({path_hint(path, other)}), or read each feed as a source of "
+                       "its own")
+
+
+#: A date or a number of 4 digits or more in a file name (``2024-01-02``, ``20240102``):
+#: what differs from one day's file to the next, ``*`` in a pattern.
+_DATED = re.compile(r"\d{4}[\d:-]*")
+
+
+def path_hint(path: str, other: str) -> str:
+    """How ``source.instrument: {path: ...}`` would tell files ``path`` and ``other``
+    apart, for a message: when their paths differ in one ``_``- or ``/``-separated field
+    that holds no date (Tardis's ``binance_book_snapshot_5_2024-01-02_BTCUSDT.csv.gz``
+    beside ``binance-futures_...``), the path with ``{instrument}`` there and dates in
+    the file's name as ``*``; else the general form. Either way it says that
+    ``{instrument}`` is one part of one folder or file name."""
+    a, b = re.split(r"([/_])", path), re.split(r"([/_])", other)
+    differ = [i for i, (x, y) in enumerate(zip(a, b)) if x != y]
+    several = ("{instrument} is one part of one folder or file name, so feeds of several symbols need a folder "
+               'per feed and symbol, {path: "data/{instrument}/*.csv.gz"}')
+    if len(a) != len(b) or len(differ) != 1 or _DATED.search(a[differ[0]] + b[differ[0]]):
+        return f"source.instrument: {{path: PATTERN}}; {several}"
+    name = max(i for i, field in enumerate(a) if field == "/") + 1 if "/" in a else 0
+    pattern = "".join("{instrument}" if i == differ[0] else _DATED.sub("*", field) if i >= name else field
+                      for i, field in enumerate(a))
+    return (f'source.instrument: {{path: "{pattern}"}} makes {a[differ[0]]!r} and {b[differ[0]]!r} the '
+            f"instruments; {several}")
 
 
 def instrument_spans(codes: np.ndarray, ns: np.ndarray | None, n: int) -> np.ndarray:

@@ -13,8 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import LoaderError
+from pipeline.features.sessions import InstrumentSpec
+from pipeline.loaders.segments import open_segmented
 from pipeline.loaders.tables import probe_table
-from pipeline.loaders.timeorder import check_file_times, check_instrument_times, check_time_order, instrument_spans
+from pipeline.loaders.timeorder import (
+    check_file_times,
+    check_instrument_times,
+    check_time_order,
+    instrument_spans,
+    path_hint,
+)
 
 DAY = np.datetime64("2024-03-01", "ns").astype(np.int64)
 NS = 10**9
@@ -62,9 +70,78 @@ def test_a_day_of_one_instrument_given_twice_is_refused_naming_both_files_and_th
     chunks = [(["BTC"] * 3, day), (["ETH"] * 3, day), (["BTC"] * 3, day + 86_400 * NS), (["ETH"] * 3, day + NS)]
     with pytest.raises(LoaderError, match=r"b_ETH\.csv: rows of instrument 'ETH' start at 2024-03-01T00:00:11\.0+, "
                                           r"before its rows in the previous file holding it, a_ETH\.csv, end at "
-                                          r"2024-03-01T23:53:20\.0+; each instrument's files must be in time order when "
-                                          r"sorted by name .*both hold times of 2024-03-01 \(a day supplied twice\?\)"):
+                                          r"2024-03-01T23:53:20\.0+: both files hold its rows from "
+                                          r"2024-03-01T00:00:11\.0+ to 2024-03-01T23:53:20\.0+, "
+                                          r".*a day supplied twice\? A day supplied twice: keep one file"):
         check_instrument_times(paths, ["BTC", "ETH"], _spans(chunks))
+
+
+def _tardis_csv(path, exchange: str, day: str, seconds: np.ndarray, price: float) -> pd.DataFrame:
+    """A Tardis book_snapshot-like CSV (gzip): exchange, symbol, integer us times, top level."""
+    ts = pd.Timestamp(day).value // 1000 + seconds * 1_000_000
+    bid = price + np.arange(seconds.size) * 0.5
+    frame = pd.DataFrame({"exchange": exchange, "symbol": "BTCUSDT", "timestamp": ts,
+                          "asks[0].price": bid + 0.1, "bids[0].price": bid})
+    frame.to_csv(path, index=False, compression="gzip")
+    return frame
+
+
+TARDIS = dict(timestamp="timestamp", timestamp_unit="us", dtype="float64",
+              rename={"ask_price_1": "asks[0].price", "bid_price_1": "bids[0].price"})
+
+
+def test_one_symbol_on_two_exchanges_is_refused_as_two_feeds_over_the_same_time_not_as_file_order(tmp_path):
+    """binance and binance-futures BTCUSDT by {column: symbol}: the spot file of a day
+    sorts after the futures file of the next day, and its rows overlap the futures file
+    of its own day, an earlier one. No order of the files joins them: the refusal names
+    the overlapping files and span, and a path pattern that, given, reads them apart."""
+    frames = {}
+    for exchange in ("binance-futures", "binance"):
+        for d, day in enumerate(("2024-01-02", "2024-01-03")):
+            name = f"{exchange}_book_snapshot_5_{day}_BTCUSDT.csv.gz"
+            frames[name] = _tardis_csv(tmp_path / name, exchange, day, np.arange(0, 600, 20) + (exchange == "binance"),
+                                       42_000.0 + d)
+    spot, futures = (str(tmp_path / f"{x}_book_snapshot_5_2024-01-02_BTCUSDT.csv.gz") for x in ("binance",
+                                                                                                 "binance-futures"))
+    a, b = frames[spot.rsplit("/", 1)[1]]["timestamp"], frames[futures.rsplit("/", 1)[1]]["timestamp"]
+    def iso(us: int) -> str:
+        return str(pd.Timestamp(int(us) * 1000, unit="ns").to_datetime64())  # datetime64[ns], as the message
+
+    start, end = iso(max(a.min(), b.min())), iso(min(a.max(), b.max()))  # the overlap, by pandas
+    with pytest.raises(LoaderError) as err:
+        open_segmented(str(tmp_path / "*.csv.gz"), instrument=InstrumentSpec(column="symbol"), **TARDIS)
+    msg = str(err.value)
+    assert msg.startswith(f"{spot}: rows of instrument 'BTCUSDT' start at {iso(a.min())}, "
+                          f"before its rows in an earlier file holding it, {futures}, end at ")
+    assert f"both files hold its rows from {start} to {end}" in msg
+    assert "two feeds sharing a symbol" in msg and "time order when sorted by name" not in msg
+    pattern = msg.split('source.instrument: {path: "')[1].split('"}')[0]
+    assert pattern == str(tmp_path / "{instrument}_book_snapshot_5_*_BTCUSDT.csv.gz")
+    # The hint's pattern is real syntax: it reads the two exchanges as two instruments,
+    # each with its own rows, as pandas holds them.
+    got = open_segmented(str(tmp_path / "*.csv.gz"), instrument=InstrumentSpec(path=pattern),
+                         columns=["bid_price_1"], **TARDIS)
+    x, seg = got.array.compute()[:, 0], got.segments
+    assert sorted(seg.instruments) == ["binance", "binance-futures"]
+    for code, name in enumerate(seg.instruments):
+        rows = np.concatenate([x[a:b] for a, b, c in zip(seg.starts, seg.stops, seg.instrument) if c == code])
+        want = pd.concat([f for n, f in sorted(frames.items()) if n.startswith(name + "_")])["bids[0].price"]
+        np.testing.assert_array_equal(rows, want.to_numpy(), err_msg=name)
+
+
+def test_files_merely_out_of_order_keep_the_order_message_and_the_hint_fits_the_names():
+    """Days named out of order share no time: the order is what is wrong. Overlapping
+    files whose names differ in a dated field get the general path form."""
+    days = [DAY + 86_400 * NS * d + np.array([10, 80_000]) * NS for d in (1, 0)]
+    paths = ["x_2024-03-01_ETH.csv", "x_2024-02-29_ETH.csv"]  # day 2, then day 1
+    with pytest.raises(LoaderError, match=r"x_2024-02-29_ETH\.csv: rows of instrument 'ETH' start at .*before its "
+                                          r"rows in the previous file holding it.*each instrument's files must be "
+                                          r"in time order when sorted by name$"):
+        check_instrument_times(paths, ["BTC", "ETH"], _spans([(["ETH"] * 2, t) for t in days]))
+    assert path_hint("d/2024-03-01a_ETH.csv", "d/2024-03-01_ETH.csv").startswith(
+        "source.instrument: {path: PATTERN}; {instrument} is one part")
+    assert path_hint("raw/binance/20240102_BTC.parquet", "raw/okx/20240102_BTC.parquet").startswith(
+        'source.instrument: {path: "raw/{instrument}/*_BTC.parquet"} makes \'binance\' and \'okx\'')
 
 
 def test_an_instruments_rows_back_in_time_between_parts_of_one_file_are_refused():
