@@ -26,7 +26,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -103,18 +103,21 @@ def _missing_rules(missing: Any, path: str) -> tuple[tuple[str, tuple[int | floa
     return tuple(rules)
 
 
-def convert_column(col: Any, name: str, rules: ValueRules, path: str, source: str | None = None) -> Any | None:
+def convert_column(col: Any, name: str, rules: ValueRules, path: str, source: str | None = None,
+                   where: Callable[[int], str] | None = None) -> Any | None:
     """Column ``name`` (a pyarrow array; ``source``, its name in the file) with ``rules``
     applied: sentinels made null, then an integer column scaled exactly to float64;
     ``None`` when no rule applies. Floats that are all whole numbers are fixed-point
     integers a writer stored as floats (pandas does, for a column with a missing value)
-    and are scaled too.
+    and are scaled too. ``where(i)`` tells where the column's row ``i`` is in the file
+    (``line 7``, ``row 3 of row group 0``), for a refusal.
 
     Raises
     ------
     LoaderError
         Naming the file and column: a scale on floats with fractions (in units already),
-        or on integers past 2**53 (float64 would round them).
+        or on integers past 2**53 (float64 would round them), naming the first such
+        value and its row.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -139,8 +142,7 @@ def convert_column(col: Any, name: str, rules: ValueRules, path: str, source: st
     low, high = (v.as_py() for v in pc.min_max(col).values())  # nulls for a column of none
     big = None if low is None else max(abs(low), abs(high))
     if big is not None and big > 2**53:
-        raise LoaderError(path, f"column {name!r}: the integer {big} is past 2**53, where float64 rounds; "
-                          "if it means 'no value', list it in source.missing")
+        raise _past_exact(col, names, rules, path, where)
     values = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
     if not pa.types.is_integer(col.type):
         finite = values[np.isfinite(values)]
@@ -152,6 +154,28 @@ def convert_column(col: Any, name: str, rules: ValueRules, path: str, source: st
     if inverse >= 1 and abs(inverse - round(inverse)) <= 1e-9 * inverse:
         return values / float(round(inverse))  # one rounding, as prices / 10,000
     return values * factor
+
+
+def _past_exact(col: Any, names: tuple[str, ...], rules: ValueRules, path: str,
+                where: Callable[[int], str] | None) -> LoaderError:
+    """The refusal of a scaled column holding an integer past 2**53 (``names``: its
+    canonical name, then its name in the file): its first such value and row, and the
+    ``source.missing`` rule that reads it as NaN, under the pattern its scale matched,
+    which reaches the same columns (every level's ``*_px_*``)."""
+    import pyarrow.compute as pc
+
+    values = np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False))
+    # Compared without abs(): the smallest int64 has no positive twin.
+    r = int(np.flatnonzero((values > 2**53) | (values < -(2**53)))[0])
+    value = col[r].as_py()
+    value = int(value) if float(value).is_integer() else value  # floats of whole numbers: shown as integers
+    pattern = next(p for p, _ in rules.scale if any(fnmatch.fnmatchcase(n, p) for n in names))
+    key = f'"{pattern}"' if any(c in pattern for c in "*?[") else pattern  # a YAML alias otherwise
+    own = f" (the file's {names[1]!r})" if len(names) > 1 else ""
+    at = f" at {where(r)}" if where is not None else ""
+    return LoaderError(path, f"column {names[0]!r}{own}: the integer {value}{at} is past 2**53, where float64 "
+                       f"rounds; if it means 'no value' (an empty level), list it in source.missing "
+                       f"({{{key}: [{value}]}}; read as NaN, see source.nan)")
 
 
 def _fits(value: int | float, arrow_type: Any) -> bool:

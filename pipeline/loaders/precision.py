@@ -25,6 +25,12 @@ made) turns the first report into a warning: once per client, which is once per
 ``pipeline run``. Without a distributed worker (dask's local schedulers) the warning is
 raised where the part is read, once per source.
 
+An integer column a float cannot hold exactly is refused where it is read
+(:func:`~pipeline.loaders.tables.inexact_integers`); :func:`integer_hint` says what it
+likely is and what to set: a vendor's "no value" sentinel (``source.missing``), a
+timestamp read as a value (``source.columns`` leaves it out), a fixed-point price
+(``source.scale``), or an id (``source.columns`` too).
+
 Ticks that survive are not enough for class labels: a label computed from float32
 prices differs from the exact one by up to about ``2 * 2**-24`` of ``1 + |label|``, and a
 label that close to a class boundary (``alpha``, a threshold) can land in the other
@@ -35,6 +41,7 @@ and :func:`boundary_message` is the warning the build gives, with the fix.
 
 from __future__ import annotations
 
+import re
 import sys
 import threading
 import uuid
@@ -48,7 +55,8 @@ import numpy as np
 from pipeline.errors import PriceResolutionWarning
 
 __all__ = ["CHECK_ROWS", "LABEL_ROUNDING", "PRICE_COLUMNS", "TOPIC", "PriceGuard", "arm", "boundary_message",
-           "check_prices", "message", "near_boundaries", "pending", "price_columns", "resolution_problem"]
+           "check_prices", "epoch_reading", "integer_hint", "looks_like_price", "looks_like_time", "message",
+           "near_boundaries", "pending", "price_columns", "resolution_problem"]
 
 #: The level-1 price columns of an order book (LOBSTER's, the demo's, and those the
 #: ``mid_price``, ``spread`` and ``book`` features read).
@@ -126,6 +134,73 @@ def message(path: str, column: str, move: float, resolution: float, top: float) 
             f"{resolution:.6g} near them (prices up to {top:.10g}): read as float32 (source.dtype's default) their "
             "ticks are lost, and spreads and returns computed from them are wrong. Set source.dtype: float64 "
             "(the stored windows stay float32)")
+
+
+#: Epoch nanoseconds of 1990-01-01 and 2050-01-01: an integer that is a date between them
+#: in one of :data:`_EPOCH_UNITS` is taken for a time. Narrower than the dates a
+#: timestamp column may hold (to 2100): Binance's ``update_id`` (about 3.9e12), read as
+#: epoch ms, would be 2093. The units' ranges do not overlap (s about 6e8 to 2.5e9, ms
+#: 6e11 to 2.5e12, and so on), so a value is a date in one unit at most.
+_EPOCH_NS = (631_152_000 * 10**9, 2_524_608_000 * 10**9)
+_EPOCH_UNITS = (("ns", 1), ("us", 10**3), ("ms", 10**6), ("s", 10**9))
+
+def epoch_reading(value: int) -> tuple[str, str] | None:
+    """``(unit, ISO time)`` when integer ``value`` is a date of 1990 to 2049 as epoch
+    ns, us, ms or s (a timestamp), else ``None``."""
+    lo, hi = _EPOCH_NS
+    for unit, per in _EPOCH_UNITS:
+        if lo <= int(value) * per < hi:
+            return unit, str(np.datetime64(int(value), unit))
+    return None
+
+
+def _words(name: str) -> set[str]:
+    return set(re.split(r"[^a-z0-9]+", name.lower()))
+
+
+def looks_like_time(*names: str) -> bool:
+    """Whether a column known by ``names`` (its canonical name, its name in the file) is
+    named as a time is: ``ts_event``, ``local_timestamp``, ``transactTime``, ``date``."""
+    return any("time" in n.lower() or _words(n) & {"ts", "date", "datetime"} for n in names)
+
+
+def looks_like_price(*names: str) -> bool:
+    """Whether a column known by ``names`` is named as a price is: ``ask_price_1``,
+    Databento's ``bid_px_00``."""
+    return any("price" in n.lower() or _words(n) & {"px", "prc"} for n in names)
+
+
+def integer_hint(name: str, own: str, value: int, type_name: str, dtype: Any) -> str:
+    """What to set for integer column ``name`` (``own``: its name in the file) whose
+    ``value`` (of arrow type ``type_name``) ``dtype`` cannot hold exactly.
+
+    The extreme of its type is a vendor's "no value" sentinel (``source.missing``). A
+    column named as a time, or whose value is a plausible epoch date (when it is not
+    named as a price), is a timestamp read only because every column is
+    (``source.nan: drop``): ``source.columns`` leaves it out, and ``source.scale``,
+    the fix for fixed-point prices, would make a time a feature. A price is a
+    fixed-point one (``source.scale``); anything else may be an id (``source.columns``).
+    ``source.dtype: float64`` is named only where it holds the value.
+    """
+    value = int(value)
+    if value in (np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.uint64).max):
+        return (f"{value} is the extreme {type_name}, a vendor's sentinel for no value (an empty level): list it "
+                f"in source.missing ({{{name}: [{value}]}}; read as NaN, see source.nan)")
+    leave_out = (f"if no feature or label reads {name!r}, leave it out: source.columns lists the columns read "
+                 "(source.nan: drop reads every column unless source.columns names them)")
+    scale = f"source.scale gives their unit ({{{name}: 1.0e-9}})"
+    named_time, when = looks_like_time(name, own), epoch_reading(value)
+    if not looks_like_price(name, own) and (named_time or when):
+        seen = f" ({when[1]} as epoch {when[0]})" if when else ""
+        hint = f"{name!r} looks like a timestamp{seen}, not a value to compute features from: {leave_out}"
+        # A value alone may be a date by chance (an ETH price in units of 1e-9 is one in ms).
+        return hint if named_time else f"{hint}; if they are fixed-point prices instead, {scale}"
+    if abs(value) <= 2**53 and np.dtype(dtype) != np.float64:  # float64 holds it: float32 was asked for
+        fix = "set source.dtype: float64 (exact up to 2**53)"
+        return f"{fix}; if they are fixed-point prices, {scale}" if looks_like_price(name, own) else \
+            f"{fix}; or, {leave_out}"
+    fix = f"no float holds them exactly: if they are fixed-point prices, {scale}"
+    return fix if looks_like_price(name, own) else f"{fix}; or, {leave_out}"
 
 
 def near_boundaries(values: np.ndarray, boundaries: Sequence[float], scale: float = 1.0) -> np.ndarray:

@@ -862,7 +862,8 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
         from pipeline.loaders.conversions import convert_column
 
         for name in columns:
-            converted = convert_column(table[name], name, rules, part.path, part.source_of(name))
+            converted = convert_column(table[name], name, rules, part.path, part.source_of(name),
+                                       functools.partial(row_place, part))
             if isinstance(converted, np.ndarray):
                 scaled[name] = converted  # exact float64, in units
             elif converted is not None:
@@ -903,10 +904,14 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
 
     Integers are read only when the float holds them exactly: a rounded price would be
     another tick, silently. Such integers are usually a vendor's fixed-point prices
-    (Databento: units of 1e-9: ``source.scale``) or, past float64's 2**53, a "no
-    value" sentinel (the largest int64, for an empty book level: ``source.missing``);
-    see :mod:`pipeline.loaders.conversions`.
+    (Databento: units of 1e-9: ``source.scale``), past float64's 2**53 a "no value"
+    sentinel (the largest int64, for an empty book level: ``source.missing``; see
+    :mod:`pipeline.loaders.conversions`), or a column read only because ``source.nan:
+    drop`` reads every column (a second timestamp, an id: ``source.columns``). Which
+    one it looks like decides the hint (:func:`~pipeline.loaders.precision.integer_hint`).
     """
+    from pipeline.loaders import precision
+
     dtype = np.dtype(dtype)
     limit = _EXACT_INTEGERS[dtype]
     values = col.to_numpy(zero_copy_only=False) if not col.null_count else \
@@ -917,21 +922,7 @@ def inexact_integers(part: TablePart, name: str, col: Any, dtype: Any) -> Loader
     r = int(bad[0]) if bad.size else 0
     value = int(values[r])
     own = _own_name(part, name)
-    if value in (np.iinfo(np.int64).max, np.iinfo(np.int64).min, np.iinfo(np.uint64).max):
-        hint = (f"{value} is the extreme {col.type}, a vendor's sentinel for no value (an empty level): list it "
-                f"in source.missing ({{{name}: [{value}]}}; read as NaN, see source.nan)")
-    elif dtype == np.float32:
-        hint = "set source.dtype: float64 (exact up to 2**53)"
-        if "price" in name.lower():
-            hint += f"; if they are fixed-point prices, source.scale gives their unit ({{{name}: 1.0e-9}})"
-        else:
-            # An id or a sequence number (Binance's update_id) is often read only because
-            # source.nan: drop reads every column: leaving it out is the better fix.
-            hint += (f"; or, if no feature or label reads {name!r}, leave it out: source.columns lists the columns "
-                     "read (source.nan: drop reads every column unless source.columns names them)")
-    else:
-        hint = ("no float holds them exactly: if they are fixed-point prices, source.scale gives their unit "
-                f"({{{name}: 1.0e-9}})")
+    hint = precision.integer_hint(name, part.source_of(name), value, str(col.type), dtype)
     return LoaderError(part.path, f"column {name!r}{own}: the {col.type} value {value} at {row_place(part, r)} "
                        f"does not fit {dtype} exactly ({dtype} holds integers exactly up to {limit:,}); {hint}")
 

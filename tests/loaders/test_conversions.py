@@ -60,6 +60,30 @@ def test_a_sentinel_left_unnamed_is_refused_and_a_named_one_obeys_source_nan(tmp
                     missing=[UNDEF]).array.compute()
 
 
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_a_sentinel_left_unnamed_is_refused_naming_its_line_or_row_and_the_rule(tmp_path, fmt):
+    """The refusal names where the first sentinel is (a CSV's line, counted from 1 with
+    the header; a Parquet row in its row group), the column both ways, and the
+    source.missing rule under the scale's own pattern."""
+    frame = mbp(tmp_path / "day2.parquet", 2, rows=300)
+    head = frame.index < 150  # the first empty level in the second row group or later
+    frame.loc[head, "bid_px_01"] = frame.loc[head, "bid_px_00"] - 50_000_000
+    if fmt == "csv":
+        frame.assign(ts_event=frame["ts_event"].astype(np.int64)).to_csv(tmp_path / "day2.csv", index=False)
+        (tmp_path / "day2.parquet").unlink()
+    else:  # row groups of 100 rows: the sentinel's row counted in its group
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), tmp_path / "day2.parquet", row_group_size=100)
+    first = int(np.flatnonzero(frame["bid_px_01"].to_numpy() == UNDEF)[0])  # by pandas
+    where = f"line {first + 2}" if fmt == "csv" else f"row {first % 100} of row group {first // 100}"
+    with pytest.raises(LoaderError) as err:
+        open_source(str(tmp_path / f"day2.{fmt}"), timestamp="ts_event", dtype="float64", scale={"*_px_*": 1e-9},
+                    rename={"bid_price_2": "bid_px_01"}, chunk_rows=1000).array.compute()
+    assert str(err.value).endswith(
+        f"day2.{fmt}: column 'bid_price_2' (the file's 'bid_px_01'): the integer {UNDEF} at {where} is past 2**53, "
+        "where float64 rounds; if it means 'no value' (an empty level), list it in source.missing "
+        f'({{"*_px_*": [{UNDEF}]}}; read as NaN, see source.nan)')
+
+
 def test_floats_with_fractions_under_a_scale_are_refused_and_whole_floats_are_fixed_point(tmp_path):
     """A day re-exported in dollars is refused; a fixed-point day that pandas stored as
     floats (its column had a missing value) is scaled like the integers."""

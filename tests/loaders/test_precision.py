@@ -275,3 +275,31 @@ def test_near_boundaries_scales_the_room_with_the_label():
     # return labels in basis points: the boundary is on the scaled value, the room too
     np.testing.assert_array_equal(near_boundaries(values, (-1.0, 1.0), 1e4), [True, True, False, True, False])
     assert "3 of 10 labels" in precision.boundary_message(3, 10, "alpha 0.0001")
+
+
+@pytest.mark.parametrize("name, own, value, dtype, first, then", [
+    # Named as a time, a ns date: the time hint alone (a scale would make it a feature).
+    ("ts_event", "ts_event", 1_704_205_800_002_515_140, "float64", "'ts_event' looks like a timestamp (", None),
+    # A ms date in a column named as no time: both, the time first.
+    ("t", "t", 1_704_205_800_002, "float32", "'t' looks like a timestamp (", "; if they are fixed-point prices "
+     "instead, source.scale gives their unit ({t: 1.0e-9})"),
+    # An ETH price in units of 1e-9 is a date in ms by chance: its name says price.
+    ("ask_price_1", "ask_px_00", 2_301_250_000_000, "float32", "set source.dtype: float64 (exact up to 2**53); "
+     "if they are fixed-point prices, source.scale gives their unit ({ask_price_1: 1.0e-9})", None),
+    # An id past 2**53: float64 holds it no better; source.columns leaves it out.
+    ("order_id", "order_id", 2**62 + 1, "float32", "no float holds them exactly: ", "; or, if no feature or label "
+     "reads 'order_id', leave it out: source.columns"),
+    # Binance's update_id as ms would be 2093: no time.
+    ("update_id", "u", 3_900_000_000_000, "float32", "set source.dtype: float64 (exact up to 2**53); or, if no "
+     "feature or label reads 'update_id', leave it out", None),
+])
+def test_integer_hints_tell_a_time_from_a_price_and_an_id(name, own, value, dtype, first, then):
+    import pandas as pd
+
+    hint = precision.integer_hint(name, own, value, "int64", np.dtype(dtype))
+    assert hint.startswith(first), hint
+    assert (then is None and "instead" not in hint) or (then is not None and then in hint), hint
+    if "timestamp (" in hint:  # the date shown is the value's, in the unit pandas reads it as
+        shown, unit = hint.split("timestamp (")[1].split(")")[0].split(" as epoch ")
+        assert pd.Timestamp(shown) == pd.Timestamp(value, unit=unit)
+        assert "source.columns lists the columns read" in hint

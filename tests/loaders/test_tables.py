@@ -844,6 +844,32 @@ def test_an_id_column_past_float32_under_nan_drop_points_to_source_columns(tmp_p
     np.testing.assert_array_equal(got[:, 0], bid[np.isfinite(bid)].astype(np.float32))
 
 
+def test_a_second_timestamp_read_under_nan_drop_points_to_source_columns_not_to_a_price_scale(tmp_path):
+    """Databento MBP-10 with timestamp ts_recv: source.nan: drop reads every column, so
+    ts_event (int64 ns, past 2**53) too. Scaling it, the fix for fixed-point prices,
+    would make a time a feature: the refusal says it looks like a time and names
+    source.columns, which leaves it out (and then reads the same prices as pandas)."""
+    import pandas as pd
+
+    recv = 1_704_205_800_000_000_000 + np.arange(5, dtype=np.int64) * 1_000_000
+    ref = pd.DataFrame({"ts_recv": recv, "ts_event": recv - 2_515_140 * np.arange(1, 6),
+                        "bid_px_00": [42_000.5, 42_000.6, np.nan, 42_000.8, 42_000.9]})
+    p = tmp_path / "glbx-mdp3-20240102.mbp-10.csv"
+    ref.to_csv(p, index=False)
+    kw = dict(timestamp="ts_recv", dtype="float64", nan="drop", rename={"bid_price_1": "bid_px_00"})
+    with pytest.raises(LoaderError) as err:
+        open_source(str(p), **kw).array.compute()
+    msg, event = str(err.value), int(pd.read_csv(p)["ts_event"].iloc[0])
+    when = str(pd.Timestamp(event, unit="ns").to_datetime64())
+    assert msg.startswith(f"{p}: column 'ts_event': the int64 value {event} at line 2 does not fit float64 exactly")
+    assert msg.endswith(f"'ts_event' looks like a timestamp ({when} as epoch ns), not a value to compute features "
+                        "from: if no feature or label reads 'ts_event', leave it out: source.columns lists the "
+                        "columns read (source.nan: drop reads every column unless source.columns names them)")
+    assert "source.scale" not in msg
+    got = open_source(str(p), columns=["bid_price_1"], **kw).array.compute()
+    np.testing.assert_array_equal(got[:, 0], ref["bid_px_00"].dropna().to_numpy())
+
+
 def test_nan_errors_name_the_column_as_the_config_and_the_file_do(tmp_path):
     p = tmp_path / "q.csv"
     p.write_text("Bid Price,Ask Price\n1.5,1.6\n,1.7\n")
