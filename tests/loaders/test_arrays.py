@@ -27,7 +27,8 @@ def test_shape_mismatch_lists_offenders_unless_fixed(tmp_path):
     np.save(tmp_path / "a.npy", np.ones((4, 4), np.float32))
     np.save(tmp_path / "b.npy", np.ones((3, 5), np.float32))
     np.save(tmp_path / "c.npy", np.ones((4, 4), np.float32))
-    with pytest.raises(ShapeMismatchError, match=r"a\.npy: has shape \(4, 4\), but 1 file\(s\) differ .*b\.npy: \(3, 5\)") as e:
+    with pytest.raises(ShapeMismatchError,
+                       match=r"a\.npy: has shape \(4, 4\), but 1 file\(s\) differ .*b\.npy: \(3, 5\)") as e:
         pipeline.load(str(tmp_path / "*.npy"))
     assert "combine='concat'" not in str(e.value)  # b differs along axis 1 too: joining them is no fix
     with pytest.raises(ShapeMismatchError, match=r"b\.npy: has shape \(3, 5\), larger than the first file's "
