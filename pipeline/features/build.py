@@ -10,9 +10,12 @@ Only small reductions run here; the windows stay lazy until the writer stores th
 
 A window is left out of every split, as one whose label runs past its segment is, when
 its label reads a price the source filled in (``source.nan: fill``: an empty level,
-such as a one-sided book): that label would be a fabricated move. Its features are
-kept as the source gives them; the build warns how many windows it left out and which
-price column was empty.
+such as a one-sided book): that label would be a fabricated move. The build warns how
+many windows it left out and which price column was empty. The features made from the
+level-1 prices are NaN where one was empty (:func:`~pipeline.features.steps.features_numpy`),
+so that ``nan`` decides the windows holding them as it does any NaN; the build warns how
+many rows held an empty level-1 price and which features they made NaN. Raw columns
+(``book``) and sizes keep the filled values.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from pipeline.features.splitblocks import split_arrays
 from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign_splits, duration_text,
                                       embargo_mask, embargoes, fold_sessions, fraction_cuts, has_dates, is_dated,
                                       lacking_dates, outside_splits, place_windows, split_spans)
-from pipeline.features.steps import FeatureFrame, compute_features, feature_lookback
+from pipeline.features.steps import (TOP_PRICES, FeatureFrame, compute_features, empty_prices_message,
+                                     empty_top_prices, feature_lookback, top_price_features)
 from pipeline.features.filesessions import file_sessions
 from pipeline.features.windows import gather_rows, windows_at
 from pipeline.progress import compute
@@ -241,7 +245,10 @@ def build_training_set(
         Append: ``x`` holds only new sessions after this stored build (its statistics).
     source_fill
         The value ``source.nan: fill`` wrote for empty values: windows whose mid-price
-        label reads one are left out, with a warning.
+        label reads one are left out, with a warning; the features made from the
+        level-1 prices (``mid_price``, ``spread``, ``log_return``, their rolling
+        features) are NaN at a row whose ``bid_price_1`` or ``ask_price_1`` holds it,
+        for ``nan`` to decide, with a warning.
 
     Returns
     -------
@@ -251,6 +258,9 @@ def build_training_set(
     ------
     ConfigError
         ``splits`` or ``normalize`` malformed, naming the key.
+    InvalidValueError
+        ``nan="raise"`` and a window holds NaN or inf, naming it, and the feature and
+        source row (with why: an empty level-1 price under ``source_fill``).
     WindowError
         A split without windows, or none to fit ``global`` statistics on (per instrument);
         a session whose windows are stored over a trailing history without two finite
@@ -260,6 +270,7 @@ def build_training_set(
     -----
     UserWarning
         How many windows ``source_fill`` left out, and which price was empty; how many
+        rows held an empty level-1 price, and which features it made NaN; how many
         sessions (and windows) trailing normalization left out for too short a history.
     PriceResolutionWarning
         Float32 class labels near a class boundary (``labels.rounding_message``).
@@ -267,9 +278,9 @@ def build_training_set(
     splits, norm = as_splits(splits or {"train": 1.0}, "splits"), NormalizeSpec.from_value(normalize, "normalize")
     scales, segs = tuple(scales), segments if segments is not None else _file_segments(x)
     _check_inputs(x, segs, norm, materialize)
-    frame, f, labels_steps, timestamps, gaps = _step_arrays(x, columns, features, label, segs, norm, timestamps,
-                                                            fill=fill_value if nan == "fill" else None,
-                                                            source_fill=source_fill)
+    frame, f, labels_steps, timestamps, gaps, empties = _step_arrays(
+        x, columns, features, label, segs, norm, timestamps, fill=fill_value if nan == "fill" else None,
+        source_fill=source_fill)
     L, H = frame.lookback, halo(size, scales)
     back, fwd = max(H + L, label.reach[0]), label.reach[1]
     runs = _windows_that_fit(segs, norm, size=size, stride=stride, scales=scales, back=back, fwd=fwd, lookback=L,
@@ -284,11 +295,14 @@ def build_training_set(
     if prior is None:
         _check_splits_hold_windows(runs, where, splits, norm, future)
     # -- normalization fitted without look-ahead, and the NaN check: one pass ----------
-    f, stats, bad, y_values, seg_times, empty_reads = _fitted(
+    f, stats, bad, y_values, seg_times, empty_reads, empty_rows = _fitted(
         f, runs, where, names, fold_sets, frame.names, labels_steps, timestamps, segs, norm, size=size, scales=scales,
-        lookback=L, progress=progress, prior=prior, gaps=gaps)
+        lookback=L, progress=progress, prior=prior, gaps=gaps, empties=empties)
+    where_nan = functools.partial(_nan_in_window, f, frame.names, runs, x, columns, size=size, scales=scales,
+                                  lookback=L, source_fill=source_fill, top=top_price_features(features))
     bad, dropped = _left_out(bad, empty_reads, where, y_values, runs, label, nan=nan, rounded=x.dtype == np.float32,
-                             halo=H, fwd=fwd)
+                             halo=H, fwd=fwd, empty_rows=empty_message(empty_rows, features, nan, fill_value),
+                             where_nan=where_nan)
     # -- the arrays of each split --------------------------------------------------------
     per_split = _split_runs(runs, where, dropped, splits, norm, empty_ok=prior is not None, future=future)
     out = _split_outputs(f, per_split, labels_steps, timestamps, segs, norm, stats, label=label, size=size,
@@ -339,16 +353,19 @@ def _check_fit_windows(runs: WindowRuns, fit_runs: WindowRuns, segs: SegmentTabl
 
 
 def _left_out(bad: np.ndarray, empty_reads: np.ndarray, where: np.ndarray, y_values: np.ndarray, runs: WindowRuns,
-              label: LabelSpec, *, nan: str, rounded: bool, halo: int, fwd: int) -> tuple[np.ndarray, np.ndarray]:
-    """The windows holding NaN/inf (refused under ``nan="raise"``) and every window left
-    out (those and the ones whose label reads an empty price), warning of the latter and
-    of float32 class labels near a boundary (``rounded``)."""
+              label: LabelSpec, *, nan: str, rounded: bool, halo: int, fwd: int, empty_rows: str | None = None,
+              where_nan: Callable[[int], str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The windows holding NaN/inf (refused under ``nan="raise"``, naming what
+    ``where_nan`` finds in the first) and every window left out (those and the ones whose
+    label reads an empty price), warning of the latter, of the rows whose level-1 price
+    was empty (``empty_rows``, the text) and of float32 class labels near a boundary
+    (``rounded``)."""
     unlabelled = empty_reads.any(axis=1)
     bad = bad & ~unlabelled  # left out for its label, whatever else it holds: not a NaN window
     if bad.any() and nan == "raise":
-        _refuse_bad(bad, runs, halo, fwd)
+        _refuse_bad(bad, runs, halo, fwd, where_nan)
     dropped = bad | unlabelled
-    for text, category in ((gaps_message(empty_reads[where >= 0], label), UserWarning),
+    for text, category in ((gaps_message(empty_reads[where >= 0], label), UserWarning), (empty_rows, UserWarning),
                            (rounding_message(y_values[(where >= 0) & ~dropped], label) if rounded else None,
                             PriceResolutionWarning)):
         if text is not None:
@@ -358,29 +375,62 @@ def _left_out(bad: np.ndarray, empty_reads: np.ndarray, where: np.ndarray, y_val
 
 def _step_arrays(x: da.Array, columns: Sequence[str], features: Sequence[FeatureSpec], label: LabelSpec,
                  segs: SegmentTable, norm: NormalizeSpec, timestamps: da.Array | None, *, fill: float | None,
-                 source_fill: float | None) -> tuple[FeatureFrame, da.Array, da.Array, da.Array | None, da.Array | None]:
+                 source_fill: float | None) -> tuple[FeatureFrame, da.Array, da.Array, da.Array | None,
+                                                     da.Array | None, da.Array | None]:
     """What every pass of a build reads, held when it fits (:func:`hold`: the raw files
     are decoded once): the feature frame and its array, the label values per step, the
-    times and, with ``source_fill``, which prices each label reads empty."""
+    times and, with ``source_fill``, which prices each label reads empty and how many
+    rows of each chunk hold an empty level-1 price (:func:`_empty_counts`, when a
+    feature reads one)."""
     # No halo reaches across a session: values that would read another session are
     # never used, and a block starting or ending on one needs no neighbour's chunk.
     edges = np.union1d(segs.starts, segs.stops)
-    frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features), fill), edges)
+    frame = _feature_frame(x, columns, features, norm, _finisher(segs, feature_lookback(features), fill), edges,
+                           empty=source_fill)
     gaps = (label_gaps(x, columns=columns, spec=label, empty=source_fill, cuts=edges)
             if source_fill is not None and label.kind != "column" else None)
-    f, labels_steps, timestamps, gaps = hold(frame.array, label_steps(x, columns=columns, spec=label, cuts=edges),
-                                             timestamps, gaps)
-    return frame, f, labels_steps, timestamps, gaps
+    empties = (_empty_counts(x, columns, source_fill)
+               if source_fill is not None and top_price_features(features) else None)
+    f, labels_steps, timestamps, gaps, empties = hold(
+        frame.array, label_steps(x, columns=columns, spec=label, cuts=edges), timestamps, gaps, empties)
+    return frame, f, labels_steps, timestamps, gaps, empties
+
+
+def _empty_counts(x: da.Array, columns: Sequence[str], empty: float) -> da.Array:
+    """Per chunk of ``x``, how many rows hold an empty ``bid_price_1``, an empty
+    ``ask_price_1``, and either (:func:`~pipeline.features.steps.empty_top_prices`):
+    ``(chunks, 3)`` int64, a few numbers to hold rather than a flag per row."""
+    cols = tuple(columns)
+
+    def count(block: np.ndarray) -> np.ndarray:
+        flags = empty_top_prices(block, cols, empty)
+        return np.array([[*np.count_nonzero(flags, axis=0), np.count_nonzero(flags.any(axis=1))]], dtype=np.int64)
+
+    # The features' own rechunk of x (map_with_halo's): the same keys, so a pass that
+    # computes both decodes each raw chunk once.
+    xr = x.rechunk({1: -1})
+    return xr.map_blocks(count, dtype=np.int64, chunks=((1,) * len(xr.chunks[0]), (3,)), token="empty-top-prices")
+
+
+def empty_message(counts: np.ndarray | None, features: Sequence[FeatureSpec], nan: str,
+                  fill_value: float) -> str | None:
+    """:func:`~pipeline.features.steps.empty_prices_message` of the summed per-chunk
+    ``counts`` (``None``: no ``source_fill``, or no feature reads a level-1 price)."""
+    if counts is None:
+        return None
+    return empty_prices_message(np.asarray(counts).reshape(-1, 3).sum(axis=0), top_price_features(features),
+                                nan=nan, fill_value=fill_value)
 
 
 def _feature_frame(x: da.Array, columns: Sequence[str], features: Sequence[FeatureSpec], norm: NormalizeSpec,
-                   finish: Callable[[np.ndarray, int], np.ndarray] | None, cuts: np.ndarray) -> FeatureFrame:
+                   finish: Callable[[np.ndarray, int], np.ndarray] | None, cuts: np.ndarray,
+                   empty: float | None = None) -> FeatureFrame:
     """The per-step features of ``x``. Float64 sources keep float64 features until they
     are normalized: a 97,000-level price rounded to float32 first (0.0078 apart) moves
     its z-score by that over a small std. Unnormalized features are float32, as stored."""
     exact = x.dtype == np.float64 and norm.kind != "none"
     return compute_features(x, columns=columns, specs=features, post=finish, dtype="float64" if exact else "float32",
-                            cuts=cuts)
+                            cuts=cuts, empty=empty)
 
 
 def _split_outputs(f: da.Array, per_split: Mapping[str, WindowRuns], labels_steps: da.Array,
@@ -410,19 +460,51 @@ def _split_attrs(per_split: Mapping[str, WindowRuns], key_kind: str, cuts: Seque
             "split_steps": steps}
 
 
-def _refuse_bad(bad: np.ndarray, runs: WindowRuns, h: int, fwd: int) -> None:
+def _refuse_bad(bad: np.ndarray, runs: WindowRuns, h: int, fwd: int,
+                where_nan: Callable[[int], str] | None = None) -> None:
     """Raise for the first window that holds NaN or inf.
 
     Raises
     ------
     InvalidValueError
-        Naming the window and the steps it covers.
+        Naming the window and the steps it covers, and what ``where_nan`` says of it
+        (the feature and row: :func:`_nan_in_window`).
     """
     i = int(np.flatnonzero(bad)[0])
     e = int(runs.ends(i, i + 1)[0])
+    found = where_nan(i) if where_nan is not None else ""
     raise InvalidValueError(
         "features", f"window {i} (steps {e - h}..{e} of the source, label to step {e + fwd}) holds NaN or inf "
-        f"in its features or label; set features.nan: drop or fill")
+        f"in its features or label{': ' + found if found else ''}; set features.nan: drop or fill")
+
+
+def _nan_in_window(f: da.Array, names: Sequence[str], runs: WindowRuns, x: da.Array, columns: Sequence[str],
+                   i: int, *, size: int, scales: Sequence[int], lookback: int, source_fill: float | None,
+                   top: Sequence[str] = ()) -> str:
+    """Where window ``i`` holds its first NaN or inf feature: the feature and the source
+    row, and, with ``source_fill``, the empty level-1 price that made it (at that row, or
+    in the feature's lookback before it, for the features ``top`` names). ``""`` when its features are finite (its label
+    is not). Computed only for the refusal: a few rows of each array."""
+    e = int(runs.ends(i, i + 1)[0])
+    rows = np.unique(np.concatenate([e - s * np.arange(size) for s in scales]))
+    vals = np.asarray(take_rows(f, rows).compute())
+    bad = ~np.isfinite(vals)
+    if not bad.any():
+        return ""
+    r, c = np.argwhere(bad)[0]  # the earliest row, its first feature
+    row, name = int(rows[r]), names[int(c)]
+    text = f"feature {name} is {vals[r, c]} at row {row} of the source"
+    if source_fill is None or name not in top:
+        return text
+    back = np.arange(max(0, row - lookback), row + 1)
+    idx = [list(columns).index(p) for p in TOP_PRICES]
+    flags = empty_top_prices(np.asarray(take_rows(x, back).compute())[:, idx], TOP_PRICES, source_fill)
+    hit = np.argwhere(flags)
+    if not hit.size:
+        return text
+    at, side = hit[-1]
+    return (f"{text}, as {TOP_PRICES[side]} was empty at row {int(back[at])} (source.nan: fill wrote "
+            f"{source_fill:g} there, which is no price)")
 
 
 def _blocks(n: int, unit: int | None, window_bytes: int, prior: Prior | None, split: str) -> tuple[int, ...]:
@@ -606,8 +688,10 @@ def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, A
 def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_steps: da.Array,
                    timestamps: da.Array | None, segs: SegmentTable, norm: NormalizeSpec, *, size: int,
                    scales: Sequence[int], lookback: int, progress: bool, prior: Prior | None = None,
-                   gaps: da.Array | None = None, features: Sequence[str] = (), serves: np.ndarray | None = None
-                   ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None, np.ndarray]:
+                   gaps: da.Array | None = None, features: Sequence[str] = (), serves: np.ndarray | None = None,
+                   empties: da.Array | None = None
+                   ) -> tuple[da.Array, dict[str, Any], np.ndarray, np.ndarray, np.ndarray | None, np.ndarray,
+                              np.ndarray | None]:
     """One pass over the data for everything needed before the write: the normalization
     statistics, every window's label values and whether any row a window uses is not
     finite, each segment's first and last time, and (with ``gaps``, from
@@ -617,7 +701,9 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
     values, the times, and ``(n, columns)`` bool empty reads (``(n, 0)`` without ``gaps``).
     ``features`` (their names) and ``serves`` (whether each segment's windows are stored)
     go to trailing statistics, which refuse to scale such a segment over too thin a
-    history (:func:`~pipeline.features.normalize.fit_normalization`)."""
+    history (:func:`~pipeline.features.normalize.fit_normalization`). ``empties`` (per
+    chunk counts of empty level-1 prices, :func:`_empty_counts`) are computed in the same
+    pass and returned last (``None`` without them)."""
     # The label values themselves (a few numbers per window) rather than only whether
     # they are finite: the class balance then needs no second pass over the data.
     reductions = [_bad_row_counts(f, segs, lookback), gather_rows(labels_steps, runs, _chunks(runs.n))]
@@ -633,7 +719,12 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
                                                 prior=None if prior is None or norm.kind != "trailing"
                                                 else (prior.segments, prior.moments()),
                                                 serves=serves, features=features)
-    results = compute(*reductions, *stats_tasks, desc="statistics and NaN check", progress=progress)
+    # The counts go right after the other arrays: dask 2026.7's compute returns the
+    # arrays' results before the delayed statistics, whatever order they are passed in.
+    extra = [] if empties is None else [empties]
+    results = compute(*reductions, *extra, *stats_tasks, desc="statistics and NaN check", progress=progress)
+    empty_counts = np.asarray(results[len(reductions)]) if extra else None
+    results = results[: len(reductions)] + results[len(reductions) + len(extra):]
     bad_steps_n, y_values = int(np.sum(results[0])), np.asarray(results[1])
     bad = ~np.isfinite(y_values).all(axis=1)
     seg_times = np.asarray(results[2]).reshape(-1, 2) if timestamps is not None else None
@@ -646,7 +737,7 @@ def _fit_and_check(f: da.Array, runs: WindowRuns, fit_runs: WindowRuns, labels_s
         (flagged,) = compute(windows_at(flags, runs, size=size, scales=scales).max(axis=(1, 2)),
                              desc="locating NaN windows", progress=progress)
         bad |= np.asarray(flagged, dtype=bool)
-    return f, stats, bad, y_values, seg_times, empty_reads
+    return f, stats, bad, y_values, seg_times, empty_reads, empty_counts
 
 
 def _place(runs: WindowRuns, segs: SegmentTable, splits: Mapping[str, Any], timestamps: da.Array | None, *,

@@ -4,6 +4,14 @@ Every feature at step ``t`` depends on steps ``t - lookback .. t`` only. Each bl
 ``lookback`` steps from its left neighbour (backward-only ``overlap``), computes in
 float64 and drops the borrowed rows, so results are identical whatever the chunking.
 Steps ``0 .. lookback-1`` of the whole series have incomplete history and hold NaN.
+
+A source read with ``nan: fill`` holds its fill value where a price was empty (LOBSTER's
+dummy prices, Databento's ``INT64_MAX``, a one-sided book). Given that value
+(``empty``), the features made from the level-1 prices (:func:`top_price_features`)
+are NaN at a row whose ``bid_price_1`` or ``ask_price_1`` holds it, as the labels leave
+out a window that reads one (:mod:`pipeline.features.labels`): a mid price of half the
+other side is no price. ``features.nan`` then decides. Raw columns (``book``,
+``column``) and size features keep the filled values: a deep empty level is normal.
 """
 
 from __future__ import annotations
@@ -19,7 +27,8 @@ from pipeline.errors import FeatureError
 from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import FeatureSpec, LabelSpec
 
-__all__ = ["FeatureFrame", "columns_read", "compute_features", "feature_lookback", "features_numpy", "missing_column"]
+__all__ = ["TOP_PRICES", "FeatureFrame", "columns_read", "compute_features", "empty_prices_message",
+           "empty_top_prices", "feature_lookback", "features_numpy", "missing_column", "top_price_features"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +77,49 @@ def _required_columns(spec: FeatureSpec) -> list[str]:
     return ["bid_price_1", "ask_price_1"]
 
 
+#: The level-1 prices: a feature computed from them is NaN where one is empty.
+TOP_PRICES = ("bid_price_1", "ask_price_1")
+#: Features (or the input of a rolling one) computed from :data:`TOP_PRICES`.
+_FROM_TOP_PRICES = ("mid_price", "spread", "log_return")
+
+
+def top_price_features(specs: Sequence[FeatureSpec]) -> tuple[str, ...]:
+    """Names (:attr:`~pipeline.features.specs.FeatureSpec.label`) of the features of
+    ``specs`` computed from the level-1 prices, in order: ``mid_price``, ``spread``,
+    ``log_return`` and the rolling features of these. ``book`` and ``column`` give raw
+    values; ``imbalance`` reads sizes; a ``custom`` function's inputs are its own."""
+    return tuple(spec.label for spec in specs
+                 if (spec.of if spec.name.startswith("rolling_") else spec.name) in _FROM_TOP_PRICES)
+
+
+def _is_empty(values: np.ndarray, empty: float) -> np.ndarray:
+    """Where ``values`` hold ``empty``, compared in their own dtype (as the source wrote
+    it; the labels compare the same way); NaN matches NaN."""
+    target = np.asarray(empty, dtype=values.dtype)
+    return np.isnan(values) if np.isnan(target) else values == target
+
+
+def empty_top_prices(block: np.ndarray, columns: Sequence[str], empty: float) -> np.ndarray:
+    """Which rows hold an empty level-1 price.
+
+    Parameters
+    ----------
+    block
+        ``(rows, C)`` steps of the raw table.
+    columns
+        Names of ``block``'s columns; they hold :data:`TOP_PRICES`.
+    empty
+        The value the source wrote where a price was empty (``source.fill_value`` under
+        ``source.nan: fill``), compared in ``block``'s dtype.
+
+    Returns
+    -------
+    numpy.ndarray
+        ``(rows, 2)`` bool: ``bid_price_1``, ``ask_price_1`` empty.
+    """
+    return np.stack([_is_empty(np.asarray(block[:, _col(columns, name)]), empty) for name in TOP_PRICES], axis=1)
+
+
 #: Windows reduced per numpy call in :func:`_rolling`: ``std`` makes temporaries of
 #: ``rows x window`` values, a few MB here instead of ``steps x window`` (80 MB for a
 #: block of 100k steps and a window of 100, faulted in again by every task; many times
@@ -88,7 +140,10 @@ def _rolling(values: np.ndarray, window: int, stat: str) -> np.ndarray:
     dest = out[window - 1 :]
     for a in range(0, view.shape[0], _ROLL_ROWS):
         rows = view[a : a + _ROLL_ROWS]
-        dest[a : a + _ROLL_ROWS] = rows.mean(axis=1) if stat == "mean" else rows.std(axis=1)
+        # A window holding NaN (an empty level-1 price under source.nan: fill) is NaN, as
+        # documented; numpy's vector loops may flag it as invalid on the way.
+        with np.errstate(invalid="ignore"):
+            dest[a : a + _ROLL_ROWS] = rows.mean(axis=1) if stat == "mean" else rows.std(axis=1)
     return out
 
 
@@ -108,7 +163,7 @@ _PIECE_ROWS = 16384
 
 
 def features_numpy(
-    block: np.ndarray, columns: Sequence[str], specs: Sequence[FeatureSpec]
+    block: np.ndarray, columns: Sequence[str], specs: Sequence[FeatureSpec], *, empty: float | None = None
 ) -> np.ndarray:
     """All features of one block, NaN where history is short.
 
@@ -123,6 +178,13 @@ def features_numpy(
         Names of ``block``'s columns.
     specs
         The features, in output order.
+    empty
+        The value the source wrote where a price was empty (``source.fill_value``
+        under ``source.nan: fill``), or ``None``: the features of
+        :func:`top_price_features` are NaN at a row whose ``bid_price_1`` or
+        ``ask_price_1`` holds it (compared in ``block``'s dtype), and wherever their
+        lookback reads such a row (``log_return`` the row after, a rolling feature its
+        window).
 
     Returns
     -------
@@ -133,15 +195,16 @@ def features_numpy(
     rows = block.shape[0]
     lookback = max((s.lookback_steps for s in specs), default=0)
     if rows <= _PIECE_ROWS + lookback:
-        return _features_of_rows(block, columns, specs)
+        return _features_of_rows(block, columns, specs, empty)
     out = np.empty((rows, sum(spec.width for spec in specs)), dtype=np.float64)
     for a in range(0, rows, _PIECE_ROWS):
         lo = max(0, a - lookback)  # each piece with the history its first row reads
-        out[a : a + _PIECE_ROWS] = _features_of_rows(block[lo : a + _PIECE_ROWS], columns, specs)[a - lo :]
+        out[a : a + _PIECE_ROWS] = _features_of_rows(block[lo : a + _PIECE_ROWS], columns, specs, empty)[a - lo :]
     return out
 
 
-def _features_of_rows(block: np.ndarray, columns: Sequence[str], specs: Sequence[FeatureSpec]) -> np.ndarray:
+def _features_of_rows(block: np.ndarray, columns: Sequence[str], specs: Sequence[FeatureSpec],
+                      empty: float | None = None) -> np.ndarray:
     """:func:`features_numpy` of rows computed at once."""
     rows = block.shape[0]
     cols = list(columns)
@@ -156,6 +219,17 @@ def _features_of_rows(block: np.ndarray, columns: Sequence[str], specs: Sequence
             converted[j] = np.asarray(block[:, j], dtype=np.float64)
         return converted[j]
 
+    def price(name: str) -> np.ndarray:
+        # A level-1 price as the price features read it: NaN where the source wrote its
+        # fill value for an empty level (``c`` keeps it, for ``book`` and ``column``).
+        if empty is None:
+            return c(name)
+        key = f"price:{name}"
+        if key not in cache:
+            gone = _is_empty(np.asarray(block[:, _col(cols, name)]), empty)
+            cache[key] = np.where(gone, np.nan, c(name)) if gone.any() else c(name)
+        return cache[key]
+
     cache: dict[str, np.ndarray] = {}
 
     def base(name: str, levels: int = 1) -> np.ndarray:
@@ -163,9 +237,9 @@ def _features_of_rows(block: np.ndarray, columns: Sequence[str], specs: Sequence
         if key in cache:
             return cache[key]
         if name == "mid_price":
-            v = (c("bid_price_1") + c("ask_price_1")) / 2.0
+            v = (price("bid_price_1") + price("ask_price_1")) / 2.0
         elif name == "spread":
-            v = c("ask_price_1") - c("bid_price_1")
+            v = price("ask_price_1") - price("bid_price_1")
         elif name == "imbalance":
             bid = sum(c(f"bid_size_{i}") for i in range(1, levels + 1))
             ask = sum(c(f"ask_size_{i}") for i in range(1, levels + 1))
@@ -234,6 +308,7 @@ def feature_lookback(specs: Sequence[FeatureSpec]) -> int:
 def compute_features(
     x: da.Array, *, columns: Sequence[str], specs: Sequence[FeatureSpec], dtype: str = "float32",
     post: Callable[[np.ndarray, int], np.ndarray] | None = None, cuts: Sequence[int] | None = None,
+    empty: float | None = None,
 ) -> FeatureFrame:
     """Per-step features, blockwise with a halo equal to the largest lookback.
 
@@ -255,6 +330,10 @@ def compute_features(
         Rows where the series is cut into sessions: no block reads history across one.
         Only for a ``post`` that NaNs each session's first ``lookback`` rows (a build's),
         the one place where the history before a cut is read.
+    empty
+        The value the source wrote where a price was empty (``source.nan: fill``), or
+        ``None``: the features made from the level-1 prices are NaN where one holds it
+        (:func:`features_numpy`).
 
     Returns
     -------
@@ -278,6 +357,42 @@ def compute_features(
             _load_custom(spec.function)  # fail before any computation, naming the hook
     lookback = feature_lookback(specs)
     cols = tuple(columns)
-    arr = map_with_halo(x, lambda block: features_numpy(block, cols, specs), back=lookback, fwd=0,
+    arr = map_with_halo(x, lambda block: features_numpy(block, cols, specs, empty=empty), back=lookback, fwd=0,
                         width=sum(s.width for s in specs), dtype=dtype, token="features", post=post, cuts=cuts)
     return FeatureFrame(array=arr, names=tuple(name for s in specs for name in s.labels), lookback=lookback)
+
+
+def empty_prices_message(counts: Sequence[int], names: Sequence[str], *, nan: str,
+                         fill_value: float = 0.0) -> str | None:
+    """The warning for rows whose level-1 price was empty, and the features they made NaN.
+
+    Parameters
+    ----------
+    counts
+        Rows with an empty ``bid_price_1``, with an empty ``ask_price_1``, and with
+        either (:func:`empty_top_prices`, summed).
+    names
+        The features computed from the level-1 prices (:func:`top_price_features`).
+    nan
+        ``features.nan``, which decides what becomes of those NaN values.
+    fill_value
+        ``features.fill_value``, written in their place under ``nan="fill"``.
+
+    Returns
+    -------
+    str or None
+        ``None`` when no row holds one, or no feature reads them.
+    """
+    bid, ask, rows = (int(c) for c in counts)
+    if not rows or not names:
+        return None
+    sides = [(name, n) for name, n in zip(TOP_PRICES, (bid, ask)) if n]
+    # Each side's count only when both were empty somewhere, as the labels' warning does.
+    which = sides[0][0] if len(sides) == 1 else " or ".join(f"{name} ({n:,})" for name, n in sides)
+    fate = {"drop": "the windows holding them are left out, counted with the NaN windows",
+            "fill": f"features.nan: fill writes {fill_value:g} in their place",
+            "raise": "no stored window holds one"}[nan]
+    held = "1 row holds" if rows == 1 else f"{rows:,} rows hold"
+    return (f"features: {held} an empty {which} (source.nan: fill); {', '.join(names)} "
+            f"{'is' if len(names) == 1 else 'are'} NaN there (and where "
+            f"their lookback reads one) rather than computed from the fill value; {fate}")

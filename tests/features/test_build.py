@@ -225,11 +225,12 @@ def write_lobster_day(d, n: int, seed: int, empty_ask=(), empty_bid=()):
 
 
 def pandas_windows(path, label: LabelSpec, size: int):
-    """An independent build with pandas: mid_price and spread features from the filled
-    prices (0 where empty, as source.nan: fill gives them), labels from the prices with
-    NaN where empty, and only the windows whose every label is finite. Returns the
-    windows, the labels (scaled, float32) and how many windows each side's emptiness
-    left out."""
+    """An independent build with pandas: mid_price and spread features and labels from
+    the prices with NaN where empty (source.nan: fill wrote 0 there, which no feature or
+    label takes for a price), and only the windows whose every label is finite and
+    whose features are (features.nan: drop). Returns the windows, the labels (scaled,
+    float32), how many windows each side's emptiness left out for their label, and how
+    many with a finite label were left out for a NaN feature."""
     import pandas as pd
 
     book = pd.read_csv(path, header=None).to_numpy(np.float64)
@@ -237,7 +238,7 @@ def pandas_windows(path, label: LabelSpec, size: int):
     ask = pd.Series(np.where(empty_ask, np.nan, book[:, 0] / 10_000))
     bid = pd.Series(np.where(empty_bid, np.nan, book[:, 2] / 10_000))
     filled_ask, filled_bid = ask.fillna(0.0), bid.fillna(0.0)
-    feats = np.stack([(filled_bid + filled_ask) / 2, filled_ask - filled_bid], axis=1).astype(np.float32)
+    feats = np.stack([(bid + ask) / 2, ask - bid], axis=1).astype(np.float32)
 
     def values(a: pd.Series, b: pd.Series) -> np.ndarray:
         mid = (b + a) / 2
@@ -254,21 +255,25 @@ def pandas_windows(path, label: LabelSpec, size: int):
     n = len(book)
     back, fwd = max(size - 1, label.reach[0]), label.reach[1]
     ends = np.arange(back, n - fwd)
-    kept = ends[np.isfinite(y[ends]).all(axis=1)]
+    labelled = ends[np.isfinite(y[ends]).all(axis=1)]
+    finite = np.array([np.isfinite(feats[e - size + 1 : e + 1]).all() for e in labelled], dtype=bool)
+    kept = labelled[finite]
     x = np.stack([feats[e - size + 1 : e + 1] for e in kept])
     # Which side's emptiness each left-out window's label reads (the other side priced).
     by_ask = ~np.isfinite(values(ask, filled_bid)[ends]).all(axis=1)
     by_bid = ~np.isfinite(values(filled_ask, bid)[ends]).all(axis=1)
-    return x, y[kept].astype(np.float32).reshape(len(kept), -1), int(by_ask.sum()), int(by_bid.sum())
+    return (x, y[kept].astype(np.float32).reshape(len(kept), -1), int(by_ask.sum()), int(by_bid.sum()),
+            int((~finite).sum()))
 
 
 @pytest.mark.parametrize("label", [LabelSpec(kind="return", horizons=(1, 3), scale=1e4),
                                    LabelSpec(kind="smoothed", horizons=(2, 4), reference="past_mean")])
 def test_windows_whose_label_reads_an_empty_price_are_left_out(tmp_path, label):
     """A one-sided book under source.nan: fill (ask price 0 at three rows, bid price 0 at
-    one): no label is computed from the fill. The build gives exactly the windows and
-    labels of a pandas computation that drops the windows whose label horizon touches
-    an empty level, and warns how many it left out and which price was empty."""
+    one): no label or price feature is computed from the fill. The build gives exactly
+    the windows and labels of a pandas computation that drops the windows whose label
+    horizon touches an empty level, and those whose mid_price or spread holds one, and
+    warns how many it left out and which price was empty."""
     from pipeline.loaders.segments import open_segmented
 
     path = write_lobster_day(tmp_path, 160, seed=4, empty_ask=(40, 41, 42), empty_bid=(100,))
@@ -278,7 +283,7 @@ def test_windows_whose_label_reads_an_empty_price_are_left_out(tmp_path, label):
               segments=src.segments, timestamps=src.timestamps.rechunk(13))
     with pytest.warns(UserWarning) as caught:
         ts = build_training_set(src.array.rechunk((13, -1)), source_fill=0.0, **kw)
-    xr, yr, by_ask, by_bid = pandas_windows(path, label, 5)
+    xr, yr, by_ask, by_bid, nan_windows = pandas_windows(path, label, 5)
     np.testing.assert_array_equal(ts.splits["train"]["x"].compute(), xr)
     y = ts.splits["train"]["y"].compute()
     if label.kind == "return":
@@ -286,12 +291,13 @@ def test_windows_whose_label_reads_an_empty_price_are_left_out(tmp_path, label):
     else:  # pandas' rolling mean sums in another order: the last bit may differ
         np.testing.assert_allclose(y, yr, rtol=1e-6, atol=0)
     assert np.abs(y).max() < 0.01 * label.scale  # no 69% "move" to a price of 0
-    left_out = ts.attrs["window_counts"]["train"]
-    assert [str(w.message) for w in caught if "left out" in str(w.message)] == [
+    left_out = ts.attrs["window_counts"]["train"] + nan_windows
+    assert [str(w.message) for w in caught if str(w.message).startswith("labels:")] == [
         f"labels: {len(np.arange(4, 160 - label.reach[1])) - left_out} windows left out: their label reads "
         f"bid_price_1 ({by_bid} windows) or ask_price_1 ({by_ask} windows) where it was empty (source.nan: fill); "
         "their labels would be computed from the fill value, not a price"]
-    assert ts.attrs["nan_windows_dropped"]["train"] == 0  # left out for the label, not counted as NaN
+    # Left out for the label, not counted as NaN; those left out for a feature are.
+    assert ts.attrs["nan_windows_dropped"]["train"] == nan_windows > 0
     # The windows that remain are those of a build that does not know the fill, bit for bit.
     blind = build_training_set(src.array, **kw)
     t_all, t_kept = blind.splits["train"]["t"].compute(), ts.splits["train"]["t"].compute()
@@ -619,3 +625,146 @@ def test_global_statistics_with_a_stride_wider_than_the_window_are_the_training_
     assert ts.attrs["window_counts"]["train"] == 20
     np.testing.assert_allclose(ts.attrs["normalization"]["mean"], [period.mean()], rtol=1e-9)
     np.testing.assert_allclose(ts.attrs["normalization"]["std"], [period.std(ddof=0)], rtol=1e-9)
+
+
+def numpy_empty_top(path, *, size: int, horizon: int):
+    """An independent build of a one-level LOBSTER book with plain numpy: prices with NaN
+    where LOBSTER wrote its dummy, mid_price, spread, log_return and the raw book (0
+    where empty, as source.nan: fill gives it), return labels over ``horizon``. Returns
+    the per-step features (float64), the window ends whose label is finite, and whether
+    each of those windows' features are all finite."""
+    raw = np.loadtxt(path, delimiter=",", dtype=np.float64)
+    ask = np.where(raw[:, 0] == ASK_DUMMY, np.nan, raw[:, 0] / 10_000)
+    bid = np.where(raw[:, 2] == BID_DUMMY, np.nan, raw[:, 2] / 10_000)
+    mid = (ask + bid) / 2
+    ret = np.concatenate([[np.nan], np.diff(np.log(mid))])
+    filled = np.stack([np.nan_to_num(ask), raw[:, 1], np.nan_to_num(bid), raw[:, 3]], axis=1)
+    feats = np.column_stack([mid, ask - bid, ret, filled])
+    ends = np.arange(1 + size - 1, len(raw) - horizon)  # log_return's lookback of 1 first
+    y = np.log(mid[ends + horizon]) - np.log(mid[ends])
+    ends = ends[np.isfinite(y)]
+    finite = np.array([np.isfinite(feats[e - size + 1 : e + 1]).all() for e in ends], dtype=bool)
+    return feats, ends, finite
+
+
+EMPTY_TOP_FEATURES = ["mid_price", "spread", "log_return", {"name": "book", "levels": 1}]
+
+
+@pytest.mark.parametrize("nan", ["drop", "fill"])
+def test_price_features_read_no_empty_level_1_price_and_features_nan_decides(tmp_path, nan):
+    """A one-sided LOBSTER book under source.nan: fill (its dummy prices read as 0): at
+    the rows whose best ask or bid was empty, mid_price, spread and log_return (and
+    log_return the row after) are NaN, not half a price. drop: the windows holding them
+    are absent and counted as NaN windows; fill: they hold features.fill_value there.
+    The book keeps the filled 0 either way. Stored windows equal plain numpy."""
+    from pipeline.loaders.segments import open_segmented
+
+    path = write_lobster_day(tmp_path, 120, seed=5, empty_ask=(30, 31), empty_bid=(70,))
+    src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster", nan="fill", dtype="float64")
+    specs = [FeatureSpec.from_mapping(v, "f") for v in EMPTY_TOP_FEATURES]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ts = build_training_set(src.array.rechunk((17, -1)), columns=src.columns, features=specs, size=4,
+                                label=LabelSpec(horizon=2), normalize="none", nan=nan, fill_value=-7.0,
+                                segments=src.segments, timestamps=src.timestamps, source_fill=0.0)
+    feats, ends, finite = numpy_empty_top(path, size=4, horizon=2)
+    kept = ends[finite] if nan == "drop" else ends
+    want = np.stack([feats[e - 3 : e + 1] for e in kept])
+    want = np.where(np.isfinite(want), want, -7.0).astype(np.float32)
+    np.testing.assert_array_equal(ts.splits["train"]["x"].compute(), want)
+    assert (~finite).sum() > 0
+    assert ts.attrs["nan_windows_dropped"]["train"] == (int((~finite).sum()) if nan == "drop" else 0)
+    fate = ("the windows holding them are left out, counted with the NaN windows" if nan == "drop"
+            else "features.nan: fill writes -7 in their place")
+    assert [str(w.message) for w in caught if str(w.message).startswith("features:")] == [
+        "features: 3 rows hold an empty bid_price_1 (1) or ask_price_1 (2) (source.nan: fill); mid_price, spread, "
+        "log_return are NaN there (and where their lookback reads one) rather than computed from the fill value; "
+        + fate]
+
+
+def test_a_price_feature_of_an_empty_level_1_price_is_refused_naming_the_feature_and_row(tmp_path):
+    """features.nan: raise refuses the first window that holds a price feature made NaN by
+    an empty level-1 price, naming the feature, its row and the empty price; before
+    anything is written (build_training_set writes nothing)."""
+    from pipeline.loaders.segments import open_segmented
+
+    path = write_lobster_day(tmp_path, 120, seed=5, empty_ask=(30, 31), empty_bid=(70,))
+    src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster", nan="fill", dtype="float64")
+    specs = [FeatureSpec.from_mapping(v, "f") for v in EMPTY_TOP_FEATURES]
+    feats, ends, finite = numpy_empty_top(path, size=4, horizon=2)
+    e = int(ends[~finite][0])  # the first window the reference finds holding a NaN feature
+    row = e - 3 + int(np.flatnonzero(~np.isfinite(feats[e - 3 : e + 1]).all(axis=1))[0])
+    assert row == 30
+    with pytest.raises(InvalidValueError, match=rf"steps {e - 3}\.\.{e} of the source.*: feature mid_price is nan at "
+                                                rf"row {row} of the source, as ask_price_1 was empty at row {row} "
+                                                r"\(source.nan: fill wrote 0 there, which is no price\); set "
+                                                r"features.nan: drop or fill"):
+        build_training_set(src.array.rechunk((17, -1)), columns=src.columns, features=specs, size=4,
+                           label=LabelSpec(horizon=2), normalize="none", nan="raise", segments=src.segments,
+                           timestamps=src.timestamps, source_fill=0.0)
+
+
+def test_a_run_over_databento_prices_with_an_empty_best_ask_stores_no_price_made_of_the_fill(tmp_path):
+    """`pipeline run` over a Databento MBP-10-like Parquet file (fixed-point prices,
+    INT64_MAX where the best ask was empty), configured as the loaders reference shows
+    (scale, missing, nan: fill): the stored mid_price and spread windows equal plain
+    numpy, and the windows that would hold a mid price of half the bid are absent."""
+    import pandas as pd
+
+    from pipeline.config import parse_config
+    from pipeline.job import run
+
+    n, empty_rows = 300, [100, 101, 220]
+    rng = np.random.default_rng(3)
+    bid = 4_770_000_000_000 + np.cumsum(rng.integers(-1, 2, n)) * 250_000_000  # $4770 on a 0.25 tick, 1e-9 units
+    ask = bid + 250_000_000
+    ask[empty_rows] = np.iinfo(np.int64).max
+    pd.DataFrame({"ts_recv": pd.date_range("2024-01-02 14:30", periods=n, freq="100ms"), "bid_px_00": bid,
+                  "ask_px_00": ask, "bid_sz_00": rng.integers(1, 50, n), "ask_sz_00": rng.integers(1, 50, n)}
+                 ).to_parquet(tmp_path / "mbp10.parquet")
+    out = tmp_path / "set.zarr"
+    config = parse_config({
+        "cluster": {"n_workers": 1, "threads_per_worker": 1, "memory_limit": "1GiB"},
+        "source": {"paths": str(tmp_path / "*.parquet"), "timestamp": "ts_recv", "dtype": "float64",
+                   "scale": {"*_px_*": 1.0e-9}, "missing": {"*_px_*": [int(np.iinfo(np.int64).max)]},
+                   "nan": "fill", "rename": {"bid_price_1": "bid_px_00", "ask_price_1": "ask_px_00"}},
+        "features": {"steps": ["mid_price", "spread"], "normalize": "none", "nan": "drop"},
+        "windows": {"size": 8},
+        "labels": {"kind": "return", "horizon": 3},
+        "output": {"path": str(out)},
+    })
+    with pytest.warns(UserWarning, match=r"^features: 3 rows hold an empty ask_price_1 \(source.nan: fill\)"):
+        run(config, log=None, progress=False)
+    import pipeline
+
+    stored = pipeline.open(str(out))["train"]["x"][:]
+    a = np.where(ask == np.iinfo(np.int64).max, np.nan, ask / 1e9)
+    b = bid / 1e9
+    feats = np.stack([(a + b) / 2, a - b], axis=1)
+    mid = feats[:, 0]
+    ends = np.arange(7, n - 3)
+    ends = ends[np.isfinite(np.log(mid[ends + 3]) - np.log(mid[ends]))]  # the label reads no empty price
+    ends = ends[[np.isfinite(feats[e - 7 : e + 1]).all() for e in ends]]  # features.nan: drop
+    np.testing.assert_array_equal(stored, np.stack([feats[e - 7 : e + 1] for e in ends]).astype(np.float32))
+    assert stored[..., 0].min() > 4000  # no mid price of half the bid
+
+
+def test_global_statistics_leave_out_the_price_features_of_an_empty_level_1_price(tmp_path):
+    """normalize: global with source.nan: fill: the statistics are fitted in the same pass
+    that counts the empty level-1 prices, over the finite values only, as numpy's nanmean
+    and nanstd of the fit rows (the first window's first row to the last one's end) give
+    them; the empty rows' features, NaN, take no part."""
+    from pipeline.loaders.segments import open_segmented
+
+    path = write_lobster_day(tmp_path, 120, seed=5, empty_ask=(30, 31), empty_bid=(70,))
+    src = open_segmented(str(tmp_path / "*_orderbook_1.csv"), format="lobster", nan="fill", dtype="float64")
+    specs = [FeatureSpec.from_mapping(v, "f") for v in EMPTY_TOP_FEATURES]
+    with pytest.warns(UserWarning, match=r"^features: 3 rows hold an empty"):
+        ts = build_training_set(src.array.rechunk((17, -1)), columns=src.columns, features=specs, size=4,
+                                label=LabelSpec(horizon=2), normalize="global", segments=src.segments,
+                                timestamps=src.timestamps, source_fill=0.0)
+    feats, _, _ = numpy_empty_top(path, size=4, horizon=2)
+    rows = feats[1 : 120 - 2]  # window ends 4 .. 117, each window 4 rows
+    stats = ts.attrs["normalization"]
+    np.testing.assert_allclose(stats["mean"], np.nanmean(rows, axis=0), rtol=1e-9)
+    np.testing.assert_allclose(stats["std"], np.nanstd(rows, axis=0), rtol=1e-6)

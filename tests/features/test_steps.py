@@ -48,7 +48,7 @@ def reference(x: np.ndarray, spec: FeatureSpec) -> np.ndarray:
         return ret
     if spec.name == "column":
         return col(x, spec.column)
-    base = {"log_return": ret, "mid_price": mid}[spec.of]
+    base = {"log_return": ret, "mid_price": mid, "spread": col(x, "ask_price_1") - col(x, "bid_price_1")}[spec.of]
     return trailing(base, spec.window, np.mean if spec.name == "rolling_mean" else np.std)
 
 
@@ -292,3 +292,73 @@ def test_a_missing_column_among_many_lists_the_first_twenty_and_the_count():
     msg = str(err.value)
     assert msg.startswith("feature spread (features.steps[0]) reads column 'bid_price_1'")
     assert "bids_distance_19, ... (150 columns)" in msg and "bids_distance_20" not in msg
+
+
+EMPTY_SPECS = [
+    FeatureSpec.from_mapping(v, "f")
+    for v in [
+        "mid_price", "spread", "log_return", {"name": "rolling_mean", "window": 3, "of": "mid_price"},
+        {"name": "rolling_std", "window": 4, "of": "spread"}, {"name": "rolling_std", "window": 3},
+        {"name": "imbalance", "levels": 2}, {"name": "book", "levels": 2}, {"name": "column", "column": "bid_price_1"},
+    ]
+]
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(20, 120), chunk=st.integers(1, 40), seed=st.integers(0, 3),
+       dtype=st.sampled_from([np.float32, np.float64]), data=st.data())
+def test_features_of_an_empty_level_1_price_are_nan_and_the_rest_keep_the_fill(n, chunk, seed, dtype, data):
+    """source.nan: fill wrote 0 where bid_price_1 or ask_price_1 was empty (a one-sided
+    book). Given that value, the features made from the level-1 prices equal plain numpy
+    over the prices with NaN in those cells (NaN there, in log_return the row after, in a
+    rolling feature its window), for any chunking; book, column and the size imbalance
+    keep the filled values; without it, nothing changes."""
+    x = book(n, seed).astype(dtype)
+    rows = st.lists(st.integers(0, n - 1), max_size=5)
+    empty_bid, empty_ask = data.draw(rows), data.draw(rows)
+    x[empty_bid, COLS.index("bid_price_1")] = 0
+    x[empty_ask, COLS.index("ask_price_1")] = 0
+    got = compute_features(da.from_array(x, chunks=(chunk, -1)), columns=COLS, specs=EMPTY_SPECS, empty=0.0,
+                           dtype="float64").array.compute(scheduler="sync")
+    priced = x.astype(np.float64)  # the reference: the prices as NaN where empty
+    priced[empty_bid, COLS.index("bid_price_1")] = np.nan
+    priced[empty_ask, COLS.index("ask_price_1")] = np.nan
+    j = 0
+    for spec in EMPTY_SPECS:
+        top = spec.name in ("mid_price", "spread", "log_return") or spec.name.startswith("rolling_")
+        if spec.name == "book":  # the raw columns, fill included
+            names = list(spec.labels)
+            np.testing.assert_array_equal(got[:, j : j + len(names)], x[:, [COLS.index(c) for c in names]])
+            j += len(names)
+            continue
+        with np.errstate(all="ignore"):  # the reference's log of a filled 0, its std over NaN
+            ref = reference(priced if top else x, spec)
+        lb = spec.lookback_steps
+        np.testing.assert_allclose(got[lb:, j], ref[lb:], rtol=1e-12, atol=1e-12, err_msg=spec.label)
+        j += 1
+    blind = compute_features(da.from_array(x, chunks=(chunk, -1)), columns=COLS, specs=EMPTY_SPECS,
+                             dtype="float64").array.compute(scheduler="sync")
+    mid = (x[:, COLS.index("bid_price_1")].astype(np.float64) + x[:, COLS.index("ask_price_1")]) / 2
+    np.testing.assert_array_equal(blind[:, 0], mid)  # without the fill value: the filled prices, as before
+
+
+def test_the_features_read_from_level_1_prices_and_the_empty_rows_warning():
+    from pipeline.features.steps import empty_prices_message, empty_top_prices, top_price_features
+
+    assert top_price_features(EMPTY_SPECS) == ("mid_price", "spread", "log_return", "rolling_mean_mid_price_3",
+                                               "rolling_std_spread_4", "rolling_std_log_return_3")
+    assert top_price_features([FeatureSpec.from_mapping({"name": "rolling_mean", "window": 2, "of": "imbalance"},
+                                                        "f"), FeatureSpec("book")]) == ()
+    x = book(6).astype(np.float64)
+    x[[1, 4], COLS.index("ask_price_1")] = 0
+    x[4, COLS.index("bid_price_1")] = 0
+    flags = empty_top_prices(x, COLS, 0.0)
+    np.testing.assert_array_equal(flags, [[0, 0], [0, 1], [0, 0], [0, 0], [1, 1], [0, 0]])
+    assert empty_prices_message([1, 2, 2], ["mid_price", "spread"], nan="drop") == (
+        "features: 2 rows hold an empty bid_price_1 (1) or ask_price_1 (2) (source.nan: fill); mid_price, spread are "
+        "NaN there (and where their lookback reads one) rather than computed from the fill value; the windows "
+        "holding them are left out, counted with the NaN windows")
+    assert empty_prices_message([0, 1, 1], ["log_return"], nan="fill", fill_value=-1).startswith(
+        "features: 1 row holds an empty ask_price_1 (source.nan: fill); log_return is NaN")
+    assert empty_prices_message([0, 0, 0], ["mid_price"], nan="drop") is None
+    assert empty_prices_message([3, 0, 3], [], nan="drop") is None
