@@ -227,6 +227,15 @@ def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: 
         with fsspec.open(path, "rb", **so) as fh:
             meta = pq.ParquetFile(fh).metadata
             schema = meta.schema.to_arrow_schema()
+    except OSError as exc:
+        if exc.errno is not None:
+            # The operating system refused the read (permission, a directory, a file gone
+            # or an I/O error): the file may well be Parquet, and calling it another format
+            # would send its owner looking for the wrong fault. pyarrow's own "cannot
+            # deserialize" errors are OSErrors without an errno: a damaged footer, below.
+            raise LoaderError(path, f"cannot read the file: {exc.strerror or exc} (errno {exc.errno}); check that it "
+                              "exists and that this user may read it") from None
+        raise FormatMismatchError(path, f"expected a Parquet file, could not read its footer ({exc})") from None
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files
         raise FormatMismatchError(path, f"expected a Parquet file, could not read its footer ({exc})") from None
     cols = tuple(schema.names)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import os
 import re
 
 import numpy as np
@@ -1393,3 +1394,39 @@ def test_lobster_order_ids_float32_cannot_hold_are_refused_through_the_python_ap
     got = open_source(path, format="lobster", columns=["order_id"], dtype="float64").array.compute()
     expected = np.loadtxt(tmp_path / name.format("message"), delimiter=",", usecols=2, dtype=np.int64)
     assert got.dtype == np.float64 and got[:, 0].astype(np.int64).tolist() == expected.tolist() == ids
+
+
+def test_unreadable_parquet_says_cannot_read_not_another_format(tmp_path):
+    # A file the operating system will not hand over is not a format problem: the
+    # message carries the OS error (the reference: what open() itself raises), not
+    # "expected a Parquet file". A directory and a vanished path stand for a permission
+    # denied, which root (these tests' usual user in containers) never meets.
+    folder = tmp_path / "day.parquet"
+    folder.mkdir()
+    gone = tmp_path / "gone.parquet"
+    for path in (folder, gone):
+        try:
+            open(path, "rb").close()
+        except OSError as exc:
+            reference = exc
+        with pytest.raises(LoaderError) as info:
+            tables.probe_table(str(path), "parquet", None, {})
+        assert not isinstance(info.value, FormatMismatchError)
+        assert info.value.path == str(path)
+        assert info.value.problem.startswith(f"cannot read the file: {reference.strerror} (errno {reference.errno})")
+        assert "expected a Parquet file" not in str(info.value)
+    # A damaged footer (pyarrow's OSError without an errno) is still a format problem.
+    pq.write_table(pa.table({"a": [1.0, 2.0]}), tmp_path / "ok.parquet")
+    data = (tmp_path / "ok.parquet").read_bytes()
+    (tmp_path / "bad.parquet").write_bytes(data[:-12] + b"\0" * 8 + b"PAR1")
+    with pytest.raises(FormatMismatchError, match=r"bad\.parquet: expected a Parquet file, could not read its footer"):
+        tables.probe_table(str(tmp_path / "bad.parquet"), "parquet", None, {})
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads any file")
+def test_permission_denied_parquet_says_cannot_read(tmp_path):
+    path = tmp_path / "locked.parquet"
+    pq.write_table(pa.table({"a": [1.0, 2.0]}), path)
+    path.chmod(0)
+    with pytest.raises(LoaderError, match=r"locked\.parquet: cannot read the file: Permission denied \(errno 13\)"):
+        open_source(str(path))
