@@ -1,9 +1,11 @@
-"""Overwriting a local store: the old one set aside and removed while the new is written."""
+"""Overwriting a local store: the old one set aside, kept whole until the new one is
+complete and removed after it, or put back when the new write fails."""
 
 from __future__ import annotations
 
 import os
-import threading
+import resource
+import signal
 
 import fsspec
 import numpy as np
@@ -12,11 +14,17 @@ import pytest
 import pipeline
 from pipeline.errors import StoreError
 from pipeline.storage import replace, write
-from pipeline.storage.replace import ASIDE_INFIX, make_way
+from pipeline.storage.replace import ASIDE_INFIX, make_way, wait_for_removals
 
 
 def _siblings(path) -> list[str]:
+    wait_for_removals()  # what an overwrite set aside is removed by a thread, joined at exit
     return sorted(os.listdir(path.parent))
+
+
+def _files(path) -> dict[str, bytes]:
+    """Every file under ``path`` with its bytes (the independent record of a store)."""
+    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file()}
 
 
 def test_an_overwrite_replaces_the_store_and_leaves_nothing_aside(tmp_path):
@@ -30,35 +38,87 @@ def test_an_overwrite_replaces_the_store_and_leaves_nothing_aside(tmp_path):
     assert _siblings(tmp_path / "f.zarr") == ["f.zarr"]
 
 
-def test_the_old_store_is_removed_while_the_new_one_is_written(tmp_path, monkeypatch):
-    x = np.ones((64, 2), np.float32)
+def test_the_old_store_is_kept_whole_until_the_new_one_is_complete(tmp_path, monkeypatch):
+    x = np.arange(128, dtype=np.float32).reshape(64, 2)
     write(tmp_path / "f.zarr", {"x": x, "y": x[:, 0]}, chunk_samples=16, progress=False)
-    # The removal is held until the new store's metadata exists: an overwrite that
-    # removed the old store first would never get there and the test would hang, so
-    # the event has a timeout and the order is asserted.
-    new_written = threading.Event()
-    order = []
-    real_rmtree = replace.rmtree
-
-    def slow_rmtree(path, *args, **kwargs):
-        new_written.wait(timeout=30)
-        order.append(("removed", os.path.basename(path), new_written.is_set()))
-        real_rmtree(path, *args, **kwargs)
-
+    before = _files(tmp_path / "f.zarr")
+    seen = []
     real_write_into = pipeline.storage.writer._write_into
 
     def write_into(*args, **kwargs):
+        # While the new store is written, the old one lies aside, every byte as it was.
+        aside = [p for p in tmp_path.iterdir() if p.name.startswith(".f.zarr" + ASIDE_INFIX)]
+        seen.append([_files(p) == before for p in aside])
         real_write_into(*args, **kwargs)
-        order.append(("written", (tmp_path / "f.zarr" / "zarr.json").exists()))
-        new_written.set()
+        aside = [p for p in tmp_path.iterdir() if p.name.startswith(".f.zarr" + ASIDE_INFIX)]
+        seen.append([_files(p) == before for p in aside])
 
-    monkeypatch.setattr(replace, "rmtree", slow_rmtree)
     monkeypatch.setattr(pipeline.storage.writer, "_write_into", write_into)
     write(tmp_path / "f.zarr", {"x": 2 * x, "y": x[:, 0]}, chunk_samples=16, overwrite=True, progress=False)
-    assert order[0] == ("written", True)
-    assert order[1][0] == "removed" and order[1][1].startswith(".f.zarr" + ASIDE_INFIX) and order[1][2]
-    assert _siblings(tmp_path / "f.zarr") == ["f.zarr"]  # waited for before write returned
+    assert seen == [[True], [True]]  # before and after the new store's last chunk and complete flag
+    assert _siblings(tmp_path / "f.zarr") == ["f.zarr"]
     np.testing.assert_array_equal(pipeline.open(tmp_path / "f.zarr")["train"]["x"][:], 2 * x)
+
+
+def _too_big_to_write(limit: int):
+    """Files above ``limit`` bytes fail to write with EFBIG, a real write error of the
+    disk (``RLIMIT_FSIZE``; SIGXFSZ ignored so that the write returns the error)."""
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+
+    def undo():
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    return undo
+
+
+def test_a_failed_overwrite_puts_the_old_store_back_and_says_so(tmp_path):
+    store = tmp_path / "f.zarr"
+    x = np.arange(400, dtype=np.float32).reshape(200, 2)
+    write(store, {"x": x, "y": x[:, 0]}, chunk_samples=20, progress=False)
+    before = _files(store)
+    # The new store's chunks are larger than a file may grow here: its write fails
+    # part way, as on a full disk.
+    big = np.random.default_rng(0).random((256, 512), dtype=np.float32)
+    undo = _too_big_to_write(200_000)
+    try:
+        with pytest.raises(StoreError) as info:
+            write(store, {"x": big, "y": big[:, 0]}, chunk_samples=128, codec="none", overwrite=True,
+                  progress=False)
+    finally:
+        undo()
+    message = str(info.value)
+    assert message.startswith(f"{store}: cannot write (File too large); the previous store is back in place")
+    assert "rerun to write the new one again from the start" in message and "\n" not in message
+    assert "resume" not in message  # the partial write is gone: nothing to resume
+    assert _files(store) == before and _siblings(store) == ["f.zarr"]
+    np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], x)
+    # The rerun writes the new store from the start, then removes the old one.
+    write(store, {"x": big, "y": big[:, 0]}, chunk_samples=128, codec="none", overwrite=True, progress=False)
+    np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], big)
+    assert _siblings(store) == ["f.zarr"]
+
+
+def test_an_overwrite_that_fails_otherwise_puts_the_old_store_back_with_a_warning(tmp_path):
+    import dask.array as da
+
+    store = tmp_path / "f.zarr"
+    x = np.arange(80, dtype=np.float32).reshape(40, 2)
+    write(store, {"x": x, "y": x[:, 0]}, chunk_samples=8, progress=False)
+    before = _files(store)
+
+    def fail_late(block, block_info=None):
+        if block_info[0]["chunk-location"][0] == 3:  # after other chunks were written
+            raise ValueError("a worker's own error")
+        return block
+
+    bad = da.from_array(-x, chunks=(8, 2)).map_blocks(fail_late, dtype=x.dtype)
+    with pytest.warns(RuntimeWarning, match=r"f\.zarr: the new store was not completed; the previous store is back "
+                                            r"in place, as it was before this run"):
+        with pytest.raises(ValueError, match="a worker's own error"):
+            write(store, {"x": bad, "y": x[:, 0]}, chunk_samples=8, overwrite=True, progress=False)
+    assert _files(store) == before and _siblings(store) == ["f.zarr"]
 
 
 def test_stores_a_killed_run_left_aside_are_removed_and_nothing_else(tmp_path):
@@ -73,11 +133,13 @@ def test_stores_a_killed_run_left_aside_are_removed_and_nothing_else(tmp_path):
         k.mkdir()
         (k / "data").write_bytes(b"not ours")
     write(store, {"x": x + 1, "y": x[:, 0]}, overwrite=True, progress=False)
+    wait_for_removals()
     assert not left.exists()
     assert all((k / "data").read_bytes() == b"not ours" for k in keep)
 
 
 def test_a_store_that_cannot_be_removed_is_named_in_a_warning(tmp_path, monkeypatch):
+    real_rmtree = replace.rmtree
     store = tmp_path / "f.zarr"
     x = np.ones((40, 2), np.float32)
     write(store, {"x": x, "y": x[:, 0]}, progress=False)
@@ -89,17 +151,25 @@ def test_a_store_that_cannot_be_removed_is_named_in_a_warning(tmp_path, monkeypa
     with pytest.warns(RuntimeWarning, match=r"\.f\.zarr\.replaced-[0-9a-f]{12}: the store this run replaced could "
                                             r"not be removed \(Permission denied\)"):
         write(store, {"x": x + 1, "y": x[:, 0]}, overwrite=True, progress=False)
+        wait_for_removals()
+    monkeypatch.undo()
+    wait_for_removals()
+    for left in tmp_path.glob(".f.zarr" + ASIDE_INFIX + "*"):  # what the refused removal left
+        real_rmtree(left)
     np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], x + 1)
 
 
-def test_make_way_renames_at_once_and_removes_in_the_background(tmp_path):
+def test_make_way_renames_at_once_and_puts_back_what_no_complete_store_replaced(tmp_path):
     store = tmp_path / "s.zarr"
     (store / "a" / "b").mkdir(parents=True)
     (store / "a" / "b" / "c").write_bytes(b"x" * 100)
     removal = make_way(fsspec.filesystem("file"), str(store), replace=True)
     assert not store.exists()  # the path is free for the new store as soon as it returns
-    removal.wait()
-    assert os.listdir(tmp_path) == []
+    (store / "a").mkdir(parents=True)  # a write that stopped before its store was complete
+    with pytest.warns(RuntimeWarning, match="the new store was not completed"):
+        removal.wait()
+    assert (store / "a" / "b" / "c").read_bytes() == b"x" * 100
+    assert _siblings(store) == ["s.zarr"]
 
 
 def test_a_bad_write_with_overwrite_keeps_the_old_store(tmp_path):
@@ -113,8 +183,6 @@ def test_a_bad_write_with_overwrite_keeps_the_old_store(tmp_path):
     assert _siblings(store) == ["f.zarr"]
 
 
-
-
 def test_an_overwrite_through_a_link_replaces_the_link_and_keeps_the_store_it_led_to(tmp_path):
     # As before stores were set aside: the link is removed (never the directory it
     # leads to) and the new store written in its place.
@@ -125,6 +193,7 @@ def test_an_overwrite_through_a_link_replaces_the_link_and_keeps_the_store_it_le
     link.symlink_to(real, target_is_directory=True)
     before = sorted(p.relative_to(tmp_path) for p in real.rglob("*"))
     write(link, {"x": -x, "y": x[:, 0]}, overwrite=True, progress=False)
+    wait_for_removals()
     assert not link.is_symlink()
     np.testing.assert_array_equal(pipeline.open(link)["train"]["x"][:], -x)
     assert sorted(p.relative_to(tmp_path) for p in real.rglob("*")) == before
@@ -139,5 +208,6 @@ def test_a_resumed_write_removes_what_a_killed_overwrite_left_aside(tmp_path):
     (left / "train").mkdir(parents=True)
     (left / "train" / "chunk").write_bytes(b"the old store, half removed when the run was killed")
     write(store, {"x": x, "y": x[:, 0]}, progress=False)  # no overwrite: a new store, or the resumed one
+    wait_for_removals()
     assert not left.exists() and _siblings(store) == ["f.zarr"]
     np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], x)
