@@ -590,6 +590,98 @@ def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequenc
     return (*_non_empty(lengths, inst, keys), gaps, tasks)
 
 
+def _reference_columns(sources: Sequence[Source], asked: set[str]) -> tuple[str, ...]:
+    """The columns most instruments' files give; between as many, those holding every
+    column the build asks for (``asked``): a file lacking one, or holding it as text,
+    gives every numeric column it has instead (:func:`~pipeline.loaders.tables.project_columns`),
+    so it is the odd one, even where two instruments make no majority."""
+    sets = [s.columns or () for s in sources]
+    return max(sets, key=lambda c: (sets.count(c), bool(asked) and asked <= set(c)))  # first of the best
+
+
+def _file_schema(path: str, options: dict[str, Any], so: dict | None) -> dict[str, str]:
+    """Each column of a file (canonical names, after ``rename``) and its type as the
+    file stores it: Parquet's own type name, else ``numbers`` or ``text``."""
+    from pipeline.loaders.tables import probe_table
+
+    fmt = format_of(path, options.get("format"))
+    keys = ("header", "names", "rename", "delimiter", "decimal")
+    part = probe_table(path, fmt, options.get("timestamp"), dict(so or {}),
+                       **{k: options[k] for k in keys if options.get(k) is not None})[0]
+    types = {part.source_of(c): "text" if part.source_of(c) in part.non_numeric else "numbers" for c in part.columns}
+    if fmt == "parquet":
+        import fsspec
+        import pyarrow.parquet as pq
+
+        with fsspec.open(path, "rb", **(so or {})) as fh:
+            types.update((f.name, str(f.type)) for f in pq.read_schema(fh))
+    return {c: types[part.source_of(c)] for c in part.columns}
+
+
+def _holds_numbers(kind: str) -> bool:
+    """Whether a :func:`_file_schema` type holds numbers a feature reads."""
+    return kind == "numbers" or kind.startswith(("int", "uint", "float", "double", "halffloat", "decimal"))
+
+
+def _listed(names: Sequence[str], most: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")
+
+
+def column_mismatch(sources: Sequence[Source], names: Sequence[str], options: dict[str, Any],
+                    so: dict | None) -> LoaderError:
+    """The error for instruments whose files give different columns: it names the odd
+    file (its instrument's columns differ from most instruments', or lack a column the
+    build reads where the others have it), the file it was compared with, the columns
+    it lacks and adds, and a column it stores as another type (both types), from the
+    two files' schemas.
+
+    Parameters
+    ----------
+    sources
+        One source per instrument, in ``names``' order; their columns differ.
+    names
+        The instruments.
+    options
+        The loader options the sources were opened with (``read``, ``columns``,
+        ``format``, ``timestamp``, header options, ``rename``).
+    so
+        Storage options.
+    """
+    asked = set(options.get("read") or ()) | set(options.get("columns") or ())
+    ref_cols = _reference_columns(sources, asked)
+    odd_at = next(i for i, s in enumerate(sources) if (s.columns or ()) != ref_cols)
+    ref_at = next(i for i, s in enumerate(sources) if (s.columns or ()) == ref_cols)
+    odd, ref = sources[odd_at].files[0].path, sources[ref_at].files[0].path
+    agree = sum((s.columns or ()) == ref_cols for s in sources)
+    try:
+        mine, theirs = _file_schema(odd, options, so), _file_schema(ref, options, so)
+    except (LoaderError, OSError, ValueError):  # the files were read a moment ago; the sources' columns then
+        mine = dict.fromkeys(sources[odd_at].columns or (), "numbers")
+        theirs = dict.fromkeys(ref_cols, "numbers")
+    missing = [c for c in theirs if c not in mine]
+    extra = [c for c in mine if c not in theirs]
+    # Only a type that changes whether the column holds numbers changes the columns read
+    # (integers beside floats are one kind: check_units judges their units).
+    typed = [c for c in theirs if c in mine and _holds_numbers(mine[c]) != _holds_numbers(theirs[c])]
+    if not (missing or extra or typed):  # the difference lies in a later file: the columns each reads
+        missing = [c for c in ref_cols if c not in (sources[odd_at].columns or ())]
+        extra = [c for c in (sources[odd_at].columns or ()) if c not in ref_cols]
+    what = []
+    if missing:
+        what.append(f"lacks column(s) {_listed(missing)}")
+    if extra:
+        what.append(f"adds column(s) {_listed(extra)} that file lacks")
+    what += [f"stores column {c!r} as {mine[c]}, where that file has {theirs[c]}" for c in typed]
+    basis = (f"whose columns {agree} of the {len(sources)} instruments share" if agree > 1 and agree * 2 > len(sources)
+             else "which holds every column the build reads" if asked and asked <= set(ref_cols) else
+             "no majority tells which of the two is right")
+    return LoaderError(odd, f"the columns of instrument {names[odd_at]!r} differ from those of {ref} (instrument "
+                       f"{names[ref_at]!r}, {basis}): this file {'; '.join(what) or 'differs'}; every instrument "
+                       "needs the same columns, of the same kinds: fix this file, or give source.rename the "
+                       "other name of a renamed column")
+
+
 def open_segmented(paths: Any, *, sessions: SessionSpec | str | dict | None = None,
                    instrument: InstrumentSpec | dict | None = None,
                    storage_options: dict | None = None, **options: Any) -> SegmentedSource:
@@ -634,9 +726,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | str | dict | None = No
                            zone_of(src, spec)))
         cols = {s.columns for s in sources}
         if len(cols) > 1:
-            a, b = sources[0], next(s for s in sources if s.columns != sources[0].columns)
-            raise LoaderError(b.files[0].path, f"has columns {list(b.columns)}, but {a.files[0].path} has "
-                              f"{list(a.columns)}; every instrument needs the same columns")
+            raise column_mismatch(sources, sorted(by_name), options, so)
     elif instrument is not None and instrument.column:
         src = open_source(files, storage_options=so, instrument_column=instrument.column, **options)
         sources.append(src)

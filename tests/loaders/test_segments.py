@@ -1109,3 +1109,52 @@ def test_a_gap_inside_a_session_is_warned_once_with_its_count_file_and_row(tmp_p
         open_segmented(str(tmp_path / "*.parquet"), timestamp="timestamp", sessions=SessionSpec(mode="gap",
                        gap_ns=6 * 3600 * NS), instrument=InstrumentSpec(path="{instrument}.parquet"))
         open_segmented(str(tmp_path / "ST_A.parquet"), timestamp="timestamp", sessions=spec)
+
+
+def _one_day_per_instrument(root: Path, names: tuple[str, ...]) -> dict[str, Path]:
+    """One demo day per instrument, each in its own folder."""
+    write_demo_data(root, DemoSpec(days=1, rows_per_day=200, levels=2, formats=("parquet",),
+                                   per_instrument=True, instruments=names))
+    return {n: next((root / n).glob("*.parquet")) for n in names}
+
+
+def _schema_difference(odd: Path, ref: Path) -> tuple[list[str], list[str]]:
+    """The reference: the columns ``ref`` has that ``odd`` lacks, and those it adds (pyarrow)."""
+    a, b = pq.read_schema(odd).names, pq.read_schema(ref).names
+    return [c for c in b if c not in a], [c for c in a if c not in b]
+
+
+@pytest.mark.parametrize("read", [("bid_price_1", "ask_price_1"), None])
+def test_column_mismatch_names_the_odd_file_and_its_columns(tmp_path, read):
+    # AAA sorts first, so the old message named the healthy BBB file as the odd one.
+    files = _one_day_per_instrument(tmp_path / "raw", ("AAA", "BBB", "CCC"))
+    pq.write_table(pq.read_table(files["AAA"]).rename_columns(
+        ["ask_px_1" if c == "ask_price_1" else c for c in pq.read_schema(files["AAA"]).names]), files["AAA"])
+    missing, extra = _schema_difference(files["AAA"], files["BBB"])
+    assert (missing, extra) == (["ask_price_1"], ["ask_px_1"])
+    with pytest.raises(LoaderError) as info:
+        open_segmented(str(tmp_path / "raw" / "*" / "*.parquet"), timestamp="timestamp",
+                       instrument=InstrumentSpec(path="raw/{instrument}/*.parquet"), read=read)
+    assert info.value.path == str(files["AAA"])
+    problem = info.value.problem
+    assert problem.startswith(f"the columns of instrument 'AAA' differ from those of {files['BBB']} (instrument 'BBB'")
+    assert f"lacks column(s) {missing[0]!r}; adds column(s) {extra[0]!r} that file lacks" in problem
+
+
+def test_column_mismatch_of_two_instruments_blames_the_one_lacking_a_read_column(tmp_path):
+    # Two instruments make no majority: the file that lacks a column the build reads
+    # (or holds it as text) is the odd one, whichever sorts first.
+    files = _one_day_per_instrument(tmp_path / "raw", ("AAA", "BBB"))
+    table = pq.read_table(files["AAA"])
+    text = pa.array([f"{v:.2f}" for v in table.column("bid_price_1").to_pylist()])
+    pq.write_table(table.set_column(table.schema.get_field_index("bid_price_1"), "bid_price_1", text), files["AAA"])
+    kinds = {p: pq.read_schema(files[p]).field("bid_price_1").type for p in ("AAA", "BBB")}
+    with pytest.raises(LoaderError) as info:
+        open_segmented(str(tmp_path / "raw" / "*" / "*.parquet"), timestamp="timestamp",
+                       instrument=InstrumentSpec(path="raw/{instrument}/*.parquet"),
+                       read=("bid_price_1", "ask_price_1", "bid_size_1"))
+    assert info.value.path == str(files["AAA"])
+    assert "which holds every column the build reads" in info.value.problem
+    assert (f"stores column 'bid_price_1' as {kinds['AAA']}, where that file has {kinds['BBB']}"
+            in info.value.problem)
+    assert "lacks" not in info.value.problem and "adds" not in info.value.problem
