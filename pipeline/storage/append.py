@@ -15,6 +15,18 @@ The order of an append, and why each step is safe to interrupt at any point:
 5. the root attributes gain the new version's record: the commit. Until then every
    reader opens the previous version, complete and unchanged.
 
+The pending record of step 1 is written together with a root attribute of its own,
+``append_in_progress`` (:data:`~pipeline.storage.versions.IN_PROGRESS`), beside the
+``pipeline`` attributes, and the commit removes both in one write: the store's rule,
+completeness last. pipeline's readers slice every array to the version they open, and
+need neither. A plain zarr reader does not: while that attribute is there, arrays are
+longer than the complete version, their samples past its counts (``samples`` in the
+attribute, ``splits`` in the ``pipeline`` attributes) not written yet, or zeros.
+
+A write that fails (a full disk, a read-only store) stops the append before its commit
+with one line, :class:`~pipeline.errors.StoreError`: the previous version is intact, and
+the units written so far are kept for the rerun to resume from.
+
 A zip store is unpacked beside itself, appended to, repacked and swapped in whole by a
 rename: readers that have the old file open keep reading it.
 """
@@ -37,10 +49,10 @@ from pipeline.progress import compute
 from pipeline.storage.layout import task_block
 from pipeline.storage.lock import write_lock
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
-from pipeline.storage.versions import HISTORY, PENDING, pinned_array, record, versions_of
+from pipeline.storage.versions import HISTORY, IN_PROGRESS, PENDING, Version, pinned_array, record, versions_of
 from pipeline.storage.writer import SHARED, WRITTEN, _pack_zip, _write_units, write_fold_arrays, written_units
 
-__all__ = ["append"]
+__all__ = ["append", "cannot_write", "in_progress"]
 
 
 def append(
@@ -100,6 +112,20 @@ def append(
     return location
 
 
+def cannot_write(label: str, exc: OSError, *, resumes: bool = True) -> str:
+    """The one line that says a write of an append failed (``exc``: a full disk, a
+    read-only store, no permission) and what is left of the store ``label``.
+
+    An append writes nothing readers see before its commit, so the previous version is
+    intact; a directory store keeps the units written (their markers say which) for the
+    rerun to resume from, where a zip store's unpacked copy is dropped by the rerun.
+    """
+    rerun = ("rerun the same run: the append resumes where it stopped" if resumes else
+             "rerun the same run to append again")
+    return (f"{label}: cannot write ({exc.strerror or exc}); the append stopped before its commit: the store's "
+            f"previous version is intact and readers keep seeing it; fix the cause and {rerun}")
+
+
 def _append_zip(location: str, splits: Mapping[str, Any], **kwargs: Any) -> str:
     if is_remote(location):
         raise StoreError(f"{location}: zip stores are local; append to a directory store on object storage")
@@ -107,11 +133,14 @@ def _append_zip(location: str, splits: Mapping[str, Any], **kwargs: Any) -> str:
     with write_lock(location):
         if os.path.exists(staging):
             shutil.rmtree(staging)  # an interrupted append's unpacking: the zip is intact
-        with zipfile.ZipFile(location) as zf:
-            zf.extractall(staging)
-        _append_dir(staging, splits, kwargs["attrs"], kwargs["token"], kwargs["shared"], kwargs["folds"],
-                    kwargs["added"], None, kwargs["progress"])
-        _pack_zip(staging, location)
+        try:
+            with zipfile.ZipFile(location) as zf:
+                zf.extractall(staging)
+            _append_dir(staging, splits, kwargs["attrs"], kwargs["token"], kwargs["shared"], kwargs["folds"],
+                        kwargs["added"], None, kwargs["progress"], label=location, resumes=False)
+            _pack_zip(staging, location)
+        except OSError as exc:  # the folder beside the zip is full or read-only: the zip is untouched
+            raise StoreError(cannot_write(location, exc, resumes=False)) from exc
         shutil.rmtree(staging)
     return location
 
@@ -145,7 +174,12 @@ def _checked(group: Any, location: str, splits: Mapping[str, Mapping[str, Any]],
 
 def _append_dir(location: str, splits: Mapping[str, Mapping[str, Any]], attrs: Mapping[str, Any], token: str,
                 shared: Mapping[str, Any] | None, folds: Mapping[str, np.ndarray] | None, added: Sequence[str],
-                storage_options: dict[str, Any] | None, progress: bool) -> None:
+                storage_options: dict[str, Any] | None, progress: bool, *, label: str | None = None,
+                resumes: bool = True) -> None:
+    """:func:`append` into the directory (or object) store ``location``; errors name
+    ``label`` (the zip a staging directory is packed into), and an ``OSError`` of any
+    write, here or on a worker, is one :class:`~pipeline.errors.StoreError`."""
+    said = {"label": label or location, "resumes": resumes}
     group = open_store_group(location, mode="r+", storage_options=storage_options)
     meta = store_root_attrs(group)
     if not meta.get("complete"):
@@ -160,12 +194,27 @@ def _append_dir(location: str, splits: Mapping[str, Mapping[str, Any]], attrs: M
     pending = meta.get(PENDING)
     resume = isinstance(pending, Mapping) and pending.get("token") == token and pending.get("base") == base
     meta[PENDING] = {"token": token, "base": base, "version": latest.number + 1}
-    group.attrs[ATTRS_KEY] = json.loads(json.dumps(meta, default=str))
+    try:
+        _write(group, location, storage_options, arrays, meta, latest, base, resume, attrs, folds, added, progress,
+               said)
+    except OSError as exc:  # the client's own writes: the pending record, metadata, folds, the commit
+        raise StoreError(cannot_write(said["label"], exc, resumes=resumes)) from exc
+
+
+def _write(group: Any, location: str, storage_options: dict[str, Any] | None, arrays: Mapping[str, Any],
+           meta: dict[str, Any], latest: Version, base: Mapping[str, int], resume: bool, attrs: Mapping[str, Any],
+           folds: Mapping[str, np.ndarray] | None, added: Sequence[str], progress: bool,
+           said: Mapping[str, Any]) -> None:
+    """Steps 1 to 5 of an append (see the module's docstring), once its input is checked."""
+    # One write: the pending record and the root attribute that tells plain zarr readers
+    # an append is under way (they do not slice arrays to the version they read).
+    group.update_attributes({ATTRS_KEY: json.loads(json.dumps(meta, default=str)),
+                             IN_PROGRESS: in_progress(latest, latest.number + 1)})
 
     tasks = []
     call = uuid.uuid4().hex
     for split, new in arrays.items():
-        tasks += _grow(group, location, storage_options, split, new, base[split], resume, call)
+        tasks += _grow(group, location, storage_options, split, new, base[split], resume, call, said)
     if tasks:
         compute(*tasks, desc="appending chunks", progress=progress)
     for split, new in arrays.items():
@@ -190,11 +239,23 @@ def _append_dir(location: str, splits: Mapping[str, Mapping[str, Any]], attrs: M
     out[HISTORY] = record({**meta, **out}, kind="append", samples=counts, shared_rows=shared_rows, added=added,
                           group=group)
     out.pop(PENDING, None)
-    group.attrs[ATTRS_KEY] = json.loads(json.dumps(out, default=str))
+    # The commit, in one write: the new version's record in, the in-progress mark out.
+    rest = {k: v for k, v in group.attrs.asdict().items() if k not in (ATTRS_KEY, IN_PROGRESS)}
+    group.attrs.put({**rest, ATTRS_KEY: json.loads(json.dumps(out, default=str))})
+
+
+def in_progress(latest: Version, version: int) -> dict[str, Any]:
+    """The root attribute :data:`~pipeline.storage.versions.IN_PROGRESS` of an append to
+    ``version`` after ``latest``: the version a plain reader should read, and its sample
+    counts per split (rows of the shared features under ``_shared``)."""
+    samples = dict(latest.samples)
+    if latest.shared_rows is not None:
+        samples[SHARED] = int(latest.shared_rows)
+    return {"version": int(version), "complete_version": int(latest.number), "samples": samples}
 
 
 def _grow(group: Any, location: str, storage_options: dict[str, Any] | None, split: str,
-          new: Mapping[str, da.Array], n0: int, resume: bool, call: str) -> list[Any]:
+          new: Mapping[str, da.Array], n0: int, resume: bool, call: str, said: Mapping[str, Any]) -> list[Any]:
     """Grow one split's arrays by the new samples and return the tasks that write them:
     from the unit holding sample ``n0`` (its stored samples read back) to the end."""
     m = int(next(iter(new.values())).shape[0])
@@ -241,9 +302,21 @@ def _grow(group: Any, location: str, storage_options: dict[str, Any] | None, spl
         todo = [(u, max(lo, u * unit), min(hi, (u + 1) * unit)) for u in range(lo // unit, -(-hi // unit))
                 if not done[u]]
         if todo:
-            tasks.append(dask.delayed(_write_units)(location, storage_options, split, todo, lo,
-                                                    {k: blk[b] for k, blk in blocks.items()}, call))
+            tasks.append(dask.delayed(_write_block)(location, storage_options, split, todo, lo,
+                                                    {k: blk[b] for k, blk in blocks.items()}, call, said))
     return tasks
+
+
+def _write_block(location: str, storage_options: dict[str, Any] | None, split: str, todo: list[tuple[int, int, int]],
+                 start: int, blocks: dict[str, np.ndarray], call: str, said: Mapping[str, Any]) -> int:
+    """The writer's ``_write_units`` for one block, on a worker, with an ``OSError`` (a
+    full disk, a read-only store) made the append's one-line error here: a
+    :class:`~pipeline.errors.StoreError`, which the workers do not log as a failed task
+    with its traceback (:mod:`pipeline.workerlog`), and which the client raises as it is."""
+    try:
+        return _write_units(location, storage_options, split, todo, start, blocks, call)
+    except OSError as exc:
+        raise StoreError(cannot_write(said["label"], exc, resumes=said["resumes"])) from exc
 
 
 def _read_rows(location: str, options: str, path: str, lo: int, hi: int) -> np.ndarray:

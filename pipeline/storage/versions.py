@@ -22,12 +22,18 @@ from pipeline.errors import StoreError
 if TYPE_CHECKING:  # pragma: no cover
     import zarr
 
-__all__ = ["HISTORY", "PENDING", "Version", "attrs_at", "pinned_array", "record", "select_version", "versions_of"]
+__all__ = ["HISTORY", "IN_PROGRESS", "PENDING", "Version", "attrs_at", "pinned_array", "record", "select_version",
+           "versions_of"]
 
 #: Key of the version records in the store's ``pipeline`` attributes.
 HISTORY = "history"
 #: Key of the append in progress (what it adds), removed by the commit.
 PENDING = "pending_append"
+#: Root attribute (beside the ``pipeline`` attributes) of an append in progress, for
+#: readers that do not slice arrays to a version (plain zarr, xarray): its ``samples``
+#: per split are the complete version's, and the arrays may be longer. Written with
+#: :data:`PENDING`, removed by the commit.
+IN_PROGRESS = "append_in_progress"
 #: Attributes that describe one version (recomputed per version, kept in its record).
 _PER_VERSION = ("class_balance", "window_counts", "nan_windows_dropped", "split_steps", "rows_read")
 
