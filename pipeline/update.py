@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -184,6 +184,8 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     prior = prior_from_attrs(stored, latest.samples, base_sessions)
     segs = source.segments
     codes = _codes(source, stored)
+    check_instrument_days(prior, codes, [str(x) for x in segs.labels], source.first_times,
+                          tz=zone_of(source, spec), spec=spec)
     sessions = continue_sessions(prior, codes, segs.labels, source.first_times, spec.mode, spec.gap_ns,
                                  keys=source.session_keys, tz=zone_of(source, spec), calendar=spec.calendar)
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
@@ -218,6 +220,123 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     append(out.path, tset.splits, attrs=attrs, token=token, shared=tset.shared or None, folds=tset.folds or None,
            added=list(segs.labels), storage_options=out.storage_options or None, progress=progress)
     return {"rows": rows, "added": len(segs)}
+
+
+def _stored_starts(prior: Any) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray] | None:
+    """Per stored segment: its instrument code, label, first and last timestamp (ns), from
+    the store's ``sessions`` attribute, or ``None`` where it records no times."""
+    rows = prior.attrs.get("sessions") or []
+    if not rows or len(rows) != len(prior.segments) or any("start" not in r or "end" not in r for r in rows):
+        return None
+    first = np.array([np.datetime64(r["start"], "ns").astype(np.int64) for r in rows], dtype=np.int64)
+    last = np.array([np.datetime64(r["end"], "ns").astype(np.int64) for r in rows], dtype=np.int64)
+    return np.asarray(prior.segments.instrument), [str(r.get("label", "")) for r in rows], first, last
+
+
+def late_segments(stored_inst: np.ndarray, stored_days: np.ndarray, stored_last: np.ndarray, new_inst: np.ndarray,
+                  new_days: np.ndarray, new_first: np.ndarray) -> list[tuple[int, int]]:
+    """The new segments that come after every stored session of their own instrument
+    (a later day, starting after its stored data ends) but not after every stored
+    session: another instrument's stored data already reaches their day.
+
+    A build orders sessions day by day, each day's instruments together
+    (:func:`~pipeline.loaders.segments.session_major_order`), so such a segment belongs
+    among the stored ones; an append only adds after them.
+
+    Returns
+    -------
+    list of (int, int)
+        ``(new segment, stored segment)``: the stored segment is the latest of another
+        instrument on or after the new segment's day.
+    """
+    out = []
+    for k in range(new_inst.size):
+        mine = stored_inst == new_inst[k]
+        if mine.any() and (stored_days[mine].max() >= new_days[k] or stored_last[mine].max() >= new_first[k]):
+            continue  # among its own instrument's sessions: continue_sessions names that case
+        later = np.flatnonzero(~mine & (stored_days >= new_days[k]))
+        if later.size:
+            out.append((k, int(later[np.argmax(stored_days[later])])))
+    return out
+
+
+def uncovered_days(stored_inst: np.ndarray, new_inst: np.ndarray, new_days: np.ndarray) -> list[tuple[int, list[int]]]:
+    """Each day of the new segments with the stored instruments that have no new
+    segment that day, in day order (days every stored instrument covers left out)."""
+    held = sorted(set(np.asarray(stored_inst).tolist()))
+    out = []
+    for day in sorted(set(np.asarray(new_days).tolist())):
+        have = set(np.asarray(new_inst)[np.asarray(new_days) == day].tolist())
+        lacking = [c for c in held if c not in have]
+        if lacking:
+            out.append((int(day), lacking))
+    return out
+
+
+def check_instrument_days(prior: Any, codes: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None, *,
+                          tz: str | None, spec: Any) -> None:
+    """Before the new sessions are numbered: refuse a new session of one instrument that
+    a build would place among the stored ones because another instrument's stored data
+    already reaches its day (its file came a night late), and warn when the new files
+    leave out an instrument the store holds on a day they add.
+
+    Parameters
+    ----------
+    prior
+        The stored build.
+    codes, labels, first_ns
+        Per new segment: its stored instrument code, label (file or date) and first
+        timestamp (``None`` without timestamps: nothing to compare).
+    tz, spec
+        The zone of the calendar dates and the session spec, as the build keys days.
+
+    Raises
+    ------
+    WindowError
+        Naming the new segment, the other instrument and its stored session, and
+        ``--rebuild``.
+
+    Warns
+    -----
+    UserWarning
+        Naming each new day and the stored instruments without a new file for it.
+    """
+    import warnings
+
+    from pipeline.errors import WindowError
+    from pipeline.features.sessions import SessionSpec, session_days
+
+    stored = _stored_starts(prior)
+    if first_ns is None or stored is None or len(prior.segments.instruments) < 2:
+        return
+    inst, old_labels, first, last = stored
+    day_spec = SessionSpec(mode="calendar", calendar=spec.calendar) if spec.mode == "calendar" else None
+    old_days = session_days(first, tz, day_spec)
+    new_first = np.asarray(first_ns, dtype=np.int64)
+    new_days = session_days(new_first, tz, day_spec)
+    codes = np.asarray(codes)
+    names = prior.segments.instruments
+    late = late_segments(inst, old_days, last, codes, new_days, new_first)
+    if late:
+        k, j = late[0]
+        mine, theirs = names[int(codes[k])], names[int(inst[j])]
+        day = np.datetime64(int(new_days[k]), "D")
+        raise WindowError(
+            f"append: {labels[k]} (instrument {mine!r}, from {np.datetime64(int(new_first[k]), 'ns')}) comes after "
+            f"every stored session of {mine!r}, but the store already holds {theirs!r} up to {day} or later "
+            f"({old_labels[j]}, from {np.datetime64(int(first[j]), 'ns')}): a build places each day's sessions of "
+            f"every instrument together, so this session belongs among the stored ones, where an append cannot "
+            f"insert it (that day of {theirs!r} was appended without the file of {mine!r}). Rerun with --rebuild to build "
+            "every file; to append night by night, wait until every instrument's file of a day is there")
+    for day, lacking in uncovered_days(inst, codes, new_days):
+        have = sorted({names[int(c)] for c in codes[new_days == day]})
+        gone = [names[c] for c in lacking]
+        warnings.warn(
+            f"append: the new files hold {np.datetime64(day, 'D')} for instrument(s) {', '.join(have)} only; the "
+            f"store also holds {', '.join(gone)}, with no new file for that day. Appended now, a file of "
+            f"{', '.join(gone)} for that day arriving later cannot be appended (only --rebuild takes it): if it is "
+            "late, stop this run and append once it is there (for an instrument that did not trade that day, "
+            "nothing is to be done)", UserWarning, stacklevel=3)
 
 
 def check_new_types(config: Config, meta: Mapping[str, Any], files: list[str], source_kwargs: Mapping[str, Any],
