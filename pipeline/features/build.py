@@ -45,7 +45,7 @@ from pipeline.features.splits import (FoldSpec, NormalizeSpec, as_splits, assign
 from pipeline.features.steps import (TOP_PRICES, FeatureFrame, compute_features, empty_prices_message,
                                      empty_top_prices, feature_lookback, top_price_features)
 from pipeline.features.filesessions import file_sessions
-from pipeline.features.windows import gather_rows, windows_at
+from pipeline.features.windows import as_series, gather_rows, windows_at
 from pipeline.progress import compute
 from pipeline.storage.layout import unit_chunks
 
@@ -200,7 +200,8 @@ def build_training_set(
     Parameters
     ----------
     x
-        ``(T, C)`` raw table (time along axis 0 within each segment).
+        ``(T, C)`` raw table, time along axis 0 within each segment (dask, numpy, or a
+        memory-mapped file read by each task from the file).
     columns
         The names of ``x``'s columns.
     features
@@ -215,28 +216,25 @@ def build_training_set(
         Sampling intervals, one block of features each.
     splits
         Fractions by time (default ``{"train": 1.0}``) or dates (``{"train": {"until":
-        "2026-01-08"}, "test": {}}``, :func:`~pipeline.features.splits.as_splits`): a
-        window goes to the split holding its whole reach, or to none.
+        "2026-01-08"}, "test": {}}``): a window goes to the split holding its whole reach.
     normalize
-        ``global`` (fitted on the split named ``train``, else the first, or on the first
-        fold's training part; ``per: instrument``: each by its own), ``trailing`` (each
-        session by its instrument's sessions before it; its first sessions, and those
-        after fewer than :data:`~pipeline.features.normalize.MIN_HISTORY_ROWS` rows of
-        history past the lookback, make no window), ``window`` or ``none``.
+        ``global`` (fitted on ``train``, else the first split or fold's training part;
+        ``per: instrument``), ``trailing`` (by the instrument's sessions before; too short
+        a history makes no window), ``window`` or ``none`` (:class:`NormalizeSpec`).
     nan
         Windows or labels holding NaN/inf: ``drop`` (counted), ``fill`` or ``raise``.
     fill_value
         The value ``nan="fill"`` writes.
     progress
-        Show a progress bar for the reductions computed here.
+        A progress bar for the reductions computed here.
     materialize
-        ``False``: per split the window end rows (``ends``) instead of the windows, and
-        the normalized features in ``shared`` (see :mod:`pipeline.streaming.virtual`).
+        ``False``: per split the window end rows (``ends``), the normalized features in
+        ``shared`` (:mod:`pipeline.streaming.virtual`).
     block_windows
         Windows per block: the writer's unit (or a function of a window's bytes).
     segments
-        The source's segments (sessions of instruments). Default: each file of an array
-        joined from several, else one (``SegmentTable.single(len(x))``: one series).
+        The source's segments (sessions of instruments); default: each file of an array
+        joined from several, else one series.
     timestamps
         ``(T,)`` int64 ns times: each window's ``t``; date splits and instruments need them.
     folds
@@ -244,11 +242,9 @@ def build_training_set(
     prior
         Append: ``x`` holds only new sessions after this stored build (its statistics).
     source_fill
-        The value ``source.nan: fill`` wrote for empty values: windows whose mid-price
-        label reads one are left out, with a warning; the features made from the
-        level-1 prices (``mid_price``, ``spread``, ``log_return``, their rolling
-        features) are NaN at a row whose ``bid_price_1`` or ``ask_price_1`` holds it,
-        for ``nan`` to decide, with a warning.
+        What ``source.nan: fill`` wrote for empty values: windows whose mid-price label
+        reads it are left out, and features of level-1 prices (``mid_price``, ``spread``,
+        ``log_return``, their rolling ones) are NaN where it is, for ``nan``; warned.
 
     Returns
     -------
@@ -259,23 +255,20 @@ def build_training_set(
     ConfigError
         ``splits`` or ``normalize`` malformed, naming the key.
     InvalidValueError
-        ``nan="raise"`` and a window holds NaN or inf, naming it, and the feature and
-        source row (with why: an empty level-1 price under ``source_fill``).
+        ``nan="raise"`` and a window holds NaN or inf, naming it, the feature and row.
     WindowError
         A split without windows, or none to fit ``global`` statistics on (per instrument);
-        a session whose windows are stored over a trailing history without two finite
-        values of a feature.
+        a trailing history without two finite values of a feature.
 
     Warns
     -----
     UserWarning
-        How many windows ``source_fill`` left out, and which price was empty; how many
-        rows held an empty level-1 price, and which features it made NaN; how many
-        sessions (and windows) trailing normalization left out for too short a history.
+        What ``source_fill``, or trailing normalization's short histories, left out.
     PriceResolutionWarning
         Float32 class labels near a class boundary (``labels.rounding_message``).
     """
     splits, norm = as_splits(splits or {"train": 1.0}, "splits"), NormalizeSpec.from_value(normalize, "normalize")
+    x = as_series(x)  # a numpy array, or a memory-mapped file read by path and block
     scales, segs = tuple(scales), segments if segments is not None else _file_segments(x)
     _check_inputs(x, segs, norm, materialize)
     frame, f, labels_steps, timestamps, gaps, empties = _step_arrays(
@@ -303,7 +296,6 @@ def build_training_set(
     bad, dropped = _left_out(bad, empty_reads, where, y_values, runs, label, nan=nan, rounded=x.dtype == np.float32,
                              halo=H, fwd=fwd, empty_rows=empty_message(empty_rows, features, nan, fill_value),
                              where_nan=where_nan)
-    # -- the arrays of each split --------------------------------------------------------
     per_split = _split_runs(runs, where, dropped, splits, norm, empty_ok=prior is not None, future=future)
     out = _split_outputs(f, per_split, labels_steps, timestamps, segs, norm, stats, label=label, size=size,
                          scales=scales, halo=H, materialize=materialize, block_windows=block_windows, prior=prior)
@@ -313,9 +305,7 @@ def build_training_set(
                       dropped=dropped)
     shared = {} if materialize else {"features": apply_normalization(f, norm, stats, segs)}
     attrs.update({} if materialize else {"virtual": {k: geometry[k] for k in ("size", "stride", "scales", "halo")}})
-    fold_index: dict[str, np.ndarray] = {}
-    if folds is not None:
-        fold_index, attrs["folds"] = _fold_output(fold_sets, where, dropped, folds, segs, per_split, prior)
+    fold_index = {} if folds is None else _fold_output(fold_sets, where, dropped, folds, segs, per_split, prior, attrs)
     return TrainingSet(splits=out, attrs=attrs, shared=shared, folds=fold_index)
 
 
@@ -518,14 +508,18 @@ def _blocks(n: int, unit: int | None, window_bytes: int, prior: Prior | None, sp
 
 
 def _fold_output(fold_sets: Any, where: np.ndarray, bad: np.ndarray, spec: FoldSpec, segs: SegmentTable,
-                 per_split: Mapping[str, WindowRuns], prior: Prior | None) -> tuple[dict[str, np.ndarray], dict]:
-    """The folds' sample indices and description: from this build's windows, or, for an
-    append, over the stored samples' sessions and the new ones'."""
+                 per_split: Mapping[str, WindowRuns], prior: Prior | None, attrs: dict[str, Any]
+                 ) -> dict[str, np.ndarray]:
+    """The folds' sample indices, their description put in ``attrs["folds"]``: from this
+    build's windows, or, for an append, over the stored samples' sessions and the new
+    ones'."""
     if prior is None:
-        return _fold_index(fold_sets[0], fold_sets[1], where, bad, spec)
+        index, attrs["folds"] = _fold_index(fold_sets[0], fold_sets[1], where, bad, spec)
+        return index
     first = per_split[next(iter(per_split))]
     new_sessions = segs.session[first.segments_of()] if first.n else np.zeros(0, np.int64)
-    return continue_folds(np.concatenate([prior.base_sessions, new_sessions]), spec)
+    index, attrs["folds"] = continue_folds(np.concatenate([prior.base_sessions, new_sessions]), spec)
+    return index
 
 
 def _continued_chunks(n: int, unit: int, first: int) -> tuple[int, ...]:

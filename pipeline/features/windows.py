@@ -38,6 +38,7 @@ from pipeline.features.geometry import (
 from pipeline.storage.arraysource import as_blocks, file_rows
 
 __all__ = [
+    "as_series",
     "check_window_ends",
     "file_sessions",
     "row_offsets",
@@ -67,7 +68,7 @@ def _validate(size: int, stride: int, scales: Sequence[int], horizon: int | None
 _SERIES_ROWS = 1 << 16
 
 
-def _series(x: da.Array | np.ndarray) -> da.Array:
+def as_series(x: da.Array | np.ndarray) -> da.Array:
     """``x`` as a 2-D dask array of known length, in blocks of :data:`_SERIES_ROWS` rows.
 
     A memory-mapped file (``np.memmap``, ``np.load(path, mmap_mode="r")``, or a view or
@@ -308,7 +309,7 @@ def windows(
     """
     scales = _validate(size, stride, scales, horizon)
     lengths, runs, _ = _plan(x, size, stride, scales, sessions, horizon or 0)
-    x = _series(x)
+    x = as_series(x)
     F = x.shape[1]
     features = _feature_names(names, F)
     h = halo(size, scales)

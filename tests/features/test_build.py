@@ -768,3 +768,26 @@ def test_global_statistics_leave_out_the_price_features_of_an_empty_level_1_pric
     stats = ts.attrs["normalization"]
     np.testing.assert_allclose(stats["mean"], np.nanmean(rows, axis=0), rtol=1e-9)
     np.testing.assert_allclose(stats["std"], np.nanstd(rows, axis=0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["numpy", "memmap"])
+def test_a_numpy_array_or_a_memory_mapped_file_builds_what_numpy_does(tmp_path, kind):
+    # A memory-mapped table is read by each task from its file (as pipeline.windows and
+    # pipeline.write read one), not copied into the graph; it failed with an
+    # AttributeError ('memmap' object has no attribute 'rechunk').
+    x = book(900, seed=2)
+    if kind == "memmap":
+        np.save(tmp_path / "book.npy", x)
+        x_in = np.load(tmp_path / "book.npy", mmap_mode="r")
+    else:
+        x_in = x
+    fr = {"train": 0.6, "val": 0.2, "test": 0.2}
+    ts = build_training_set(x_in, columns=COLS, features=SPECS, size=SIZE, stride=STRIDE, scales=SCALES,
+                            label=LabelSpec(horizon=H, scale=1e4), splits=fr)
+    if kind == "memmap":  # the graph holds the file's path and rows, not its values
+        graph = ts.splits["train"]["x"].__dask_graph__()
+        assert not any(isinstance(v, np.ndarray) and v.nbytes >= x.nbytes // 2 for v in graph.values())
+    ref, _, _, _, _ = numpy_pipeline(x, fr, scale=1e4)
+    for k, (xr, yr) in ref.items():
+        np.testing.assert_allclose(ts.splits[k]["x"].compute(), xr, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(ts.splits[k]["y"].compute(), yr, rtol=1e-4, atol=1e-3)
