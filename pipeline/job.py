@@ -10,15 +10,17 @@ import dataclasses
 import os
 import sys
 import time
+import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import IO, Any, Literal, NoReturn
 
 import yaml
 
 from pipeline.config import Config, config_fingerprint
-from pipeline.errors import ConfigError, EmptyInputError, PipelineError, StoreConflictError
+from pipeline.errors import ConfigError, EmptyInputError, LoaderError, PipelineError, StoreConflictError
 
-__all__ = ["RunSummary", "run"]
+__all__ = ["RunSummary", "changed_files", "file_stamps", "run", "skipped_line"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,6 +308,11 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
         segs = source.segments
         say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns read, "
             f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.sessions_text})")
+        if source.skipped:
+            # A line of the run's output (the command prints warnings as lines), and a
+            # warning for a caller of run(): the store's attrs alone went unread.
+            warnings.warn(skipped_line(source.skipped, len(source.files) + len(source.skipped)), UserWarning,
+                          stacklevel=3)  # run()'s caller
         tset = build_training_set(
             source.array,
             columns=source.columns,
@@ -331,6 +338,100 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
             + ("" if config.windows.materialize else " (virtual: features stored once)"))
         _write_build(config, tset, source, progress)
     return _summary(config, rows, t0, "build")
+
+
+def skipped_line(skipped: Any, listed: int, *, shown: int = 3) -> str:
+    """One line naming the files ``source.on_error: skip`` left out, and why: the first
+    ``shown`` of them, and how many more (all are in the store's ``skipped``
+    attribute, which ``pipeline inspect`` lists).
+
+    Parameters
+    ----------
+    skipped
+        ``(path, why)`` of every file left out, in the order the source listed them.
+    listed
+        How many files the source listed, those left out included.
+    shown
+        How many to name.
+    """
+    named = "; ".join(f"{path}: {why}" for path, why in list(skipped)[:shown])
+    more = len(skipped) - shown
+    rest = f"; and {more} more" if more > 0 else ""
+    return (f"source.on_error: skip left out {len(skipped)} of {listed} files: {named}{rest} (the store's skipped "
+            "attribute lists them: pipeline inspect STORE)")
+
+
+def file_stamps(files: Any) -> dict[str, tuple[int, float]]:
+    """``{path: (size, mtime)}`` of every file a source read (and of its companion,
+    LOBSTER's message file), as probed when the source was opened: the identity the
+    store records beside each file's hashes."""
+    out: dict[str, tuple[int, float]] = {}
+    for f in files:
+        for item in (f, f.companion):
+            if item is not None:
+                out[str(item.path)] = (int(item.size), float(item.mtime))
+    return out
+
+
+def changed_files(stamps: dict[str, tuple[int, float]], storage_options: dict | None = None
+                  ) -> list[tuple[str, str]]:
+    """``(path, what changed)`` of the files whose size or modification time differ now
+    from ``stamps`` (:func:`file_stamps`), or that are gone, in ``stamps``' order."""
+    from pipeline.loaders import _stat
+
+    so = storage_options or {}
+
+    def now(path: str) -> tuple[int, float] | None:
+        try:
+            return _stat(path, so)
+        except LoaderError:
+            return None
+
+    paths = list(stamps)
+    if any("://" in p and not p.startswith("file://") for p in paths):
+        with ThreadPoolExecutor(max_workers=16) as pool:  # remote stats are latency-bound
+            current = list(pool.map(now, paths))
+    else:
+        current = [now(p) for p in paths]
+    out = []
+    for path, cur in zip(paths, current):
+        (size, mtime) = stamps[path]
+        if cur is None:
+            out.append((path, "it is gone"))
+        elif cur[0] != size:
+            out.append((path, f"its size was {size:,} bytes, is {cur[0]:,}"))
+        elif cur[1] != mtime:
+            out.append((path, f"its modification time was {mtime}, is {cur[1]}"))
+    return out
+
+
+def _refuse_changed(stamps: dict[str, tuple[int, float]], storage_options: dict | None, outcome: str) -> None:
+    """Raise, naming the first file that changed since the source was opened (see
+    :func:`changed_files`); ``outcome``: what became of the store."""
+    changed = changed_files(stamps, storage_options)
+    if changed:
+        path, why = changed[0]
+        others = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
+        raise LoaderError(path, f"changed while this run read it ({why}){others}; {outcome}")
+
+
+def _withdraw_complete(location: str, attrs: dict[str, Any], storage_options: dict | None) -> str:
+    """Take back the complete flag the write just set on a store whose input changed
+    while it was read, recording the files as they were read, so that readers refuse
+    it and a resume is refused naming the file; a zip store (not to be edited in
+    place) is removed. Returns what became of the store, for the error."""
+    from pipeline.storage.store import ATTRS_KEY, is_zip, open_store_group, store_root_attrs
+    from pipeline.storage.writer import RESUME_KEY, _resume_record
+
+    if is_zip(location):
+        os.remove(location)
+        return "its store, which may hold windows of both contents, is removed: rerun to build it again"
+    group = open_store_group(location, mode="r+", storage_options=storage_options)
+    meta = store_root_attrs(group)
+    meta.update({"complete": False, RESUME_KEY: _resume_record(attrs)})
+    group.attrs[ATTRS_KEY] = meta
+    return ("its store, which may hold windows of both contents, is marked incomplete: rerun with --rebuild to "
+            "build it from the files as they are")
 
 
 def _check_workers_see(client: Any, config: Config) -> None:
@@ -364,20 +465,26 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None
     from pipeline.storage.layout import chunk_samples_for
 
     out, src_cfg = config.output, config.source
+    so = src_cfg.storage_options or None
     rows = int(source.array.shape[0])
+    stamps = file_stamps(source.files)
     attrs = dict(tset.attrs)
     attrs.update(
         {
             "config": config.raw_yaml,
             "config_hash": config_fingerprint(config),
             # Content hashes let an append tell a touched file from a changed one.
-            "sources": with_hashes(source.metadata(), src_cfg.storage_options or None),
+            "sources": with_hashes(source.metadata(), so),
             "skipped": [list(s) for s in source.skipped],
             "rows_read": rows,
         }
     )
     if source.timestamps is None:  # what orders new sessions after these in an append
         attrs["session_keys"] = list(source.session_keys)
+    # The store records each file's size and time as probed and its hashes as read
+    # just now: a file replaced in between (a vendor's re-send) is refused before
+    # anything is written, lest the record describe neither content.
+    _refuse_changed(stamps, so, "nothing was written: rerun to build from the files as they are")
     chunk_samples = out.chunk_samples
     if not config.windows.materialize and chunk_samples is None:
         # Chunk the window index as the windows would be chunked, so streaming a
@@ -400,6 +507,11 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None
         progress=progress,
         **({"folds": tset.folds, "fold_base": next(iter(tset.splits))} if tset.folds else {}),
     )
+    # The workers read the files while the write ran: one replaced meanwhile may have
+    # given some windows its new content. The writer has marked the store complete by
+    # now (it takes no check before that): the flag is taken back at once.
+    if changed_files(stamps, so):
+        _refuse_changed(stamps, so, _withdraw_complete(out.path, attrs, out.storage_options or None))
 
 
 def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) -> RunSummary:

@@ -1,8 +1,21 @@
-"""What a run prints at its end (pipeline/job.py)."""
+"""What a run prints at its end, and what it says of its input (pipeline/job.py): files
+`source.on_error: skip` left out, files changed while the run read them."""
 
 from __future__ import annotations
 
-from pipeline.job import RunSummary
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+import pytest
+
+import pipeline
+import pipeline.storage
+from pipeline.config import load_config
+from pipeline.errors import IncompleteStoreError, LoaderError, StoreConflictError
+from pipeline.job import RunSummary, run, skipped_line
+from tests.conftest import small_run_config
 
 
 def _summary(**kw) -> RunSummary:
@@ -18,3 +31,92 @@ def test_the_summary_says_what_the_splits_left_out():
     assert not any(x.startswith("windows left out") for x in _summary().format().splitlines())
     assert not any(x.startswith("windows left out") for x in _summary(left_out={"embargo": {"train": 0}}).format()
                    .splitlines())
+
+
+# -- a run's input: files left out, files changed while read ------------------------------
+
+
+def test_the_skipped_line_names_the_first_files_and_counts_the_rest():
+    skipped = [(f"/raw/d{i}.csv.gz", f"cannot read (reason {i})") for i in range(5)]
+    assert skipped_line(skipped[:1], 3) == (
+        "source.on_error: skip left out 1 of 3 files: /raw/d0.csv.gz: cannot read (reason 0) (the store's skipped "
+        "attribute lists them: pipeline inspect STORE)")
+    line = skipped_line(skipped, 9)
+    assert line.startswith("source.on_error: skip left out 5 of 9 files: /raw/d0.csv.gz: cannot read (reason 0); "
+                           "/raw/d1.csv.gz: cannot read (reason 1); /raw/d2.csv.gz: cannot read (reason 2); and 2 more")
+    assert "d3" not in line and "\n" not in line
+
+
+def _config(tmp_path: Path, *extra: str):
+    path = small_run_config(tmp_path, rows_per_day=3000, seed=7, chunk_rows=1000)
+    return load_config(path, overrides=["cluster.n_workers=1", "features.normalize=global", *extra])
+
+
+def test_a_run_names_the_files_on_error_skip_left_out(tmp_path):
+    config = _config(tmp_path, "source.on_error=skip")
+    good = sorted((tmp_path / "raw").glob("*.parquet"))
+    bad = tmp_path / "raw" / "zz-truncated.parquet"
+    bad.write_bytes(good[0].read_bytes()[:5000])  # a day cut off in its transfer
+    with pytest.raises(Exception) as reference:  # what pyarrow itself says of the file
+        pq.read_table(bad)
+    assert reference.value is not None
+    with pytest.warns(UserWarning, match=rf"source.on_error: skip left out 1 of {len(good) + 1} files: "
+                                         rf"{bad}: expected a Parquet file"):
+        run(config, log=None, progress=False)
+    assert pipeline.open(config.output.path).attrs["skipped"][0][0] == str(bad)
+
+
+def _replace_with_other_prices(path: Path) -> None:
+    """A vendor's re-send: the same rows, prices x1.5, written anew and moved in."""
+    df = pd.read_parquet(path)
+    prices = [c for c in df if "price" in c]
+    df[prices] = df[prices] * 1.5
+    tmp = path.with_name(".resend.parquet")
+    df.to_parquet(tmp, index=False)
+    os.replace(tmp, path)
+
+
+def test_a_file_replaced_before_the_write_fails_the_run_and_writes_nothing(tmp_path, monkeypatch):
+    config = _config(tmp_path)
+    victim = sorted((tmp_path / "raw").glob("*.parquet"))[-1]
+    real = pipeline.loaders.provenance.with_hashes
+
+    def replaced_meanwhile(*args, **kwargs):  # between the source's opening and its hashes
+        _replace_with_other_prices(victim)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.loaders.provenance, "with_hashes", replaced_meanwhile)
+    with pytest.raises(LoaderError, match=rf"^{victim}: changed while this run read it \(its (size|modification "
+                                          r"time) was .*\); nothing was written: rerun"):
+        run(config, log=None, progress=False)
+    assert not Path(config.output.path).exists()
+    monkeypatch.undo()
+    run(config, log=None, progress=False)  # the rerun builds from the file as it is
+    rec = {f["path"]: f for f in pipeline.open(config.output.path).attrs["sources"]["files"]}[str(victim)]
+    st = os.stat(victim)
+    assert (rec["size"], rec["mtime"]) == (st.st_size, st.st_mtime)
+
+
+def test_a_file_replaced_during_the_write_leaves_the_store_incomplete_and_refuses_its_resume(tmp_path, monkeypatch):
+    config = _config(tmp_path)
+    victim = sorted((tmp_path / "raw").glob("*.parquet"))[-1]
+    real = pipeline.storage.write
+
+    def replaced_during(*args, **kwargs):  # after the workers read it, before the run checks
+        out = real(*args, **kwargs)
+        _replace_with_other_prices(victim)
+        return out
+
+    monkeypatch.setattr(pipeline.storage, "write", replaced_during)
+    with pytest.raises(LoaderError, match=rf"^{victim}: changed while this run read it .*; its store, which may hold "
+                                          r"windows of both contents, is marked incomplete: rerun with --rebuild"):
+        run(config, log=None, progress=False)
+    monkeypatch.undo()
+    with pytest.raises(IncompleteStoreError):
+        pipeline.open(config.output.path)
+    with pytest.raises(StoreConflictError, match=rf"{victim}: changed since the interrupted build began.*--rebuild"):
+        run(config, log=None, progress=False)  # a resume would keep windows of the old content
+    run(config, log=None, progress=False, mode="rebuild")
+    ds = pipeline.open(config.output.path)
+    rec = {f["path"]: f for f in ds.attrs["sources"]["files"]}[str(victim)]
+    assert rec["size"] == os.stat(victim).st_size
