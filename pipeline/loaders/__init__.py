@@ -389,8 +389,7 @@ def open_source(
     format
         A format instead of the suffix's (``lobster`` and ``fi2010`` by name only).
     combine
-        ``stack``: one sample per file (arrays' default); ``concat``: along axis 0 (tables,
-        time series, token shards of any lengths).
+        ``stack``: a sample per file (arrays' default); ``concat``: along axis 0 (tables, shards).
     columns
         Table columns to read (default every numeric one but timestamp and instrument).
     read
@@ -401,7 +400,7 @@ def open_source(
         The unit of a numeric timestamp column; default integers ns, floats s.
     dtype
         Tables: ``float32`` (default) or ``float64`` (exact). Arrays: default the files'
-        common dtype; another is checked value by value (:mod:`pipeline.loaders.arrays`).
+        common dtype; another is checked value by value.
     shape
         Images: resize to ``shape`` (``(H, W)``).
     mode
@@ -417,11 +416,9 @@ def open_source(
     classes
         Class names in index order (as Keras' ``class_names``); default the sorted names.
     on_mismatch
-        Stacked files of other shapes than the first's: ``raise``; ``pad``: zeros at the
-        end of each axis up to the first's shape (a larger file is refused: pad never
-        cuts); ``crop``: each cut to it, zeros where shorter; ``resize``: nearest-neighbour
-        resampling (it changes values: not for token ids or labels). Files that differ
-        along axis 0 only (token or time series shards) want ``combine="concat"``.
+        Stacked files of other shapes than the first's: ``raise``; ``pad`` (zeros; a
+        larger file is refused), ``crop`` (cut, zeros where shorter), ``resize`` (nearest
+        neighbour: it changes values). Shards differing along axis 0: ``combine="concat"``.
     nan
         ``raise``, ``fill`` or ``drop`` (tables only); ``None``: ``raise`` for tables, arrays as stored.
     fill_value
@@ -429,15 +426,13 @@ def open_source(
     on_error
         ``"skip"``: files whose probe fails are left out (recorded).
     chunk_rows
-        Tables: rows per part (:data:`~pipeline.loaders.tables.TEXT_PART_ROWS`). Arrays
-        joined along axis 0: rows per chunk (default about 32 MiB).
+        Tables: rows per part; arrays joined along axis 0: rows per chunk (about 32 MiB).
     files_per_chunk
         Samples per chunk when stacking (default about 16 MiB).
     storage_options
         fsspec options for URLs.
     header
-        CSV: the first line holds the names; ``False``: every line is data; ``"auto"``:
-        decided file by file (a first line that names the columns is a header).
+        CSV: the first line holds names; ``False``: all lines data; ``"auto"``: per file.
     names
         CSV column names; with a header, they replace its names.
     rename
@@ -458,12 +453,12 @@ def open_source(
         LOBSTER: ``drop`` (default) or ``keep`` trading-halt rows (event type 7).
     calendar
         Tables with timestamps: an exchange calendar (``XNYS``); rows outside its
-        sessions are left out (:mod:`pipeline.features.calendars`).
+        sessions are left out.
 
     Returns
     -------
     Source
-        The lazy array, its provenance, and per-row timestamps, instrument codes or labels.
+        The lazy array, its provenance, per-row timestamps, instrument codes or labels.
     """
     from pipeline.loaders.lobster import halts_option
     from pipeline.loaders.registry import FORMATS
