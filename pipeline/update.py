@@ -326,8 +326,8 @@ def check_instrument_days(prior: Any, codes: np.ndarray, labels: Sequence[str], 
             f"every stored session of {mine!r}, but the store already holds {theirs!r} up to {day} or later "
             f"({old_labels[j]}, from {np.datetime64(int(first[j]), 'ns')}): a build places each day's sessions of "
             f"every instrument together, so this session belongs among the stored ones, where an append cannot "
-            f"insert it (that day of {theirs!r} was appended without the file of {mine!r}). Rerun with --rebuild to build "
-            "every file; to append night by night, wait until every instrument's file of a day is there")
+            f"insert it (that day of {theirs!r} was appended without the file of {mine!r}). Rerun with --rebuild "
+            "to build every file; to append night by night, wait until every instrument's file of a day is there")
     for day, lacking in uncovered_days(inst, codes, new_days):
         have = sorted({names[int(c)] for c in codes[new_days == day]})
         gone = [names[c] for c in lacking]

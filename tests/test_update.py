@@ -93,7 +93,8 @@ def test_a_day_without_one_instrument_warns_and_its_late_file_is_refused_saying_
     with pytest.warns(UserWarning) as caught:
         run(load_config(cfg), log=None, progress=False)
     said = [str(w.message) for w in caught if "new files hold" in str(w.message)]
-    assert said == [f"append: the new files hold {np.datetime64(_first_ns(aaa), 'ns').astype('datetime64[D]')} for instrument(s) AAA only; "
+    day = np.datetime64(_first_ns(aaa), "ns").astype("datetime64[D]")
+    assert said == [f"append: the new files hold {day} for instrument(s) AAA only; "
                     "the store also holds BBB, with no new file for that day. Appended now, a file of BBB for that "
                     "day arriving later cannot be appended (only --rebuild takes it): if it is late, stop this run "
                     "and append once it is there (for an instrument that did not trade that day, nothing is to be "
