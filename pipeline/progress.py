@@ -2,7 +2,8 @@
 
 Long stages show a terminal bar (tqdm) counting finished tasks. On a distributed client
 the bar follows the futures as they finish; on the local schedulers it uses a dask
-callback. Either way the result is the same as ``dask.compute``.
+callback. Either way the result is the same as ``dask.compute``'s, in the order given
+(:func:`ordered_compute`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,35 @@ from typing import Any, Sequence
 
 import dask
 
-__all__ = ["compute"]
+__all__ = ["compute", "ordered_compute"]
+
+
+def _by_type(collections: Sequence[Any]) -> list[int]:
+    """Indices of ``collections``, those of one type together, types in the order they
+    first come (stable within a type)."""
+    first: dict[type, int] = {}
+    for c in collections:
+        first.setdefault(type(c), len(first))
+    return sorted(range(len(collections)), key=lambda i: first[type(collections[i])])
+
+
+def _in_place(order: Sequence[int], results: Sequence[Any]) -> tuple[Any, ...]:
+    out: list[Any] = [None] * len(order)
+    for j, i in enumerate(order):
+        out[i] = results[j]
+    return tuple(out)
+
+
+def ordered_compute(*collections: Any, **kwargs: Any) -> tuple[Any, ...]:
+    """``dask.compute(*collections, **kwargs)``, each result where its collection was.
+
+    dask 2026.7 returns the results of mixed collections grouped by type, in the order
+    each type first comes: ``dask.compute(array_a, delayed_d, array_e)`` gives ``(a, e,
+    d)``, on every scheduler and through ``Client.compute`` too. Here the collections
+    are passed grouped so, and their results put back in the order given.
+    """
+    order = _by_type(collections)
+    return _in_place(order, dask.compute(*(collections[i] for i in order), **kwargs))
 
 
 def _active_client() -> Any | None:
@@ -44,18 +73,20 @@ def compute(*collections: Any, desc: str = "compute", progress: bool = True) -> 
     if not collections:
         return ()
     if not progress:
-        return dask.compute(*collections)
+        return ordered_compute(*collections)
     client = _active_client()
     if client is not None:
         from distributed.diagnostics.progressbar import progress as distributed_progress
 
-        futures: Sequence[Any] = client.compute(list(collections))
+        order = _by_type(collections)  # Client.compute groups by type as dask.compute does
+        futures: Sequence[Any] = client.compute([collections[i] for i in order])
         print(f"{desc}:", file=sys.stderr, flush=True)
         # The scheduler counts every task of the futures' graphs, so the bar moves with
         # the work on all workers, not with whole collections.
         distributed_progress(futures, notebook=False, multi=False)
         print(file=sys.stderr, flush=True)
-        return tuple(f.result() for f in futures)
+        # Anything but a collection comes back as it was given, as from dask.compute.
+        return _in_place(order, [f.result() if hasattr(f, "result") else f for f in futures])
 
     from dask.callbacks import Callback
     from tqdm.auto import tqdm
@@ -72,4 +103,4 @@ def compute(*collections: Any, desc: str = "compute", progress: bool = True) -> 
             self.bar.close()
 
     with _Bar():
-        return dask.compute(*collections)
+        return ordered_compute(*collections)

@@ -1,0 +1,49 @@
+"""pipeline.progress: results in the order the collections were given, with and without
+a bar, on the local schedulers and on a distributed client."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+
+from pipeline.progress import compute, ordered_compute
+
+
+def _mixed():
+    """Arrays and delayed objects interleaved, each result telling which it is."""
+    a = da.arange(3, chunks=2)
+    d1 = dask.delayed(lambda: "first delayed")()
+    e = da.full(2, 7, chunks=1)
+    d2 = dask.delayed(lambda: "second delayed")()
+    return (a, d1, e, d2, np.int64(5)), [np.arange(3), "first delayed", np.full(2, 7), "second delayed", 5]
+
+
+def _check(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        if isinstance(w, str):
+            assert g == w
+        else:
+            np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("scheduler", ["sync", "threads"])
+def test_mixed_collections_come_back_in_the_order_given(scheduler):
+    # dask.compute itself returns (a, e, d1, d2, 5) here: grouped by type.
+    collections, want = _mixed()
+    with dask.config.set(scheduler=scheduler):
+        _check(ordered_compute(*collections), want)
+        _check(compute(*collections, progress=False), want)
+        _check(compute(*collections, progress=True), want)
+
+
+def test_mixed_collections_on_a_distributed_client_come_back_in_the_order_given():
+    from distributed import Client, LocalCluster
+
+    collections, want = _mixed()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster):
+        _check(compute(*collections, progress=True), want)
+        _check(compute(*collections, progress=False), want)
