@@ -38,6 +38,7 @@ from pipeline.loaders.registry import format_of
 from pipeline.loaders.sessionscan import (column_runs, column_session_numbers, gap_report, gap_tasks, global_row,
                                           reading_column, session_column, show_value)
 from pipeline.loaders.timeorder import check_file_times, check_instrument_times, instrument_spans
+from pipeline.progress import ordered_compute
 
 __all__ = ["SegmentedSource", "file_groups", "file_types", "open_segmented", "session_major_order", "zone_of"]
 
@@ -162,7 +163,7 @@ def _breaks(ts: da.Array, mode: str, gap_ns: int, tz: str | None = None, spec: S
         inner = np.flatnonzero(np.diff(b) > gap_ns) + 1
         return int(b[0]), int(b[-1]), inner, (0, 0, 0, -1)
 
-    parts = dask.compute(*(dask.delayed(block)(b) for b in ts.to_delayed().ravel()))
+    parts = ordered_compute(*(dask.delayed(block)(b) for b in ts.to_delayed().ravel()))
     starts = chunk_bounds(ts.chunks[0])
     out: list[np.ndarray] = []
     prev_last = None
@@ -202,7 +203,7 @@ def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, file_keys: 
     bounds = [0, *cuts.tolist(), rows]
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     if spec.mode in ("date", "calendar"):
-        firsts = dask.compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0] if rows else np.zeros(0, np.int64)
+        firsts = ordered_compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0] if rows else np.zeros(0, np.int64)
         keys = [_day_label(d) for d in session_days(np.asarray(firsts, dtype=np.int64), tz, spec)]
         return lengths, keys, gaps if spec.mode == "date" else None
     return lengths, [f"#{i}" for i in range(len(lengths))], None
@@ -225,7 +226,7 @@ def _by_code(src: Source) -> list[tuple[str, da.Array, da.Array | None, list[int
     t1 = None if src.timestamps is None else src.timestamps.rechunk((x.chunks[0],))
     code_blocks = c2.to_delayed().ravel()
     time_blocks = [None] * len(code_blocks) if t1 is None else t1.to_delayed().ravel()
-    spans = np.stack(dask.compute(*(dask.delayed(instrument_spans)(c, t, len(names))
+    spans = np.stack(ordered_compute(*(dask.delayed(instrument_spans)(c, t, len(names))
                                     for c, t in zip(code_blocks, time_blocks))))
     counts = spans[:, 0, :]
     chunk_file = np.repeat(np.arange(len(src.files)), _chunks_per_file(src))
@@ -286,7 +287,7 @@ def _first_times(lengths: Sequence[int], inst: Sequence[int], timestamps: da.Arr
     starts = chunk_bounds(lengths)[:-1]
     rows = starts[lengths > 0]
     out = np.zeros(lengths.size, dtype=np.int64)
-    firsts, *rest = dask.compute(take_rows(timestamps, rows) if rows.size else np.zeros(0, np.int64), *also)
+    firsts, *rest = ordered_compute(take_rows(timestamps, rows) if rows.size else np.zeros(0, np.int64), *also)
     out[lengths > 0] = np.asarray(firsts)
     for k in range(1, lengths.size):
         if lengths[k] == 0 and inst[k] == inst[k - 1]:
@@ -455,7 +456,7 @@ def _check_file_order(sources: Sequence[Source]) -> None:
         checks.append(([src.files[i].path for i in held], take_rows(src.timestamps, picks)))
     if not checks:
         return
-    bounds = dask.compute(*(t for _, t in checks))
+    bounds = ordered_compute(*(t for _, t in checks))
     for (paths, _), b in zip(checks, bounds):
         b = np.asarray(b, dtype=np.int64).reshape(-1, 2)
         check_file_times(paths, b[:, 0], b[:, 1])
@@ -761,7 +762,7 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | str | dict | None = No
         first_ns, counted = _first_times(lengths, inst, timestamps, list(tasks.values()))
         gaps.update(zip(tasks, counted))
     elif tasks:
-        gaps.update(zip(tasks, dask.compute(*tasks.values())))
+        gaps.update(zip(tasks, ordered_compute(*tasks.values())))
     first_day = None
     if first_ns is not None:  # each segment's day in its instrument's zone
         first_day = np.zeros_like(first_ns)
