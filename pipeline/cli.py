@@ -11,11 +11,12 @@ import argparse
 import atexit
 import contextlib
 import os
+import signal
 import sys
 import threading
 import time
 import warnings
-from typing import NoReturn, Sequence
+from typing import Any, Iterator, NoReturn, Sequence
 
 from pipeline import __version__
 from pipeline.errors import ConfigError, PipelineError, StreamError
@@ -404,6 +405,70 @@ def one_line_warning(message: Warning | str, category: type[Warning], filename: 
     return f"{category.__name__}: {message}\n"
 
 
+class _Terminated(KeyboardInterrupt):
+    """A SIGTERM that ``pipeline run`` received: a ``KeyboardInterrupt``, so that it
+    stops the run as a Ctrl-C does (the cluster closed, its workers stopped, the store's
+    lock released, what was written kept), told apart only by its line and exit status."""
+
+
+#: The exit status of ``pipeline run`` stopped by SIGTERM: 128 + 15, as a shell reports
+#: a process that the signal ended.
+TERMINATED_STATUS = 128 + int(signal.SIGTERM)
+
+TERMINATED_LINE = "terminated (SIGTERM); rerun the same command to resume (the units written so far are kept)"
+
+
+def _raise_terminated_once(state: list[int]) -> Any:
+    """The SIGTERM handler of :func:`_terminate_as_interrupt`: the first SIGTERM raises
+    :class:`_Terminated`; later ones (a service manager that repeats it) are noted, and
+    the close that the first began goes on."""
+
+    def handler(signum: int, frame: object) -> None:
+        state.append(signum)
+        if len(state) == 1:
+            raise _Terminated()
+
+    handler.pipeline_terminate = True  # type: ignore[attr-defined] - see _default_term_in_child
+    return handler
+
+
+def _default_term_in_child() -> None:
+    """In a process forked from this one (a worker started with the ``fork`` method),
+    SIGTERM ends the process again: a nanny stops its worker with it, and a handler
+    that raised in the worker's event loop could leave the worker running."""
+    if getattr(signal.getsignal(signal.SIGTERM), "pipeline_terminate", False):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+_FORK_HOOK: list[bool] = []
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the block as a Ctrl-C does, raising :class:`_Terminated`.
+
+    A service manager's or a batch scheduler's SIGTERM ended ``pipeline run`` at once,
+    with no line in its log, its LocalCluster's workers left to notice, and the store's
+    lock left for the next run to take over. Installed by the command only (a process
+    that embeds pipeline keeps its own handling), where SIGTERM has the system's default
+    handler, from the main thread, and for the block only. The workers' processes do not
+    keep it: a forkserver or spawn starts a new program (handlers back to the default),
+    and a process forked from this one drops it (:func:`_default_term_in_child`).
+    """
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_default_term_in_child)
+        _FORK_HOOK.append(True)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated_once([]))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pipeline`` console script and of ``python -m pipeline``.
 
@@ -411,7 +476,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     -------
     int
         The exit status: 0, 1 for errors of the input, 2 for configuration errors, 130
-        when interrupted (``--help`` and ``--version`` exit 0 through argparse).
+        when interrupted, 143 when ``pipeline run`` is stopped by SIGTERM (``--help``
+        and ``--version`` exit 0 through argparse).
     """
     args = _parser().parse_args(argv)
     # A warning is a line of the run's output, not a pointer into the package's source.
@@ -423,7 +489,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "bench": _cmd_bench,
     }
     try:
-        return handlers[args.command](args)
+        # An unattended run is stopped with SIGTERM (a service manager, a batch
+        # scheduler, `timeout`): it says so, and stops as a Ctrl-C does.
+        with _terminate_as_interrupt() if args.command == "run" else contextlib.nullcontext():
+            return handlers[args.command](args)
     except ConfigError as exc:
         print(f"pipeline {args.command}: {exc}", file=sys.stderr)
         return 2
@@ -435,6 +504,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         # Point stdout at /dev/null so that the interpreter's final flush stays quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except _Terminated:
+        print(TERMINATED_LINE, file=sys.stderr)
+        return TERMINATED_STATUS
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130

@@ -21,6 +21,8 @@ from pipeline.errors import ClusterError
 from pipeline.remote import check_address, check_tls_files, connect_remote, scheduler_file_address
 
 if TYPE_CHECKING:  # pragma: no cover
+    import logging
+
     import distributed
 
     from pipeline.workerlog import PausedWorkersWatch
@@ -311,7 +313,9 @@ def cluster(
         a connection and for its answer. Each is checked before a Client starts, and
         anything wrong (an address that is not a scheduler's, a missing TLS file, a
         server that does not speak dask's protocol) is one line: a ConfigError for
-        the config, a ClusterError for the scheduler.
+        the config, a ClusterError for the scheduler. For a LocalCluster, the most
+        seconds its workers may take to start; the first error a nanny logs ends the
+        wait sooner (a ClusterError naming it).
     log
         Where to print the cluster, its workers and its dashboard's address (a remote
         scheduler without workers is given up to :data:`FIRST_WORKER_WAIT` seconds for
@@ -369,7 +373,7 @@ def cluster(
             if local is not None and processes:
                 _check_idle_memory(client)
             if log is not None:
-                _announce(client, local, log)
+                _announce(client, local, log, dashboard=dashboard_address is not None)
             watcher = _watch_workers(watch, client, log, paused_after=paused_after, unanswered_after=unanswered_after,
                                      stalled_after=stalled_after if local is not None else None)
             yield client
@@ -522,29 +526,42 @@ def _split_sizes(write: dict[str, Any]) -> tuple[int | None, int | None]:
 
 @contextlib.contextmanager
 def _interrupts_deferred() -> Iterator[None]:
-    """A SIGINT (Ctrl-C) that comes while the block runs is held until its end, and
-    delivered then, unless an exception is on its way out already (a first Ctrl-C's
-    ``KeyboardInterrupt``, a run's error): it is the answer to that.
+    """A SIGINT (Ctrl-C), or a SIGTERM that this process handles in Python, that comes
+    while the block runs is held until its end, and delivered then, unless an exception
+    is on its way out already (a first Ctrl-C's ``KeyboardInterrupt``, a run's error): it
+    is the answer to that.
 
     Closing the cluster is what a first Ctrl-C leads to. A second one, pressed while the
     cluster closed, cancelled distributed's close midway: the cluster stayed "closing",
     and at the process's exit distributed waited 10 s for it to close again before
     giving up. The close is short (the workers, which ignore the Ctrl-C, stop when their
-    nannies ask them). Only the main thread may set a handler (and one set outside Python
-    could not be put back): elsewhere nothing is held.
+    nannies ask them). SIGTERM is held only where a handler of Python's is set for it
+    (``pipeline run`` sets one, :mod:`pipeline.cli`): with the system's default it ends
+    the process at once, here as anywhere. Only the main thread may set a handler (and
+    one set outside Python could not be put back): elsewhere nothing is held.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    held = [s for s in _deferrable_signals() if signal.getsignal(s) is not None]
     came: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: came.append(signum))
+    previous = {s: signal.signal(s, lambda signum, frame: came.append(signum)) for s in held}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     if came and sys.exc_info()[0] is None:
         # To the handler there was before: KeyboardInterrupt, or whatever the caller chose.
-        signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(came[0])
+
+
+def _deferrable_signals() -> tuple[int, ...]:
+    """The signals :func:`_interrupts_deferred` holds now: SIGINT, and SIGTERM while a
+    Python function handles it (not the system's default, which ends the process, nor
+    ``SIG_IGN``)."""
+    term = signal.getsignal(signal.SIGTERM)
+    return (signal.SIGINT, signal.SIGTERM) if callable(term) else (signal.SIGINT,)
 
 
 def _enter_local_settings(settings: contextlib.ExitStack, processes: bool) -> None:
@@ -592,8 +609,10 @@ def _workers(client: Any, wait: float) -> int:
     return len(client.scheduler_info().get("workers", {}))
 
 
-def _announce(client: Any, local: Any, log: IO[str]) -> None:
-    """The cluster's kind, its workers and its dashboard's address, on ``log``."""
+def _announce(client: Any, local: Any, log: IO[str], *, dashboard: bool = True) -> None:
+    """The cluster's kind, its workers and its dashboard's address, on ``log``; no
+    dashboard line for a LocalCluster started without one (``dashboard`` false) or a
+    remote scheduler that serves none."""
     kind = "LocalCluster" if local is not None else f"scheduler {client.scheduler.address}"
     # A LocalCluster's workers are up once it has started; a remote scheduler's may be
     # starting still: "with 0 workers" read as a cluster that would never compute.
@@ -601,9 +620,27 @@ def _announce(client: Any, local: Any, log: IO[str]) -> None:
     workers = (f"{n} workers" if n or local is not None
                else "0 workers yet; waiting for workers (the tasks start when one joins)")
     print(f"cluster: {kind} with {workers}", file=log)
-    link = dashboard_link(client)
+    # distributed names a link whenever the scheduler serves HTTP, which it does without
+    # the dashboard too (its health and metrics routes): a LocalCluster started with
+    # dashboard_address=None, a `dask scheduler --no-dashboard`, printed a link to no page.
+    link = dashboard_link(client) if (dashboard if local is not None else _serves_dashboard(client)) else None
     if link:
         print(f"dashboard: {link}", file=log)
+
+
+def _serves_dashboard(client: Any) -> bool:
+    """Whether a remote scheduler serves the dashboard's pages (``True`` when it cannot
+    be asked: its link is printed as before)."""
+
+    # Defined here, so that it travels by value: the scheduler need not have pipeline.
+    def has_pages(dask_scheduler: Any = None) -> bool:
+        routes = getattr(dask_scheduler, "http_application", None)
+        return bool(getattr(routes, "applications", [True]))
+
+    try:
+        return bool(client.run_on_scheduler(has_pages))
+    except Exception:  # noqa: BLE001 - a scheduler that runs no function of a client's
+        return True
 
 
 @contextlib.contextmanager
@@ -651,19 +688,134 @@ def _connect(address: str | None, scheduler_file: str | None, timeout: float, tl
         return client, None
     from distributed import Client, LocalCluster
 
+    n_workers = int(local_kwargs.pop("n_workers"))  # type: ignore[call-overload]
     local = None
+    client = None
     try:
         if preload is not None:
             start_worker_server(preload)
         later = local_kwargs["dashboard_address"] is not None and _has_bokeh()
-        # In-process clusters talk over inproc://, which takes no host.
-        local = LocalCluster(**local_kwargs, **({"host": "127.0.0.1"} if local_kwargs["processes"] else {}),
-                             scheduler_kwargs={"dashboard": False} if later else None)
-        client = Client(local)
+        # The scheduler alone first, in this process (short): a Ctrl-C or SIGTERM that comes
+        # meanwhile waits for it, so that what started is closed below. One that broke off
+        # distributed's start of the workers left nannies starting that distributed's own
+        # close at the exit then failed on (``AssertionError: Status.init``).
+        with _interrupts_deferred():
+            # In-process clusters talk over inproc://, which takes no host.
+            local = LocalCluster(n_workers=0, **local_kwargs,
+                                 **({"host": "127.0.0.1"} if local_kwargs["processes"] else {}),
+                                 scheduler_kwargs={"dashboard": False} if later else None)
+            client = Client(local)
+        with _nanny_errors() as errors:
+            local.scale(n_workers)
+            _await_workers(local, n_workers, timeout, errors)
     except (OSError, RuntimeError, TimeoutError) as exc:
-        if local is not None:
-            local.close()
+        _close_started(client, local)
         raise ClusterError(f"cannot start a LocalCluster: {exc}") from exc
+    except BaseException:
+        # A ClusterError of _await_workers, an interrupt: the workers started so far stop.
+        _close_started(client, local)
+        raise
     if later:
         _serve_dashboard(local)
     return client, local
+
+
+#: Seconds :func:`_close_started` gives a LocalCluster that failed to start to close:
+#: a nanny whose worker process never started can stay "closing" for good.
+START_CLOSE_WAIT = 10.0
+
+
+def _close_started(client: "distributed.Client | None", local: "distributed.LocalCluster | None") -> None:
+    """Close what a LocalCluster's failed or interrupted start left, within
+    :data:`START_CLOSE_WAIT` seconds, a Ctrl-C meanwhile held."""
+    with _interrupts_deferred():
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close(timeout=START_CLOSE_WAIT)
+        if local is None:
+            return
+        with contextlib.suppress(Exception):
+            # distributed's close waits for the starts under way first: those workers
+            # stop too, rather than being left to its close at the exit.
+            local.close(timeout=START_CLOSE_WAIT)
+        # Closed, or given up on: not closed again at the exit (another 10 s, and its
+        # traceback for workers still starting).
+        local.shutdown_on_close = False
+
+
+@contextlib.contextmanager
+def _nanny_errors() -> Iterator[list["logging.LogRecord"]]:
+    """The errors distributed's nannies log in the block, collected instead of printed:
+    a worker process that cannot start is told in one line (:func:`_await_workers`)."""
+    import logging
+
+    records: list[logging.LogRecord] = []
+
+    def keep(record: logging.LogRecord) -> bool:
+        if record.levelno < logging.ERROR:
+            return True
+        records.append(record)
+        return False
+
+    nanny = logging.getLogger("distributed.nanny")
+    nanny.addFilter(keep)
+    try:
+        yield records
+    finally:
+        nanny.removeFilter(keep)
+
+
+def _await_workers(local: "distributed.LocalCluster", n_workers: int, timeout: float,
+                   errors: Sequence["logging.LogRecord"]) -> None:
+    """Wait until the ``n_workers`` workers that ``local`` was scaled to have started.
+
+    distributed's own start waits for good for a nanny whose worker process never
+    started (a forkserver that refuses the connection leaves the nanny "closing"): the
+    wait ends at the first error a nanny logs, or after ``timeout`` seconds.
+
+    Raises
+    ------
+    ClusterError
+        Naming the workers that did not start and the cause from the nannies' log.
+    """
+    import time
+
+    from distributed.core import Status
+
+    deadline = time.monotonic() + timeout
+    while True:
+        started = [w for w in list(local.workers.values()) if w.status == Status.running]
+        if len(started) >= n_workers:
+            return
+        if errors or time.monotonic() >= deadline:
+            raise ClusterError(workers_not_started_line(n_workers, len(started), timeout, errors))
+        time.sleep(0.02)
+
+
+def workers_not_started_line(n_workers: int, started: int, timeout: float,
+                             errors: Sequence["logging.LogRecord"]) -> str:
+    """The one line of a LocalCluster whose worker processes did not start: how many,
+    and the first error its nannies logged (with the exception at its root), or how
+    long the run waited."""
+    what = f"{n_workers - started} of its {n_workers} worker processes" if started else "its worker processes"
+    if errors:
+        first = errors[0]
+        cause = first.getMessage()
+        exc = first.exc_info[1] if first.exc_info else None
+        root = _root_cause(exc) if exc is not None else None
+        if root is not None:
+            cause += f": {type(root).__name__}: {root}"
+        return f"cannot start a LocalCluster: {what} could not start (the nanny's log: {cause})"
+    return (f"cannot start a LocalCluster: {what} did not start within {timeout:g} s, and their nannies "
+            f"logged no error")
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    """The first exception of ``exc``'s chain: the one the others were raised handling."""
+    seen = {id(exc)}
+    while True:
+        inner = exc.__cause__ or exc.__context__
+        if inner is None or id(inner) in seen:
+            return exc
+        seen.add(id(inner))
+        exc = inner
