@@ -142,6 +142,12 @@ def _parser() -> argparse.ArgumentParser:
         "dummy prices (default 0: every row complete, so nan: raise works)",
     )
 
+    _bench_parser(sub)
+    return parser
+
+
+def _bench_parser(sub: Any) -> None:
+    """The ``bench`` command's arguments."""
     bench = sub.add_parser(
         "bench",
         help="measure shuffled streaming throughput of a store",
@@ -165,7 +171,6 @@ def _parser() -> argparse.ArgumentParser:
                        "--cache-bytes")
     bench.add_argument("--cache-bytes", default=None, metavar="SIZE",
                        help="the most the cache keeps on disk (bytes, or a size such as 50GiB); needs --cache-dir")
-    return parser
 
 
 def _positive_int(text: str) -> int:
