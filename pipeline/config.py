@@ -168,6 +168,11 @@ class OutputConfig:
     shard_chunks: int | None = None
     overwrite: bool = False
     storage_options: dict[str, Any] = field(default_factory=dict)
+    #: An append whose new files hold a day for fewer instruments than the store:
+    #: ``append`` warns and appends it (a file of the others for that day is refused
+    #: later); ``refuse`` refuses it before anything is written, for an unattended job
+    #: that reruns once the late files arrive. Not part of the fingerprint.
+    on_partial_day: Literal["append", "refuse"] = "append"
 
 
 @dataclass(frozen=True, slots=True)
@@ -841,9 +846,10 @@ def load_config(
 def config_fingerprint(config: Config) -> str:
     """Hash of everything that determines the stored data.
 
-    The ``cluster`` and ``stream`` sections and ``output.overwrite`` are left out: running
-    the same config on another cluster, or streaming it differently, must not be taken as
-    a different data set (it would refuse to resume). So is ``source.dtype: float32``,
+    The ``cluster`` and ``stream`` sections, ``output.overwrite`` and
+    ``output.on_partial_day`` are left out: running the same config on another cluster,
+    streaming it differently, or appending under another policy must not be taken as a
+    different data set (it would refuse to resume or append). So is ``source.dtype: float32``,
     the default written out: stores built before the key existed keep their fingerprint.
     """
     return _fingerprint_of(config.raw_yaml)
@@ -925,6 +931,9 @@ def _fingerprinted(raw_yaml: str) -> dict[str, Any]:
     data.pop("stream", None)
     if isinstance(data.get("output"), dict):
         data["output"].pop("overwrite", None)
+        # What an append may do, not what the store holds: set on an existing store's
+        # config (for a nightly job) it must still append to it.
+        data["output"].pop("on_partial_day", None)
     if isinstance(data.get("source"), dict) and data["source"].get("dtype") == "float32":
         del data["source"]["dtype"]  # the default, written out: the same data as before the key existed
     return data

@@ -7,6 +7,7 @@ This module only wires stages together; each stage lives in its subpackage. It i
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import os
 import sys
 import time
@@ -20,7 +21,7 @@ import yaml
 from pipeline.config import Config, config_fingerprint
 from pipeline.errors import ConfigError, EmptyInputError, LoaderError, PipelineError, StoreConflictError
 
-__all__ = ["RunSummary", "changed_files", "file_stamps", "run", "skipped_line"]
+__all__ = ["RunSummary", "changed_files", "file_stamps", "mtime_text", "run", "skipped_line"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,8 +402,19 @@ def changed_files(stamps: dict[str, tuple[int, float]], storage_options: dict | 
         elif cur[0] != size:
             out.append((path, f"its size was {size:,} bytes, is {cur[0]:,}"))
         elif cur[1] != mtime:
-            out.append((path, f"its modification time was {mtime}, is {cur[1]}"))
+            was, is_ = mtime_text(mtime), mtime_text(cur[1])
+            if was == is_:  # apart by less than the microseconds shown: the raw seconds tell them apart
+                was, is_ = f"{was} ({mtime!r} s)", f"{is_} ({cur[1]!r} s)"
+            out.append((path, f"its modification time was {was}, is {is_}"))
     return out
+
+
+def mtime_text(seconds: float) -> str:
+    """A modification time (seconds since the epoch, as ``os.stat`` gives it) as an ISO
+    time in UTC to the microsecond, ``2026-11-27T18:44:02.230330Z``: what a user
+    compares with ``ls --full-time``, not an epoch float."""
+    when = datetime.datetime.fromtimestamp(seconds, tz=datetime.timezone.utc)
+    return when.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
 def _refuse_changed(stamps: dict[str, tuple[int, float]], storage_options: dict | None, outcome: str) -> None:

@@ -22,9 +22,9 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from pipeline.config import Config, config_fingerprint
-from pipeline.errors import StoreError
+from pipeline.errors import StoreError, WindowError
 
-__all__ = ["check_new_types", "new_files", "stored_build"]
+__all__ = ["check_new_types", "new_files", "partial_day_text", "skipped_by_build", "skipped_refusal", "stored_build"]
 
 
 def stored_build(config: Config) -> dict[str, Any] | None:
@@ -71,7 +71,7 @@ def check_resume_files(config: Config) -> None:
     for path in expand_paths(config.source.paths, so):
         size = _stat(path, so)[0]
         if sizes.get(path) != size:
-            why = "not read by it" if path not in sizes else f"its size was {sizes[path]}, is {size}"
+            why = "not read by it" if path not in sizes else f"its size was {sizes[path]:,} bytes, is {size:,}"
             raise StoreConflictError(
                 f"{out.path}: {path}: changed since the interrupted build began ({why}); the units written from the "
                 "old input cannot be resumed: rerun with --rebuild to build again from the files as they are")
@@ -139,6 +139,41 @@ def _codes(source: Any, meta: dict[str, Any]) -> np.ndarray:
     return np.array([stored.index(names[int(c)]) for c in source.segments.instrument], dtype=np.int32)
 
 
+def skipped_by_build(meta: Mapping[str, Any], files: Sequence[str]) -> list[tuple[str, str]]:
+    """The new files that ``source.on_error: skip`` left out of the stored build (the
+    store's ``skipped`` attribute), with the reason it recorded, in ``files``' order."""
+    why = {str(row[0]): str(row[1]) for row in meta.get("skipped") or () if len(row) >= 2}
+    return [(str(f), why[str(f)]) for f in files if str(f) in why]
+
+
+def skipped_refusal(refusal: str, left: Sequence[tuple[str, str]]) -> str:
+    """An append's ordering refusal, told in terms of the file the stored build skipped.
+
+    Parameters
+    ----------
+    refusal
+        The refusal's message (a new session falls before or among the stored ones).
+    left
+        ``(path, reason)`` of the new files the stored build skipped
+        (:func:`skipped_by_build`), not empty.
+
+    Returns
+    -------
+    str
+        Naming the skipped file the refusal names (else the refusal, then the first
+        skipped file), its recorded reason, and ``--rebuild``.
+    """
+    named = [(path, why) for path, why in left if path in refusal]
+    if named:
+        path, why = named[0]
+        return (f"append: {path} was left out of the stored build by source.on_error: skip ({why}); its data "
+                "falls among the stored sessions, which were built without it, and an append only adds after "
+                "every stored session: rerun with --rebuild to build every file, this one included")
+    path, why = left[0]
+    return (f"{refusal} ({path}, a new file, is one the stored build left out by source.on_error: skip ({why}): "
+            "--rebuild includes it)")
+
+
 def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say: Callable[[str], None],
                  progress: bool, source_kwargs: dict[str, Any], block_windows: Callable[[int], int]) -> dict[str, Any]:
     """Build the new files' sessions after the stored ones and append them.
@@ -184,10 +219,19 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     prior = prior_from_attrs(stored, latest.samples, base_sessions)
     segs = source.segments
     codes = _codes(source, stored)
-    check_instrument_days(prior, codes, [str(x) for x in segs.labels], source.first_times,
-                          tz=zone_of(source, spec), spec=spec)
-    sessions = continue_sessions(prior, codes, segs.labels, source.first_times, spec.mode, spec.gap_ns,
-                                 keys=source.session_keys, tz=zone_of(source, spec), calendar=spec.calendar)
+    try:
+        check_instrument_days(prior, codes, [str(x) for x in segs.labels], source.first_times,
+                              tz=zone_of(source, spec), spec=spec, on_partial_day=out.on_partial_day)
+        sessions = continue_sessions(prior, codes, segs.labels, source.first_times, spec.mode, spec.gap_ns,
+                                     keys=source.session_keys, tz=zone_of(source, spec), calendar=spec.calendar)
+    except WindowError as exc:
+        # A file the stored build skipped, now readable, sits among the stored sessions:
+        # "falls before the stored sessions" alone sends its user looking for a date
+        # mistake, when the store's own record says why it is not there.
+        left = skipped_by_build(stored, files)
+        if not left:
+            raise
+        raise WindowError(skipped_refusal(str(exc), left)) from None
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
                          segs.labels)
     rows = int(source.array.shape[0])
@@ -274,7 +318,7 @@ def uncovered_days(stored_inst: np.ndarray, new_inst: np.ndarray, new_days: np.n
 
 
 def check_instrument_days(prior: Any, codes: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None, *,
-                          tz: str | None, spec: Any) -> None:
+                          tz: str | None, spec: Any, on_partial_day: str = "append") -> None:
     """Before the new sessions are numbered: refuse a new session of one instrument that
     a build would place among the stored ones because another instrument's stored data
     already reaches its day (its file came a night late), and warn when the new files
@@ -289,12 +333,18 @@ def check_instrument_days(prior: Any, codes: np.ndarray, labels: Sequence[str], 
         timestamp (``None`` without timestamps: nothing to compare).
     tz, spec
         The zone of the calendar dates and the session spec, as the build keys days.
+    on_partial_day
+        ``output.on_partial_day``: ``append`` warns of a day some instruments lack,
+        ``refuse`` refuses the append.
 
     Raises
     ------
     WindowError
         Naming the new segment, the other instrument and its stored session, and
         ``--rebuild``.
+    StoreError
+        Under ``on_partial_day="refuse"``, naming the first such day, the instruments
+        without a file for it, and to rerun once their files are there.
 
     Warns
     -----
@@ -303,7 +353,6 @@ def check_instrument_days(prior: Any, codes: np.ndarray, labels: Sequence[str], 
     """
     import warnings
 
-    from pipeline.errors import WindowError
     from pipeline.features.sessions import SessionSpec, session_days
 
     stored = _stored_starts(prior)
@@ -330,13 +379,33 @@ def check_instrument_days(prior: Any, codes: np.ndarray, labels: Sequence[str], 
             "to build every file; to append night by night, wait until every instrument's file of a day is there")
     for day, lacking in uncovered_days(inst, codes, new_days):
         have = sorted({names[int(c)] for c in codes[new_days == day]})
-        gone = [names[c] for c in lacking]
-        warnings.warn(
-            f"append: the new files hold {np.datetime64(day, 'D')} for instrument(s) {', '.join(have)} only; the "
-            f"store also holds {', '.join(gone)}, with no new file for that day. Appended now, a file of "
-            f"{', '.join(gone)} for that day arriving later cannot be appended (only --rebuild takes it): if it is "
-            "late, stop this run and append once it is there (for an instrument that did not trade that day, "
-            "nothing is to be done)", UserWarning, stacklevel=3)
+        text = partial_day_text(str(np.datetime64(day, "D")), have, [names[c] for c in lacking],
+                                refuse=on_partial_day == "refuse")
+        if on_partial_day == "refuse":
+            raise StoreError(text)
+        warnings.warn(text, UserWarning, stacklevel=3)
+
+
+def partial_day_text(day: str, have: Sequence[str], lacking: Sequence[str], *, refuse: bool) -> str:
+    """What an append says of a new day some stored instruments have no file for: the
+    warning (``refuse=False``: the day is appended) or the refusal of
+    ``output.on_partial_day: refuse``.
+
+    Each says what its reader can do: the warning runs on and commits in the same run,
+    so it names the option that refuses instead; the refusal, that a rerun once the
+    files are there appends the whole day.
+    """
+    gone = ", ".join(lacking)
+    head = (f"append: the new files hold {day} for instrument(s) {', '.join(have)} only; the store also holds "
+            f"{gone}, with no new file for that day")
+    if refuse:
+        return (f"{head}. output.on_partial_day: refuse refuses such an append, and nothing was written: rerun once "
+                f"the file(s) of {gone} for {day} are there (if {gone} did not trade that day, rerun once with "
+                "--set output.on_partial_day=append)")
+    return (f"{head}. Appended now, a file of {gone} for that day arriving later cannot be appended (only --rebuild "
+            "takes it); for a job that cannot wait for it, output.on_partial_day: refuse refuses such an append "
+            "until every instrument's file of the day is there (for an instrument that did not trade that day, "
+            "nothing is to be done)")
 
 
 def check_new_types(config: Config, meta: Mapping[str, Any], files: list[str], source_kwargs: Mapping[str, Any],

@@ -218,6 +218,24 @@ def test_source_dtype_float32_written_out_keeps_the_fingerprint_of_stores_built_
         assert (config_fingerprint(parse_config(data)) == plain) is same
 
 
+def test_output_on_partial_day_defaults_to_append_and_keeps_the_fingerprint():
+    # An unattended job adds the key to the config of a store it appends to: the store's
+    # fingerprint must not change, or the append would be refused as another config.
+    plain = parse_config(base())
+    assert plain.output.on_partial_day == "append"
+    for value in ("append", "refuse"):
+        data = base()
+        data["output"]["on_partial_day"] = value
+        parsed = parse_config(data)
+        assert parsed.output.on_partial_day == value
+        assert config_fingerprint(parsed) == config_fingerprint(plain)
+    data = base()
+    data["output"]["on_partial_day"] = "wait"
+    with pytest.raises(ConfigError) as err:
+        parse_config(data)
+    assert str(err.value) == "output.on_partial_day: expected one of 'append', 'refuse', got 'wait'"
+
+
 def test_the_source_dtype_reaches_the_loader():
     from pipeline.job import _source_kwargs
 

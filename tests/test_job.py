@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
+
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
@@ -14,7 +16,7 @@ import pipeline
 import pipeline.storage
 from pipeline.config import load_config
 from pipeline.errors import IncompleteStoreError, LoaderError, StoreConflictError
-from pipeline.job import RunSummary, run, skipped_line
+from pipeline.job import RunSummary, changed_files, mtime_text, run, skipped_line
 from tests.conftest import small_run_config
 
 
@@ -64,6 +66,24 @@ def test_a_run_names_the_files_on_error_skip_left_out(tmp_path):
                                          rf"{bad}: expected a Parquet file"):
         run(config, log=None, progress=False)
     assert pipeline.open(config.output.path).attrs["skipped"][0][0] == str(bad)
+
+
+def test_a_changed_modification_time_is_said_in_utc_iso_and_a_size_with_separators(tmp_path):
+    f = tmp_path / "d.csv"
+    f.write_bytes(b"x" * 12_345)
+    os.utime(f, (1_795_805_223.457024, 1_795_805_223.457024))
+    now = os.stat(f).st_mtime
+    # The references: pandas' own rendering of the same instants in UTC.
+    ref = {t: pd.Timestamp(t, unit="s", tz="UTC").strftime("%Y-%m-%dT%H:%M:%S.%fZ") for t in (1_795_805_042.25, now)}
+    assert mtime_text(1_795_805_042.25) == ref[1_795_805_042.25] == "2026-11-27T18:44:02.250000Z"
+    assert changed_files({str(f): (12_345, 1_795_805_042.25)}) == [
+        (str(f), f"its modification time was {ref[1_795_805_042.25]}, is {ref[now]}")]
+    assert changed_files({str(f): (1_000, now)}) == [(str(f), "its size was 1,000 bytes, is 12,345")]
+    # Times apart by less than the microsecond shown keep the raw seconds, lest the message
+    # say a time changed to itself.
+    near = float(np.nextafter(now, 0))
+    [(_, why)] = changed_files({str(f): (12_345, near)})
+    assert why == f"its modification time was {ref[now]} ({near!r} s), is {ref[now]} ({now!r} s)"
 
 
 def _replace_with_other_prices(path: Path) -> None:
