@@ -416,9 +416,9 @@ def open_source(
     classes
         Class names in index order (as Keras' ``class_names``); default the sorted names.
     on_mismatch
-        Stacked files of other shapes than the first's: ``raise``; ``pad`` (zeros; a
-        larger file is refused), ``crop`` (cut, zeros where shorter), ``resize`` (nearest
-        neighbour: it changes values). Shards differing along axis 0: ``combine="concat"``.
+        Stacked files of other shapes: ``raise``; ``pad`` (zeros up to the largest length
+        along each axis), ``crop`` (cut to the first file's shape, zeros where shorter),
+        ``resize`` (to the first's; nearest neighbour). Shards along axis 0: ``combine="concat"``.
     nan
         ``raise``, ``fill`` or ``drop`` (tables only); ``None``: ``raise`` for tables, arrays as stored.
     fill_value
@@ -830,8 +830,10 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
                  chunk_rows: int | None, files_per_chunk: int | None, dtype: np.dtype | None = None,
                  nan: str | None = None, fill_value: float = 0.0) -> tuple[da.Array, str]:
     """One lazy array over files of an array format (npy, npz, images, HDF5): stacked,
-    one sample per file, or concatenated along axis 0 (small files read several to a
-    task, :func:`~pipeline.loaders.arrays.file_runs`), in ``dtype`` or else the files'
+    one sample per file (in the first file's shape; with ``on_mismatch="pad"``, the
+    largest length along each axis among the files: :func:`~pipeline.loaders.blocks.pad_shape`),
+    or concatenated along axis 0 (small files read several to a task,
+    :func:`~pipeline.loaders.arrays.file_runs`), in ``dtype`` or else the files'
     common dtype (:func:`~pipeline.loaders.arrays.common_dtype`), each value checked as
     read where the cast could change it and ``nan`` applied
     (:class:`~pipeline.loaders.arrays.Values`). Returns it and the combine used.
@@ -847,7 +849,7 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
         every file's values exactly, naming a file of each; for a ``dtype`` that no
         check can make safe (floats read as integers), naming a file.
     """
-    from pipeline.loaders.blocks import concat_array, row_step, stack_array
+    from pipeline.loaders.blocks import concat_array, pad_shape, row_step, stack_array
 
     kind = fmt.name
     fmt_opts = {k: opts[k] for k in fmt.options}
@@ -887,9 +889,12 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
         arr = concat_array(items, [sum(rows[a:b]) for a, b in runs], tail, out_dtype, read_rows,
                            rows_per_chunk=chunk_rows, probed=expect, row_align=align)
         return arr, combine
-    target = shapes[paths[0]][0]
     image = kind == "image"
-    _check_stack_shapes(paths[0], target, {p: s for p, (s, _) in shapes.items()}, on_mismatch, image=image)
+    dims = {p: s for p, (s, _) in shapes.items()}
+    _check_stack_shapes(paths[0], dims[paths[0]], dims, on_mismatch, image=image)
+    # pad fits every file to the largest length along each axis, whatever their order;
+    # crop and resize fit them to the first file's shape.
+    target = pad_shape(list(dims.values()), dims[paths[0]]) if on_mismatch == "pad" else dims[paths[0]]
 
     def read(path: str) -> np.ndarray:
         a = fmt.read(path, so, **fmt_opts)
@@ -927,7 +932,11 @@ def _channels(shape: tuple[int, ...]) -> int:
 
 def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str, tuple[int, ...]],
                         on_mismatch: str, *, image: bool = False) -> None:
-    """Refuse, from the headers, stacked files that ``on_mismatch`` cannot make ``target``.
+    """Refuse, from the headers, stacked files that ``on_mismatch`` cannot fit to one
+    shape (``target``: the first file's).
+
+    ``pad`` fits to the largest length along each axis among the files, so it never
+    cuts and no file is too large for it; ``crop`` and ``resize`` fit to ``target``.
 
     Raises
     ------
@@ -936,11 +945,9 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
         ``combine="concat"`` for files that differ along axis 0 only, as token or time
         series shards do); with ``pad``, ``crop`` or ``resize``, for a file of another
         number of dimensions (a trailing axis of length 1 aside), naming it and both
-        shapes; with ``pad``, for a file larger than ``target`` along an axis, naming it
-        and the values that cutting would drop (``pad`` never cuts: ``crop`` does).
-        Images (``image``), whatever ``on_mismatch``: for another number of channels
-        (pad, crop and resize fit height and width only), naming the ``mode=`` that
-        reads them all alike.
+        shapes. Images (``image``), whatever ``on_mismatch``: for another number of
+        channels (pad, crop and resize fit height and width only), naming the ``mode=``
+        that reads them all alike.
     """
     from pipeline.loaders.blocks import can_fit
 
@@ -958,8 +965,6 @@ def _check_stack_shapes(first: str, target: tuple[int, ...], shapes: Mapping[str
             unfit[0], f"has shape {unfit[1]} ({len(unfit[1])}-d), but {first} has {target} ({len(target)}-d): "
             f"on_mismatch={on_mismatch!r} changes the length of axes, not their number; "
             "give files of one number of dimensions")
-    if on_mismatch == "pad":
-        _refuse_pad_cuts(first, target, bad, image=image)
 
 
 def _along_axis_0(target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]]) -> bool:
@@ -972,51 +977,23 @@ def _stack_fixes(target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ..
     """The fixes for stacked files of other shapes than the first's ``target``, the one
     that keeps every value first."""
     from pipeline.loaders.arrays import values_cut
+    from pipeline.loaders.blocks import can_fit, pad_shape
 
-    larger = sum(values_cut(s, target) > 0 for _, s in bad if len(s) == len(target))
-    pad = ("pad (zeros at the end of each axis up to the first file's shape; it never cuts, and refuses the "
-           f"{larger} larger file(s) here)" if larger else "pad (zeros at the end of each axis up to the first "
-           "file's shape)")
-    fits = (f"{pad}, crop (each file cut to the first file's shape, zeros where it is shorter) or resize "
-            "(nearest-neighbour resampling, which changes values: not for token ids or labels)")
+    fitting = [s for _, s in bad if can_fit(s, target)]
+    cut = sum(values_cut(s, target) for s in fitting)
+    # The padded shape is said only where pad could make it: another number of
+    # dimensions is refused under every on_mismatch.
+    largest = f", {pad_shape(fitting, target)} here" if len(fitting) == len(bad) else ""
+    fits = (f"pad (zeros at the end of each axis up to the largest length along it among the files{largest}; it "
+            "never cuts), crop (each file cut to the first file's shape, zeros where it is shorter"
+            f"{f'; it would drop {cut} values here' if cut else ''}) or resize (to the first file's shape by "
+            "nearest-neighbour resampling, which changes values: not for token ids or labels)")
     if image:
         return f"set shape=(H, W) to resize every image, or on_mismatch: {fits}"
     if _along_axis_0(target, bad):
         return ("they differ along axis 0 only (time steps, tokens): combine='concat' joins them along it into one "
                 f"array, keeping every value; to stack one sample per file instead, set on_mismatch: {fits}")
     return f"set on_mismatch: {fits} to make them fit"
-
-
-def _refuse_pad_cuts(first: str, target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]], *,
-                     image: bool) -> None:
-    """Refuse ``on_mismatch="pad"`` for files larger than the first along an axis:
-    fitting them would drop their values past the first file's shape, and pad, as
-    ``np.pad`` and Keras' and PyTorch's sequence padding, only adds.
-
-    Raises
-    ------
-    ShapeMismatchError
-        Naming the first such file, its shape and the values cut, how many files and
-        values in all, and the fixes: ``crop`` (the same fit, cuts asked for) and, for
-        files that differ along axis 0 only, ``combine="concat"``.
-    """
-    from pipeline.loaders.arrays import values_cut
-
-    cut = [(p, s, values_cut(s, target)) for p, s in bad]
-    cut = [c for c in cut if c[2] > 0]
-    if not cut:
-        return
-    path, shape, n = cut[0]
-    axes = [ax for ax, (a, b) in enumerate(zip(shape, target)) if a > b]
-    others = "; ".join(f"{p}: {s}, {k} values" for p, s, k in cut[:5])
-    fix = ("combine='concat' joins files along axis 0 (time steps, tokens), keeping every value; or "
-           if not image and _along_axis_0(target, bad) else "")
-    raise ShapeMismatchError(
-        path, f"has shape {shape}, larger than the first file's {target} ({first}) along axis "
-        f"{', '.join(map(str, axes))}: on_mismatch='pad' adds zeros and never cuts, and fitting it would drop {n} "
-        f"of its {int(np.prod(shape, dtype=np.int64))} values ({len(cut)} file(s) larger, "
-        f"{sum(k for *_, k in cut)} values in all; {others}); {fix}on_mismatch='crop' cuts files to the first "
-        "file's shape (and pads shorter ones with zeros, as pad does)")
 
 
 def _check_channels(first: str, target: tuple[int, ...], bad: Sequence[tuple[str, tuple[int, ...]]],

@@ -3,7 +3,7 @@
 Files joined into one array are read in one dtype: the files' common dtype when it
 holds every file's values exactly (:func:`common_dtype`), or the ``dtype=`` asked for,
 each value checked as it is read where the cast could change it (:class:`Values`), with
-NaN/inf raised or filled (``nan=``); how many values fitting a stacked file to the first's
+NaN/inf raised or filled (``nan=``); how many values cropping a stacked file to the first's
 shape would cut (:func:`values_cut`). Short files joined along axis 0 are read several to
 a task (:func:`file_runs`, :class:`FileRun`), each still checked on its own and named in
 an error. Small functions of dtypes and arrays that read nothing themselves: the
@@ -319,8 +319,9 @@ def _promotes(a: np.dtype, b: np.dtype) -> bool:
 
 def values_cut(shape: Sequence[int], target: Sequence[int]) -> int:
     """How many of an array's values fitting ``shape`` to ``target`` by zeros and cuts
-    (``on_mismatch`` ``pad`` or ``crop``: :func:`~pipeline.loaders.blocks.fit_shape`)
-    drops: those past ``target`` along any axis, ``0`` for an array that fits inside it.
+    (``on_mismatch="crop"``: :func:`~pipeline.loaders.blocks.fit_shape`) drops: those
+    past ``target`` along any axis, ``0`` for an array that fits inside it (``pad``
+    fits to the largest shape, :func:`~pipeline.loaders.blocks.pad_shape`, and never cuts).
 
     ``shape`` is one that :func:`~pipeline.loaders.blocks.can_fit` accepts: a trailing
     axis of length 1 that one of them lacks is added or dropped first, as the fit does,

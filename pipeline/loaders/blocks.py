@@ -13,7 +13,8 @@ import dask.array as da
 import numpy as np
 from dask.base import tokenize
 
-__all__ = ["can_fit", "check_block", "concat_array", "fit_shape", "row_blocks", "row_step", "stack_array"]
+__all__ = ["can_fit", "check_block", "concat_array", "fit_shape", "pad_shape", "row_blocks", "row_step",
+           "stack_array"]
 
 #: Bytes of one row block of joined files when ``rows_per_chunk`` is not given.
 TARGET_BLOCK_BYTES = 32 << 20
@@ -32,6 +33,25 @@ def can_fit(shape: tuple[int, ...], target: tuple[int, ...]) -> bool:
     if len(shape) == len(target) - 1:
         return target[-1] == 1
     return len(shape) == len(target) + 1 and shape[-1] == 1
+
+
+def pad_shape(shapes: Sequence[tuple[int, ...]], first: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape ``on_mismatch="pad"`` fits every stacked file to: the largest length
+    along each axis among ``shapes``, in ``first``'s number of dimensions.
+
+    As torch's ``pad_sequence`` and Keras' ``pad_sequences`` (without ``maxlen``) pad,
+    so that no file is cut and the result does not depend on the files' order. Each
+    shape is one that :func:`can_fit` accepts for ``first``: a trailing axis of length 1
+    that it lacks or has more than ``first`` is added or dropped first, as
+    :func:`fit_shape` does, and holds no length of its own.
+    """
+    first = tuple(int(t) for t in first)
+    largest = list(first)
+    for shape in shapes:
+        shape = tuple(int(s) for s in shape)
+        shape = (*shape, 1) if len(shape) < len(first) else shape[: len(first)]
+        largest = [max(a, b) for a, b in zip(largest, shape)]
+    return tuple(largest)
 
 
 def fit_shape(a: np.ndarray, shape: tuple[int, ...], how: str, *, axes: int | None = None) -> np.ndarray:

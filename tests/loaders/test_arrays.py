@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import h5py
 import numpy as np
 import pyarrow as pa
@@ -31,9 +33,12 @@ def test_shape_mismatch_lists_offenders_unless_fixed(tmp_path):
                        match=r"a\.npy: has shape \(4, 4\), but 1 file\(s\) differ .*b\.npy: \(3, 5\)") as e:
         pipeline.load(str(tmp_path / "*.npy"))
     assert "combine='concat'" not in str(e.value)  # b differs along axis 1 too: joining them is no fix
-    with pytest.raises(ShapeMismatchError, match=r"b\.npy: has shape \(3, 5\), larger than the first file's "
-                                                 r"\(4, 4\) .* along axis 1: .* drop 3 of its 15 values"):
-        pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad")
+    assert re.search(r"pad \(zeros .*largest length along it among the files, \(4, 5\) here; it never cuts\), crop "
+                     r"\(each file cut to the first file's shape, .*; it would drop 3 values here\)", str(e.value))
+    padded = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad").compute()
+    files = [np.load(tmp_path / n) for n in ("a.npy", "b.npy", "c.npy")]
+    np.testing.assert_array_equal(padded, np.stack([np.pad(f, ((0, 4 - f.shape[0]), (0, 5 - f.shape[1])))
+                                                    for f in files]))
     cropped = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="crop").compute()
     assert cropped.shape == (3, 4, 4) and cropped[1].sum() == 3 * 4  # cut to 4 columns, zeros to 4 rows
     resized = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="resize").compute()
@@ -55,33 +60,55 @@ def test_token_shards_of_other_lengths_are_told_to_concat_and_concat_keeps_every
     raw = write_token_shards(tmp_path, [1000, 1503, 817])
     with pytest.raises(ShapeMismatchError, match=r"shard_000000\.npy: has shape \(1000,\), but 2 file\(s\) differ "
                                                  r".*along axis 0 only .*combine='concat' joins them along it.* "
-                                                 r"on_mismatch: pad .*refuses the 1 larger file.*crop .*resize "
-                                                 r"\(nearest-neighbour resampling, which changes values"):
+                                                 r"on_mismatch: pad .*\(1503,\) here; it never cuts\), crop .*drop "
+                                                 r"503 values here\) or resize .*nearest-neighbour resampling, which "
+                                                 r"changes values"):
         pipeline.load(str(tmp_path / "*.npy"))
     joined = pipeline.load(str(tmp_path / "*.npy"), combine="concat")
     assert joined.dtype == np.uint16
     np.testing.assert_array_equal(joined.compute(), np.concatenate(raw))
 
 
-def test_pad_refuses_to_cut_a_larger_file_naming_it_and_the_values_it_would_drop(tmp_path):
-    """on_mismatch='pad' cut every file longer than the first to its length, silently:
-    503 of a shard's 1503 tokens were lost. Pad only adds zeros; crop cuts."""
+def _padded(arrays, shape) -> np.ndarray:
+    """The numpy reference: each array padded with zeros at the end of each axis to ``shape``."""
+    return np.stack([np.pad(a, [(0, t - n) for n, t in zip(a.shape, shape)]) for a in arrays])
+
+
+def test_pad_pads_every_shard_to_the_longest_and_crop_still_cuts_to_the_first(tmp_path):
+    """on_mismatch='pad' padded to the first file's length and refused a longer file:
+    shards sorted shortest first could not be padded at all. Pad now pads to the
+    longest (as torch's pad_sequence), never cutting; crop keeps the first's length."""
     raw = write_token_shards(tmp_path, [1000, 1503, 817, 1200])
-    with pytest.raises(ShapeMismatchError, match=r"shard_000001\.npy: has shape \(1503,\), larger than the first "
-                                                 r"file's \(1000,\) \(.*shard_000000\.npy\) along axis 0: "
-                                                 r"on_mismatch='pad' adds zeros and never cuts, and fitting it would "
-                                                 r"drop 503 of its 1503 values \(2 file\(s\) larger, 703 values in "
-                                                 r"all; .*shard_000003\.npy: \(1200,\), 200 values\); "
-                                                 r"combine='concat' .*on_mismatch='crop' cuts"):
-        pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad")  # refused from the headers, nothing read
+    padded = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad")
+    assert padded.shape == (4, 1503)  # from the headers, nothing read
+    np.testing.assert_array_equal(padded.compute(), _padded(raw, (1503,)))
     expected = np.zeros((4, 1000), np.uint16)
     for i, r in enumerate(raw):
         expected[i, : min(1000, r.size)] = r[:1000]
     np.testing.assert_array_equal(pipeline.load(str(tmp_path / "*.npy"), on_mismatch="crop").compute(), expected)
-    # Files no larger than the first are padded as before.
-    longest = [tmp_path / "shard_000001.npy", tmp_path / "shard_000002.npy"]
-    padded = pipeline.load([str(p) for p in longest], on_mismatch="pad").compute()
-    np.testing.assert_array_equal(padded, np.stack([raw[1], np.pad(raw[2], (0, 1503 - 817))]))
+
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_pad_pads_to_the_largest_shape_whatever_the_files_order(tmp_path, order):
+    """The user's files: (4, 5) and (5, 6) loaded as (2, 5, 6) larger first, and were
+    refused smaller first (the sorted-glob order)."""
+    arrays = [np.arange(20, dtype=np.float32).reshape(4, 5) + 1, np.arange(30, dtype=np.float32).reshape(5, 6) + 1]
+    for name, a in zip(("a_small.npy", "b_big.npy"), arrays):
+        np.save(tmp_path / name, a)
+    paths = [str(tmp_path / ("a_small.npy", "b_big.npy")[i]) for i in order]
+    got = pipeline.load(paths, on_mismatch="pad")
+    assert got.shape == (2, 5, 6)
+    np.testing.assert_array_equal(got.compute(), _padded([arrays[i] for i in order], (5, 6)))
+
+
+def test_pad_takes_each_axis_longest_from_any_file_and_a_trailing_axis_of_one(tmp_path):
+    """The largest length of each axis may come from a different file; a file with a
+    trailing axis of length 1 more than the first counts without it."""
+    arrays = [np.full((2, 4), 1.0), np.full((3, 2, 1), 2.0), np.full((1, 5), 3.0)]
+    for i, a in enumerate(arrays):
+        np.save(tmp_path / f"f{i}.npy", a)
+    got = pipeline.load(str(tmp_path / "*.npy"), on_mismatch="pad").compute()
+    np.testing.assert_array_equal(got, _padded([a.reshape(a.shape[:2]) for a in arrays], (3, 5)))
 
 
 @pytest.mark.parametrize("shape, target", [((3, 5), (4, 4)), ((7,), (7,)), ((2, 9, 4), (3, 8, 4)), ((1,), (6,)),

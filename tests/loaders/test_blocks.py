@@ -8,10 +8,12 @@ from __future__ import annotations
 import h5py
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeline
 from pipeline.errors import LoaderError, ShapeMismatchError
-from pipeline.loaders.blocks import concat_array, row_blocks, row_step
+from pipeline.loaders.blocks import concat_array, pad_shape, row_blocks, row_step
 from pipeline.loaders.hdf5 import probe_hdf5, read_hdf5
 from pipeline.loaders.npy import read_npy
 
@@ -120,3 +122,20 @@ def test_a_stacked_file_rewritten_wider_is_refused_not_cast_back(tmp_path):
     assert np.load(tmp_path / "b.npy").astype("i2")[3] != 70000  # what a cast would store
     with pytest.raises(LoaderError, match=r"b\.npy: read as int32, which the array's dtype int16"):
         x.compute(scheduler="sync")
+
+
+@given(st.lists(st.lists(st.integers(0, 6), min_size=3, max_size=3), min_size=1, max_size=6),
+       st.lists(st.booleans(), min_size=6, max_size=6))
+@settings(max_examples=60, deadline=None)
+def test_pad_shape_is_the_largest_length_of_each_axis_and_never_cuts(lengths, trailing):
+    """pad_shape against numpy: the maximum of the shapes along each axis (a trailing
+    axis of length 1 added to some files, as stacked files may have), into which
+    np.pad fits every file without cutting, whatever the files' order."""
+    first = (*lengths[0], 1)
+    shapes = [(*n, 1) if t else tuple(n) for n, t in zip(lengths, trailing)]
+    reference = (*np.max(np.array(lengths), axis=0), 1)
+    assert pad_shape(shapes, first) == tuple(int(r) for r in reference)
+    assert pad_shape(shapes[::-1], first) == pad_shape(shapes, first)
+    for n in lengths:
+        padded = np.pad(np.ones(n), [(0, r - k) for k, r in zip(n, reference)])  # negative widths would raise
+        assert padded.sum() == np.prod(n)

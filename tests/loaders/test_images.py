@@ -257,17 +257,32 @@ def test_on_mismatch_fits_height_and_width_and_keeps_every_channel(tmp_path, how
     np.testing.assert_array_equal(got[0], first)
 
 
-def test_pad_pads_a_smaller_image_and_refuses_a_wider_one_it_would_cut(tmp_path):
-    first, smaller, wider = _pixels((6, 8, 3), seed=9), _pixels((4, 5, 3), seed=10), _pixels((4, 10, 3), seed=11)
-    _png(tmp_path / "a.png", first)
-    _png(tmp_path / "b.png", smaller)
-    got = pipeline.load(str(tmp_path / "*.png"), on_mismatch="pad").compute()
-    np.testing.assert_array_equal(got[1], np.pad(smaller, ((0, 2), (0, 3), (0, 0))))
-    _png(tmp_path / "c.png", wider)
-    with pytest.raises(ShapeMismatchError, match=r"c\.png: has shape \(4, 10, 3\), larger than the first file's "
-                                                 r"\(6, 8, 3\) .* along axis 1: .*drop 24 of its 120 values.*; "
-                                                 r"on_mismatch='crop' cuts"):
-        pipeline.load(str(tmp_path / "*.png"), on_mismatch="pad")
+@pytest.mark.parametrize("order", ["abc", "cba", "bca"])
+def test_pad_pads_every_image_to_the_largest_height_and_width_whatever_the_order(tmp_path, order):
+    """pad fitted to the first image's size and refused a larger one: whether a folder
+    loaded depended on its sort order. It pads to the tallest and widest image."""
+    pixels = {"a": _pixels((6, 8, 3), seed=9), "b": _pixels((4, 5, 3), seed=10), "c": _pixels((4, 10, 3), seed=11)}
+    for name, p in pixels.items():
+        _png(tmp_path / f"{name}.png", p)
+    got = pipeline.load([str(tmp_path / f"{n}.png") for n in order], on_mismatch="pad")
+    assert got.shape == (3, 6, 10, 3)  # from the headers, nothing decoded
+    with_pil = []
+    for n in order:
+        with Image.open(tmp_path / f"{n}.png") as im:
+            with_pil.append(np.asarray(im))
+    np.testing.assert_array_equal(got.compute(), np.stack([np.pad(p, ((0, 6 - p.shape[0]), (0, 10 - p.shape[1]),
+                                                                      (0, 0))) for p in with_pil]))
+
+
+def test_pad_with_shape_resizes_every_image_to_it_as_before(tmp_path):
+    """With shape=(H, W) every image is read resized to it (bilinear): pad has nothing
+    to fit, larger or smaller."""
+    _png(tmp_path / "a.png", _pixels((4, 5, 3), seed=1))
+    _png(tmp_path / "b.png", _pixels((9, 12, 3), seed=2))
+    got = pipeline.load(str(tmp_path / "*.png"), shape=(6, 7), on_mismatch="pad").compute()
+    for i, name in enumerate(("a.png", "b.png")):
+        with Image.open(tmp_path / name) as im:
+            np.testing.assert_array_equal(got[i], np.asarray(im.resize((7, 6), Image.Resampling.BILINEAR)))
 
 
 def _image_tree(root, layout) -> None:
