@@ -392,9 +392,10 @@ def test_a_built_store_holds_the_message_columns_without_the_halts(tmp_path, nan
 
 def test_pipeline_run_leaves_out_windows_whose_label_reads_an_empty_ask_under_nan_fill(tmp_path):
     """`pipeline run` with ``source.nan: fill``: an empty best ask (LOBSTER's dummy price)
-    is filled with 0 for the features, but no label reads it: the windows whose return
-    label starts or ends on such a row are left out, with a warning naming the column,
-    and the rest equal a pandas computation (the windows built from all rows, without those)."""
+    is filled with 0, but no label reads it and no price feature is made of it: the
+    windows whose return label starts or ends on such a row are left out, with a warning
+    naming the column, so are those holding such a row (their mid_price is NaN, and
+    ``features.nan: drop``), and the rest equal a pandas computation."""
     import pipeline
     from pipeline.config import parse_config
     from pipeline.job import run
@@ -419,10 +420,11 @@ def test_pipeline_run_leaves_out_windows_whose_label_reads_an_empty_ask_under_na
                                          r"empty \(source.nan: fill\)"):
         run(config, log=None, progress=False)
     book, _, times, _ = pandas_day(path)
-    ask = np.where(np.isin(np.arange(len(book)), empty), 0.0, book[:, 0])  # the fill value
-    mid = (ask + book[:, 2]) / 2
-    ends = np.array([e for e in range(size - 1, len(mid) - horizon) if e not in empty and e + horizon not in empty])
-    assert len(ends) == len(mid) - horizon - (size - 1) - 6  # ends 12, 13, 20 and 10, 11, 18
+    mid = (book[:, 0] + book[:, 2]) / 2  # the rows kept never read an empty ask
+    label_ok = [e for e in range(size - 1, len(mid) - horizon) if e not in empty and e + horizon not in empty]
+    assert len(label_ok) == len(mid) - horizon - (size - 1) - 6  # ends 12, 13, 20 and 10, 11, 18
+    ends = np.array([e for e in label_ok if not any(e - size < r <= e for r in empty)])
+    assert len(ends) == len(label_ok) - 6  # and those holding row 12, 13 or 20: ends 14, 15, 16, 21, 22, 23
     train = pipeline.open(str(tmp_path / "set.zarr"))["train"]
     np.testing.assert_array_equal(train["x"][:][..., 0],
                                   np.stack([mid[e - size + 1: e + 1] for e in ends]).astype(np.float32))
@@ -475,4 +477,6 @@ def test_an_append_leaves_out_the_windows_a_build_leaves_out_under_nan_fill(tmp_
     for split in ("train", "test"):
         for name in ("x", "y", "t"):
             np.testing.assert_array_equal(appended[f"{split}/{name}"][:], fresh[f"{split}/{name}"][:])
-    assert fresh["test/x"].shape[0] == 40 - 3 - 2 - 3 - 4  # halts, horizon, history, left out
+    # halts, horizon, history, labels reading an empty ask (ends 10, 12, 18, 20), windows
+    # holding one (its mid_price NaN: ends 13-15, 21-23)
+    assert fresh["test/x"].shape[0] == 40 - 3 - 2 - 3 - 4 - 6
