@@ -3,7 +3,7 @@
 Streaming ``s3://`` (or any fsspec URL) without a cache pays the network every epoch,
 one request per chunk, each waiting for its round trip. With ``pipeline.stream(...,
 cache_dir=..., cache_bytes=...)`` every chunk object read is kept in a directory on
-local disk, so later epochs read local files (mapped, as a local store's are), and the
+local disk, so later epochs read local files, and the
 first epoch fetches with many requests in flight: the epoch's chunk order is known
 before it starts (:mod:`~pipeline.streaming.plan`), so each worker announces its plan
 (:meth:`RemoteCache.will_read`) and a fetch thread fetches it in order, a window ahead
@@ -39,16 +39,16 @@ import secrets
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from pipeline.errors import StoreError, StreamError
-from pipeline.streaming.diskcache import DiskCache, MappedFiles
+from pipeline.streaming.diskcache import DiskCache
 from pipeline.streaming.fetch import fetcher_for
-from pipeline.streaming.maps import map_file
 
-__all__ = ["FETCH_BYTES", "FETCH_REQUESTS", "CacheSpec", "CacheStats", "RemoteCache", "cache_spec",
+__all__ = ["FETCH_BYTES", "FETCH_REQUESTS", "CacheSpec", "CacheStats", "RemoteCache", "cache_spec", "merge_counts",
            "open_remote_cache"]
 
 #: Most requests a stream's fetch thread keeps in flight.
@@ -150,6 +150,32 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _published(c: "_EpochCounts") -> list[Any]:
+    """One process's counts of an epoch as published: ``[reads, hits, bytes, requests]``,
+    and while its per-object outcomes are kept, the objects it found and those it fetched."""
+    row: list[Any] = [c.reads, c.hits, c.bytes, c.requests]
+    if c.outcome is not None:
+        row += [sorted(n for n, hit in c.outcome.items() if hit), sorted(n for n, hit in c.outcome.items() if not hit)]
+    return row
+
+
+def merge_counts(rows: Sequence[Sequence[Any]]) -> tuple[int, int, int, int]:
+    """Reads, hits, bytes and requests of one epoch over the processes that published
+    ``rows`` (see :func:`_published`). Bytes and requests add up; reads and hits count
+    each object once when every row names its objects (a fetch anywhere makes it a
+    miss), and add up otherwise (an epoch old enough to have lost its detail)."""
+    fetched = sum(int(r[2]) for r in rows)
+    requests = sum(int(r[3]) for r in rows)
+    if not all(len(r) >= 6 for r in rows):
+        return sum(int(r[0]) for r in rows), sum(int(r[1]) for r in rows), fetched, requests
+    found: set[str] = set()
+    missed: set[str] = set()
+    for r in rows:
+        found.update(r[4])
+        missed.update(r[5])
+    return len(found | missed), len(found - missed), fetched, requests
+
+
 class _EpochCounts:
     """Per object, whether an epoch found it in the cache (a fetch for it, even after
     it was found, makes it a miss), and the bytes and requests fetched."""
@@ -220,8 +246,7 @@ class RemoteCache:
         self._flying: dict[str, int] = {}  # expected bytes of the fetch thread's requests in flight
         self._plans: deque[_Plan] = deque()
         self._epochs: dict[int, _EpochCounts] = {}
-        self._last_epoch: int | None = None  # of the last read a plan announced
-        self._maps = MappedFiles(min(disk.budget, _map_budget()))
+        self._last_epoch: int | None = None  # of the last read a plan announced, or of a plan-less epoch
         self._thread: threading.Thread | None = None
         self._warned = False
         self._pid = os.getpid()
@@ -229,6 +254,13 @@ class RemoteCache:
         self._stream, self._process = stream, secrets.token_hex(8)
         self._published = 0.0  # time.monotonic() of the last publication of the counts
         self._plan_done = False  # a read finished a plan: publish at once
+        if stream:
+            # A DataLoader worker exits once its share is served, its last reads possibly
+            # within _PUBLISH_S of its last publication: publish them on the way out
+            # (multiprocessing runs finalizers with a priority when a child exits).
+            from multiprocessing.util import Finalize
+
+            Finalize(self, _publish_at_exit, args=(weakref.ref(self),), exitpriority=10)
 
     def name(self, path: str, tag: str = "") -> str:
         """The cache file name of object ``path`` (``tag``: the array length it is valid for)."""
@@ -258,7 +290,12 @@ class RemoteCache:
                     entries.append((name, path, int(r.object_bytes)))
         object_bytes = sum(r.object_bytes for r in readers) / max(1, len(readers))
         if not entries or max((r.object_bytes for r in readers), default=0) > self.disk.budget:
-            return  # objects the cache cannot hold are fetched when read, not twice
+            # Objects the cache cannot hold are fetched when read, not twice; with no plan
+            # to place them, the reads from now on are this epoch's.
+            with self._lock:
+                self._last_epoch = int(epoch)
+                self._counts(int(epoch))
+            return
         window = int(max(1, min(1024, self.ahead_bytes // max(1.0, object_bytes))))
         with self._lock:
             self._plans.append(_Plan(int(epoch), entries, index, window, set()))
@@ -311,7 +348,7 @@ class RemoteCache:
     # -- reads --------------------------------------------------------------------------
 
     def get(self, path: str, tag: str = "") -> Any:
-        """The bytes of object ``path`` (a mapped cache file, or the bytes fetched), or
+        """The bytes of object ``path`` (read from its cache file, or as fetched), or
         None when the store has no such object.
 
         Raises
@@ -337,28 +374,25 @@ class RemoteCache:
             data = fut.result()
         except Exception as exc:  # noqa: BLE001 - any failure to fetch is the store's
             raise StoreError(f"{self.label}: cannot fetch {path} ({type(exc).__name__}: {exc})") from exc
-        if data is None:
+        if data is None:  # not in the store: nothing read or fetched, but this read is over
+            with self._lock:
+                self._returned(name)
+            self._publish()
             return None
         with self._lock:
             self._counts(epoch).record(name, False)
-            # Read the file just written rather than the bytes: its mapping is then kept
-            # for the next epoch, which reads it without mapping it anew.
-            kept = self._open(name)
             self._returned(name)
         self._publish()
-        return data if kept is None else kept
+        return data
 
     def drop(self, path: str, tag: str = "") -> str:
         """Forget the cached copy of object ``path`` (it failed to decode or to match its
-        checksum): unmapped and deleted, so that the next :meth:`get` fetches it from the
+        checksum): deleted, so that the next :meth:`get` fetches it from the
         store again. Returns the cache file's path, for messages."""
         self._check_process()
         name = self.name(path, tag)
-        file = self.disk.path(name)
-        with self._lock:
-            self._maps.discard(file)
         self.disk.remove(name)
-        return file
+        return self.disk.path(name)
 
     def _check_process(self) -> None:
         if os.getpid() != self._pid:
@@ -393,23 +427,18 @@ class RemoteCache:
         return self._plans[0].epoch if self._plans else 0
 
     def _open(self, name: str) -> Any:
-        """The cache file ``name``, mapped (and touched), or None when it is not cached."""
+        """The bytes of cache file ``name`` (touched), or None when it is not cached.
+
+        Read, not mapped: a mapped file truncated under the process (a cleanup tool, a
+        disk error, ``truncate``) kills it with SIGBUS on its next access, where a read
+        returns the bytes that are left, which fail to decode and are fetched again
+        (:meth:`drop`). Eviction, which deletes, never truncates."""
         path = self.disk.path(name)
         if not self.disk.touch(name):
-            self._maps.discard(path)  # evicted: its mapping would hold its disk space
             return None
-        kept = self._maps.get(path)
-        if kept is not None:
-            return kept
         try:
             with open(path, "rb", buffering=0) as fh:
-                size = os.fstat(fh.fileno()).st_size
-                if not size:  # mmap refuses empty files
-                    return b""
-                try:
-                    return self._maps.add(path, map_file(fh.fileno(), size))
-                except OSError:  # out of address space or mappings: read it instead
-                    return fh.read()
+                return fh.read()  # one read of the size fstat gives, into one bytes object
         except FileNotFoundError:
             return None
 
@@ -475,32 +504,37 @@ class RemoteCache:
             if not (force or self._plan_done or now - self._published >= _PUBLISH_S):
                 return
             self._plan_done, self._published = False, now
-            counts = {str(e): [c.reads, c.hits, c.bytes, c.requests] for e, c in self._epochs.items()}
+            counts = {str(e): _published(c) for e, c in self._epochs.items()}
         self.disk.write_stats(self._stream, self._process, counts)
 
     def stats(self, epoch: int) -> CacheStats:
         """What ``epoch`` read through the cache so far, in this process and in the other
-        processes reading for the same stream (its DataLoader workers)."""
+        processes reading for the same stream (its DataLoader workers). An object two
+        workers both read (the chunk their shares split) is one read, a hit only when
+        neither fetched it."""
         with self._lock:
             c = self._epochs.get(int(epoch)) or _EpochCounts()
-            total = [c.reads, c.hits, c.bytes, c.requests]
+            rows = [_published(c)]
         if self._stream:
             for other in self.disk.read_stats(self._stream, exclude=self._process):
-                total = [a + int(b) for a, b in zip(total, other.get(str(int(epoch)), (0, 0, 0, 0)))]
-        return CacheStats(int(epoch), *total)
+                row = other.get(str(int(epoch)))
+                if row is not None:
+                    rows.append(row)
+        return CacheStats(int(epoch), *merge_counts(rows))
 
     def release(self) -> None:
-        """Forget the plans (nothing more is fetched ahead) and unmap the cache files."""
+        """Forget the plans (nothing more is fetched ahead) and publish the counts."""
         self._publish(force=True)
         with self._lock:
             self._plans.clear()
-            self._maps.clear()
 
 
-def _map_budget() -> int:
-    from pipeline.streaming.maps import default_map_budget
-
-    return default_map_budget()
+def _publish_at_exit(ref: Any) -> None:
+    """A process's last publication of its read counts (a weak reference: a cache
+    collected earlier published when released, and is not kept alive for this)."""
+    cache = ref()
+    if cache is not None and os.getpid() == cache._pid:
+        cache._publish(force=True)
 
 
 def open_remote_cache(spec: CacheSpec | None, group: Any, location: Any, storage_options: Mapping | None,

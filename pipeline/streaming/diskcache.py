@@ -4,7 +4,9 @@ Sharing: every rank and DataLoader worker of a node may use the same directory a
 once. A file appears only by a rename of a complete temporary file, so a reader never
 sees a torn one; inserting and evicting run under an exclusive ``flock`` of the
 directory's lock file, which also holds the running count of cached bytes. A file
-deleted while another process reads or maps it stays readable to that process. Least
+deleted while another process reads it stays readable to that process; files are
+read, never mapped, so that one truncated in place (which no cache code does) costs a
+fetch, never the process (a mapped file truncated under it faults with SIGBUS). Least
 recently used files are evicted past the budget (a read touches its file's
 modification time, which every process sees), down to :func:`eviction_target`
 (:func:`lru_victims` is the arithmetic).
@@ -31,9 +33,8 @@ from dataclasses import dataclass
 from typing import Any, Collection, Iterator, Sequence
 
 from pipeline.errors import StreamError
-from pipeline.streaming.maps import close_map
 
-__all__ = ["MARKER", "SUBDIR", "CachedFile", "DiskCache", "MappedFiles", "eviction_target", "lru_victims"]
+__all__ = ["MARKER", "SUBDIR", "CachedFile", "DiskCache", "eviction_target", "lru_victims"]
 
 #: The cache's own subfolder of the directory a user names.
 SUBDIR = "pipeline-chunk-cache"
@@ -233,7 +234,8 @@ class DiskCache:
 
     def write_stats(self, stream: str, process: str, counts: dict[str, list[int]]) -> None:
         """Publish one process's read counts of stream ``stream`` (``{epoch: [reads,
-        hits, bytes, requests]}``), whole: a reader never sees half a file."""
+        hits, bytes, requests, ...]}``, see :func:`~pipeline.streaming.cache.merge_counts`), whole: a
+        reader never sees half a file."""
         final = self.path(f"stats-{stream}-{process}.json")
         temp = self.path(f".stats-{stream}-{process}.json.{secrets.token_hex(4)}.tmp")
         try:
@@ -285,41 +287,3 @@ class DiskCache:
         text = f"{int(used)}\n".encode("ascii")
         os.pwrite(self._lock_fd, text, 0)
         os.ftruncate(self._lock_fd, len(text))
-
-
-class MappedFiles:
-    """Cache files kept mapped between reads (as a local store's chunk files are, see
-    :class:`~pipeline.streaming.maps.MapCache`), forgotten when their file is evicted."""
-
-    def __init__(self, budget: int, max_files: int = 16384):
-        self.budget = budget
-        # A process may hold only so many mappings (vm.max_map_count, 65530 by default).
-        self.max_files = max_files
-        self._maps: OrderedDict[str, Any] = OrderedDict()
-        self._bytes = 0
-
-    def get(self, path: str) -> Any:
-        m = self._maps.get(path)
-        if m is not None:
-            self._maps.move_to_end(path)
-        return m
-
-    def add(self, path: str, m: Any) -> Any:
-        self._maps[path] = m
-        self._bytes += len(m)
-        while (self._bytes > self.budget or len(self._maps) > self.max_files) and len(self._maps) > 1:
-            self._drop(next(iter(self._maps)))
-        return m
-
-    def discard(self, path: str) -> None:
-        if path in self._maps:
-            self._drop(path)
-
-    def clear(self) -> None:
-        for path in list(self._maps):
-            self._drop(path)
-
-    def _drop(self, path: str) -> None:
-        m = self._maps.pop(path)
-        self._bytes -= len(m)
-        close_map(m)  # unmapped now, or once a decode that still reads it lets go
