@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.errors import StoreError, StreamError
 from pipeline.streaming.diskcache import DiskCache
-from pipeline.streaming.fetch import fetcher_for
+from pipeline.streaming.fetch import fetch_failure, fetcher_for
 
 __all__ = ["FETCH_BYTES", "FETCH_REQUESTS", "CacheSpec", "CacheStats", "RemoteCache", "cache_spec", "merge_counts",
            "open_remote_cache"]
@@ -373,7 +373,7 @@ class RemoteCache:
         try:
             data = fut.result()
         except Exception as exc:  # noqa: BLE001 - any failure to fetch is the store's
-            raise StoreError(f"{self.label}: cannot fetch {path} ({type(exc).__name__}: {exc})") from exc
+            raise StoreError(f"{self.label}: cannot fetch {path} ({fetch_failure(exc)})") from exc
         if data is None:  # not in the store: nothing read or fetched, but this read is over
             with self._lock:
                 self._returned(name)

@@ -39,7 +39,7 @@ import numpy as np
 
 from pipeline.errors import CorruptChunkError, StoreError
 from pipeline.streaming import blosc
-from pipeline.streaming.fetch import store_fetcher
+from pipeline.streaming.fetch import fetch_failure, store_fetcher
 from pipeline.streaming.maps import MapCache, map_file
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -318,7 +318,7 @@ class ChunkReader:
             try:
                 return self._fetcher.fetch(path, start, stop, suffix)
             except Exception as exc:  # noqa: BLE001 - any failure to fetch is the store's (after obstore's retries)
-                raise StoreError(f"{self.where[0]}: cannot fetch {path} ({type(exc).__name__}: {exc})") from exc
+                raise StoreError(f"{self.where[0]}: cannot fetch {path} ({fetch_failure(exc)})") from exc
         from zarr.abc.store import RangeByteRequest, SuffixByteRequest
         from zarr.core.buffer import default_buffer_prototype
         from zarr.core.sync import sync

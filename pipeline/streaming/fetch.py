@@ -29,7 +29,7 @@ import sys
 import threading
 from typing import Any, Mapping
 
-__all__ = ["FsspecFetcher", "ObstoreFetcher", "fetcher_for", "obstore_config", "store_fetcher"]
+__all__ = ["FsspecFetcher", "ObstoreFetcher", "fetch_failure", "fetcher_for", "obstore_config", "store_fetcher"]
 
 #: fsspec options of s3fs that change nothing about how an object's bytes are fetched.
 _IRRELEVANT = frozenset({
@@ -55,6 +55,21 @@ _pool: Any = None  # the threads of the cache's fetches, with the process they b
 _pool_pid = 0
 #: Threads making the cache's requests (it makes up to 16 at a time).
 _POOL_THREADS = 32
+
+
+
+def fetch_failure(exc: BaseException, limit: int = 400) -> str:
+    """``exc`` for a one-line message: its type and the first paragraph of its text.
+
+    obstore's errors end with their Rust ``Debug`` form (``Debug source: Generic {
+    store: "S3", source: RetryError { ... } }``), 25 lines that repeat the first
+    paragraph; that paragraph (the status, the retries, the URL) is what a user needs.
+    """
+    text = str(exc).split("\n\nDebug source", 1)[0].split("\n\n", 1)[0]
+    text = " ".join(text.split())
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 def _after_fork_in_child() -> None:

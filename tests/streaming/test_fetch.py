@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import re
 import select
 import socket
 import subprocess
@@ -272,6 +273,34 @@ def test_a_failed_fetch_names_the_store_and_the_object(s3, monkeypatch):
         monkeypatch.setattr(reader._fetcher, "fetch", refused)
     with pytest.raises(StoreError, match=r"failing\.zarr.*cannot fetch train/(x|y)/c/\d.*connection refused"):
         next(iter(s))
+
+
+def test_a_failed_fetch_is_one_line_without_obstores_debug_dump(s3, monkeypatch):
+    # obstore's message repeats itself as a Rust Debug dump after a blank line (25 lines
+    # when the server died mid-epoch); the user's line keeps the first paragraph.
+    from obstore.exceptions import GenericError
+
+    from pipeline.errors import StoreError
+
+    url = "s3://training/fetch/dumped.zarr"
+    write(url, {"x": np.ones((64, 4), np.float32), "y": np.arange(64)}, chunk_samples=32, progress=False,
+          storage_options=s3, overwrite=True)
+    s = pipeline.stream(url, batch_size=16, seed=0, storage_options=s3)
+    first = ("Generic S3 error: Error after 10 retries in 6.2s, max_retries:10, retry_timeout:180s, source:error "
+             "sending request for url (http://127.0.0.1:1/training/x)")
+    dump = "\n".join(["Generic {", '    store: "S3",', "    source: RetryError {"] + ["        ..."] * 20 + ["}"])
+
+    def refused(*args, **kwargs):
+        raise GenericError(f"{first}\n\nDebug source:\n{dump}")
+
+    for reader in s.source.readers.values():
+        monkeypatch.setattr(reader._fetcher, "fetch", refused)
+    with pytest.raises(StoreError) as got:
+        next(iter(s))
+    text = str(got.value)
+    assert "\n" not in text and "Debug source" not in text and "RetryError" not in text
+    assert re.search(r"dumped\.zarr: cannot fetch train/(x|y)/c/\d/0 \(GenericError: Generic S3 error: Error after "
+                     r"10 retries .* \(http://127\.0\.0\.1:1/training/x\)\)$", text), text
 
 
 def test_a_foreign_store_whose_chunks_split_samples_streams_through_obstore(s3):
