@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 import yaml
@@ -31,6 +32,16 @@ __all__ = [
     "verify_store",
     "written_samples",
 ]
+
+#: Write units (a chunk of each array, or a chunk of another tool's array) that
+#: :func:`verify_store` reads at once. Checked one after the other, a remote store's
+#: verify paid a round trip per object, several times as long as fetching them all
+#: concurrently; as many as a stream's cache keeps requests in flight
+#: (:data:`pipeline.streaming.cache.FETCH_REQUESTS`). Each holds one unit's bytes.
+VERIFY_UNITS = 16
+
+#: Lines of a report in the making: lines known now, or a unit's check under way.
+_Parts = list["list[str] | Future[list[str]]"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,47 +492,67 @@ def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str,
     """
     from pipeline.storage.checksum import crc32
     from pipeline.storage.store import ATTRS_KEY
-    from pipeline.storage.writer import WRITTEN
 
     loc, staging = _located(os.fspath(location))
     group = open_store_group(loc, mode="r", storage_options=storage_options)
-    if ATTRS_KEY not in group.attrs:
-        found = [(path, arr) for path, arr in _every_array(group)]
-        problems = [line for path, arr in found for line in _decode_problems(path, arr)]
-        chunks = sum(int(np.prod([-(-int(n) // int(c)) for n, c in zip(a.shape, a.chunks)])) for _, a in found)
-        return VerifyReport(problems=tuple(problems), checked=chunks, foreign=True)
+    # Units are checked on a pool, their lines put back in the order they were asked
+    # for: the report is the one a check unit after unit gives.
+    with ThreadPoolExecutor(VERIFY_UNITS, thread_name_prefix="pipeline-verify") as pool:
+        try:
+            if ATTRS_KEY not in group.attrs:
+                found = [(path, arr) for path, arr in _every_array(group)]
+                problems = _in_order([part for path, arr in found for part in _decode_problems(path, arr, pool.submit)])
+                chunks = sum(int(np.prod([-(-int(n) // int(c)) for n, c in zip(a.shape, a.chunks)])) for _, a in found)
+                return VerifyReport(problems=tuple(problems), checked=chunks, foreign=True)
+            return _verify_group(group, staging, crc32, pool.submit)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)  # no unit read on after a failure
+            raise
+
+
+def _verify_group(group: Any, staging: str | None, crc32: Any, submit: Callable[..., Future]) -> VerifyReport:
+    """:func:`verify_store` of a store pipeline wrote (``group``), its units checked
+    through ``submit`` (a pool's)."""
+    from pipeline.storage.writer import WRITTEN
+
     attrs = store_root_attrs(group)
     versions = versions_of(attrs) if attrs.get("complete") else []
     newest = versions[-1] if versions else None
-    problems: list[str] = []
+    parts: _Parts = []
     unwritten: dict[str, tuple[int, int]] = {}  # per split: units not written, of those to write
     checked = 0
-    for split, sub in sorted(group.groups()):
-        if WRITTEN not in sub:
-            continue
+    # Every split's markers are read at once: each table is an object per unit.
+    splits = [(split, sub, submit(_marker_rows, sub[WRITTEN])) for split, sub in sorted(group.groups())
+              if WRITTEN in sub]
+    for split, sub, marked in splits:
         arrays = {n: a for n, a in sub.arrays() if n != WRITTEN}
         if not arrays:
             continue
-        rows, torn = _marker_rows(sub[WRITTEN])
+        rows, torn = marked.result()
         probe = next(iter(arrays.values()))
         unit, total = _unit_rows(probe), int(probe.shape[0])
         committed = _committed_rows(newest, split, total)
         for version in reversed(versions):  # the newest first: what a reader opens by default
             found, n = _version_problems(split, arrays, version, rows, torn, unit, newest=version is newest,
-                                         crc32=crc32)
-            problems += found
+                                         crc32=crc32, submit=submit)
+            parts += found
             checked += n
         if total > committed:  # a build not finished, or an append past the version readers see
             todo = range(committed // unit, -(-total // unit))
             note = "" if newest is None else f" (written by the unfinished append to version {newest.number + 1})"
             done = [u for u in todo if u < len(rows) and u not in torn and rows[u][0] == 1]
             for u in done:
-                problems += _unit_problems(arrays, split, u, [int(v) for v in rows[u][1:]], crc32, note)
+                parts.append(submit(_unit_problems, arrays, split, u, [int(v) for v in rows[u][1:]], crc32, note))
             checked += len(done)
             unwritten[split] = (len(todo) - len(done), len(todo))
     pending = _pending_lines(unwritten, newest, attrs, staging)
-    return VerifyReport(problems=tuple(problems), pending=pending, checked=checked,
+    return VerifyReport(problems=tuple(_in_order(parts)), pending=pending, checked=checked,
                         version=None if newest is None else newest.number)
+
+
+def _in_order(parts: _Parts) -> list[str]:
+    """The lines of ``parts`` in their order, each unit's check waited for in turn."""
+    return [line for part in parts for line in (part.result() if isinstance(part, Future) else part)]
 
 
 def _marker_rows(table: Any) -> tuple[np.ndarray, frozenset[int]]:
@@ -540,11 +571,13 @@ def _marker_rows(table: Any) -> tuple[np.ndarray, frozenset[int]]:
 
 
 def _version_problems(split: str, arrays: Mapping[str, Any], version: Version, rows: np.ndarray,
-                      torn: frozenset[int], unit: int, *, newest: bool, crc32: Any) -> tuple[list[str], int]:
+                      torn: frozenset[int], unit: int, *, newest: bool, crc32: Any,
+                      submit: Callable[..., Future]) -> tuple[_Parts, int]:
     """What is wrong with ``split`` as a reader of ``version`` sees it, and the units
     checked: every unit for the newest version; for an older one only its partly filled
     last unit, against the checksum it recorded (a later append rewrote that unit with
-    more samples; the units before it are the newest version's)."""
+    more samples; the units before it are the newest version's). Each unit's check is
+    started through ``submit``, in unit order: see :func:`_in_order`."""
     from pipeline.storage.writer import SHARED
 
     n = (version.shared_rows if split == SHARED else version.samples.get(split))
@@ -557,9 +590,9 @@ def _version_problems(split: str, arrays: Mapping[str, Any], version: Version, r
     try:
         seen = {name: pinned_array(a, n) for name, a in arrays.items()}
     except Exception as exc:  # noqa: BLE001 - pinned_array's StoreError: fewer samples than recorded
-        return [f"{split}: version {version.number} records {n} samples ({exc})"], 0
+        return [[f"{split}: version {version.number} records {n} samples ({exc})"]], 0
     note = "" if newest else f" (the last samples of version {version.number})"
-    problems = []
+    problems: _Parts = []
     for u in todo:
         row = tail if tail is not None and u == units - 1 else None
         if row is None:
@@ -567,11 +600,11 @@ def _version_problems(split: str, arrays: Mapping[str, Any], version: Version, r
                 # A store recorded before versions kept their last unit's checksum, while
                 # an append rewrites that unit: nothing to check it against until then.
                 if not (u == units - 1 and n % unit and len(rows) > units):
-                    problems.append(f"{split}: write unit {u} of version {version.number} has lost its marker "
-                                    "(its checksums)")
+                    problems.append([f"{split}: write unit {u} of version {version.number} has lost its marker "
+                                     "(its checksums)"])
                 continue
             row = [int(v) for v in rows[u]]
-        problems += _unit_problems(seen, split, u, [int(v) for v in row[1:]], crc32, note)
+        problems.append(submit(_unit_problems, seen, split, u, [int(v) for v in row[1:]], crc32, note))
     return problems, len(todo)
 
 
@@ -628,18 +661,22 @@ def _unit_problems(arrays: Mapping[str, Any], split: str, unit: int, recorded: l
     return problems
 
 
-def _decode_problems(path: str, arr: Any) -> list[str]:
-    """Chunks of ``arr`` (at ``path``) that do not decode, one line each, the chunk named
-    by its grid position; read a row of chunks at a time."""
+def _decode_problems(path: str, arr: Any, submit: Callable[..., Future]) -> _Parts:
+    """Chunks of ``arr`` (at ``path``) that do not decode, one line each (in the order
+    of their grid positions, by which they are named): each chunk's read started
+    through ``submit``."""
     import itertools
 
     grid = [range(-(-int(n) // int(c))) for n, c in zip(arr.shape, arr.chunks)]
-    problems = []
-    for position in itertools.product(*grid):
-        box = tuple(slice(i * c, (i + 1) * c) for i, c in zip(position, arr.chunks))
-        try:
-            arr[box]
-        except Exception as exc:  # noqa: BLE001 - any decode failure is corruption
-            where = str(position[0]) if len(position) == 1 else str(position)
-            problems.append(f"{path} chunk {where}: cannot decode ({exc})")
-    return problems
+    return [submit(_chunk_decode_problems, path, arr, position) for position in itertools.product(*grid)]
+
+
+def _chunk_decode_problems(path: str, arr: Any, position: Sequence[int]) -> list[str]:
+    """The line for the chunk of ``arr`` at grid ``position`` if it does not decode."""
+    box = tuple(slice(i * c, (i + 1) * c) for i, c in zip(position, arr.chunks))
+    try:
+        arr[box]
+    except Exception as exc:  # noqa: BLE001 - any decode failure is corruption
+        where = str(position[0]) if len(position) == 1 else str(position)
+        return [f"{path} chunk {where}: cannot decode ({exc})"]
+    return []

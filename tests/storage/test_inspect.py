@@ -503,3 +503,114 @@ def test_an_interrupted_zip_build_is_found_in_its_folder(tmp_path, monkeypatch):
     assert not staging.exists() and inspect_store(zipped).staging is None and inspect_store(zipped).complete
     with pytest.raises(StoreError, match=r"nope\.zarr\.zip: no such zip store$"):
         pipeline.open(tmp_path / "nope.zarr.zip")
+
+
+def test_verify_reports_damage_in_unit_order_whatever_order_the_checks_end(tmp_path):
+    """Units are checked concurrently: the lines still come split by split, unit by unit,
+    arrays by name, as a check of one unit after another gives them."""
+    import zlib
+
+    import zarr
+
+    from pipeline.storage import verify_store
+
+    rng = np.random.default_rng(5)
+    x, y = rng.standard_normal((640, 6)).astype(np.float32), np.arange(640)
+    path = tmp_path / "order.zarr"
+    write(path, {"x": x, "y": y}, splits={"train": .5, "val": .5}, gap=0, chunk_samples=10, codec="none",
+          progress=False)
+    flips = {("train", "x", 3), ("train", "y", 3), ("train", "y", 17), ("train", "x", 31), ("val", "y", 0),
+             ("val", "x", 29)}
+    for split, name, unit in flips:
+        chunk = path / split / name / "c" / str(unit) / ("0" if name == "x" else "")
+        chunk = chunk if chunk.is_file() else chunk.parent
+        data = bytearray(chunk.read_bytes())
+        data[-1] ^= 0xFF  # still decodes (no codec): only the CRC tells
+        chunk.write_bytes(bytes(data))
+    # The reference: each unit's bytes read back with numpy, their CRC32 (zlib) against
+    # the marker row, in split, unit and name order.
+    expected = []
+    for split in ("train", "val"):
+        marks = np.asarray(zarr.open_array(str(path / split / "_written"), mode="r")[:])
+        got = pipeline.open(path)[split]
+        for unit in range(marks.shape[0]):
+            for name in ("x", "y"):
+                crc = zlib.crc32(np.ascontiguousarray(got[name][unit * 10:(unit + 1) * 10]).data)
+                if crc not in [int(v) for v in marks[unit][1:]]:
+                    expected.append(f"{split}/{name} chunk {unit}: checksum mismatch")
+    assert len(expected) == len(flips)
+    result = verify_store(path)
+    assert list(result) == expected and result.checked == 64
+
+
+class _InFlight:
+    """A TCP proxy on loopback in front of ``upstream`` that delays each request by
+    ``delay`` seconds and counts the most requests for data chunks (not the write
+    markers, which zarr reads many at once itself) waiting for their answer at once
+    (one per connection: HTTP/1.1 sends the next request after the answer)."""
+
+    def __init__(self, upstream: int, delay: float):
+        import socket
+        import threading
+
+        self.upstream, self.delay, self.now, self.most = upstream, delay, 0, 0
+        self._lock = threading.Lock()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            up, waiting = socket.create_connection(("127.0.0.1", self.upstream)), [False]
+            threading.Thread(target=self._pump, args=(client, up, waiting, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(up, client, waiting, False), daemon=True).start()
+
+    def _pump(self, src, dst, waiting: list, request: bool) -> None:
+        import time
+
+        try:
+            while data := src.recv(1 << 16):
+                with self._lock:
+                    chunk = b"/c/" in data.split(b"\r\n", 1)[0] and b"_written" not in data.split(b"\r\n", 1)[0]
+                    if request and not waiting[0] and chunk:
+                        waiting[0], self.now = True, self.now + 1
+                        self.most = max(self.most, self.now)
+                    elif not request and waiting[0]:
+                        waiting[0], self.now = False, self.now - 1
+                if request:
+                    time.sleep(self.delay)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+def test_verify_of_a_remote_store_keeps_many_requests_in_flight(s3, tmp_path):
+    """Checked unit after unit, a remote store's verify paid a round trip per object;
+    through a proxy that delays every request, many must wait at once, and the report
+    is the local copy's."""
+    from pipeline.storage import verify_store
+
+    x = np.random.default_rng(6).standard_normal((480, 4)).astype(np.float32)
+    url = "s3://training/inspect/verify.zarr"
+    write(url, {"x": x, "y": np.arange(480)}, chunk_samples=10, codec="none", storage_options=s3, progress=False)
+    write(tmp_path / "v.zarr", {"x": x, "y": np.arange(480)}, chunk_samples=10, codec="none", progress=False)
+    proxy = _InFlight(int(s3["endpoint_url"].rsplit(":", 1)[1]), delay=0.02)
+    try:
+        result = verify_store(url, storage_options={**s3, "endpoint_url": proxy.url})
+    finally:
+        proxy.server.close()
+    assert result == verify_store(tmp_path / "v.zarr") and result.checked == 48 and not result
+    assert proxy.most >= 8, proxy.most
