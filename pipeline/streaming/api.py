@@ -152,7 +152,7 @@ def stream(
         Groups read ahead in the background (small groups further ahead, see
         :func:`~pipeline.streaming.streamer.groups_ahead`).
     threads
-        Threads decoding chunks.
+        Threads reading chunks: one per core (at most 32), 16 or more for a remote store without ``cache_dir``.
     verify
         Check every chunk read against the CRC32 recorded when it was written (unsharded
         stores). Without it, a damaged chunk is refused only when it fails to decode: a

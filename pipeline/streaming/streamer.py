@@ -66,7 +66,7 @@ import numpy as np
 
 from pipeline.errors import StreamError
 from pipeline.streaming.batches import BatchSlabs
-from pipeline.streaming.cache import CacheStats
+from pipeline.streaming.cache import FETCH_REQUESTS, CacheStats
 from pipeline.streaming.chunks import ArrayPool
 from pipeline.streaming.elastic import (
     ElasticPlan,
@@ -93,8 +93,9 @@ from pipeline.streaming.plan import (
     worker_plan,
 )
 
-__all__ = ["AHEAD_BYTES", "AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "QUEUE_BYTES", "Stream", "groups_ahead", "memory_bound",
-           "saved_value", "uncounted_workers", "warn_continued", "warn_repeated"]
+__all__ = ["AHEAD_BYTES", "AHEAD_GROUP_CHUNKS", "ORDER_KEYS", "QUEUE_BYTES", "Stream", "default_threads",
+           "groups_ahead", "memory_bound", "reads_over_network", "saved_value", "uncounted_workers", "warn_continued",
+           "warn_repeated"]
 
 #: What an epoch's order depends on besides the seed, epoch, rank and world size: recorded
 #: by :meth:`Stream.state_dict` and checked on loading a state saved mid-epoch.
@@ -246,6 +247,59 @@ def _sample_bytes(source: Any, names: Sequence[str], *, assembled: bool = False)
     return total
 
 
+def default_threads(cpus: int | None, remote: bool) -> int:
+    """The read threads of a stream that was given no ``threads``.
+
+    One per core (at most 32) decodes a local store's chunks as fast as the cores
+    allow. A remote store read without the node-local cache sends one request per
+    chunk object from a read thread, which then waits for its round trip: with one
+    thread per core, two cores kept two requests in flight, and an epoch cost a round
+    trip per object. So such a store gets at least as many threads as the cache's
+    fetcher keeps requests in flight (:data:`~pipeline.streaming.cache.FETCH_REQUESTS`):
+    waiting threads cost no CPU.
+
+    Parameters
+    ----------
+    cpus
+        The cores of the machine (``os.cpu_count()``; None counts as 2).
+    remote
+        Whether the stream reads a remote store's objects without a cache
+        (:func:`reads_over_network`).
+
+    Returns
+    -------
+    int
+        ``min(32, cpus)``, or for a remote store at least ``FETCH_REQUESTS``.
+    """
+    local = min(32, cpus or 2)
+    return max(local, FETCH_REQUESTS) if remote else local
+
+
+def reads_over_network(source: Any) -> bool:
+    """Whether ``source`` (or, for a fold, its base split) reads the chunk objects of a
+    remote store one request each, without the node-local cache: a zarr array whose
+    store is an fsspec file system other than the local disk or memory."""
+    while source is not None:
+        if getattr(source, "cache", None) is not None:
+            return False  # the cache's fetch thread keeps the requests in flight
+        arrays = [getattr(r, "array", None) for r in (getattr(source, "readers", None) or {}).values()]
+        arrays += list((getattr(source, "arrays", None) or {}).values())
+        if any(_remote_array(a) for a in arrays):
+            return True
+        source = getattr(source, "base", None)
+    return False
+
+
+def _remote_array(array: Any) -> bool:
+    """Whether ``array`` is a zarr array of a store reached over the network."""
+    store = getattr(getattr(array, "store_path", None), "store", None)
+    protocol = getattr(getattr(store, "fs", None), "protocol", None)
+    if protocol is None:
+        return False  # a local, zip or memory store of zarr's own, or arrays read without zarr
+    protocols = (protocol,) if isinstance(protocol, str) else tuple(protocol)
+    return not set(protocols) & {"file", "local", "memory"}
+
+
 def _window_reader(source: Any, name: str) -> Any:
     """The :class:`~pipeline.streaming.virtual.VirtualWindowReader` behind assembled
     array ``name`` (a fold's source reads through its base split's); None if none."""
@@ -282,7 +336,7 @@ class Stream:
         self.rank = rank
         self.world_size = world_size
         self.prefetch = groups_ahead(prefetch, buffer_chunks, 1, self._group_bytes(source, names, buffer_chunks))
-        self.threads = threads or min(32, (os.cpu_count() or 2))
+        self.threads = threads or default_threads(os.cpu_count(), reads_over_network(source))
         self.read_niceness = read_niceness
         # Batches queued for the loop: four, or fewer where four batches would hold more
         # than QUEUE_BYTES. A queued batch is a view that keeps its groups' buffers from

@@ -909,3 +909,34 @@ print(json.dumps({{"bound": s.memory_bound(), "grew": peak}}))
     out = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                                     cwd=tmp_path).stdout.splitlines()[-1])
     assert out["grew"] <= out["bound"] + (32 << 20), out
+
+
+def test_default_threads_keep_requests_in_flight_for_a_remote_store_without_cache(s3, tmp_path):
+    """A remote store streamed without the cache is read a request per chunk object,
+    each waiting its round trip: by default it gets as many read threads as the cache
+    keeps requests in flight; a local store or a cached one keeps one per core."""
+    import os
+
+    from pipeline.storage import write
+    from pipeline.streaming.cache import FETCH_REQUESTS
+    from pipeline.streaming.streamer import default_threads
+
+    assert default_threads(2, False) == 2 and default_threads(64, False) == 32 and default_threads(None, False) == 2
+    assert default_threads(2, True) == FETCH_REQUESTS and default_threads(64, True) == 32
+    x = np.random.default_rng(7).standard_normal((120, 3)).astype(np.float32)
+    url = "s3://training/streamer/threads.zarr"
+    write(url, {"x": x, "y": np.arange(120)}, chunk_samples=10, storage_options=s3, progress=False)
+    write(tmp_path / "l.zarr", {"x": x, "y": np.arange(120)}, chunk_samples=10, progress=False)
+    cores = min(32, os.cpu_count() or 2)
+    remote = pipeline.stream(url, batch_size=16, storage_options=s3)
+    local = pipeline.stream(tmp_path / "l.zarr", batch_size=16)
+    cached = pipeline.stream(url, batch_size=16, storage_options=s3, cache_dir=tmp_path / "cache", cache_bytes=1 << 24)
+    given = pipeline.stream(url, batch_size=16, storage_options=s3, threads=3)
+    try:
+        assert (remote.threads, local.threads, cached.threads, given.threads) == (max(cores, 16), cores, cores, 3)
+        batches = list(remote)
+        got, ids = np.concatenate([xb for xb, _ in batches]), np.concatenate([yb for _, yb in batches])
+        np.testing.assert_array_equal(got[np.argsort(ids)], x)
+    finally:
+        for s in (remote, local, cached, given):
+            s.close()
