@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import IO, TYPE_CHECKING, Any, Iterator, Sequence
 
 from pipeline.errors import ClusterError
@@ -383,7 +384,7 @@ def cluster(
                 raise
             raise error from None
         finally:
-            _close(watch, client, local)
+            _close(watch, client, local, log)
 
 
 def _register_plugins(client: "distributed.Client", *, local: bool, processes: bool) -> None:
@@ -439,14 +440,31 @@ def _run_error(exc: Exception, client: "distributed.Client",
 
 
 def _close(watch: contextlib.ExitStack, client: "distributed.Client",
-           local: "distributed.LocalCluster | None") -> None:
+           local: "distributed.LocalCluster | None", log: Any = None) -> None:
     """Close the watch, the client and a LocalCluster, in that order, a Ctrl-C meanwhile
-    held until they are closed (:func:`_interrupts_deferred`)."""
+    held until they are closed (:func:`_interrupts_deferred`). A close that fails (a
+    nanny that would not stop its worker in time) is one line (:func:`_said_close_failed`),
+    never raised: the run's own error stays the one reported (a close's ``TimeoutError``
+    replaced it: a run whose paused workers ran out of memory ended with only that
+    traceback), and a run that finished stays done."""
     with _interrupts_deferred():
-        watch.close()  # before the client it asks closes
-        client.close()
-        if local is not None:
-            local.close()
+        try:
+            watch.close()  # before the client it asks closes
+            client.close()
+            if local is not None:
+                local.close()
+        except Exception as exc:  # noqa: BLE001 - see above
+            _said_close_failed(log, exc)
+
+
+def _said_close_failed(log: Any, exc: BaseException) -> None:
+    """One line, to ``log`` (else a warning), for a cluster whose close failed."""
+    text = f"cluster: closing the cluster failed ({type(exc).__name__}: {exc or 'no detail'}); its worker " \
+           "processes are stopped as this process exits"
+    if log is not None:
+        print(text, file=log, flush=True)
+    else:
+        warnings.warn(text, RuntimeWarning, stacklevel=3)
 
 
 class _NoLog:

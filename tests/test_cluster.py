@@ -3,6 +3,7 @@ processes on 127.0.0.1 running the same config with --scheduler."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -605,3 +606,35 @@ def test_a_local_cluster_whose_workers_stay_paused_running_nothing_stops_the_run
     assert int(found[2]) == round(100 * dask.config.get("distributed.worker.memory.pause"))
     assert int(found[1].replace(",", "")) >= int(found[2]) / 100 * 64
     assert "Set cluster.memory_limit to at least" in message and "\n" not in message
+
+
+@pytest.mark.parametrize("raised", [True, False])
+def test_a_cluster_that_fails_to_close_leaves_the_runs_own_error_and_one_line(monkeypatch, raised):
+    """A nanny that would not stop its worker in time made the LocalCluster's close
+    raise ``TimeoutError``, which replaced the run's own error (a run of 500
+    instruments whose workers paused ended with only that traceback, rc 1, no word of
+    why). The run's error is the one raised; the close is one line; a run that
+    finished is not failed by its close."""
+    from distributed import LocalCluster
+
+    from pipeline.errors import StoreError
+
+    real = LocalCluster.close
+
+    def stuck(self, *args, **kwargs):  # closed, then failing as a nanny's close that timed out
+        real(self, *args, **kwargs)
+        raise TimeoutError("the nanny's process.join timed out")
+
+    log = _Log()
+    monkeypatch.setattr(LocalCluster, "close", stuck)
+    try:
+        with (pytest.raises(StoreError, match="the run's own error") if raised else contextlib.nullcontext()):
+            with cluster(n_workers=1, processes=False, dashboard_address=None, log=log) as client:
+                assert client.submit(sum, [1, 2]).result(timeout=10) == 3
+                if raised:
+                    raise StoreError("the run's own error")
+    finally:
+        monkeypatch.undo()
+    lines = [x for x in log.getvalue().splitlines() if "closing the cluster failed" in x]
+    assert lines == ["cluster: closing the cluster failed (TimeoutError: the nanny's process.join timed out); its "
+                     "worker processes are stopped as this process exits"], log.getvalue()
