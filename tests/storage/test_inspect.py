@@ -573,7 +573,7 @@ class _InFlight:
             threading.Thread(target=self._pump, args=(up, client, waiting, False), daemon=True).start()
 
     def _pump(self, src, dst, waiting: list, request: bool) -> None:
-        import time
+        import threading
 
         try:
             while data := src.recv(1 << 16):
@@ -585,7 +585,7 @@ class _InFlight:
                     elif not request and waiting[0]:
                         waiting[0], self.now = False, self.now - 1
                 if request:
-                    time.sleep(self.delay)
+                    threading.Event().wait(self.delay)  # the link's latency, per request
                 dst.sendall(data)
         except OSError:
             pass
