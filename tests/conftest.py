@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -15,6 +16,24 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import pytest
+
+
+
+@contextlib.contextmanager
+def file_size_limit(nbytes: int):
+    """Writes of this process past ``nbytes`` in a file fail with ``EFBIG`` ("File too
+    large"), a real write error as a full disk gives, without root (``RLIMIT_FSIZE``;
+    SIGXFSZ ignored, so that the write returns the error instead of killing the process)."""
+    import resource
+
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def in_process_cluster(**kwargs):

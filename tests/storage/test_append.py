@@ -9,9 +9,6 @@ write fails with ``FileExistsError``, on a worker), and the process's file-size 
 
 from __future__ import annotations
 
-import contextlib
-import signal
-
 import numpy as np
 import pytest
 import zarr
@@ -20,22 +17,12 @@ import pipeline
 from pipeline.errors import StoreError
 from pipeline.storage import layout, write
 from pipeline.storage.append import append
+from tests.conftest import file_size_limit
 
-resource = pytest.importorskip("resource")
+pytest.importorskip("resource")  # a file-size limit stands for a full disk
 
 N0, N = 230, 400  # stored samples, and samples once appended (chunks of 50)
 
-
-@contextlib.contextmanager
-def _file_size_limit(nbytes: int):
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, old_limit[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def _store(tmp_path):
@@ -93,7 +80,7 @@ def test_a_store_that_cannot_be_written_at_all_is_one_line_and_left_as_it_was(tm
     attrs = pipeline.open(path).attrs
     before = (path / "zarr.json").read_bytes()
     assert len(before) > 600  # the limit lets the lock's holder through, not the root's metadata
-    with _file_size_limit(600), pytest.raises(StoreError, match=_message(path).replace("File exists",
+    with file_size_limit(600), pytest.raises(StoreError, match=_message(path).replace("File exists",
                                                                                       "File too large")):
         _append(path, x, y, attrs)
     assert (path / "zarr.json").read_bytes() == before

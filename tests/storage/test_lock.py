@@ -7,10 +7,8 @@ without root."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -20,22 +18,10 @@ import pytest
 
 from pipeline.errors import StoreError, StoreLockedError
 from pipeline.storage.lock import NO_HOLDER_GRACE_S, write_lock
+from tests.conftest import file_size_limit
 
-resource = pytest.importorskip("resource")
+pytest.importorskip("resource")  # a file-size limit stands for a full disk
 
-
-@contextlib.contextmanager
-def _file_size_limit(nbytes: int):
-    """Writes past ``nbytes`` fail with EFBIG in this process (SIGXFSZ ignored, so the
-    write returns the error instead of killing the process)."""
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, old_limit[1]))
-    try:
-        yield
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
 
 
 def _gone_pid() -> int:
@@ -48,7 +34,7 @@ def test_a_lock_whose_holder_cannot_be_written_is_not_left_behind(tmp_path):
     """The holder's write fails (a full disk): the run fails in one line, and no lock file,
     empty or not, nor its temporary file, is left to refuse the next run."""
     target = str(tmp_path / "s.zarr")
-    with _file_size_limit(8), pytest.raises(StoreError, match=r"s\.zarr: cannot write \(File too large\)$"):
+    with file_size_limit(8), pytest.raises(StoreError, match=r"s\.zarr: cannot write \(File too large\)$"):
         with write_lock(target):
             pass
     assert sorted(os.listdir(tmp_path)) == []

@@ -4,8 +4,6 @@ complete and removed after it, or put back when the new write fails."""
 from __future__ import annotations
 
 import os
-import resource
-import signal
 
 import fsspec
 import numpy as np
@@ -15,6 +13,7 @@ import pipeline
 from pipeline.errors import StoreError
 from pipeline.storage import replace, write
 from pipeline.storage.replace import ASIDE_INFIX, make_way, wait_for_removals
+from tests.conftest import file_size_limit
 
 
 def _siblings(path) -> list[str]:
@@ -60,18 +59,6 @@ def test_the_old_store_is_kept_whole_until_the_new_one_is_complete(tmp_path, mon
     np.testing.assert_array_equal(pipeline.open(tmp_path / "f.zarr")["train"]["x"][:], 2 * x)
 
 
-def _too_big_to_write(limit: int):
-    """Files above ``limit`` bytes fail to write with EFBIG, a real write error of the
-    disk (``RLIMIT_FSIZE``; SIGXFSZ ignored so that the write returns the error)."""
-    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
-    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
-
-    def undo():
-        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
-        signal.signal(signal.SIGXFSZ, old_handler)
-    return undo
-
 
 def test_a_failed_overwrite_puts_the_old_store_back_and_says_so(tmp_path):
     store = tmp_path / "f.zarr"
@@ -81,13 +68,8 @@ def test_a_failed_overwrite_puts_the_old_store_back_and_says_so(tmp_path):
     # The new store's chunks are larger than a file may grow here: its write fails
     # part way, as on a full disk.
     big = np.random.default_rng(0).random((256, 512), dtype=np.float32)
-    undo = _too_big_to_write(200_000)
-    try:
-        with pytest.raises(StoreError) as info:
-            write(store, {"x": big, "y": big[:, 0]}, chunk_samples=128, codec="none", overwrite=True,
-                  progress=False)
-    finally:
-        undo()
+    with file_size_limit(200_000), pytest.raises(StoreError) as info:
+        write(store, {"x": big, "y": big[:, 0]}, chunk_samples=128, codec="none", overwrite=True, progress=False)
     message = str(info.value)
     assert message.startswith(f"{store}: cannot write (File too large); the previous store is back in place")
     assert "rerun to write the new one again from the start" in message and "\n" not in message
