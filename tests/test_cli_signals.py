@@ -5,39 +5,20 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import threading
 from pathlib import Path
 
-import yaml
-
 from pipeline import cli
-from tests.conftest import BIN, assert_same_store, run_cli, wait_until
-from tests.test_cluster import _group_alive, _long_run
+from tests.conftest import wait_until
+from tests.test_cluster import _group_alive, _long_run, _resumes_as_uninterrupted, _run_while_writing
 
 
 def test_sigterm_stops_a_run_in_one_line_releasing_its_lock_and_the_rerun_resumes(tmp_path):
     """SIGTERM (a service manager, a batch scheduler, `timeout`) ended the run at once:
     exit status -15, no line in the log, the store's lock file left behind."""
     cfg = _long_run(tmp_path, seed=12, store="o.zarr", rows_per_day=20_000)
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
-    reader.start()
-    chunks = tmp_path / "o.zarr" / "train" / "x" / "c"
-    try:
-        wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 4),
-                   timeout=240, watch=tmp_path, procs=[run])
-        assert run.poll() is None, "the run ended before it could be terminated; make the data larger"
+    with _run_while_writing(cfg, tmp_path, written=4, sigint_default=False) as (run, lines, path):
         run.send_signal(signal.SIGTERM)  # to the run alone, as `kill PID` sends it
-        run.wait(timeout=60)
-        reader.join(timeout=10)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     text = "".join(lines)
     assert run.returncode == 143, text
     assert lines[-1] == cli.TERMINATED_LINE + "\n", text
@@ -45,12 +26,7 @@ def test_sigterm_stops_a_run_in_one_line_releasing_its_lock_and_the_rerun_resume
     assert not Path(f"{tmp_path / 'o.zarr'}.lock").exists(), "the store's lock was left behind"
     # Its workers, the forkserver and the resource tracker end with it.
     assert wait_until(lambda: not _group_alive(run.pid), timeout=15, watch=tmp_path), "helpers outlived the run"
-
-    resumed = run_cli("run", str(path), "--no-progress")
-    assert resumed.returncode == 0, resumed.stderr
-    reference = run_cli("run", str(path), "--no-progress", "--set", f"output.path={tmp_path / 'ref.zarr'}")
-    assert reference.returncode == 0, reference.stderr
-    assert_same_store(tmp_path / "o.zarr", tmp_path / "ref.zarr")
+    _resumes_as_uninterrupted(tmp_path, path)
 
 
 def test_the_sigterm_handler_is_the_run_commands_for_its_run_only(tmp_path):

@@ -322,6 +322,48 @@ def _long_run(tmp_path, *, seed: int, store: str, rows_per_day: int = 60_000) ->
     }
 
 
+@contextlib.contextmanager
+def _run_while_writing(cfg: dict, tmp_path, *args: str, written: int, group: bool = True,
+                       sigint_default: bool = True):
+    """``pipeline run`` of ``cfg`` (``args`` added to its command line) in a subprocess,
+    yielded as ``(run, lines, config path)`` once ``written`` chunk files of its
+    ``train/x`` exist: its write phase under way. Its output is collected in ``lines``
+    (complete after the block); ``group``: in a process group of its own, as a terminal's
+    foreground job; ``sigint_default``: with SIGINT's default action (a test runner may
+    ignore it). A run still alive after the block is killed, with its group."""
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress", *args],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=group,
+                           preexec_fn=(lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) if sigint_default else None)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
+    reader.start()
+    chunks = Path(cfg["output"]["path"]) / "train" / "x" / "c"
+    try:
+        wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= written),
+                   timeout=240, watch=tmp_path, procs=[run])
+        assert run.poll() is None, "the run ended before it could be stopped; make the data larger"
+        yield run, lines, path
+        run.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        if run.poll() is None:
+            if group:
+                os.killpg(run.pid, signal.SIGKILL)
+            else:
+                run.kill()
+
+
+def _resumes_as_uninterrupted(tmp_path, path) -> None:
+    """The same run again (into ``o.zarr``) finishes it, equal to a run never stopped."""
+    resumed = run_cli("run", str(path), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr
+    reference = run_cli("run", str(path), "--no-progress", "--set", f"output.path={tmp_path / 'ref.zarr'}")
+    assert reference.returncode == 0, reference.stderr
+    assert_same_store(tmp_path / "o.zarr", tmp_path / "ref.zarr")
+
+
 def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
     """SIGKILL one of the two workers while chunks are being written: the scheduler
     reruns its tasks on the survivor and the store equals an undisturbed run's."""
@@ -434,22 +476,9 @@ def test_ctrl_c_of_a_remote_run_prints_one_line_without_tracebacks(remote, tmp_p
     gathers before its one line."""
     address, _ = remote
     cfg = _long_run(tmp_path, seed=7, store="o.zarr")
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress", "--scheduler", address],
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
-    reader.start()
-    chunks = tmp_path / "o.zarr" / "train" / "x" / "c"
     # Interrupted while its gathers wait: some chunks written, not all.
-    wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 6),
-               timeout=240, watch=tmp_path, procs=[run])
-    assert run.poll() is None, "the run ended before it could be interrupted; make the data larger"
-    run.send_signal(signal.SIGINT)
-    run.wait(timeout=60)
-    reader.join(timeout=10)
+    with _run_while_writing(cfg, tmp_path, "--scheduler", address, written=6, group=False) as (run, lines, _):
+        run.send_signal(signal.SIGINT)
     text = "".join(lines)
     assert run.returncode == 130, text
     assert "Traceback" not in text and "AllExit" not in text, text
@@ -464,21 +493,8 @@ def test_ctrl_c_at_the_terminal_stops_a_local_run_with_its_one_line_and_the_reru
     semaphores, before the run's one line. A second Ctrl-C while the cluster closed made
     the process wait 10 s at its exit. The rerun resumes to the uninterrupted store."""
     cfg = _long_run(tmp_path, seed=11, store="o.zarr", rows_per_day=20_000)
-    path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    # Its own process group, as a terminal's foreground job: the group gets the signal.
-    run = subprocess.Popen([str(BIN / "pipeline"), "run", str(path), "--no-progress"], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(run.stdout), daemon=True)
-    reader.start()
-    chunks = tmp_path / "o.zarr" / "train" / "x" / "c"
-    try:
-        # Interrupted while the workers write: some chunks written, not all.
-        wait_until(lambda: run.poll() is not None or (chunks.exists() and sum(1 for _ in chunks.rglob("*")) >= 6),
-                   timeout=240, watch=tmp_path, procs=[run])
-        assert run.poll() is None, "the run ended before it could be interrupted; make the data larger"
+    # Interrupted while the workers write: some chunks written, not all.
+    with _run_while_writing(cfg, tmp_path, written=6) as (run, lines, path):
         helpers = _group_members(run.pid) - {run.pid}  # its workers, the forkserver, the resource tracker
         os.killpg(run.pid, signal.SIGINT)
         pressed = time.monotonic()
@@ -490,10 +506,6 @@ def test_ctrl_c_at_the_terminal_stops_a_local_run_with_its_one_line_and_the_reru
             os.killpg(run.pid, signal.SIGINT)
         run.wait(timeout=60)
         took = time.monotonic() - pressed
-        reader.join(timeout=10)
-    finally:
-        if run.poll() is None:
-            os.killpg(run.pid, signal.SIGKILL)
     text = "".join(lines)
     assert run.returncode == 130, text
     for noise in ("Traceback", "CancelledError", "KeyboardInterrupt", "leaked semaphore", "still alive",
@@ -504,12 +516,7 @@ def test_ctrl_c_at_the_terminal_stops_a_local_run_with_its_one_line_and_the_reru
     assert took < 8, f"{took:.1f} s from Ctrl-C to the exit\n{text}"
     # The workers are gone with the run: none left in its group.
     assert wait_until(lambda: not _group_alive(run.pid), timeout=10, watch=tmp_path), "workers outlived the run"
-
-    resumed = run_cli("run", str(path), "--no-progress")
-    assert resumed.returncode == 0, resumed.stderr
-    reference = run_cli("run", str(path), "--no-progress", "--set", f"output.path={tmp_path / 'ref.zarr'}")
-    assert reference.returncode == 0, reference.stderr
-    assert_same_store(tmp_path / "o.zarr", tmp_path / "ref.zarr")
+    _resumes_as_uninterrupted(tmp_path, path)
 
 
 def _group_members(pgid: int) -> set[int]:

@@ -13,6 +13,7 @@ from pipeline.errors import WindowError
 from pipeline.features import filesessions, windows
 from pipeline.features.filesessions import file_sessions
 from pipeline.loaders import load, open_source
+from tests.loaders.test_arrays import write_token_shards
 
 
 def _npy(folder: Path, shapes: list[tuple[int, ...]]) -> list[str]:
@@ -60,19 +61,10 @@ def test_a_derived_array_of_a_load_keeps_sessions_after_the_load_is_gone(tmp_pat
     assert file_sessions(f) == [np.load(p).shape[0] for p in paths]
 
 
-def _token_shards(folder: Path, lengths: tuple[int, ...]) -> list[np.ndarray]:
-    """nanoGPT-style 1-D uint16 token shards; the tokens written."""
-    rng = np.random.default_rng(0)
-    tokens = [rng.integers(0, 50257, n, dtype=np.uint16) for n in lengths]
-    for i, t in enumerate(tokens):
-        np.save(folder / f"shard_{i:06d}.npy", t)
-    return tokens
-
-
 def test_1d_shards_made_2d_keep_their_files_as_sessions(tmp_path):
     """x[:, None], reshape and expand_dims keep every row of 1-D shards joined along
     time: each window holds one shard's tokens, as numpy slices them."""
-    tokens = _token_shards(tmp_path, (100, 153, 81))
+    tokens = write_token_shards(tmp_path, (100, 153, 81))
     x = load(str(tmp_path / "shard_*.npy"), combine="concat")
     size, stride = 17, 8
     expect = np.stack([t[e - size + 1:e + 1] for t in tokens for e in range(size - 1, len(t), stride)])
@@ -85,7 +77,7 @@ def test_1d_shards_made_2d_keep_their_files_as_sessions(tmp_path):
 
 def test_1d_shards_reshaped_to_other_rows_are_refused(tmp_path):
     """Two tokens a row: no shard's end is a row of it, so no files are sessions."""
-    _token_shards(tmp_path, (100, 154))
+    write_token_shards(tmp_path, (100, 154))
     x = load(str(tmp_path / "shard_*.npy"), combine="concat")
     with pytest.raises(WindowError, match=r"2 files joined along time .*shard_000000\.npy\) of 254 rows, but has 127"):
         windows(x.reshape(-1, 2), size=4)
