@@ -417,10 +417,9 @@ def mtime_text(seconds: float) -> str:
     return when.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
 
 
-def _refuse_changed(stamps: dict[str, tuple[int, float]], storage_options: dict | None, outcome: str) -> None:
-    """Raise, naming the first file that changed since the source was opened (see
-    :func:`changed_files`); ``outcome``: what became of the store."""
-    changed = changed_files(stamps, storage_options)
+def _refuse_changed(changed: list[tuple[str, str]], outcome: str) -> None:
+    """Raise, naming the first of the files that changed since the source was opened
+    (:func:`changed_files`), if any; ``outcome``: what became of the store."""
     if changed:
         path, why = changed[0]
         others = f" (and {len(changed) - 1} more file(s))" if len(changed) > 1 else ""
@@ -496,7 +495,7 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None
     # The store records each file's size and time as probed and its hashes as read
     # just now: a file replaced in between (a vendor's re-send) is refused before
     # anything is written, lest the record describe neither content.
-    _refuse_changed(stamps, so, "nothing was written: rerun to build from the files as they are")
+    _refuse_changed(changed_files(stamps, so), "nothing was written: rerun to build from the files as they are")
     chunk_samples = out.chunk_samples
     if not config.windows.materialize and chunk_samples is None:
         # Chunk the window index as the windows would be chunked, so streaming a
@@ -522,8 +521,9 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None
     # The workers read the files while the write ran: one replaced meanwhile may have
     # given some windows its new content. The writer has marked the store complete by
     # now (it takes no check before that): the flag is taken back at once.
-    if changed_files(stamps, so):
-        _refuse_changed(stamps, so, _withdraw_complete(out.path, attrs, out.storage_options or None))
+    changed = changed_files(stamps, so)
+    if changed:
+        _refuse_changed(changed, _withdraw_complete(out.path, attrs, out.storage_options or None))
 
 
 def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) -> RunSummary:
