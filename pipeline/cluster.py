@@ -709,30 +709,33 @@ def _connect(address: str | None, scheduler_file: str | None, timeout: float, tl
     n_workers = int(local_kwargs.pop("n_workers"))  # type: ignore[call-overload]
     local = None
     client = None
-    try:
-        if preload is not None:
-            start_worker_server(preload)
-        later = local_kwargs["dashboard_address"] is not None and _has_bokeh()
-        # The scheduler alone first, in this process (short): a Ctrl-C or SIGTERM that comes
-        # meanwhile waits for it, so that what started is closed below. One that broke off
-        # distributed's start of the workers left nannies starting that distributed's own
-        # close at the exit then failed on (``AssertionError: Status.init``).
-        with _interrupts_deferred():
-            # In-process clusters talk over inproc://, which takes no host.
-            local = LocalCluster(n_workers=0, **local_kwargs,
-                                 **({"host": "127.0.0.1"} if local_kwargs["processes"] else {}),
-                                 scheduler_kwargs={"dashboard": False} if later else None)
-            client = Client(local)
-        with _nanny_errors() as errors:
+    later = local_kwargs["dashboard_address"] is not None and _has_bokeh()
+    # The nannies' errors are collected until a failed start is closed too: one that a
+    # nanny logs while it closes (a second failed start, under load) would otherwise
+    # print its traceback after the run's one line.
+    with _nanny_errors() as errors:
+        try:
+            if preload is not None:
+                start_worker_server(preload)
+            # The scheduler alone first, in this process (short): a Ctrl-C or SIGTERM that comes
+            # meanwhile waits for it, so that what started is closed below. One that broke off
+            # distributed's start of the workers left nannies starting that distributed's own
+            # close at the exit then failed on (``AssertionError: Status.init``).
+            with _interrupts_deferred():
+                # In-process clusters talk over inproc://, which takes no host.
+                local = LocalCluster(n_workers=0, **local_kwargs,
+                                     **({"host": "127.0.0.1"} if local_kwargs["processes"] else {}),
+                                     scheduler_kwargs={"dashboard": False} if later else None)
+                client = Client(local)
             local.scale(n_workers)
             _await_workers(local, n_workers, timeout, errors)
-    except (OSError, RuntimeError, TimeoutError) as exc:
-        _close_started(client, local)
-        raise ClusterError(f"cannot start a LocalCluster: {exc}") from exc
-    except BaseException:
-        # A ClusterError of _await_workers, an interrupt: the workers started so far stop.
-        _close_started(client, local)
-        raise
+        except (OSError, RuntimeError, TimeoutError) as exc:
+            _close_started(client, local)
+            raise ClusterError(f"cannot start a LocalCluster: {exc}") from exc
+        except BaseException:
+            # A ClusterError of _await_workers, an interrupt: the workers started so far stop.
+            _close_started(client, local)
+            raise
     if later:
         _serve_dashboard(local)
     return client, local

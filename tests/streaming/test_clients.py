@@ -77,6 +77,7 @@ def main(store_a, store_b, out, epochs=2):
     report["mix"], _ = train(model, opt, DataLoader(mixed.torch(), batch_size=None, num_workers=2))
     with open(f"{out}/rank{rank}.json", "w") as f:
         json.dump(report, f)
+    dist.barrier()  # every rank done with gloo before any tears its threads down
     dist.destroy_process_group()
 
 
