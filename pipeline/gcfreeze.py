@@ -55,13 +55,37 @@ def frozen_heap() -> Iterator[None]:
                 gc.unfreeze()
 
 
+#: What a build's first tasks import that the worker server does not
+#: (:data:`pipeline.cluster.WORKER_MODULES`): pyarrow's conversions to numpy import
+#: pandas where it is installed, 0.15-0.2 s a worker. Imported there, every worker's
+#: first task waited for it; the server importing it delayed every run's cluster by
+#: 0.5 s. A worker imports them in the background as it is set up, while the client
+#: plans the run (a core is free then), in the order a task imports them: a task that
+#: needs one meanwhile waits for that import, and no two imports wait on each other.
+WARM_MODULES: tuple[str, ...] = ("pyarrow.compute", "pandas", "pipeline.loaders.columns", "pipeline.remote")
+
+
+def _warm_then_freeze(modules: tuple[str, ...]) -> None:
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - an optional module (pandas) may be missing: a task says so if it needs it
+            pass
+    gc.freeze()
+
+
 class FreezeWorkerHeap(WorkerPlugin):
-    """A worker plugin: the objects a worker holds once it is set up (its imports,
-    distributed's own state) are frozen for the worker's life. Registered only on the
-    LocalClusters of worker processes that :func:`pipeline.cluster.cluster` starts,
-    which are this package's own (threaded workers share the caller's process)."""
+    """A worker plugin: the modules of :data:`WARM_MODULES` are imported in the
+    background, then the objects the worker holds (its imports, distributed's own
+    state) are frozen for the worker's life. Registered only on the LocalClusters of
+    worker processes that :func:`pipeline.cluster.cluster` starts, which are this
+    package's own (threaded workers share the caller's process)."""
 
     name = "pipeline-freeze-heap"
 
     def setup(self, worker: Any) -> None:
-        gc.freeze()
+        gc.freeze()  # at once: the imports below add to it
+        threading.Thread(target=_warm_then_freeze, args=(WARM_MODULES,), name="pipeline-warm-imports",
+                         daemon=True).start()

@@ -89,3 +89,28 @@ def test_threaded_workers_leave_the_callers_heap_alone():
     with cluster(n_workers=1, threads_per_worker=1, processes=False, log=None) as client:
         assert client.submit(sum, [1, 2]).result() == 3
         assert gc.get_freeze_count() == 0  # no worker plugin froze this process's heap
+
+
+def _after_warm_imports(names: list[str]) -> tuple[list[str], int]:
+    """The modules of ``names`` a worker holds once its background imports are done,
+    and its frozen objects."""
+    import sys
+
+    for t in threading.enumerate():
+        if t.name == "pipeline-warm-imports":
+            t.join(60)
+    return [m for m in names if m in sys.modules], gc.get_freeze_count()
+
+
+def test_worker_processes_import_what_a_first_task_would_before_any_task_then_freeze_it():
+    """A worker's first task imported pandas (pyarrow's conversions to numpy do), 0.15-0.2
+    s on each worker's critical path; the worker server does not import it (that delayed
+    every cluster), so each worker imports it in the background once set up, and the
+    objects it made are frozen too."""
+    from pipeline.cluster import cluster
+    from pipeline.gcfreeze import WARM_MODULES
+
+    with cluster(n_workers=1, threads_per_worker=1, log=None) as client:
+        (loaded, frozen), = client.run(_after_warm_imports, list(WARM_MODULES)).values()
+    assert "pandas" in WARM_MODULES and loaded == list(WARM_MODULES)
+    assert frozen > 100_000  # the worker's heap, pandas' objects included
