@@ -166,6 +166,7 @@ class BufferPool:
         self._free: list[Lease] = []  # buffers of their own given back
         self._lock = threading.Lock()
         self.made = 0  # the most group buffers in use at once (for tests and diagnostics)
+        self.own_made = 0  # buffers of their own allocated (for tests and diagnostics)
         self._warned = False
 
     def get(self, size: int) -> Lease:
@@ -193,6 +194,7 @@ class BufferPool:
             in_use += 1
             with self._lock:
                 self._lent.append(lease)
+                self.own_made += 1
             # The batch queue pins a group or two; more than ``keep`` is the loop keeping batches.
             if pinned > self.keep and not self._warned:
                 self._warned = True
@@ -276,10 +278,15 @@ class BufferPool:
             return sum(1 for lease in self._placed if lease.returned) + len(self._free)
 
     def trim(self) -> None:
-        """Drop the buffers of their own given back (between epochs, so memory does not
-        creep up); one still viewed lives as long as its views."""
+        """Drop the buffers of their own given back but the last (between epochs, so
+        memory does not creep up); one still viewed lives as long as its views.
+
+        The one kept is what the next epoch's first groups take (once nothing views it)
+        while a training loop's last batch still views the ring (it lives until the next
+        batch replaces it): a new one was faulted in again at every such epoch, a cost of
+        its own size (0.5 GB for a store whose chunks split samples, ``benchmarks/README.md``)."""
         with self._lock:
-            self._free.clear()
+            self._free = self._free[-1:]
 
 
 @dataclass(frozen=True, slots=True)
