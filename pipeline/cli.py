@@ -528,6 +528,12 @@ def entry() -> NoReturn:
     run``, a sixth of its fixed start-up (benchmarks/README.md). Every file a command
     writes is closed before :func:`main` returns.
     """
+    if "numpy" not in sys.modules:
+        # The command's own process does no linear algebra (its workers are processes of
+        # their own, given one BLAS thread by distributed). numpy's OpenBLAS starts a
+        # thread per core at import that spins for 0.15 s of CPU, on the core the worker
+        # server imports on meanwhile: set before numpy is imported, unless the user did.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     code = main()
     if any(t is not threading.main_thread() and not t.daemon and t.is_alive() for t in threading.enumerate()):
         sys.exit(code)  # a thread still has work: the interpreter's own exit waits for it

@@ -458,3 +458,30 @@ def test_print_config_refuses_what_the_run_refuses(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == ("pipeline run: source.decimal: expected a YAML value, got ','; quote a string: "
                                      "--set 'source.decimal=\",\"'")
+
+
+@pytest.mark.parametrize("users, want", [(None, "1 1"), ("2", "2 2")])
+def test_the_command_imports_numpy_with_one_blas_thread_unless_the_user_chose(users, want):
+    """numpy's OpenBLAS starts a thread per core at import, which spun 0.15 s of CPU on
+    the core the worker server imports on; the command's process does no linear
+    algebra. A user's own OPENBLAS_NUM_THREADS is kept."""
+    import os
+
+    script = ("import os, sys\n"
+              "import pipeline.cli as cli\n"
+              "def main():\n"
+              "    import numpy  # noqa: F401\n"
+              "    print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))\n"
+              "    return 0\n"
+              "cli.main = main\n"
+              "cli.entry()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS")}
+    if users is not None:
+        env["OPENBLAS_NUM_THREADS"] = users
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    setting, threads = done.stdout.split()
+    assert setting == want.split()[0]
+    if (os.cpu_count() or 1) >= 2:  # one core: OpenBLAS starts no thread of its own either way
+        assert threads == want.split()[1]
