@@ -134,7 +134,10 @@ def stream(
         G))`` the groups that the batches queued for the loop (``Q``:
         ``Stream.prefetch_batches``, 4, or 2-3 for batches over 16 MiB), the one it holds
         and the one being cut still view. A split smaller than that window costs its own
-        size plus two batches. Virtual windows (``materialize: false``) add the batches
+        size plus two batches; where the loop's last batch still views it when the next
+        epoch starts (a loop variable holds it until the next batch), the next epoch's
+        first group takes a buffer of its own, ``G * b`` more, kept from then on rather
+        than made again each epoch. Virtual windows (``materialize: false``) add the batches
         being assembled, each loaded group's feature rows and ends, and up to 64 MiB of
         decoded features. ``Stream.memory_bound()`` computes it all; the process's own
         memory (interpreter, libraries, stacks) and mapped chunk files come on top.
