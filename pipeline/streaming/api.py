@@ -133,14 +133,11 @@ def stream(
         ahead (``Stream.prefetch``, see ``prefetch``) and ``V = max(1, ceil((Q + 2) * B /
         G))`` the groups that the batches queued for the loop (``Q``:
         ``Stream.prefetch_batches``, 4, or 2-3 for batches over 16 MiB), the one it holds
-        and the one being cut still view. A split smaller than that window costs its own
-        size plus two batches; where the loop's last batch still views it when the next
-        epoch starts (a loop variable holds it until the next batch), the next epoch's
-        first group takes a buffer of its own, ``G * b`` more, kept from then on rather
-        than made again each epoch. Virtual windows (``materialize: false``) add the batches
-        being assembled, each loaded group's feature rows and ends, and up to 64 MiB of
-        decoded features. ``Stream.memory_bound()`` computes it all; the process's own
-        memory (interpreter, libraries, stacks) and mapped chunk files come on top.
+        and the one being cut still view. A smaller split costs its size plus two batches
+        (and ``G * b``, kept, if the loop holds its last batch into the next epoch). Virtual
+        windows (``materialize: false``) add the batches being assembled, each loaded
+        group's feature rows and ends, and up to 64 MiB of decoded features. ``Stream.memory_bound()``
+        computes it all; the process's memory (interpreter, libraries) and mapped files come on top.
     drop_last
         Only full batches: ``floor(floor(N / W) / B)`` per rank, the rest not served.
     rank
