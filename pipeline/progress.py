@@ -45,6 +45,17 @@ def ordered_compute(*collections: Any, **kwargs: Any) -> tuple[Any, ...]:
 
 
 def _active_client() -> Any | None:
+    """The distributed client that ``dask.compute`` would run on, or None.
+
+    dask's config may name a local scheduler while a client exists (``with
+    dask.config.set(scheduler="sync")``): dask.compute then runs locally, and so does
+    the bar's compute. Asked regardless, ``get_client`` also waited on a client whose
+    cluster was gone (10 s in the test suite) before a local compute."""
+    chosen = dask.config.get("scheduler", None)
+    if hasattr(chosen, "compute") and hasattr(chosen, "scheduler_info"):  # scheduler=client
+        return chosen
+    if chosen is not None and chosen not in ("dask.distributed", "distributed"):
+        return None
     try:
         from distributed import get_client
 

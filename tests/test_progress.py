@@ -47,3 +47,21 @@ def test_mixed_collections_on_a_distributed_client_come_back_in_the_order_given(
             Client(cluster):
         _check(compute(*collections, progress=True), want)
         _check(compute(*collections, progress=False), want)
+
+
+@pytest.mark.parametrize("progress", [False, True])
+def test_a_local_scheduler_named_in_the_config_computes_locally_while_a_client_exists(progress):
+    """dask.compute honours ``scheduler="sync"`` over a default distributed client; the
+    bar's compute did not (it asked distributed for the client first)."""
+    import threading
+
+    from distributed import Client, LocalCluster
+
+    where = dask.delayed(lambda: threading.current_thread().name)()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+            Client(cluster):
+        (on_client,) = compute(where, progress=progress)
+        with dask.config.set(scheduler="sync"):
+            (local,) = compute(where, progress=progress)
+    assert on_client != threading.current_thread().name  # a worker's thread
+    assert local == threading.current_thread().name
