@@ -368,9 +368,13 @@ def phases() -> Iterator[list[tuple[str, float, float]]]:
 
 
 def _warm() -> int:
-    # What a run's tasks import anyway, so that the baseline holds it.
+    # What a run's tasks import anyway, so that the baseline holds it (the worker's own
+    # background imports included: pipeline.gcfreeze).
     import importlib
 
+    from pipeline.gcfreeze import warm_imports_done
+
+    warm_imports_done(60)
     for name in ("pyarrow.parquet", "pipeline.features.build", "pipeline.loaders.segments",
                  "pipeline.storage.units"):
         importlib.import_module(name)

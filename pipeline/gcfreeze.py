@@ -24,7 +24,7 @@ from typing import Any, Iterator
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
-__all__ = ["FreezeWorkerHeap", "frozen_heap"]
+__all__ = ["FreezeWorkerHeap", "WARM_MODULES", "frozen_heap", "warm_imports_done"]
 
 _lock = threading.Lock()
 _depth = 0  # blocks open
@@ -65,6 +65,21 @@ def frozen_heap() -> Iterator[None]:
 WARM_MODULES: tuple[str, ...] = ("pyarrow.compute", "pandas", "pipeline.loaders.columns", "pipeline.remote")
 
 
+#: The name of a worker's thread that imports :data:`WARM_MODULES`.
+WARM_THREAD = "pipeline-warm-imports"
+
+
+def warm_imports_done(timeout: float | None = None) -> bool:
+    """Wait (in a worker) until its background imports are done; whether they are.
+    What measures the worker's heap or CPU at its start waits for them first."""
+    for thread in threading.enumerate():
+        if thread.name == WARM_THREAD:
+            thread.join(timeout)
+            if thread.is_alive():
+                return False
+    return True
+
+
 def _warm_then_freeze(modules: tuple[str, ...]) -> None:
     import importlib
 
@@ -87,5 +102,4 @@ class FreezeWorkerHeap(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         gc.freeze()  # at once: the imports below add to it
-        threading.Thread(target=_warm_then_freeze, args=(WARM_MODULES,), name="pipeline-warm-imports",
-                         daemon=True).start()
+        threading.Thread(target=_warm_then_freeze, args=(WARM_MODULES,), name=WARM_THREAD, daemon=True).start()

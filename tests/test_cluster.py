@@ -131,6 +131,10 @@ def _reused_heap() -> tuple[str | None, int, str]:
     fixed at 128 KiB)."""
     import resource
 
+    from pipeline.gcfreeze import warm_imports_done
+
+    assert warm_imports_done(60)  # its imports allocate meanwhile: measured after them
+
     def cycle() -> None:
         for _ in range(50):
             a = np.ones(1 << 18)  # 2 MiB: under numpy's own huge-page threshold (4 MiB)
@@ -166,6 +170,9 @@ def _heap_shared_across_threads() -> int:
     import resource
     import threading
 
+    from pipeline.gcfreeze import warm_imports_done
+
+    assert warm_imports_done(60)  # its imports allocate from the same heap meanwhile
     a = np.ones(1 << 21)  # 16 MiB: from the heap (under the mmap threshold), kept when freed
     del a
     faults = []

@@ -96,9 +96,9 @@ def _after_warm_imports(names: list[str]) -> tuple[list[str], int]:
     and its frozen objects."""
     import sys
 
-    for t in threading.enumerate():
-        if t.name == "pipeline-warm-imports":
-            t.join(60)
+    from pipeline.gcfreeze import warm_imports_done
+
+    assert warm_imports_done(60)
     return [m for m in names if m in sys.modules], gc.get_freeze_count()
 
 
