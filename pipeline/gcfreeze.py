@@ -80,7 +80,7 @@ def warm_imports_done(timeout: float | None = None) -> bool:
     return True
 
 
-def _warm_then_freeze(modules: tuple[str, ...]) -> None:
+def _warm_then_freeze(modules: tuple[str, ...], worker: Any) -> None:
     import importlib
 
     for name in modules:
@@ -88,7 +88,10 @@ def _warm_then_freeze(modules: tuple[str, ...]) -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - an optional module (pandas) may be missing: a task says so if it needs it
             pass
-    gc.freeze()
+    # Frozen only while the worker knows no task: a task's objects frozen with them would
+    # be left out of full collections for good (a cycle among them never freed).
+    if not getattr(getattr(worker, "state", None), "tasks", None):
+        gc.freeze()
 
 
 class FreezeWorkerHeap(WorkerPlugin):
@@ -102,4 +105,5 @@ class FreezeWorkerHeap(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         gc.freeze()  # at once: the imports below add to it
-        threading.Thread(target=_warm_then_freeze, args=(WARM_MODULES,), name=WARM_THREAD, daemon=True).start()
+        threading.Thread(target=_warm_then_freeze, args=(WARM_MODULES, worker), name=WARM_THREAD,
+                         daemon=True).start()

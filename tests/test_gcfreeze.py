@@ -114,3 +114,20 @@ def test_worker_processes_import_what_a_first_task_would_before_any_task_then_fr
         (loaded, frozen), = client.run(_after_warm_imports, list(WARM_MODULES)).values()
     assert "pandas" in WARM_MODULES and loaded == list(WARM_MODULES)
     assert frozen > 100_000  # the worker's heap, pandas' objects included
+
+
+def test_the_background_imports_freeze_only_a_worker_that_knows_no_task_yet():
+    """Objects of a task that runs while the imports finish would be frozen with them,
+    out of full collections for good; so the heap is frozen again only before any task."""
+    from types import SimpleNamespace
+
+    from pipeline.gcfreeze import _warm_then_freeze
+
+    gc.collect()
+    before = gc.get_freeze_count()
+    _warm_then_freeze(("json",), SimpleNamespace(state=SimpleNamespace(tasks={"a-task": object()})))
+    assert gc.get_freeze_count() == before
+    if before == 0:  # this process's heap is nobody's frozen heap: it may be frozen and thawed here
+        _warm_then_freeze(("json",), SimpleNamespace(state=SimpleNamespace(tasks={})))
+        assert gc.get_freeze_count() > 0
+        gc.unfreeze()
