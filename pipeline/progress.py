@@ -47,21 +47,17 @@ def ordered_compute(*collections: Any, **kwargs: Any) -> tuple[Any, ...]:
 def _active_client() -> Any | None:
     """The distributed client that ``dask.compute`` would run on, or None.
 
-    dask's config may name a local scheduler while a client exists (``with
-    dask.config.set(scheduler="sync")``): dask.compute then runs locally, and so does
-    the bar's compute. Asked regardless, ``get_client`` also waited on a client whose
-    cluster was gone (10 s in the test suite) before a local compute."""
-    chosen = dask.config.get("scheduler", None)
-    if hasattr(chosen, "compute") and hasattr(chosen, "scheduler_info"):  # scheduler=client
-        return chosen
-    if chosen is not None and chosen not in ("dask.distributed", "distributed"):
-        return None
-    try:
-        from distributed import get_client
+    dask's own choice (``dask.base.get_scheduler``): its config may name a local
+    scheduler while a client exists (``with dask.config.set(scheduler="sync")``), and
+    then the bar's compute runs locally too. Asking distributed for its client
+    regardless also waited on one whose cluster was gone (10 s in the test suite)."""
+    from dask.base import get_scheduler
 
-        return get_client()
-    except (ImportError, ValueError):
+    try:
+        chosen = get_scheduler()
+    except (RuntimeError, ValueError):  # config names "distributed" with no client, or a bad name: dask says so
         return None
+    return chosen if "Client" in type(chosen).__name__ else None
 
 
 def compute(*collections: Any, desc: str = "compute", progress: bool = True) -> tuple[Any, ...]:
