@@ -108,7 +108,7 @@ def inspect_store(location: str | os.PathLike[str], *, storage_options: dict[str
     interrupted or still running, not a missing store.
     """
     from pipeline.storage.store import ATTRS_KEY
-    from pipeline.storage.writer import WRITTEN, written_units
+    from pipeline.storage.units import WRITTEN, written_units
 
     loc = os.fspath(location)
     where, staging = _located(loc)
@@ -160,7 +160,7 @@ def _committed_rows(newest: Version | None, split: str, rows: int) -> int:
     """Samples of ``split`` in the version readers see (``newest``; None: a build not
     finished, no version yet) of an array holding ``rows``: an append in progress
     writes past them."""
-    from pipeline.storage.writer import SHARED
+    from pipeline.storage.units import SHARED
 
     if newest is None:
         return 0
@@ -223,7 +223,7 @@ def _codec_from_arrays(group: Any) -> str:
     the per-step features of virtual windows blosc-zstd (:func:`pipeline.storage.writer
     ._codec_for`), so they do not tell it.
     """
-    from pipeline.storage.writer import SHARED
+    from pipeline.storage.units import SHARED
 
     for split, sub in sorted(group.groups()):
         if split == SHARED:
@@ -513,7 +513,7 @@ def verify_store(location: str | os.PathLike[str], *, storage_options: dict[str,
 def _verify_group(group: Any, staging: str | None, crc32: Any, submit: Callable[..., Future]) -> VerifyReport:
     """:func:`verify_store` of a store pipeline wrote (``group``), its units checked
     through ``submit`` (a pool's)."""
-    from pipeline.storage.writer import WRITTEN
+    from pipeline.storage.units import WRITTEN
 
     attrs = store_root_attrs(group)
     versions = versions_of(attrs) if attrs.get("complete") else []
@@ -578,7 +578,7 @@ def _version_problems(split: str, arrays: Mapping[str, Any], version: Version, r
     last unit, against the checksum it recorded (a later append rewrote that unit with
     more samples; the units before it are the newest version's). Each unit's check is
     started through ``submit``, in unit order: see :func:`_in_order`."""
-    from pipeline.storage.writer import SHARED
+    from pipeline.storage.units import SHARED
 
     n = (version.shared_rows if split == SHARED else version.samples.get(split))
     n = int(next(iter(arrays.values())).shape[0]) if n is None else int(n)

@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-import dask.array as da
 import numpy as np
 import zarr
-from dask.highlevelgraph import HighLevelGraph
 from dask.task_spec import Task
 from zarr.abc.codec import SupportsSyncCodec
 from zarr.abc.store import SupportsDeleteSync, SupportsGetSync, SupportsSetSync
@@ -49,7 +47,22 @@ from zarr.core.sync import sync
 from pipeline.storage.checksum import crc32
 from pipeline.storage.layout import unit_chunks
 
-__all__ = ["MadeBlocks", "is_fill", "read_rows_sync", "write_blocks", "write_units"]
+if TYPE_CHECKING:
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
+__all__ = ["SHARED", "WRITTEN", "MadeBlocks", "is_fill", "read_rows_sync", "write_blocks", "write_units",
+           "written_units"]
+
+# dask.array is imported only where a graph is made: ``pipeline inspect`` reads a
+# store's markers through this module, and dask.array (with what it imports) is most of
+# that command's start-up.
+
+#: Per split, one row per write unit: ``[1, crc32 of each array's block...]`` once the
+#: unit is fully written (0 = not yet). One zarr chunk per row, so units never share one.
+WRITTEN = "_written"
+#: Group of arrays shared by all splits (the per-step features of virtual windows).
+SHARED = "_shared"
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,6 +87,7 @@ class MadeBlocks:
 
     def graph(self) -> HighLevelGraph:
         """The graph whose key ``(name, j)`` is made block ``j``, with its inputs'."""
+        from dask.highlevelgraph import HighLevelGraph
         layer = {(self.name, j): Task((self.name, j), t.func, *t.args, **t.kwargs) for j, t in enumerate(self.tasks)}
         return HighLevelGraph.from_collections(self.name, layer, dependencies=self.inputs)
 
@@ -252,6 +266,30 @@ def read_rows_sync(arr: zarr.Array, rows: Sequence[int] | None = None) -> np.nda
     return out
 
 
+def written_units(group: zarr.Group, split: str, units: Sequence[int] | None = None) -> np.ndarray:
+    """Boolean per write unit of a split (or per unit of ``units`` only): fully written
+    (its ``_written`` row is set).
+
+    A row whose chunk cannot be decoded (a crash mid-write) counts as not written.
+    """
+    table = group[f"{split}/{WRITTEN}"]
+    picked = None if units is None else np.asarray(units, dtype=np.int64)
+    try:
+        rows = read_rows_sync(table, None if picked is None else picked.tolist())
+        if rows is not None:
+            return (rows[:, 0] if picked is None else rows[picked, 0]) == 1
+        return np.asarray(table[:, 0] if picked is None else table.oindex[picked, 0]) == 1
+    except Exception:  # noqa: BLE001 - a torn marker chunk; read rows one by one
+        todo = range(table.shape[0]) if picked is None else picked.tolist()
+        out = np.zeros(len(todo), dtype=bool)
+        for i, u in enumerate(todo):
+            try:
+                out[i] = int(table[int(u), 0]) == 1
+            except Exception:  # noqa: BLE001
+                out[i] = False
+        return out
+
+
 def write_units(arrays: Mapping[str, zarr.Array], written: zarr.Array, units: Sequence[tuple[int, int, int]],
                 block_start: int, blocks: Mapping[str, np.ndarray]) -> int:
     """Write units of a split's arrays from one block, each followed by its row of
@@ -336,6 +374,9 @@ def _made_writes(write: Callable[..., int], location: str, storage_options: dict
     layer = {(name, k): Task((name, k), step, plans[b], recipes[b], write=write, location=location,
                              storage_options=storage_options, split=split, fields=fields, call=token)
              for k, b in enumerate(needed)}
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
     graph = HighLevelGraph.from_collections(name, layer, dependencies=made.inputs)
     return da.Array(graph, name, chunks=((1,) * len(needed),), dtype=np.int64, meta=np.empty((0,), dtype=np.int64))
 
@@ -372,6 +413,8 @@ def write_blocks(write: Callable[..., int], location: str, storage_options: dict
     made = _made(arrays, block)
     if made is not None:
         return _made_writes(write, location, storage_options, split, made[0], made[1], plans, needed, token)
+    import dask.array as da
+
     # Every axis of every array is an axis of the output (one chunk each): dask fuses a
     # blockwise layer with its inputs' only when it contracts none of their axes.
     args: list[Any] = [da.from_array(plans, chunks=1, name=f"write-plan-{split}-{token}"), ("i",)]

@@ -63,17 +63,12 @@ from pipeline.storage.store import (
     store_root_attrs,
     zip_staging,
 )
-from pipeline.storage.units import read_rows_sync, write_blocks, write_units
+from pipeline.storage.units import SHARED, WRITTEN, write_blocks, write_units, written_units
 from pipeline.storage.versions import HISTORY, record
 
 __all__ = ["SHARED", "WRITTEN", "split_at_times", "split_gap_from_arrays", "write", "written_units"]
 
 FORMAT_VERSION = 1
-#: Per split, one row per write unit: ``[1, crc32 of each array's block...]`` once the
-#: unit is fully written (0 = not yet). One zarr chunk per row, so units never share one.
-WRITTEN = "_written"
-#: Group of arrays shared by all splits (the per-step features of virtual windows).
-SHARED = "_shared"
 
 #: Bytes per write task of the shared features: they are compressed with blosc-zstd
 #: (:func:`_codec_for`), about ten times the CPU per byte of the windows' lz4, so the
@@ -666,30 +661,6 @@ def _made_block(arrs: Mapping[str, da.Array], unit: int) -> int | None:
     if len(given) < 2 or first <= 0 or first % unit or any(int(c) != first for c in given[:-1]) or given[-1] > first:
         return None
     return first
-
-
-def written_units(group: zarr.Group, split: str, units: Sequence[int] | None = None) -> np.ndarray:
-    """Boolean per write unit of a split (or per unit of ``units`` only): fully written
-    (its ``_written`` row is set).
-
-    A row whose chunk cannot be decoded (a crash mid-write) counts as not written.
-    """
-    table = group[f"{split}/{WRITTEN}"]
-    picked = None if units is None else np.asarray(units, dtype=np.int64)
-    try:
-        rows = read_rows_sync(table, None if picked is None else picked.tolist())
-        if rows is not None:
-            return (rows[:, 0] if picked is None else rows[picked, 0]) == 1
-        return np.asarray(table[:, 0] if picked is None else table.oindex[picked, 0]) == 1
-    except Exception:  # noqa: BLE001 - a torn marker chunk; read rows one by one
-        todo = range(table.shape[0]) if picked is None else picked.tolist()
-        out = np.zeros(len(todo), dtype=bool)
-        for i, u in enumerate(todo):
-            try:
-                out[i] = int(table[int(u), 0]) == 1
-            except Exception:  # noqa: BLE001
-                out[i] = False
-        return out
 
 
 def _confirm_written(group: zarr.Group, split: str, done: np.ndarray, reported: int, per_block: int) -> np.ndarray:

@@ -44,6 +44,20 @@ def test_cli_inspect_with_plot_writes_a_png(tmp_path):
     assert width >= 1000 and height >= 600
 
 
+def test_inspect_and_verify_do_not_import_dask_array(tmp_path):
+    """``pipeline inspect`` reads metadata and markers: dask.array (with xarray and
+    pandas behind it) was most of its start-up, a second before the first line."""
+    x = np.random.default_rng(1).standard_normal((120, 8, 4)).astype(np.float32)
+    write(tmp_path / "s.zarr", {"x": x, "y": np.arange(120)}, chunk_samples=40, progress=False)
+    code = ("import sys\nfrom pipeline.storage import format_report, inspect_store, verify_store\n"
+            f"report = inspect_store({str(tmp_path / 's.zarr')!r})\n"
+            f"assert verify_store({str(tmp_path / 's.zarr')!r}).problems == ()\n"
+            "print(report.complete, sorted(m for m in ('dask.array', 'pandas', 'xarray') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True", "[]"]
+
+
 def test_verify_names_every_corrupt_chunk(tmp_path):
     x = np.random.default_rng(3).standard_normal((200, 6)).astype(np.float32)
     path = tmp_path / "v.zarr"
