@@ -56,3 +56,28 @@ def test_a_stand_in_never_claims_an_object_and_names_what_was_asked():
             stand_in.Dataset
     else:
         assert stand_in.DataArray is sys.modules["xarray"].DataArray
+
+
+def test_dask_array_comes_without_scipy_and_still_knows_sparse_blocks():
+    pytest.importorskip("scipy")
+    code = """
+        import sys
+        {first}
+        import dask.array as da, numpy as np
+        from dask.array.chunk_types import is_valid_array_chunk, is_valid_chunk_type
+        before = [m for m in ("scipy", "scipy.sparse", "scipy.fftpack") if m in sys.modules]
+        import scipy.sparse
+        m = scipy.sparse.csr_matrix(np.eye(4))
+        a = scipy.sparse.csr_array(np.eye(4))
+        print(is_valid_chunk_type(type(m)), is_valid_chunk_type(type(a)), is_valid_array_chunk(m),
+              is_valid_chunk_type(list), is_valid_array_chunk(np.ones(2)))
+        # Blocks of sparse matrices: dask concatenates them as sparse (its lazy scipy registration).
+        x = da.from_array(m, chunks=2, asarray=False)
+        print(type(x.compute()).__name__, x.compute().nnz)
+        print(np.allclose(da.fft.fft(da.arange(8.0, chunks=8)).compute(), np.fft.fft(np.arange(8.0))))
+        print(before)
+    """
+    plain = _run(code.format(first="")).splitlines()
+    ours = _run(code.format(first="import pipeline.daskimport")).splitlines()
+    assert ours[:3] == plain[:3] == ["True True True False True", "csr_matrix 4", "True"]
+    assert plain[3] != "[]" and ours[3] == "[]"  # dask alone imports scipy; through pipeline it waits
