@@ -223,7 +223,7 @@ def _starts_a_local_cluster(args: argparse.Namespace) -> bool:
 def _cmd_run(args: argparse.Namespace) -> int:
     from pipeline.daskimport import import_dask_array
 
-    import_dask_array()  # dask.array without xarray, before anything imports it
+    import_dask_array()  # dask.array without xarray or scipy, before anything imports it
     if _starts_a_local_cluster(args):
         # Before validating the config, which imports the feature stage (dask.array and
         # its dependencies): the server the workers are forked from imports the same in

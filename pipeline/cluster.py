@@ -36,7 +36,7 @@ __all__ = ["WORKER_MODULES", "check_address", "check_tls_files", "cluster", "das
 #: of each being spawned fresh and importing them all at its first task: on a laptop
 #: those imports were most of a run's fixed start-up (see benchmarks/README.md).
 WORKER_MODULES: tuple[str, ...] = (
-    "pipeline.daskimport",  # first: dask.array without xarray (see the module)
+    "pipeline.daskimport",  # first: dask.array without xarray or scipy (see the module)
     "distributed",
     "dask.array",
     "pyarrow.parquet",

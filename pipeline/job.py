@@ -211,7 +211,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     from pipeline.cluster import start_worker_server
     from pipeline.daskimport import import_dask_array
 
-    import_dask_array()  # dask.array without xarray, before anything imports it
+    import_dask_array()  # dask.array without xarray or scipy, before anything imports it
 
     if config.cluster.address is None and config.cluster.scheduler_file is None:
         # First: the LocalCluster's workers are forked from a server process that imports
