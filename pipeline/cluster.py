@@ -168,7 +168,23 @@ def start_worker_server(modules: Sequence[str] = WORKER_MODULES) -> bool:
     finally:
         for key in added:
             os.environ.pop(key, None)
+    _skip_distributed_preload()
     return True
+
+
+def _skip_distributed_preload() -> None:
+    """Keep distributed from importing its preload list in this process.
+
+    The first nanny of a forkserver LocalCluster (``distributed.utils.get_mp_context``)
+    imports dask's required and optional packages here, pandas among them (half a
+    second, on the path to a ready cluster), to hand the server a preload list. The
+    server runs already, with ours, and a running server never reads a new list: those
+    imports only cost this process. distributed keeps "done" in a module global.
+    """
+    import distributed.utils
+
+    if hasattr(distributed.utils, "_forkserver_preload_set"):
+        distributed.utils._forkserver_preload_set = True
 
 
 @contextlib.contextmanager
