@@ -88,6 +88,7 @@ class MadeBlocks:
     def graph(self) -> HighLevelGraph:
         """The graph whose key ``(name, j)`` is made block ``j``, with its inputs'."""
         from dask.highlevelgraph import HighLevelGraph
+
         layer = {(self.name, j): Task((self.name, j), t.func, *t.args, **t.kwargs) for j, t in enumerate(self.tasks)}
         return HighLevelGraph.from_collections(self.name, layer, dependencies=self.inputs)
 
