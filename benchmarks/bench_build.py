@@ -496,7 +496,11 @@ def profiled_run(raw: Path, out: Path, *, hold: bool = True, sample: bool = Fals
         finally:
             del os.environ[PROFILE_ENV]
 
-    with cluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB", log=None) as client:
+    from pipeline.gcfreeze import WARM_MODULES
+
+    # The workers of a `pipeline run`: they import what a table's tasks need as they start.
+    with cluster(n_workers=2, threads_per_worker=1, memory_limit="4GiB", log=None,
+                 warm_imports=WARM_MODULES) as client:
         cfg = load_config(CONFIG, overrides=overrides(raw, out) + [f"cluster.address={client.scheduler.address}"])
         base = client.run(_warm)
         pids = client.run(os.getpid)

@@ -295,6 +295,7 @@ def cluster(
     timeout: float = 30.0,
     log: IO[str] | None = sys.stderr,
     preload: Sequence[str] = WORKER_MODULES,
+    warm_imports: Sequence[str] = (),
     paused_after: float | None = 5.0,
     unanswered_after: float | None = 15.0,
     stalled_after: float | None = 30.0,
@@ -344,6 +345,12 @@ def cluster(
         :func:`start_worker_server`). Ignored for a remote cluster, for threads
         (``processes=False``) and when the dask config names a start method of its own
         (``distributed.worker.multiprocessing-method``).
+    warm_imports
+        Modules a LocalCluster's worker processes import in the background once set
+        up, while the client plans (``pipeline run`` passes
+        :data:`pipeline.gcfreeze.WARM_MODULES`, what a table's first task imports).
+        Too slow to import for the server (every cluster waited for them), and half a
+        second of CPU a worker where no task needs them. Ignored where ``preload`` is.
     paused_after
         Seconds workers may stay paused at their memory limit, or the scheduler stay
         without workers, while tasks wait, before a warning on ``log`` names them
@@ -383,7 +390,7 @@ def cluster(
                                  preload=preload if processes else None, log=log, n_workers=n_workers,
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,
                                  dashboard_address=dashboard_address, processes=processes)
-        _register_plugins(client, local=local is not None, processes=processes)
+        _register_plugins(client, local=local is not None, processes=processes, warm_imports=warm_imports)
         watch = contextlib.ExitStack()
         watcher = None
         try:
@@ -403,7 +410,8 @@ def cluster(
             _close(watch, client, local, log)
 
 
-def _register_plugins(client: "distributed.Client", *, local: bool, processes: bool) -> None:
+def _register_plugins(client: "distributed.Client", *, local: bool, processes: bool,
+                      warm_imports: Sequence[str] = ()) -> None:
     """The plugins of a LocalCluster's workers (``local``) and of the scheduler,
     registered through ``client``."""
     if local:
@@ -418,7 +426,7 @@ def _register_plugins(client: "distributed.Client", *, local: bool, processes: b
             # hold once set up is left out of their full collections (pipeline.gcfreeze),
             # and a Ctrl-C at the terminal, which reaches them too, is this process's
             # to handle: it closes them (pipeline.workerlog.IgnoreInterrupts).
-            client.register_plugin(FreezeWorkerHeap())
+            client.register_plugin(FreezeWorkerHeap(warm_imports))
             client.register_plugin(IgnoreInterrupts())
     _record_failed_tasks(client)
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from distributed.diagnostics.plugin import WorkerPlugin
 
@@ -59,9 +59,11 @@ def frozen_heap() -> Iterator[None]:
 #: (:data:`pipeline.cluster.WORKER_MODULES`): pyarrow's conversions to numpy import
 #: pandas where it is installed, 0.15-0.2 s a worker. Imported there, every worker's
 #: first task waited for it; the server importing it delayed every run's cluster by
-#: 0.5 s. A worker imports them in the background as it is set up, while the client
-#: plans the run (a core is free then), in the order a task imports them: a task that
-#: needs one meanwhile waits for that import, and no two imports wait on each other.
+#: 0.5 s. A worker of ``pipeline run`` (which reads tables) imports them in the
+#: background as it is set up, while the client plans the run (a core is free then), in
+#: the order a task imports them: a task that needs one meanwhile waits for that import,
+#: and no two imports wait on each other. Other clusters leave them out: half a second
+#: of CPU and 37 MiB a worker where no task needs them.
 WARM_MODULES: tuple[str, ...] = ("pyarrow.compute", "pandas", "pipeline.loaders.columns", "pipeline.remote")
 
 
@@ -95,15 +97,19 @@ def _warm_then_freeze(modules: tuple[str, ...], worker: Any) -> None:
 
 
 class FreezeWorkerHeap(WorkerPlugin):
-    """A worker plugin: the modules of :data:`WARM_MODULES` are imported in the
-    background, then the objects the worker holds (its imports, distributed's own
-    state) are frozen for the worker's life. Registered only on the LocalClusters of
-    worker processes that :func:`pipeline.cluster.cluster` starts, which are this
-    package's own (threaded workers share the caller's process)."""
+    """A worker plugin: the objects the worker holds (its imports, distributed's own
+    state) are frozen for the worker's life, and again once ``modules`` (``pipeline
+    run``: :data:`WARM_MODULES`) are imported in the background. Registered only on
+    the LocalClusters of worker processes that :func:`pipeline.cluster.cluster` starts,
+    which are this package's own (threaded workers share the caller's process)."""
 
     name = "pipeline-freeze-heap"
 
+    def __init__(self, modules: Sequence[str] = ()):
+        self.modules = tuple(modules)
+
     def setup(self, worker: Any) -> None:
         gc.freeze()  # at once: the imports below add to it
-        threading.Thread(target=_warm_then_freeze, args=(WARM_MODULES, worker), name=WARM_THREAD,
-                         daemon=True).start()
+        if self.modules:
+            threading.Thread(target=_warm_then_freeze, args=(self.modules, worker), name=WARM_THREAD,
+                             daemon=True).start()

@@ -285,11 +285,11 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
         return task_block(unit_samples(window_bytes, out.chunk_samples, out.shard_chunks,
                                        int(out.target_chunk_mb * 2**20)), window_bytes)
 
-    from pipeline.gcfreeze import frozen_heap
+    from pipeline.gcfreeze import WARM_MODULES, frozen_heap
 
     # Frozen once the cluster is up: full collections then scan only what the build
     # makes (pipeline.gcfreeze).
-    with cluster(**_cluster_kwargs(config), log=log) as client, frozen_heap():
+    with cluster(**_cluster_kwargs(config), log=log, warm_imports=WARM_MODULES) as client, frozen_heap():
         if config.cluster.address is not None or config.cluster.scheduler_file is not None:
             _check_workers_see(client, config)
         if stored is not None:
