@@ -346,11 +346,8 @@ def cluster(
         (``processes=False``) and when the dask config names a start method of its own
         (``distributed.worker.multiprocessing-method``).
     warm_imports
-        Modules a LocalCluster's worker processes import in the background once set
-        up, while the client plans (``pipeline run`` passes
-        :data:`pipeline.gcfreeze.WARM_MODULES`, what a table's first task imports).
-        Too slow to import for the server (every cluster waited for them), and half a
-        second of CPU a worker where no task needs them. Ignored where ``preload`` is.
+        Modules a LocalCluster's worker processes import in the background once set up
+        (``pipeline run``: :data:`pipeline.gcfreeze.WARM_MODULES`); ignored where ``preload`` is.
     paused_after
         Seconds workers may stay paused at their memory limit, or the scheduler stay
         without workers, while tasks wait, before a warning on ``log`` names them
@@ -390,16 +387,11 @@ def cluster(
                                  preload=preload if processes else None, log=log, n_workers=n_workers,
                                  threads_per_worker=threads_per_worker, memory_limit=memory_limit,
                                  dashboard_address=dashboard_address, processes=processes)
-        _register_plugins(client, local=local is not None, processes=processes, warm_imports=warm_imports)
-        watch = contextlib.ExitStack()
-        watcher = None
+        watch, watcher = contextlib.ExitStack(), None
         try:
-            if local is not None and processes:
-                _check_idle_memory(client)
-            if log is not None:
-                _announce(client, local, log, dashboard=dashboard_address is not None)
-            watcher = _watch_workers(watch, client, log, paused_after=paused_after, unanswered_after=unanswered_after,
-                                     stalled_after=stalled_after if local is not None else None)
+            watcher = _set_up(watch, client, local, log, processes=processes, warm_imports=warm_imports,
+                              dashboard=dashboard_address is not None, paused_after=paused_after,
+                              unanswered_after=unanswered_after, stalled_after=stalled_after)
             yield client
         except Exception as exc:
             error = _run_error(exc, client, watcher)
@@ -408,6 +400,21 @@ def cluster(
             raise error from None
         finally:
             _close(watch, client, local, log)
+
+
+def _set_up(watch: contextlib.ExitStack, client: "distributed.Client", local: Any, log: IO[str] | None, *,
+            processes: bool, warm_imports: Sequence[str], dashboard: bool, paused_after: float | None,
+            unanswered_after: float | None, stalled_after: float | None) -> "PausedWorkersWatch | None":
+    """What follows a connection: the workers' plugins, a LocalCluster's idle memory
+    checked, the cluster announced on ``log`` and its workers watched (entered on
+    ``watch``); returns the watch."""
+    _register_plugins(client, local=local is not None, processes=processes, warm_imports=warm_imports)
+    if local is not None and processes:
+        _check_idle_memory(client)
+    if log is not None:
+        _announce(client, local, log, dashboard=dashboard)
+    return _watch_workers(watch, client, log, paused_after=paused_after, unanswered_after=unanswered_after,
+                          stalled_after=stalled_after if local is not None else None)
 
 
 def _register_plugins(client: "distributed.Client", *, local: bool, processes: bool,
