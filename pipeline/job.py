@@ -14,7 +14,7 @@ import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import IO, Any, Literal, NoReturn
+from typing import IO, Any, Callable, Literal, NoReturn
 
 import yaml
 
@@ -257,6 +257,7 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
     from pipeline import update
     from pipeline.cluster import cluster
     from pipeline.features import build_training_set
+    from pipeline.loaders.provenance import hashes_on
     from pipeline.loaders.segments import open_segmented
     from pipeline.storage.layout import task_block, unit_samples
     from pipeline.storage.writer import check_target
@@ -294,7 +295,8 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
             _check_workers_see(client, config)
         if stored is not None:
             done = update.build_append(config, stored, files, say=say, progress=progress,
-                                       source_kwargs=_source_kwargs(config), block_windows=block_windows)
+                                       source_kwargs=_source_kwargs(config), block_windows=block_windows,
+                                       client=client)
             return _summary(config, done["rows"], t0, "append", done["added"])
         source = open_segmented(
             src_cfg.paths,
@@ -305,6 +307,8 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
         )
         if not source.columns:  # the suffixes did not tell (see _refuse_arrays): the files did
             _refuse_arrays(f"{source.files[0].path} ({source.array.shape} {source.array.dtype}, no column names)")
+        # Every file's digests, read by the workers while the build plans and runs.
+        hashes = hashes_on(client, source.metadata(), src_cfg.storage_options or None)
         rows = int(source.array.shape[0])
         segs = source.segments
         say(f"source: {len(source.files)} files, {rows:,} rows x {source.array.shape[1]} columns read, "
@@ -337,7 +341,7 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
         )
         say("writing " + ", ".join(f"{k}: {next(iter(v.values())).shape[0]:,} windows" for k, v in tset.splits.items())
             + ("" if config.windows.materialize else " (virtual: features stored once)"))
-        _write_build(config, tset, source, progress)
+        _write_build(config, tset, source, progress, hashes)
     return _summary(config, rows, t0, "build")
 
 
@@ -469,9 +473,11 @@ def _check_workers_see(client: Any, config: Config) -> None:
     check_workers_see(client, store=out.path, marker=marker, files=files)
 
 
-def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None:
-    """Write a whole build's training set with its provenance."""
-    from pipeline.loaders.provenance import with_hashes
+def _write_build(config: Config, tset: Any, source: Any, progress: bool,
+                 hashes: Callable[[], dict[str, Any]]) -> None:
+    """Write a whole build's training set with its provenance (``hashes``: the
+    source's files with their digests, from
+    :func:`~pipeline.loaders.provenance.hashes_on`)."""
     from pipeline.storage import write
     from pipeline.storage.layout import chunk_samples_for
 
@@ -485,7 +491,7 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool) -> None
             "config": config.raw_yaml,
             "config_hash": config_fingerprint(config),
             # Content hashes let an append tell a touched file from a changed one.
-            "sources": with_hashes(source.metadata(), so),
+            "sources": hashes(),
             "skipped": [list(s) for s in source.skipped],
             "rows_read": rows,
         }

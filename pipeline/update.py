@@ -175,8 +175,13 @@ def skipped_refusal(refusal: str, left: Sequence[tuple[str, str]]) -> str:
 
 
 def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say: Callable[[str], None],
-                 progress: bool, source_kwargs: dict[str, Any], block_windows: Callable[[int], int]) -> dict[str, Any]:
+                 progress: bool, source_kwargs: dict[str, Any], block_windows: Callable[[int], int],
+                 client: Any = None) -> dict[str, Any]:
     """Build the new files' sessions after the stored ones and append them.
+
+    ``client``: the run's ``distributed.Client``, whose workers read the new files'
+    digests while the sessions are built (:func:`~pipeline.loaders.provenance.hashes_on`);
+    ``None``: this process reads them.
 
     Returns
     -------
@@ -187,7 +192,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     from pipeline.features.history import check_new_columns, continue_sessions, merge_attrs, prior_from_attrs
     from pipeline.features.sessions import SegmentTable
     from pipeline.features.splits import is_dated
-    from pipeline.loaders.provenance import with_hashes
+    from pipeline.loaders.provenance import hashes_on
     from pipeline.loaders.segments import open_segmented, zone_of
     from pipeline.storage.append import append
     from pipeline.storage.store import open_store_group
@@ -204,6 +209,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     source = open_segmented(files, sessions=spec, instrument=src_cfg.instrument, storage_options=so,
                             **source_kwargs)
     check_new_columns(source.columns, [f.path for f in source.files], config.features.steps, config.labels)
+    hashes = hashes_on(client, source.metadata(), so)  # read by the workers meanwhile
     latest = versions_of(meta)[-1]
     stored = attrs_at(meta, latest)
     stored.pop("version", None)
@@ -246,7 +252,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
         timestamps=source.timestamps, folds=out.folds, prior=prior,
         source_fill=src_cfg.fill_value if src_cfg.nan == "fill" else None)  # as a build: no label reads a fill
     attrs = merge_attrs(prior, tset.attrs)
-    new_sources = with_hashes(source.metadata(), so)
+    new_sources = hashes()
     attrs["sources"] = {**stored.get("sources", {}), "files": list(stored.get("sources", {}).get("files") or [])
                         + new_sources["files"], "shape": [prior.rows + rows, int(source.array.shape[1])]}
     if types is not None:

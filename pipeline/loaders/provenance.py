@@ -42,8 +42,8 @@ import fsspec
 from pipeline.errors import LoaderError
 from pipeline.storage.checksum import crc32
 
-__all__ = ["CRC_KEY", "FileChanges", "compare_files", "content_hash", "file_digests", "recorded_files",
-           "with_hashes"]
+__all__ = ["CRC_KEY", "HASH_PRIORITY", "FileChanges", "compare_files", "content_hash", "file_digests",
+           "hashes_on", "recorded_files", "with_hashes"]
 
 #: The record key of a file's whole-content CRC-32 (8 hex digits). Its own key, not a
 #: new meaning of ``hash``: a record without it was written before, and is compared
@@ -178,15 +178,9 @@ def _local_absolute(path: str) -> str:
     return path if "://" in path or os.path.isabs(path) else os.path.abspath(path)
 
 
-def with_hashes(sources: Mapping[str, Any], storage_options: dict | None = None) -> dict[str, Any]:
-    """A ``sources`` attribute with every file's (and companion's) ``hash`` and
-    ``crc32`` added, the files read several at once.
-
-    Raises
-    ------
-    LoaderError
-        Naming the first file (in record order) that cannot be read.
-    """
+def _records(sources: Mapping[str, Any]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Copies of a ``sources`` attribute's file records, and the records to hash in
+    order (each file, then its companion) among them."""
     files = [dict(entry) for entry in sources.get("files") or []]
     items: list[dict[str, Any]] = []
     for entry in files:
@@ -194,12 +188,92 @@ def with_hashes(sources: Mapping[str, Any], storage_options: dict | None = None)
         if isinstance(entry.get("companion"), Mapping):
             entry["companion"] = dict(entry["companion"])
             items.append(entry["companion"])
-    digests = _in_threads(lambda item: file_digests(item["path"], int(item["size"]), storage_options), items)
+    return files, items
+
+
+def with_hashes(sources: Mapping[str, Any], storage_options: dict | None = None, *,
+                digests: Sequence[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """A ``sources`` attribute with every file's (and companion's) ``hash`` and
+    ``crc32`` added, the files read several at once.
+
+    Parameters
+    ----------
+    sources
+        The attribute, with each file's ``path`` and ``size``.
+    storage_options
+        fsspec options for remote paths.
+    digests
+        The files' ``(hash, crc32)``, each file then its companion, already computed
+        (by :func:`hashes_on`'s tasks): then no file is read here.
+
+    Raises
+    ------
+    LoaderError
+        Naming the first file (in record order) that cannot be read.
+    """
+    files, items = _records(sources)
+    if digests is None:
+        digests = _in_threads(lambda item: file_digests(item["path"], int(item["size"]), storage_options), items)
+    elif len(digests) != len(items):
+        raise ValueError(f"{len(digests)} digests for {len(items)} files")
     for item, (hashed, crc) in zip(items, digests):
         item["hash"], item[CRC_KEY] = hashed, crc
     out = dict(sources)
     out["files"] = files
     return out
+
+
+#: The priority of the hashing tasks of :func:`hashes_on`: below every task of a build
+#: (dask's default is 0), so they fill the workers' idle moments between its passes.
+HASH_PRIORITY = -100
+
+
+def hashes_on(client: Any, sources: Mapping[str, Any],
+              storage_options: dict | None = None) -> Callable[[], dict[str, Any]]:
+    """:func:`with_hashes` of ``sources``, its files read by ``client``'s workers from now on.
+
+    A build records every input file's digests, which takes reading every byte of
+    every file once more. Read by the client, that is a pass over the whole input on one
+    machine, with the cluster idle, between the build's statistics and its write; and
+    where the input lies beside a remote cluster (an object store), every byte crosses
+    to the client. As tasks, the files are read where the loaders read them, one task a
+    file, at :data:`HASH_PRIORITY`: while the client plans the build's passes and
+    between them, and at worst before the write, as before.
+
+    Parameters
+    ----------
+    client
+        A ``distributed.Client``; ``None``: the files are read in this process's
+        threads when the result is asked for (:func:`with_hashes`).
+    sources
+        The attribute, with each file's ``path`` and ``size``.
+    storage_options
+        fsspec options for remote paths.
+
+    Returns
+    -------
+    callable
+        Waits for the tasks and returns ``with_hashes(sources, storage_options)``.
+        It raises :class:`~pipeline.errors.LoaderError` naming the first file (in
+        record order) that could not be read.
+    """
+    if client is None:
+        return lambda: with_hashes(sources, storage_options)
+    _, items = _records(sources)
+    paths, sizes = [str(item["path"]) for item in items], [int(item["size"]) for item in items]
+    futures = client.map(file_digests, paths, sizes, storage_options=storage_options, key="file-digests",
+                         pure=False, priority=HASH_PRIORITY) if items else []
+
+    def result() -> dict[str, Any]:
+        from distributed import wait
+
+        wait(futures)
+        for future in futures:  # the first failure in record order, as with_hashes raises it
+            if future.status == "error":
+                future.result()
+        return with_hashes(sources, storage_options, digests=client.gather(futures))
+
+    return result
 
 
 @dataclass(frozen=True, slots=True)

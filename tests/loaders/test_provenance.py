@@ -15,8 +15,9 @@ import pytest
 
 from pipeline.errors import LoaderError
 from pipeline.loaders import provenance
-from pipeline.loaders.provenance import (CRC_KEY, compare_files, content_hash, recorded_files,
+from pipeline.loaders.provenance import (CRC_KEY, compare_files, content_hash, hashes_on, recorded_files,
                                         with_hashes)
+from tests.conftest import in_process_cluster
 
 MIB = 1 << 20
 
@@ -195,3 +196,50 @@ def test_a_member_read_through_a_chained_zip_url_is_hashed_whole(tmp_path):
     got = with_hashes({"files": [{"path": url, "size": len(data)}]})["files"][0]
     assert got[CRC_KEY] == f"{zlib.crc32(data):08x}"
     assert got["hash"] == _ends_hash(data)
+
+
+def _no_local_reads(*args, **kwargs):
+    raise AssertionError("the client read a file itself")
+
+
+def test_hashes_on_a_cluster_are_its_workers_tasks_and_equal_zlibs(tmp_path, monkeypatch):
+    """A build's digests are read by the cluster, not the client: the scheduler ran one
+    task a file (and companion), none in the client's threads, with the same record."""
+    from distributed import Client
+
+    rng = np.random.default_rng(4)
+    files, blobs = [], {}
+    for i, size in enumerate([0, 5, MIB + 3, 3 * MIB + 1]):
+        path = tmp_path / f"day{i}.csv"
+        blobs[str(path)] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        path.write_bytes(blobs[str(path)])
+        files.append(_record(path))
+    comp = tmp_path / "day0_message.csv"
+    blobs[str(comp)] = b"9,8,7\n" * 999
+    comp.write_bytes(blobs[str(comp)])
+    files[0]["companion"] = _record(comp)
+    sources = {"files": files, "shape": [10, 3]}
+    monkeypatch.setattr(provenance, "_in_threads", _no_local_reads)
+    with in_process_cluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        got = hashes_on(client, sources)()
+        prefix = cluster.scheduler.task_prefixes["file-digests"]
+        assert prefix.state_counts["memory"] == len(files) + 1  # each task finished once
+    assert got["shape"] == [10, 3] and "hash" not in files[0]
+    for item in [*got["files"], got["files"][0]["companion"]]:
+        data = blobs[item["path"]]
+        assert item[CRC_KEY] == f"{zlib.crc32(data):08x}" and item["hash"] == _ends_hash(data), item["path"]
+    monkeypatch.undo()
+    assert got == with_hashes(sources)  # the client's own reading, as without a cluster
+
+
+def test_a_file_the_workers_cannot_read_is_named_first_in_record_order(tmp_path):
+    from distributed import Client
+
+    there = tmp_path / "there.csv"
+    there.write_bytes(b"a\n1\n")
+    # The larger unreadable file is listed first: it is named though the other may fail first.
+    gone = [{"path": str(tmp_path / name), "size": size, "mtime": 0.0} for name, size in [("b.csv", 9), ("a.csv", 4)]]
+    with in_process_cluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
+        result = hashes_on(client, {"files": [_record(there), *gone]})
+        with pytest.raises(LoaderError, match=r"b\.csv: cannot read"):
+            result()
