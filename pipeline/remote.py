@@ -144,6 +144,8 @@ def check_tls_files(ca_file: str | None, cert_file: str | None, key_file: str | 
     distributed reads the files only when it connects, and said "[Errno 2] No such file
     or directory" naming neither the file nor the key.
     """
+    if ca_file is None and cert_file is None and key_file is None:
+        return  # no TLS: nothing to check (an SSL context loads the system's CAs, 40-60 ms)
     import ssl
 
     for key, path in zip(_TLS_KEYS, (ca_file, cert_file, key_file)):
