@@ -67,6 +67,23 @@ def _record(path: Path) -> dict:
     return {"path": str(path), "size": size, "mtime": mtime}
 
 
+def _random_files(folder: Path, sizes: list[int], seed: int) -> tuple[list[dict], dict[str, bytes]]:
+    """Files ``f0.bin``... of random bytes of ``sizes``, the first with a companion
+    (``f0_message.csv``, as LOBSTER's): their records, and every file's bytes by path."""
+    rng = np.random.default_rng(seed)
+    files, blobs = [], {}
+    for i, size in enumerate(sizes):
+        path = folder / f"f{i}.bin"
+        blobs[str(path)] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        path.write_bytes(blobs[str(path)])
+        files.append(_record(path))
+    comp = folder / "f0_message.csv"
+    blobs[str(comp)] = b"1,2,3\n" * 1000
+    comp.write_bytes(blobs[str(comp)])
+    files[0]["companion"] = _record(comp)
+    return files, blobs
+
+
 def test_a_same_size_correction_in_the_middle_of_a_large_file_is_a_change(tmp_path):
     """The first and last MiB alone took this file for unchanged: a rerun said 'up to
     date' and the store kept windows of the old data."""
@@ -113,18 +130,9 @@ def test_digests_of_every_size_equal_zlib_and_the_first_versions_hash(tmp_path, 
     """Sizes around the hashed ends and the read blocks, many files at once (in threads),
     companions too; ``content_hash`` (the ends only) agrees with the one pass."""
     monkeypatch.setattr(provenance, "_BLOCK_BYTES", block)
-    rng = np.random.default_rng(1)
     sizes = [0, 1, MIB - 1, MIB, MIB + 1, 2 * MIB, 2 * MIB + 1, 3 * MIB + 17, block - 1, block + 5]
-    files, blobs = [], {}
-    for i, size in enumerate(sizes):
-        path = tmp_path / f"f{i}.bin"
-        blobs[str(path)] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        path.write_bytes(blobs[str(path)])
-        files.append(_record(path))
+    files, blobs = _random_files(tmp_path, sizes, seed=1)
     comp = tmp_path / "f0_message.csv"
-    blobs[str(comp)] = b"1,2,3\n" * 1000
-    comp.write_bytes(blobs[str(comp)])
-    files[0]["companion"] = _record(comp)
     out = with_hashes({"files": files})["files"]
     items = [*out, out[0]["companion"]]
     assert [item["path"] for item in items] == [*(f["path"] for f in files), str(comp)]
@@ -207,17 +215,7 @@ def test_hashes_on_a_cluster_are_its_workers_tasks_and_equal_zlibs(tmp_path, mon
     task a file (and companion), none in the client's threads, with the same record."""
     from distributed import Client
 
-    rng = np.random.default_rng(4)
-    files, blobs = [], {}
-    for i, size in enumerate([0, 5, MIB + 3, 3 * MIB + 1]):
-        path = tmp_path / f"day{i}.csv"
-        blobs[str(path)] = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
-        path.write_bytes(blobs[str(path)])
-        files.append(_record(path))
-    comp = tmp_path / "day0_message.csv"
-    blobs[str(comp)] = b"9,8,7\n" * 999
-    comp.write_bytes(blobs[str(comp)])
-    files[0]["companion"] = _record(comp)
+    files, blobs = _random_files(tmp_path, [0, 5, MIB + 3, 3 * MIB + 1], seed=4)
     sources = {"files": files, "shape": [10, 3]}
     monkeypatch.setattr(provenance, "_in_threads", _no_local_reads)
     with in_process_cluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
