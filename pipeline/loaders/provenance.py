@@ -42,8 +42,8 @@ import fsspec
 from pipeline.errors import LoaderError
 from pipeline.storage.checksum import crc32
 
-__all__ = ["CRC_KEY", "HASH_PRIORITY", "FileChanges", "compare_files", "content_hash", "file_digests",
-           "hashes_on", "recorded_files", "with_hashes"]
+__all__ = ["CRC_KEY", "HASH_PRIORITY", "HASH_TASK_BYTES", "HASH_TASK_FILES", "FileChanges", "compare_files",
+           "content_hash", "file_digests", "hash_batches", "hashes_on", "recorded_files", "with_hashes"]
 
 #: The record key of a file's whole-content CRC-32 (8 hex digits). Its own key, not a
 #: new meaning of ``hash``: a record without it was written before, and is compared
@@ -227,6 +227,36 @@ def with_hashes(sources: Mapping[str, Any], storage_options: dict | None = None,
 #: (dask's default is 0), so they fill the workers' idle moments between its passes.
 HASH_PRIORITY = -100
 
+#: Bytes and files that one hashing task of :func:`hashes_on` reads at most (a larger
+#: file is a task of its own). A task costs the scheduler and the client about a
+#: millisecond or more of their own CPU: an input of 100,000 small files as as many
+#: tasks would keep them busy for minutes, where the client's threads took seconds.
+HASH_TASK_BYTES = 256 << 20
+HASH_TASK_FILES = 256
+
+
+def hash_batches(sizes: Sequence[int], max_bytes: int = HASH_TASK_BYTES,
+                 max_files: int = HASH_TASK_FILES) -> list[tuple[int, int]]:
+    """Consecutive ranges ``[start, stop)`` of files of ``sizes`` (in record order), each
+    at most ``max_files`` files and ``max_bytes`` bytes, except that a larger file is a
+    range of its own: every file in exactly one range, in order."""
+    out: list[tuple[int, int]] = []
+    start, held = 0, 0
+    for i, size in enumerate(sizes):
+        if i > start and (i - start >= max_files or held + int(size) > max_bytes):
+            out.append((start, i))
+            start, held = i, 0
+        held += int(size)
+    if start < len(sizes):
+        out.append((start, len(sizes)))
+    return out
+
+
+def _digest_files(paths: Sequence[str], sizes: Sequence[int], storage_options: dict | None
+                  ) -> list[tuple[str, str]]:
+    """:func:`file_digests` of each file in order (one of :func:`hashes_on`'s tasks)."""
+    return [file_digests(path, size, storage_options) for path, size in zip(paths, sizes)]
+
 
 def hashes_on(client: Any, sources: Mapping[str, Any],
               storage_options: dict | None = None) -> Callable[[], dict[str, Any]]:
@@ -237,8 +267,8 @@ def hashes_on(client: Any, sources: Mapping[str, Any],
     machine, with the cluster idle, between the build's statistics and its write; and
     where the input lies beside a remote cluster (an object store), every byte crosses
     to the client. As tasks, the files are read where the loaders read them, one task a
-    file, at :data:`HASH_PRIORITY`: while the client plans the build's passes and
-    between them, and at worst before the write, as before.
+    group of files (:func:`hash_batches`), at :data:`HASH_PRIORITY`: while the client
+    plans the build's passes and between them, and at worst before the write, as before.
 
     Parameters
     ----------
@@ -261,17 +291,22 @@ def hashes_on(client: Any, sources: Mapping[str, Any],
         return lambda: with_hashes(sources, storage_options)
     _, items = _records(sources)
     paths, sizes = [str(item["path"]) for item in items], [int(item["size"]) for item in items]
-    futures = client.map(file_digests, paths, sizes, storage_options=storage_options, key="file-digests",
-                         pure=False, priority=HASH_PRIORITY) if items else []
+    ranges = hash_batches(sizes, HASH_TASK_BYTES, HASH_TASK_FILES)
+    futures = client.map(_digest_files, [paths[a:b] for a, b in ranges], [sizes[a:b] for a, b in ranges],
+                         storage_options=storage_options, key="file-digests", pure=False,
+                         priority=HASH_PRIORITY) if ranges else []
 
     def result() -> dict[str, Any]:
         from distributed import wait
 
         wait(futures)
-        for future in futures:  # the first failure in record order, as with_hashes raises it
+        # The first failure in record order, as with_hashes raises it: the ranges are in
+        # that order, and a task stops at its first unreadable file.
+        for future in futures:
             if future.status == "error":
                 future.result()
-        return with_hashes(sources, storage_options, digests=client.gather(futures))
+        digests = [d for batch in client.gather(futures) for d in batch]
+        return with_hashes(sources, storage_options, digests=digests)
 
     return result
 

@@ -12,11 +12,13 @@ import fsspec
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipeline.errors import LoaderError
 from pipeline.loaders import provenance
-from pipeline.loaders.provenance import (CRC_KEY, compare_files, content_hash, hashes_on, recorded_files,
-                                        with_hashes)
+from pipeline.loaders.provenance import (CRC_KEY, compare_files, content_hash, hash_batches, hashes_on,
+                                        recorded_files, with_hashes)
 from tests.conftest import in_process_cluster
 
 MIB = 1 << 20
@@ -215,13 +217,16 @@ def test_hashes_on_a_cluster_are_its_workers_tasks_and_equal_zlibs(tmp_path, mon
     task a file (and companion), none in the client's threads, with the same record."""
     from distributed import Client
 
-    files, blobs = _random_files(tmp_path, [0, 5, MIB + 3, 3 * MIB + 1], seed=4)
+    files, blobs = _random_files(tmp_path, [0, 5, MIB + 3, 3 * MIB + 1, 7], seed=4)
     sources = {"files": files, "shape": [10, 3]}
     monkeypatch.setattr(provenance, "_in_threads", _no_local_reads)
+    # Tasks of at most 2 files and 2 MiB: [f0, its companion], [f1, f2], [f3 alone], [f4].
+    monkeypatch.setattr(provenance, "HASH_TASK_FILES", 2)
+    monkeypatch.setattr(provenance, "HASH_TASK_BYTES", 2 * MIB)
     with in_process_cluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
         got = hashes_on(client, sources)()
         prefix = cluster.scheduler.task_prefixes["file-digests"]
-        assert prefix.state_counts["memory"] == len(files) + 1  # each task finished once
+        assert prefix.state_counts["memory"] == 4  # each task finished once
     assert got["shape"] == [10, 3] and "hash" not in files[0]
     for item in [*got["files"], got["files"][0]["companion"]]:
         data = blobs[item["path"]]
@@ -230,14 +235,28 @@ def test_hashes_on_a_cluster_are_its_workers_tasks_and_equal_zlibs(tmp_path, mon
     assert got == with_hashes(sources)  # the client's own reading, as without a cluster
 
 
-def test_a_file_the_workers_cannot_read_is_named_first_in_record_order(tmp_path):
+def test_a_file_the_workers_cannot_read_is_named_first_in_record_order(tmp_path, monkeypatch):
     from distributed import Client
 
     there = tmp_path / "there.csv"
     there.write_bytes(b"a\n1\n")
-    # The larger unreadable file is listed first: it is named though the other may fail first.
+    # The larger unreadable file is listed first: it is named though the other may fail
+    # first, each file a task of its own.
     gone = [{"path": str(tmp_path / name), "size": size, "mtime": 0.0} for name, size in [("b.csv", 9), ("a.csv", 4)]]
+    monkeypatch.setattr(provenance, "HASH_TASK_FILES", 1)
     with in_process_cluster(n_workers=2, threads_per_worker=1) as cluster, Client(cluster) as client:
         result = hashes_on(client, {"files": [_record(there), *gone]})
         with pytest.raises(LoaderError, match=r"b\.csv: cannot read"):
             result()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 50), max_size=60), st.integers(1, 40), st.integers(1, 6))
+def test_hash_batches_cover_every_file_once_in_order_within_their_bounds(sizes, max_bytes, max_files):
+    ranges = hash_batches(sizes, max_bytes, max_files)
+    assert [i for a, b in ranges for i in range(a, b)] == list(range(len(sizes)))  # each once, in order
+    for a, b in ranges:
+        assert 0 < b - a <= max_files
+        assert b - a == 1 or sum(sizes[a:b]) <= max_bytes  # only a file alone may exceed the bytes
+    for (a, b), (c, _) in zip(ranges, ranges[1:]):  # a range ends only where the next file would not fit
+        assert b - a == max_files or sum(sizes[a:b]) + sizes[c] > max_bytes
