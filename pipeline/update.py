@@ -176,12 +176,11 @@ def skipped_refusal(refusal: str, left: Sequence[tuple[str, str]]) -> str:
 
 def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say: Callable[[str], None],
                  progress: bool, source_kwargs: dict[str, Any], block_windows: Callable[[int], int],
-                 client: Any = None) -> dict[str, Any]:
+                 client: Any) -> dict[str, Any]:
     """Build the new files' sessions after the stored ones and append them.
 
     ``client``: the run's ``distributed.Client``, whose workers read the new files'
-    digests while the sessions are built (:func:`~pipeline.loaders.provenance.hashes_on`);
-    ``None``: this process reads them.
+    digests while the sessions are built (:func:`~pipeline.loaders.provenance.hashes_on`).
 
     Returns
     -------
@@ -216,7 +215,7 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     if not int(source.array.shape[0]):
         # Only files without rows (a holiday's empty file): a build of every file makes
         # nothing of them either. They are recorded as read, so the next run is up to date.
-        return _record_files(config, stored, source, types, say=say, progress=progress)
+        return _record_files(config, stored, hashes(), types, say=say, progress=progress)
     base_sessions = None
     if out.folds is not None:
         base = next(iter(out.splits))
@@ -545,15 +544,13 @@ def _stored_types(meta: Mapping[str, Any], timestamp: str, instrument: Any, fmt:
     return {"timestamp": timestamp, "groups": groups}
 
 
-def _record_files(config: Config, stored: dict[str, Any], source: Any, types: dict[str, Any] | None, *,
-                  say: Callable[[str], None], progress: bool) -> dict[str, Any]:
-    """Append a version that adds no sample, only new files without rows to the
-    store's record of the files it read."""
-    from pipeline.loaders.provenance import with_hashes
+def _record_files(config: Config, stored: dict[str, Any], new_sources: dict[str, Any],
+                  types: dict[str, Any] | None, *, say: Callable[[str], None], progress: bool) -> dict[str, Any]:
+    """Append a version that adds no sample, only new files without rows (``new_sources``,
+    with their digests) to the store's record of the files it read."""
     from pipeline.storage.append import append
 
     out = config.output
-    new_sources = with_hashes(source.metadata(), config.source.storage_options or None)
     attrs = dict(stored)
     attrs["sources"] = {**stored.get("sources", {}),
                         "files": list(stored.get("sources", {}).get("files") or []) + new_sources["files"]}

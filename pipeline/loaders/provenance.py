@@ -273,8 +273,7 @@ def hashes_on(client: Any, sources: Mapping[str, Any],
     Parameters
     ----------
     client
-        A ``distributed.Client``; ``None``: the files are read in this process's
-        threads when the result is asked for (:func:`with_hashes`).
+        A ``distributed.Client``.
     sources
         The attribute, with each file's ``path`` and ``size``.
     storage_options
@@ -287,8 +286,6 @@ def hashes_on(client: Any, sources: Mapping[str, Any],
         It raises :class:`~pipeline.errors.LoaderError` naming the first file (in
         record order) that could not be read.
     """
-    if client is None:
-        return lambda: with_hashes(sources, storage_options)
     _, items = _records(sources)
     paths, sizes = [str(item["path"]) for item in items], [int(item["size"]) for item in items]
     ranges = hash_batches(sizes, HASH_TASK_BYTES, HASH_TASK_FILES)
