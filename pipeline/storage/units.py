@@ -32,6 +32,7 @@ arrays, which all read the same held inputs, are not fused so: they carry their 
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -153,11 +154,13 @@ def _chunks(arr: Any, part: np.ndarray, start: int) -> list[tuple[Any, Any, Any]
     md = arr.metadata
     proto = default_buffer_prototype()
     rows = int(md.chunk_grid.chunk_shape[0])
+    # One spec for every chunk: a regular grid's (zarr asserts it) holds the chunk's
+    # shape, dtype, fill value and config, none of which depend on the chunk's coordinates.
+    spec = md.get_chunk_spec((start // rows,) + (0,) * (part.ndim - 1), arr.config, proto)
+    fill = _fill_value(spec)
     out = []
     for a in range(0, part.shape[0], rows):
         coords = ((start + a) // rows,) + (0,) * (part.ndim - 1)
-        spec = md.get_chunk_spec(coords, arr.config, proto)
-        fill = _fill_value(spec)
         piece = part[a : a + rows]
         if piece.shape == tuple(spec.shape):
             chunk = proto.nd_buffer.from_numpy_array(piece)
@@ -196,6 +199,18 @@ async def _store_units(arrays: Mapping[str, Any], written: Any,
         await _store(written, marker, unit)
 
 
+@functools.lru_cache(maxsize=256)
+def _sync_capable(codec_types: tuple[type, ...], store_type: type) -> bool:
+    """Whether codecs of these types all have zarr's synchronous methods and a store of
+    this type writes and deletes without the event loop. Asked of the types once:
+    ``isinstance`` against a runtime-checkable protocol lists the protocol's members
+    and looks each up (about 30 us a check), and a write asked it of every array of
+    every unit, and zarr's ``StorePath`` again of every chunk: a third of the Python
+    time of a build's write tasks (benchmarks/README.md)."""
+    return (all(issubclass(t, SupportsSyncCodec) for t in codec_types)
+            and issubclass(store_type, SupportsSetSync) and issubclass(store_type, SupportsDeleteSync))
+
+
 def _sync_codecs(arr: Any) -> tuple[Any, ...] | None:
     """An array's codecs in the order its codec pipeline applies them, when every one
     has zarr's synchronous method (``SupportsSyncCodec``) and its store writes without
@@ -204,9 +219,7 @@ def _sync_codecs(arr: Any) -> tuple[Any, ...] | None:
     pipe = arr.codec_pipeline
     codecs = (*getattr(pipe, "array_array_codecs", ()), getattr(pipe, "array_bytes_codec", None),
               *getattr(pipe, "bytes_bytes_codecs", ()))
-    store = arr.store_path.store
-    if (not _whole_chunks(arr) or not all(isinstance(c, SupportsSyncCodec) for c in codecs)
-            or not isinstance(store, SupportsSetSync) or not isinstance(store, SupportsDeleteSync)):
+    if not _whole_chunks(arr) or not _sync_capable(tuple(type(c) for c in codecs), type(arr.store_path.store)):
         return None
     return codecs
 
@@ -216,7 +229,9 @@ def _store_sync(arr: Any, codecs: tuple[Any, ...], part: np.ndarray, start: int)
     of each codec, in the order and with the chunk specs of zarr's codec pipeline
     (``BatchedCodecPipeline.encode_batch``, whose asynchronous methods run these), then
     the store's ``set_sync`` (``delete_sync`` for an empty chunk, or an encoding of
-    ``None``)."""
+    ``None``). ``codecs`` comes from :func:`_sync_codecs`, which checked the store too:
+    the store is called itself, not through ``StorePath``, which checks it again."""
+    store = arr.store_path.store
     for path, chunk, spec in _chunks(arr, part, start):
         data = chunk
         for codec in codecs:
@@ -225,9 +240,9 @@ def _store_sync(arr: Any, codecs: tuple[Any, ...], part: np.ndarray, start: int)
             data = codec._encode_sync(data, spec)
             spec = codec.resolve_metadata(spec)
         if data is None:
-            path.delete_sync()
+            store.delete_sync(path.path)
         else:
-            path.set_sync(data)
+            store.set_sync(path.path, data)
 
 
 def read_rows_sync(arr: zarr.Array, rows: Sequence[int] | None = None) -> np.ndarray | None:
