@@ -266,16 +266,18 @@ def read_rows_sync(arr: zarr.Array, rows: Sequence[int] | None = None) -> np.nda
     out = np.zeros(md.shape, dtype=md.dtype.to_native_dtype())
     if out.size and md.fill_value is not None:
         out[...] = md.fill_value
+    # The spec each codec was given when encoding: one for every row of a regular grid.
+    spec = md.get_chunk_spec((0,) * len(md.shape), target.config, proto)
+    specs = []
+    for codec in codecs:
+        specs.append(spec)
+        spec = codec.resolve_metadata(spec)
+    store = target.store_path.store  # checked above: called itself, not through StorePath's check per call
     for u in range(md.shape[0]) if rows is None else rows:
         coords = (int(u),) + (0,) * (len(md.shape) - 1)
-        data = (target.store_path / md.encode_chunk_key(coords)).get_sync(prototype=proto)
+        data = store.get_sync((target.store_path / md.encode_chunk_key(coords)).path, prototype=proto)
         if data is None:
             continue
-        spec = md.get_chunk_spec(coords, target.config, proto)
-        specs = []
-        for codec in codecs:  # the spec each codec was given when encoding
-            specs.append(spec)
-            spec = codec.resolve_metadata(spec)
         for codec, given in zip(reversed(codecs), reversed(specs)):
             data = codec._decode_sync(data, given)
         out[u] = data.as_numpy_array().reshape(out.shape[1:])
