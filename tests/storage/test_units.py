@@ -8,6 +8,7 @@ import threading
 import dask
 import dask.array as da
 import numpy as np
+import pytest
 from dask.array.optimization import optimize
 from dask.utils import key_split
 from hypothesis import given, settings
@@ -25,13 +26,36 @@ from pipeline.storage.units import is_fill, write_blocks
 def test_is_fill_agrees_with_zarr(data, dtype, shape, plain):
     """Empty exactly when zarr's own comparison says so: -0.0 is not 0.0 (bit patterns),
     NaN equals a NaN fill, integers and booleans by value (the fill value a numpy scalar,
-    as in a chunk spec, or ``plain``: a Python one)."""
+    as in a chunk spec, or ``plain``: a Python one, compared as numpy promotes it)."""
     kind = np.dtype(dtype).kind
-    values = [0, 1, -0.0, np.nan] if kind == "f" else [False, True] if kind == "b" else [0, 1, 2]
+    # Floats: values that float32 holds only rounded (0.1 in a Python fill is another
+    # number than in the chunk), a subnormal, infinities, and the zeros and NaN above.
+    values = [0, 1, -0.0, np.nan, 0.1, 1e-45, np.inf, -np.inf] if kind == "f" else \
+        [False, True] if kind == "b" else [0, 1, 2]
     a = data.draw(arrays(dtype, shape, elements=st.sampled_from(values)))
     fill = data.draw(st.sampled_from(values))
     fill = fill if plain else np.dtype(dtype).type(fill)
     chunk = NDBuffer.from_numpy_array(a)
+    assert is_fill(chunk, fill) == chunk.all_equal(fill)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize(("values", "fill"), [
+    ([np.nan] * 3, np.nan),  # NaN equals a NaN fill: empty
+    ([np.nan, 1.0], np.nan),
+    ([-0.0, -0.0], 0.0),  # the same value, other bits: not empty
+    ([0.0, 0.0], -0.0),
+    ([0.0, 0.0], 0),  # an integer fill compares by value
+    ([-0.0, 0.0], 0),
+    ([0.1, 0.1], 0.1),  # float32's 0.1 is not the Python float's
+    ([np.inf], np.inf),
+    ([1e-45, 0.0], 1e-45),
+])
+@pytest.mark.parametrize("plain", [True, False])
+def test_is_fill_agrees_with_zarr_at_the_edges(dtype, values, fill, plain):
+    """The cases a first-element shortcut could decide wrongly, each one explicitly."""
+    chunk = NDBuffer.from_numpy_array(np.array(values, dtype=dtype))
+    fill = fill if plain else np.dtype(dtype).type(fill)
     assert is_fill(chunk, fill) == chunk.all_equal(fill)
 
 
