@@ -32,7 +32,6 @@ arrays, which all read the same held inputs, are not fused so: they carry their 
 from __future__ import annotations
 
 import asyncio
-import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -208,16 +207,23 @@ async def _store_units(arrays: Mapping[str, Any], written: Any,
         await _store(written, marker, unit)
 
 
-@functools.lru_cache(maxsize=256)
-def _sync_capable(codec_types: tuple[type, ...], store_type: type) -> bool:
-    """Whether codecs of these types all have zarr's synchronous methods and a store of
-    this type writes and deletes without the event loop. Asked of the types once:
+#: :func:`_sync_capable`'s answers, by the store's and the codecs' types.
+_SYNC_CAPABLE: dict[tuple[type, ...], bool] = {}
+
+
+def _sync_capable(codecs: tuple[Any, ...], store: Any) -> bool:
+    """Whether ``codecs`` all have zarr's synchronous methods and ``store`` writes and
+    deletes without the event loop. Asked once per combination of types:
     ``isinstance`` against a runtime-checkable protocol lists the protocol's members
     and looks each up (about 30 us a check), and a write asked it of every array of
     every unit, and zarr's ``StorePath`` again of every chunk: a third of the Python
     time of a build's write tasks (benchmarks/README.md)."""
-    return (all(issubclass(t, SupportsSyncCodec) for t in codec_types)
-            and issubclass(store_type, SupportsSetSync) and issubclass(store_type, SupportsDeleteSync))
+    key = (type(store), *(type(c) for c in codecs))
+    found = _SYNC_CAPABLE.get(key)
+    if found is None:
+        found = _SYNC_CAPABLE[key] = (all(isinstance(c, SupportsSyncCodec) for c in codecs)
+                                      and isinstance(store, SupportsSetSync) and isinstance(store, SupportsDeleteSync))
+    return found
 
 
 def _sync_codecs(arr: Any) -> tuple[Any, ...] | None:
@@ -228,7 +234,7 @@ def _sync_codecs(arr: Any) -> tuple[Any, ...] | None:
     pipe = arr.codec_pipeline
     codecs = (*getattr(pipe, "array_array_codecs", ()), getattr(pipe, "array_bytes_codec", None),
               *getattr(pipe, "bytes_bytes_codecs", ()))
-    if not _whole_chunks(arr) or not _sync_capable(tuple(type(c) for c in codecs), type(arr.store_path.store)):
+    if not _whole_chunks(arr) or not _sync_capable(codecs, arr.store_path.store):
         return None
     return codecs
 
