@@ -37,6 +37,7 @@ import json
 import os
 import shutil
 import uuid
+import warnings
 import zipfile
 from typing import Any, Mapping, Sequence
 
@@ -46,6 +47,7 @@ import numpy as np
 
 from pipeline.errors import StoreError
 from pipeline.progress import compute
+from pipeline.storage import inflight
 from pipeline.storage.layout import task_block
 from pipeline.storage.lock import write_lock
 from pipeline.storage.store import ATTRS_KEY, FOLDS, is_remote, is_zip, open_store_group, store_root_attrs
@@ -216,7 +218,17 @@ def _write(group: Any, location: str, storage_options: dict[str, Any] | None, ar
     for split, new in arrays.items():
         tasks += _grow(group, location, storage_options, split, new, base[split], resume, call, said)
     if tasks:
-        compute(*tasks, desc="appending chunks", progress=progress)
+        try:
+            compute(*tasks, desc="appending chunks", progress=progress)
+        except BaseException:
+            # Tasks already running outlive the failed wait for them: none may still write
+            # units once the store's lock is let go, or a rerun with other files would
+            # find them written over its own (see pipeline.storage.inflight).
+            if not inflight.settle(call):
+                warnings.warn(f"{said['label']}: tasks of the stopped append may still be running on workers that "
+                              "did not answer; wait until they have ended before appending again",
+                              RuntimeWarning, stacklevel=2)
+            raise
     for split, new in arrays.items():
         if not int(next(iter(new.values())).shape[0]):
             continue

@@ -118,11 +118,16 @@ class Removal:
         self.kept = kept
         self.left = left
 
-    def wait(self) -> None:
+    def wait(self, *, settled: bool = True) -> None:
         """The write is over (the writer calls this whether or not it raised): with the
         new store complete, start removing what was set aside; otherwise put the
         replaced store back where it was, set the partial new one aside for removal,
         and say so, naming the store.
+
+        ``settled`` is False when the failed write could not confirm that none of its
+        tasks still runs (:func:`pipeline.storage.inflight.settle`): one that did would
+        write into the store put back, so the replaced store is then left aside, whole,
+        and the warning (or error) names where it is.
 
         Raises
         ------
@@ -138,6 +143,15 @@ class Removal:
         # be the only complete copy, and the next write that completes removes them.
         if self.kept is None:
             return
+        exc = sys.exc_info()[1]
+        cause = exc.__cause__ if isinstance(exc, StoreError) else None
+        if not settled:
+            said = (f"tasks of its write may still be running, so the previous store is left whole at {self.kept}: "
+                    f"once they have ended, move it back to {self.store}, or rerun to write the new one")
+            if isinstance(cause, OSError):
+                raise StoreError(f"{self.store}: cannot write ({cause.strerror or cause}); {said}") from cause
+            warnings.warn(f"{self.store}: the new store was not completed; {said}", RuntimeWarning, stacklevel=2)
+            return
         partial = None
         if os.path.lexists(self.store):
             partial = _aside_name(self.store)
@@ -147,8 +161,6 @@ class Removal:
             _remove_in_background([partial])
         said = ("the previous store is back in place, as it was before this run, and the new one's partial write is "
                 "being removed: rerun to write the new one again from the start")
-        exc = sys.exc_info()[1]
-        cause = exc.__cause__ if isinstance(exc, StoreError) else None
         if isinstance(cause, OSError):
             raise StoreError(f"{self.store}: cannot write ({cause.strerror or cause}); {said}") from cause
         warnings.warn(f"{self.store}: the new store was not completed; {said}", RuntimeWarning, stacklevel=2)

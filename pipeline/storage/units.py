@@ -44,6 +44,7 @@ from zarr.buffer import default_buffer_prototype
 from zarr.codecs import ShardingCodec
 from zarr.core.sync import sync
 
+from pipeline.storage import inflight
 from pipeline.storage.checksum import crc32
 from pipeline.storage.layout import unit_chunks
 
@@ -324,7 +325,8 @@ def written_units(group: zarr.Group, split: str, units: Sequence[int] | None = N
 
 
 def write_units(arrays: Mapping[str, zarr.Array], written: zarr.Array, units: Sequence[tuple[int, int, int]],
-                block_start: int, blocks: Mapping[str, np.ndarray]) -> int:
+                block_start: int, blocks: Mapping[str, np.ndarray], *,
+                stopped: Callable[[], bool] | None = None) -> int:
     """Write units of a split's arrays from one block, each followed by its row of
     ``written``: ``[1, crc32 of each array's part...]``.
 
@@ -336,6 +338,9 @@ def write_units(arrays: Mapping[str, zarr.Array], written: zarr.Array, units: Se
         ``(unit, start, stop)`` sample ranges, inside the block, of the units to write.
     block_start, blocks
         The block's first sample, and its rows of each array.
+    stopped
+        Asked before each unit: ``True`` once the write call was stopped
+        (:mod:`pipeline.storage.inflight`), and no further unit is written.
 
     Returns
     -------
@@ -356,15 +361,21 @@ def write_units(arrays: Mapping[str, zarr.Array], written: zarr.Array, units: Se
     codecs = {k: _sync_codecs(a) for k, a in targets.items()}
     marker_codecs = _sync_codecs(written.async_array)
     if marker_codecs is None or any(c is None for c in codecs.values()):
+        if stopped is not None and stopped():
+            return 0
         sync(_store_units(targets, written.async_array, plans))
         return len(plans)
     # Local and memory stores: no event loop at all (zarr's own synchronous codec and
     # store methods), the worker's thread encodes and writes.
+    done = 0
     for unit, start, parts, marker in plans:
+        if stopped is not None and stopped():
+            break
         for name, part in parts.items():
             _store_sync(targets[name], codecs[name], part, start)
         _store_sync(written.async_array, marker_codecs, marker, unit)
-    return len(plans)
+        done += 1
+    return done
 
 
 def _write_block(plan: np.ndarray, *blocks: np.ndarray, write: Callable[..., int], location: str,
@@ -390,6 +401,8 @@ def _write_made_units(plan: tuple[int, list], maker: Callable[[int, int], Mappin
     start, todo = plan
     count = 0
     for unit in todo:
+        if inflight.stopped(call):  # the write failed or was interrupted: nothing more to make
+            break
         made = maker(unit[1] - start, unit[2] - start)
         count += write(location, storage_options, split, [unit], unit[1], {name: made[field] for name, field in fields},
                        call)

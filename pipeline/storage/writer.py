@@ -42,6 +42,7 @@ from zarr.codecs import TransposeCodec
 
 from pipeline.errors import StoreConflictError, StoreError
 from pipeline.progress import compute
+from pipeline.storage import inflight
 from pipeline.storage.arraysource import as_blocks
 from pipeline.storage.codecs import CodecSpec
 from pipeline.storage.lock import write_lock
@@ -595,10 +596,13 @@ def _write_units(location: str, storage_options: dict | None, split: str, units:
     reads and parses its metadata, a noticeable share of a unit's time), and a later write
     that recreates them at the same location gets fresh ones.
     """
-    options = json.dumps(storage_options or {}, sort_keys=True, default=str)
-    arrays = {name: _cached_array(location, options, f"{split}/{name}", token) for name in blocks}
-    written = _cached_array(location, options, f"{split}/{WRITTEN}", token)
-    return write_units(arrays, written, units, block_start, blocks)
+    with inflight.running(token) as go:
+        if not go:  # the write call was stopped (it failed or was interrupted): write nothing
+            return 0
+        options = json.dumps(storage_options or {}, sort_keys=True, default=str)
+        arrays = {name: _cached_array(location, options, f"{split}/{name}", token) for name in blocks}
+        written = _cached_array(location, options, f"{split}/{WRITTEN}", token)
+        return write_units(arrays, written, units, block_start, blocks, stopped=lambda: inflight.stopped(token))
 
 
 def _codec_for(codec: CodecSpec, ndim: int, *, shared: bool) -> CodecSpec:
@@ -1005,12 +1009,20 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
     # is written (removing thousands of files first took seconds of the run's wall time).
     removal = make_way(fs, root, replace=exists and overwrite)
     exists = exists and not overwrite
+    token = uuid.uuid4().hex  # this write call: its arrays cached on the workers, its tasks counted
+    settled = True
     try:
         _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                    fingerprint, storage_options, progress, shared_chunk_rows, folds)
+                    fingerprint, storage_options, progress, shared_chunk_rows, folds, token=token)
+    except BaseException:
+        # Write tasks already running outlive the failed wait for them, and write by
+        # path: none may be left running when the replaced store is put back in its place.
+        settled = False
+        settled = inflight.settle(token)
+        raise
     finally:
         if removal is not None:
-            removal.wait()
+            removal.wait(settled=settled)
 
 
 #: The incomplete store's record of what its write read (see :func:`_check_resume`).
@@ -1074,7 +1086,7 @@ def _check_resume(location: str, root: Mapping[str, Any], attrs: Mapping[str, An
 
 
 def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs,
-                fingerprint, storage_options, progress, shared_chunk_rows, folds) -> None:
+                fingerprint, storage_options, progress, shared_chunk_rows, folds, *, token: str) -> None:
     """:func:`_write_dir` once an old store to overwrite is out of the way: a new store,
     or the rest of one with this fingerprint (``exists``)."""
     if exists:  # written from this fingerprint (check_target): resume it, unless complete
@@ -1122,7 +1134,6 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
 
     tasks = []
     known: dict[str, np.ndarray] = {}  # per split, the units known to be written
-    token = uuid.uuid4().hex  # this write call's arrays, cached on the workers
     for split, arrs in groups.items():
         n = int(next(iter(arrs.values())).shape[0])
         if not n:

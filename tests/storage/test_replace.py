@@ -3,17 +3,22 @@ complete and removed after it, or put back when the new write fails."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+import time
+import uuid
 
+import dask
 import fsspec
 import numpy as np
 import pytest
 
 import pipeline
-from pipeline.errors import StoreError
-from pipeline.storage import replace, write
+from pipeline.errors import IncompleteStoreError, StoreError
+from pipeline.storage import inflight, replace, write, writer
 from pipeline.storage.replace import ASIDE_INFIX, make_way, wait_for_removals
-from tests.conftest import file_size_limit
+from tests.conftest import file_size_limit, in_process_cluster
 
 
 def _siblings(path) -> list[str]:
@@ -193,3 +198,96 @@ def test_a_resumed_write_removes_what_a_killed_overwrite_left_aside(tmp_path):
     wait_for_removals()
     assert not left.exists() and _siblings(store) == ["f.zarr"]
     np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], x)
+
+
+#: Events the failing block waits on, by name (a cluster's task finds them here: the
+#: graph is pickled, an event is not).
+_EVENTS: dict[str, threading.Event] = {}
+
+
+def _fail_second(block: np.ndarray, event: str, block_info=None) -> np.ndarray:
+    if block_info[0]["chunk-location"][0] == 1:
+        _EVENTS[event].wait(30)
+        raise ValueError("a worker's own error")
+    return block
+
+
+def _failing_overwrite(x: np.ndarray, entered: threading.Event) -> dict:
+    """Arrays ``-x`` and its first column in blocks of 8 samples (a write task each), x's
+    block 1 failing once another block's write task has begun writing (``entered``)."""
+    import dask.array as da
+
+    name = uuid.uuid4().hex
+    _EVENTS[name] = entered
+    return {"x": da.from_array(-x, chunks=(8, 2)).map_blocks(_fail_second, event=name, dtype=x.dtype),
+            "y": da.from_array(x[:, 0], chunks=8)}
+
+
+def _late_writer(monkeypatch, entered: threading.Event, log: list):
+    """The writer's ``write_units``, its first call slowed: it begins, waits until its
+    write call is stopped, and then writes its units all the same (as a task already
+    writing when the write failed finishes the unit it is in); later calls as they are."""
+    real = writer.write_units
+
+    def write_units(arrays, written, units, block_start, blocks, *, stopped=None):
+        if entered.is_set():
+            return real(arrays, written, units, block_start, blocks, stopped=stopped)
+        entered.set()
+        deadline = time.monotonic() + 10
+        while not (stopped is not None and stopped()) and time.monotonic() < deadline:
+            threading.Event().wait(0.005)
+        count = real(arrays, written, units, block_start, blocks)
+        log.append("late units written")
+        return count
+
+    monkeypatch.setattr(writer, "write_units", write_units)
+
+
+@pytest.mark.parametrize("where", ["threads", "cluster"])
+def test_an_overwrite_that_fails_while_a_task_writes_puts_the_old_store_back_only_once_it_ended(
+        tmp_path, monkeypatch, where):
+    # A failed wait does not end the tasks already running: one that wrote after the
+    # old store was put back wrote its units, with their markers, into that store,
+    # complete and mixed (a user's Ctrl-C did this to a dask-threads write).
+    store = tmp_path / "f.zarr"
+    x = np.arange(80, dtype=np.float32).reshape(40, 2)
+    write(store, {"x": x, "y": x[:, 0]}, chunk_samples=8, progress=False)
+    before = _files(store)
+    entered, log = threading.Event(), []
+    _late_writer(monkeypatch, entered, log)
+    bad = _failing_overwrite(x, entered)
+    with contextlib.ExitStack() as stack:
+        if where == "threads":
+            stack.enter_context(dask.config.set(scheduler="threads", num_workers=4))
+        else:
+            from distributed import Client
+
+            cluster = stack.enter_context(in_process_cluster(n_workers=1, threads_per_worker=4,
+                                                             dashboard_address=None))
+            stack.enter_context(Client(cluster))
+        with pytest.warns(RuntimeWarning, match="the previous store is back in place"):
+            with pytest.raises(ValueError, match="a worker's own error"):
+                write(store, bad, chunk_samples=8, overwrite=True, progress=False)
+        assert log == ["late units written"]  # the late task ended before write() returned
+    assert _files(store) == before and _siblings(store) == ["f.zarr"]
+    np.testing.assert_array_equal(pipeline.open(store)["train"]["x"][:], x)
+
+
+def test_an_overwrite_whose_tasks_cannot_be_confirmed_ended_leaves_the_old_store_aside_and_names_it(
+        tmp_path, monkeypatch):
+    store = tmp_path / "f.zarr"
+    x = np.arange(80, dtype=np.float32).reshape(40, 2)
+    write(store, {"x": x, "y": x[:, 0]}, chunk_samples=8, progress=False)
+    before = _files(store)
+    monkeypatch.setattr(inflight, "settle", lambda token, **kw: False)  # a worker that did not answer
+    bad = _failing_overwrite(x, threading.Event())
+    with pytest.warns(RuntimeWarning, match=r"f\.zarr: the new store was not completed; tasks of its write may still "
+                                            r"be running, so the previous store is left whole at .*\.f\.zarr\.replaced-"
+                                            r"[0-9a-f]{12}: once they have ended, move it back to .*f\.zarr") as said:
+        with pytest.raises(ValueError, match="a worker's own error"):
+            write(store, bad, chunk_samples=8, overwrite=True, progress=False)
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith(".f.zarr" + ASIDE_INFIX)]
+    assert len(aside) == 1 and str(aside[0]) in str(said[0].message)
+    assert _files(aside[0]) == before  # every byte of the old store, where the warning says
+    with pytest.raises(IncompleteStoreError):
+        pipeline.open(store)  # the partial new store is never taken for a complete one
