@@ -103,7 +103,10 @@ class LoaderError(PipelineError):
 
 
 class EmptyInputError(LoaderError):
-    """A glob or file list matched no file."""
+    """A glob or file list matched no file, or every file it matched holds no data rows
+    (then ``files_without_rows`` lists them, as a build records its files)."""
+
+    files_without_rows: list[dict] | None = None
 
 
 class FormatMismatchError(LoaderError):

@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from pipeline.config import Config, config_fingerprint
-from pipeline.errors import StoreError, WindowError
+from pipeline.errors import EmptyInputError, StoreError, WindowError
 
 __all__ = ["check_new_types", "new_files", "partial_day_text", "skipped_by_build", "skipped_refusal", "stored_build"]
 
@@ -205,8 +205,17 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     spec = _session_spec(config, meta)
     so = src_cfg.storage_options or None
     types = check_new_types(config, meta, files, source_kwargs, dated=bool(out.splits) and is_dated(out.splits))
-    source = open_segmented(files, sessions=spec, instrument=src_cfg.instrument, storage_options=so,
-                            **source_kwargs)
+    try:
+        source = open_segmented(files, sessions=spec, instrument=src_cfg.instrument, storage_options=so,
+                                **source_kwargs)
+    except EmptyInputError as exc:
+        if not exc.files_without_rows:
+            raise
+        # Only files with a header and no rows (a holiday's empty CSV), as below.
+        stored = attrs_at(meta, versions_of(meta)[-1])
+        stored.pop("version", None)
+        new = hashes_on(client, {"files": exc.files_without_rows}, so)()
+        return _record_files(config, stored, new, types, say=say, progress=progress)
     check_new_columns(source.columns, [f.path for f in source.files], config.features.steps, config.labels)
     hashes = hashes_on(client, source.metadata(), so)  # read by the workers meanwhile
     latest = versions_of(meta)[-1]

@@ -377,6 +377,12 @@ def _ny_day(path: Path, day: str, rows: int, seed: int, kind: str = "aware") -> 
     elif kind == "empty":
         frame = frame.iloc[:0]
     path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "no_row_groups":  # a schema and no row group, as a header-only CSV has no line
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.ParquetWriter(path, pa.Schema.from_pandas(frame, preserve_index=False)).close()
+        return
     frame.to_parquet(path, index=False)
 
 
@@ -475,6 +481,14 @@ def test_an_empty_holiday_file_adds_nothing_and_the_append_equals_a_build(tmp_pa
     _ny_day(tmp_path / "raw" / "AAA" / "2024-12-09.parquet", "2024-12-09", 200, seed=9, kind="empty")
     alone = _run(path)
     assert (alone.action, alone.version) == ("append", 2) and _run(path).action == "up to date"
+    assert pipeline.open(tmp_path / "grown.zarr").attrs["splits"] == appended.samples
+    # A file with no row group at all (a header-only CSV has no part either): every new
+    # file empty was refused ("every one of the 1 file(s) has no data rows").
+    _ny_day(tmp_path / "raw" / "AAA" / "2024-12-10.parquet", "2024-12-10", 200, seed=10, kind="no_row_groups")
+    alone = _run(path)
+    assert (alone.action, alone.version) == ("append", 3) and _run(path).action == "up to date"
+    recorded = pipeline.open(tmp_path / "grown.zarr").attrs["sources"]["files"]
+    assert recorded[-1]["path"].endswith("2024-12-10.parquet") and recorded[-1]["rows"] == 0
     assert pipeline.open(tmp_path / "grown.zarr").attrs["splits"] == appended.samples
     _run(full, mode="rebuild")
     assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")

@@ -1037,7 +1037,12 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
 
     parts = [part for _, _, _, ps in probed for part in ps]
     if not parts:  # every file empty: nothing to read, though headers were found
-        raise EmptyInputError(probed[0][0], f"every one of the {len(probed)} file(s) has no data rows")
+        exc = EmptyInputError(probed[0][0], f"every one of the {len(probed)} file(s) has no data rows")
+        # What a build records of them: an append of only such files (a holiday's empty
+        # file) records them as read, and adds nothing.
+        exc.files_without_rows = [FileInfo(path, size, mtime, rows=0, companion=companions.get(path)).metadata()
+                                  for path, size, mtime, _ in probed]
+        raise exc
     dates = None
     if date is not None:
         from pipeline.loaders.columns import dated_parts, row_dates

@@ -212,6 +212,11 @@ class KerasDataset(_Base):
                     self.stream.set_epoch(self.stream.epoch + 1)  # see _pass_length
                 if self._start is None:
                     self._start = self.stream.state_dict()
+                    if self.repeat and int(self._start["batches_served"]):
+                        # A repeat dataset goes on where the stream stands (a fit before
+                        # this one left it inside an epoch): on purpose, not a loop that
+                        # broke off, so no warning.
+                        self.stream.load_state_dict(self._start)
                 self._iter = iter(self.stream)
                 self._moves = getattr(self.stream, "_moves", -1)
             batch = next(self._iter)

@@ -500,6 +500,12 @@ class Stream:
         # until their last piece is read: about two groups' chunks per group in memory,
         # per array.
         self._shared_arrays = ArrayPool(keep=2 * len(self.names) * self.buffer_chunks * (self.prefetch + 2))
+        # The loop of this process serving now (its batches), and a number that a later
+        # loop, set_epoch or load_state_dict moves on: a loop resumed after that stops,
+        # saying why (_stopped_why), instead of serving batches counted for another.
+        self._open: Iterator[tuple[np.ndarray, ...]] | None = None
+        self._ticket = 0
+        self._stopped_why = ""
 
     def __getstate__(self) -> dict:
         # Sent to DataLoader workers (spawn): the source reopens itself; buffers, threads
@@ -507,7 +513,8 @@ class Stream:
         # the one place its shared memory can travel; any other copy (a pickle, a
         # deepcopy) is a stream of its own that follows no board.
         state = dict(self.__dict__)
-        for key in ("_pid", "_lock", "_pool", "_ahead", "_last_epoch", "_epoch_step", "_slabs", "_shared_arrays"):
+        for key in ("_pid", "_lock", "_pool", "_ahead", "_last_epoch", "_epoch_step", "_slabs", "_shared_arrays",
+                    "_open", "_ticket", "_stopped_why"):
             state.pop(key, None)
         if get_spawning_popen() is None:
             state["_board"] = None
@@ -592,8 +599,16 @@ class Stream:
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order the next iteration follows; with ``follow``, a
-        new epoch also moves to the store's newest version."""
+        new epoch also moves to the store's newest version.
+
+        Called inside a loop over the stream (rather than before each epoch's loop), it
+        stops that loop: resumed, the loop raises :class:`StreamError`, instead of
+        serving batches of one epoch counted as another's (a ``state_dict`` saved then
+        resumed wrong).
+        """
         if epoch != self.epoch:
+            self._stop_open(f"set_epoch({int(epoch)}) was called while it served; call set_epoch before each "
+                            "epoch's loop, not inside it")
             self._served, self._cut_short = 0, False
             self._done, self._served_workers = [], None
             if self.follow and hasattr(self.source, "at_version"):
@@ -730,6 +745,7 @@ class Stream:
             recorded are checked on the keys they hold.
         """
         self._check_identity(state)
+        self._stop_open("load_state_dict was called while it served; load a state before the loop that resumes it")
         source = self.source
         if state.get("version") is not None and hasattr(self.source, "at_version"):
             source = self.source.at_version(int(state["version"]))
@@ -926,7 +942,15 @@ class Stream:
 
     def __iter__(self) -> Iterator[tuple[np.ndarray, ...]]:
         """The rest of the current epoch: all of it, or what a resumed state, or an
-        iteration stopped early (said by a RuntimeWarning), left of it."""
+        iteration stopped early (said by a RuntimeWarning), left of it.
+
+        One loop at a time: a loop begun while another is open takes the epoch over
+        where it stands, and the earlier loop, resumed, raises :class:`StreamError`
+        (two loops at once served every batch twice, counted once).
+        """
+        self._check_process()
+        self._stop_open("a later loop over the same stream took the epoch over (a stream serves one loop at a "
+                        "time: open another pipeline.stream for a second loop, a validation loop among them)")
         if self._served and self._cut_short:
             warn_continued("stream", self.epoch, self._served, len(self))
         whole = self._served == 0
@@ -934,15 +958,45 @@ class Stream:
             self._repeat_warned = True
             warn_repeated(self.epoch)
         self.serving_in_process()
-        for batch in self.iter_resumed(0, 1, read_ahead=True):
-            self._served += 1
-            self._cut_short = True  # until the epoch's end
-            yield batch
+        ticket = self._ticket
+        batches = self.iter_resumed(0, 1, read_ahead=True)
+        self._open = batches
+        try:
+            for batch in batches:
+                self._served += 1
+                self._cut_short = True  # until the epoch's end
+                yield batch
+                if self._ticket != ticket:
+                    raise StreamError(f"stream: this loop over epoch {self._stopped_why}")
+        finally:
+            if self._ticket == ticket:
+                self._open = None
+        self._end_of_epoch(whole)
+
+    def _end_of_epoch(self, whole: bool) -> None:
         self._served, self._cut_short = 0, False
         self._done, self._served_workers = [], None
         self._finished = self.epoch
         if whole:
             self._quality_epoch = self.epoch
+
+    def _stop_open(self, why: str) -> None:
+        """Stop the loop of this process that is open, if any (see :meth:`__iter__`):
+        its reads end now, and when resumed it raises, saying ``why``. A loop that had
+        served its epoch's last batch has finished it."""
+        self._check_process()
+        batches = self._open
+        if batches is None:
+            return
+        self._open = None
+        self._ticket += 1
+        self._stopped_why = f"{self.epoch} was stopped after {self._served} of its {len(self)} batches: {why}"
+        try:
+            batches.close()  # its read threads and buffers let go
+        except ValueError:  # running in another thread: it stops at its next batch
+            pass
+        if self._served >= len(self):
+            self._end_of_epoch(False)
 
     def served_by(self, num_workers: int) -> None:
         """In a DataLoader worker, before its first batch: tell the main process that

@@ -142,6 +142,18 @@ def test_with_repeat_keras_epochs_go_on_across_the_streams_epochs(store, recwarn
     assert not [w for w in recwarn if "ran out of data" in str(w.message)]
 
 
+def test_a_second_repeat_fit_goes_on_where_the_first_left_the_stream_without_a_warning(store, recwarn):
+    # A new repeat dataset of the same stream, for another fit: it goes on inside the
+    # stream epoch the first fit stopped in, on purpose (it warned of a broken-off loop).
+    s = pipeline.stream(store, **KW)
+    log: list = []
+    model = _model(log)
+    model.fit(s.keras(repeat=True), epochs=1, steps_per_epoch=6, verbose=0, callbacks=[Epochs(log)])
+    model.fit(s.keras(repeat=True), epochs=2, steps_per_epoch=6, verbose=0, callbacks=[Epochs(log)])
+    assert sum(_per_epoch(log), []) == _order(store, 0) + _order(store, 1)[:800]
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_initial_epoch_serves_kerass_epoch_with_the_epoch_callback(store):
     s = pipeline.stream(store, **KW)
     ds = s.keras()

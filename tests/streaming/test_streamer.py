@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import itertools
 
 import dask.array as da
 import numpy as np
@@ -228,6 +229,77 @@ def test_what_is_said_of_an_iteration_after_a_break(odd_store, recwarn):
     resumed = pipeline.stream(odd_store, batch_size=50, seed=3)
     resumed.load_state_dict({"epoch": 0, "batches_served": 4})  # a resume is no break
     assert len(epoch_ids(resumed)) == 21 - 4
+    assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
+def test_set_epoch_inside_the_loop_stops_it_and_the_state_counts_the_new_epoch(odd_store):
+    # It went on serving epoch 0 counted as epoch 1: a state saved then resumed left
+    # 1,280 samples of epoch 1 unserved (a user's trial).
+    s = pipeline.stream(odd_store, batch_size=50, seed=3)
+    seen = []
+    with pytest.raises(StreamError, match=r"^stream: this loop over epoch 0 was stopped after 5 of its 21 batches: "
+                                          r"set_epoch\(1\) was called while it served; call set_epoch before each "
+                                          r"epoch's loop, not inside it$"):
+        for _, yb in s:
+            seen.append(yb.copy())
+            if len(seen) == 5:
+                s.set_epoch(1)
+    assert len(seen) == 5 and s.state_dict()["epoch"] == 1 and s.state_dict()["batches_served"] == 0
+    fresh = pipeline.stream(odd_store, batch_size=50, seed=3)
+    fresh.set_epoch(1)
+    assert all(np.array_equal(a, b) for a, b in zip(epoch_ids(s), epoch_ids(fresh)))  # epoch 1 whole
+
+
+def test_load_state_dict_inside_the_loop_stops_it(odd_store):
+    s = pipeline.stream(odd_store, batch_size=50, seed=3)
+    state = None
+    with pytest.raises(StreamError, match="stopped after 3 of its 21 batches: load_state_dict was called while it "
+                                          "served; load a state before the loop that resumes it"):
+        for k, _ in enumerate(s):
+            if k == 1:
+                state = s.state_dict()
+            if k == 2:
+                s.load_state_dict(state)
+    assert len(epoch_ids(s)) == 21 - 2  # the state's rest, whole
+
+
+def test_two_loops_at_once_never_serve_a_batch_twice(odd_store):
+    # zip(s, s) and a nested loop over the same stream served every batch of the
+    # epoch twice, counted once.
+    s = pipeline.stream(odd_store, batch_size=50, seed=3)
+    with pytest.warns(RuntimeWarning, match="continues epoch 0"), \
+            pytest.raises(StreamError, match=r"this loop over epoch 0 was stopped after 1 of its 21 batches: a later "
+                                          r"loop over the same stream took the epoch over \(a stream serves one "
+                                          r"loop at a time"):
+        for _ in zip(s, s):
+            pass
+    s = pipeline.stream(odd_store, batch_size=50, seed=3)
+    outer, inner = [], []
+    with pytest.warns(RuntimeWarning, match="continues epoch 0"), pytest.raises(StreamError, match="took the epoch"):
+        for _, yb in s:
+            outer.append(yb.copy())
+            for _, yb2 in s:  # the inner loop takes the epoch over where it stands
+                inner.append(yb2.copy())
+    ids = np.concatenate(outer + inner)
+    assert len(outer) == 1 and np.array_equal(np.sort(ids), np.arange(1003))  # the epoch once, between the two
+
+
+def test_an_iterator_left_open_is_taken_over_by_the_next_loop(odd_store, recwarn):
+    full = epoch_ids(pipeline.stream(odd_store, batch_size=50, seed=3))
+    s = pipeline.stream(odd_store, batch_size=50, seed=3)
+    peek = iter(s)
+    first = next(peek)[1].copy()  # a look at one batch, its iterator kept
+    s.load_state_dict({"epoch": 0, "batches_served": 0})
+    got = epoch_ids(s)
+    assert np.array_equal(first, full[0]) and all(np.array_equal(a, b) for a, b in zip(got, full))
+    assert len(got) == len(full)
+    with pytest.raises(StreamError, match="stopped after 1 of its 21 batches: load_state_dict was called"):
+        next(peek)
+    s.set_epoch(0)  # epoch 0 again, on purpose
+    last = iter(s)  # an iterator that served the epoch's last batch has finished it
+    assert len([b for b in itertools.islice(last, 21)]) == 21
+    s.set_epoch(1)
+    assert sum(len(b) for b in epoch_ids(s)) == 1003
     assert not [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
