@@ -704,6 +704,11 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
         line = repeated_header(part, so) if part.fmt == "csv" else None
         if line is not None:
             raise _header_again(part, line) from None
+        ragged = ragged_line(part, so) if part.fmt == "csv" and "columns, got" in str(exc) else None
+        if ragged is not None:
+            line, got, want = ragged
+            raise LoaderError(part.path, f"line {line} has {got} fields, expected {want} (as in line 1): a row cut "
+                              f"short or a field too many; cannot read csv data ({exc})") from None
         raise LoaderError(part.path, f"cannot read {part.fmt} data ({exc})") from None
     if part.fmt == "csv":
         _check_no_header_rows(part, table, sources)
@@ -802,6 +807,37 @@ def repeated_header(part: TablePart, so: dict) -> int | None:
     return None
 
 
+def _first_text(part: TablePart, col: Any) -> str:
+    """Where a column read as text first holds a value that is no number (`` at line 15002:
+    'abc'``), or nothing: the cast's own message names the value, not its row."""
+    for i, value in enumerate(col.to_pylist()):
+        if value is None:
+            continue
+        try:
+            float(str(value).replace(part.decimal, ".") if part.fmt == "csv" else value)
+        except (TypeError, ValueError):
+            return f" at {row_place(part, i)}: {str(value)[:40]!r}"
+    return ""
+
+
+def ragged_line(part: TablePart, so: dict) -> tuple[int, int, int] | None:
+    """The first line (from 1) of a CSV file whose field count differs from its first
+    line's, with both counts, or None: read line by line, only to explain a part that
+    pyarrow refused ("Expected 13 columns, got 11", which names the row's text, not its
+    line)."""
+    delimiter = part.delimiter.encode()
+    try:
+        with open_text(part.path, so) as fh:
+            want = fh.readline().count(delimiter) + 1
+            for k, line in enumerate(fh, start=2):
+                got = line.count(delimiter) + 1
+                if got != want and line.strip():
+                    return k, got, want
+    except OSError:
+        return None
+    return None
+
+
 #: LOBSTER message fields of whole numbers: read in float32 only while it holds them
 #: exactly. Order ids run past 2**24 = 16,777,216 (8 digits and more), beyond which
 #: float32 rounds integers, so that two orders would share an id silently.
@@ -890,7 +926,8 @@ def _read_values(part: TablePart, columns: tuple[str, ...], so: dict, dtype: Any
         except Exception as exc:  # noqa: BLE001
             if pa.types.is_integer(col.type):
                 raise inexact_integers(part, name, col, out.dtype) from None
-            raise LoaderError(part.path, f"column {name!r}: expected numbers, got {col.type} ({exc})") from None
+            raise LoaderError(part.path, f"column {name!r}: expected numbers, got {col.type}{_first_text(part, col)} "
+                              f"({exc})") from None
     # A column the file stores as float32 loses nothing; a float64 one is read as it is
     # stored, without a copy.
     prices = {c: scaled[c][: precision.CHECK_ROWS] if c in scaled else

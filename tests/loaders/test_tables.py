@@ -1430,3 +1430,32 @@ def test_permission_denied_parquet_says_cannot_read(tmp_path):
     path.chmod(0)
     with pytest.raises(LoaderError, match=r"locked\.parquet: cannot read the file: Permission denied \(errno 13\)"):
         open_source(str(path))
+
+
+@pytest.mark.parametrize("rows", [20, 5000])
+def test_a_cell_that_is_no_number_is_named_by_its_line_and_value(tmp_path, rows):
+    # A 100k-line vendor file: the column alone left its user hunting for the cell.
+    df = _frame(rows)
+    text = df.to_csv(index=False).splitlines()
+    k = rows - 3  # a data row near the end (lines from 1: the header is line 1)
+    fields = text[k].split(",")
+    fields[list(df.columns).index("ask_price_1")] = "abc"
+    text[k] = ",".join(fields)
+    (tmp_path / "bad.csv").write_text("\n".join(text) + "\n")
+    with pytest.raises(LoaderError, match=rf"bad\.csv: column 'ask_price_1': expected numbers, got string at line "
+                                          rf"{k + 1}: 'abc'"):
+        open_source(str(tmp_path / "bad.csv"), timestamp="timestamp", columns=["bid_price_1", "ask_price_1"]
+                    ).array.compute()
+
+
+@pytest.mark.parametrize("rows", [20, 5000])
+def test_a_row_cut_short_is_named_by_its_line(tmp_path, rows):
+    df = _frame(rows)
+    text = df.to_csv(index=False).splitlines()
+    k = rows - 3
+    text[k] = ",".join(text[k].split(",")[:-2])
+    (tmp_path / "short.csv").write_text("\n".join(text) + "\n")
+    n = len(df.columns)
+    with pytest.raises(LoaderError, match=rf"short\.csv: line {k + 1} has {n - 2} fields, expected {n} \(as in line "
+                                          r"1\): a row cut short or a field too many; cannot read csv data"):
+        open_source(str(tmp_path / "short.csv"), timestamp="timestamp").array.compute()
