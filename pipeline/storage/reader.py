@@ -210,7 +210,7 @@ class Dataset(Mapping[str, "SplitGroup | Fold"]):
 
 
 def open(
-    location: str | os.PathLike[str],
+    location: str | os.PathLike[str] | zarr.Group,
     *,
     partial: bool = False,
     storage_options: dict[str, Any] | None = None,
@@ -221,7 +221,8 @@ def open(
     Parameters
     ----------
     location
-        Directory, ``.zarr.zip`` file or fsspec URL.
+        Directory, ``.zarr.zip`` file or fsspec URL, or the store's root group opened
+        already (``zarr.open_group``).
     version
         The version to show (``ds.versions`` lists them; negative counts from the
         newest). ``None``: the newest when opening. Either way the dataset keeps that
@@ -239,13 +240,19 @@ def open(
     StoreError
         When the store has no such version.
     """
-    loc = os.fspath(location)
-    group = open_store_group(loc, mode="r", storage_options=storage_options)
+    if isinstance(location, zarr.Group):  # opened already (zarr.open_group, an icechunk session's store)
+        group, loc = location, f"{location.store}/{location.path}".rstrip("/")
+    elif isinstance(location, (str, os.PathLike)):
+        loc = os.fspath(location)
+        group = open_store_group(loc, mode="r", storage_options=storage_options)
+    else:
+        raise StoreError(f"pipeline.open takes a store's path, URL or zarr group, got {type(location).__name__}; a "
+                         "zarr array or a pair of them streams with pipeline.stream")
     meta = store_root_attrs(group)
     if not meta:
         raise StoreError(f"{loc}: not a pipeline store (no 'pipeline' attributes): pipeline.open reads the splits "
                          "and provenance pipeline writes; a zarr store another tool wrote streams as it is with "
-                         "pipeline.stream(path), and zarr.open_group(path) reads it")
+                         "pipeline.stream(path or group), and zarr.open_group(path) reads it")
     if not meta.get("complete") and not partial:
         raise IncompleteStoreError(loc)
     return Dataset(group, loc, version)

@@ -380,6 +380,11 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
         When ``source`` is none of the kinds ``stream`` takes, or ``dim`` is given for a
         source it does not apply to.
     """
+    if split and any(part in (".", "..") for part in split.split("/")):
+        # zarr's own refusal ("The path '.' is invalid ...") named no store.
+        label = os.fspath(source) if isinstance(source, (str, os.PathLike)) else "<group>"
+        raise StreamError(f"{label}: split={split!r}: a split is a group's name inside the store (train, "
+                          "fold0/train); '.' and '..' name none (split=None streams the arrays at the root)")
     if isinstance(source, (str, os.PathLike)) or is_zarr(source, "Group"):
         with one_reading():  # the store's metadata read once, whoever asks
             foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)

@@ -437,8 +437,11 @@ class Mix:
         skip, share = 0, worker
         if self._served:
             if self._served_workers not in (None, num_workers):
-                raise StreamError(f"mix: state_dict was saved while {self._served_workers} DataLoader workers "
-                                  f"served, this loader has {num_workers}; resume a mix on as many workers")
+                def serving(n: int) -> str:
+                    return f"{n} DataLoader workers" if n > 1 else "one server (a loop in one process, or one worker)"
+
+                raise StreamError(f"mix: state_dict was saved while {serving(self._served_workers)} served, here "
+                                  f"{serving(num_workers)}; resume a mix on as many workers")
             # The DataLoader took batches from the workers in turn: each share skips what
             # it delivered, and the turns go on where they stopped.
             counts = [hi - lo for lo, hi in (self._range(k, num_workers) for k in range(num_workers))]

@@ -1052,8 +1052,10 @@ class Stream:
             if self._served_workers not in (None, num_workers):
                 who = (f"{self._served_workers} DataLoader workers" if self._served_workers > 1 else
                        "1 server (a loop in one process: plain, Keras or DataLoader num_workers=0)")
-                raise StreamError(f"state_dict was saved while {who} served, this loader has {num_workers}; "
-                                  "resuming on another number of workers needs global_batch_size")
+                now = (f"{num_workers} DataLoader workers serve" if num_workers > 1 else
+                       "one server does (a loop in one process, DataLoader num_workers=0, or one DataLoader worker)")
+                raise StreamError(f"state_dict was saved while {who} served, here {now}; resuming on another number "
+                                  "of workers needs global_batch_size")
             # The DataLoader took batches from the workers in turn: each share skips what
             # it delivered, and the turns go on where they stopped.
             counts = [len(self.plan(k, num_workers).batch_sizes) for k in range(num_workers)]

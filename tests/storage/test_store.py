@@ -47,8 +47,17 @@ def test_paths_that_are_not_a_group_say_what_they_are(tmp_path):
                        r"themselves, \(zarr.open_array\(path\), ...\)$"):
         pipeline.stream(tmp_path / "bare.zarr", batch_size=2)
     zarr.open_group(str(tmp_path / "plain.zarr"), mode="w").create_array("x", data=np.arange(10.0))
-    with pytest.raises(StoreError, match=r"plain.zarr: not a pipeline store .*pipeline.stream\(path\)"):
+    with pytest.raises(StoreError, match=r"plain.zarr: not a pipeline store .*pipeline.stream\(path or group\)"):
         pipeline.open(tmp_path / "plain.zarr")
+    # Passed as a zarr group, as pipeline.stream takes it (it was a bare TypeError).
+    with pytest.raises(StoreError, match=r"plain.zarr: not a pipeline store"):
+        pipeline.open(zarr.open_group(str(tmp_path / "plain.zarr"), mode="r"))
+    with pytest.raises(StoreError, match=r"pipeline.open takes a store's path, URL or zarr group, got Array"):
+        pipeline.open(zarr.open_array(str(tmp_path / "bare.zarr"), mode="r"))
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    pipeline.write(tmp_path / "ours.zarr", {"x": x, "y": x[:, 0]}, progress=False)
+    ours = pipeline.open(zarr.open_group(str(tmp_path / "ours.zarr"), mode="r"))
+    np.testing.assert_array_equal(ours["train"]["x"][:], x)
     with pytest.raises(StoreError, match=r"nothing.zarr: no such store$"):
         open_store_group(tmp_path / "nothing.zarr")
 

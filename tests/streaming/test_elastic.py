@@ -311,8 +311,11 @@ def test_refusals(store):
         elastic.load_state_dict({**served, "batches_served": 1, "done": [[0, 2]]})
     # a stream without global_batch_size resumes only on the DataLoader workers that served it
     plain.load_state_dict(plain.state_dict(batches_served=3, num_workers=2))
-    with pytest.raises(StreamError, match="saved while 2 DataLoader workers served, this loader has 3"):
+    with pytest.raises(StreamError, match="saved while 2 DataLoader workers served, here 3 DataLoader workers serve"):
         next(plain.iter_resumed(0, 3))
+    with pytest.raises(StreamError, match=r"saved while 2 DataLoader workers served, here one server does \(a loop in "
+                                          r"one process, DataLoader num_workers=0, or one DataLoader worker\)"):
+        next(iter(plain))  # a plain loop: it said "this loader has 1"
     # 1003 = 125 * 8 + 3: the last step's 3 samples leave a rank of 4 or 8 without one
     odd = {"x": np.zeros((1003, 2), np.float32), "y": np.arange(1003)}
     for world in (4, 8):

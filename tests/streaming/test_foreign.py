@@ -5,6 +5,7 @@ values numpy holds; encodings that would make the stored numbers wrong are refus
 from __future__ import annotations
 
 import pickle
+import re
 import warnings
 
 import dask.array as da
@@ -159,6 +160,11 @@ def test_a_split_a_root_variables_store_does_not_have_is_refused(tmp_path, refer
     for split in ("test", "no-such-split"):
         with pytest.raises(StreamError, match=rf"no split '{split}'.*at its root.*split='train'; its groups: extra"):
             pipeline.stream(str(tmp_path / "plain.zarr"), split=split, batch_size=64)
+    for split in (".", "..", "extra/../x"):  # zarr's own ValueError named no store
+        for source in (str(tmp_path / "plain.zarr"), zarr.open_group(tmp_path / "plain.zarr", mode="r")):
+            with pytest.raises(StreamError, match=rf"(plain\.zarr|<group>): split='{re.escape(split)}': a split is "
+                                                  r"a group's name inside the store"):
+                pipeline.stream(source, split=split, batch_size=64)
     check_epochs(pipeline.stream(str(tmp_path / "plain.zarr"), batch_size=64), x, y, epochs=1)
 
 

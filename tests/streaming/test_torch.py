@@ -253,7 +253,7 @@ def test_a_state_served_in_this_process_records_one_server(store, via):
     np.testing.assert_array_equal(np.sort(np.concatenate(first + rest)), np.arange(1000))
     c = make()
     c.load_state_dict(state)
-    with pytest.raises(StreamError, match="saved while 1 server .* served, this loader has 2; .* global_batch_size"):
+    with pytest.raises(StreamError, match="saved while 1 server .* served, here 2 DataLoader workers serve; .* global_batch_size"):
         next(c.iter_resumed(0, 2))
 
 
