@@ -222,9 +222,16 @@ def _checked_stream(src: Any, where: str, batch_size: int, global_batch_size: in
         ``drop_last`` leaves every epoch without a batch (unless a mix opens it, see
         :data:`EMPTY_EPOCHS_OK`).
     """
-    _check_samples(where, int(sum(src.lengths)), world_size)
-    s = Stream(src, names=src.names, batch_size=batch_size, drop_last=drop_last, rank=rank, world_size=world_size,
-               global_batch_size=global_batch_size, **options)
+    n = int(sum(src.lengths))
+    _check_samples(where, n, world_size)
+    try:
+        s = Stream(src, names=src.names, batch_size=batch_size, drop_last=drop_last, rank=rank, world_size=world_size,
+                   global_batch_size=global_batch_size, **options)
+    except StreamError as exc:
+        text = str(exc)
+        if not text.startswith(f"stream: {n} samples "):  # (the elastic order's refusal of a world size)
+            raise
+        raise StreamError(f"stream: {where} {text.removeprefix('stream: ')}") from None
     if drop_last and len(s) == 0 and not EMPTY_EPOCHS_OK.get():
         s.close()
         raise _no_whole_batch(where, s.n_samples, batch_size, global_batch_size, world_size)
