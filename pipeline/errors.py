@@ -149,8 +149,8 @@ class IncompleteStoreError(StoreError):
     def __init__(self, path: str, detail: str = ""):
         extra = f" ({detail})" if detail else ""
         super().__init__(
-            f"{path}: the store is incomplete{extra}; rerun the same `pipeline run` to "
-            "finish it, or open it with partial=True to read what is there"
+            f"{path}: the store is incomplete{extra}; rerun the same `pipeline run` (or "
+            "`pipeline.write` call) to finish it, or open it with partial=True to read what is there"
         )
 
 

@@ -577,6 +577,9 @@ def _with_samples(arrs: Mapping[str, Any], where: str) -> dict[str, Any]:
     for name, a in out.items():
         if a.ndim == 0:
             raise StoreError(f"write: {where}array {name!r} is 0-d (a single value); expected samples along axis 0")
+        if a.dtype == object:  # zarr refuses it only once the store's metadata is written, naming no array
+            raise StoreError(f"write: {where}array {name!r} has dtype object (Python objects), which zarr does not "
+                             "store; convert it to numbers, fixed-width strings (dtype 'U<n>') or bytes first")
     return out
 
 

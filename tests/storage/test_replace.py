@@ -289,5 +289,6 @@ def test_an_overwrite_whose_tasks_cannot_be_confirmed_ended_leaves_the_old_store
     aside = [p for p in tmp_path.iterdir() if p.name.startswith(".f.zarr" + ASIDE_INFIX)]
     assert len(aside) == 1 and str(aside[0]) in str(said[0].message)
     assert _files(aside[0]) == before  # every byte of the old store, where the warning says
-    with pytest.raises(IncompleteStoreError):
+    with pytest.raises(IncompleteStoreError, match=r"the store is incomplete; rerun the same `pipeline run` \(or "
+                                                   r"`pipeline.write` call\) to finish it"):
         pipeline.open(store)  # the partial new store is never taken for a complete one

@@ -180,6 +180,16 @@ def test_unequal_lengths_and_unknown_codecs_fail_before_writing(tmp_path):
 
     with pytest.raises(ConfigError, match="codec.cname"):
         CodecSpec.from_mapping({"cname": "snappyy"}, "codec")
+    # zarr refused an object array only after the store's metadata was written (naming
+    # no array), and the corrected rewrite was then refused as another write's store.
+    import dask.array as da
+
+    for y in (np.array([{"a": 1}] * 5, dtype=object), da.from_array(np.array([None] * 5, dtype=object), chunks=2)):
+        with pytest.raises(StoreError, match=r"write: array 'y' has dtype object \(Python objects\), which zarr does "
+                                              r"not store"):
+            write(tmp_path / "o.zarr", {"x": np.zeros((5, 2)), "y": y}, progress=False)
+        assert not (tmp_path / "o.zarr").exists()
+    write(tmp_path / "o.zarr", {"x": np.zeros((5, 2)), "y": np.arange(5)}, progress=False)
 
 
 def test_another_fingerprint_is_refused_and_nothing_changes(tmp_path):
