@@ -856,6 +856,7 @@ def write(
     layout = _Layout(chunk_samples, target_chunk_bytes, shard_chunks, shared_chunk_rows)
     groups, fold_index, attrs = _split_groups(arrays, splits, split_by, gap, horizon, times, seed, shared, folds,
                                               fold_base, attrs, features, layout)
+    given = fingerprint
     fingerprint = fingerprint or content_fingerprint(groups, fold_index, attrs, codec, chunk_samples,
                                                      target_chunk_bytes, shard_chunks, shared_chunk_rows)
     attrs = _with_provenance(attrs, arrays)  # after the fingerprint: a file touched is the same write
@@ -864,7 +865,54 @@ def write(
         _write_dir(path, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs, fingerprint,
                    overwrite, options, progress, shared_chunk_rows, fold_index)
 
-    return _write_at(location, write_dir, storage_options, fingerprint, overwrite)
+    try:
+        return _write_at(location, write_dir, storage_options, fingerprint, overwrite)
+    except StoreConflictError as exc:
+        if given is not None or "written from fingerprint" not in str(exc):
+            raise
+        # Two hashes alone sent the user guessing what changed.
+        said = write_differences(location, storage_options, groups, codec, chunk_samples, shard_chunks)
+        raise StoreConflictError(f"{exc}. {said}") from None
+
+
+def write_differences(location: str, storage_options: dict[str, Any] | None,
+                      groups: Mapping[str, Mapping[str, da.Array]], codec: CodecSpec, chunk_samples: int | None,
+                      shard_chunks: int | None) -> str:
+    """What differs between the store at ``location`` and a :func:`write` of ``groups``
+    with these options, for the refusal of a write of another fingerprint: splits,
+    arrays, shapes, dtypes, the codec, samples per chunk; else the arrays' values (their
+    dask names differ: other data, or another computation of it)."""
+    try:
+        group = open_store_group(location, mode="r", storage_options=storage_options)
+    except StoreError:
+        return ""
+    meta = store_root_attrs(group)
+    stored = {name: {n: a for n, a in sub.arrays() if n != WRITTEN} for name, sub in group.groups()
+              if WRITTEN in sub}
+    diffs = []
+    if set(stored) != set(groups):
+        diffs.append(f"splits: the store's {sorted(stored)}, this write's {sorted(groups)}")
+    for split in sorted(set(stored) & set(groups)):
+        have, want = stored[split], groups[split]
+        if set(have) != set(want):
+            diffs.append(f"split {split!r}: the store's arrays {sorted(have)}, this write's {sorted(want)}")
+        for name in sorted(set(have) & set(want)):
+            a, b = have[name], want[name]
+            if tuple(a.shape) != tuple(b.shape) or np.dtype(a.dtype) != np.dtype(b.dtype):
+                diffs.append(f"{split}/{name}: the store's {tuple(a.shape)} {np.dtype(a.dtype)}, this write's "
+                             f"{tuple(b.shape)} {np.dtype(b.dtype)}")
+            elif chunk_samples is not None and int(a.chunks[0]) != min(int(chunk_samples), max(1, int(a.shape[0]))):
+                diffs.append(f"{split}/{name}: {a.chunks[0]} samples per chunk in the store, chunk_samples="
+                             f"{chunk_samples} here")
+    if meta.get("codec") is not None and meta.get("codec") != codec.describe():
+        diffs.append(f"codec: the store's {meta.get('codec')}, this write's {codec.describe()}")
+    if meta.get("complete") and meta.get("shard_chunks") != shard_chunks:
+        diffs.append(f"shard_chunks: the store's {meta.get('shard_chunks')}, this write's {shard_chunks}")
+    state = "" if meta.get("complete") else "The store there is an incomplete write (it failed or was stopped). "
+    if not diffs:
+        return (f"{state}What differs: the arrays' values (their dask names differ: other data, or another "
+                "computation of it), or options that shape the store")
+    return f"{state}What differs: " + "; ".join(diffs[:6]) + ("; ..." if len(diffs) > 6 else "")
 
 
 def _write_at(location: str, write_dir: Callable[[str, dict[str, Any] | None], None],

@@ -204,6 +204,29 @@ def test_another_fingerprint_is_refused_and_nothing_changes(tmp_path):
     np.testing.assert_array_equal(pipeline.open(tmp_path / "f.zarr")["train"]["x"][:], x + 1)
 
 
+def test_a_refused_write_of_other_arrays_or_options_says_what_differs(tmp_path):
+    x = np.arange(40, dtype=np.float32).reshape(10, 4)
+    path = tmp_path / "d.zarr"
+    write(path, {"x": x}, progress=False)
+    cases = [
+        (dict(arrays={"x": x}, chunk_samples=3), r"What differs: train/x: 10 samples per chunk in the store, "
+                                                  r"chunk_samples=3 here$"),
+        (dict(arrays={"x": x, "y": np.arange(10)}), r"What differs: split 'train': the store's arrays \['x'\], this "
+                                                    r"write's \['x', 'y'\]$"),
+        (dict(arrays={"x": x[:, :2]}), r"What differs: train/x: the store's \(10, 4\) float32, this write's "
+                                       r"\(10, 2\) float32$"),
+        (dict(arrays={"x": x}, codec="none"), r"What differs: codec: the store's .*, this write's .*none"),
+        (dict(arrays={"x": x + 1}), r"What differs: the arrays' values \(their dask names differ"),
+        (dict(arrays={"train": {"x": x[:5]}, "val": {"x": x[5:]}}), r"What differs: splits: the store's \['train'\], "
+                                                                    r"this write's \['train', 'val'\]"),
+    ]
+    for kwargs, said in cases:
+        with pytest.raises(StoreConflictError, match=r"written from fingerprint write-\w+, the current run's is "
+                                                     r"write-\w+; .*overwrite=True in pipeline.write\). " + said):
+            write(path, progress=False, **kwargs)
+    np.testing.assert_array_equal(pipeline.open(path)["train"]["x"][:], x)  # kept
+
+
 @pytest.mark.parametrize("name", ["f.zarr", "f.zarr.zip"])
 def test_other_arrays_to_a_written_path_without_a_fingerprint_are_refused_and_the_same_are_kept(tmp_path, name):
     """A notebook cell rerun with changed arrays: the write used to return at once and
