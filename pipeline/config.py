@@ -363,6 +363,8 @@ def _codec(value: Any, path: str) -> Any:
 def _splits(value: Any, path: str) -> dict[str, Any]:
     from pipeline.features.splits import parse_splits
 
+    if value is None:  # null, as for other optional keys: the default, every sample in train
+        return {"train": 1.0}
     return parse_splits(value, path)
 
 

@@ -37,6 +37,14 @@ def test_example_config_parses_into_frozen_dataclasses():
         cfg.windows.size = 3  # frozen
 
 
+def test_splits_null_is_the_default_as_when_left_out():
+    data = base()
+    data["output"]["splits"] = None  # it was refused ("expected a mapping"), as no other optional key is
+    left_out = base()
+    del left_out["output"]["splits"]
+    assert parse_config(data).output.splits == parse_config(left_out).output.splits == {"train": 1.0}
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [

@@ -1,9 +1,11 @@
 """PyTorch adapter: an ``IterableDataset`` that shares chunks among ranks and workers.
 
 Use it with ``DataLoader(ds, batch_size=None, num_workers=k)``: batches come ready-made.
-``batch_size=None`` is needed: with torch's default (1) or any number the DataLoader
-stacks that many of the stream's batches into one and fails in its collate at the
-epoch's shorter last batch, and the dataset cannot see the loader's batch size to say so.
+``batch_size=None`` is needed: with torch's default (1) the DataLoader adds an axis to
+every batch (``[1, B, ...]`` tensors, silently: a model that broadcasts trains on them),
+and with a larger number it stacks that many of the stream's batches into one and fails
+in its collate at the epoch's shorter last batch; the dataset cannot see the loader's
+batch size to say so.
 Start from ``num_workers=0``: the stream already reads and decodes chunks on its own
 threads and cuts batches on another, in the training process, so workers add no reading
 speed; what they add is torch's cost of moving every batch between processes, which on
