@@ -236,8 +236,29 @@ def _codec_from_arrays(group: Any) -> str:
             "read it from: each array's compressor is listed below)")
 
 
+def _codec_name(codec: Any) -> str:
+    return str(getattr(codec, "codec_id", None) or type(codec).__name__.removesuffix("Codec").lower())
+
+
+def codec_chain(arr: Any) -> str:
+    """How an array is stored, in order: its filters (``transpose``, ``fixedscaleoffset``),
+    a serializer other than little-endian bytes (``bytes(big)``, a sharding one), then
+    its compressors (``none`` when it has none)."""
+    parts = [_codec_name(f) for f in getattr(arr, "filters", None) or ()]
+    serializer = getattr(arr, "serializer", None)
+    if serializer is not None:
+        endian = getattr(getattr(serializer, "endian", None), "value", getattr(serializer, "endian", None))
+        kind = _codec_name(serializer)
+        if kind != "bytes":
+            parts.append(kind)
+        elif endian not in (None, "little"):
+            parts.append(f"bytes({endian})")
+    parts += [_codec_name(c) for c in arr.compressors or ()] or ["none"]
+    return ", ".join(parts)
+
+
 def _array_report(split: str, name: str, arr: Any, held: int | None = None) -> ArrayReport:
-    codecs = ", ".join(type(c).__name__.removesuffix("Codec").lower() for c in arr.compressors) or "none"
+    codecs = codec_chain(arr)
     return ArrayReport(split=split, name=name, shape=tuple(arr.shape), dtype=str(arr.dtype),
                        chunks=tuple(arr.chunks), shards=tuple(arr.shards) if arr.shards else None,
                        codecs=codecs, nbytes=int(arr.nbytes), stored_bytes=stored_bytes(arr),

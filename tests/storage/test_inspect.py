@@ -9,6 +9,7 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
+import zarr
 
 import pipeline
 from pipeline.errors import StoreError
@@ -632,3 +633,26 @@ def test_verify_of_a_remote_store_keeps_many_requests_in_flight(s3, tmp_path):
         proxy.server.close()
     assert result == verify_store(tmp_path / "v.zarr") and result.checked == 48 and not result
     assert proxy.most >= 8, proxy.most
+
+
+def test_the_codec_line_is_the_whole_chain_filters_serializer_and_compressors(tmp_path):
+    # It listed the compressors alone: an array stored through a scale-offset filter
+    # (float64 kept as integers) read "blosc", a big-endian one "gzip".
+    import numcodecs.zarr3
+    from zarr.codecs import BytesCodec, GzipCodec, TransposeCodec, ZstdCodec
+
+    from pipeline.storage.inspect import codec_chain
+
+    x = np.arange(60, dtype=np.float64).reshape(10, 6)
+    group = zarr.open_group(str(tmp_path / "c.zarr"), mode="w")
+    made = {
+        "fso": dict(filters=[numcodecs.zarr3.FixedScaleOffset(offset=0, scale=10, dtype="<f8", astype="<i8")]),
+        "big": dict(serializer=BytesCodec(endian="big"), compressors=[GzipCodec()]),
+        "t": dict(filters=[TransposeCodec(order=(1, 0))], compressors=[ZstdCodec()]),
+        "raw": dict(compressors=None),
+    }
+    for name, kwargs in made.items():
+        group.create_array(name, shape=x.shape, dtype=x.dtype, chunks=(5, 6), **kwargs)[:] = x
+    got = {name: codec_chain(group[name]) for name in made}
+    assert got == {"fso": "fixedscaleoffset, zstd", "big": "bytes(big), gzip", "t": "transpose, zstd",
+                   "raw": "none"}
