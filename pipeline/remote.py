@@ -601,14 +601,31 @@ def remote_errors_explained(store: str, *, sources: Sequence[str] = (), remote: 
         if _no_credentials(exc):
             raise _credentials_error(store, sources, exc) from None
         if scheduler_lost(exc):
-            raise ClusterError(
-                f"the connection to the dask scheduler was lost while writing {store}: the store is incomplete "
-                f"(nothing written is lost); once the scheduler is back, rerun the same command to resume it"
+            if _store_begun(store):
+                raise ClusterError(
+                    f"the connection to the dask scheduler was lost while writing {store}: the store is incomplete "
+                    f"(nothing written is lost); once the scheduler is back, rerun the same command to resume it"
+                ) from None
+            raise ClusterError(  # lost while planning: there is no store to call incomplete
+                f"the connection to the dask scheduler was lost before anything of {store} was written; once the "
+                "scheduler is back, rerun the same command"
             ) from None
         raise
     finally:
         for logger in loggers:
             logger.removeFilter(quiet)
+
+
+def _store_begun(store: str) -> bool:
+    """Whether anything of the store at ``store`` is written (its root metadata); True
+    when that cannot be told (an object store that does not answer)."""
+    try:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(store)
+        return bool(fs.exists(f"{root.rstrip('/')}/zarr.json"))
+    except Exception:  # noqa: BLE001 - unknown: say what may be so
+        return True
 
 
 def _fingerprint_function() -> Callable[[], str | None]:

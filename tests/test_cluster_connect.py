@@ -386,7 +386,7 @@ def task(marker):  # says it runs on the worker, then outlives the scheduler
     threading.Event().wait(60)
 
 try:
-    with remote_errors_explained("/data/out.zarr", remote=True):
+    with remote_errors_explained(sys.argv[3], remote=True):
         with cluster(sys.argv[1], timeout=2, log=None) as client:
             future = client.submit(task, sys.argv[2])
             print("submitted", flush=True)
@@ -395,6 +395,20 @@ except PipelineError as exc:
     print(f"pipeline run: {exc}", file=sys.stderr)
     sys.exit(1)
 """
+
+
+def test_a_scheduler_lost_before_the_store_was_begun_calls_no_store_incomplete(tmp_path):
+    from distributed.comm.core import CommClosedError
+
+    from pipeline.errors import ClusterError
+    from pipeline.remote import remote_errors_explained
+
+    with pytest.raises(ClusterError, match=r"^the connection to the dask scheduler was lost before anything of "
+                                           r".*none\.zarr was written; once the scheduler is back, rerun the same "
+                                           r"command$"):
+        with remote_errors_explained(str(tmp_path / "none.zarr"), remote=True):
+            raise CommClosedError("in <TCP (closed)>: Stream is closed")
+    assert not (tmp_path / "none.zarr").exists()
 
 
 def test_a_scheduler_lost_mid_run_is_one_line_saying_the_rerun_resumes(tmp_path):
@@ -414,15 +428,18 @@ def test_a_scheduler_lost_mid_run_is_one_line_saying_the_rerun_resumes(tmp_path)
         with Client(address, timeout=30) as c:
             c.wait_for_workers(1, timeout=60)
         marker = tmp_path / "task-started"
-        run = subprocess.Popen([sys.executable, "-c", _LOST, address, str(marker)], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
+        store = tmp_path / "out.zarr"
+        store.mkdir()
+        (store / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')  # a write begun
+        run = subprocess.Popen([sys.executable, "-c", _LOST, address, str(marker), str(store)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert run.stdout.readline().strip() == "submitted"
         assert wait_until(marker.exists, timeout=60, watch=tmp_path, procs=[run])  # the task runs
         procs[0].kill()  # the scheduler dies, as a SIGKILL or a lost node does
         _, err = run.communicate(timeout=60)
         assert run.returncode == 1
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-        assert "connection to the dask scheduler was lost while writing /data/out.zarr" in err
+        assert f"connection to the dask scheduler was lost while writing {store}" in err
         assert "incomplete" in err and "rerun the same command to resume it" in err
     finally:
         for p in procs:  # a worker whose scheduler is gone would wait for it to close
