@@ -23,6 +23,7 @@ Rules this module enforces (DESIGN.md, "Rules that protect data"):
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import platform
@@ -856,7 +857,8 @@ def write(
     layout = _Layout(chunk_samples, target_chunk_bytes, shard_chunks, shared_chunk_rows)
     groups, fold_index, attrs = _split_groups(arrays, splits, split_by, gap, horizon, times, seed, shared, folds,
                                               fold_base, attrs, features, layout)
-    given = fingerprint
+    differences = None if fingerprint else functools.partial(write_differences, location, storage_options, groups,
+                                                             codec, chunk_samples, shard_chunks)
     fingerprint = fingerprint or content_fingerprint(groups, fold_index, attrs, codec, chunk_samples,
                                                      target_chunk_bytes, shard_chunks, shared_chunk_rows)
     attrs = _with_provenance(attrs, arrays)  # after the fingerprint: a file touched is the same write
@@ -864,15 +866,7 @@ def write(
     def write_dir(path: str, options: dict[str, Any] | None) -> None:
         _write_dir(path, groups, chunk_samples, target_chunk_bytes, shard_chunks, codec, attrs, fingerprint,
                    overwrite, options, progress, shared_chunk_rows, fold_index)
-
-    try:
-        return _write_at(location, write_dir, storage_options, fingerprint, overwrite)
-    except StoreConflictError as exc:
-        if given is not None or "written from fingerprint" not in str(exc):
-            raise
-        # Two hashes alone sent the user guessing what changed.
-        said = write_differences(location, storage_options, groups, codec, chunk_samples, shard_chunks)
-        raise StoreConflictError(f"{exc}. {said}") from None
+    return _write_at(location, write_dir, storage_options, fingerprint, overwrite, differences)
 
 
 def write_differences(location: str, storage_options: dict[str, Any] | None,
@@ -916,17 +910,25 @@ def write_differences(location: str, storage_options: dict[str, Any] | None,
 
 
 def _write_at(location: str, write_dir: Callable[[str, dict[str, Any] | None], None],
-              storage_options: dict[str, Any] | None, fingerprint: str, overwrite: bool) -> str:
+              storage_options: dict[str, Any] | None, fingerprint: str, overwrite: bool,
+              differences: Callable[[], str] | None = None) -> str:
     """:func:`write`'s store written at ``location`` by ``write_dir``: a zip built
-    beside it and packed, or a directory or object store under its write lock."""
-    if is_zip(location):
-        check_target(location, fingerprint, overwrite)
-        return _write_zip(location, overwrite, write_dir)
+    beside it and packed, or a directory or object store under its write lock. A store
+    of another fingerprint is refused saying what ``differences`` finds (two hashes alone
+    sent the user guessing what changed)."""
     try:
-        with write_lock(location):
-            write_dir(location, storage_options)
-    except OSError as exc:  # creating the store or its lock: read-only, full, no permission
-        raise StoreError(f"{location}: cannot write ({exc.strerror or exc})") from exc
+        if is_zip(location):
+            check_target(location, fingerprint, overwrite)
+            return _write_zip(location, overwrite, write_dir)
+        try:
+            with write_lock(location):
+                write_dir(location, storage_options)
+        except OSError as exc:  # creating the store or its lock: read-only, full, no permission
+            raise StoreError(f"{location}: cannot write ({exc.strerror or exc})") from exc
+    except StoreConflictError as exc:
+        if differences is None or "written from fingerprint" not in str(exc):
+            raise
+        raise StoreConflictError(f"{exc}. {differences()}") from None
     return location
 
 
