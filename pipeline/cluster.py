@@ -279,6 +279,51 @@ def _serve_dashboard(local: "distributed.LocalCluster") -> None:
     routes.add_application(first_visit)
 
 
+def unguarded_main() -> str | None:
+    """The script (``python script.py``, ``python -m pkg.mod``) whose top-level code, not
+    under ``if __name__ == "__main__":``, is running now, or None (a guarded block, a
+    function called from elsewhere, stdin, a notebook). Worker processes started by
+    spawn or forkserver import the main script again: unguarded, it starts them again."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not isinstance(path, str) or not os.path.isfile(path):
+        return None
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is main.__dict__ and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    for stmt in tree.body:
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+            return None if _is_main_guard(stmt) else path
+    return None
+
+
+def _is_main_guard(stmt: Any) -> bool:
+    """Whether ``stmt`` is an ``if`` whose test compares ``__name__`` with ``"__main__"``
+    (either way round, alone or among other conditions)."""
+    import ast
+
+    if not isinstance(stmt, ast.If):
+        return False
+    for node in ast.walk(stmt.test):
+        if isinstance(node, ast.Compare) and len(node.comparators) == 1 and isinstance(node.ops[0], ast.Eq):
+            sides = [node.left, node.comparators[0]]
+            names = [s.id for s in sides if isinstance(s, ast.Name)]
+            texts = [s.value for s in sides if isinstance(s, ast.Constant)]
+            if names == ["__name__"] and texts == ["__main__"]:
+                return True
+    return False
+
+
 @contextlib.contextmanager
 def cluster(
     address: str | None = None,
@@ -737,6 +782,15 @@ def _connect(address: str | None, scheduler_file: str | None, timeout: float, tl
         return client, None
     from distributed import Client, LocalCluster
 
+    script = unguarded_main() if local_kwargs["processes"] else None
+    if script is not None:
+        # Its worker processes would each import the script again, run this very line and
+        # fail (multiprocessing's "bootstrapping phase" error, in each child only): the
+        # wait for them then ended after 30 s saying the nannies logged no error.
+        raise ClusterError(f"{script}: starts a LocalCluster of worker processes in its top-level code, which every "
+                           "worker process runs again as it imports the script; put the code that starts it (a "
+                           "pipeline.run, pipeline.cluster, pipeline.write or stream on a cluster) under "
+                           "`if __name__ == \"__main__\":`")
     n_workers = int(local_kwargs.pop("n_workers"))  # type: ignore[call-overload]
     local = None
     client = None

@@ -110,6 +110,28 @@ def test_a_script_piped_to_python_starts_a_local_cluster(tmp_path):
     assert done.stdout.split() == ["result", "1000", "1", "<stdin>"]
 
 
+def test_a_script_starting_a_local_cluster_outside_a_main_guard_is_named_at_once(tmp_path):
+    # Every worker process imported the script again, ran the same line and failed with
+    # multiprocessing's own error (in the child only); the run waited 30 s and said the
+    # nannies logged no error.
+    body = "with pipeline.cluster(n_workers=1, threads_per_worker=1, memory_limit='512MiB', log=None) as c:\n" \
+           "    print('workers', len(c.scheduler_info()['workers']))\n"
+    (tmp_path / "bad.py").write_text("import pipeline\n" + body)
+    (tmp_path / "main.py").write_text("import pipeline\n\ndef main():\n" + "".join(
+        "    " + line + "\n" for line in body.splitlines()) + "\nmain()\n")
+    for name in ("bad.py", "main.py"):
+        t0 = time.monotonic()
+        done = subprocess.run([sys.executable, name], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+        assert done.returncode == 1 and time.monotonic() - t0 < 25, done.stderr[-2000:]
+        assert f"ClusterError: {tmp_path / name}: starts a LocalCluster of worker processes in its top-level code" \
+            in done.stderr and 'under `if __name__ == "__main__":`' in done.stderr
+    guarded = "import pipeline\nif __name__ == '__main__' and True:\n" + "".join(
+        "    " + line + "\n" for line in body.splitlines())
+    (tmp_path / "good.py").write_text(guarded)
+    done = subprocess.run([sys.executable, "good.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0 and done.stdout.split() == ["workers", "1"], done.stderr[-2000:]
+
+
 def test_dashboard_pages_that_cannot_be_built_answer_with_the_reason(monkeypatch):
     import urllib.error
     import urllib.request
