@@ -303,6 +303,16 @@ def _cmd_demo_data(args: argparse.Namespace) -> int:
                       f"{len(instruments)} instruments")
     print(f"wrote {len(paths)} files ({'; '.join(c for c in counts if c)}) to {args.directory} "
           f"in {time.perf_counter() - t0:.1f} s")
+    written = {os.path.abspath(p) for p in paths}
+    others = sorted(os.path.join(root, name) for root, _, names in os.walk(args.directory) for name in names
+                    if os.path.abspath(os.path.join(root, name)) not in written)
+    if others:
+        sys.stdout.flush()
+        # A rerun with fewer --days left the earlier run's later days: a build over the
+        # folder read them too, more data than this command describes.
+        print(f"note: {args.directory} also holds {len(others)} file(s) this command did not write (such as "
+              f"{others[0]}); a pipeline run over it reads them too: remove them, or use an empty directory",
+              file=sys.stderr)
     return 0
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -485,3 +486,14 @@ def test_the_command_imports_numpy_with_one_blas_thread_unless_the_user_chose(us
     assert setting == want.split()[0]
     if (os.cpu_count() or 1) >= 2:  # one core: OpenBLAS starts no thread of its own either way
         assert threads == want.split()[1]
+
+
+def test_demo_data_over_an_earlier_run_names_the_files_it_did_not_write(tmp_path):
+    # A recipe's --days 3 after the quickstart's 5 days left days 4 and 5 there, silently:
+    # the next build read 10 files where the page described 6.
+    first = cli("demo-data", str(tmp_path / "raw"), "--per-instrument", "--days", "3", "--rows-per-day", "300")
+    assert first.returncode == 0 and "note:" not in first.stderr
+    again = cli("demo-data", str(tmp_path / "raw"), "--per-instrument", "--days", "2", "--rows-per-day", "300")
+    assert again.returncode == 0
+    assert re.search(r"note: .*raw also holds 4 file\(s\) this command did not write \(such as .*2026-01-07\.\w+\); "
+                     r"a pipeline run over it reads them too", again.stderr), again.stderr
