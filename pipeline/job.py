@@ -430,25 +430,6 @@ def _refuse_changed(changed: list[tuple[str, str]], outcome: str) -> None:
         raise LoaderError(path, f"changed while this run read it ({why}){others}; {outcome}")
 
 
-def _withdraw_complete(location: str, attrs: dict[str, Any], storage_options: dict | None) -> str:
-    """Take back the complete flag the write just set on a store whose input changed
-    while it was read, recording the files as they were read, so that readers refuse
-    it and a resume is refused naming the file; a zip store (not to be edited in
-    place) is removed. Returns what became of the store, for the error."""
-    from pipeline.storage.store import ATTRS_KEY, is_zip, open_store_group, store_root_attrs
-    from pipeline.storage.writer import RESUME_KEY, _resume_record
-
-    if is_zip(location):
-        os.remove(location)
-        return "its store, which may hold windows of both contents, is removed: rerun to build it again"
-    group = open_store_group(location, mode="r+", storage_options=storage_options)
-    meta = store_root_attrs(group)
-    meta.update({"complete": False, RESUME_KEY: _resume_record(attrs)})
-    group.attrs[ATTRS_KEY] = meta
-    return ("its store, which may hold windows of both contents, is marked incomplete: rerun with --rebuild to "
-            "build it from the files as they are")
-
-
 def _check_workers_see(client: Any, config: Config) -> None:
     """Refuse, before any task, a remote cluster whose workers cannot see the local
     output's folder (the write lock this process holds beside the store) or one of the
@@ -480,6 +461,7 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool,
     :func:`~pipeline.loaders.provenance.hashes_on`)."""
     from pipeline.storage import write
     from pipeline.storage.layout import chunk_samples_for
+    from pipeline.storage.writer import BEFORE_COMPLETE
 
     out, src_cfg = config.output, config.source
     so = src_cfg.storage_options or None
@@ -508,28 +490,32 @@ def _write_build(config: Config, tset: Any, source: Any, progress: bool,
         # virtual store serves the same batches as the materialized one.
         width = len(tset.attrs["features"]) * len(config.windows.scales)
         chunk_samples = chunk_samples_for(config.windows.size * width * 4, int(out.target_chunk_mb * 2**20))
-    write(
-        out.path,
-        tset.splits,
-        shared=tset.shared or None,
-        shared_chunk_rows=(chunk_samples * config.windows.stride) if tset.shared else None,
-        chunk_samples=chunk_samples,
-        target_chunk_bytes=int(out.target_chunk_mb * 2**20),
-        shard_chunks=out.shard_chunks,
-        codec=out.codec,
-        attrs=attrs,
-        fingerprint=config_fingerprint(config),
-        overwrite=out.overwrite,
-        storage_options=out.storage_options or None,
-        progress=progress,
-        **({"folds": tset.folds, "fold_base": next(iter(tset.splits))} if tset.folds else {}),
-    )
     # The workers read the files while the write ran: one replaced meanwhile may have
-    # given some windows its new content. The writer has marked the store complete by
-    # now (it takes no check before that): the flag is taken back at once.
-    changed = changed_files(stamps, so)
-    if changed:
-        _refuse_changed(changed, _withdraw_complete(out.path, attrs, out.storage_options or None))
+    # given some windows its new content. Checked once every unit is written, before
+    # the store is marked complete: it stays incomplete, and an overwrite's previous
+    # store is put back (checked after the write, an overwrite had removed it by then).
+    check = BEFORE_COMPLETE.set(lambda: _refuse_changed(changed_files(stamps, so), (
+        "the store, which may hold windows of both contents, is not marked complete (an overwrite's previous "
+        "store is put back): rerun with --rebuild to build it from the files as they are")))
+    try:
+        write(
+            out.path,
+            tset.splits,
+            shared=tset.shared or None,
+            shared_chunk_rows=(chunk_samples * config.windows.stride) if tset.shared else None,
+            chunk_samples=chunk_samples,
+            target_chunk_bytes=int(out.target_chunk_mb * 2**20),
+            shard_chunks=out.shard_chunks,
+            codec=out.codec,
+            attrs=attrs,
+            fingerprint=config_fingerprint(config),
+            overwrite=out.overwrite,
+            storage_options=out.storage_options or None,
+            progress=progress,
+            **({"folds": tset.folds, "fold_base": next(iter(tset.splits))} if tset.folds else {}),
+        )
+    finally:
+        BEFORE_COMPLETE.reset(check)
 
 
 def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) -> RunSummary:

@@ -117,19 +117,27 @@ def test_a_file_replaced_before_the_write_fails_the_run_and_writes_nothing(tmp_p
     assert (rec["size"], rec["mtime"]) == (st.st_size, st.st_mtime)
 
 
+def _replaced_during_the_write(monkeypatch, victim: Path) -> None:
+    """The file replaced once the workers have written every unit (and so read it),
+    before the store is marked complete."""
+    real = pipeline.storage.writer._confirm_written
+
+    def replaced_during(*args, **kwargs):
+        if victim.stat().st_size and not getattr(replaced_during, "done", False):
+            replaced_during.done = True
+            _replace_with_other_prices(victim)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline.storage.writer, "_confirm_written", replaced_during)
+
+
 def test_a_file_replaced_during_the_write_leaves_the_store_incomplete_and_refuses_its_resume(tmp_path, monkeypatch):
     config = _config(tmp_path)
     victim = sorted((tmp_path / "raw").glob("*.parquet"))[-1]
-    real = pipeline.storage.write
-
-    def replaced_during(*args, **kwargs):  # after the workers read it, before the run checks
-        out = real(*args, **kwargs)
-        _replace_with_other_prices(victim)
-        return out
-
-    monkeypatch.setattr(pipeline.storage, "write", replaced_during)
-    with pytest.raises(LoaderError, match=rf"^{victim}: changed while this run read it .*; its store, which may hold "
-                                          r"windows of both contents, is marked incomplete: rerun with --rebuild"):
+    _replaced_during_the_write(monkeypatch, victim)
+    with pytest.raises(LoaderError, match=rf"^{victim}: changed while this run read it .*; the store, which may "
+                                          r"hold windows of both contents, is not marked complete .*: rerun with "
+                                          r"--rebuild"):
         run(config, log=None, progress=False)
     monkeypatch.undo()
     with pytest.raises(IncompleteStoreError):
@@ -140,3 +148,22 @@ def test_a_file_replaced_during_the_write_leaves_the_store_incomplete_and_refuse
     ds = pipeline.open(config.output.path)
     rec = {f["path"]: f for f in ds.attrs["sources"]["files"]}[str(victim)]
     assert rec["size"] == os.stat(victim).st_size
+
+
+def test_a_file_replaced_during_an_overwrite_puts_the_previous_store_back(tmp_path, monkeypatch):
+    # The check ran after the write: the overwrite had marked the new store complete and
+    # removed the old one, then the flag was taken back: no complete store was left.
+    config = _config(tmp_path)
+    run(config, log=None, progress=False)
+    store = Path(config.output.path)
+    before = {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+    victim = sorted((tmp_path / "raw").glob("*.parquet"))[-1]
+    _replaced_during_the_write(monkeypatch, victim)
+    with pytest.warns(RuntimeWarning, match="the previous store is back in place"), \
+            pytest.raises(LoaderError, match=rf"^{victim}: changed while this run read it"):
+        run(config, log=None, progress=False, mode="rebuild")
+    monkeypatch.undo()
+    pipeline.storage.replace.wait_for_removals()
+    after = {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
+    assert after == before and sorted(os.listdir(store.parent)).count(store.name) == 1
+    assert not [n for n in os.listdir(store.parent) if ".replaced-" in n]

@@ -31,8 +31,9 @@ _STOPPED: OrderedDict[str, None] = OrderedDict()
 _MAX_STOPPED = 256
 
 #: Seconds :func:`settle` waits for running tasks before it gives up (a worker that does
-#: not answer): a task stops after the unit it is writing, a few seconds of work.
-SETTLE_TIMEOUT = 120.0
+#: not answer): a task stops after the unit it is writing, a second or two of work. A
+#: second Ctrl-C waits too (see :func:`settle`), so the wait is kept short.
+SETTLE_TIMEOUT = 20.0
 
 
 @contextlib.contextmanager
@@ -82,12 +83,19 @@ def _client() -> object | None:
 
 def _on_workers(client: object, token: str, timeout: float) -> int | None:
     """:func:`stop_here` on every worker of ``client``'s cluster: the sum of their running
-    tasks, or ``None`` when a worker did not answer within ``timeout`` seconds."""
+    tasks, or ``None`` when a worker that is still in the cluster did not answer within
+    ``timeout`` seconds. A worker that failed to answer and has left the cluster since
+    (killed with its process group, its nanny stopped) runs nothing."""
     answer: list = []
 
     def ask() -> None:
         try:
-            answer.append(client.run(stop_here, token, on_error="return"))  # type: ignore[attr-defined]
+            counts = client.run(stop_here, token, on_error="return")  # type: ignore[attr-defined]
+            failed = [w for w, c in counts.items() if not isinstance(c, int)]
+            if failed:
+                alive = client.scheduler_info(n_workers=-1).get("workers", {})  # type: ignore[attr-defined]
+                counts = {w: (0 if w in failed and w not in alive else c) for w, c in counts.items()}
+            answer.append(counts)
         except Exception as exc:  # noqa: BLE001 - the scheduler is gone: nothing is confirmed
             answer.append(exc)
 
@@ -111,18 +119,21 @@ def settle(token: str, *, timeout: float = SETTLE_TIMEOUT) -> bool:
     in-process cluster) or on any worker of the default distributed client; ``False``
     when that could not be confirmed within ``timeout`` seconds (a worker that does not
     answer): the caller must then leave alone anything those tasks could write into.
+    A second Ctrl-C (or SIGTERM) during the wait is held until it ends: it cut the wait
+    short, and the replaced store was then left aside though the tasks were ending.
     """
+    from pipeline.cluster import _interrupts_deferred
+
     deadline = time.monotonic() + timeout
     client = _client()
-    while True:
-        count = stop_here(token)
-        if client is not None:
-            remote = _on_workers(client, token, max(0.1, deadline - time.monotonic()))
-            if remote is None:
+    with _interrupts_deferred():
+        while True:
+            count: int | None = stop_here(token)
+            if client is not None:
+                remote = _on_workers(client, token, max(0.1, deadline - time.monotonic()))
+                count = None if remote is None else count + remote
+            if count == 0:
+                return True
+            if time.monotonic() >= deadline:
                 return False
-            count += remote
-        if count == 0:
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.02)
+            time.sleep(0.05)

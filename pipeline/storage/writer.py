@@ -22,6 +22,7 @@ Rules this module enforces (DESIGN.md, "Rules that protect data"):
 
 from __future__ import annotations
 
+import contextvars
 import datetime as _dt
 import functools
 import json
@@ -1078,6 +1079,14 @@ def _write_dir(location, groups, chunk_samples, target_chunk_bytes, shard_chunks
             removal.wait(settled=settled)
 
 
+#: Called once every unit of a write is written, just before the store is marked
+#: complete (``pipeline run`` checks there that no raw file changed while the workers
+#: read it): raising leaves the store incomplete, and an overwrite puts back the store
+#: it replaces. Set by the caller around :func:`write` (a context variable: per thread).
+BEFORE_COMPLETE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
+    "pipeline_before_complete", default=None)
+
+
 #: The incomplete store's record of what its write read (see :func:`_check_resume`).
 RESUME_KEY = "resume_sources"
 
@@ -1225,6 +1234,9 @@ def _write_into(location, exists, groups, chunk_samples, target_chunk_bytes, sha
             raise StoreError(f"{location}: split {split!r}: write units {missing[:5]} were not written")
         if split != SHARED:
             counts[split] = n
+    check = BEFORE_COMPLETE.get()
+    if check is not None:
+        check()
     # Before the store is marked complete: a crash leaves it incomplete, and the
     # resumed write comes here again and rewrites them.
     _write_folds(group, folds or {}, codec)

@@ -92,13 +92,32 @@ def test_settle_gives_up_after_its_timeout_when_a_task_does_not_end():
     thread.join()
 
 
-@pytest.mark.parametrize("answer", [RuntimeError("scheduler gone"), {"tcp://w": OSError("no route")}])
-def test_settle_is_unconfirmed_when_the_workers_do_not_answer(monkeypatch, answer):
-    class Client:
-        def run(self, *args, **kwargs):
-            if isinstance(answer, Exception):
-                raise answer
-            return answer
+class _Client:
+    """A client whose workers answer ``answer`` (per worker, or an error of the run) and
+    whose scheduler knows the workers ``alive``."""
 
-    monkeypatch.setattr(inflight, "_client", lambda: Client())
-    assert inflight.settle(_token(), timeout=5) is False
+    def __init__(self, answer, alive):
+        self.answer, self.alive = answer, alive
+
+    def run(self, *args, **kwargs):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    def scheduler_info(self, **kwargs):
+        return {"workers": {w: {} for w in self.alive}}
+
+
+@pytest.mark.parametrize("answer", [RuntimeError("scheduler gone"), {"tcp://w": OSError("no route"), "tcp://v": 0}])
+def test_settle_is_unconfirmed_when_a_worker_in_the_cluster_does_not_answer(monkeypatch, answer):
+    monkeypatch.setattr(inflight, "_client", lambda: _Client(answer, alive=["tcp://w", "tcp://v"]))
+    t0 = time.monotonic()
+    assert inflight.settle(_token(), timeout=0.5) is False
+    assert time.monotonic() - t0 < 5
+
+
+def test_a_worker_that_left_the_cluster_runs_nothing(monkeypatch):
+    # Killed with its process group (a SIGTERM to a job): its error is no unknown.
+    answer = {"tcp://gone": OSError("connection closed"), "tcp://v": 0}
+    monkeypatch.setattr(inflight, "_client", lambda: _Client(answer, alive=["tcp://v"]))
+    assert inflight.settle(_token(), timeout=5) is True
