@@ -311,7 +311,8 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
         hashes = hashes_on(client, source.metadata(), src_cfg.storage_options or None)
         rows = int(source.array.shape[0])
         segs = source.segments
-        say(f"source: {len(source.files)} file{'s' if len(source.files) != 1 else ''}, {rows:,} rows x {source.array.shape[1]} columns read, "
+        n_files = len(source.files)
+        say(f"source: {n_files} file{'s' if n_files != 1 else ''}, {rows:,} rows x {source.array.shape[1]} columns read, "
             f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.sessions_text})")
         if source.skipped:
             # A line of the run's output (the command prints warnings as lines), and a

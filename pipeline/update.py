@@ -205,6 +205,9 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     spec = _session_spec(config, meta)
     so = src_cfg.storage_options or None
     types = check_new_types(config, meta, files, source_kwargs, dated=bool(out.splits) and is_dated(out.splits))
+    latest = versions_of(meta)[-1]
+    stored = attrs_at(meta, latest)
+    stored.pop("version", None)
     try:
         source = open_segmented(files, sessions=spec, instrument=src_cfg.instrument, storage_options=so,
                                 **source_kwargs)
@@ -212,15 +215,10 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
         if not exc.files_without_rows:
             raise
         # Only files with a header and no rows (a holiday's empty CSV), as below.
-        stored = attrs_at(meta, versions_of(meta)[-1])
-        stored.pop("version", None)
         new = hashes_on(client, {"files": exc.files_without_rows}, so)()
         return _record_files(config, stored, new, types, say=say, progress=progress)
     check_new_columns(source.columns, [f.path for f in source.files], config.features.steps, config.labels)
     hashes = hashes_on(client, source.metadata(), so)  # read by the workers meanwhile
-    latest = versions_of(meta)[-1]
-    stored = attrs_at(meta, latest)
-    stored.pop("version", None)
     if not int(source.array.shape[0]):
         # Only files without rows (a holiday's empty file): a build of every file makes
         # nothing of them either. They are recorded as read, so the next run is up to date.

@@ -13,7 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline
+import pipeline.loaders.provenance  # patched below: imported so, whichever tests ran first
 import pipeline.storage
+import pipeline.storage.replace
+import pipeline.storage.writer
 from pipeline.config import load_config
 from pipeline.errors import IncompleteStoreError, LoaderError, StoreConflictError
 from pipeline.job import RunSummary, changed_files, mtime_text, run, skipped_line
