@@ -34,3 +34,33 @@ def in_turns(iterators):
                 live.remove(k)
             else:
                 yield k, got
+
+
+@pytest.fixture()
+def own_mappings(monkeypatch):
+    """A count of this test's chunk-file mappings not unmapped yet.
+
+    Each mapping the chunk reader makes from now on is watched until it is unmapped. The
+    process's own count (``live_mappings``) also moves when an earlier test's stream,
+    collected or stopped meanwhile, lets its mappings go: a CI run counted 10 fewer
+    during one test than before it.
+    """
+    import weakref
+
+    from pipeline.streaming import chunks as chunks_module
+
+    made: list[weakref.ref] = []
+    real = chunks_module.map_file
+
+    def watched(*args: object, **kwargs: object) -> np.ndarray:
+        mapped = real(*args, **kwargs)
+        made.append(weakref.ref(mapped.base))  # the owner of the region: unmapped when it goes
+        return mapped
+
+    monkeypatch.setattr(chunks_module, "map_file", watched)
+
+    def live() -> int:
+        return sum(r() is not None for r in made)
+
+    live.made = made  # type: ignore[attr-defined]
+    return live

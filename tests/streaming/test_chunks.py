@@ -18,7 +18,7 @@ from pipeline.storage import write
 from pipeline.storage.store import open_store_group
 from pipeline.streaming import chunks as chunks_module
 from pipeline.streaming.chunks import ChunkReader
-from pipeline.streaming.maps import MapCache, live_mappings
+from pipeline.streaming.maps import MapCache
 
 
 CODECS = {
@@ -340,22 +340,22 @@ def test_a_truncated_blosc_chunk_never_decodes_bytes_beyond_it(tmp_path, keep):
         reader.read(5)
 
 
-def test_nothing_a_read_returns_aliases_a_mapped_chunk_file(tmp_path):
+def test_nothing_a_read_returns_aliases_a_mapped_chunk_file(tmp_path, own_mappings):
     """Chunk files stay mapped, but what a read returns is decoded or copied out of them."""
     data = np.random.default_rng(2).standard_normal((120, 6)).astype(np.float32)
     for codec in ("blosc-lz4", "none"):
         path = write(tmp_path / f"{codec}.zarr", {"x": data, "y": np.arange(120)}, chunk_samples=40, codec=codec,
                      progress=False)
         maps = MapCache()
-        before = live_mappings()
+        before = own_mappings()
         reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
         got = [reader.read(i) for i in range(reader.n_chunks)]
         kept = [maps.get(os.path.join(reader._root, reader._key(i))) for i in range(reader.n_chunks)]
-        assert all(m is not None for m in kept) and live_mappings() == before + len(kept)
+        assert all(m is not None for m in kept) and own_mappings() == before + len(kept)
         assert not any(np.shares_memory(a, m) for a in got for m in kept)
         maps.clear()
         del kept
-        assert live_mappings() == before  # no returned array kept a mapping alive
+        assert own_mappings() == before  # no returned array kept a mapping alive
         np.testing.assert_array_equal(np.concatenate(got), data)
 
 
@@ -451,22 +451,22 @@ def test_a_file_that_cannot_be_mapped_is_read(tmp_path, monkeypatch):
     assert maps.mapped_bytes == 0
 
 
-def test_unmapping_a_file_still_being_decoded_waits_for_that_read(tmp_path, monkeypatch):
+def test_unmapping_a_file_still_being_decoded_waits_for_that_read(tmp_path, own_mappings):
     """clear() (or an eviction) while another thread still reads a mapping: the mapping
     is dropped from the cache, and unmapped only once that read lets go of it."""
     path, data, size = _mapped_store(tmp_path)
     maps = MapCache(budget=10 * size)
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
-    before = live_mappings()
+    before = own_mappings()
     reader.read(0)
     held = memoryview(maps.get(reader._root + "/c/0/0"))  # what a decode in progress holds
-    assert live_mappings() == before + 1
+    assert own_mappings() == before + 1
     maps.clear()
-    assert maps.mapped_bytes == 0 and live_mappings() == before + 1  # still mapped
+    assert maps.mapped_bytes == 0 and own_mappings() == before + 1  # still mapped
     np.testing.assert_array_equal(np.frombuffer(held, dtype=np.float32).reshape(100, 40), data[:100])
     held.release()
     del held
-    assert live_mappings() == before  # unmapped once the read let go
+    assert own_mappings() == before  # unmapped once the read let go
 
 
 def test_mapped_files_hold_no_file_descriptors(tmp_path):

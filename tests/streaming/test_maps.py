@@ -4,13 +4,11 @@ the process's resident memory, mapped chunk files included, stays near its memor
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import pickle
 import subprocess
 import sys
-import weakref
 
 import numpy as np
 import pytest
@@ -18,11 +16,10 @@ import pytest
 import pipeline
 from pipeline.errors import StreamError
 from pipeline.storage import write
-from pipeline.streaming import chunks as chunks_module
 from pipeline.streaming.chunks import ChunkReader
 from pipeline.storage.store import open_store_group
 from pipeline.streaming import maps as maps_module
-from pipeline.streaming.maps import MapCache, _cgroup_limit, default_map_budget, live_mappings, memory_limit
+from pipeline.streaming.maps import MapCache, _cgroup_limit, default_map_budget, memory_limit
 
 MIB = 2**20
 
@@ -102,51 +99,34 @@ def _store(tmp_path):
     return path, data, 100 * 40 * 4  # bytes of one uncompressed chunk file
 
 
-def test_past_its_budget_a_file_is_mapped_for_its_read_only(tmp_path, monkeypatch):
+def test_past_its_budget_a_file_is_mapped_for_its_read_only(tmp_path, own_mappings):
     """The files mapped first stay mapped; one read once the budget is full is unmapped
     once decoded, and the kept ones stay kept (every epoch reads every chunk in a new
     order: unmapping the least recently used would unmap at nearly every read)."""
     path, data, size = _store(tmp_path)
     maps = MapCache(budget=2 * size)
     reader = ChunkReader(open_store_group(path)["train/x"], (path, "train", "x"), maps=maps)
-    made: list[int] = []
-    real = chunks_module.map_file
-    monkeypatch.setattr(chunks_module, "map_file", lambda *a, **k: made.append(1) or real(*a, **k))
-    gc.collect()  # earlier tests' streams, whose mappings the collector would unmap mid-test
-    before = live_mappings()
     for _ in range(3):  # three epochs
         np.testing.assert_array_equal(np.concatenate([reader.read(i) for i in range(3)]), data)
-        assert maps.mapped_bytes == 2 * size and live_mappings() == before + 2
+        assert maps.mapped_bytes == 2 * size and own_mappings() == 2
     assert maps.holds(reader._root + "/c/0/0") and maps.holds(reader._root + "/c/1/0")
     assert not maps.holds(reader._root + "/c/2/0")
-    assert len(made) == 2 + 3  # the two kept mapped once, the third at each read
+    assert len(own_mappings.made) == 2 + 3  # the two kept mapped once, the third at each read
     maps.clear()
-    assert live_mappings() == before
+    assert own_mappings() == 0
 
 
-def test_keep_mapped_is_the_streams_to_set_and_travels_to_workers(tmp_path, monkeypatch):
+def test_keep_mapped_is_the_streams_to_set_and_travels_to_workers(tmp_path, own_mappings):
     path, data, size = _store(tmp_path)
     files = [os.path.join(path, "train", n, "c", str(i), *(["0"] if n == "x" else [])) for n in "xy" for i in range(3)]
     whole = sum(os.path.getsize(f) for f in files)
-    # This stream's own mappings, each watched until it is unmapped: the process's count
-    # (live_mappings) also moves with other tests' streams (a CI run counted 12 fewer
-    # during this test than before it).
-    made: list[weakref.ref] = []
-    real = chunks_module.map_file
-
-    def watched(*args: object, **kwargs: object) -> np.ndarray:
-        mapped = real(*args, **kwargs)
-        made.append(weakref.ref(mapped.base))  # the owner of the region: unmapped when it goes
-        return mapped
-
-    monkeypatch.setattr(chunks_module, "map_file", watched)
     with pipeline.stream(path, batch_size=64, seed=0, keep_mapped=0) as s:
         assert sorted(np.concatenate([y for _, y in s]).tolist()) == list(range(300))
         # The next epoch's first group is read ahead as the last is served, its chunks
         # mapped while they are decoded: wait for that read before looking.
         s.stop_read_ahead()
-        assert s.source.maps.mapped_bytes == 0 and len(made) >= len(files)
-        assert all(r() is None for r in made)  # each unmapped once decoded
+        assert s.source.maps.mapped_bytes == 0 and len(own_mappings.made) >= len(files)
+        assert own_mappings() == 0  # each unmapped once decoded
         assert pickle.loads(pickle.dumps(s.source)).maps.budget == 0  # a DataLoader worker's copy
     with pipeline.stream(path, batch_size=64, seed=0, keep_mapped=whole - 1) as s:
         assert sorted(np.concatenate([y for _, y in s]).tolist()) == list(range(300))
