@@ -280,7 +280,9 @@ def test_an_overwrite_whose_tasks_cannot_be_confirmed_ended_leaves_the_old_store
     write(store, {"x": x, "y": x[:, 0]}, chunk_samples=8, progress=False)
     before = _files(store)
     monkeypatch.setattr(inflight, "settle", lambda token, **kw: False)  # a worker that did not answer
-    bad = _failing_overwrite(x, threading.Event())
+    now = threading.Event()
+    now.set()  # block 1 fails at once: no other task need be writing first
+    bad = _failing_overwrite(x, now)
     with pytest.warns(RuntimeWarning, match=r"f\.zarr: the new store was not completed; tasks of its write may still "
                                             r"be running, so the previous store is left whole at .*\.f\.zarr\.replaced-"
                                             r"[0-9a-f]{12}: once they have ended, move it back to .*f\.zarr") as said:
