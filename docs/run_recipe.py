@@ -25,8 +25,8 @@ To keep a run small and quick, bash blocks are adjusted where the environment as
 
 - ``--rows-per-day N`` becomes ``--rows-per-day $RECIPE_ROWS_PER_DAY``;
 - every ``pipeline run`` gets ``--set $RECIPE_RUN_SET`` first (for example
-  ``cluster.n_workers=1``: a LocalCluster of one worker starts faster, and the store does
-  not depend on the number of workers).
+  ``cluster.n_workers=1 cluster.processes=false``: a LocalCluster of one worker thread
+  starts faster, and the store depends on neither).
 
 Exit status 0 when every block ran; 1, naming the block (``page:line``), when one failed.
 """

@@ -213,9 +213,13 @@ def _starts_a_local_cluster(args: argparse.Namespace) -> bool:
 
         with open(args.config, encoding="utf-8") as fh:
             section = (yaml.safe_load(fh) or {}).get("cluster") or {}
-        overridden = {item.split("=", 1)[0].strip() for item in args.overrides}
+        overrides = dict(item.split("=", 1) for item in args.overrides if "=" in item)
+        overridden = {key.strip(): value.strip() for key, value in overrides.items()}
+        # Threads of this process (processes: false) are not forked from the server.
+        processes = overridden.get("cluster.processes", section.get("processes", True))
         return not (section.get("address") or section.get("scheduler_file")
-                    or overridden & {"cluster.address", "cluster.scheduler_file"})
+                    or overridden.keys() & {"cluster.address", "cluster.scheduler_file"}
+                    or str(processes).lower() in ("false", "no", "off", "0"))
     except Exception:  # noqa: BLE001 - validation, next, says what is wrong with the file
         return False
 

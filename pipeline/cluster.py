@@ -711,15 +711,40 @@ def _announce(client: Any, local: Any, log: IO[str], *, dashboard: bool = True) 
     # A LocalCluster's workers are up once it has started; a remote scheduler's may be
     # starting still: "with 0 workers" read as a cluster that would never compute.
     n = _workers(client, 0.0 if local is not None else FIRST_WORKER_WAIT)
-    workers = (f"{n} workers" if n or local is not None
+    workers = (f"{n} worker{'' if n == 1 else 's'}" if n or local is not None
                else "0 workers yet; waiting for workers (the tasks start when one joins)")
     print(f"cluster: {kind} with {workers}", file=log)
     # distributed names a link whenever the scheduler serves HTTP, which it does without
     # the dashboard too (its health and metrics routes): a LocalCluster started with
     # dashboard_address=None, a `dask scheduler --no-dashboard`, printed a link to no page.
     link = dashboard_link(client) if (dashboard if local is not None else _serves_dashboard(client)) else None
+    if link and local is not None:
+        link = _bound_link(link, local)
     if link:
         print(f"dashboard: {link}", file=log)
+
+
+def _bound_link(link: str, local: Any) -> str:
+    """``link`` with the host the LocalCluster's dashboard is bound to.
+
+    distributed names the host of the scheduler's address, which for workers that are
+    threads (``inproc://``) is the machine's network address: a link to 192.0.2.2 for a
+    dashboard that listens on 127.0.0.1 only leads nowhere.
+    """
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        sockets = local.scheduler.http_server._sockets.values()  # tornado keeps no public list
+        hosts = {sock.getsockname()[0] for sock in sockets}
+    except Exception:  # noqa: BLE001 - another tornado or distributed: distributed's link
+        return link
+    parts = urlsplit(link)
+    if len(hosts) != 1 or parts.port is None:
+        return link
+    host = hosts.pop()
+    if host in ("0.0.0.0", "::", parts.hostname):  # every interface: distributed's host is one of them
+        return link
+    return urlunsplit(parts._replace(netloc=f"[{host}]:{parts.port}" if ":" in host else f"{host}:{parts.port}"))
 
 
 def _serves_dashboard(client: Any) -> bool:
@@ -808,8 +833,11 @@ def _connect(address: str | None, scheduler_file: str | None, timeout: float, tl
             # close at the exit then failed on (``AssertionError: Status.init``).
             with _interrupts_deferred():
                 # In-process clusters talk over inproc://, which takes no host.
+                # Threads' own HTTP servers (a worker's metrics and profile) would listen on
+                # every interface: on loopback, as those of worker processes.
                 local = LocalCluster(n_workers=0, **local_kwargs,
-                                     **({"host": "127.0.0.1"} if local_kwargs["processes"] else {}),
+                                     **({"host": "127.0.0.1"} if local_kwargs["processes"]
+                                        else {"worker_dashboard_address": "127.0.0.1:0"}),
                                      scheduler_kwargs={"dashboard": False} if later else None)
                 client = Client(local)
             local.scale(n_workers)

@@ -48,6 +48,10 @@ class ClusterConfig:
     scheduler_file: str | None = None
     n_workers: int = 2
     threads_per_worker: int = 1
+    #: LocalCluster only: workers as processes (``False``: threads of the run's own
+    #: process, which start in a fraction of the time; the GIL then limits what they
+    #: compute at once, so a large build wants processes).
+    processes: bool = True
     # Kept as written (4GiB, 0.5, auto): dask reads it when the workers start.
     memory_limit: str | float | None = "auto"
     # 127.0.0.1 so a laptop run never exposes the dashboard to the network; ":0" picks a

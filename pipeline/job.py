@@ -73,6 +73,7 @@ def _cluster_kwargs(config: Config) -> dict[str, Any]:
         "scheduler_file": c.scheduler_file,
         "n_workers": c.n_workers,
         "threads_per_worker": c.threads_per_worker,
+        "processes": c.processes,
         "memory_limit": c.memory_limit,
         "dashboard_address": c.dashboard_address,
         "tls_ca_file": c.tls_ca_file,

@@ -89,8 +89,65 @@ def test_local_cluster_binds_to_loopback_and_prints_the_dashboard():
     assert dask.config.get("distributed.admin.tick.interval") == "20ms"
     assert dask.config.get("distributed.worker.profile.enabled") is True
     text = log.getvalue()
-    assert "LocalCluster with 1 workers" in text
+    assert "LocalCluster with 1 worker" in text
     assert "dashboard: http://127.0.0.1:" in text
+
+
+def _listening() -> set[tuple[str, int]]:
+    import psutil
+
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process().net_connections() if c.status == psutil.CONN_LISTEN}
+
+
+def test_a_local_cluster_of_threads_listens_on_loopback_only_and_links_to_its_dashboard_there():
+    """Workers as threads of this process (``processes=False``): distributed bound their
+    own HTTP servers to every interface and named the machine's network address in the
+    dashboard's link, where the dashboard listens on 127.0.0.1 only."""
+    import urllib.request
+
+    before = _listening()
+    log = io.StringIO()
+    with cluster(n_workers=1, processes=False, log=log) as client:
+        assert list(client.run(os.getpid).values()) == [os.getpid()]  # a thread of this process
+        assert client.submit(sum, [1, 2, 3]).result() == 6
+        opened = _listening() - before  # the dashboard and the worker's own HTTP server
+        assert len(opened) >= 2 and all(ip == "127.0.0.1" for ip, _ in opened), opened
+        link = re.search(r"^dashboard: (\S+)$", log.getvalue(), re.M)
+        assert link and link[1].startswith("http://127.0.0.1:"), log.getvalue()
+        with urllib.request.urlopen(link[1], timeout=60) as page:
+            assert page.status == 200
+    assert log.getvalue().startswith("cluster: LocalCluster with 1 worker\n")
+
+
+def test_a_run_on_worker_threads_equals_a_run_on_worker_processes(tmp_path):
+    path = small_run_config(tmp_path, rows_per_day=1500, seed=8, chunk_rows=500)
+    threads = run_cli("run", str(path), "--no-progress", "--set", "cluster.processes=false",
+                      "--set", f"output.path={tmp_path / 'threads.zarr'}")
+    assert threads.returncode == 0, threads.stderr
+    assert "cluster: LocalCluster with 2 workers\ndashboard: http://127.0.0.1:" in threads.stderr
+    processes = run_cli("run", str(path), "--no-progress")
+    assert processes.returncode == 0, processes.stderr
+    assert_same_store(tmp_path / "local.zarr", tmp_path / "threads.zarr")
+
+
+@pytest.mark.parametrize("yaml_cluster, overrides, starts", [
+    ({}, [], True),
+    ({"processes": False}, [], False),
+    ({}, ["cluster.processes=false"], False),
+    ({"processes": False}, ["cluster.processes=true"], True),
+    ({"address": "tcp://127.0.0.1:8786"}, [], False),
+])
+def test_the_workers_server_is_started_ahead_only_for_worker_processes(tmp_path, yaml_cluster, overrides, starts):
+    """``pipeline run`` starts the server that worker processes are forked from before it
+    reads the config; threads of the command's process (``processes: false``) need none."""
+    import argparse
+
+    from pipeline.cli import _starts_a_local_cluster
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump({"cluster": yaml_cluster}))
+    args = argparse.Namespace(config=str(path), overrides=overrides, scheduler=None, print_config=False)
+    assert _starts_a_local_cluster(args) is starts
 
 
 def test_a_script_piped_to_python_starts_a_local_cluster(tmp_path):

@@ -519,7 +519,7 @@ def test_a_worker_that_joins_while_the_run_connects_is_counted(monkeypatch):
                 assert len(client.scheduler_info()["workers"]) == 1
         finally:
             joins.join()
-    assert log.getvalue().splitlines()[0] == f"cluster: scheduler {local.scheduler_address} with 1 workers"
+    assert log.getvalue().splitlines()[0] == f"cluster: scheduler {local.scheduler_address} with 1 worker"
 
 
 @pytest.fixture()

@@ -120,5 +120,5 @@ def test_a_local_cluster_without_a_dashboard_prints_no_dashboard_line():
         with pytest.raises(urllib.error.HTTPError) as missing:
             urllib.request.urlopen(link, timeout=30)
     assert missing.value.code == 404
-    assert log.getvalue().splitlines()[0] == "cluster: LocalCluster with 1 workers", log.getvalue()
+    assert log.getvalue().splitlines()[0] == "cluster: LocalCluster with 1 worker", log.getvalue()
     assert "dashboard" not in log.getvalue(), log.getvalue()
