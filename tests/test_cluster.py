@@ -472,7 +472,7 @@ def test_a_worker_killed_mid_run_changes_nothing(remote, tmp_path):
     """SIGKILL one of the two workers while chunks are being written: the scheduler
     reruns its tasks on the survivor and the store equals an undisturbed run's."""
     address, procs = remote
-    cfg = _long_run(tmp_path, seed=5, store="killed.zarr")
+    cfg = _long_run(tmp_path, seed=5, store="killed.zarr", rows_per_day=30_000)
     cfg["output"]["codec"] = {"name": "zstd"}
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -579,7 +579,7 @@ def test_ctrl_c_of_a_remote_run_prints_one_line_without_tracebacks(remote, tmp_p
     exception was never retrieved ... AllExit" tracebacks of the client's abandoned
     gathers before its one line."""
     address, _ = remote
-    cfg = _long_run(tmp_path, seed=7, store="o.zarr")
+    cfg = _long_run(tmp_path, seed=7, store="o.zarr", rows_per_day=20_000)
     # Interrupted while its gathers wait: some chunks written, not all.
     with _run_while_writing(cfg, tmp_path, "--scheduler", address, written=6, group=False) as (run, lines, _):
         run.send_signal(signal.SIGINT)
