@@ -259,7 +259,7 @@ def _first_version(tmp_path: Path, address: str, materialize: bool) -> dict[str,
             "inproc": inproc, "killed": killed}
 
 
-@pytest.mark.parametrize("materialize, n_kills", [(True, 5), (False, 2)], ids=["materialized", "virtual"])
+@pytest.mark.parametrize("materialize, n_kills", [(True, 3), (False, 2)], ids=["materialized", "virtual"])
 def test_a_killed_append_keeps_the_previous_version_and_a_rerun_completes_it(tmp_path, address, materialize,
                                                                             n_kills):
     paths = _first_version(tmp_path, address, materialize)
