@@ -33,7 +33,7 @@ from pipeline.features.steps import missing_column
 from pipeline.loaders.precision import boundary_message, near_boundaries
 
 __all__ = ["class_balance", "finalize_labels", "gaps_message", "label_gaps", "label_gaps_numpy", "label_steps",
-           "label_steps_numpy", "rounding_message"]
+           "label_steps_numpy", "on_boundaries", "rounding_message"]
 
 
 def _col(columns: Sequence[str], name: str) -> int:
@@ -348,14 +348,66 @@ def finalize_labels(values: np.ndarray, spec: LabelSpec) -> np.ndarray:
     else:
         scaled = v * spec.scale
         if spec.kind == "class":
+            scaled = on_boundaries(v, scaled, spec.thresholds, spec)
             out = np.digitize(scaled, np.asarray(spec.thresholds)).astype(np.int64)
         elif spec.kind == "smoothed" and spec.alpha is not None:
+            scaled = on_boundaries(v, scaled, (-spec.alpha, spec.alpha), spec)
             out = np.ones(scaled.shape, dtype=np.int64)
             out[scaled < -spec.alpha] = 0
             out[scaled > spec.alpha] = 2
         else:
-            out = scaled.astype(np.float32)
+            out = on_boundaries(v, scaled, (0.0,), spec).astype(np.float32)
     return out if spec.multi else out.reshape(-1)
+
+
+#: How far, in units of 2**-52 times ``1 + |value|``, a label computed in float64 from
+#: decimal prices may lie from the value the decimal prices give exactly, besides one
+#: unit per price of a horizon's mean. A decimal price (100.006, LOBSTER's 1000060 / 10000)
+#: is rounded to float64 once, a mid price and a mean of k of them k + 2 times more, a
+#: ratio or a difference of logs a few times (a log of a price up to 1e8 within 4 units);
+#: 64 leaves room to spare. Two mid prices that differ at all differ by a tick, which
+#: moves a label by 1e-10 or more at any real price: far outside this room.
+TIE_ROUNDING = 64
+
+
+def on_boundaries(values: np.ndarray, scaled: np.ndarray, boundaries: Sequence[float], spec: LabelSpec
+                  ) -> np.ndarray:
+    """``scaled`` with every value that lies within float64's rounding of a boundary
+    put on it, so that a label whose exact value ties with a boundary is classed as the
+    tie, and a mid price that did not move gives exactly 0.
+
+    Tick prices make ties common: LOBSTER's prices are integers over 10,000, and a return
+    that equals ``alpha`` exactly (a mid of 100.0000 followed by 100.0060, ``alpha``
+    6e-05) came out of float64 as 6.000000000000227e-05 and was classed up. Equal mid
+    prices made of other bid and ask prices (100.01 + 100.03 against 100.00 + 100.04)
+    gave returns of +-1e-16 rather than 0.
+
+    Parameters
+    ----------
+    values
+        ``(n, H)`` unscaled float64 label values, one column per horizon.
+    scaled
+        ``values * spec.scale``.
+    boundaries
+        Class boundaries on the scaled values (``thresholds``; ``-alpha, alpha``), or 0.
+    spec
+        The label: its horizons bound the rounding of their means.
+
+    Returns
+    -------
+    numpy.ndarray
+        A copy of ``scaled`` where any value was moved, else ``scaled`` itself.
+    """
+    ks = np.asarray(spec.horizon_list, dtype=np.float64)  # one per column of ``values``
+    room = abs(spec.scale) * (TIE_ROUNDING + ks) * 2.0**-52 * (1.0 + np.abs(values))
+    out = scaled
+    with np.errstate(invalid="ignore"):
+        for b in boundaries:
+            near = (np.abs(scaled - b) <= room) & (scaled != b)
+            if near.any():
+                out = out.copy() if out is scaled else out
+                out[near] = b
+    return out
 
 
 def mapped(values: np.ndarray, spec: LabelSpec) -> np.ndarray:

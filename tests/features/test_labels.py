@@ -108,6 +108,88 @@ def test_alpha_applies_to_the_scaled_value():
     np.testing.assert_allclose(finalize_labels(steps(unscaled)[:1], unscaled), [1.5], rtol=1e-6)
 
 
+# -- ties with tick prices -----------------------------------------------------------------
+
+#: LOBSTER's prices: integers over 10,000, read into float64 as its loader reads them.
+TICK = 10_000
+#: A mid price of 100.0000 in half ticks, and moves of it that make decimal labels.
+M = 2 * 1_000_000
+
+
+def _tick_book(bid: list[int], ask: list[int]) -> tuple[np.ndarray, list[str]]:
+    return (np.stack([np.asarray(ask) / TICK, np.asarray(bid) / TICK], axis=1),
+            ["ask_price_1", "bid_price_1"])
+
+
+def _exact_smoothed(bid: list[int], ask: list[int], k: int, past_mean: bool) -> list:
+    """Each step's smoothed relative change in exact rational arithmetic (None where its
+    reach leaves the series)."""
+    from fractions import Fraction
+
+    mid = [Fraction(b + a, 2 * TICK) for b, a in zip(bid, ask)]
+    out = []
+    for e in range(len(mid)):
+        back = k - 1 if past_mean else 0
+        if e - back < 0 or e + k >= len(mid):
+            out.append(None)
+            continue
+        ref = sum(mid[e - back: e + 1]) / (back + 1)
+        out.append((sum(mid[e + 1: e + k + 1]) / k - ref) / ref)
+    return out
+
+
+def test_a_change_that_equals_alpha_exactly_is_stationary():
+    """A move from 100.0000 to 100.0060 is +6e-05 exactly; float64 of the decimal prices
+    made it 6.000000000000227e-05, which was classed up."""
+    bid, ask = [999_990, 1_000_050] * 4, [1_000_010, 1_000_070] * 4  # mids 100.0000, 100.0060
+    x, cols = _tick_book(bid, ask)
+    label = spec(kind="smoothed", horizon=1, alpha=0.00006)
+    values = label_steps_numpy(x, cols, label)[:-1]
+    assert values[0, 0] != 0.00006  # the rounding this is about
+    assert finalize_labels(values, label).tolist() == [1] * 7  # up and down by alpha exactly: ties
+    bp = spec(kind="smoothed", horizon=1, alpha=0.6, scale=1e4)  # the same in basis points
+    assert finalize_labels(values, bp).tolist() == [1] * 7
+    cut = spec(kind="class", horizon=1, thresholds=[-0.6, 0.6], scale=1e4)  # a tie goes up, as digitize puts it
+    ret = label_steps_numpy(x, cols, cut)[:-1]
+    assert finalize_labels(ret, cut).tolist() == [1, 1] * 3 + [1]
+
+
+def test_an_unchanged_mid_made_of_other_quotes_is_a_return_of_exactly_zero():
+    bid, ask = [1_000_100, 1_000_000, 1_000_050], [1_000_300, 1_000_400, 1_000_350]  # one mid, three quotes
+    x, cols = _tick_book(bid, ask)
+    assert len({float(m) for m in x.sum(axis=1)}) > 1  # the rounding this is about
+    for label in (spec(horizon=1), spec(kind="smoothed", horizon=1)):
+        values = label_steps_numpy(x, cols, label)[:-1]
+        assert finalize_labels(values, label).tolist() == [0.0, 0.0]
+    cut = spec(kind="class", horizon=1, thresholds=[0.0])
+    assert finalize_labels(label_steps_numpy(x, cols, cut)[:-1], cut).tolist() == [1, 1]
+
+
+@settings(max_examples=80, deadline=None)
+@given(moves=st.lists(st.sampled_from([0, 60, -60, 120, -120, 30, 45, -200]), min_size=3, max_size=40),
+       spreads=st.lists(st.integers(1, 40).map(lambda s: 2 * s), min_size=40, max_size=40),
+       k=st.sampled_from([1, 2, 3, 10]), past_mean=st.booleans(),
+       alpha=st.sampled_from(["0.00003", "0.00006", "0.0001", "0.000045", "0"]), bp=st.booleans())
+def test_smoothed_classes_equal_exact_arithmetic_on_tick_prices(moves, spreads, k, past_mean, alpha, bp):
+    """Mid prices on a grid that makes exact ties with decimal alphas common: each
+    class is the class exact rational arithmetic on the integer prices gives."""
+    from fractions import Fraction
+
+    mids = [M + m for m in moves]  # half ticks
+    bid = [(m - s) // 2 for m, s in zip(mids, spreads)]
+    ask = [m - b for m, b in zip(mids, bid)]
+    x, cols = _tick_book(bid, ask)
+    scale, a = (1e4, Fraction(alpha) * 10_000) if bp else (1.0, Fraction(alpha))
+    label = spec(kind="smoothed", horizon=k, alpha=float(a), scale=scale,
+                 reference="past_mean" if past_mean else "current")
+    values = label_steps_numpy(x, cols, label)
+    exact = _exact_smoothed(bid, ask, k, past_mean)
+    rows = [e for e, v in enumerate(exact) if v is not None]
+    got = finalize_labels(values[rows], label).tolist()
+    want = [0 if exact[e] * int(scale) < -a else 2 if exact[e] * int(scale) > a else 1 for e in rows]
+    assert got == want
+
+
 def test_horizons_give_one_column_per_horizon_in_the_order_given():
     label = spec(kind="smoothed", horizons=[2, 1])
     got = steps(label)
