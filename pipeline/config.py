@@ -513,9 +513,13 @@ def _halts(source: SourceConfig, path: str) -> SourceConfig:
 
 def _calendar_times(source: SourceConfig, path: str) -> SourceConfig:
     """Refuse ``source.sessions: {calendar: ...}`` without ``source.timestamp``: each
-    row's session is found from its time, which only a timestamp column gives."""
+    row's session is found from its time, which only a timestamp column gives, or
+    LOBSTER's message files: its format named, or paths that name its order-book files
+    (the loader checks the files it finds)."""
     spec = source.sessions
-    if spec is not None and spec.mode == "calendar" and not source.timestamp:
+    paths = (source.paths,) if isinstance(source.paths, str) else tuple(source.paths)
+    lobster = source.format == "lobster" or (source.format is None and any("orderbook" in p for p in paths))
+    if spec is not None and spec.mode == "calendar" and not source.timestamp and not lobster:
         raise ConfigError(f"{path}.sessions", "", detail=f"calendar {spec.calendar} sessions place each row by its "
                           f"time; set {path}.timestamp to the timestamp column")
     return source

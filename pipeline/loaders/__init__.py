@@ -97,6 +97,9 @@ class Source:
     #: ``open_segmented`` checks the order of each instrument from the timestamp and
     #: instrument columns, one pass over them, before anything is written.
     times_from_metadata: bool = False
+    #: Tables opened with a calendar: the rows left out as outside its sessions (rows
+    #: left out otherwise, LOBSTER's halts or ``nan="drop"``, not counted).
+    outside_calendar: int = 0
 
     @property
     def time_zone(self) -> str | None:
@@ -1063,12 +1066,12 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     # Before the time order: a naive file among aware ones is the cause, not its order.
     zones = check_time_zones(parts, timestamp) if timestamp else ()
     exact = dtype is not None and np.dtype(dtype) == np.float64
-    if calendar is not None and not timestamp:
-        raise ConfigError("source.sessions", "", detail=f"calendar {calendar} sessions need timestamps; set "
-                          "source.timestamp")
-    arr, cols, times, codes, instruments = _table(parts, columns, timestamp, instrument_column, names, nan,
-                                                   fill_value, so, timestamp_unit, read, exact, rules, halts,
-                                                   (calendar, zones[0] if zones else None), dates)
+    if calendar is not None and not timestamp and parts[0].fmt != "lobster":  # LOBSTER's times: its messages
+        raise ConfigError("source.sessions", "", detail=f"calendar {calendar} sessions place each row by its time; "
+                          "set source.timestamp to the timestamp column")
+    arr, cols, times, codes, instruments, outside = _table(parts, columns, timestamp, instrument_column, names,
+                                                            nan, fill_value, so, timestamp_unit, read, exact, rules,
+                                                            halts, (calendar, zones[0] if zones else None), dates)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
@@ -1077,7 +1080,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     return _carrying(Source(array=arr, columns=cols, files=infos, timestamps=times,
                             skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
                             file_chunks=tuple(len(ps) for _, _, _, ps in probed), time_zones=zones,
-                            times_from_metadata=known))
+                            times_from_metadata=known, outside_calendar=outside))
 
 
 def _without_date_column(parts: Sequence[Any], columns: Sequence[str] | None, timestamp: str | None,
@@ -1163,21 +1166,31 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         keep = tables.parts_array(parts, not_halted, so, token="lobster-halts", dtype=bool)
     if nan == "drop":
         keep = side.keep_mask(arr) if keep is None else keep & side.keep_mask(arr)
+    outside = 0
     if calendar[0] is not None and times is not None:
         from pipeline.features.calendars import in_sessions
 
         inside = times.map_blocks(in_sessions, calendar[0], calendar[1], dtype=bool)
+        # The calendar's own count leaves out the rows dropped already (a halt's row at
+        # 12:00 is no row outside the sessions).
+        out_of_hours = ~inside if keep is None else keep & ~inside
         keep = inside if keep is None else keep & inside
     if keep is not None:
         # One pass for the kept rows per block: later stages need known lengths.
-        counts = keep.map_blocks(lambda k: np.array([int(k.sum())]), dtype=np.int64,
-                                 chunks=((1,) * keep.numblocks[0],))
-        (kept,) = dask.compute(counts)
+        def per_block(mask: da.Array) -> da.Array:
+            return mask.map_blocks(lambda k: np.array([int(k.sum())]), dtype=np.int64,
+                                   chunks=((1,) * mask.numblocks[0],))
+
+        if calendar[0] is not None and times is not None:
+            kept, outside_rows = dask.compute(per_block(keep), per_block(out_of_hours))
+            outside = int(np.sum(outside_rows))
+        else:
+            (kept,) = dask.compute(per_block(keep))
         kept = tuple(int(c) for c in kept)
         arr = side.drop_rows(arr, keep, kept)
         times = side.drop_rows(times, keep, kept) if times is not None else None
         codes = side.drop_rows(codes, keep, kept) if codes is not None else None
-    return arr, cols, times, codes, instruments
+    return arr, cols, times, codes, instruments, outside
 
 
 def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = None,

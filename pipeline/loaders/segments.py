@@ -68,7 +68,7 @@ class SegmentedSource:
     #: append checks its new files against the stored ones without reading them.
     types: dict[str, Any] | None = None
     #: ``source.sessions: {calendar: NAME}``: the calendar, and how many rows the files
-    #: hold outside its sessions, left out (with those ``nan: drop`` left out, if set).
+    #: hold outside its sessions, left out (not counting rows left out otherwise).
     calendar: str | None = None
     left_out: int = 0
     #: ``source.sessions: {column: NAME}``: the column whose value changes start sessions.
@@ -558,9 +558,9 @@ def _non_empty(lengths: list[int], inst: list[int], keys: list[str]) -> tuple[li
 
 
 def _left_out(sources: Sequence[Source]) -> int:
-    """Rows the files hold that the sources left out (outside a calendar's sessions, or
-    NaN under ``nan: drop``): the files' rows, known from their parts, less those kept."""
-    return sum(sum(int(f.rows or 0) for f in src.files) - int(src.array.shape[0]) for src in sources)
+    """Rows the files hold outside a calendar's sessions, left out (those left out
+    otherwise, LOBSTER's halts or NaN under ``nan: drop``, are not counted)."""
+    return sum(int(src.outside_calendar) for src in sources)
 
 def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequence[str], first: Source
                     ) -> tuple[list[int], list[int], list[str], dict[int, list], dict[int, list]]:

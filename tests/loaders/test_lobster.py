@@ -301,6 +301,43 @@ def test_halt_rows_are_left_out_by_default(tmp_path, chunk_rows):
     assert open_source(str(paths[0]), format="lobster", halts="keep").array.shape == (40, 4)
 
 
+def test_calendar_sessions_of_lobster_count_only_the_rows_outside_them(tmp_path):
+    """Calendar sessions on LOBSTER, its timestamp left unset as its recipe says (they
+    were refused until source.timestamp named a column LOBSTER's files do not have): the
+    halts the loader drops are not counted as rows outside the sessions (3 were, in a day
+    wholly inside them), and a row after the close is."""
+    pytest.importorskip("exchange_calendars")
+    from pipeline.config import parse_config
+    from pipeline.features.sessions import SessionSpec
+    from pipeline.loaders.segments import open_segmented
+
+    path = write_halted_day(tmp_path, "AAPL", "2012-06-21", n=40, halt_at=20)
+    src = open_segmented(str(path), format="lobster", sessions=SessionSpec.from_value({"calendar": "XNAS"}, "s"),
+                         dtype="float64")
+    book, _, times, halt = pandas_day(path)
+    assert src.array.shape[0] == 40 - 3 and halt.sum() == 3
+    assert src.sessions_text == "calendar XNAS: 0 row(s) outside its sessions left out"
+    assert src.metadata()["calendar"] == {"name": "XNAS", "rows_left_out": 0}
+    # The last row moved past 16:00: one row outside, the halts still not counted.
+    message = path.with_name(path.name.replace("_orderbook_", "_message_"))
+    lines = message.read_text().splitlines(keepends=True)
+    lines[-1] = "57700.000000000" + lines[-1][lines[-1].index(","):]
+    message.write_text("".join(lines))
+    src = open_segmented(str(path), format="lobster", sessions=SessionSpec.from_value({"calendar": "XNAS"}, "s"),
+                         dtype="float64")
+    assert src.array.shape[0] == 40 - 3 - 1
+    assert src.sessions_text == "calendar XNAS: 1 row(s) outside its sessions left out"
+    np.testing.assert_array_equal(np.asarray(src.array)[:, 0], book[:-1][~halt[:-1], 0])
+    # A config may leave source.timestamp unset for LOBSTER under a calendar, and not for CSV.
+    cfg = {"source": {"paths": str(path), "format": "lobster", "sessions": {"calendar": "XNAS"}},
+           "windows": {"size": 4}, "labels": {"kind": "return", "horizon": 1},
+           "output": {"path": str(tmp_path / "o.zarr")}}
+    assert parse_config(cfg).source.sessions.calendar == "XNAS"
+    cfg["source"]["format"] = "csv"
+    with pytest.raises(Exception, match="set source.timestamp to the timestamp column"):
+        parse_config(cfg)
+
+
 def test_halts_and_nan_drop_leave_out_the_rows_of_either(tmp_path):
     path = write_halted_day(tmp_path, "AAPL", "2012-06-21")
     book_text = path.read_text().splitlines(keepends=True)
