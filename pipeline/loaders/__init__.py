@@ -1137,7 +1137,8 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         raise FormatMismatchError(first.path, f"source.names applies to headerless CSV files; {first.fmt} files "
                                   "name their own columns (source.rename changes them)")
     # Every column asked for is checked in every file's schema; only those read are decoded.
-    every = tables.check_columns(parts, columns, timestamp, instrument_column)
+    tables.check_numbers_read(parts, read, timestamp, instrument_column)
+    every = tables.check_columns(parts, columns, timestamp, instrument_column, read)
     if rules:
         from pipeline.loaders.conversions import check_rules
 

@@ -22,7 +22,7 @@ once (:class:`~pipeline.errors.SessionGapWarning`): windows and labels span them
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 import dask
@@ -591,6 +591,16 @@ def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequenc
     return (*_non_empty(lengths, inst, keys), gaps, tasks)
 
 
+def _in_order(src: Source, columns: Sequence[str]) -> Source:
+    """``src`` with its array's columns in the order of ``columns`` (the same names)."""
+    from pipeline.loaders import _carrying
+
+    if tuple(src.columns or ()) == tuple(columns):
+        return src
+    index = [list(src.columns or ()).index(c) for c in columns]
+    return _carrying(replace(src, array=src.array[:, index], columns=tuple(columns)))
+
+
 def _reference_columns(sources: Sequence[Source], asked: set[str]) -> tuple[str, ...]:
     """The columns most instruments' files give; between as many, those holding every
     column the build asks for (``asked``): a file lacking one, or holding it as text,
@@ -674,6 +684,10 @@ def column_mismatch(sources: Sequence[Source], names: Sequence[str], options: di
     if extra:
         what.append(f"adds column(s) {_listed(extra)} that file lacks")
     what += [f"stores column {c!r} as {mine[c]}, where that file has {theirs[c]}" for c in typed]
+    if not what and set(sources[odd_at].columns or ()) == set(ref_cols):
+        # Features read by name, but a custom feature (or nan: drop) is handed the columns
+        # in their order, which then differs between instruments.
+        what.append(f"lists the same columns in another order ({', '.join(sources[odd_at].columns or ())})")
     basis = (f"whose columns {agree} of the {len(sources)} instruments share" if agree > 1 and agree * 2 > len(sources)
              else "which holds every column the build reads" if asked and asked <= set(ref_cols) else
              "no majority tells which of the two is right")
@@ -726,7 +740,12 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | str | dict | None = No
             groups.append((name, src.array, src.timestamps, _file_rows(src), [key_of(f.path) for f in src.files],
                            zone_of(src, spec)))
         cols = {s.columns for s in sources}
-        if len(cols) > 1:
+        if len(cols) > 1 and options.get("read") is not None and len({frozenset(c or ()) for c in cols}) == 1:
+            # The same columns in another order (a vendor's export of one instrument): the
+            # features read them by name, so each instrument's array takes the first's order.
+            sources = [_in_order(src, sources[0].columns or ()) for src in sources]
+            groups = [(g[0], src.array, *g[2:]) for g, src in zip(groups, sources)]
+        elif len(cols) > 1:
             raise column_mismatch(sources, sorted(by_name), options, so)
     elif instrument is not None and instrument.column:
         src = open_source(files, storage_options=so, instrument_column=instrument.column, **options)

@@ -145,6 +145,10 @@ class TablePart:
     #: third of a CSV's parse); a value that does not fit makes the part be read again,
     #: inferring, as before.
     csv_types: tuple[tuple[str, str], ...] = ()
+    #: CSV: ``(file's name, where)`` of each text column: its first value that is no
+    #: number and that value's line (`` at line 121: '1OO.05'``), as the file's first
+    #: bytes showed; empty where every value there is a number or empty.
+    text_samples: tuple[tuple[str, str], ...] = ()
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # Each task's part is in its graph's name (parts_array, part_specs): dask would
@@ -406,8 +410,8 @@ def _csv_parts(path: str, so: dict, header: bool | str, names: Sequence[str] | N
     tz = _csv_time_kind(path, second if header else first, cols, timestamp, delimiter) if timestamp else None
     base = TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz,
                      delimiter=delimiter, decimal=decimal)
-    text, commas, types = _csv_text_columns(base, first + head)
-    base = replace(base, non_numeric=text, comma_numbers=commas, csv_types=types)
+    text, commas, types, samples = _csv_text_columns(base, first + head)
+    base = replace(base, non_numeric=text, comma_numbers=commas, csv_types=types, text_samples=samples)
     if rows <= part_rows:
         return [base]
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
@@ -520,13 +524,15 @@ _THOUSANDS = r"^\s*[+-]?\d{1,3}(,\d{3})+\s*$"
 
 
 def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...],
-                                                               tuple[tuple[str, str], ...]]:
+                                                               tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
     """The file's own names of a CSV file's columns that do not hold numbers (text,
     times), from the types pyarrow infers on ``block`` (its first bytes, cut at a line's
     end), as Parquet's schema tells them: left out of the default columns. And, with
     ``decimal`` ``.``, those of them whose values all look like numbers with a decimal
     comma, each with its first value (:func:`check_columns` refuses them). And the
-    integer (``"i"``) and floating (``"f"``) columns (:attr:`TablePart.csv_types`)."""
+    integer (``"i"``) and floating (``"f"``) columns (:attr:`TablePart.csv_types`). And
+    where each text column first holds a value that is no number
+    (:attr:`TablePart.text_samples`, for :func:`check_numbers_read`)."""
     pa = require_pyarrow()
     import pyarrow.csv as pacsv
 
@@ -537,14 +543,15 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
                                parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
                                convert_options=pacsv.ConvertOptions(decimal_point=part.decimal))
     except (pa.ArrowException, ValueError):  # a quoted newline cut, say: the read itself will say what is wrong
-        return (), (), ()
+        return (), (), (), ()
     _check_no_header_rows(part, table, table.column_names)  # else its columns would seem to hold text
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
                pa.types.is_null)  # null: empty in the first rows, numbers (or NaN) as far as is known
     text = tuple(f.name for f in table.schema if not any(test(f.type) for test in numeric))
     types = tuple((f.name, "i" if pa.types.is_integer(f.type) or _overflowed(table.column(f.name)) else "f")
                   for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
-    return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types
+    samples = tuple((name, where) for name in text if (where := _first_text(part, table.column(name))))
+    return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types, samples
 
 
 def _rounded(values: np.ndarray) -> np.ndarray:
@@ -1049,14 +1056,18 @@ def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp:
 
 
 def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, timestamp: str | None,
-                  instrument: str | None = None) -> tuple[str, ...]:
+                  instrument: str | None = None, read: Sequence[str] | None = None) -> tuple[str, ...]:
     """The columns to read: the requested ones (each present in every file) or every
     numeric column but the timestamp and the instrument column (and but a column without
-    a name: the index pandas' ``to_csv`` writes, which is no feature)."""
+    a name: the index pandas' ``to_csv`` writes, which is no feature). Of those, only
+    the ones ``read`` names when it names some of them only: a column no feature reads
+    need not be in every file (a vendor's extra field in some days' files)."""
     first = parts[0]
     wanted = tuple(columns) if columns else tuple(
         c for c in first.columns
         if c not in (timestamp, instrument, "") and first.source_of(c) not in first.non_numeric)
+    if not columns and read is not None and set(read) <= set(wanted):
+        wanted = tuple(c for c in wanted if c in set(read))
     _check_comma_numbers(parts, wanted if columns else tuple(c for c in first.columns if c not in
                                                                  (timestamp, instrument, "")))
     for p in parts:
@@ -1068,6 +1079,49 @@ def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, tim
                 raise MissingColumnError(p.path, f"missing {what} column {name!r}; the file has {list(p.columns)}")
     check_units(parts, wanted)
     return wanted
+
+
+#: A number written with thousands separators (``9,999.50``, ``99.995,00``): text to a
+#: CSV reader, whichever decimal mark is set.
+_GROUPED = re.compile(r"^\s*[+-]?\d{1,3}([,.' ]\d{3})+([.,]\d+)?\s*$")
+
+
+def check_numbers_read(parts: Sequence[TablePart], read: Sequence[str] | None, timestamp: str | None,
+                       instrument: str | None = None) -> None:
+    """Refuse a column the run reads (a feature's or a label's input) that a CSV or
+    Parquet file holds as text, naming its first value that is no number and where.
+
+    Left to the default columns, such a column was left out as text, and the feature
+    reading it said the column was not in the source, pointing at ``source.rename``; a
+    file whose every price had thousands separators gave no column at all, and the
+    error blamed ``source.paths``.
+
+    Raises
+    ------
+    LoaderError
+        Naming the file, the column, the value and its line (a CSV's first bytes), or
+        that the file's schema stores it as text (Parquet).
+    """
+    if not read:
+        return
+    seen: set[str] = set()
+    for p in parts:
+        if p.fmt not in ("csv", "parquet") or p.path in seen:
+            continue
+        seen.add(p.path)
+        commas = {source for source, _ in p.comma_numbers}  # _check_comma_numbers names their fix
+        for name in read:
+            source = p.source_of(name) if name in p.columns else None
+            if source is None or name in (timestamp, instrument) or source not in p.non_numeric or source in commas:
+                continue
+            if p.fmt == "parquet":
+                raise LoaderError(p.path, f"column {name!r}: expected numbers, but the file's schema stores it as "
+                                  "text; write it as a number type")
+            where = dict(p.text_samples).get(source, "")
+            value = where.rsplit(": ", 1)[-1].strip("'\"") if where else ""
+            hint = ("; it looks like a number with thousands separators, which a CSV reader takes for text: write "
+                    "the file without them" if _GROUPED.match(value) else "")
+            raise LoaderError(p.path, f"column {name!r}: expected numbers, got text{where}{hint}")
 
 
 def _check_comma_numbers(parts: Sequence[TablePart], columns: Sequence[str]) -> None:

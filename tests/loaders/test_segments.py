@@ -1153,8 +1153,15 @@ def test_column_mismatch_of_two_instruments_blames_the_one_lacking_a_read_column
         open_segmented(str(tmp_path / "raw" / "*" / "*.parquet"), timestamp="timestamp",
                        instrument=InstrumentSpec(path="raw/{instrument}/*.parquet"),
                        read=("bid_price_1", "ask_price_1", "bid_size_1"))
+    # A column the build reads, held as text: named as such before the instruments are compared.
     assert info.value.path == str(files["AAA"])
-    assert "which holds every column the build reads" in info.value.problem
-    assert (f"stores column 'bid_price_1' as {kinds['AAA']}, where that file has {kinds['BBB']}"
+    assert info.value.problem == ("column 'bid_price_1': expected numbers, but the file's schema stores it as text; "
+                                  "write it as a number type")
+    with pytest.raises(LoaderError) as info:  # every column read: the instruments' columns differ
+        open_segmented(str(tmp_path / "raw" / "*" / "*.parquet"), timestamp="timestamp",
+                       instrument=InstrumentSpec(path="raw/{instrument}/*.parquet"))
+    assert "no majority tells which of the two is right" in info.value.problem
+    odd, other = ("AAA", "BBB") if info.value.path == str(files["AAA"]) else ("BBB", "AAA")
+    assert (f"stores column 'bid_price_1' as {kinds[odd]}, where that file has {kinds[other]}"
             in info.value.problem)
     assert "lacks" not in info.value.problem and "adds" not in info.value.problem
