@@ -604,6 +604,11 @@ def _read_options(part: TablePart) -> Any:
         return pacsv.ReadOptions(column_names=list(part.sources))
     if part.names is not None:  # names given: the header, if any, is skipped, not read
         return pacsv.ReadOptions(column_names=list(part.names), skip_rows=1 if part.header else 0)
+    if part.sources:
+        # The header's names as the probe read them, each stripped: pyarrow's own keep the
+        # spaces of `timestamp, bid_price_1, ...` (' bid_price_1'), and the columns the
+        # probe named were then not found.
+        return pacsv.ReadOptions(column_names=list(part.sources), skip_rows=1)
     return pacsv.ReadOptions()
 
 

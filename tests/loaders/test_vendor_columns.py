@@ -101,3 +101,13 @@ def test_instruments_whose_files_list_the_same_columns_in_another_order_are_read
     # Handed every column in its order (no read given), the order is named as what differs.
     with pytest.raises(LoaderError, match=r"this file lists the same columns in another order \("):
         open_segmented(str(tmp_path / "*" / "*.csv"), instrument=instrument, timestamp="timestamp")
+
+
+def test_a_header_with_spaces_after_its_commas_is_read_by_the_names_without_them(tmp_path):
+    """`timestamp, bid_price_1, ...`: the source was opened by the stripped names, then
+    pyarrow's reader, keeping ' bid_price_1', found no such column."""
+    frame = _frame(40)
+    (tmp_path / "x.csv").write_text(frame.to_csv(index=False, sep=",").replace(",", ", "))
+    src = open_source(str(tmp_path / "x.csv"), timestamp="timestamp", read=READ, dtype="float64")
+    np.testing.assert_array_equal(np.asarray(src.array), frame[list(src.columns)].to_numpy())
+    np.testing.assert_array_equal(np.asarray(src.timestamps), frame["timestamp"].to_numpy())
