@@ -77,6 +77,42 @@ def _check_unit(first: float, default: str, path: str, name: str) -> None:
                               f"(timestamp_unit={unit!r} in pipeline.load), or {default} to keep {default}")
 
 
+#: An ISO time's UTC offset at its end (``Z``, ``-05:00``, ``+0100``).
+_OFFSET = r"(Z|[+-]\d{2}:?\d{2})$"
+
+
+def _unreadable_time(col: Any, path: str, name: str, where: Callable[[int], str]) -> LoaderError:
+    """The error for a column of strings that are not all ISO-8601 times of one kind:
+    the first value without the UTC offset the first value has (or with one it lacks),
+    else the first value that is no time (a search over prefixes, each cast whole), with
+    its line. pyarrow's own message quoted the last value it tried and told to call its
+    ``assume_timezone``, which no option here does."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    offsets = pc.match_substring_regex(col, _OFFSET).to_numpy(zero_copy_only=False)
+    if offsets.size and not (offsets == offsets[0]).all():
+        i = int(np.flatnonzero(offsets != offsets[0])[0])
+        has = "has no UTC offset, where" if offsets[0] else "has a UTC offset, where"
+        return LoaderError(path, f"timestamp column {name!r}: {where(i)} {str(col[i].as_py())[:40]!r} {has} "
+                           f"{where(0)} {str(col[0].as_py())[:40]!r} {'has' if offsets[0] else 'has none'}: a "
+                           "column's times are either all UTC instants (each with its offset, or Z) or all "
+                           "wall-clock times (none)")
+    target = pa.timestamp("ns", tz="UTC") if offsets.size and offsets[0] else pa.timestamp("ns")
+    lo, hi = 0, len(col)  # the first bad value lies in [lo, hi): col[:lo] casts
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        try:
+            pc.cast(col.slice(0, mid), target)
+            lo = mid
+        except pa.ArrowInvalid:
+            hi = mid
+    i = lo if hi - lo == 1 else 0
+    return LoaderError(path, f"timestamp column {name!r}: {where(i)} {str(col[i].as_py())[:40]!r} is no time: expected "
+                       "ISO-8601 text, such as 2026-03-05T14:30:00.123456 (a wall-clock time) or "
+                       "2026-03-05T09:30:00-05:00 (with its UTC offset, or Z); a zone's name (EST) is not read")
+
+
 def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callable[[int], str] = _at_row
           ) -> np.ndarray:
     """A pyarrow column as int64 nanoseconds since the epoch.
@@ -105,7 +141,10 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
             try:
                 ns = pc.cast(col, pa.timestamp("ns"))
             except pa.ArrowInvalid:  # strings with a UTC offset ("Z", "+01:00") parse only as aware
-                ns = pc.cast(col, pa.timestamp("ns", tz="UTC"))
+                try:
+                    ns = pc.cast(col, pa.timestamp("ns", tz="UTC"))
+                except pa.ArrowInvalid:
+                    raise _unreadable_time(col, path, name, where) from None
         elif pa.types.is_integer(t):
             ints = pc.cast(col, pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
             if unit is None and ints.size:

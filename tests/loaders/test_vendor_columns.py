@@ -111,3 +111,27 @@ def test_a_header_with_spaces_after_its_commas_is_read_by_the_names_without_them
     src = open_source(str(tmp_path / "x.csv"), timestamp="timestamp", read=READ, dtype="float64")
     np.testing.assert_array_equal(np.asarray(src.array), frame[list(src.columns)].to_numpy())
     np.testing.assert_array_equal(np.asarray(src.timestamps), frame["timestamp"].to_numpy())
+
+
+def _iso_file(tmp_path, times: list[str]) -> str:
+    rows = ["timestamp,bid_price_1,ask_price_1"] + [f"{t},99.99,100.01" for t in times]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    return str(tmp_path / "t.csv")
+
+
+def test_times_whose_offsets_stop_partway_are_named_by_the_first_line_without_one(tmp_path):
+    """pyarrow's message quoted the last value and told to call its assume_timezone."""
+    times = [f"2026-03-05T14:30:{s:02d}+00:00" for s in range(30)] + [f"2026-03-05T14:31:{s:02d}" for s in range(30)]
+    with pytest.raises(LoaderError, match=r"t\.csv: timestamp column 'timestamp': line 32 '2026-03-05T14:31:00' has "
+                                          r"no UTC offset, where line 2 '2026-03-05T14:30:00\+00:00' has: a column's "
+                                          r"times are either all UTC instants"):
+        np.asarray(open_source(_iso_file(tmp_path, times), timestamp="timestamp", read=READ).timestamps)
+
+
+@pytest.mark.parametrize("bad, at", [("2026-03-05 09:30:07 EST", 9), ("yesterday", 2)])
+def test_a_time_that_is_no_iso_time_is_named_by_its_line(tmp_path, bad, at):
+    times = [f"2026-03-05 09:30:{s:02d}" for s in range(40)]
+    times[at - 2] = bad
+    with pytest.raises(LoaderError, match=rf"timestamp column 'timestamp': line {at} '{bad}' is no time: expected "
+                                          r"ISO-8601 text"):
+        np.asarray(open_source(_iso_file(tmp_path, times), timestamp="timestamp", read=READ).timestamps)
