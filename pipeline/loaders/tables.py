@@ -718,9 +718,10 @@ def read_columns(part: TablePart, columns: Sequence[str], so: dict) -> dict[str,
             raise _header_again(part, line) from None
         ragged = ragged_line(part, so) if part.fmt == "csv" and "columns, got" in str(exc) else None
         if ragged is not None:
-            line, got, want = ragged
-            raise LoaderError(part.path, f"line {line} has {got} fields, expected {want} (as in line 1): a row cut "
-                              f"short or a field too many; cannot read csv data ({exc})") from None
+            line, got, want, blank = ragged
+            what = "a line of spaces only: remove it" if blank else "a row cut short or a field too many"
+            raise LoaderError(part.path, f"line {line} has {got} fields, expected {want} (as in line 1): {what}; "
+                              f"cannot read csv data ({exc})") from None
         raise LoaderError(part.path, f"cannot read {part.fmt} data ({exc})") from None
     if part.fmt == "csv":
         _check_no_header_rows(part, table, sources)
@@ -832,19 +833,20 @@ def _first_text(part: TablePart, col: Any) -> str:
     return ""
 
 
-def ragged_line(part: TablePart, so: dict) -> tuple[int, int, int] | None:
+def ragged_line(part: TablePart, so: dict) -> tuple[int, int, int, bool] | None:
     """The first line (from 1) of a CSV file whose field count differs from its first
-    line's, with both counts, or None: read line by line, only to explain a part that
-    pyarrow refused ("Expected 13 columns, got 11", which names the row's text, not its
-    line)."""
+    line's, with both counts and whether it holds only spaces, or None: read line by
+    line, only to explain a part that pyarrow refused ("Expected 13 columns, got 11",
+    which names the row's text, not its line)."""
     delimiter = part.delimiter.encode()
     try:
         with open_text(part.path, so) as fh:
             want = fh.readline().count(delimiter) + 1
             for k, line in enumerate(fh, start=2):
                 got = line.count(delimiter) + 1
-                if got != want and line.strip():
-                    return k, got, want
+                # An empty line is skipped by the reader; one of spaces only is a row.
+                if got != want and line.strip(b"\r\n"):
+                    return k, got, want, not line.strip()
     except OSError:
         return None
     return None

@@ -135,3 +135,13 @@ def test_a_time_that_is_no_iso_time_is_named_by_its_line(tmp_path, bad, at):
     with pytest.raises(LoaderError, match=rf"timestamp column 'timestamp': line {at} '{bad}' is no time: expected "
                                           r"ISO-8601 text"):
         np.asarray(open_source(_iso_file(tmp_path, times), timestamp="timestamp", read=READ).timestamps)
+
+
+def test_a_last_line_of_spaces_only_is_named_by_its_line(tmp_path):
+    text = _frame(30).to_csv(index=False) + "   \n"
+    (tmp_path / "x.csv").write_text(text)
+    with pytest.raises(LoaderError, match=r"x\.csv: line 32 has 1 fields, expected 5 \(as in line 1\): a line of "
+                                          r"spaces only: remove it"):
+        np.asarray(open_source(str(tmp_path / "x.csv"), timestamp="timestamp", read=READ).array)
+    (tmp_path / "x.csv").write_text(_frame(30).to_csv(index=False) + "\n\r\n")  # empty lines: skipped
+    assert np.asarray(open_source(str(tmp_path / "x.csv"), timestamp="timestamp", read=READ).array).shape == (30, 2)
