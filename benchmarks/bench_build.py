@@ -18,7 +18,8 @@ Every ratio compares two figures measured here, in this run, on the same data an
   threaded scheduler) against the same limit;
 - the fixed start-up of a run: ``pipeline run`` of a tiny input, from its launch to its
   ready LocalCluster (imports, cluster, workers holding what they run) plus from its
-  summary to its exit; beside it its imports alone and a LocalCluster alone;
+  summary to its exit, and its CPU; the same with worker threads (``cluster.processes:
+  false``); beside it its imports alone and a LocalCluster alone;
 - 1 and 2 workers on a 4x larger input (4x the run's own: 20 days x 200,000 rows for the
   demo input, about 4 GB written per run; 4 x 120,000 with ``--quick``), the whole run
   and its work once the cluster is ready, and the most that two workers could gain on
@@ -268,8 +269,10 @@ def startup(work: Path, repeat: int = 3) -> dict[str, float]:
     """The fixed start-up of ``pipeline run`` of a tiny input (2 x 3000 rows), median of
     ``repeat`` runs: from its launch until its LocalCluster is ready (the ``cluster:``
     line: the run's imports and the cluster's start, workers holding what they run),
-    and from its summary (the cluster closed) to its exit; beside it, its imports alone
-    (a fresh interpreter) and a LocalCluster started and closed in this process."""
+    and from its summary (the cluster closed) to its exit, and its CPU (its process tree);
+    the same, in turns, with ``cluster.processes=false`` (worker threads); beside them,
+    its imports alone (a fresh interpreter) and a LocalCluster started and closed in
+    this process."""
     import statistics
 
     from pipeline.cluster import cluster
@@ -288,14 +291,20 @@ def startup(work: Path, repeat: int = 3) -> dict[str, float]:
     cmd = [str(BIN / "pipeline"), "run", str(CONFIG), "--no-progress"]
     for value in overrides(tiny, work / "tiny.zarr"):
         cmd += ["--set", value]
-    runs = []
+    out = {"imports": imports, "cluster": local}
+    # In turns: worker processes (the default) and worker threads (cluster.processes=false).
+    runs: dict[str, list[tuple[float, ...]]] = {"": [], " threads": []}
     for _ in range(repeat):
-        marks, rc, _ = timed_lines(cmd)
-        if rc or "cluster" not in marks or "wall time" not in marks:
-            raise SystemExit(f"pipeline run of the tiny input failed (exit {rc})")
-        runs.append((marks["cluster"], marks["exit"] - marks["wall time"], marks["exit"]))
-    ready, exit_s, whole = (statistics.median(r[i] for r in runs) for i in range(3))
-    return {"imports": imports, "cluster": local, "ready": ready, "exit": exit_s, "tiny run": whole}
+        for kind, extra in (("", []), (" threads", ["--set", "cluster.processes=false"])):
+            cpu: list[Callable[[], float]] = []
+            marks, rc, _ = timed_lines(cmd + extra, on_start=lambda proc: cpu.append(tree_cpu(proc)))
+            if rc or "cluster" not in marks or "wall time" not in marks:
+                raise SystemExit(f"pipeline run{extra and ' ' + ' '.join(extra)} of the tiny input failed (exit {rc})")
+            runs[kind].append((marks["cluster"], marks["exit"] - marks["wall time"], marks["exit"], cpu[0]()))
+    for kind, got in runs.items():
+        for i, name in enumerate(("ready", "exit", "tiny run", "cpu")):
+            out[name + kind] = statistics.median(r[i] for r in got)
+    return out
 
 
 # -- the profiled run -------------------------------------------------------------------
@@ -808,6 +817,11 @@ def say_startup(up: dict[str, float]) -> None:
           f"{up['ready']:.2f} s + summary to exit {up['exit']:.2f} s = {fixed:.2f} s (goal < 3 s); the whole tiny "
           f"run {up['tiny run']:.2f} s. Alone: imports {up['imports']:.2f} s, LocalCluster start and close in a "
           f"process that holds them {up['cluster']:.2f} s; load average {os.getloadavg()[0]:.1f}", flush=True)
+    threads = up["ready threads"] + up["exit threads"]
+    print(f"  its CPU {up['cpu']:.2f} core-s (the command, its workers' server and its workers); with "
+          f"cluster.processes=false (worker threads): fixed start-up {threads:.2f} s ({threads / fixed:.2f}x), the "
+          f"whole tiny run {up['tiny run threads']:.2f} s ({up['tiny run threads'] / up['tiny run']:.2f}x), its CPU "
+          f"{up['cpu threads']:.2f} core-s ({up['cpu threads'] / up['cpu']:.2f}x)", flush=True)
 
 
 def _block_bytes() -> int:

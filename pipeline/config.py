@@ -49,8 +49,8 @@ class ClusterConfig:
     n_workers: int = 2
     threads_per_worker: int = 1
     #: LocalCluster only: workers as processes (``False``: threads of the run's own
-    #: process, which start in a fraction of the time; the GIL then limits what they
-    #: compute at once, so a large build wants processes).
+    #: process, nothing to start or fork; the GIL then limits what they compute at
+    #: once, so a large build wants processes).
     processes: bool = True
     # Kept as written (4GiB, 0.5, auto): dask reads it when the workers start.
     memory_limit: str | float | None = "auto"

@@ -35,8 +35,8 @@ BIN = Path(sys.executable).parent
 #: Rows per demo day in the recipes' ``pipeline demo-data`` commands.
 ROWS_PER_DAY = 1000
 #: Set on every ``pipeline run`` of a recipe: one LocalCluster worker, a thread of the
-#: command's own process, which starts in a fraction of a process's time and CPU (1.5 s
-#: and 1.8 core-seconds less per run on these machines); a store depends on neither. The
+#: command's own process, which a tiny run starts sooner and with less CPU (0.87-0.90x of
+#: both, ``benchmarks/bench_build.py --only startup``); a store depends on neither. The
 #: worker processes a user's run starts are the CLI and cluster tests' to test.
 RUN_SET = "cluster.n_workers=1 cluster.processes=false"
 #: Pages whose code blocks run: the recipes and the getting-started page.
