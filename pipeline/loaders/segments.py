@@ -591,6 +591,26 @@ def _group_sessions(groups: Sequence[tuple], spec: SessionSpec, columns: Sequenc
     return (*_non_empty(lengths, inst, keys), gaps, tasks)
 
 
+def _per_instrument(by_name: dict[str, list[str]], options: dict[str, Any], so: dict | None) -> list[Source]:
+    """A source per instrument (in name order) of its files, each with the same columns
+    in the same order.
+
+    Raises
+    ------
+    LoaderError
+        When the instruments' files give different columns (:func:`column_mismatch`).
+    """
+    sources = [open_source(by_name[name], storage_options=so, **options) for name in sorted(by_name)]
+    cols = {s.columns for s in sources}
+    if len(cols) > 1 and options.get("read") is not None and len({frozenset(c or ()) for c in cols}) == 1:
+        # The same columns in another order (a vendor's export of one instrument): the
+        # features read them by name, so each instrument's array takes the first's order.
+        return [_in_order(src, sources[0].columns or ()) for src in sources]
+    if len(cols) > 1:
+        raise column_mismatch(sources, sorted(by_name), options, so)
+    return sources
+
+
 def _in_order(src: Source, columns: Sequence[str]) -> Source:
     """``src`` with its array's columns in the order of ``columns`` (the same names)."""
     from pipeline.loaders import _carrying
@@ -734,19 +754,9 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | str | dict | None = No
     sources: list[Source] = []
     checked = False  # whether the files' time order was checked per instrument already
     if by_name is not None:
-        for name in sorted(by_name):
-            src = open_source(by_name[name], storage_options=so, **options)
-            sources.append(src)
-            groups.append((name, src.array, src.timestamps, _file_rows(src), [key_of(f.path) for f in src.files],
-                           zone_of(src, spec)))
-        cols = {s.columns for s in sources}
-        if len(cols) > 1 and options.get("read") is not None and len({frozenset(c or ()) for c in cols}) == 1:
-            # The same columns in another order (a vendor's export of one instrument): the
-            # features read them by name, so each instrument's array takes the first's order.
-            sources = [_in_order(src, sources[0].columns or ()) for src in sources]
-            groups = [(g[0], src.array, *g[2:]) for g, src in zip(groups, sources)]
-        elif len(cols) > 1:
-            raise column_mismatch(sources, sorted(by_name), options, so)
+        sources = _per_instrument(by_name, options, so)
+        groups = [(name, src.array, src.timestamps, _file_rows(src), [key_of(f.path) for f in src.files],
+                   zone_of(src, spec)) for name, src in zip(sorted(by_name), sources)]
     elif instrument is not None and instrument.column:
         src = open_source(files, storage_options=so, instrument_column=instrument.column, **options)
         sources.append(src)
