@@ -77,6 +77,45 @@ def _check_unit(first: float, default: str, path: str, name: str) -> None:
                               f"(timestamp_unit={unit!r} in pipeline.load), or {default} to keep {default}")
 
 
+def _decimal_ns(col: Any, path: str, name: str, unit: str | None) -> np.ndarray:
+    """Decimal numbers of ``unit`` (default seconds) since the epoch as int64
+    nanoseconds, exactly as written: ``1772721000.001000`` s is 14:30:00.001 (through a
+    float64 it was 14:30:00.000999928; a float of today's epoch seconds resolves about
+    0.2 microseconds). A CSV's decimal times are read so (:func:`_decimal_times`)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    per = TIMESTAMP_UNITS[unit or "s"]
+    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    # Scaled to nanoseconds, a decimal's 128-bit integer is the time in ns (exact, or
+    # refused by the cast: a digit past the nanosecond).
+    arr = pc.cast(arr, pa.decimal128(38, len(str(per)) - 1))
+    words = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=2 * (arr.offset + len(arr)))[2 * arr.offset:]
+    low, high = words[0::2], words[1::2]
+    if not (high == (low >> 63)).all():
+        raise LoaderError(path, f"timestamp column {name!r}: a time past what int64 nanoseconds hold (the year 2262)")
+    if unit is None and low.size:
+        _check_unit(float(arr[0].as_py()), "s", path, name)
+    return low.copy()
+
+
+def _float_ns(col: Any, path: str, name: str, unit: str | None, where: Callable[[int], str]) -> np.ndarray:
+    """Floats of ``unit`` (default seconds) since the epoch as int64 nanoseconds, each the
+    nanosecond nearest its value."""
+    values = np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.float64)
+    if not np.isfinite(values).all():
+        raise LoaderError(path, f"timestamp column {name!r}: NaN or inf at "
+                          f"{where(int(np.flatnonzero(~np.isfinite(values))[0]))}")
+    if unit is None and values.size:
+        _check_unit(float(values[0]), "s", path, name)
+    # seconds * 1e9 would round to 256 ns at today's epoch seconds: scale only the
+    # fraction (exact: v - floor(v) loses nothing), so each float becomes the
+    # nanosecond nearest its exact value.
+    per = TIMESTAMP_UNITS[unit or "s"]
+    whole = np.floor(values)
+    return whole.astype(np.int64) * per + np.rint((values - whole) * per).astype(np.int64)
+
+
 #: An ISO time's UTC offset at its end (``Z``, ``-05:00``, ``+0100``).
 _OFFSET = r"(Z|[+-]\d{2}:?\d{2})$"
 
@@ -122,7 +161,9 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
     kind per column); integers and floats are counts of ``unit`` since the epoch
     (``s``, ``ms``, ``us``, ``ns``), by default integers nanoseconds and floats seconds.
     A float becomes the nanosecond nearest its value (a float64 of today's epoch
-    seconds resolves about 0.2 microseconds). Without ``unit``, a first value that is
+    seconds resolves about 0.2 microseconds); a decimal (a CSV's ``1772721000.001000``,
+    read so: :func:`_decimal_times`) becomes the instant it writes. Without ``unit``, a
+    first value that is
     a date of an order book only in another unit is refused, naming that unit.
     ``where(i)`` says where row ``i`` is in an error (a file's line: :func:`row_place`).
     """
@@ -137,6 +178,8 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
             ns = pc.cast(col, pa.timestamp("ns", tz=t.tz))
         elif pa.types.is_date(t):
             ns = pc.cast(col, pa.timestamp("ns"))
+        elif pa.types.is_decimal(t):
+            return _decimal_ns(col, path, name, unit)
         elif pa.types.is_string(t) or pa.types.is_large_string(t):
             try:
                 ns = pc.cast(col, pa.timestamp("ns"))
@@ -155,18 +198,7 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
                                   "int64 nanoseconds hold (the year 2262)")
             return ints if per == 1 else ints * per
         elif pa.types.is_floating(t):
-            values = np.asarray(col.to_numpy(), dtype=np.float64)
-            if not np.isfinite(values).all():
-                raise LoaderError(path, f"timestamp column {name!r}: NaN or inf at "
-                                  f"{where(int(np.flatnonzero(~np.isfinite(values))[0]))}")
-            if unit is None and values.size:
-                _check_unit(float(values[0]), "s", path, name)
-            # seconds * 1e9 would round to 256 ns at today's epoch seconds: scale only the
-            # fraction (exact: v - floor(v) loses nothing), so each float becomes the
-            # nanosecond nearest its exact value.
-            per = TIMESTAMP_UNITS[unit or "s"]
-            whole = np.floor(values)
-            return whole.astype(np.int64) * per + np.rint((values - whole) * per).astype(np.int64)
+            return _float_ns(col, path, name, unit, where)
         else:
             raise LoaderError(path, f"timestamp column {name!r}: expected a timestamp, ISO-8601 strings, or "
                               f"integers or floats since the epoch, got {t}")
@@ -509,7 +541,7 @@ def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | No
     per_row = instrument_column is not None and part.instrument is None
     # Every column in one read: a CSV part is parsed once, not once per column.
     wanted = [timestamp] + ([dates.column] if dates is not None else []) + ([instrument_column] if per_row else [])
-    cols = read_columns(part, wanted, so)
+    cols = read_columns(_decimal_times(part, timestamp, unit, dates), wanted, so)
     if dates is not None:  # source.date: {column: ...}: each row's date plus its time of day
         where = lambda i: row_place(part, i)  # noqa: E731
         check = part.fmt != "parquet" and _ends_unchecked_file(part) or \
@@ -525,6 +557,23 @@ def _part_times(part: TablePart, timestamp: str | None, so: dict, unit: str | No
         return ns, None
     labels = _labels(part, instrument_column, so, cols[instrument_column])
     return ns, labels.combine_chunks() if hasattr(labels, "combine_chunks") else labels
+
+
+def _decimal_times(part: TablePart, timestamp: str | None, unit: str | None, dates: RowDates | None) -> TablePart:
+    """``part``, its timestamp column read as decimals scaled to nanoseconds where a CSV
+    holds decimal numbers there (pyarrow found floats in its first bytes), so that
+    :func:`to_ns` takes each time as written (:func:`_decimal_ns`), not through a
+    float64. A value the decimal does not hold (a digit past the nanosecond) makes the
+    part be read with floats, as before."""
+    if part.fmt != "csv" or timestamp is None or dates is not None or part.times_of_day:
+        return part
+    from dataclasses import replace
+
+    source = part.source_of(timestamp)
+    if dict(part.csv_types).get(source) != "f":
+        return part
+    scale = len(str(TIMESTAMP_UNITS[unit or "s"])) - 1
+    return replace(part, csv_types=tuple((n, f"d{scale}" if n == source else k) for n, k in part.csv_types))
 
 
 def _ends_unchecked_file(part: TablePart) -> bool:

@@ -143,7 +143,9 @@ class TablePart:
     #: CSV: ``(file's name, "i" or "f")`` of the columns pyarrow read as integers or
     #: floats in the file's first bytes: read with those types, pyarrow infers none (a
     #: third of a CSV's parse); a value that does not fit makes the part be read again,
-    #: inferring, as before.
+    #: inferring, as before. ``"d9"``: read as a decimal of 9 fraction digits (a
+    #: timestamp of decimal epoch seconds, taken as written:
+    #: :func:`~pipeline.loaders.columns.to_ns`).
     csv_types: tuple[tuple[str, str], ...] = ()
     #: CSV: ``(file's name, where)`` of each text column: its first value that is no
     #: number and that value's line (`` at line 121: '1OO.05'``), as the file's first
@@ -742,7 +744,8 @@ def _read_csv(part: TablePart, sources: Sequence[str], so: dict) -> Any:
     import pyarrow.csv as pacsv
 
     known = dict(part.csv_types)
-    types = {s: pa.int64() if known[s] == "i" else pa.float64() for s in sources if s in known}
+    kinds = {"i": pa.int64(), "f": pa.float64()}
+    types = {s: kinds.get(known[s]) or pa.decimal128(38, int(known[s][1:])) for s in sources if s in known}
 
     def read(column_types: dict) -> Any:
         with open_text(part.path, so) as fh:

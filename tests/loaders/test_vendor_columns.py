@@ -145,3 +145,35 @@ def test_a_last_line_of_spaces_only_is_named_by_its_line(tmp_path):
         np.asarray(open_source(str(tmp_path / "x.csv"), timestamp="timestamp", read=READ).array)
     (tmp_path / "x.csv").write_text(_frame(30).to_csv(index=False) + "\n\r\n")  # empty lines: skipped
     assert np.asarray(open_source(str(tmp_path / "x.csv"), timestamp="timestamp", read=READ).array).shape == (30, 2)
+
+
+@pytest.mark.parametrize("unit, per", [(None, 10**9), ("ms", 10**6)])
+def test_decimal_epoch_times_in_a_csv_are_the_instants_written(tmp_path, unit, per):
+    """``1772721000.001000`` s was read through a float64: 14:30:00.000999928, up to 118
+    ns off the written microseconds. Each time is now the instant written, checked
+    against exact decimal arithmetic."""
+    from decimal import Decimal
+
+    rng = np.random.default_rng(3)
+    whole = 1772721000 * (10**9 // per) + np.sort(rng.integers(0, 50_000, 300))
+    written = [f"{w}.{f:06d}" for w, f in zip(whole, rng.integers(0, 10**6, 300))]
+    written[6] = f"{whole[6]}"  # no fraction
+    rows = ["timestamp,bid_price_1,ask_price_1"] + [f"{t},99.99,100.01" for t in written]
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    src = open_source(str(tmp_path / "t.csv"), timestamp="timestamp", timestamp_unit=unit, read=READ)
+    want = [int(Decimal(t) * per) for t in written]
+    assert np.asarray(src.timestamps).tolist() == want
+    # A digit past the nanosecond: the file is read through floats, as before (the
+    # nanosecond nearest each float).
+    rows[6] = rows[6].replace(written[5], f"{whole[5]}.0000000005")
+    (tmp_path / "t.csv").write_text("\n".join(rows) + "\n")
+    got = np.asarray(open_source(str(tmp_path / "t.csv"), timestamp="timestamp", timestamp_unit=unit,
+                                 read=READ).timestamps)
+    near = np.array(want[:5] + [int(whole[5]) * per] + want[6:])
+    assert 0 < np.abs(got - near).max() <= 256  # a float64's resolution at these values
+    # In exponent notation, as decimals too.
+    (tmp_path / "t.csv").write_text("\n".join(rows[:1] + [f"{float(t):.16e},99.99,100.01" for t in written[:3]])
+                                    + "\n")
+    got = np.asarray(open_source(str(tmp_path / "t.csv"), timestamp="timestamp", timestamp_unit=unit,
+                                 read=READ).timestamps)
+    assert np.abs(got - np.array(want[:3])).max() <= 256  # a float64's resolution at these values
