@@ -213,8 +213,8 @@ def _starts_a_local_cluster(args: argparse.Namespace) -> bool:
 
         with open(args.config, encoding="utf-8") as fh:
             section = (yaml.safe_load(fh) or {}).get("cluster") or {}
-        overrides = dict(item.split("=", 1) for item in args.overrides if "=" in item)
-        overridden = {key.strip(): value.strip() for key, value in overrides.items()}
+        overridden = {key.strip(): value.strip()
+                      for key, value in (item.split("=", 1) for item in args.overrides if "=" in item)}
         # Threads of this process (processes: false) are not forked from the server.
         processes = overridden.get("cluster.processes", section.get("processes", True))
         return not (section.get("address") or section.get("scheduler_file")

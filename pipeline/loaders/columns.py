@@ -77,6 +77,11 @@ def _check_unit(first: float, default: str, path: str, name: str) -> None:
                               f"(timestamp_unit={unit!r} in pipeline.load), or {default} to keep {default}")
 
 
+def _ns_digits(unit: str | None) -> int:
+    """Decimal digits of a nanosecond in ``unit`` (default seconds): 9, 6, 3 or 0."""
+    return len(str(TIMESTAMP_UNITS[unit or "s"])) - 1
+
+
 def _decimal_ns(col: Any, path: str, name: str, unit: str | None) -> np.ndarray:
     """Decimal numbers of ``unit`` (default seconds) since the epoch as int64
     nanoseconds, exactly as written: ``1772721000.001000`` s is 14:30:00.001 (through a
@@ -85,11 +90,10 @@ def _decimal_ns(col: Any, path: str, name: str, unit: str | None) -> np.ndarray:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    per = TIMESTAMP_UNITS[unit or "s"]
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     # Scaled to nanoseconds, a decimal's 128-bit integer is the time in ns (exact, or
     # refused by the cast: a digit past the nanosecond).
-    arr = pc.cast(arr, pa.decimal128(38, len(str(per)) - 1))
+    arr = pc.cast(arr, pa.decimal128(38, _ns_digits(unit)))
     words = np.frombuffer(arr.buffers()[1], dtype=np.int64, count=2 * (arr.offset + len(arr)))[2 * arr.offset:]
     low, high = words[0::2], words[1::2]
     if not (high == (low >> 63)).all():
@@ -572,8 +576,7 @@ def _decimal_times(part: TablePart, timestamp: str | None, unit: str | None, dat
     source = part.source_of(timestamp)
     if dict(part.csv_types).get(source) != "f":
         return part
-    scale = len(str(TIMESTAMP_UNITS[unit or "s"])) - 1
-    return replace(part, csv_types=tuple((n, f"d{scale}" if n == source else k) for n, k in part.csv_types))
+    return replace(part, csv_types=tuple((n, f"d{_ns_digits(unit)}" if n == source else k) for n, k in part.csv_types))
 
 
 def _ends_unchecked_file(part: TablePart) -> bool:

@@ -147,10 +147,10 @@ class TablePart:
     #: timestamp of decimal epoch seconds, taken as written:
     #: :func:`~pipeline.loaders.columns.to_ns`).
     csv_types: tuple[tuple[str, str], ...] = ()
-    #: CSV: ``(file's name, where)`` of each text column: its first value that is no
-    #: number and that value's line (`` at line 121: '1OO.05'``), as the file's first
-    #: bytes showed; empty where every value there is a number or empty.
-    text_samples: tuple[tuple[str, str], ...] = ()
+    #: CSV: ``(file's name, row, value)`` of each text column: its first value that is no
+    #: number and that value's row in the file, as the file's first bytes showed; none
+    #: where every value there is a number or empty.
+    text_samples: tuple[tuple[str, int, str], ...] = ()
 
     def __dask_tokenize__(self) -> tuple[str, str]:
         # Each task's part is in its graph's name (parts_array, part_specs): dask would
@@ -526,7 +526,8 @@ _THOUSANDS = r"^\s*[+-]?\d{1,3}(,\d{3})+\s*$"
 
 
 def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...],
-                                                               tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]]:
+                                                               tuple[tuple[str, str], ...],
+                                                               tuple[tuple[str, int, str], ...]]:
     """The file's own names of a CSV file's columns that do not hold numbers (text,
     times), from the types pyarrow infers on ``block`` (its first bytes, cut at a line's
     end), as Parquet's schema tells them: left out of the default columns. And, with
@@ -552,7 +553,7 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
     text = tuple(f.name for f in table.schema if not any(test(f.type) for test in numeric))
     types = tuple((f.name, "i" if pa.types.is_integer(f.type) or _overflowed(table.column(f.name)) else "f")
                   for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
-    samples = tuple((name, where) for name in text if (where := _first_text(part, table.column(name))))
+    samples = tuple((name, *found) for name in text if (found := _first_non_number(part, table.column(name))))
     return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types, samples
 
 
@@ -823,17 +824,24 @@ def repeated_header(part: TablePart, so: dict) -> int | None:
     return None
 
 
-def _first_text(part: TablePart, col: Any) -> str:
-    """Where a column read as text first holds a value that is no number (`` at line 15002:
-    'abc'``), or nothing: the cast's own message names the value, not its row."""
+def _first_non_number(part: TablePart, col: Any) -> tuple[int, str] | None:
+    """The row and value (its first 40 characters) of a column read as text where it
+    first holds a value that is no number, or None."""
     for i, value in enumerate(col.to_pylist()):
         if value is None:
             continue
         try:
             float(str(value).replace(part.decimal, ".") if part.fmt == "csv" else value)
         except (TypeError, ValueError):
-            return f" at {row_place(part, i)}: {str(value)[:40]!r}"
-    return ""
+            return i, str(value)[:40]
+    return None
+
+
+def _first_text(part: TablePart, col: Any) -> str:
+    """Where a column read as text first holds a value that is no number (`` at line 15002:
+    'abc'``), or nothing: the cast's own message names the value, not its row."""
+    found = _first_non_number(part, col)
+    return f" at {row_place(part, found[0])}: {found[1]!r}" if found else ""
 
 
 def ragged_line(part: TablePart, so: dict) -> tuple[int, int, int, bool] | None:
@@ -1127,8 +1135,8 @@ def check_numbers_read(parts: Sequence[TablePart], read: Sequence[str] | None, t
             if p.fmt == "parquet":
                 raise LoaderError(p.path, f"column {name!r}: expected numbers, but the file's schema stores it as "
                                   "text; write it as a number type")
-            where = dict(p.text_samples).get(source, "")
-            value = where.rsplit(": ", 1)[-1].strip("'\"") if where else ""
+            row, value = next(((r, v) for s, r, v in p.text_samples if s == source), (None, ""))
+            where = f" at {row_place(p, row)}: {value!r}" if row is not None else ""
             hint = ("; it looks like a number with thousands separators, which a CSV reader takes for text: write "
                     "the file without them" if _GROUPED.match(value) else "")
             raise LoaderError(p.path, f"column {name!r}: expected numbers, got text{where}{hint}")
