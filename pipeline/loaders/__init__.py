@@ -20,7 +20,8 @@ import fsspec
 import numpy as np
 
 from pipeline.errors import ConfigError, EmptyInputError, FormatMismatchError, LoaderError, ShapeMismatchError
-from pipeline.loaders.arrays import FileRun, Values, checked_casts, checked_dtype, common_dtype, file_runs
+from pipeline.loaders.arrays import (FileRun, Values, check_fill_value, checked_casts, checked_dtype, common_dtype,
+                                     file_runs, refuse_opaque)
 from pipeline.loaders.conversions import ValueRules
 from pipeline.loaders.registry import dataset_format
 
@@ -413,7 +414,8 @@ def open_source(
     swmr
         HDF5: SWMR read mode, to read a file an SWMR writer appends to (else refused).
     key
-        The ``.npz`` member read from each file.
+        The ``.npz`` member read from each file; default the first file's one member,
+        which every file must hold.
     labels
         ``"folder"`` (the parent folder, as ``ImageFolder``) or a manifest file.
     classes
@@ -650,21 +652,26 @@ def _array_options(kind: str, files: list[str], so: dict, on_error: str, *, shap
                    mode: str | None, dataset: str | None, key: str | None, swmr: bool = False) -> dict[str, Any]:
     """The options of array formats. HDF5 files without ``dataset`` are all read at the
     first file's one dataset (``dataset_from`` names that file), never each at its own;
+    ``.npz`` files without ``key`` likewise at the first file's one array (``key_from``);
     ``swmr`` opens them in SWMR read mode, that first file too.
 
     Raises
     ------
     LoaderError
-        For a first HDF5 file holding no dataset or several (with ``on_error: skip``,
-        the first file that holds one is used).
+        For a first HDF5 file holding no dataset or several, or a first .npz holding
+        several arrays (with ``on_error: skip``, the first file that holds one is used).
     """
-    dataset_from = None
+    dataset_from = key_from = None
     if kind == "hdf5" and dataset is None:
         from pipeline.loaders.hdf5 import shared_dataset
 
         dataset, dataset_from = shared_dataset(files, so, skip=on_error == "skip", swmr=swmr)
+    if kind == "npz" and key is None:
+        from pipeline.loaders.npz import shared_member
+
+        key, key_from = shared_member(files, so, skip=on_error == "skip")
     return {"shape": tuple(shape) if shape else None, "mode": mode, "dataset": dataset, "key": key,
-            "dataset_from": dataset_from, "swmr": swmr}
+            "dataset_from": dataset_from, "key_from": key_from, "swmr": swmr}
 
 
 def _readable(results: Sequence[Any], label_values: np.ndarray | None, where: str
@@ -860,7 +867,12 @@ def _array_files(probed: list, fmt: Any, opts: dict, so: dict, *, combine: str |
     aligns = {p: layout[0] if layout else None for p, _, _, (_, _, *layout) in probed}  # HDF5's chunk rows
     paths = [p for p, *_ in probed]
     dtypes = {p: d for p, (_, d) in shapes.items()}
+    refuse_opaque(dtypes)
+    if kind == "image" and fmt_opts.get("mode") is None:
+        _check_image_depths(dtypes, {p: s for p, (s, _) in shapes.items()})
     out_dtype = common_dtype(dtypes) if dtype is None else dtype
+    if nan == "fill":
+        check_fill_value(fill_value, out_dtype)
     values = Values(out_dtype, checked_casts(dtypes, out_dtype) if dtype is not None else False, nan, fill_value)
     combine = combine or "stack"
     if combine == "concat":
@@ -1024,6 +1036,29 @@ def _check_channels(first: str, target: tuple[int, ...], bad: Sequence[tuple[str
         "'RGBA': 4, 'L': 1)")
 
 
+def _check_image_depths(dtypes: Mapping[str, np.dtype], shapes: Mapping[str, tuple[int, ...]]) -> None:
+    """Refuse images of another pixel dtype than the first's, read without ``mode=``: an
+    8-bit image beside a 16-bit one would be stacked as uint16 with its values unscaled
+    (its white, 255, beside the other's 65535), a scale no cast can tell apart.
+
+    Raises
+    ------
+    LoaderError
+        Naming the first image of another dtype, both dtypes and the ``mode=`` that reads
+        every image as 8-bit.
+    """
+    from pipeline.loaders.images import mode_advice
+
+    first = next(iter(dtypes))
+    other = next((p for p, d in dtypes.items() if d != dtypes[first]), None)
+    if other is None:
+        return
+    raise LoaderError(other, f"has {dtypes[other]} pixels, but {first} has {dtypes[first]}: images of different "
+                      "bit depths (8-bit beside 16-bit, integer beside float) would be stacked with their values "
+                      f"on different scales; set {mode_advice(_channels(shapes[first]))} to read every image as "
+                      "8-bit (16-bit ones by their high byte), or convert the files to one depth")
+
+
 def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, dtype: np.dtype | None, so: dict, *,
                   columns: Sequence[str] | None, timestamp: str | None, timestamp_unit: str | None,
                   instrument_column: str | None, names: Sequence[str] | None, nan: str, fill_value: float,
@@ -1145,6 +1180,8 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         check_rules(rules, parts, every)
     cols = tables.project_columns(every, read)
     check_time_order(parts, instrument_column)
+    if nan == "fill":
+        check_fill_value(fill_value, np.float64 if exact else np.float32)
     if exact:
         arr = tables.table_array(parts, cols, timestamp, nan, fill_value, so, dtype=np.float64, rules=rules)
     else:

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.errors import ConfigError, LoaderError
 
 __all__ = ["FileRun", "Values", "changed_values", "checked_casts", "checked_dtype", "common_dtype", "file_runs",
-           "holds_exactly", "values_cut"]
+           "check_fill_value", "holds_exactly", "refuse_opaque", "values_cut"]
 
 
 def file_runs(rows: Sequence[int], limit: int) -> list[tuple[int, int]]:
@@ -252,6 +252,44 @@ def checked_dtype(dtype: Any) -> np.dtype | None:
     if out.kind not in "biufc":
         raise ConfigError("dtype", expected, dtype)
     return out
+
+
+def check_fill_value(fill_value: float, dtype: Any) -> None:
+    """Refuse, before anything is read, a ``fill_value`` (what ``nan="fill"`` puts in
+    place of NaN and inf) beyond the range of the float dtype it is put into: it would
+    become inf, or be blamed on the file that held the NaN. Rounding to the dtype's
+    precision (0.1 in float32) is not refused: that is the value the dtype holds
+    nearest. Integer dtypes hold no NaN, so their fill is never used.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``fill_value``, the dtype and its range.
+    """
+    from pipeline.errors import ConfigError
+
+    dt = np.dtype(dtype)
+    if dt.kind != "f":
+        return
+    top = float(np.finfo(dt).max)  # a Python float: no overflow warning comparing with it
+    if np.isfinite(fill_value) and abs(float(fill_value)) > top:
+        raise ConfigError("fill_value", f"a value {dt.name} holds (at most {top:.6g} in magnitude)", fill_value)
+
+
+def refuse_opaque(dtypes: Mapping[str, np.dtype]) -> None:
+    """Refuse files of raw bytes (numpy's void dtype without fields, such as ``V8``:
+    what an opaque HDF5 type or ``np.void`` data reads as), naming the first: they hold
+    no numbers, and zarr cannot store them, so a write would fail late, naming no file.
+
+    Raises
+    ------
+    LoaderError
+        For the first such file.
+    """
+    opaque = next((p for p, d in dtypes.items() if d.kind == "V" and d.names is None and d.subdtype is None), None)
+    if opaque is not None:
+        raise LoaderError(opaque, f"holds raw bytes (dtype {dtypes[opaque].str!r}, no fields): no numbers, and zarr "
+                          "cannot store them; save them as uint8 with a trailing axis of their bytes")
 
 
 def common_dtype(dtypes: Mapping[str, np.dtype]) -> np.dtype:

@@ -182,7 +182,7 @@ def _check_dataset(path: str, name: str, ds: Any) -> None:
     ------
     LoaderError
         For a null dataspace (``h5py.Empty``), a compound dtype (a table, e.g. one
-        pandas wrote with ``format="table"``), a type h5py reads as Python objects
+        pandas wrote with ``format="table"``), an opaque type (raw bytes), a type h5py reads as Python objects
         (variable-length strings, ragged arrays, references: numpy's ``.npy`` object
         arrays are refused too, and zarr cannot store them), a filter this HDF5 cannot decode (a
         plugin such as blosc, as PyTables writes), or a virtual dataset in a file read
@@ -201,6 +201,10 @@ def _check_dataset(path: str, name: str, ds: Any) -> None:
         raise LoaderError(path, f"dataset {name!r} holds {_object_kind(ds.dtype)}, which h5py reads as Python "
                           "objects (dtype=object), not an array of numbers; choose a numeric dataset, or store "
                           "these values as one (fixed-length bytes for strings, padded rows for ragged arrays)")
+    if ds.dtype.kind == "V" and ds.dtype.subdtype is None:
+        raise LoaderError(path, f"dataset {name!r} holds opaque values ({ds.dtype.itemsize}-byte HDF5 opaque type, "
+                          f"numpy {ds.dtype.str!r}): raw bytes with no numeric meaning, which zarr cannot store "
+                          "either; choose a numeric dataset, or store these bytes as uint8 with a trailing axis")
     missing = _unavailable_filters(ds)
     if missing:
         raise LoaderError(path, f"dataset {name!r} is compressed with the HDF5 filter {', '.join(missing)}, whose "
@@ -400,6 +404,16 @@ def _warn_unwritten(path: str, name: str, ds: Any) -> None:
                   "them so; rewrite the file if they should hold data", UnwrittenChunksWarning, stacklevel=1)
 
 
+def _element_shape(shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype h5py reads a dataset as: a dataset of an HDF5 array type
+    (numpy's subarray dtype, such as ``('<f4', (3,))``) reads as its base dtype with the
+    element's axes after the dataset's (shape ``(5,)`` reads as ``(5, 3)`` float32)."""
+    if dtype.subdtype is None:
+        return shape, dtype
+    base, sub = dtype.subdtype
+    return shape + tuple(int(s) for s in sub), np.dtype(base)
+
+
 def row_chunk(ds: Any) -> int | None:
     """Rows of one HDF5 chunk of ``ds`` (None for a contiguous dataset): reading whole
     chunks of rows decodes each chunk once (see ``blocks.row_step``)."""
@@ -442,7 +456,7 @@ def probe_hdf5(path: str, so: dict, *, dataset: str | None = None, dataset_from:
     try:
         with _open(path, so, swmr) as f:
             ds = _dataset(path, f, dataset if dataset is not None else _only_dataset(path, f), dataset_from)
-            shape, dtype = tuple(int(s) for s in ds.shape), np.dtype(ds.dtype)
+            shape, dtype = _element_shape(tuple(int(s) for s in ds.shape), np.dtype(ds.dtype))
             _warn_unwritten(path, dataset if dataset is not None else ds.name.lstrip("/"), ds)
             return (shape, dtype, row_chunk(ds)) if layout else (shape, dtype)
     except OSError as exc:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import os
+import tokenize
 from typing import Any
 
 import fsspec
@@ -15,7 +16,20 @@ import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
 
-__all__ = ["probe_npy", "read_npy"]
+__all__ = ["HEADER_ERRORS", "header_reason", "probe_npy", "read_npy"]
+
+#: What numpy's header parser raises for a damaged header: a byte changed in its length
+#: field or its dict ends the dict early, which numpy's tokenizer reports as
+#: ``tokenize.TokenError`` (not a ValueError) and ``ast`` as ``SyntaxError``.
+HEADER_ERRORS = (ValueError, SyntaxError, tokenize.TokenError)
+
+
+def header_reason(exc: BaseException) -> str:
+    """What numpy's header parser said, in words for a tokenizer's error (whose own text
+    is a tuple such as ``('EOF in multi-line statement', (2, 0))``)."""
+    if isinstance(exc, tokenize.TokenError):
+        return "its header's dict is cut short: the header or its length field is damaged"
+    return str(exc)
 
 
 def _is_local(path: str) -> bool:
@@ -83,8 +97,9 @@ def probe_npy(path: str, so: dict) -> tuple[tuple[int, ...], np.dtype]:
         raise
     except OSError as exc:
         raise LoaderError(path, f"cannot read ({exc.strerror or exc})") from None
-    except (ValueError, SyntaxError) as exc:
-        raise FormatMismatchError(path, f"expected an .npy header, could not parse it ({exc})") from None
+    except HEADER_ERRORS as exc:
+        raise FormatMismatchError(path, f"expected an .npy header, could not parse it ({header_reason(exc)})"
+                                  ) from None
     if dtype.hasobject:
         raise FormatMismatchError(path, "holds Python objects (dtype=object, a pickle); refusing to load it")
     need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
@@ -100,5 +115,5 @@ def read_npy(path: str, so: dict) -> np.ndarray:
             return np.load(path.removeprefix("file://"), mmap_mode="r", allow_pickle=False)
         with fsspec.open(path, "rb", **so) as fh:
             return np.load(fh, allow_pickle=False)
-    except ValueError as exc:
-        raise LoaderError(path, f"cannot read .npy data ({exc})") from None
+    except HEADER_ERRORS as exc:
+        raise LoaderError(path, f"cannot read .npy data ({header_reason(exc)})") from None

@@ -23,8 +23,10 @@ import fsspec
 import numpy as np
 
 from pipeline.errors import FormatMismatchError, LoaderError
+from pipeline.loaders.crc import CrcSpans
+from pipeline.loaders.npy import HEADER_ERRORS, header_reason
 
-__all__ = ["NpzMember", "probe_npz", "read_npz"]
+__all__ = ["NpzMember", "probe_npz", "read_npz", "shared_member"]
 
 #: Compressed bytes read from the file at a time while inflating (a checkpoint holds up
 #: to this much input that zlib had not consumed yet).
@@ -38,15 +40,46 @@ _KEPT = 128
 _MEMBERS = 2
 
 
-def _member(path: str, names: list[str], key: str | None) -> str:
+def _member(path: str, names: list[str], key: str | None, key_from: str | None = None) -> str:
     arrays = [n[:-4] for n in names if n.endswith(".npy")]
     if key is None:
         if len(arrays) != 1:
             raise LoaderError(path, f"holds arrays {arrays}; choose one with key:")
         return arrays[0] + ".npy"
     if key not in arrays:
-        raise LoaderError(path, f"has no array {key!r} (arrays: {arrays})")
+        why = (f"; {key!r} is the only array of {key_from}, the first file, and every file must hold the array "
+               "read from the first: set key: to choose one" if key_from and key_from != path else "")
+        raise LoaderError(path, f"has no array {key!r} (arrays: {arrays}){why}")
     return key + ".npy"
+
+
+def shared_member(paths: list[str], so: dict, *, skip: bool = False) -> tuple[str | None, str | None]:
+    """The array every file is read at when ``key`` is not given, and the file it comes
+    from: the first file's one array (with ``skip``, the first readable file's;
+    ``(None, None)`` when none is). Each file read at its own one array would join
+    different arrays (one file's prices to another's volumes) into one, silently.
+
+    Raises
+    ------
+    FormatMismatchError, LoaderError
+        Without ``skip``, for a first file that is not an .npz or holds several arrays.
+    """
+    for path in paths:
+        try:
+            with fsspec.open(path, "rb", **so) as fh:
+                try:
+                    zf = zipfile.ZipFile(fh)
+                except zipfile.BadZipFile:
+                    raise FormatMismatchError(path, "expected an .npz (zip) archive, found something else") from None
+                with zf:
+                    return _member(path, zf.namelist(), None)[:-4], path
+        except (FormatMismatchError, LoaderError):
+            if not skip:
+                raise
+        except OSError as exc:
+            if not skip:
+                raise LoaderError(path, f"cannot read ({exc.strerror or exc})") from None
+    return None, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +102,7 @@ class _Layout:
         return self.member, self.method, self.start, self.compressed, self.size, self.crc
 
 
-def _layout(path: str, fh: Any, key: str | None) -> _Layout:
+def _layout(path: str, fh: Any, key: str | None, key_from: str | None = None) -> _Layout:
     """The layout of the chosen member of the open archive ``fh``.
 
     Raises
@@ -85,7 +118,7 @@ def _layout(path: str, fh: Any, key: str | None) -> _Layout:
     except zipfile.BadZipFile:
         raise FormatMismatchError(path, "expected an .npz (zip) archive, found something else") from None
     with zf:
-        info = zf.getinfo(_member(path, zf.namelist(), key))
+        info = zf.getinfo(_member(path, zf.namelist(), key, key_from))
         if info.flag_bits & 1:
             raise FormatMismatchError(path, f"member {info.filename!r} is encrypted; np.savez never writes that")
         with zf.open(info) as m:
@@ -103,15 +136,18 @@ def _layout(path: str, fh: Any, key: str | None) -> _Layout:
                    np.dtype(dtype), bool(fortran) and len(shape) > 1)
 
 
-def probe_npz(path: str, so: dict, *, key: str | None = None) -> tuple[tuple[int, ...], np.dtype]:
-    """Shape and dtype of the chosen member, from its .npy header inside the zip."""
+def probe_npz(path: str, so: dict, *, key: str | None = None,
+              key_from: str | None = None) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype of the chosen member, from its .npy header inside the zip
+    (``key_from``: the file ``key`` was chosen in, named when this one lacks it)."""
     try:
         with fsspec.open(path, "rb", **so) as fh:
-            lay = _layout(path, fh, key)
+            lay = _layout(path, fh, key, key_from)
     except (FormatMismatchError, LoaderError):
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, zlib.error) as exc:
-        raise FormatMismatchError(path, f"expected an .npz of .npy members, could not parse it ({exc})") from None
+    except (*HEADER_ERRORS, OSError, zipfile.BadZipFile, zlib.error) as exc:
+        raise FormatMismatchError(path, "expected an .npz of .npy members, could not parse it "
+                                  f"({header_reason(exc)})") from None
     if lay.dtype.hasobject:
         raise FormatMismatchError(path, "holds Python objects (dtype=object, a pickle); refusing to load it")
     return lay.shape, lay.dtype
@@ -221,15 +257,46 @@ def _inflate(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytearray:
     return out
 
 
-def _member_bytes(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytes | bytearray:
+#: For stored members, the spans of each member read so far with their CRCs, the most
+#: recently used member last.
+_STORED_CRC: OrderedDict[tuple, CrcSpans] = OrderedDict()
+
+
+def _stored(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytes | memoryview:
+    """Bytes ``start:start + n`` of a stored (uncompressed, ``np.savez``) member, read at
+    their offset. Each block's CRC is joined to those of the blocks this process read
+    before it, in any order (:class:`~pipeline.loaders.crc.CrcSpans`; the first block
+    reads the .npy header before it too), and checked against the zip's once they cover
+    the member, as a deflated member's is: a member read whole is always checked.
+
+    Raises
+    ------
+    LoaderError
+        For a member cut short, or one whose CRC differs from the zip's.
+    """
+    lead = start if start <= lay.header else 0  # the header bytes before the first block
+    fh.seek(lay.start + start - lead)
+    data = fh.read(n + lead)
+    if len(data) < n + lead:
+        raise LoaderError(path, f"member {lay.member!r} is cut short: {n} bytes asked at {start}, "
+                          f"{max(0, len(data) - lead)} there")
+    crc = zlib.crc32(data)
+    with _LOCK:
+        spans = _STORED_CRC.setdefault(lay.key, CrcSpans())
+        _STORED_CRC.move_to_end(lay.key)
+        while len(_STORED_CRC) > _MEMBERS:
+            _STORED_CRC.popitem(last=False)
+        first, last, crc = spans.add(start - lead, start + n, crc)
+    if (first, last) == (0, lay.size) and crc != lay.crc:
+        raise LoaderError(path, f"member {lay.member!r} fails its CRC check (zip says {lay.crc:08x}, its bytes "
+                          f"give {crc:08x}): the archive is damaged")
+    return memoryview(data)[lead:] if lead else data
+
+
+def _member_bytes(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytes | bytearray | memoryview:
     """Bytes ``start:start + n`` of the member, however it is stored."""
     if lay.method == zipfile.ZIP_STORED:
-        fh.seek(lay.start + start)
-        data = fh.read(n)
-        if len(data) < n:
-            raise LoaderError(path, f"member {lay.member!r} is cut short: {n} bytes asked at {start}, "
-                              f"{len(data)} there")
-        return data
+        return _stored(path, fh, lay, start, n)
     if lay.method == zipfile.ZIP_DEFLATED:
         return _inflate(path, fh, lay, start, n)
     # bzip2 or lzma (not what numpy writes): zipfile's own stream, which skips forward
@@ -287,8 +354,9 @@ class NpzMember:
                 return _rows(self.path, fh, self._layout, lo, hi)
         except LoaderError:
             raise
-        except (ValueError, OSError, zipfile.BadZipFile, zlib.error) as exc:
-            raise LoaderError(self.path, f"cannot read .npz member {self._layout.member!r} ({exc})") from None
+        except (*HEADER_ERRORS, OSError, zipfile.BadZipFile, zlib.error) as exc:
+            raise LoaderError(self.path, f"cannot read .npz member {self._layout.member!r} "
+                              f"({header_reason(exc)})") from None
 
     def __getitem__(self, key: Any) -> np.ndarray:
         if self.shape and isinstance(key, slice) and key.step in (None, 1):
@@ -300,17 +368,19 @@ class NpzMember:
         return a if dtype is None else a.astype(dtype, copy=False)
 
 
-def read_npz(path: str, so: dict, *, key: str | None = None, rows: slice | None = None) -> NpzMember | np.ndarray:
+def read_npz(path: str, so: dict, *, key: str | None = None, key_from: str | None = None,
+             rows: slice | None = None) -> NpzMember | np.ndarray:
     """The chosen member (``allow_pickle`` stays off): lazily, as an :class:`NpzMember`
-    that reads rows when sliced, or with ``rows`` (a slice of its first axis) those rows.
+    that reads rows when sliced, or with ``rows`` (a slice of its first axis) those rows
+    (``key_from``: see :func:`probe_npz`).
     """
     try:
         with fsspec.open(path, "rb", **so) as fh:
-            lay = _layout(path, fh, key)
+            lay = _layout(path, fh, key, key_from)
     except (FormatMismatchError, LoaderError):
         raise
-    except (ValueError, OSError, zipfile.BadZipFile, zlib.error) as exc:
-        raise LoaderError(path, f"cannot read .npz data ({exc})") from None
+    except (*HEADER_ERRORS, OSError, zipfile.BadZipFile, zlib.error) as exc:
+        raise LoaderError(path, f"cannot read .npz data ({header_reason(exc)})") from None
     if lay.dtype.hasobject:
         raise FormatMismatchError(path, "holds Python objects (dtype=object, a pickle); refusing to load it")
     member = NpzMember(path, so, lay)

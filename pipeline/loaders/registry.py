@@ -77,7 +77,7 @@ def _formats() -> dict[str, ArrayFormat]:
 
     return {
         "npy": ArrayFormat("npy", npy.probe_npy, npy.read_npy, ()),
-        "npz": ArrayFormat("npz", npz.probe_npz, npz.read_npz, ("key",)),
+        "npz": ArrayFormat("npz", npz.probe_npz, npz.read_npz, ("key", "key_from")),
         "image": ArrayFormat("image", images.probe_image, images.read_image, ("shape", "mode")),
         "hdf5": ArrayFormat("hdf5", functools.partial(hdf5.probe_hdf5, layout=True), hdf5.read_hdf5,
                             ("dataset", "dataset_from", "swmr")),

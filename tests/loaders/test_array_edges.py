@@ -465,6 +465,34 @@ def test_nan_fill_replaces_nan_and_inf_and_unset_keeps_them(tmp_path):
     np.testing.assert_array_equal(kept, ref)  # NaN compares equal here: as stored
 
 
+@pytest.mark.parametrize("fill, dtype, expected", [
+    (1e300, "float32", r"a value float32 holds \(at most 3\.40282e\+38 in magnitude\), got 1e\+300"),
+    (-70000.0, "float16", r"a value float16 holds \(at most 65504 in magnitude\), got -70000\.0"),
+])
+def test_a_fill_value_the_dtype_cannot_hold_is_refused_by_name(tmp_path, fill, dtype, expected):
+    """Refused before any file is read, naming fill_value: 1e300 in float32 was blamed
+    on the file (``a.npy: holds 1e+300 at index (0, 1)``), which held a NaN there."""
+    np.save(tmp_path / "a.npy", np.array([[1.0, np.nan]]))
+    with pytest.raises(ConfigError, match=r"^fill_value: expected " + expected):
+        pipeline.load(str(tmp_path / "a.npy"), combine="concat", nan="fill", fill_value=fill, dtype=dtype)
+    held = pipeline.load(str(tmp_path / "a.npy"), combine="concat", nan="fill", fill_value=-1, dtype=dtype)
+    np.testing.assert_array_equal(held.compute(), np.array([[1, -1]], dtype=dtype))
+
+
+def test_a_table_fill_value_beyond_float32_is_refused_not_made_inf(tmp_path):
+    (tmp_path / "t.csv").write_text("a,b\n1.0,\n2.0,3.0\n")
+    with pytest.raises(ConfigError, match=r"^fill_value: expected a value float32 holds"):
+        pipeline.load(str(tmp_path / "t.csv"), nan="fill", fill_value=1e300)
+    got = pipeline.load(str(tmp_path / "t.csv"), nan="fill", fill_value=1e300, dtype="float64").compute()
+    np.testing.assert_array_equal(got, [[1.0, 1e300], [2.0, 3.0]])
+
+
+def test_raw_bytes_are_refused_when_the_array_is_built(tmp_path):
+    np.save(tmp_path / "v.npy", np.zeros(3, "V4"))
+    with pytest.raises(LoaderError, match=r"v\.npy: holds raw bytes \(dtype '\|V4', no fields\)"):
+        pipeline.load(str(tmp_path / "v.npy"), combine="concat")
+
+
 def test_nan_drop_is_refused_for_array_files(tmp_path):
     _nan_file(tmp_path / "n.h5")
     with pytest.raises(FormatMismatchError, match=r"n\.h5: nan='drop' drops table rows with their timestamps; hdf5 "

@@ -139,6 +139,28 @@ def test_a_compound_dataset_is_refused_naming_its_fields(tmp_path):
         pipeline.load(str(tmp_path / "table.h5"), combine="concat")
 
 
+@pytest.mark.parametrize("combine", ["concat", "stack"])
+def test_an_array_type_dataset_reads_as_h5py_reads_it(tmp_path, combine):
+    """An HDF5 array type (``('<f4', (3,))``) reads as its base dtype with the element's
+    axes last; its lazy shape was (5,) and compute then said the file had changed."""
+    with h5py.File(tmp_path / "arr.h5", "w") as f:
+        ds = f.create_dataset("a", shape=(5,), dtype=np.dtype(("<f4", (3,))), chunks=(2,))
+        ds[...] = np.arange(15, dtype=np.float32).reshape(5, 3)
+    ref = _h5py_reads(tmp_path / "arr.h5", "a")
+    assert ref.shape == (5, 3) and ref.dtype == np.float32
+    got = pipeline.load(str(tmp_path / "arr.h5"), combine=combine, chunk_rows=2 if combine == "concat" else None)
+    expected = ref if combine == "concat" else ref[None]
+    assert got.shape == expected.shape and got.dtype == np.float32
+    np.testing.assert_array_equal(got.compute(), expected)
+
+
+def test_an_opaque_dataset_is_refused_naming_file_and_dataset(tmp_path):
+    with h5py.File(tmp_path / "o.h5", "w") as f:
+        f["grp/o"] = np.frombuffer(bytes(range(40)), dtype="V8")
+    with pytest.raises(LoaderError, match=r"o\.h5: dataset 'grp/o' holds opaque values \(8-byte HDF5 opaque type"):
+        pipeline.load(str(tmp_path / "o.h5"), combine="concat")
+
+
 def test_a_filter_without_its_plugin_is_named_when_the_array_is_built(tmp_path):
     if h5py.h5z.filter_avail(32001):
         pytest.skip("the blosc filter is registered here (hdf5plugin installed)")

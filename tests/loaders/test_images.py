@@ -182,6 +182,20 @@ def test_16_bit_tiffs_of_both_byte_orders_stack_in_one_folder(tmp_path):
     np.testing.assert_array_equal(x.compute(), np.stack(stored))
 
 
+def test_8_and_16_bit_images_are_refused_together_and_read_alike_with_mode(tmp_path):
+    """Stacked as uint16, the 8-bit image's values stayed on its own scale (its 200 beside
+    the other's 51400 for the same gray)."""
+    Image.fromarray(np.full((4, 5), 200, np.uint8)).save(tmp_path / "a.png")
+    Image.fromarray(np.full((4, 5), 51400, np.uint16)).save(tmp_path / "b.png")
+    with Image.open(tmp_path / "b.png") as im:
+        assert np.asarray(im).dtype == np.uint16
+    with pytest.raises(LoaderError, match=r"b\.png: has uint16 pixels, but .*a\.png has uint8: images of different "
+                       r"bit depths .* set mode='L'"):
+        pipeline.load(str(tmp_path / "*.png"))
+    got = pipeline.load(str(tmp_path / "*.png"), mode="L").compute()
+    np.testing.assert_array_equal(got, np.full((2, 4, 5), 200, np.uint8))  # 51400 >> 8 == 200
+
+
 @pytest.mark.parametrize("mode", sorted(images.MODES))
 def test_every_mode_has_the_shape_and_values_of_pillows_convert(tmp_path, mode):
     _png(tmp_path / "a.png", _pixels((6, 8, 3), seed=5))

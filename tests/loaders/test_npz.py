@@ -97,3 +97,65 @@ def test_a_damaged_member_is_named(tmp_path):
         _member(tmp_path / "d.npz", "x")  # numpy fails too (zlib's or the zip's CRC check)
     with pytest.raises(LoaderError, match=r"d\.npz: .*'x\.npy'"):
         read_npz(str(tmp_path / "d.npz"), {}, key="x", rows=slice(0, 20_000))
+
+
+@pytest.mark.parametrize("blocks", [1, 7])
+def test_a_damaged_stored_member_fails_its_crc_check(tmp_path, blocks):
+    """np.savez stores members uncompressed: a flipped bit is found by the zip's CRC once
+    the member is read to its end in order, as np.load finds it, not served."""
+    a = np.arange(1000, dtype=np.float64).reshape(250, 4)
+    np.savez(tmp_path / "s.npz", x=a)
+    raw = bytearray((tmp_path / "s.npz").read_bytes())
+    raw[300] ^= 0x01
+    (tmp_path / "s.npz").write_bytes(bytes(raw))
+    with pytest.raises(Exception, match="CRC"):
+        _member(tmp_path / "s.npz", "x")
+    with pytest.raises(LoaderError, match=r"s\.npz: member 'x\.npy' fails its CRC check"):
+        pipeline.load(str(tmp_path / "s.npz"), combine="concat", chunk_rows=-(-250 // blocks)).compute(
+            scheduler="sync")
+
+
+def test_an_undamaged_stored_member_read_in_blocks_in_any_order_passes(tmp_path):
+    a = np.random.default_rng(2).standard_normal((999, 3))
+    np.savez(tmp_path / "s.npz", x=a)
+    for order in ([0, 400, 800], [800, 400, 0], [400, 0, 800], [0, 400, 800]):
+        got = np.concatenate([read_npz(str(tmp_path / "s.npz"), {}, key="x", rows=slice(lo, lo + 400))
+                              for lo in order])
+        np.testing.assert_array_equal(got, np.concatenate([a[lo:lo + 400] for lo in order]))
+
+
+def test_files_are_read_at_the_first_files_member_without_key(tmp_path):
+    """Without key, each file at its own one member would join one file's prices to
+    another's volumes: every file is read at the first file's."""
+    np.savez(tmp_path / "a.npz", prices=np.array([[100.0, 101.0]]))
+    np.savez(tmp_path / "b.npz", volumes=np.array([[5000.0, 7000.0]]))
+    np.savez(tmp_path / "c.npz", prices=np.array([[102.0, 103.0]]))
+    with pytest.raises(LoaderError, match=r"b\.npz: has no array 'prices' \(arrays: \['volumes'\]\); 'prices' is the "
+                       r"only array of .*a\.npz, the first file"):
+        pipeline.load(str(tmp_path / "*.npz"), combine="concat")
+    got = pipeline.load([str(tmp_path / "a.npz"), str(tmp_path / "c.npz")], combine="concat").compute()
+    np.testing.assert_array_equal(got, [[100.0, 101.0], [102.0, 103.0]])
+    skipped = pipeline.open_source(str(tmp_path / "*.npz"), combine="concat", on_error="skip")
+    assert [p.rsplit("/", 1)[-1] for p, _ in skipped.skipped] == ["b.npz"]
+    np.testing.assert_array_equal(skipped.array.compute(), [[100.0, 101.0], [102.0, 103.0]])
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".npz"])
+def test_a_damaged_header_length_is_named_with_the_file(tmp_path, suffix):
+    """A changed byte in the header's length field cuts its dict short: numpy's parser
+    raises tokenize.TokenError, which named no file."""
+    import io
+
+    buf = io.BytesIO()
+    np.save(buf, np.arange(6.0))
+    raw = bytearray(buf.getvalue())
+    raw[8] = 34
+    path = tmp_path / f"bad{suffix}"
+    if suffix == ".npy":
+        path.write_bytes(bytes(raw))
+    else:
+        with zipfile.ZipFile(path, "w") as zf:
+            zf.writestr("x.npy", bytes(raw))
+    with pytest.raises(LoaderError, match=rf"bad\{suffix}: expected an .* could not parse it \(its header's dict is "
+                       "cut short"):
+        pipeline.load(str(path), combine="concat")
