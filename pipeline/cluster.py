@@ -450,12 +450,15 @@ def cluster(
 def _set_up(watch: contextlib.ExitStack, client: "distributed.Client", local: Any, log: IO[str] | None, *,
             processes: bool, warm_imports: Sequence[str], dashboard: bool, paused_after: float | None,
             unanswered_after: float | None, stalled_after: float | None) -> "PausedWorkersWatch | None":
-    """What follows a connection: the workers' plugins, a LocalCluster's idle memory
-    checked, the cluster announced on ``log`` and its workers watched (entered on
+    """What follows a connection: a LocalCluster's idle memory checked, the workers'
+    plugins, the cluster announced on ``log`` and its workers watched (entered on
     ``watch``); returns the watch."""
-    _register_plugins(client, local=local is not None, processes=processes, warm_imports=warm_imports)
     if local is not None and processes:
+        # First: a worker over its memory limit as it starts is soon killed by its nanny,
+        # which on a loaded machine happened while the plugins were registered (a
+        # CommClosedError's traceback instead of this one line).
         _check_idle_memory(client)
+    _register_plugins(client, local=local is not None, processes=processes, warm_imports=warm_imports)
     if log is not None:
         _announce(client, local, log, dashboard=dashboard)
     return _watch_workers(watch, client, log, paused_after=paused_after, unanswered_after=unanswered_after,
