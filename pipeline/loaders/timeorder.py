@@ -53,8 +53,8 @@ def check_time_order(parts: Sequence[TablePart], instrument_column: str | None =
                                          day=_date_of(p.day_ns) if dated else None, dated=bool(dated))
             advice = repeated_hour_advice(_ns_between(first, last), p.tz)
             advice = advice or "rows must be in time order: sort the file by time"
-            raise LoaderError(p.path, f"row group {group} starts at {first}, before row group {prev_group} "
-                              f"ends at {last}; {advice}")
+            raise LoaderError(p.path, f"row group {group} starts at {_shown_time(first)}, before row group "
+                              f"{prev_group} ends at {_shown_time(last)}; {advice}")
         prev = here
 
 

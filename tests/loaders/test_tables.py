@@ -214,6 +214,13 @@ def test_rows_out_of_time_order_inside_a_file_are_named(tmp_path):
     pq.write_table(pa.concat_tables([late, early]), tmp_path / "groups.parquet", row_group_size=10)
     with pytest.raises(LoaderError, match=r"groups\.parquet: row group 1 starts at .* before row group 0 ends"):
         open_source(str(tmp_path / "groups.parquet"), timestamp="timestamp")
+    # Epoch nanoseconds stored as integers are named as times too, not as raw integers.
+    ints = pa.table({"timestamp": pa.array(t.astype(np.int64)), "v": np.arange(30.0)})
+    pq.write_table(pa.concat_tables([ints.slice(10, 10), ints.slice(0, 10)]), tmp_path / "ints.parquet",
+                   row_group_size=10)
+    with pytest.raises(LoaderError, match=r"ints\.parquet: row group 1 starts at 2026-01-05T09:30:00\.000000000, "
+                                          r"before row group 0 ends at 2026-01-05T09:30:19\.000000000;"):
+        open_source(str(tmp_path / "ints.parquet"), timestamp="timestamp")
     t[[12, 13]] = t[[12, 13]][::-1]  # back in order, ties kept
     pq.write_table(pa.table({"timestamp": pa.array(t), "v": np.arange(30.0)}), tmp_path / "ok.parquet")
     np.testing.assert_array_equal(open_source(str(tmp_path / "ok.parquet"), timestamp="timestamp").timestamps.compute(),
