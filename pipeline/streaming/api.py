@@ -53,7 +53,6 @@ import contextvars
 import numbers
 import os
 import sys
-import warnings
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from pipeline.errors import StreamError
@@ -420,8 +419,9 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
 def _unverifiable(verify: bool, label: str) -> None:
     """``verify=True`` for what has no checksums: said, not silently skipped."""
     if verify:
-        warnings.warn(f"verify=True: {label} holds no checksums (pipeline did not write it); its chunks are "
-                      "decoded but cannot be verified", RuntimeWarning, stacklevel=4)
+        from pipeline.streaming.sources import warn_unverifiable
+
+        warn_unverifiable(label, stacklevel=4)
 
 
 def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_options: dict[str, Any] | None,

@@ -56,18 +56,25 @@ def _load_blosc_getitem() -> Any:
 BLOSC_GETITEM = _load_blosc_getitem()
 
 
-def check_frame(raw: Any) -> None:
-    """Refuse a blosc frame whose header does not match its length.
+def check_frame(raw: Any, nbytes: int | None = None) -> None:
+    """Refuse a blosc frame whose header does not match its length, or (``nbytes``
+    given) decodes to another number of bytes than a chunk holds.
 
     numcodecs' blosc decoder trusts the compressed size in the frame's header and reads
     that many bytes whatever the buffer holds: a truncated or empty chunk would decode
-    bytes beyond it (another chunk's, left in the read buffer) without an error.
+    bytes beyond it (another chunk's, left in the read buffer) without an error. Decoding
+    into a chunk's buffer, it fills as many bytes as the frame holds and leaves the rest
+    as they were: a valid frame of fewer bytes (a wrong file copied in) would serve the
+    buffer's old contents.
     """
     if len(raw) < 16:
         raise ValueError(f"a blosc frame has a 16-byte header, got {len(raw)} bytes")
     cbytes = int.from_bytes(bytes(raw[12:16]), "little")
     if cbytes != len(raw):
         raise ValueError(f"the blosc header says {cbytes} compressed bytes, the chunk has {len(raw)}")
+    decoded = int.from_bytes(bytes(raw[4:8]), "little")
+    if nbytes is not None and decoded != nbytes:
+        raise ValueError(f"the blosc header says {decoded} decoded bytes, a chunk of this array holds {nbytes}")
 
 
 def check_block_starts(src: np.ndarray, flags: int, nbytes: int, blocksize: int) -> None:

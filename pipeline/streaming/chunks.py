@@ -38,7 +38,7 @@ import numcodecs
 import numpy as np
 
 from pipeline.errors import CorruptChunkError, StoreError
-from pipeline.streaming import blosc
+from pipeline.streaming import blosc, zstdframe
 from pipeline.streaming.fetch import fetch_failure, store_fetcher
 from pipeline.streaming.maps import MapCache, map_file
 
@@ -584,6 +584,25 @@ class ChunkReader:
             self._arrays.put(tmp)
         return out
 
+    def _declares(self, raw: Any, nbytes: int) -> bool:
+        """Whether chunk bytes ``raw`` declare that they decode to ``nbytes``, so that
+        they can be decoded in place: a decoder fills only as many bytes of the buffer as
+        the frame holds (a blosc frame's size is checked by ``blosc.check_frame``). A zstd
+        frame that does not declare its size is decoded into a new buffer and its size
+        checked there.
+
+        Raises
+        ------
+        ValueError
+            For a zstd frame declaring another size.
+        """
+        if not isinstance(self._decoder, numcodecs.Zstd):
+            return True
+        declared = zstdframe.content_size(raw)
+        if declared is not None and declared != nbytes:
+            raise ValueError(f"the zstd frame says {declared} decoded bytes, a chunk of this array holds {nbytes}")
+        return declared is not None
+
     def _decode(self, i: int, raw: Any, out: np.ndarray) -> np.ndarray:
         """Chunk ``i``'s bytes ``raw`` (None: never written) decoded into ``out``."""
         if raw is None:  # never written: zarr reads it as the fill value
@@ -594,7 +613,7 @@ class ChunkReader:
         full = (self.rows,) + self.tail_shape
         try:
             if isinstance(self._decoder, numcodecs.Blosc):
-                blosc.check_frame(raw)
+                blosc.check_frame(raw, out.nbytes if n == self.rows and not self._transposed else None)
             if self._transposed:
                 data = raw if isinstance(self._decoder, str) else self._decoder.decode(raw)
                 decoded = np.frombuffer(data, dtype=self.dtype)
@@ -602,7 +621,7 @@ class ChunkReader:
                 return out
             if isinstance(self._decoder, str):  # "raw"; == would build both codecs' configs
                 decoded = np.frombuffer(raw, dtype=self.dtype)
-            elif n == self.rows and out.flags.c_contiguous:
+            elif n == self.rows and out.flags.c_contiguous and self._declares(raw, out.nbytes):
                 # The common case: decode straight into the caller's buffer, no copy.
                 self._decoder.decode(raw, out=out)
                 return out

@@ -316,7 +316,10 @@ class ZarrSource:
             self.arrays = as_opened(self.arrays, opened, label)
         lens = {n: int(a.shape[0]) for n, a in self.arrays.items()}
         if len(set(lens.values())) != 1:
-            raise StreamError(f"{label}: arrays must have the same length along the samples' axis, got {lens}")
+            # Arrays passed directly are named by where they live (a0, a1 name nothing).
+            shown = {(_location(a) if label == "<zarr arrays>" and isinstance(a, zarr.Array) else n): lens[n]
+                     for n, a in self.arrays.items()}
+            raise StreamError(f"{label}: arrays must have the same length along the samples' axis, got {shown}")
         self.n = lens[self.names[0]]
         self.cache = _remote_cache(cache, [a for a in self.arrays.values() if isinstance(a, zarr.Array)], label)
         # Stores other tools write may still be written to: chunks are read, not mapped.

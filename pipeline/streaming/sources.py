@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import warnings
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -49,6 +50,13 @@ def map_budget(keep_mapped: int | None) -> int:
     the memory the process may use (its cgroup's limit where lower), at most 16 GiB."""
     budget = default_map_budget()
     return budget if keep_mapped is None else max(0, min(int(keep_mapped), budget))
+
+
+def warn_unverifiable(label: str, stacklevel: int = 2) -> None:
+    """Warn that ``verify=True`` cannot verify ``label``, which holds no checksums: said,
+    not silently skipped."""
+    warnings.warn(f"verify=True: {label} holds no checksums (pipeline did not write it); its chunks are "
+                  "decoded but cannot be verified", RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 class StoreSource:
@@ -121,6 +129,8 @@ class StoreSource:
         sums = None
         if verify and "_written" in group[split]:
             sums = verified_sums(group, split, pinned, samples)
+        elif verify and opened is None:  # said once, where the stream is made, not in each DataLoader worker
+            warn_unverifiable(f"{label} (split {split!r})", stacklevel=6)
         # A store marked complete is no longer written: its chunk files can be mapped,
         # and up to map_budget(keep_mapped) bytes of them stay mapped from one epoch to
         # the next. Files of a foreign group may still be rewritten by their tool (a

@@ -83,6 +83,74 @@ def test_the_stream_never_serves_a_garbage_or_truncated_chunk(tmp_path):
             pass
 
 
+def _unsized_zstd(data: bytes) -> bytes:
+    """A valid zstd frame of raw blocks that declares no content size (as a streaming
+    compressor writes one)."""
+    out = bytearray(b"\x28\xb5\x2f\xfd" + bytes([0x00, 0x50]))  # no content size; a 1 MiB window
+    blocks = [data[i:i + (1 << 17)] for i in range(0, len(data), 1 << 17)] or [b""]
+    for k, block in enumerate(blocks):
+        out += ((len(block) << 3) | (k == len(blocks) - 1)).to_bytes(3, "little") + block
+    return bytes(out)
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("codec", ["zstd", "blosc", "zstd-unsized"])
+def test_a_valid_chunk_of_too_few_bytes_is_refused_not_served(tmp_path, codec, shuffle):
+    """A chunk file whose frame is valid but holds fewer bytes than a chunk (another
+    array's chunk copied in) decoded in place filled only part of the read buffer: the
+    rest was served as it was (zeros, or another chunk's samples). zarr refuses it."""
+    import pipeline
+
+    comp = [ZstdCodec()] if codec.startswith("zstd") else [BloscCodec()]
+    g = zarr.open_group(tmp_path / "s.zarr", mode="w")
+    x = g.create_array("x", shape=(400, 4), dtype="float32", chunks=(100, 4), compressors=comp)
+    x[:] = np.arange(1600, dtype="float32").reshape(400, 4)
+    g.create_array("y", shape=(400,), dtype="int64", chunks=(100,), compressors=comp)[:] = np.arange(400)
+    short = np.full((10, 4), -1, np.float32)
+    if codec == "zstd-unsized":
+        (tmp_path / "s.zarr" / "x" / "c" / "2" / "0").write_bytes(_unsized_zstd(short.tobytes()))
+    else:
+        g.create_array("short", shape=(10, 4), dtype="float32", chunks=(10, 4), compressors=comp)[:] = short
+        (tmp_path / "s.zarr" / "x" / "c" / "2" / "0").write_bytes(
+            (tmp_path / "s.zarr" / "short" / "c" / "0" / "0").read_bytes())
+    with pytest.raises(ValueError):
+        zarr.open_group(tmp_path / "s.zarr", mode="r")["x"][200:300]
+    g = zarr.open_group(tmp_path / "s.zarr", mode="r")
+    with pytest.raises(CorruptChunkError, match=r"chunk 2: cannot decode \(.*(160 decoded bytes|decoded 40 values)"):
+        for _ in pipeline.stream((g["x"], g["y"]), batch_size=50, buffer_chunks=1, shuffle=shuffle, seed=0):
+            pass
+
+
+def test_an_unsized_zstd_chunk_of_the_right_size_reads_as_zarr_reads_it(tmp_path):
+    import pipeline
+
+    g = zarr.open_group(tmp_path / "u.zarr", mode="w")
+    x = g.create_array("x", shape=(300, 4), dtype="float32", chunks=(100, 4), compressors=[ZstdCodec()])
+    x[:] = np.arange(1200, dtype="float32").reshape(300, 4)
+    g.create_array("y", shape=(300,), dtype="int64", chunks=(100,), compressors=[ZstdCodec()])[:] = np.arange(300)
+    (tmp_path / "u.zarr" / "x" / "c" / "1" / "0").write_bytes(_unsized_zstd(x[100:200].tobytes()))
+    got = {}
+    for xb, yb in pipeline.stream((g["x"], g["y"]), batch_size=64, seed=1):
+        got.update(zip(yb.tolist(), xb))
+    assert sorted(got) == list(range(300))
+    np.testing.assert_array_equal(np.stack([got[i] for i in range(300)]), x[:])
+
+
+def test_a_pipeline_store_chunk_of_too_few_bytes_is_refused(tmp_path):
+    import pipeline
+
+    y = np.arange(400)
+    x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)
+    path = write(tmp_path / "o.zarr", {"x": x, "y": y}, chunk_samples=50, progress=False)
+    other = write(tmp_path / "p.zarr", {"x": x[:10], "y": y[:10]}, chunk_samples=10, progress=False)
+    (tmp_path / "o.zarr" / "train" / "x" / "c" / "2" / "0").write_bytes(
+        (tmp_path / "p.zarr" / "train" / "x" / "c" / "0" / "0").read_bytes())
+    assert other
+    with pytest.raises(CorruptChunkError, match=r"train/x chunk 2: cannot decode \(the blosc header says 320 decoded"):
+        for _ in pipeline.stream(path, batch_size=40):
+            pass
+
+
 def test_verify_catches_a_chunk_that_decodes_to_the_wrong_bytes(tmp_path):
     import pipeline
 

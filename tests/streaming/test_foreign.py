@@ -178,6 +178,17 @@ def test_verify_on_what_has_no_checksums_warns(tmp_path, reference):
     g.create_array("y", data=y, chunks=(128,))
     with pytest.warns(RuntimeWarning, match="plain.zarr holds no checksums"):
         pipeline.stream(str(tmp_path / "plain.zarr"), batch_size=64, verify=True)
+    # Laid out in a split group, as pipeline lays a store out: it was skipped silently.
+    train = zarr.open_group(tmp_path / "split.zarr", mode="w").create_group("train")
+    train.create_array("x", data=x, chunks=(128, 4, 3))
+    train.create_array("y", data=y, chunks=(128,))
+    with pytest.warns(RuntimeWarning, match=r"split\.zarr \(split 'train'\) holds no checksums") as said:
+        s = pipeline.stream(str(tmp_path / "split.zarr"), batch_size=64, verify=True)
+    assert [w.filename for w in said] == [__file__]  # at the caller's line
+    check_epochs(s, x, y, epochs=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipeline.stream(str(tmp_path / "split.zarr"), batch_size=64)
 
 
 def test_a_corrupt_chunk_of_an_array_passed_directly_names_its_store(tmp_path, reference):
@@ -421,3 +432,12 @@ def test_refusals_name_an_xarray_stores_variables_not_a_split(tmp_path):
     assert str(err.value).startswith(f"stream: the variables 'y' of {path} hold 5 samples, which cannot be shared "
                                      "among 6 ranks")
     assert "split" not in str(err.value)
+
+
+def test_arrays_passed_directly_of_other_lengths_are_named_by_where_they_live(tmp_path):
+    zx = zarr.create_array(tmp_path / "lm_x.zarr", shape=(100, 2), chunks=(10, 2), dtype="f4")
+    zy = zarr.create_array(tmp_path / "lm_y.zarr", shape=(99,), chunks=(10,), dtype="i8")
+    with pytest.raises(StreamError, match=rf"arrays must have the same length along the samples' axis, got "
+                                          rf"\{{'{re.escape(str(tmp_path / 'lm_x.zarr'))}': 100, "
+                                          rf"'{re.escape(str(tmp_path / 'lm_y.zarr'))}': 99\}}"):
+        pipeline.stream((zx, zy), batch_size=8)
