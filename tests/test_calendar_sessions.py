@@ -210,3 +210,27 @@ def test_a_calendar_is_refused_as_the_config_is_read_when_unknown_or_without_tim
     with pytest.raises(ConfigError, match=r"source\.sessions.*source\.timestamp"):
         parse_config(base)
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_an_append_of_a_holiday_alone_adds_no_session_and_the_next_day_appends_as_a_build(tmp_path, address):
+    """A nightly append whose one new file is a holiday's (every row outside the
+    calendar's sessions) crashed with an IndexError; it is recorded as read, and the
+    next trading day's append equals a build of every file."""
+    frames = _equity_days(tmp_path)
+    held = {p.name: p.read_bytes() for p in (tmp_path / "raw").glob("SPY_2024-11-2*.parquet")}
+    for name in held:
+        (tmp_path / "raw" / name).unlink()
+    grown = _config(tmp_path, address, "XNYS", "grown.zarr")
+    _run(grown)
+    for name in sorted(held):  # Thanksgiving alone, then the half day after it
+        (tmp_path / "raw" / name).write_bytes(held[name])
+        log = _run(grown)
+        if name == "SPY_2024-11-28.parquet":
+            assert "append: 1 new file(s) without rows: no session to add; recorded as read" in log
+            assert "up to date" in _run(grown)
+    _run(_config(tmp_path, address, "XNYS", "full.zarr"))
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+    assert [s["label"] for s in pipeline.open(tmp_path / "grown.zarr").attrs["sessions"]] == [
+        "2024-03-08", "2024-03-11", "2024-11-29"]
+    ref = _reference(frames, "XNYS")
+    _check(tmp_path / "grown.zarr", "train", ref, np.ones(len(ref["t"]), bool))

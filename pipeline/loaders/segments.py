@@ -203,7 +203,9 @@ def _session_runs(rows: int, ts: da.Array | None, spec: SessionSpec, file_keys: 
     bounds = [0, *cuts.tolist(), rows]
     lengths = [b - a for a, b in zip(bounds, bounds[1:])]
     if spec.mode in ("date", "calendar"):
-        firsts = ordered_compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0] if rows else np.zeros(0, np.int64)
+        if not rows:  # no row in any session (a holiday's file under a calendar): one empty segment, no date
+            return [0], [""], gaps if spec.mode == "date" else None
+        firsts = ordered_compute(ts[np.asarray(bounds[:-1], dtype=np.int64)])[0]
         keys = [_day_label(d) for d in session_days(np.asarray(firsts, dtype=np.int64), tz, spec)]
         return lengths, keys, gaps if spec.mode == "date" else None
     return lengths, [f"#{i}" for i in range(len(lengths))], None
