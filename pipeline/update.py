@@ -273,9 +273,35 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     token = hashlib.blake2b(json.dumps(new_sources["files"], sort_keys=True, default=str).encode(),
                             digest_size=16).hexdigest()
     say("appending " + ", ".join(f"{k}: {next(iter(v.values())).shape[0]:,} windows" for k, v in tset.splits.items()))
+    warn_frozen_fit(stored.get("normalization") or {}, {k: next(iter(v.values())).shape[0]
+                                                       for k, v in tset.splits.items()})
     append(out.path, tset.splits, attrs=attrs, token=token, shared=tset.shared or None, folds=tset.folds or None,
            added=list(segs.labels), storage_options=out.storage_options or None, progress=progress)
     return {"rows": rows, "added": len(segs)}
+
+
+def warn_frozen_fit(stats: dict[str, Any], windows: dict[str, int]) -> None:
+    """Warn when new windows fall in the split the stored ``global`` statistics were
+    fitted on (``fit_on``): frozen, they are the first build's, fitted without these rows,
+    where a build of every file would fit them on these rows too; the store then differs
+    from such a build until ``--refit``.
+
+    Warns
+    -----
+    UserWarning
+        Naming the split, the new windows and what to run.
+    """
+    import warnings
+
+    fit_on = stats.get("fit_on")
+    added = int(windows.get(fit_on, 0)) if fit_on else 0
+    if added:
+        warnings.warn(f"append: {added:,} new window(s) fall in split {fit_on!r}, on which the normalization "
+                      "statistics were fitted: they are scaled by the first build's statistics, frozen, which "
+                      "these rows do not change, where a build of every file would fit them on these rows too "
+                      f"(the store now differs from such a build); `pipeline run --refit` refits them on every "
+                      f"{fit_on!r} row. Date splits whose {fit_on!r} ends before the new days append without this",
+                      UserWarning, stacklevel=3)
 
 
 def _stored_starts(prior: Any) -> tuple[np.ndarray, list[str], np.ndarray, np.ndarray] | None:

@@ -353,6 +353,33 @@ def test_date_splits_after_the_first_days_start_empty_and_appends_fill_them(tmp_
     assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
 
 
+def test_new_windows_in_the_split_the_statistics_were_fitted_on_are_warned_of(tmp_path, address):
+    """Frozen statistics scale new train windows by the first build's mean and std: an
+    append into train then differs from a build of every file, which was said nowhere.
+    An append whose new days fall after train's end says nothing."""
+    import warnings
+
+    files = _write_days(tmp_path, [[200] * 4, [150] * 4])
+    moved = _hold_back(tmp_path, files, 2)
+    into_train = _config(tmp_path, address, "a.zarr", splits={"train": {}})
+    after_train = _config(tmp_path, address, "b.zarr")  # train until 2026-01-07: the held days come after
+    _run(into_train)
+    _run(after_train)
+    for held, home in moved:
+        shutil.move(held, home)
+    with pytest.warns(UserWarning, match=r"append: [\d,]+ new window\(s\) fall in split 'train', on which the "
+                                         r"normalization statistics were fitted: .* `pipeline run --refit`") as said:
+        grown = _run(into_train)
+    (text,) = [str(w.message) for w in said if "normalization statistics" in str(w.message)]
+    assert f"{grown.samples['train'] - pipeline.open(tmp_path / 'a.zarr', version=0)['train']['x'].shape[0]:,} new " \
+        in text
+    full = pipeline.open(tmp_path / "a.zarr").attrs["normalization"]
+    assert full["fit_on"] == "train"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        _run(after_train)
+
+
 def _ny_day(path: Path, day: str, rows: int, seed: int, kind: str = "aware") -> None:
     """A New York session as a vendor's pandas writes it (``kind``: how this day differs
     from the others, as a trial's quant found it: ``naive`` times, ``utc`` ones, epoch
