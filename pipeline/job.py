@@ -133,6 +133,54 @@ def _what_changed(config: Config) -> str:
         if changes else ""
 
 
+def glob_reaches(pattern: str, path: str) -> bool:
+    """Whether the glob ``pattern`` (``*``, ``?``, ``[...]`` within one path component,
+    ``**`` across any number of them, as ``glob.glob(recursive=True)`` reads them) matches
+    ``path``; both absolute and normalized. Pure: the file need not exist."""
+    import fnmatch
+
+    def match(pat: list[str], parts: list[str]) -> bool:
+        if not pat:
+            return not parts
+        if pat[0] == "**":
+            return any(match(pat[1:], parts[k:]) for k in range(len(parts) + 1))
+        return bool(parts) and fnmatch.fnmatchcase(parts[0], pat[0]) and match(pat[1:], parts[1:])
+
+    return match(pattern.split(os.sep), path.split(os.sep))
+
+
+def _check_output_outside_source(config: Config) -> None:
+    """Refuse an output store that ``source.paths`` would read as raw files (``raw/*``
+    with ``output.path: raw/out.zarr``): its lock file, made first, was then named as an
+    input of unknown suffix (a file gone once the run ended), and on a rerun the store
+    itself would be.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``output.path``, the pattern of ``source.paths`` that reaches it and what
+        to change.
+    """
+    from pipeline.storage.lock import lock_path
+    from pipeline.storage.store import zip_staging
+
+    out = config.output.path
+    paths = (config.source.paths,) if isinstance(config.source.paths, str) else tuple(config.source.paths)
+    if "://" in str(out):
+        return
+    store = os.path.abspath(os.path.expanduser(str(out)))
+    inside = zip_staging(store) if store.endswith(".zip") else os.path.join(store, "zarr.json")
+    own = [store, lock_path(store), inside]
+    for pattern in (str(p) for p in paths if "://" not in str(p)):
+        full = os.path.normpath(os.path.abspath(os.path.expanduser(pattern)))
+        hit = next((p for p in own if glob_reaches(full, p)), None)
+        if hit is not None:
+            raise ConfigError("output.path", "", detail=(
+                f"{out!r} is where source.paths {pattern!r} reads raw files: the store's own files "
+                f"({os.path.basename(hit)}) would be read as input; write the store outside the input folder, or "
+                "narrow source.paths to the raw files (raw/*.parquet)"))
+
+
 def _check_table_source(src: Any) -> None:
     """Refuse, before the cluster starts, local paths that match no file, and a source
     whose format (given, or every path's suffix) is an array format: features and labels
@@ -244,6 +292,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     # run that another run's lock refuses costs nothing. The writer takes it again
     # within this hold (pipeline.storage.lock is re-entrant).
     _check_table_source(config.source)  # no file, or arrays: refused before anything is written
+    _check_output_outside_source(config)
     sources = (config.source.paths,) if isinstance(config.source.paths, str) else tuple(config.source.paths)
     # Ctrl-C leaves the client's gathers unawaited: without their tracebacks, the
     # interruption is the one line the command prints.

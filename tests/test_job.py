@@ -170,3 +170,44 @@ def test_a_file_replaced_during_an_overwrite_puts_the_previous_store_back(tmp_pa
     after = {str(p.relative_to(store)): p.read_bytes() for p in sorted(store.rglob("*")) if p.is_file()}
     assert after == before and sorted(os.listdir(store.parent)).count(store.name) == 1
     assert not [n for n in os.listdir(store.parent) if ".replaced-" in n]
+
+
+@pytest.mark.parametrize("pattern", ["raw/*", "raw/**", "raw/**/*", "raw/*.parquet", "raw/?ut.zarr*", "raw/[a-o]*",
+                                     "*/out.zarr.lock", "raw/*/zarr.json", "**/*.lock", "raw/out.zarr", "other/*"])
+def test_glob_reaches_what_glob_matches(tmp_path, pattern):
+    """The pure match of a glob against a path, checked against glob.glob on files that
+    exist (components matched one by one; ** across any number of them)."""
+    import glob
+
+    from pipeline.job import glob_reaches
+
+    for name in ("raw/a.parquet", "raw/out.zarr/zarr.json", "raw/out.zarr.lock", "raw/sub/b.parquet", "other/c.csv"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x")
+    full = os.path.join(str(tmp_path), pattern)
+    found = {p.rstrip(os.sep) for p in glob.glob(full, recursive=True)}  # "raw/**" lists "raw/" too
+    every = {os.path.join(root, n) for root, dirs, files in os.walk(tmp_path) for n in dirs + files}
+    assert {p for p in every if glob_reaches(full, p)} == found
+
+
+@pytest.mark.parametrize("paths, out", [("raw/*", "raw/out.zarr"), ("raw/**", "raw/deep/out.zarr"),
+                                        (["x/*.parquet", "raw/*"], "raw/out.zarr.zip")])
+def test_an_output_where_the_source_reads_is_refused_before_anything_is_written(tmp_path, paths, out):
+    """Its lock file, made first, was named as an input of unknown suffix (and gone by
+    the time the user looked); on a rerun the store itself would be read."""
+    from pipeline.errors import ConfigError
+
+    config = _config(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        import dataclasses
+
+        src = dataclasses.replace(config.source, paths=paths)
+        bad = dataclasses.replace(config, source=src, output=dataclasses.replace(config.output, path=out))
+        with pytest.raises(ConfigError, match=rf"^output\.path: '[^']*{out}' is where source\.paths '(raw/\*|raw/\*\*)' "
+                                              r"reads raw files: the store's own files \(.*\) would be read as input"):
+            run(bad, log=None, progress=False)
+    finally:
+        os.chdir(cwd)
+    assert sorted(p.name for p in (tmp_path / "raw").iterdir() if not p.name.endswith(".parquet")) == []
