@@ -244,8 +244,9 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
         if not left:
             raise
         raise WindowError(skipped_refusal(str(exc), left)) from None
+    labels = gap_labels(prior.segments.instrument, codes, segs.labels) if spec.mode == "gap" else segs.labels
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
-                         segs.labels)
+                         labels)
     rows = int(source.array.shape[0])
     say(f"append: {len(files)} new file(s), {rows:,} rows, {len(segs)} new session(s) after version "
         f"{latest.number}")
@@ -278,6 +279,23 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     append(out.path, tset.splits, attrs=attrs, token=token, shared=tset.shared or None, folds=tset.folds or None,
            added=list(segs.labels), storage_options=out.storage_options or None, progress=progress)
     return {"rows": rows, "added": len(segs)}
+
+
+def gap_labels(stored_codes: np.ndarray, codes: np.ndarray, labels: Sequence[str]) -> list[str]:
+    """The labels of new ``sessions: {gap: ...}`` sessions, numbered on from each
+    instrument's stored ones as a build of every file numbers them (``#0``, ``#1``, ...
+    per instrument): the new files alone number theirs from ``#0``."""
+    stored = np.bincount(np.asarray(stored_codes, dtype=np.int64), minlength=int(np.max(codes, initial=-1)) + 1)
+    seen: dict[int, int] = {}
+    out = []
+    for code, label in zip(np.asarray(codes, dtype=np.int64).tolist(), labels):
+        if not str(label).startswith("#"):
+            out.append(str(label))
+            continue
+        k = seen.get(code, 0)
+        seen[code] = k + 1
+        out.append(f"#{int(stored[code]) + k if code < stored.size else k}")
+    return out
 
 
 def warn_frozen_fit(stats: dict[str, Any], windows: dict[str, int]) -> None:

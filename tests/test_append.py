@@ -519,3 +519,27 @@ def test_an_empty_holiday_file_adds_nothing_and_the_append_equals_a_build(tmp_pa
     assert pipeline.open(tmp_path / "grown.zarr").attrs["splits"] == appended.samples
     _run(full, mode="rebuild")
     assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
+
+
+def test_gap_sessions_appended_are_numbered_on_as_a_build_numbers_them(tmp_path, address):
+    """``sessions: {gap: ...}`` labels each instrument's sessions #0, #1, ...: appended
+    ones were all #0 (the new files numbered alone)."""
+    files = _write_days(tmp_path, [[200] * 4, [150] * 4])
+    moved = _hold_back(tmp_path, files, 2)
+    paths = {}
+    for out in ("grown.zarr", "full.zarr"):
+        path = _config(tmp_path, address, out)
+        cfg = yaml.safe_load(path.read_text())
+        cfg["source"]["sessions"] = {"gap": "1h"}
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        paths[out] = path
+    _run(paths["grown.zarr"])
+    for held, home in moved:
+        shutil.move(held, home)
+    _run(paths["grown.zarr"])
+    _run(paths["full.zarr"])
+    labels = {out: [(s["instrument"], s["label"]) for s in pipeline.open(tmp_path / out).attrs["sessions"]]
+              for out in paths}
+    assert labels["grown.zarr"] == labels["full.zarr"]
+    assert sorted(labels["full.zarr"]) == [(i, f"#{k}") for i in ("AAA", "BBB") for k in range(4)]
+    assert_bitwise_equal(tmp_path / "grown.zarr", tmp_path / "full.zarr")
