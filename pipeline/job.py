@@ -133,6 +133,20 @@ def _what_changed(config: Config) -> str:
         if changes else ""
 
 
+def dropped_text(dropped: int, src: Any) -> str:
+    """``; N row(s) left out: ...`` for the source line of a run whose files' rows were
+    left out as read (``source.nan: drop``, LOBSTER's halts), else nothing: the rows
+    read count the rest only."""
+    from pipeline.loaders.lobster import halts_option
+
+    if not dropped:
+        return ""
+    halts = halts_option(src.halts, src.format) == "drop"
+    why = [w for w, on in (("with NaN or inf (source.nan: drop)", src.nan == "drop"),
+                           ("in trading halts (source.halts: drop)", halts)) if on]
+    return f"; {dropped:,} row(s) left out " + (" or ".join(why) or "as read")
+
+
 def glob_reaches(pattern: str, path: str) -> bool:
     """Whether the glob ``pattern`` (``*``, ``?``, ``[...]`` within one path component,
     ``**`` across any number of them, as ``glob.glob(recursive=True)`` reads them) matches
@@ -363,7 +377,8 @@ def _run_locked(config: Config, *, mode: str, say: Any, progress: bool, log: IO[
         segs = source.segments
         n_files = len(source.files)
         say(f"source: {n_files} file{'s' if n_files != 1 else ''}, {rows:,} rows x {source.array.shape[1]} columns read, "
-            f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.sessions_text})")
+            f"{len(set(segs.instrument.tolist()))} instrument(s), {len(segs)} session(s) ({source.sessions_text})"
+            + dropped_text(source.dropped, src_cfg))
         if source.skipped:
             # A line of the run's output (the command prints warnings as lines), and a
             # warning for a caller of run(): the store's attrs alone went unread.

@@ -248,8 +248,10 @@ def build_append(config: Config, meta: dict[str, Any], files: list[str], *, say:
     table = SegmentTable(segs.starts, segs.stops, codes, sessions.astype(np.int32), prior.segments.instruments,
                          labels)
     rows = int(source.array.shape[0])
+    from pipeline.job import dropped_text
+
     say(f"append: {len(files)} new file(s), {rows:,} rows, {len(segs)} new session(s) after version "
-        f"{latest.number}")
+        f"{latest.number}" + dropped_text(source.dropped, src_cfg))
     tset = build_training_set(
         source.array, columns=source.columns, features=config.features.steps, size=config.windows.size,
         stride=config.windows.stride, scales=config.windows.scales, label=config.labels,

@@ -211,3 +211,21 @@ def test_an_output_where_the_source_reads_is_refused_before_anything_is_written(
     finally:
         os.chdir(cwd)
     assert sorted(p.name for p in (tmp_path / "raw").iterdir() if not p.name.endswith(".parquet")) == []
+
+
+def test_rows_left_out_under_nan_drop_are_said_beside_the_rows_read(tmp_path):
+    """The source line said 2,997 rows read of a file of 3,000 and nothing of the 3 rows
+    ``source.nan: drop`` left out."""
+    import io
+
+    config = _config(tmp_path, "source.nan=drop", "cluster.processes=false")
+    day = sorted((tmp_path / "raw").glob("*.parquet"))[1]
+    table = pd.read_parquet(day)
+    table.loc[[10, 500, 501], "bid_price_1"] = np.nan
+    table.loc[[900], "ask_price_3"] = np.inf
+    table.to_parquet(day, index=False)
+    log = io.StringIO()
+    summary = run(config, log=log, progress=False)
+    (line,) = [x for x in log.getvalue().splitlines() if x.startswith("source:")]
+    assert line.endswith("; 4 row(s) left out with NaN or inf (source.nan: drop)"), line
+    assert f"{summary.rows_read:,} rows x" in line and summary.rows_read == 2 * 3000 - 4

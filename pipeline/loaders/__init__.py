@@ -101,6 +101,9 @@ class Source:
     #: Tables opened with a calendar: the rows left out as outside its sessions (rows
     #: left out otherwise, LOBSTER's halts or ``nan="drop"``, not counted).
     outside_calendar: int = 0
+    #: Tables: the rows left out otherwise, with NaN or inf under ``nan="drop"`` or in
+    #: LOBSTER's trading halts (``halts="drop"``); the array holds the rest.
+    rows_dropped: int = 0
 
     @property
     def time_zone(self) -> str | None:
@@ -1104,9 +1107,9 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     if calendar is not None and not timestamp and parts[0].fmt != "lobster":  # LOBSTER's times: its messages
         raise ConfigError("source.sessions", "", detail=f"calendar {calendar} sessions place each row by its time; "
                           "set source.timestamp to the timestamp column")
-    arr, cols, times, codes, instruments, outside = _table(parts, columns, timestamp, instrument_column, names,
-                                                            nan, fill_value, so, timestamp_unit, read, exact, rules,
-                                                            halts, (calendar, zones[0] if zones else None), dates)
+    arr, cols, times, codes, instruments, (outside, dropped) = _table(
+        parts, columns, timestamp, instrument_column, names, nan, fill_value, so, timestamp_unit, read, exact, rules,
+        halts, (calendar, zones[0] if zones else None), dates)
     infos = tuple(FileInfo(p, s, m, rows=sum(x.rows for x in ps), companion=companions.get(p))
                   for p, s, m, ps in probed)
     known = all(p.first_ts is not None and p.last_ts is not None for p in parts)
@@ -1115,7 +1118,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
     return _carrying(Source(array=arr, columns=cols, files=infos, timestamps=times,
                             skipped=tuple(skipped), instrument_codes=codes, instruments=instruments,
                             file_chunks=tuple(len(ps) for _, _, _, ps in probed), time_zones=zones,
-                            times_from_metadata=known, outside_calendar=outside))
+                            times_from_metadata=known, outside_calendar=outside, rows_dropped=dropped))
 
 
 def _without_date_column(parts: Sequence[Any], columns: Sequence[str] | None, timestamp: str | None,
@@ -1140,7 +1143,8 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
     instrument codes and names of joined table parts (LOBSTER's trading halts left
     out under ``halts="drop"``, rows outside the sessions of ``calendar``: its name and
     the zone the timestamps store, ``None`` for naive wall-clock times; ``dates``: a
-    :class:`~pipeline.loaders.columns.RowDates` dating times of day row by row)."""
+    :class:`~pipeline.loaders.columns.RowDates` dating times of day row by row), and
+    the rows left out: ``(outside the calendar's sessions, otherwise)``."""
     import dask
 
     from pipeline.loaders import columns as side
@@ -1204,7 +1208,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         keep = tables.parts_array(parts, not_halted, so, token="lobster-halts", dtype=bool)
     if nan == "drop":
         keep = side.keep_mask(arr) if keep is None else keep & side.keep_mask(arr)
-    outside = 0
+    outside = dropped = 0
     if calendar[0] is not None and times is not None:
         from pipeline.features.calendars import in_sessions
 
@@ -1225,10 +1229,11 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
         else:
             (kept,) = dask.compute(per_block(keep))
         kept = tuple(int(c) for c in kept)
+        dropped = int(arr.shape[0]) - sum(kept) - outside
         arr = side.drop_rows(arr, keep, kept)
         times = side.drop_rows(times, keep, kept) if times is not None else None
         codes = side.drop_rows(codes, keep, kept) if codes is not None else None
-    return arr, cols, times, codes, instruments, outside
+    return arr, cols, times, codes, instruments, (outside, dropped)
 
 
 def load(paths: str | os.PathLike[str] | Sequence[str], *, format: str | None = None,

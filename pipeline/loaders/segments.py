@@ -71,6 +71,8 @@ class SegmentedSource:
     #: hold outside its sessions, left out (not counting rows left out otherwise).
     calendar: str | None = None
     left_out: int = 0
+    #: Rows left out otherwise: NaN or inf under ``source.nan: drop``, LOBSTER's halts.
+    dropped: int = 0
     #: ``source.sessions: {column: NAME}``: the column whose value changes start sessions.
     session_column: str | None = None
 
@@ -830,4 +832,5 @@ def open_segmented(paths: Any, *, sessions: SessionSpec | str | dict | None = No
                            skipped=tuple(s for src in sources for s in src.skipped), time_zones=_zones(sources),
                            types=types, calendar=spec.calendar if spec.mode == "calendar" else None,
                            left_out=_left_out(sources) if spec.mode == "calendar" else 0,
+                           dropped=sum(int(src.rows_dropped) for src in sources),
                            session_column=spec.column if spec.mode == "column" else None)
