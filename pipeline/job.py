@@ -632,6 +632,11 @@ def config_as_yaml(config: Config) -> str:
 
     from pipeline.features.splits import splits_value
 
+    from pipeline.storage import CodecSpec
+
     data = plain(config)
     data["output"]["splits"] = splits_value(config.output.splits)
+    # The default codec is its shorthand until parsed: printed parsed, as a given one is,
+    # so that the printed config prints the same again.
+    data["output"]["codec"] = plain(CodecSpec.from_mapping(config.output.codec, "output.codec"))
     return yaml.safe_dump(data, sort_keys=False)

@@ -229,3 +229,15 @@ def test_rows_left_out_under_nan_drop_are_said_beside_the_rows_read(tmp_path):
     (line,) = [x for x in log.getvalue().splitlines() if x.startswith("source:")]
     assert line.endswith("; 4 row(s) left out with NaN or inf (source.nan: drop)"), line
     assert f"{summary.rows_read:,} rows x" in line and summary.rows_read == 2 * 3000 - 4
+
+
+@pytest.mark.parametrize("config_file", sorted((Path(__file__).parent.parent / "configs").glob("*.yaml")))
+def test_a_printed_config_prints_the_same_again(tmp_path, config_file):
+    """``--print-config`` fills in the defaults: the default codec was printed as its
+    shorthand, which printed expanded once read back."""
+    from pipeline.job import config_as_yaml
+
+    once = config_as_yaml(load_config(config_file))
+    (tmp_path / "printed.yaml").write_text(once)
+    assert config_as_yaml(load_config(tmp_path / "printed.yaml")) == once
+    assert isinstance(__import__("yaml").safe_load(once)["output"]["codec"], dict)
