@@ -16,7 +16,7 @@ import yaml
 
 import pipeline
 from pipeline.config import load_config
-from pipeline.errors import ConfigError
+from pipeline.errors import ConfigError, WindowError
 from pipeline.job import run
 from tests.conftest import assert_bitwise_equal, in_process_cluster
 
@@ -234,3 +234,23 @@ def test_an_append_of_a_holiday_alone_adds_no_session_and_the_next_day_appends_a
         "2024-03-08", "2024-03-11", "2024-11-29"]
     ref = _reference(frames, "XNYS")
     _check(tmp_path / "grown.zarr", "train", ref, np.ones(len(ref["t"]), bool))
+
+
+def test_a_file_continuing_a_session_stored_in_part_is_refused_saying_where_the_session_closes(tmp_path, address):
+    """Futures files cut at midnight store the last evening as a session in part; the
+    next file continues it, refused: the message now says the stored files end before
+    the calendar closes that session."""
+    (tmp_path / "raw").mkdir()
+    for day, (start, end) in {"2024-03-07": ("2024-03-07 00:00", "2024-03-07 23:59:59"),
+                              "2024-03-08": ("2024-03-08 00:00", "2024-03-08 16:59:59")}.items():
+        _frame(start, end, 400, seed=int(day[-1]), tz=None).to_parquet(tmp_path / "raw" / f"ES_{day}.parquet",
+                                                                        index=False)
+    held = (tmp_path / "raw" / "ES_2024-03-08.parquet").read_bytes()
+    (tmp_path / "raw" / "ES_2024-03-08.parquet").unlink()
+    grown = _config(tmp_path, address, "us_futures", "grown.zarr")
+    _run(grown)
+    (tmp_path / "raw" / "ES_2024-03-08.parquet").write_bytes(held)
+    with pytest.raises(WindowError, match=r"continues the stored session .* the stored files end before calendar "
+                                          r"us_futures closes that session at 2024-03-08T23:00:00\.000000000 UTC, so "
+                                          r"it was stored in part: cut each file at a session's close"):
+        _run(grown)

@@ -166,3 +166,12 @@ def calendar_opens(name: str, days: np.ndarray) -> np.ndarray:
         raise ConfigError("output.splits", f"a date within calendar {name}'s sessions",
                           str(np.datetime64(int(days[k >= labels.size][0]), "D")))
     return opens[k]
+
+
+def calendar_close(name: str, day: int) -> int | None:
+    """The close (UTC ns) of calendar ``name``'s session of trading date ``day`` (days
+    since 1970-01-01), or None when it has no session that day."""
+    ns = np.array([int(day) * _DAY_NS], dtype=np.int64)
+    _, closes, labels, _ = _schedule(name, *_years(ns))
+    k = int(np.searchsorted(labels, day))
+    return int(closes[k]) if k < labels.size and int(labels[k]) == int(day) else None

@@ -216,6 +216,21 @@ def _column_key_order(key: str) -> tuple[float, str]:
     return float(value), name
 
 
+def _cut_before_close(calendar: str, day: int, end: int) -> str:
+    """What to say of a stored calendar session that a new file continues: files cut
+    before the session's close (a futures session runs from the evening before, files
+    often from midnight) store each session's first part alone, and every next file
+    continues it."""
+    from pipeline.features.calendars import calendar_close
+
+    close = calendar_close(calendar, day)
+    if close is None or end >= close:
+        return ""
+    return (f"; the stored files end before calendar {calendar} closes that session at "
+            f"{np.datetime64(close, 'ns')} UTC, so it was stored in part: cut each file at a session's close to "
+            "append file by file")
+
+
 def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str], first_ns: np.ndarray | None,
                       mode: str, gap_ns: int = 0, keys: Sequence[str] | None = None, tz: str | None = None,
                       calendar: str | None = None, files: Sequence[str] | None = None) -> np.ndarray:
@@ -295,6 +310,8 @@ def continue_sessions(prior: Prior, instrument: np.ndarray, labels: Sequence[str
                 after = int(first_ns[k]) - end
                 why = ("on the same session date" if mode != "gap" else "it starts before that end" if after < 0
                        else f"{duration_text(after)} later, within source.sessions' gap of {duration_text(int(gap_ns))}")
+                if mode == "calendar" and calendar is not None:
+                    why += _cut_before_close(calendar, int(new_days[k]), end)
                 raise WindowError(f"append: {name} (from {np.datetime64(int(first_ns[k]), 'ns')}) continues the "
                                   f"stored session of its instrument that ends at {np.datetime64(end, 'ns')} "
                                   f"({why}); an append adds whole new sessions: rebuild with --rebuild")
