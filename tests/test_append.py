@@ -434,7 +434,7 @@ def _build_error(tmp_path: Path, address: str) -> str:
 
 
 @pytest.mark.parametrize("kind, says", [
-    ("naive", r"timestamp column 'timestamp' is naive \(no time zone\), but time-zone-aware: 3 file\(s\)"),
+    ("naive", r"timestamp column 'timestamp' is naive \(no time zone\); the files mix both, time-zone-aware: 3 file\(s\)"),
     ("int_prices", r"column 'bid_price_1' holds integers up to 1\.0\d+e\+06, but .*2024-12-02\.parquet holds floats"),
     ("int_timestamps", r"timestamp column 'timestamp' holds integers \(epoch times, read in source\.timestamp_unit\) "
                        r"in 1 file\(s\), but a timestamp type in America/New_York in 3 file\(s\)"),

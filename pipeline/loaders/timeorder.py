@@ -399,10 +399,10 @@ def check_time_kinds(kinds: Mapping[str, Sequence[Any]], timestamp: str | None,
     if naive and aware:
         odd_kind, odd = _odd_one_out(naive, aware, new)
         (zone, (first_aware, _)), (naive_first, n_naive) = aware[0], naive[0][1]
-        raise LoaderError(odd, f"timestamp column {timestamp!r} is {_said(odd_kind)}, but time-zone-aware: "
-                          f"{_files(aware)} file(s) (first {first_aware}, {zone[6:]}), naive: {n_naive} file(s) "
-                          f"(first {naive_first}); a naive time would be read as UTC, hours from its true instant. "
-                          "Store every file's timestamps with their time zone, or every one naive")
+        raise LoaderError(odd, f"timestamp column {timestamp!r} is {_said(odd_kind)}; the files mix both, "
+                          f"time-zone-aware: {_files(aware)} file(s) (first {first_aware}, {zone[6:]}), naive: "
+                          f"{n_naive} file(s) (first {naive_first}); a naive time would be read as UTC, hours from "
+                          "its true instant. Store every file's timestamps with their time zone, or every one naive")
     typed = naive + aware
     if typed and numbers:
         odd_kind, odd = _odd_one_out(numbers, typed, new)

@@ -723,7 +723,7 @@ def test_a_naive_file_among_aware_ones_is_refused_naming_both_kinds(tmp_path):
     assert kinds == {"2026-01-05.parquet": "America/New_York", "2026-01-06.parquet": "America/New_York",
                      "2026-01-07.parquet": None}
     with pytest.raises(LoaderError, match=r"2026-01-07\.parquet: timestamp column 'timestamp' is naive \(no time "
-                                          r"zone\), but time-zone-aware: 2 file\(s\) \(first .*2026-01-05\.parquet, "
+                                          r"zone\); the files mix both, time-zone-aware: 2 file\(s\) \(first .*2026-01-05\.parquet, "
                                           r"America/New_York\), naive: 1 file\(s\)"):
         open_source(str(tmp_path / "*.parquet"), timestamp="timestamp")
     # Without timestamps, the zones do not matter.
@@ -739,8 +739,8 @@ def test_a_naive_csv_among_csvs_with_utc_offsets_is_refused_naming_it(tmp_path):
         t = pd.date_range(f"{day} 09:30", periods=10, freq="min", tz="Australia/Sydney")
         text = t.strftime("%Y-%m-%dT%H:%M:%S%z") if day != "2026-01-07" else t.strftime("%Y-%m-%d %H:%M:%S")
         pd.DataFrame({"timestamp": text, "v": np.arange(10.0)}).to_csv(tmp_path / f"{day}.csv", index=False)
-    with pytest.raises(LoaderError, match=r"2026-01-07\.csv: timestamp column 'timestamp' is naive \(no time zone\), "
-                                          r"but time-zone-aware: 2 file\(s\)"):
+    with pytest.raises(LoaderError, match=r"2026-01-07\.csv: timestamp column 'timestamp' is naive \(no time zone\); "
+                                          r"the files mix both, time-zone-aware: 2 file\(s\)"):
         open_source(str(tmp_path / "*.csv"), timestamp="timestamp")
     (tmp_path / "2026-01-07.csv").unlink()
     src = open_source(str(tmp_path / "*.csv"), timestamp="timestamp")

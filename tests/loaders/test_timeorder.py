@@ -213,8 +213,8 @@ def test_time_kinds_count_each_files_type_as_pyarrow_reads_it(tmp_path):
         tz = pq.read_schema(path).field("timestamp").type.tz
         want.setdefault(f"aware:{tz}" if tz else "naive", [str(path), 0])[1] += 1
     assert time_kinds(parts, "timestamp") == want
-    with pytest.raises(LoaderError, match=rf"^{paths[3]}: timestamp column 'timestamp' is naive \(no time zone\), "
-                                          rf"but time-zone-aware: 3 file\(s\) \(first {paths[0]}, America/New_York\)"):
+    with pytest.raises(LoaderError, match=rf"^{paths[3]}: timestamp column 'timestamp' is naive \(no time zone\); "
+                                          rf"the files mix both, time-zone-aware: 3 file\(s\) \(first {paths[0]}, America/New_York\)"):
         check_time_kinds(want, "timestamp")
     # An append's new file is the one named, though the stored files are the fewer.
     with pytest.raises(LoaderError, match=rf"^{paths[0]}: timestamp column 'timestamp' is time-zone-aware "):
