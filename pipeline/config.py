@@ -909,7 +909,17 @@ def _differences(a: Any, b: Any, path: str) -> list[tuple[str, str]]:
         da, db = ({} if v is _UNSET else v for v in (a, b))
         return [d for key in {**da, **db}
                 for d in _differences(da.get(key, _UNSET), db.get(key, _UNSET), f"{path}.{key}" if path else str(key))]
+    a, b = _iso(a), _iso(b)
     return [] if a == b else [(path, f"{a!r} -> {b!r}")]
+
+
+def _iso(value: Any) -> Any:
+    """A config value as compared and shown: a date as its ISO text (YAML reads an
+    unquoted 2026-01-06 as a date, shown as ``datetime.date(2026, 1, 6)``, and unequal
+    to the quoted ``"2026-01-06"`` that means the same)."""
+    import datetime
+
+    return value.isoformat() if isinstance(value, (datetime.date, datetime.datetime)) else value
 
 
 def _codec_change(a: Any, b: Any) -> str:

@@ -645,6 +645,19 @@ def test_a_value_written_as_a_mapping_on_one_side_only_is_one_difference():
                                                         "(uncompressed)"]
 
 
+def test_dates_in_differences_are_iso_text_whether_quoted_or_not():
+    """YAML reads an unquoted date as a datetime.date: it was shown as
+    ``datetime.date(2026, 1, 6)`` and differed from the same date quoted (``--set``)."""
+    from pipeline.config import config_differences
+
+    stored = "output: {path: s.zarr, splits: {train: {until: 2026-01-05}, test: {}}}\n"
+    assert config_differences(stored, stored.replace("2026-01-05", "2026-01-06")) == [
+        "output.splits.train.until: '2026-01-05' -> '2026-01-06'"]
+    assert config_differences(stored, stored.replace("2026-01-05", '"2026-01-06"')) == [
+        "output.splits.train.until: '2026-01-05' -> '2026-01-06'"]
+    assert config_differences(stored, stored.replace("2026-01-05", '"2026-01-05"')) == []
+
+
 def test_a_run_over_a_store_of_another_codec_names_the_codecs_in_words(tmp_path, monkeypatch):
     """The refusal of ``pipeline run --set output.codec=zstd`` over a store built with
     the default codec, before a cluster starts."""
