@@ -249,9 +249,7 @@ def _inflate(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytearray:
         raise LoaderError(path, f"member {lay.member!r} ends after {st.pos} inflated bytes; its headers declare "
                           f"{lay.size} (the archive is truncated or damaged)")
     if st.pos == lay.size:
-        if st.crc != lay.crc:
-            raise LoaderError(path, f"member {lay.member!r} fails its CRC check (zip says {lay.crc:08x}, its bytes "
-                              f"give {st.crc:08x}): the archive is damaged")
+        _check_crc(path, lay, st.crc)
     else:
         _save(lay.key, st)  # where the next block of a reader in row order starts
     return out
@@ -287,10 +285,16 @@ def _stored(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytes | mem
         while len(_STORED_CRC) > _MEMBERS:
             _STORED_CRC.popitem(last=False)
         first, last, crc = spans.add(start - lead, start + n, crc)
-    if (first, last) == (0, lay.size) and crc != lay.crc:
+    if (first, last) == (0, lay.size):
+        _check_crc(path, lay, crc)
+    return memoryview(data)[lead:] if lead else data
+
+
+def _check_crc(path: str, lay: _Layout, crc: int) -> None:
+    """Refuse a member whose bytes, all of them read, give another CRC than the zip's."""
+    if crc != lay.crc:
         raise LoaderError(path, f"member {lay.member!r} fails its CRC check (zip says {lay.crc:08x}, its bytes "
                           f"give {crc:08x}): the archive is damaged")
-    return memoryview(data)[lead:] if lead else data
 
 
 def _member_bytes(path: str, fh: Any, lay: _Layout, start: int, n: int) -> bytes | bytearray | memoryview:
