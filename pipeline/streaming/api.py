@@ -228,7 +228,7 @@ def _checked_stream(src: Any, where: str, batch_size: int, global_batch_size: in
                    global_batch_size=global_batch_size, **options)
     except StreamError as exc:
         text = str(exc)
-        if not text.startswith(f"stream: {n} samples "):  # (the elastic order's refusal of a world size)
+        if not text.startswith(f"stream: {n} samples: "):  # (the elastic order's refusal of a world size)
             raise
         raise StreamError(f"stream: {where} {text.removeprefix('stream: ')}") from None
     if drop_last and len(s) == 0 and not EMPTY_EPOCHS_OK.get():

@@ -162,7 +162,7 @@ class Lanes:
         if int(last.min()) == 0:
             n, rest = int(self.starts[-1]), int(self.tail[:, -1].sum())
             raise StreamError(
-                f"stream: {n} samples in global steps of global_batch_size={self.global_batch} leave {rest} for "
+                f"stream: {n} samples: global steps of global_batch_size={self.global_batch} leave {rest} for "
                 f"the epoch's last step, fewer than world_size={world_size}: a rank would have no sample in it; "
                 f"use drop_last=True, a world size of at most {rest}, or another global batch")
 

@@ -319,7 +319,7 @@ def test_refusals(store):
     # 1003 = 125 * 8 + 3: the last step's 3 samples leave a rank of 4 or 8 without one
     odd = {"x": np.zeros((1003, 2), np.float32), "y": np.arange(1003)}
     for world in (4, 8):
-        with pytest.raises(StreamError, match=f"^stream: the arrays passed hold 1003 samples in global steps of "
+        with pytest.raises(StreamError, match=f"^stream: the arrays passed hold 1003 samples: global steps of "
                                               f"global_batch_size=8 leave 3 for the epoch's last step, fewer than "
                                               f"world_size={world}"):
             pipeline.stream(odd, global_batch_size=8, rank=0, world_size=world)
