@@ -473,8 +473,8 @@ def test_a_store_without_the_record_of_file_types_checks_its_last_stored_file(tm
     group.attrs[ATTRS_KEY] = meta
     new = tmp_path / "raw" / "AAA" / "2024-12-05.parquet"
     _ny_day(new, "2024-12-05", 200, seed=5, kind="naive")
-    _refused(path, rf"^{re.escape(str(new))}: timestamp column 'timestamp' is naive \(no time zone\), but "
-                   r"time-zone-aware: 3 file\(s\) \(first .*2024-12-04\.parquet, America/New_York\)")
+    _refused(path, rf"^{re.escape(str(new))}: timestamp column 'timestamp' is naive \(no time zone\); the "
+                   r"files mix both, time-zone-aware: 3 file\(s\) \(first .*2024-12-04\.parquet, America/New_York\)")
     _ny_day(new, "2024-12-05", 200, seed=5)
     assert _run(path).action == "append"
     assert pipeline.open(tmp_path / "grown.zarr").attrs["sources"]["types"]["groups"]["AAA"]["time"] == {

@@ -218,7 +218,8 @@ def test_rows_left_out_under_nan_drop_are_said_beside_the_rows_read(tmp_path):
     ``source.nan: drop`` left out."""
     import io
 
-    config = _config(tmp_path, "source.nan=drop", "cluster.processes=false")
+    # A worker thread measures the whole test process's memory: no limit to pause it at.
+    config = _config(tmp_path, "source.nan=drop", "cluster.processes=false", "cluster.memory_limit=null")
     day = sorted((tmp_path / "raw").glob("*.parquet"))[1]
     table = pd.read_parquet(day)
     table.loc[[10, 500, 501], "bid_price_1"] = np.nan
