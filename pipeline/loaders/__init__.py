@@ -417,8 +417,7 @@ def open_source(
     swmr
         HDF5: SWMR read mode, to read a file an SWMR writer appends to (else refused).
     key
-        The ``.npz`` member read from each file; default the first file's one member,
-        which every file must hold.
+        The ``.npz`` member read from each file (default: the first file's only one).
     labels
         ``"folder"`` (the parent folder, as ``ImageFolder``) or a manifest file.
     classes
