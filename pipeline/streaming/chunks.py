@@ -30,6 +30,7 @@ has the comparison).
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import threading
 from typing import TYPE_CHECKING, Any, Sequence
@@ -574,8 +575,11 @@ class ChunkReader:
                     tmp[...] = np.frombuffer(raw, dtype=self.dtype).reshape(full)
                 else:
                     if isinstance(self._block_decoder, numcodecs.Blosc):
-                        blosc.check_frame(raw)
-                    self._block_decoder.decode(raw, out=tmp)
+                        blosc.check_frame(raw, tmp.nbytes)
+                    if _declares(self._block_decoder, raw, tmp.nbytes):
+                        self._block_decoder.decode(raw, out=tmp)
+                    else:  # a block of the wrong size is refused, not served past its end
+                        tmp[...] = _sized(self._block_decoder.decode(raw), self.dtype, full)
                 copy_runs(out[(slice(0, n),) + dest], tmp[(slice(0, n),) + src])
         except Exception as exc:  # noqa: BLE001 - any decode failure is a corrupt chunk
             store, split, name = self.where
@@ -583,25 +587,6 @@ class ChunkReader:
         finally:
             self._arrays.put(tmp)
         return out
-
-    def _declares(self, raw: Any, nbytes: int) -> bool:
-        """Whether chunk bytes ``raw`` declare that they decode to ``nbytes``, so that
-        they can be decoded in place: a decoder fills only as many bytes of the buffer as
-        the frame holds (a blosc frame's size is checked by ``blosc.check_frame``). A zstd
-        frame that does not declare its size is decoded into a new buffer and its size
-        checked there.
-
-        Raises
-        ------
-        ValueError
-            For a zstd frame declaring another size.
-        """
-        if not isinstance(self._decoder, numcodecs.Zstd):
-            return True
-        declared = zstdframe.content_size(raw)
-        if declared is not None and declared != nbytes:
-            raise ValueError(f"the zstd frame says {declared} decoded bytes, a chunk of this array holds {nbytes}")
-        return declared is not None
 
     def _decode(self, i: int, raw: Any, out: np.ndarray) -> np.ndarray:
         """Chunk ``i``'s bytes ``raw`` (None: never written) decoded into ``out``."""
@@ -621,7 +606,7 @@ class ChunkReader:
                 return out
             if isinstance(self._decoder, str):  # "raw"; == would build both codecs' configs
                 decoded = np.frombuffer(raw, dtype=self.dtype)
-            elif n == self.rows and out.flags.c_contiguous and self._declares(raw, out.nbytes):
+            elif n == self.rows and out.flags.c_contiguous and _declares(self._decoder, raw, out.nbytes):
                 # The common case: decode straight into the caller's buffer, no copy.
                 self._decoder.decode(raw, out=out)
                 return out
@@ -637,6 +622,28 @@ class ChunkReader:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
         return out
+
+
+def _declares(decoder: Any, raw: Any, nbytes: int) -> bool:
+    """Whether chunk bytes ``raw`` declare that they decode to ``nbytes``, so that they
+    can be decoded in place by ``decoder``: a decoder fills only as many bytes of the
+    buffer as the frame holds (a blosc frame's size is checked by
+    ``blosc.check_frame``). A zstd frame that declares another size, or none, is decoded
+    into a new buffer and its size checked there: a chunk may be several zstd frames one
+    after another (RFC 8878; zarr and the ``zstd`` tool read them), the first declaring
+    only its own part."""
+    if not isinstance(decoder, numcodecs.Zstd):
+        return True
+    return zstdframe.content_size(raw) == nbytes
+
+
+def _sized(data: Any, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Decoded bytes ``data`` as an array of ``shape``, refused when they hold another
+    number of values."""
+    decoded = np.frombuffer(data, dtype=dtype)
+    if decoded.size != math.prod(shape):
+        raise ValueError(f"decoded {decoded.size} values, expected {math.prod(shape)}")
+    return decoded.reshape(shape)
 
 
 def _problem(exc: CorruptChunkError) -> str:

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numcodecs
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -95,23 +96,26 @@ def _unsized_zstd(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("codec", ["zstd", "blosc", "zstd-unsized"])
-def test_a_valid_chunk_of_too_few_bytes_is_refused_not_served(tmp_path, codec, shuffle):
+@pytest.mark.parametrize("width", [4, 2], ids=["whole-samples", "blocks"])
+def test_a_valid_chunk_of_too_few_bytes_is_refused_not_served(tmp_path, codec, shuffle, width):
     """A chunk file whose frame is valid but holds fewer bytes than a chunk (another
     array's chunk copied in) decoded in place filled only part of the read buffer: the
-    rest was served as it was (zeros, or another chunk's samples). zarr refuses it."""
+    rest was served as it was (zeros, or another chunk's samples). zarr refuses it. The
+    same for a block of an array whose chunks also split the samples (``width`` 2 of 4
+    features: zarr's automatic chunks of images are such)."""
     import pipeline
 
     comp = [ZstdCodec()] if codec.startswith("zstd") else [BloscCodec()]
     g = zarr.open_group(tmp_path / "s.zarr", mode="w")
-    x = g.create_array("x", shape=(400, 4), dtype="float32", chunks=(100, 4), compressors=comp)
+    x = g.create_array("x", shape=(400, 4), dtype="float32", chunks=(100, width), compressors=comp)
     x[:] = np.arange(1600, dtype="float32").reshape(400, 4)
     g.create_array("y", shape=(400,), dtype="int64", chunks=(100,), compressors=comp)[:] = np.arange(400)
     short = np.full((10, 4), -1, np.float32)
     if codec == "zstd-unsized":
-        (tmp_path / "s.zarr" / "x" / "c" / "2" / "0").write_bytes(_unsized_zstd(short.tobytes()))
+        (tmp_path / "s.zarr" / "x" / "c" / "2" / str(4 // width - 1)).write_bytes(_unsized_zstd(short.tobytes()))
     else:
         g.create_array("short", shape=(10, 4), dtype="float32", chunks=(10, 4), compressors=comp)[:] = short
-        (tmp_path / "s.zarr" / "x" / "c" / "2" / "0").write_bytes(
+        (tmp_path / "s.zarr" / "x" / "c" / "2" / str(4 // width - 1)).write_bytes(
             (tmp_path / "s.zarr" / "short" / "c" / "0" / "0").read_bytes())
     with pytest.raises(ValueError):
         zarr.open_group(tmp_path / "s.zarr", mode="r")["x"][200:300]
@@ -119,6 +123,31 @@ def test_a_valid_chunk_of_too_few_bytes_is_refused_not_served(tmp_path, codec, s
     with pytest.raises(CorruptChunkError, match=r"chunk 2: cannot decode \(.*(160 decoded bytes|decoded 40 values)"):
         for _ in pipeline.stream((g["x"], g["y"]), batch_size=50, buffer_chunks=1, shuffle=shuffle, seed=0):
             pass
+
+
+@pytest.mark.parametrize("zarr_format", [3, 2])
+@pytest.mark.parametrize("width", [4, 2], ids=["whole-samples", "blocks"])
+def test_a_chunk_of_several_zstd_frames_reads_as_zarr_reads_it(tmp_path, zarr_format, width):
+    """zstd data may be several frames one after another (RFC 8878; ``cat a.zst b.zst``),
+    the first declaring only its own size: zarr and numcodecs read the whole. It was
+    refused as a chunk of the wrong size."""
+    import pipeline
+
+    data = np.arange(1600, dtype="float32").reshape(400, 4)
+    g = zarr.open_group(tmp_path / "m.zarr", mode="w", zarr_format=zarr_format)
+    comp = [ZstdCodec()] if zarr_format == 3 else numcodecs.Zstd()
+    g.create_array("x", data=data, chunks=(100, width), compressors=comp)
+    g.create_array("y", data=np.arange(400), chunks=(100,), compressors=comp)
+    key = "c/1/0" if zarr_format == 3 else "1.0"
+    raw = np.ascontiguousarray(data[100:200, :width]).tobytes()
+    (tmp_path / "m.zarr" / "x" / key).write_bytes(numcodecs.Zstd().encode(raw[:320]) + numcodecs.Zstd().encode(raw[320:]))
+    g = zarr.open_group(tmp_path / "m.zarr", mode="r")
+    np.testing.assert_array_equal(g["x"][:], data)
+    got = {}
+    for xb, yb in pipeline.stream(tmp_path / "m.zarr", split=None, batch_size=64, seed=1):
+        got.update(zip(yb.tolist(), xb.copy()))
+    assert sorted(got) == list(range(400))
+    np.testing.assert_array_equal(np.stack([got[i] for i in range(400)]), data)
 
 
 def test_an_unsized_zstd_chunk_of_the_right_size_reads_as_zarr_reads_it(tmp_path):
@@ -546,6 +575,7 @@ def test_mapped_files_hold_no_file_descriptors(tmp_path):
                  progress=False)  # 600 chunk files per array
     code = f"""
 import os, resource
+import numcodecs
 import numpy as np
 import pipeline
 resource.setrlimit(resource.RLIMIT_NOFILE, (256, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
