@@ -156,6 +156,8 @@ def stream(
         Check every chunk read against the CRC32 recorded when it was written (unsharded
         stores). Without it, a damaged chunk is refused only when it fails to decode: a
         flipped byte that still decodes is served. It costs a CRC pass over every byte.
+        Other tools' arrays are checked by their own ``crc32c`` codec, which zarr checks
+        on every read; without one a warning says they cannot be verified.
     read_niceness
         How many steps nicer than the process the read threads run (Linux, 0 to 19):
         reading ahead must not take cores from the training loop.
@@ -395,7 +397,7 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
         with one_reading():  # the store's metadata read once, whoever asks
             foreign = _foreign_variables(source, split, arrays, storage_options, version, dim, cache)
             if foreign is not None:
-                _unverifiable(verify, foreign.label)
+                _unverifiable(verify, foreign.label, list(foreign.arrays.values()))
                 return foreign
             return open_store_source(source, split, arrays, partial, storage_options, verify, version, cache=cache,
                                      keep_mapped=keep_mapped)
@@ -408,7 +410,7 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
     if not isinstance(source, Mapping):
         raise StreamError(f"stream: cannot stream from {type(source).__name__}; pass a store path, a zarr group or "
                           "arrays")
-    _unverifiable(verify, "arrays passed directly")
+    _unverifiable(verify, "arrays passed directly", [source.get(n) for n in arrays])
     if any(is_zarr(source.get(n), "Array") for n in arrays):
         from pipeline.streaming.foreign import ZarrSource
 
@@ -416,12 +418,12 @@ def _open_source(source: Any, split: str, arrays: Sequence[str], partial: bool,
     return ArraySource(source, arrays)
 
 
-def _unverifiable(verify: bool, label: str) -> None:
+def _unverifiable(verify: bool, label: str, arrays: Sequence[Any]) -> None:
     """``verify=True`` for what has no checksums: said, not silently skipped."""
     if verify:
         from pipeline.streaming.sources import warn_unverifiable
 
-        warn_unverifiable(label, stacklevel=4)
+        warn_unverifiable(label, arrays)
 
 
 def _foreign_variables(source: Any, split: str, arrays: Sequence[str], storage_options: dict[str, Any] | None,

@@ -52,11 +52,43 @@ def map_budget(keep_mapped: int | None) -> int:
     return budget if keep_mapped is None else max(0, min(int(keep_mapped), budget))
 
 
-def warn_unverifiable(label: str, stacklevel: int = 2) -> None:
-    """Warn that ``verify=True`` cannot verify ``label``, which holds no checksums: said,
-    not silently skipped."""
-    warnings.warn(f"verify=True: {label} holds no checksums (pipeline did not write it); its chunks are "
-                  "decoded but cannot be verified", RuntimeWarning, stacklevel=stacklevel + 1)
+def self_checked(array: Any) -> bool:
+    """Whether every chunk of zarr array ``array`` carries a checksum that reading it
+    checks: zarr's ``crc32c`` codec in its codecs, or in its shards' inner codecs (zarr 3),
+    or among its filters (zarr 2). zarr checks those on every read, whether asked or not."""
+    meta = getattr(getattr(array, "metadata", None), "to_dict", lambda: {})()
+    if meta.get("zarr_format") == 2:
+        steps = [*(meta.get("filters") or []), meta.get("compressor") or {}]
+        return any(isinstance(f, Mapping) and f.get("id") == "crc32c" for f in steps)
+    codecs = list(meta.get("codecs") or [])
+    for codec in codecs:
+        if isinstance(codec, Mapping) and codec.get("name") == "sharding_indexed":
+            codecs += list((codec.get("configuration") or {}).get("codecs") or [])
+    return any(isinstance(c, Mapping) and c.get("name") == "crc32c" for c in codecs)
+
+
+def warn_unverifiable(label: str, arrays: Sequence[Any] = ()) -> None:
+    """Warn that ``verify=True`` cannot verify ``label``, which holds no checksums of
+    pipeline's: said, not silently skipped. Not where every zarr array of ``arrays``
+    carries its own (:func:`self_checked`): zarr checks those on every read."""
+    if arrays and all(self_checked(a) for a in arrays):
+        return
+    warnings.warn(f"verify=True: {label} holds no checksums (pipeline did not write it, and its arrays have no "
+                  "crc32c codec); its chunks are decoded but cannot be verified", RuntimeWarning,
+                  stacklevel=caller_stacklevel())
+
+
+def caller_stacklevel() -> int:
+    """The ``stacklevel`` of ``warnings.warn`` (called by the caller of this function)
+    that names the first frame outside this package: the user's line, however deep the
+    package's own calls run (Python 3.12's ``skip_file_prefixes``, by hand)."""
+    import sys
+
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+    frame, level = sys._getframe(2), 2  # the function that warns is level 1, its caller 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(package):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class StoreSource:
@@ -130,7 +162,7 @@ class StoreSource:
         if verify and "_written" in group[split]:
             sums = verified_sums(group, split, pinned, samples)
         elif verify and opened is None:  # said once, where the stream is made, not in each DataLoader worker
-            warn_unverifiable(f"{label} (split {split!r})", stacklevel=6)
+            warn_unverifiable(f"{label} (split {split!r})", list(arrays.values()))
         # A store marked complete is no longer written: its chunk files can be mapped,
         # and up to map_budget(keep_mapped) bytes of them stay mapped from one epoch to
         # the next. Files of a foreign group may still be rewritten by their tool (a

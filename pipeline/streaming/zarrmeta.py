@@ -4,7 +4,8 @@ Stores written by other tools (plain zarr, xarray's ``to_zarr``) name their dime
 (zarr 3 ``dimension_names``, or xarray's ``_ARRAY_DIMENSIONS`` attribute in zarr 2) and
 may carry CF encodings: attributes under which the stored numbers are not the values
 meant (``scale_factor``, ``add_offset``, a time's ``units = "days since ..."``, a
-``dtype`` that xarray restores). Streaming reads the stored numbers, so a variable with
+``dtype`` that xarray restores). Only arrays that name their dimensions are read so:
+xarray opens no other. Streaming reads the stored numbers, so a variable with
 such an encoding is refused by name (:func:`cf_problem`) rather than served wrong.
 
 :class:`V2ChunkReader` gives zarr 2 arrays (xarray's other format) the fast path of
@@ -40,8 +41,6 @@ _ENCODINGS = {
     "scale_factor": "values are stored scaled (value = stored * scale_factor + add_offset)",
     "add_offset": "values are stored offset (value = stored * scale_factor + add_offset)",
     "_Unsigned": "the stored integers are reinterpreted with another signedness",
-    "dtype": "the stored numbers decode to another dtype (xarray's encoding of bools or timedeltas)",
-    "calendar": "the stored numbers are times counted from a reference date",
 }
 
 
@@ -97,33 +96,57 @@ def _decoded_float(text: str, dtype: np.dtype) -> float | None:
 def cf_problem(array: zarr.Array) -> str | None:
     """Why streaming ``array``'s stored numbers would serve wrong values, or None.
 
-    A missing-value marker is fine on floats when it is NaN (the stored NaN is the
-    value meant); any other marker means values that a CF reader masks, served here as
-    numbers. Strings are not samples a batch can hold.
+    Strings, times and records are not samples a batch can hold. Attributes are read as
+    xarray reads them only on an array that names its dimensions (zarr 3
+    ``dimension_names``, zarr 2 ``_ARRAY_DIMENSIONS``): xarray opens no other, so on
+    another array ``scale_factor`` or ``_FillValue`` are the user's own attributes. On
+    such a variable, what xarray decodes is refused: scaled or offset values, times
+    counted from a date (``units = "... since ..."``), ``dtype`` naming bools or
+    timedeltas, reinterpreted signedness, and missing-value markers other than NaN on
+    floats (the stored NaN is the value meant; any other marker would be served as a
+    number where xarray masks it). What xarray leaves as stored (a ``calendar`` or
+    ``dtype`` of other values) streams.
     """
     attrs = dict(array.attrs)
     dtype = np.dtype(array.dtype) if isinstance(array.dtype, np.dtype) else None
     if dtype is None or dtype.kind not in "biufc":
         return f"dtype {array.dtype} is not numeric or bool; encode it as numbers first"
+    if dimension_names(array) is None:
+        return None
     units = attrs.get("units")
     if isinstance(units, str) and " since " in units:
         return (f"attribute units={units!r}: the stored numbers are times counted from a reference date; "
                 "write them as numbers of your own (for example seconds as float64) first")
-    for key, why in _ENCODINGS.items():
+    encodings = dict(_ENCODINGS)
+    if str(attrs.get("dtype", "")) == "bool" or str(attrs.get("dtype", "")).startswith("timedelta64"):
+        encodings["dtype"] = "the stored numbers decode to another dtype (xarray's encoding of bools or timedeltas)"
+    for key, why in encodings.items():
         if key in attrs:
             return f"attribute {key}={attrs[key]!r}: {why}; decode it (xarray: open, then write without the encoding)"
     fills = {k: attrs[k] for k in ("_FillValue", "missing_value") if k in attrs}
-    if array.metadata.zarr_format == 2 and "_ARRAY_DIMENSIONS" in attrs and array.fill_value is not None:
-        fills.setdefault("_FillValue", array.fill_value)  # xarray keeps a zarr 2 _FillValue there
     for key, value in fills.items():
-        number = _cf_fill(value, dtype)
-        if dtype.kind in "fc" and number is not None and bool(np.isnan(number)):
-            continue
-        # The number, not xarray's base64 of its bytes, which no user can read.
-        shown = value if number is None else number
-        return (f"attribute {key}={shown!r}: values equal to it are missing under CF conventions and would be "
-                "served as that number; fill or drop them, and write the variable without it")
+        problem = _fill_problem(value, dtype)
+        if problem is not None:
+            return (f"attribute {key}={problem}: values equal to it are missing under CF conventions and would be "
+                    "served as that number; fill or drop them, and write the variable without it")
+    if array.metadata.zarr_format == 2 and "_FillValue" not in attrs and array.fill_value is not None:
+        # xarray reads a zarr 2 array's fill_value as its _FillValue (it writes it there).
+        problem = _fill_problem(array.fill_value, dtype)
+        if problem is not None:
+            return (f"its .zarray's fill_value {problem} (xarray's _FillValue): values equal to it are missing "
+                    "under CF conventions and would be served as that number; fill or drop them, and write the "
+                    f"variable with fill_value=None (xarray: encoding={{{array.basename!r}: {{'_FillValue': None}}}})")
     return None
+
+
+def _fill_problem(value: Any, dtype: np.dtype) -> str | None:
+    """A missing-value marker as shown in a refusal, or None where it masks nothing
+    (NaN on floats: the stored NaN is the value meant)."""
+    number = _cf_fill(value, dtype)
+    if dtype.kind in "fc" and number is not None and bool(np.isnan(number)):
+        return None
+    # The number, not xarray's base64 of its bytes, which no user can read.
+    return repr(value if number is None else number)
 
 
 def chunk_reader(array: zarr.Array, where: tuple[str, str, str], **kwargs: Any) -> ChunkReader:

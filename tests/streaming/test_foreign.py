@@ -171,13 +171,15 @@ def test_a_split_a_root_variables_store_does_not_have_is_refused(tmp_path, refer
 def test_verify_on_what_has_no_checksums_warns(tmp_path, reference):
     x, y = reference
     zx, zy = zarr_arrays(tmp_path, x, y)
-    with pytest.warns(RuntimeWarning, match="arrays passed directly holds no checksums"):
+    with pytest.warns(RuntimeWarning, match="arrays passed directly holds no checksums") as said:
         pipeline.stream((zx, zy), batch_size=64, verify=True)
+    assert [w.filename for w in said] == [__file__]  # at the caller's line
     g = zarr.open_group(tmp_path / "plain.zarr", mode="w")
     g.create_array("x", data=x, chunks=(128, 4, 3))
     g.create_array("y", data=y, chunks=(128,))
-    with pytest.warns(RuntimeWarning, match="plain.zarr holds no checksums"):
+    with pytest.warns(RuntimeWarning, match="plain.zarr holds no checksums") as said:
         pipeline.stream(str(tmp_path / "plain.zarr"), batch_size=64, verify=True)
+    assert [w.filename for w in said] == [__file__]
     # Laid out in a split group, as pipeline lays a store out: it was skipped silently.
     train = zarr.open_group(tmp_path / "split.zarr", mode="w").create_group("train")
     train.create_array("x", data=x, chunks=(128, 4, 3))
@@ -189,6 +191,35 @@ def test_verify_on_what_has_no_checksums_warns(tmp_path, reference):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pipeline.stream(str(tmp_path / "split.zarr"), batch_size=64)
+
+
+@pytest.mark.parametrize("layout", ["root", "split", "arrays", "shards"])
+def test_verify_on_arrays_with_their_own_crc32c_does_not_warn(tmp_path, reference, layout):
+    """zarr checks a ``crc32c`` codec's checksum on every read (a flipped byte is
+    refused): ``verify=True`` said such a store could not be verified."""
+    from zarr.codecs import Crc32cCodec, ZstdCodec
+
+    from pipeline.errors import CorruptChunkError
+
+    x, y = reference
+    root = zarr.open_group(tmp_path / "crc.zarr", mode="w")
+    g = root.create_group("train") if layout == "split" else root
+    kw = ({"shards": (256, 4, 3), "chunks": (128, 4, 3)} if layout == "shards" else {"chunks": (128, 4, 3)})
+    zx = g.create_array("x", data=x, compressors=[ZstdCodec(), Crc32cCodec()], **kw)
+    zy = g.create_array("y", data=y, chunks=(128,), compressors=[Crc32cCodec()],
+                        **({"shards": (256,)} if layout == "shards" else {}))
+    source = (zx, zy) if layout == "arrays" else str(tmp_path / "crc.zarr")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_epochs(pipeline.stream(source, batch_size=64, verify=True), x, y, epochs=1)
+    # The checksum is checked, asked or not: a flipped byte of a chunk is refused.
+    chunk = min(p for p in (tmp_path / "crc.zarr").rglob("*") if p.is_file() and {"x", "c"} <= set(p.parts))
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    chunk.write_bytes(bytes(data))
+    with pytest.raises(CorruptChunkError):
+        for _ in pipeline.stream(source, batch_size=64, verify=True):
+            pass
 
 
 def test_a_corrupt_chunk_of_an_array_passed_directly_names_its_store(tmp_path, reference):
@@ -378,7 +409,9 @@ def test_cf_encoded_variables_are_refused_by_name(tmp_path, reference, variable,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds.to_zarr(path, mode="w", zarr_format=zarr_format, consolidated=False)
-    with pytest.raises(StreamError, match=f"variable '{variable}': attribute {attribute}"):
+    # xarray writes a zarr 2 variable's _FillValue as the .zarray's fill_value.
+    said = "its .zarray's fill_value" if zarr_format == 2 and attribute == "_FillValue" else f"attribute {attribute}"
+    with pytest.raises(StreamError, match=f"variable '{variable}': {said}"):
         pipeline.stream(path, arrays=(variable,), dim="sample", batch_size=64)
     pipeline.stream(path, arrays=("x",), dim="sample", batch_size=64)  # NaN _FillValue on floats is fine
 

@@ -70,4 +70,62 @@ def test_a_zarr_2_fill_value_is_named_as_its_number(tmp_path):
         xr.Dataset({"y": ("sample", np.arange(100, dtype="f4"))}).to_zarr(
             path, zarr_format=2, encoding={"y": {"_FillValue": -9999.0}}, consolidated=False)
     assert json.loads((path / "y" / ".zarray").read_text())["fill_value"] == -9999.0
-    assert "variable 'y': attribute _FillValue=-9999.0: values equal" in refusal(path, "y")
+    assert ("variable 'y': its .zarray's fill_value -9999.0 (xarray's _FillValue): values equal" in refusal(path, "y"))
+
+
+def test_a_plain_zarr_2_fill_value_on_named_dimensions_says_where_it_is(tmp_path):
+    """zarr 2's default fill value (0) on an array naming its dimensions, which xarray
+    masks: named as the .zarray's fill_value, with how to write it without, not as an
+    attribute the array does not have."""
+    path = tmp_path / "v2.zarr"
+    group = zarr.open_group(path, mode="w", zarr_format=2)
+    y = group.create_array("y", data=np.arange(100) % 3, chunks=(10,))
+    y.attrs["_ARRAY_DIMENSIONS"] = ["sample"]
+    assert int(np.isnan(xr.open_zarr(path, consolidated=False)["y"].values).sum()) == 34  # xarray masks the zeros
+    message = refusal(path, "y")
+    assert "variable 'y': its .zarray's fill_value 0 (xarray's _FillValue)" in message
+    assert "fill_value=None (xarray: encoding={'y': {'_FillValue': None}})" in message
+    assert "attribute" not in message
+
+
+@pytest.mark.parametrize("attrs", [{"calendar": "standard"}, {"dtype": "uint8"}, {"units": "seconds"},
+                                   {"dtype": "float64", "units": "days"}])
+def test_attributes_xarray_does_not_decode_stream_as_stored(tmp_path, attrs):
+    """A ``calendar`` without times since a date, or a ``dtype`` other than xarray's
+    bools and timedeltas: xarray serves the stored numbers, and so does the stream (it
+    refused them, and advised a rewrite through xarray that kept them)."""
+    path = tmp_path / "ds.zarr"
+    group = zarr.open_group(path, mode="w")
+    y = group.create_array("y", data=np.arange(100), chunks=(10,), dimension_names=("sample",))
+    y.attrs.update(attrs)
+    decoded = xr.open_zarr(path, consolidated=False)["y"].values
+    np.testing.assert_array_equal(decoded, np.arange(100))  # what xarray reads: the stored numbers
+    s = pipeline.stream(str(path), arrays=("y",), dim="sample", batch_size=10)
+    assert np.sort(np.concatenate([b for (b,) in s])).tolist() == list(range(100))
+
+
+@pytest.mark.parametrize("attrs", [{"dtype": "bool"}, {"dtype": "timedelta64[s]", "units": "seconds"}])
+def test_attributes_xarray_decodes_to_another_dtype_are_refused(tmp_path, attrs):
+    path = tmp_path / "ds.zarr"
+    group = zarr.open_group(path, mode="w")
+    y = group.create_array("y", data=np.arange(100) % 2, chunks=(10,), dimension_names=("sample",))
+    y.attrs.update(attrs)
+    assert xr.open_zarr(path, consolidated=False)["y"].dtype.kind in "bm"  # xarray decodes it
+    assert f"variable 'y': attribute dtype={attrs['dtype']!r}: the stored numbers decode" in refusal(path, "y")
+
+
+@pytest.mark.parametrize("attrs", [{"scale_factor": 1.0}, {"_FillValue": -1}, {"units": "seconds since epoch"},
+                                   {"dtype": "bool"}])
+def test_attributes_of_arrays_naming_no_dimensions_are_the_users_own(tmp_path, attrs):
+    """xarray opens only arrays that name their dimensions: on another array (a plain
+    zarr store, arrays passed directly) these are the user's attributes (-1 an ignore
+    index), not encodings, and the stored numbers stream."""
+    path = tmp_path / "plain.zarr"
+    group = zarr.open_group(path, mode="w")
+    group.create_array("x", data=np.arange(200, dtype="u1").reshape(100, 2), chunks=(10, 2))
+    y = group.create_array("y", data=np.arange(100), chunks=(10,))
+    y.attrs.update(attrs)
+    for source in (str(path), (group["x"], group["y"])):
+        s = pipeline.stream(source, split=None if isinstance(source, str) else "train", batch_size=10)
+        ys = np.concatenate([yb.copy() for _, yb in s])
+        assert np.sort(ys).tolist() == list(range(100))
