@@ -145,6 +145,51 @@ def test_equity_keeps_regular_hours_of_each_nyse_session_and_splits_at_its_open(
     assert pd.Timestamp(int(half.max()), tz="UTC") < pd.Timestamp("2024-11-29 13:00", tz="America/New_York")
 
 
+@pytest.mark.parametrize("form", ["csv-ns", "csv-us", "parquet-int64"])
+def test_epoch_numbers_are_instants_under_a_calendar(tmp_path, address, form):
+    """Epoch numbers (Databento's ``ts_recv``, an integer column of a CSV) count from
+    1970-01-01 UTC: they were read as New York wall-clock times, and most of each
+    session was left out as outside it (UTC 14:30-16:00 kept as 09:30-11:00)."""
+    frames = _equity_days(tmp_path)
+    ref = _reference(frames, "XNYS")
+    (tmp_path / "epoch").mkdir()
+    for i, df in enumerate(frames):
+        ns = pd.DatetimeIndex(df["timestamp"]).as_unit("ns").asi8
+        numbers = df.assign(timestamp=ns // 1000 if form == "csv-us" else ns)
+        if form.startswith("csv"):
+            numbers.to_csv(tmp_path / "epoch" / f"SPY_{i}.csv", index=False)
+        else:
+            numbers.to_parquet(tmp_path / "epoch" / f"SPY_{i}.parquet", index=False)
+    cfg = yaml.safe_load(_config(tmp_path, address, "XNYS", "ep.zarr").read_text())
+    cfg["source"]["paths"] = str(tmp_path / "epoch" / ("*.csv" if form.startswith("csv") else "*.parquet"))
+    if form == "csv-us":
+        cfg["source"]["timestamp_unit"] = "us"
+    (tmp_path / "ep.yaml").write_text(yaml.safe_dump(cfg))
+    log = _run(tmp_path / "ep.yaml")
+    assert f"calendar XNYS: {ref['left_out']:,} row(s) outside its sessions left out" in log
+    keep = np.ones(len(ref["t"]), bool)
+    if form == "csv-us":  # the times themselves lose their nanoseconds
+        ref = {**ref, "t": ref["t"] // 1000 * 1000}
+    _check(tmp_path / "ep.zarr", "train", ref, keep)
+
+
+def test_text_times_beside_epoch_numbers_are_refused_under_a_calendar(tmp_path, address):
+    """Text without an offset is the exchange's wall clock, numbers are UTC instants:
+    files of both would be placed hours apart."""
+    frames = _equity_days(tmp_path)
+    (tmp_path / "mixed").mkdir()
+    frames[0].assign(timestamp=pd.DatetimeIndex(frames[0]["timestamp"]).as_unit("ns").asi8).to_csv(
+        tmp_path / "mixed" / "a.csv", index=False)
+    frames[1].assign(timestamp=frames[1]["timestamp"].dt.tz_localize(None).astype(str)).to_csv(
+        tmp_path / "mixed" / "b.csv", index=False)
+    cfg = yaml.safe_load(_config(tmp_path, address, "XNYS", "mx.zarr").read_text())
+    cfg["source"]["paths"] = str(tmp_path / "mixed" / "*.csv")
+    (tmp_path / "mx.yaml").write_text(yaml.safe_dump(cfg))
+    with pytest.raises(Exception, match=r"b\.csv.*holds text times, but .*a\.csv holds epoch numbers"):
+        _run(tmp_path / "mx.yaml")
+    assert not (tmp_path / "mx.zarr").exists()
+
+
 def _futures_days(tmp: Path, days: list[str]) -> list[pd.DataFrame]:
     """CME equity-futures sessions as naive New York wall-clock times, 18:00 on the
     business day before to 18:00 on the trade date (exchange_calendars' us_futures

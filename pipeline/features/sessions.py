@@ -105,8 +105,9 @@ class SessionSpec:
         holidays, futures sessions that open the evening before), keyed by the
         session's trading date; rows outside every session (pre- and post-market,
         holidays, a futures daily break) are left out as ``nan: drop`` leaves rows out.
-        Aware timestamps are instants; naive ones are wall-clock times in the
-        calendar's zone (one a DST change makes ambiguous inside a session is refused).
+        Aware timestamps and epoch numbers (from 1970-01-01 UTC) are instants; naive
+        ones are wall-clock times in the calendar's zone (one a DST change makes
+        ambiguous inside a session is refused).
         Date splits cut at the open of the session of that trading date.
         ``column``: a new session wherever the value of the table column ``column``
         changes (``{column: time_id}``: Optiver's independent 10-minute buckets, a

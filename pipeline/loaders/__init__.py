@@ -1101,7 +1101,7 @@ def _table_source(probed: list, companions: dict[str, FileInfo], skipped: list, 
             parts = dated
             columns = _without_date_column(parts, columns, timestamp, instrument_column, dates.column)
     # Before the time order: a naive file among aware ones is the cause, not its order.
-    zones = check_time_zones(parts, timestamp) if timestamp else ()
+    zones = check_time_zones(parts, timestamp, epochs_utc=calendar is not None and date is None) if timestamp else ()
     exact = dtype is not None and np.dtype(dtype) == np.float64
     if calendar is not None and not timestamp and parts[0].fmt != "lobster":  # LOBSTER's times: its messages
         raise ConfigError("source.sessions", "", detail=f"calendar {calendar} sessions place each row by its time; "

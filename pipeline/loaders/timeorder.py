@@ -20,8 +20,8 @@ from pipeline.errors import LoaderError
 from pipeline.loaders.tables import TablePart, group_parts
 
 __all__ = ["DAY_NS", "check_file_times", "check_instrument_times", "check_time_kinds", "check_time_order",
-           "check_time_zones", "files_out_of_order", "files_overlap", "instrument_spans", "overlapping_file",
-           "path_hint", "repeated_hour_advice", "time_kind", "time_kinds"]
+           "check_time_zones", "epoch_numbers", "files_out_of_order", "files_overlap", "instrument_spans",
+           "overlapping_file", "path_hint", "repeated_hour_advice", "time_kind", "time_kinds"]
 
 
 def check_time_order(parts: Sequence[TablePart], instrument_column: str | None = None) -> None:
@@ -439,17 +439,49 @@ def _odd_one_out(a: Sequence[tuple[str, Sequence[Any]]], b: Sequence[tuple[str, 
     return kind, path
 
 
-def check_time_zones(parts: Sequence[TablePart], timestamp: str | None) -> tuple[str, ...]:
+def check_time_zones(parts: Sequence[TablePart], timestamp: str | None, *, epochs_utc: bool = False
+                     ) -> tuple[str, ...]:
     """The distinct time zones of the files' timestamp columns (sorted; empty when the
     schemas name none), refusing columns that cannot be joined by instant
     (:func:`check_time_kinds`: naive beside time-zone-aware, a timestamp type beside
     numbers).
 
+    With ``epochs_utc`` (an exchange calendar places the rows), epoch numbers are
+    instants, counted from 1970-01-01 UTC: ``("UTC",)`` where the files hold numbers
+    (:func:`epoch_numbers`), so that they are not read as the exchange's wall clock, as
+    naive times of day are (LOBSTER's, ISO text without an offset).
+
     Raises
     ------
     LoaderError
-        Naming the odd file out (the minority kind), and a file of each kind.
+        Naming the odd file out (the minority kind), and a file of each kind; with
+        ``epochs_utc``, a CSV file of text times among files of epoch numbers.
     """
     kinds = time_kinds(parts, timestamp) if timestamp else {}
     check_time_kinds(kinds, timestamp)
-    return tuple(sorted({k[6:] for k in kinds if k.startswith("aware:") and k[6:]}))
+    zones = tuple(sorted({k[6:] for k in kinds if k.startswith("aware:") and k[6:]}))
+    if not epochs_utc or zones or not timestamp:
+        return zones
+    said = {p.path: epoch_numbers(p, timestamp) for p in parts}
+    numbers = [path for path, n in said.items() if n]
+    text = [path for path, n in said.items() if n is False]
+    if numbers and text:
+        raise LoaderError(text[0], f"timestamp column {timestamp!r} holds text times, but {numbers[0]} holds epoch "
+                          f"numbers ({len(numbers)} file(s)): under an exchange calendar numbers are instants (UTC) "
+                          "and text without an offset is the exchange's wall clock; write every file's times one way")
+    return ("UTC",) if numbers else ()
+
+
+def epoch_numbers(part: TablePart, timestamp: str) -> bool | None:
+    """Whether a CSV or Parquet file's timestamp column holds numbers (True) or text or
+    a timestamp type (False), from its schema or its first rows; None where they do not
+    say."""
+    if part.fmt not in ("csv", "parquet"):
+        return None
+    own = part.source_of(timestamp)
+    if part.fmt == "parquet":
+        kind = time_kind(part, timestamp)
+        return None if kind is None and own not in part.non_numeric else kind in ("integer", "float")
+    if own in dict(part.csv_types):
+        return True
+    return False if own in part.non_numeric else None
