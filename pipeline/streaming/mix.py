@@ -197,6 +197,7 @@ class Mix:
         self.counts = apportion(self.steps, self.shares)
         self.epoch = 0
         self._served = 0
+        self._iter_start = 0  # where this process's latest loop began (see Stream.state_dict)
         self._served_workers: int | None = None  # DataLoader workers that served _served
         self._cut_short = False  # as for a stream: its own iteration stopped inside the epoch
         self._schedules: dict[int, np.ndarray] = {}
@@ -224,7 +225,7 @@ class Mix:
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose schedule (and sources' positions) the next iteration follows."""
         if epoch != self.epoch:
-            self._served, self._cut_short = 0, False
+            self._served, self._cut_short, self._iter_start = 0, False, 0
             self._served_workers = None
         self.epoch = int(epoch)
         self._publish()
@@ -244,6 +245,7 @@ class Mix:
         got = None if board is None else board.read()
         if got is not None and got.seq != self._board_seen:
             self.epoch, self._served, self._served_workers = got.epoch, got.served, got.workers
+            self._iter_start = self._served
             self._board_seen = got.seq
         for s in self.streams:
             s.follow_board()
@@ -269,9 +271,13 @@ class Mix:
         if batches_served is None and (workers := self._reported_workers()) is not None:
             raise uncounted_workers("mix", workers, self.epoch, self._served, self.steps)
         served = self._served if batches_served is None else int(batches_served)
-        if served < self._served:
+        if served < min(self._served, self._iter_start):
             raise StreamError(f"mix: state_dict: batches_served counts this epoch's batches, at least the "
-                              f"{self._served} served before this iteration began; got {served}")
+                              f"{min(self._served, self._iter_start)} served before this iteration began; got "
+                              f"{served}")
+        if served > self.steps:
+            raise StreamError(f"mix: state_dict: batches_served must be 0 to {self.steps} (this epoch's steps), "
+                              f"got {served}")
         if num_workers is None and served > self._served:
             # The DataLoader's workers said how many they are (see Stream.state_dict).
             num_workers = self._reported_workers()
@@ -356,7 +362,7 @@ class Mix:
         if not 0 <= served <= self.steps:
             raise StreamError(f"mix: batches_served must be 0 to {self.steps}, got {served}")
         self.epoch = int(state["epoch"])
-        self._served = served
+        self._served = self._iter_start = served
         workers = state.get("num_workers")
         self._served_workers = None if workers is None else max(1, int(workers))
         self._cut_short = False
@@ -414,13 +420,14 @@ class Mix:
         """The rest of the current epoch, as for a stream (see :meth:`Stream.__iter__`)."""
         if self._served and self._cut_short:
             warn_continued("mix", self.epoch, self._served, self.steps)
+        self._iter_start = self._served
         self.serving_in_process()
         for batch in self.iter_resumed(0, 1, read_ahead=True):
             self._served += 1
             self._served_workers = 1
             self._cut_short = True
             yield batch
-        self._served, self._cut_short = 0, False
+        self._served, self._cut_short, self._iter_start = 0, False, 0
         self._served_workers = None
 
     def iter_resumed(self, worker: int, num_workers: int, *, read_ahead: bool = False

@@ -348,6 +348,9 @@ class Stream:
         self.prefetch_batches = max(2, min(4, QUEUE_BYTES // max(1, batch_size * row)))
         self.epoch = 0
         self._served = 0  # batches served in the current epoch, for state_dict
+        # Where this process's latest loop began in the epoch: a count saved below
+        # _served but not below this is the loop's own (batches fetched, not trained on).
+        self._iter_start = 0
         # The stream's own iteration stopped inside the epoch (a break): the next one
         # continues the epoch, and says so (warn_continued).
         self._cut_short = False
@@ -609,7 +612,7 @@ class Stream:
         if epoch != self.epoch:
             self._stop_open(f"set_epoch({int(epoch)}) was called while it served; call set_epoch before each "
                             "epoch's loop, not inside it")
-            self._served, self._cut_short = 0, False
+            self._served, self._cut_short, self._iter_start = 0, False, 0
             self._done, self._served_workers = [], None
             if self.follow and hasattr(self.source, "at_version"):
                 self._switch(self.source.at_version(None))
@@ -684,11 +687,17 @@ class Stream:
             # takes torch seconds per worker to shut down.
             raise uncounted_workers("stream", workers, self.epoch, self._served, len(self))
         served = self._served if batches_served is None else int(batches_served)
-        if served < self._served:
+        if served < min(self._served, self._iter_start):
             # A count of the loop's own batches since a resume would skip back and
-            # serve the batches between the two counts again.
+            # serve the batches between the two counts again. Below what this loop
+            # fetched, but not below where it began, the loop trained on fewer batches
+            # than it took (a step budget, a preemption flag): served again on resume.
             raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
-                              f"{self._served} served before this iteration began; got {served}")
+                              f"{min(self._served, self._iter_start)} served before this iteration began; "
+                              f"got {served}")
+        if served > len(self):
+            raise StreamError(f"state_dict: batches_served must be 0 to {len(self)} (this epoch's batches), "
+                              f"got {served}")
         if num_workers is None and served > self._served:
             # The DataLoader's workers said how many they are (see served_by).
             num_workers = self._reported_workers()
@@ -770,10 +779,12 @@ class Stream:
             # The steps the loop took beyond ``done`` stay counted by the workers that
             # served them: a loader of as many workers goes on with their turns.
             self.epoch, self._served, self._done, self._served_workers = int(state["epoch"]), served, done, workers
+            self._iter_start = served
         else:
             if not 0 <= served <= len(self):
                 raise StreamError(f"state_dict: batches_served must be 0 to {len(self)}, got {served}")
             self.epoch, self._served, self._served_workers = int(state["epoch"]), served, workers
+            self._iter_start = served
         self._cut_short = False  # where to go on was said: no warning
         self._finished = None
         self._publish()
@@ -877,6 +888,7 @@ class Stream:
         if got.version is not None and hasattr(self.source, "at_version") and got.version != self.version:
             self._switch(self.source.at_version(got.version))
         self.epoch, self._served, self._served_workers = got.epoch, got.served, got.workers
+        self._iter_start = self._served
         self._done = [list(p) for p in got.done]
         self._board_seen = got.seq
 
@@ -954,6 +966,7 @@ class Stream:
         if self._served and self._cut_short:
             warn_continued("stream", self.epoch, self._served, len(self))
         whole = self._served == 0
+        self._iter_start = self._served
         if whole and self.shuffle and self._finished == self.epoch and not self._repeat_warned:
             self._repeat_warned = True
             warn_repeated(self.epoch)
@@ -974,7 +987,7 @@ class Stream:
         self._end_of_epoch(whole)
 
     def _end_of_epoch(self, whole: bool) -> None:
-        self._served, self._cut_short = 0, False
+        self._served, self._cut_short, self._iter_start = 0, False, 0
         self._done, self._served_workers = [], None
         self._finished = self.epoch
         if whole:

@@ -190,3 +190,39 @@ def test_a_state_of_another_rank_is_refused_saying_what_to_do():
     g1.load_state_dict(_state_after(g0, 3))
     full = pipeline.stream(_arrays(200), rank=1, **kw)
     assert _labels(g1) == _labels(full)[30:]  # the rest of rank 1's share, after 3 steps of 10
+
+
+@pytest.mark.parametrize("kw", [dict(batch_size=10), dict(global_batch_size=8)])
+@pytest.mark.parametrize("after_break", [False, True])
+def test_a_loop_saves_fewer_batches_than_it_fetched_and_the_resume_serves_the_rest(kw, after_break):
+    """A loop that fetched 5 batches and trained on 4 (a step budget, a preemption flag,
+    Keras on JAX counting its own steps) saves ``batches_served=4``, as the docs say:
+    it was refused ("at least the 5 served before this iteration began"), though the
+    iteration began at 0. The resume serves the fifth batch again, then the rest."""
+    s = pipeline.stream(_arrays(200), seed=1, **kw)
+    whole = _labels(pipeline.stream(_arrays(200), seed=1, **kw))
+    it = iter(s)
+    seen = [np.array(next(it)[1]).tolist() for _ in range(5)]
+    if after_break:
+        it.close()
+    state = s.state_dict(batches_served=4)
+    assert state["batches_served"] == 4
+    with pytest.raises(StreamError, match=rf"batches_served must be 0 to {len(s)} .*got {len(s) + 1}"):
+        s.state_dict(batches_served=len(s) + 1)  # past the epoch: refused as saved, not at the resume
+    rest = pipeline.stream(_arrays(200), seed=1, **kw)
+    rest.load_state_dict(state)
+    got = [y for batch in seen[:4] for y in batch] + _labels(rest)
+    assert got == whole and sorted(got) == list(range(200))
+
+
+def test_a_mix_saves_fewer_batches_than_its_loop_fetched():
+    m = pipeline.mix([_arrays(100), _arrays(60)], weights=[1, 1], batch_size=10, seed=1)
+    whole = _labels(pipeline.mix([_arrays(100), _arrays(60)], weights=[1, 1], batch_size=10, seed=1))
+    it = iter(m)
+    seen = [np.array(next(it)[1]).tolist() for _ in range(3)]
+    state = m.state_dict(batches_served=2)
+    with pytest.raises(StreamError, match=f"^mix: state_dict: batches_served must be 0 to {m.steps}"):
+        m.state_dict(batches_served=m.steps + 1)
+    rest = pipeline.mix([_arrays(100), _arrays(60)], weights=[1, 1], batch_size=10, seed=1)
+    rest.load_state_dict(state)
+    assert [y for batch in seen[:2] for y in batch] + _labels(rest) == whole
