@@ -140,9 +140,10 @@ def stream(
     drop_last
         Only full batches: ``floor(floor(N / W) / B)`` per rank, the rest not served.
     rank
-        This process's rank (default from ``torch.distributed`` when initialized, else 0).
+        This process's rank (default from ``torch.distributed`` when initialized, else
+        from the launcher's ``RANK`` and ``WORLD_SIZE`` (torchrun's), else 0).
     world_size
-        The number of ranks (default from ``torch.distributed``, else 1).
+        The number of ranks (default from ``torch.distributed``, else ``WORLD_SIZE``, else 1).
     partial
         Read a store that is not marked complete.
     storage_options
@@ -483,15 +484,21 @@ def _chunked_differently(group: Any, names: Sequence[str]) -> bool:
 
 
 def _distributed_rank() -> tuple[int, int]:
+    """This process's ``(rank, world_size)``: torch.distributed's group when initialized,
+    else the launcher's ``RANK`` and ``WORLD_SIZE`` (torchrun, ``torch.distributed.run``
+    and most launchers set them), else ``(0, 1)``. A stream opened before
+    ``init_process_group`` under torchrun served the whole epoch on every rank."""
     # A process whose torch.distributed group is initialized has imported torch: asking
     # only then keeps a numpy loop, or Keras on JAX, from paying seconds to import it.
-    if "torch" not in sys.modules:
-        return 0, 1
-    try:
-        import torch.distributed as dist
+    if "torch" in sys.modules:
+        try:
+            import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank(), dist.get_world_size()
+        except ImportError:
+            pass
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if rank.isdigit() and world.isdigit() and 0 <= int(rank) < int(world):
+        return int(rank), int(world)
     return 0, 1

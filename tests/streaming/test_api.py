@@ -121,3 +121,24 @@ def test_per_rank_batch_sizes_follow_the_documented_rule():
                         assert len(s) == len(got[-1])
                         s.close()
                     assert got == expected, (n, world_size, batch_size, drop_last)
+
+
+def test_ranks_come_from_the_launchers_environment_before_a_process_group(monkeypatch):
+    """torchrun sets RANK and WORLD_SIZE before the script runs: a stream opened before
+    ``init_process_group`` served the whole epoch on every rank (each sample twice on
+    2 ranks). An explicit rank/world_size still wins; values that are no rank are left
+    alone."""
+    data = {"x": np.arange(300, dtype=np.float32)[:, None], "y": np.arange(300)}
+    served = []
+    for rank in range(3):
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "3")
+        s = pipeline.stream(data, batch_size=10, seed=0)
+        assert (s.rank, s.world_size) == (rank, 3)
+        served += [int(v) for _, y in s for v in y]
+    assert sorted(served) == list(range(300))
+    assert (pipeline.stream(data, batch_size=10, rank=0, world_size=1).world_size) == 1
+    for rank, world in (("2", "2"), ("x", "2"), ("0", "")):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("WORLD_SIZE", world)
+        assert (pipeline.stream(data, batch_size=10).rank, pipeline.stream(data, batch_size=10).world_size) == (0, 1)
