@@ -77,10 +77,14 @@ class MissingDependencyError(PipelineError, ImportError):
         The package that is missing, for example ``"PyTorch"``.
     extra
         The extra of this project that installs it, for example ``"torch"``.
+    detail
+        The message instead of "please install", where the package is installed but
+        does not import (Keras without its configured backend).
     """
 
-    def __init__(self, feature: str, package: str, extra: str):
+    def __init__(self, feature: str, package: str, extra: str, *, detail: str | None = None):
         super().__init__(
+            f"{feature}: {detail}" if detail is not None else
             f"{feature} depends on {package}. Please install it with "
             f"pip install 'pipeline[{extra}]'"
         )

@@ -60,7 +60,7 @@ __all__ = [
 
 
 def to_ns(value: Any, path: str) -> int:
-    """A date or datetime (``2026-01-08``, ``2026-01-08T12:00``) as int64 ns since the epoch."""
+    """A date or datetime (``2026-01-08``, ``20260108``, ``2026-01-08T12:00``) as int64 ns since the epoch."""
     if isinstance(value, np.datetime64) and not np.isnat(value):
         return int(value.astype("datetime64[ns]").astype(np.int64))
     if isinstance(value, _dt.datetime):
@@ -69,8 +69,16 @@ def to_ns(value: Any, path: str) -> int:
         value = value.isoformat()
     if not isinstance(value, str):
         raise ConfigError(path, "a date such as '2026-01-08' or a datetime '2026-01-08T12:00'", value)
+    text = value.strip()
+    if len(text) == 8 and text.isascii() and text.isdigit():
+        # YYYYMMDD, as source.date takes it: numpy would read the 8 digits as a year
+        # (20260108 overflows to a time in 1873). Only a date of the calendar is one.
+        try:
+            text = _dt.date(int(text[:4]), int(text[4:6]), int(text[6:])).isoformat()
+        except ValueError:
+            raise ConfigError(path, "a date such as '2026-01-08' or a datetime '2026-01-08T12:00'", value) from None
     try:
-        return int(np.datetime64(value.strip().replace(" ", "T"), "ns").astype(np.int64))
+        return int(np.datetime64(text.replace(" ", "T"), "ns").astype(np.int64))
     except ValueError:
         raise ConfigError(path, "a date such as '2026-01-08' or a datetime '2026-01-08T12:00'", value) from None
 
@@ -290,7 +298,9 @@ def _parse_dates(value: Any, path: str) -> list[list[int]]:
         if isinstance(d, _Span):
             out.append([int(v) for v in d])
             continue
-        ns = to_ns(d, f"{path}[{i}]")
+        # YAML reads 20260105 as an int: 8 digits are YYYYMMDD (to_ns checks it is a date);
+        # any other number (a year, epoch seconds) stays a number, which to_ns refuses.
+        ns = to_ns(str(d) if _is_ns(d) and 10**7 <= d < 10**8 else d, f"{path}[{i}]")
         if ns % _DAY_NS:
             raise ConfigError(f"{path}[{i}]", "a date without a time of day, such as '2026-01-05'", d)
         out.append([ns, ns, ns + _DAY_NS])
@@ -350,7 +360,9 @@ def read_split_file(value: Mapping[str, Any], path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}.{unknown[0]}", "", detail="unknown key beside file (expected: file, embargo)")
     name = value["file"]
     try:
-        with fsspec.open(name, "rt", newline="") as fh:
+        # utf-8-sig: Excel's "CSV UTF-8" starts the file with a byte order mark, which
+        # would otherwise stick to the header's first column ('\ufeffdate').
+        with fsspec.open(name, "rt", newline="", encoding="utf-8-sig") as fh:
             rows = list(csv.reader(fh))
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(key, "", detail=f"cannot read split file {name!r}: {exc}") from None

@@ -91,6 +91,11 @@ def _decimal_ns(col: Any, path: str, name: str, unit: str | None) -> np.ndarray:
     import pyarrow.compute as pc
 
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if unit is None and len(arr):
+        # Before the range check: epoch ms written as floats (1709562600000.0, as pandas
+        # writes integers with a gap) read as seconds are past int64 ns, and the unit
+        # that makes them a date is the advice, as for integers (to_ns).
+        _check_unit(float(arr[0].as_py()), "s", path, name)
     # Scaled to nanoseconds, a decimal's 128-bit integer is the time in ns (exact, or
     # refused by the cast: a digit past the nanosecond).
     arr = pc.cast(arr, pa.decimal128(38, _ns_digits(unit)))
@@ -98,8 +103,6 @@ def _decimal_ns(col: Any, path: str, name: str, unit: str | None) -> np.ndarray:
     low, high = words[0::2], words[1::2]
     if not (high == (low >> 63)).all():
         raise LoaderError(path, f"timestamp column {name!r}: a time past what int64 nanoseconds hold (the year 2262)")
-    if unit is None and low.size:
-        _check_unit(float(arr[0].as_py()), "s", path, name)
     return low.copy()
 
 

@@ -58,7 +58,7 @@ class ValueRules:
         ------
         ConfigError
             Naming the key: a factor that is not a positive finite number, a sentinel
-            that is not a number.
+            that is not a number, or a float one past 2**53 (write the integer).
         """
         scales = []
         if scale is not None:
@@ -99,8 +99,34 @@ def _missing_rules(missing: Any, path: str) -> tuple[tuple[str, tuple[int | floa
             raise ConfigError(path if pattern == "*" else f"{path}.{pattern}",
                               "a list of numbers that mean 'no value' (e.g. [9223372036854775807, -1]), or a "
                               "mapping of column name (or glob) to such a list", values)
+        for v in values:
+            _check_float_sentinel(v, path if pattern == "*" else f"{path}.{pattern}")
         rules.append((pattern, tuple(values)))
     return tuple(rules)
+
+
+def _check_float_sentinel(value: int | float, path: str) -> None:
+    """Refuse a float sentinel past 2**53 that stands for an integer of an int64 or
+    uint64 column (up to 2**64): YAML reads ``9.223372036854775807e18`` (INT64_MAX copied
+    from a spec) as a float, which is 2**63, so it would never match the column's
+    INT64_MAX, and the loader would then advise listing what the user did list. The
+    integer, written out, matches an integer column and a float one alike. Larger floats
+    (DBL_MAX) are no column's integer: a float column's own sentinels, taken as they are.
+
+    Raises
+    ------
+    ConfigError
+        Naming the key, the integer the float is, and the integer to write instead.
+    """
+    if not isinstance(value, float) or not 2**53 < abs(value) <= 2**64:
+        return
+    exact = int(value)
+    if exact == 2**63:
+        meant = (f"{exact} (2**63), not {2**63 - 1} (INT64_MAX, an empty level's price): past 2**53 a float skips "
+                 f"integers; write the sentinel as an integer ({2**63 - 1})")
+    else:
+        meant = f"{exact}: past 2**53 a float skips integers; write the sentinel as an integer"
+    raise ConfigError(path, "", detail=f"the float {value!r} is {meant}, without a decimal point or exponent")
 
 
 def convert_column(col: Any, name: str, rules: ValueRules, path: str, source: str | None = None,

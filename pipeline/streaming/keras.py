@@ -64,8 +64,12 @@ from pipeline.errors import MissingDependencyError, StreamError
 
 try:
     import keras
-except ImportError:  # pragma: no cover - exercised only without the extra
+except ImportError as exc:  # pragma: no cover - exercised only without the extra, or in a subprocess
     keras = None
+    #: Why ``import keras`` failed: told apart from Keras not installed (see _keras_error).
+    _IMPORT_ERROR: ImportError | None = exc
+else:
+    _IMPORT_ERROR = None
 
 __all__ = ["PEEK_BATCHES", "EpochCallback", "KerasDataset"]
 
@@ -76,6 +80,25 @@ _Callback: Any = keras.callbacks.Callback if keras is not None else object
 #: ``fit`` and ``evaluate`` look at to build an unbuilt model, and on an accelerator the
 #: JAX trainer's next batch, which it moves to the device one step ahead.
 PEEK_BATCHES = 2
+
+
+def _keras_error() -> MissingDependencyError:
+    """The error of ``stream.keras()`` without an importable Keras. Keras installed can
+    still fail to import: it imports its backend on import (``KERAS_BACKEND``, else
+    ``~/.keras/keras.json``'s, ``tensorflow`` by default), and "please install Keras"
+    would send its user to reinstall what is there; that case says so, with the error."""
+    import importlib.util
+    import os
+
+    if importlib.util.find_spec("keras") is None:
+        return MissingDependencyError("Stream.keras()", "Keras 3", "keras")
+    backend = os.environ.get("KERAS_BACKEND")
+    chosen = (f"KERAS_BACKEND={backend}" if backend else
+              "KERAS_BACKEND is unset: the backend of ~/.keras/keras.json, else tensorflow")
+    return MissingDependencyError("Stream.keras()", "Keras 3", "keras", detail=(
+        f"Keras is installed but failed to import ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}); Keras imports "
+        f"its backend when imported ({chosen}): set KERAS_BACKEND=torch or KERAS_BACKEND=jax (a backend that is "
+        "installed) before keras is first imported, in the shell or with os.environ at the top of the script"))
 
 
 def _check_workers(workers: Any, use_multiprocessing: Any) -> None:
@@ -114,7 +137,7 @@ class KerasDataset(_Base):
 
     def __init__(self, stream: Any, *, repeat: bool = False, **kwargs: Any):
         if keras is None:
-            raise MissingDependencyError("Stream.keras()", "Keras 3", "keras")
+            raise _keras_error() from _IMPORT_ERROR
         _check_workers(kwargs.get("workers", 1), kwargs.get("use_multiprocessing", False))
         super().__init__(**kwargs)
         self.stream = stream

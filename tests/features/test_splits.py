@@ -880,3 +880,27 @@ def test_the_documented_pythonwarnings_setting_keeps_a_deliberate_order_without_
         assert len(caught) == 1 and f'PYTHONWARNINGS="ignore:{ORDER_WARNING}"' in str(caught[0].message)
         as_splits({"test": 0.2, "train": 0.6, "val": 0.2}, "splits")  # the Python API's own splits: warned
         assert len(caught) == 2
+
+
+def test_a_split_file_saved_by_excel_with_a_byte_order_mark_is_read(tmp_path):
+    """Excel's "CSV UTF-8" starts the file with a BOM (and ends lines with CRLF): the
+    header's first column is still ``date``."""
+    path = tmp_path / "splits.csv"
+    path.write_bytes("date,split\r\n2026-01-05,train\r\n2026-01-06,test\r\n".encode("utf-8-sig"))
+    splits = parse_splits({"file": str(path)}, "output.splits")
+    assert splits == parse_splits({"train": {"dates": ["2026-01-05"]}, "test": {"dates": ["2026-01-06"]}}, "s")
+
+
+def test_compact_yyyymmdd_dates_are_dates_in_a_split_file_and_a_date_list(tmp_path):
+    """``20260105`` (text in a file, an int as YAML reads it) is 2026-01-05, as
+    ``source.date`` takes it; numpy alone would read the digits as a year."""
+    want = parse_splits({"train": {"dates": ["2026-01-05"]}, "test": {"dates": ["2026-01-06"]}}, "s")
+    path = tmp_path / "splits.csv"
+    path.write_text("date,split\n20260105,train\n20260106,test\n")
+    assert parse_splits({"file": str(path)}, "output.splits") == want
+    assert parse_splits({"train": {"dates": [20260105]}, "test": {"dates": ["20260106"]}}, "s") == want
+    assert parse_splits({"train": {"until": "20260106"}, "test": {}}, "s")["train"]["until"] == to_ns("2026-01-06", "d")
+    # Only 8 digits making a date of the calendar: a year, epoch seconds or a 13th month are no date.
+    for bad in (2026, 1767571200, 20261305, "20261305", 20260230):
+        with pytest.raises(ConfigError, match=r"^s\.train\.dates\[0\]: expected a date such as '2026-01-08'"):
+            parse_splits({"train": {"dates": [bad]}}, "s")

@@ -183,3 +183,23 @@ def test_the_unit_of_times_of_day_dated_by_a_column_is_checked_per_file_not_per_
     with pytest.raises(LoaderError, match=r"ms\.parquet: timestamp column 'timestamp': times of day up to 86000000.*"
                        r"source\.timestamp_unit: ms"):
         open_source(str(tmp_path / "ms.parquet"), timestamp="timestamp", date={"column": "date"})
+
+
+@pytest.mark.parametrize("unit", ["ms", "us"])
+@pytest.mark.parametrize("fmt", ["csv", "parquet"])
+def test_epoch_milliseconds_written_as_floats_are_told_their_unit_not_the_year_2262(tmp_path, fmt, unit):
+    """pandas writes an integer column with a gap as floats (``1709562600000.0``): read as
+    seconds (floats' default) they are past int64 nanoseconds, as integers read as ns
+    would be, and the advice is the same, the unit that makes them a date. A CSV's are
+    read as decimals, a Parquet file's as float64."""
+    per = {"ms": 10**3, "us": 10**6}[unit]
+    frame = pd.DataFrame({"timestamp": (1_709_562_600 + np.arange(5)) * float(per), "bid_price_1": 100.0})
+    path = tmp_path / f"day.{fmt}"
+    frame.to_csv(path, index=False) if fmt == "csv" else frame.to_parquet(path)
+    assert fmt == "parquet" or path.read_text().splitlines()[1].startswith(f"{1_709_562_600 * per}.0,")
+    with pytest.raises(LoaderError, match=rf"day\.{fmt}: timestamp column 'timestamp': its first value "
+                                          rf"{1_709_562_600 * per} read as s .* is past the year 2262, but as epoch "
+                                          rf"{unit} it is 2024-03-04T14:30:00: set source.timestamp_unit: {unit}"):
+        open_source(str(path), timestamp="timestamp").timestamps.compute()
+    got = open_source(str(path), timestamp="timestamp", timestamp_unit=unit).timestamps.compute()
+    np.testing.assert_array_equal(got, (1_709_562_600 + np.arange(5)) * 10**9)

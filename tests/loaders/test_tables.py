@@ -1467,3 +1467,29 @@ def test_a_row_cut_short_is_named_by_its_line(tmp_path, rows):
     with pytest.raises(LoaderError, match=rf"short\.csv: line {k + 1} has {n - 2} fields, expected {n} \(as in line "
                                           r"1\): a row cut short or a field too many; cannot read csv data"):
         open_source(str(tmp_path / "short.csv"), timestamp="timestamp").array.compute()
+
+
+def test_a_float_sentinel_past_2_53_is_refused_when_the_config_is_read_telling_to_write_the_integer(tmp_path):
+    """``missing: {"*_px_*": [9.223372036854775807e18]}`` (INT64_MAX copied from a spec,
+    read by YAML as a float) is 2**63, which no int64 cell holds: refused at once, naming
+    the key, not advised later to list what the user did list."""
+    from pipeline.config import parse_config
+    from pipeline.errors import ConfigError
+
+    def config(missing):
+        return parse_config({"source": {"paths": "x/*.csv", "missing": missing}, "windows": {"size": 4},
+                             "output": {"path": "o.zarr"}})
+
+    with pytest.raises(ConfigError) as err:
+        config({"*_px_*": [9.223372036854775807e18]})
+    assert str(err.value) == (
+        "source.missing.*_px_*: the float 9.223372036854776e+18 is 9223372036854775808 (2**63), not "
+        "9223372036854775807 (INT64_MAX, an empty level's price): past 2**53 a float skips integers; write the "
+        "sentinel as an integer (9223372036854775807), without a decimal point or exponent")
+    with pytest.raises(ConfigError, match=r"^source\.missing: the float -1e\+17 is -100000000000000000: past 2\*\*53 "
+                                          r"a float skips integers; write the sentinel as an integer"):
+        config([-1, -1e17])
+    with pytest.raises(ConfigError, match=r"^source\.missing\.\*_px_\*: the float"):  # the Python API's rules too
+        open_source(str(tmp_path / "*.csv"), timestamp="ts", missing={"*_px_*": [9.223372036854775807e18]})
+    # The integers, small floats and a float column's own huge sentinel (DBL_MAX, no integer) are taken.
+    assert config({"*_px_*": [9223372036854775807, -1, -1.0, 2.0**53, 1.7976931348623157e308]})

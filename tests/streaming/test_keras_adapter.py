@@ -424,3 +424,38 @@ def test_class_weight_weighs_each_sample_by_its_label(tmp_path):
     assert _frozen_loss(path, ("x", "y"), class_weight={0: 0.0, 1: 3.0}) == pytest.approx(3.0 * 50 / 100)
     with pytest.raises(ValueError, match="class_weight.*sample_weight"):
         _frozen_loss(path, ("x", "y", "w"), class_weight={0: 1.0, 1: 1.0})
+
+
+_KERAS_UNUSABLE = """
+import sys
+if {hide}:
+    sys.modules["keras"] = None  # as without Keras installed: import keras fails, find_spec finds none
+import pipeline
+from pipeline.errors import MissingDependencyError
+try:
+    pipeline.stream({store!r}, batch_size=100).keras()
+except MissingDependencyError as exc:
+    print(exc)
+"""
+
+
+@pytest.mark.parametrize("hide", [False, True], ids=["backend-missing", "not-installed"])
+def test_keras_installed_without_its_backend_is_told_apart_from_keras_not_installed(store, hide):
+    """Keras imports its backend on import (KERAS_BACKEND, else ~/.keras/keras.json's,
+    tensorflow by default): installed, it fails to import where that backend is not, and
+    the error says so, with Python's, and names the backends to set, not "install Keras".
+    KERAS_BACKEND=tensorflow stands for a keras.json naming it, whatever the user's says."""
+    if importlib.util.find_spec("tensorflow") is not None:
+        pytest.skip("tensorflow is installed: Keras imports with it")
+    env = {**os.environ, "KERAS_BACKEND": "tensorflow"}
+    result = subprocess.run([sys.executable, "-c", _KERAS_UNUSABLE.format(hide=hide, store=str(store))],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode == 0, result.stderr[-6000:]
+    got = result.stdout.strip()
+    if hide:
+        assert got == "Stream.keras() depends on Keras 3. Please install it with pip install 'pipeline[keras]'"
+        return
+    assert got.startswith("Stream.keras(): Keras is installed but failed to import (ModuleNotFoundError: No module "
+                          "named 'tensorflow'); "), got
+    assert "KERAS_BACKEND=tensorflow" in got and "set KERAS_BACKEND=torch or KERAS_BACKEND=jax" in got
+    assert "Please install" not in got
