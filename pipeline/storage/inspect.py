@@ -674,12 +674,27 @@ def _unit_problems(arrays: Mapping[str, Any], split: str, unit: int, recorded: l
     want, have = Counter(recorded), Counter(crc for crc, _ in computed.values())
     for name, (crc, chunk) in computed.items():
         if crc not in want:
-            problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch{note}")
+            gone = " (its chunk file is missing: the store was copied or synced in part)" if _absent(
+                arrays[name], chunk) else ""
+            problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch{gone}{note}")
         elif have[crc] > want[crc]:
             same = [f"{split}/{n}" for n, (c, _) in computed.items() if c == crc and n != name]
             problems.append(f"{split}/{name} chunk {chunk}: checksum mismatch (it holds the same bytes as "
                             f"{', '.join(same)}, which the unit's checksums do not){note}")
     return problems
+
+
+def _absent(arr: Any, chunk: int) -> bool:
+    """Whether chunk ``chunk`` (along the samples) of zarr array ``arr`` has no object in
+    its store (zarr reads such a chunk as the fill value); False where it cannot tell
+    (a sharded or pinned array)."""
+    try:
+        from zarr.core.sync import sync
+
+        key = arr.metadata.encode_chunk_key((chunk,) + (0,) * (arr.ndim - 1))
+        return arr.shards is None and not sync(arr.store.exists(f"{arr.path}/{key}"))
+    except Exception:  # noqa: BLE001 - a wrapper without a store or metadata: cannot tell
+        return False
 
 
 def _decode_problems(path: str, arr: Any, submit: Callable[..., Future]) -> _Parts:

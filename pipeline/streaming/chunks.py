@@ -33,7 +33,7 @@ import itertools
 import math
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numcodecs
 import numpy as np
@@ -117,13 +117,16 @@ class ChunkReader:
     """
 
     def __init__(self, array: zarr.Array, where: tuple[str, str, str], checksums: np.ndarray | None = None,
-                 maps: MapCache | None = None, cache: Any = None):
+                 maps: MapCache | None = None, cache: Any = None, recorded: Callable[[], Any] | None = None):
         self.array = array
         self.where = where
         self.maps = maps
         # Rows of the split's ``_written`` table (one per chunk when unsharded): when
         # given, every decoded chunk's CRC32 must be one of its row's recorded values.
         self.checksums = checksums if array.shards is None else None
+        # The same rows, read only when a chunk's file is missing (see _check_missing).
+        self._recorded = recorded if array.shards is None else None
+        self._recorded_rows: Any = None
         self.rows = int(array.chunks[0])
         self.n = int(array.shape[0])
         self.tail_shape = tuple(array.shape[1:])
@@ -450,6 +453,26 @@ class ChunkReader:
                           "from the store, which is intact", RuntimeWarning, stacklevel=2)
             return result
 
+    def _check_missing(self, i: int) -> None:
+        """Refuse chunk ``i`` of a store this package wrote whose file is missing though
+        the store's records say it holds data: zarr stores no file for a chunk of only
+        the fill value, and reads a missing one as that, so a store copied or synced in
+        part served zeros where its data was. The records (the split's ``_written``
+        table) are read the first time a chunk is missing."""
+        if self._recorded is None:
+            return
+        if self._recorded_rows is None:
+            self._recorded_rows = self._recorded()
+        rows = self._recorded_rows
+        if rows is None or i >= len(rows) or int(rows[i][0]) != 1:
+            return  # a unit not recorded as written: nothing to say it held data
+        if not _fill_crcs(self, i) & {int(v) for v in rows[i][1:]}:
+            store, split, name = self.where
+            raise CorruptChunkError(store, split, name, i, f"its chunk file {self._key(i)!r} is missing, but the "
+                                    "store's records say the chunk holds data, not only the fill value: the store "
+                                    "was copied or synced in part; copy it again (pipeline inspect --verify checks "
+                                    "every chunk)")
+
     def _verify(self, i: int, decoded: np.ndarray) -> None:
         """With checksums, refuse a decoded chunk whose CRC32 was not recorded for it."""
         if self.checksums is None:
@@ -591,6 +614,7 @@ class ChunkReader:
     def _decode(self, i: int, raw: Any, out: np.ndarray) -> np.ndarray:
         """Chunk ``i``'s bytes ``raw`` (None: never written) decoded into ``out``."""
         if raw is None:  # never written: zarr reads it as the fill value
+            self._check_missing(i)
             out[...] = self.array.fill_value
             return out
         n = self.length(i)
@@ -622,6 +646,15 @@ class ChunkReader:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"cannot decode ({exc})") from exc
         return out
+
+
+def _fill_crcs(reader: ChunkReader, i: int) -> set[int]:
+    """CRC32s of chunk ``i`` of ``reader`` holding only the fill value, as the writer
+    would have recorded them (for a missing chunk file: see ``_check_missing``)."""
+    from pipeline.storage.checksum import crc32
+
+    fill = np.full((reader.length(i),) + reader.tail_shape, reader.array.fill_value, dtype=reader.dtype)
+    return {crc32(fill.data)}
 
 
 def _declares(decoder: Any, raw: Any, nbytes: int) -> bool:

@@ -52,6 +52,20 @@ def map_budget(keep_mapped: int | None) -> int:
     return budget if keep_mapped is None else max(0, min(int(keep_mapped), budget))
 
 
+def _lazily(load: Any) -> Any:
+    """``load`` called once, by the first caller (any thread), its result kept."""
+    box: list[Any] = []
+    lock = threading.Lock()
+
+    def once() -> Any:
+        with lock:
+            if not box:
+                box.append(load())
+        return box[0]
+
+    return once
+
+
 def self_checked(array: Any) -> bool:
     """Whether every chunk of zarr array ``array`` carries a checksum that reading it
     checks: zarr's ``crc32c`` codec in its codecs, or in its shards' inner codecs (zarr 3),
@@ -171,7 +185,13 @@ class StoreSource:
         self.maps = MapCache(map_budget(keep_mapped)) if meta.get("complete") and not partial else None
         # A remote store's chunk objects go through a node-local cache when one is asked for.
         self.cache_spec, self.cache = cache, open_remote_cache(cache, group, location, storage_options, meta)
-        self.readers = {n: chunk_reader(a, (str(label), split, n), checksums=sums, maps=self.maps, cache=self.cache)
+        # A missing chunk file is checked against what the writer recorded for it.
+        # Read only then (each node read is a request on an object store).
+        recorded = None if foreign else _lazily(
+            lambda: sums if sums is not None else verified_sums(group, split, pinned, samples)
+            if "_written" in group[split] else None)
+        self.readers = {n: chunk_reader(a, (str(label), split, n), checksums=sums, maps=self.maps, cache=self.cache,
+                                        recorded=recorded)
                         for n, a in arrays.items()}
         readers = self.readers  # not self: no cycle keeps a dropped stream's mappings alive
         self.readahead = ReadAhead(lambda c: local_files(readers.values(), (c,)),
@@ -187,7 +207,10 @@ class StoreSource:
             if pinned is not None and pinned.shared_rows is not None:
                 features = pinned_array(features, pinned.shared_rows)
             feats = ChunkReader(features, (str(label), "_shared", "features"), shared_sums,
-                                maps=self.maps, cache=self.cache)
+                                maps=self.maps, cache=self.cache, recorded=_lazily(
+                                    lambda: shared_sums if shared_sums is not None else verified_sums(
+                                        group, "_shared", pinned, None if pinned is None else pinned.shared_rows)
+                                    if "_written" in group["_shared"] else None))
             self.readers["x"] = VirtualWindowReader(self.readers["x"], feats, virtual["size"], virtual["scales"])
         first = self.readers[self.names[0]]
         self.lengths = tuple(first.length(i) for i in range(first.n_chunks))

@@ -80,6 +80,21 @@ def test_verify_names_every_corrupt_chunk(tmp_path):
     assert result.returncode == 1 and "CORRUPT train/x chunk 1: checksum mismatch" in result.stdout
 
 
+def test_verify_says_a_chunk_file_is_missing(tmp_path):
+    """zarr reads a missing chunk file as the fill value: its checksum differs, and the
+    report says why, apart from a flipped bit."""
+    from pipeline.storage import verify_store
+
+    path = tmp_path / "m.zarr"
+    y = np.arange(200)
+    y[50:100] = 0  # chunk 1 holds only the fill value: no file, and nothing wrong
+    write(path, {"x": np.ones((200, 2), np.float32), "y": y}, chunk_samples=50, progress=False)
+    assert verify_store(path).problems == ()
+    (path / "train" / "y" / "c" / "2").unlink()
+    assert verify_store(path).problems == ("train/y chunk 2: checksum mismatch (its chunk file is missing: the "
+                                           "store was copied or synced in part)",)
+
+
 def test_verify_finds_one_arrays_chunk_copied_over_anothers(tmp_path):
     """The CRCs of a unit are recorded in writing order, which zarr does not keep: a
     chunk file copied over another array's (so that its CRC is among the unit's) is

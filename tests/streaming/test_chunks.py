@@ -659,3 +659,28 @@ def test_a_flipped_byte_that_still_decodes_is_refused_with_verify(tmp_path):
         for _ in pipeline.stream(path, batch_size=40, verify=True):
             pass
     assert str(err.value).startswith(f"{path}: train/x chunk 6: checksum mismatch")
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_a_missing_chunk_file_of_a_pipeline_store_is_refused_unless_it_held_only_the_fill_value(tmp_path, verify):
+    """zarr stores no file for a chunk of only the fill value and reads a missing one as
+    that: a store copied or synced in part served zeros where its data was (500 samples
+    of ``t == 0`` in a user's trial). The split's records tell the two apart."""
+    import pipeline
+
+    y = np.arange(400)
+    x = np.repeat(y[:, None].astype(np.float32), 8, axis=1)
+    x[100:200], y[100:200] = 0, 0  # chunks 2 and 3 hold only the fill value: no files
+    path = write(tmp_path / "m.zarr", {"x": x, "y": y}, chunk_samples=50, progress=False)
+    stored = sorted(int(f) for f in os.listdir(tmp_path / "m.zarr" / "train" / "y" / "c"))
+    assert stored == [0, 1, 4, 5, 6, 7]
+    xs, ys = [], []
+    for xb, yb in pipeline.stream(path, batch_size=40, seed=2, verify=verify):
+        xs += xb[:, 0].tolist()
+        ys += yb.tolist()
+    assert sorted(xs) == sorted(x[:, 0].tolist()) and sorted(ys) == sorted(y.tolist())
+    os.remove(tmp_path / "m.zarr" / "train" / "y" / "c" / "5")
+    with pytest.raises(CorruptChunkError, match=r"train/y chunk 5: its chunk file 'c/5' is missing, but the store's "
+                                                r"records say the chunk holds data"):
+        for _ in pipeline.stream(path, batch_size=40, seed=2, verify=verify):
+            pass
