@@ -140,25 +140,22 @@ def stream(
     drop_last
         Only full batches: ``floor(floor(N / W) / B)`` per rank, the rest not served.
     rank
-        This process's rank (default from ``torch.distributed`` when initialized, else
-        from the launcher's ``RANK`` and ``WORLD_SIZE`` (torchrun's), else 0).
+        This process's rank: ``torch.distributed``'s when initialized, else torchrun's ``RANK``, else 0.
     world_size
-        The number of ranks (default from ``torch.distributed``, else ``WORLD_SIZE``, else 1).
+        The number of ranks: ``torch.distributed``'s when initialized, else ``WORLD_SIZE``, else 1.
     partial
         Read a store that is not marked complete.
     storage_options
         fsspec options for a remote store (credentials, endpoint...).
     prefetch
-        Groups read ahead in the background (small groups further ahead, see
-        :func:`~pipeline.streaming.streamer.groups_ahead`).
+        Groups read ahead in the background (small groups further: :func:`~pipeline.streaming.streamer.groups_ahead`).
     threads
         Threads reading chunks: one per core (at most 32), 16 or more for a remote store without ``cache_dir``.
     verify
         Check every chunk read against the CRC32 recorded when it was written (unsharded
         stores). Without it, a damaged chunk is refused only when it fails to decode: a
         flipped byte that still decodes is served. It costs a CRC pass over every byte.
-        Other tools' arrays are checked by their own ``crc32c`` codec, which zarr checks
-        on every read; without one a warning says they cannot be verified.
+        Other tools' arrays: their ``crc32c`` codec, checked by zarr on every read (else a warning).
     read_niceness
         How many steps nicer than the process the read threads run (Linux, 0 to 19):
         reading ahead must not take cores from the training loop.

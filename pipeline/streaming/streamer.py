@@ -686,6 +686,14 @@ class Stream:
             # Refused in this process, not in the workers: a loader whose workers raise
             # takes torch seconds per worker to shut down.
             raise uncounted_workers("stream", workers, self.epoch, self._served, len(self))
+        if batches_served is None and self._served == 0 and self._finished == self.epoch:
+            # The epoch was served whole, and its count is back at 0: the state resumes
+            # the start of this epoch (the README says so), which a checkpoint at an
+            # epoch's end rarely means.
+            warnings.warn(f"stream: state_dict() after epoch {self.epoch} was served whole saves its start "
+                          f"(batches_served=0): a resume serves epoch {self.epoch} again; call "
+                          f"set_epoch({self.epoch + 1}) before saving to resume at the next epoch",
+                          RuntimeWarning, stacklevel=2)
         served = self._served if batches_served is None else int(batches_served)
         if served < min(self._served, self._iter_start):
             # A count of the loop's own batches since a resume would skip back and

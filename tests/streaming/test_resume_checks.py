@@ -226,3 +226,20 @@ def test_a_mix_saves_fewer_batches_than_its_loop_fetched():
     rest = pipeline.mix([_arrays(100), _arrays(60)], weights=[1, 1], batch_size=10, seed=1)
     rest.load_state_dict(state)
     assert [y for batch in seen[:2] for y in batch] + _labels(rest) == whole
+
+
+def test_a_state_saved_after_a_whole_epoch_warns_that_it_resumes_that_epoch():
+    """After a whole pass the count is 0 again: the state resumes the epoch's start, and
+    a checkpoint taken at an epoch's end served it again on resume without a word."""
+    import warnings
+
+    s = pipeline.stream(_arrays(100), batch_size=10, seed=1)
+    _labels(s)
+    with pytest.warns(RuntimeWarning, match=r"after epoch 0 was served whole .* call set_epoch\(1\) before saving"):
+        state = s.state_dict()
+    assert (state["epoch"], state["batches_served"]) == (0, 0)
+    s.set_epoch(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert s.state_dict()["epoch"] == 1  # the next epoch's start: what was meant
+        s.state_dict(batches_served=0)  # said by the caller
