@@ -488,6 +488,36 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+#: Where an object store's client raises from: its refusals (403, unknown keys) and
+#: unreachable endpoints come out of these as PermissionError, ConnectionError or their
+#: own classes, with tracebacks of 60-250 lines that name no store.
+_OBJECT_STORE_CODE = (f"{os.sep}s3fs{os.sep}", f"{os.sep}botocore{os.sep}", f"{os.sep}aiobotocore{os.sep}",
+                      f"{os.sep}obstore{os.sep}", f"{os.sep}gcsfs{os.sep}", f"{os.sep}adlfs{os.sep}")
+
+
+def object_store_failure(exc: BaseException) -> str | None:
+    """One line for an error an object store's client raised (credentials refused, an
+    endpoint that does not answer), or None for any other error. Told by where it was
+    raised: the traceback of ``exc`` or of an error it came from passes through the
+    client's code."""
+    seen = 0
+    chain: BaseException | None = exc
+    while chain is not None and seen < 8:
+        tb = chain.__traceback__
+        while tb is not None:
+            if any(part in tb.tb_frame.f_code.co_filename for part in _OBJECT_STORE_CODE):
+                # The client's own error: the one raised through its code, not a wrapper
+                # raised while unwinding it (an event loop's context error).
+                text = str(chain) or type(chain).__name__
+                return (f"the object store refused the request or could not be reached ({type(chain).__name__}: "
+                        f"{text}); check the credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                        "~/.aws/credentials, storage_options) and the endpoint (AWS_ENDPOINT_URL), on this machine "
+                        "and on every worker")
+            tb = tb.tb_next
+        chain, seen = chain.__cause__ or chain.__context__, seen + 1
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``pipeline`` console script and of ``python -m pipeline``.
 
@@ -529,6 +559,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; rerun the same command to resume", file=sys.stderr)
         return 130
+    except Exception as exc:  # noqa: BLE001 - an object store's refusal is said in one line; a bug still raises
+        said = object_store_failure(exc)
+        if said is None:
+            raise
+        print(f"pipeline {args.command}: {said}", file=sys.stderr)
+        return 1
 
 
 def entry() -> NoReturn:

@@ -497,3 +497,44 @@ def test_demo_data_over_an_earlier_run_names_the_files_it_did_not_write(tmp_path
     assert again.returncode == 0
     assert re.search(r"note: .*raw also holds 4 file\(s\) this command did not write \(such as .*2026-01-07\.\w+\); "
                      r"a pipeline run over it reads them too", again.stderr), again.stderr
+
+
+def _s3_env(endpoint: str) -> dict[str, str]:
+    import os
+
+    return {**os.environ, "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing", "AWS_MAX_ATTEMPTS": "1", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _one_line_refusal(result: subprocess.CompletedProcess, command: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and len(lines) == 1, result.stderr[-2000:]
+    assert lines[0].startswith(f"pipeline {command}: the object store refused the request or could not be reached (")
+    assert "AWS_ENDPOINT_URL" in lines[0]
+
+
+def test_an_object_store_that_cannot_be_reached_or_refuses_the_credentials_is_one_line(tmp_path):
+    """A wrong endpoint printed 256 lines of tracebacks, rejected credentials 66-109
+    lines ending ``PermissionError: Forbidden``: both are one line, exit 1."""
+    from tests.conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    result = subprocess.run([sys.executable, "-m", "pipeline", "inspect", "s3://training/set.zarr"],
+                            capture_output=True, text=True, timeout=120, env=_s3_env(dead))
+    _one_line_refusal(result, "inspect")
+    # A real S3-protocol server that checks credentials (moto's, with authentication on).
+    port = free_port()
+    server = subprocess.Popen([str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(port)],
+                              env={**_s3_env(""), "INITIAL_NO_AUTH_ACTION_COUNT": "0"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in server.stderr:  # werkzeug says where it listens once it does
+            if "Running on" in line:
+                break
+        result = subprocess.run([sys.executable, "-m", "pipeline", "inspect", "s3://training/set.zarr"],
+                                capture_output=True, text=True, timeout=120, env=_s3_env(f"http://127.0.0.1:{port}"))
+        _one_line_refusal(result, "inspect")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
