@@ -244,8 +244,12 @@ def _zip_member(path: str) -> str:
     if not names:
         raise LoaderError(path, "is a zip archive holding no file; a .zip is read as the one file it holds")
     listing = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    # LOBSTER's sample downloads are such archives, an orderbook and a message file each.
+    member = "*_orderbook_*.csv" if any("_orderbook_" in n for n in names) else "*.csv"
     raise LoaderError(path, f"is a zip archive holding {len(names)} files ({listing}); a .zip is read as the one "
-                      f"file it holds: name the files with a chained URL, such as 'zip://*.csv::{path}'")
+                      f"file it holds: name the files with a chained URL, such as 'zip://{member}::{path}'"
+                      + (" (format: lobster finds each message file beside its orderbook file)"
+                         if member != "*.csv" else ""))
 
 
 def _chained_files(item: str, so: dict) -> list[str]:

@@ -95,20 +95,32 @@ def book_columns(levels: int) -> list[str]:
     return [f"{field}_{i}" for i in range(1, levels + 1) for field in fields]
 
 
+def _link(path: str) -> tuple[str, str]:
+    """A chained URL's first link, the file itself (``zip://NAME.csv`` of
+    ``zip://NAME.csv::/data/pair.zip``, LOBSTER's own sample downloads), and the rest of
+    the chain (``::/data/pair.zip``; empty for a plain path)."""
+    if "::" not in path:
+        return path, ""
+    inner, sep, rest = path.partition("::")
+    return inner, sep + rest
+
+
 def message_path(path: str) -> str:
-    """The message file paired with orderbook file ``path``."""
+    """The message file paired with orderbook file ``path`` (in the same archive, for a
+    chained URL of an archive's member)."""
+    path, chain = _link(path)
     head, sep, base = path.rpartition("/")
     if "_orderbook_" not in base:
         raise FormatMismatchError(
             path, "expected a LOBSTER orderbook file named TICKER_YYYY-MM-DD_START_END_orderbook_L.csv; with "
             "format: lobster the paths name the *_orderbook_*.csv files (their message files are found from them)")
     stem, _, tail = base.rpartition("_orderbook_")
-    return f"{head}{sep}{stem}_message_{tail}"
+    return f"{head}{sep}{stem}_message_{tail}{chain}"
 
 
 def parse_name(path: str) -> tuple[str, _dt.date]:
     """The ticker and the date in an orderbook file's name."""
-    base = path.rpartition("/")[2]
+    base = _link(path)[0].rpartition("/")[2]
     message_path(path)  # refuses names without _orderbook_
     m = _NAME.match(base)
     if m is None:

@@ -413,8 +413,10 @@ def _instrument_files(files: Sequence[str], instrument: InstrumentSpec | None, f
         tickers = {f: parse_name(plain(f))[0] for f in files}
 
         def lobster_key(f: str) -> str:
-            head, sep, base = plain(f).rpartition("/")
-            return head + sep + "{instrument}" + base[len(tickers[f]):] if f in tickers else plain(f)
+            inner, chain, rest = plain(f).partition("::")  # an archive's member: its own name
+            head, sep, base = inner.rpartition("/")
+            return (head + sep + "{instrument}" + base[len(tickers[f]):] + chain + rest if f in tickers
+                    else plain(f))
 
         by_ticker: dict[str, list[str]] = {}
         for f in files:

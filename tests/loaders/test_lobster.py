@@ -221,6 +221,28 @@ def test_a_compressed_pair_equals_the_hand_written_values(tmp_path):
     assert src.instruments == ("AAPL",)
 
 
+def test_a_pair_in_one_zip_archive_reads_through_a_chained_url(tmp_path):
+    """LOBSTER's sample downloads are one .zip per ticker and day holding the orderbook
+    and the message file. ``zip://*_orderbook_*.csv::ARCHIVE`` was refused as a file
+    not named as an orderbook file (the archive's path was read as the name), and the
+    archive itself pointed to ``zip://*.csv``, which names the message file too."""
+    import zipfile
+
+    (tmp_path / "files").mkdir()
+    write_pair(tmp_path / "files")
+    archive = tmp_path / "LOBSTER_SampleFile_AAPL_2012-06-21_2.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as z:
+        for kind in ("orderbook", "message"):
+            z.write(tmp_path / "files" / NAME.format(kind), NAME.format(kind))
+    src = open_source(f"zip://*_orderbook_*.csv::{archive}", format="lobster", nan="fill", fill_value=NAN)
+    assert src.columns == COLUMNS
+    np.testing.assert_array_equal(src.array.compute(), EXPECTED)
+    assert src.timestamps.compute().tolist() == TIMES_NS
+    assert src.instruments == ("AAPL",)
+    with pytest.raises(LoaderError, match=r"holding 2 files .*'zip://\*_orderbook_\*\.csv::.*format: lobster finds"):
+        open_source(str(archive), format="lobster")
+
+
 # -- the message file's fields, and trading halts ----------------------------------------
 
 MESSAGE_COLUMNS = ("event_type", "order_id", "event_size", "event_price", "direction")
