@@ -1180,7 +1180,7 @@ def _table(parts: list, columns: Sequence[str] | None, timestamp: str | None, in
                                   "name their own columns (source.rename changes them)")
     # Every column asked for is checked in every file's schema; only those read are decoded.
     tables.check_numbers_read(parts, read, timestamp, instrument_column)
-    every = tables.check_columns(parts, columns, timestamp, instrument_column, read)
+    every = tables.check_columns(parts, columns, timestamp, instrument_column, read, rules)
     if rules:
         from pipeline.loaders.conversions import check_rules
 

@@ -147,6 +147,9 @@ class TablePart:
     #: timestamp of decimal epoch seconds, taken as written:
     #: :func:`~pipeline.loaders.columns.to_ns`).
     csv_types: tuple[tuple[str, str], ...] = ()
+    #: CSV: ``(file's name, largest magnitude)`` of those columns in the file's first
+    #: bytes, as :attr:`magnitudes` holds a Parquet file's (for :func:`check_units`).
+    csv_magnitudes: tuple[tuple[str, float], ...] = ()
     #: CSV: ``(file's name, row, value)`` of each text column: its first value that is no
     #: number and that value's row in the file, as the file's first bytes showed; none
     #: where every value there is a number or empty.
@@ -412,8 +415,9 @@ def _csv_parts(path: str, so: dict, header: bool | str, names: Sequence[str] | N
     tz = _csv_time_kind(path, second if header else first, cols, timestamp, delimiter) if timestamp else None
     base = TablePart(path, "csv", 0, rows, cols, sources=cols, header=header, names=given, tz=tz,
                      delimiter=delimiter, decimal=decimal)
-    text, commas, types, samples = _csv_text_columns(base, first + head)
-    base = replace(base, non_numeric=text, comma_numbers=commas, csv_types=types, text_samples=samples)
+    text, commas, types, samples, sizes = _csv_text_columns(base, first + head)
+    base = replace(base, non_numeric=text, comma_numbers=commas, csv_types=types, text_samples=samples,
+                   csv_magnitudes=sizes)
     if rows <= part_rows:
         return [base]
     ranges = text_ranges(len(first) if header else 0, starts, rows, part_rows)
@@ -527,7 +531,8 @@ _THOUSANDS = r"^\s*[+-]?\d{1,3}(,\d{3})+\s*$"
 
 def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...],
                                                                tuple[tuple[str, str], ...],
-                                                               tuple[tuple[str, int, str], ...]]:
+                                                               tuple[tuple[str, int, str], ...],
+                                                               tuple[tuple[str, float], ...]]:
     """The file's own names of a CSV file's columns that do not hold numbers (text,
     times), from the types pyarrow infers on ``block`` (its first bytes, cut at a line's
     end), as Parquet's schema tells them: left out of the default columns. And, with
@@ -535,7 +540,8 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
     comma, each with its first value (:func:`check_columns` refuses them). And the
     integer (``"i"``) and floating (``"f"``) columns (:attr:`TablePart.csv_types`). And
     where each text column first holds a value that is no number
-    (:attr:`TablePart.text_samples`, for :func:`check_numbers_read`)."""
+    (:attr:`TablePart.text_samples`, for :func:`check_numbers_read`). And the largest
+    magnitude of each integer or floating column there (:attr:`TablePart.csv_magnitudes`)."""
     pa = require_pyarrow()
     import pyarrow.csv as pacsv
 
@@ -546,7 +552,7 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
                                parse_options=pacsv.ParseOptions(delimiter=part.delimiter),
                                convert_options=pacsv.ConvertOptions(decimal_point=part.decimal))
     except (pa.ArrowException, ValueError):  # a quoted newline cut, say: the read itself will say what is wrong
-        return (), (), (), ()
+        return (), (), (), (), ()
     _check_no_header_rows(part, table, table.column_names)  # else its columns would seem to hold text
     numeric = (pa.types.is_integer, pa.types.is_floating, pa.types.is_decimal, pa.types.is_boolean,
                pa.types.is_null)  # null: empty in the first rows, numbers (or NaN) as far as is known
@@ -554,7 +560,16 @@ def _csv_text_columns(part: TablePart, block: bytes) -> tuple[tuple[str, ...], t
     types = tuple((f.name, "i" if pa.types.is_integer(f.type) or _overflowed(table.column(f.name)) else "f")
                   for f in table.schema if pa.types.is_integer(f.type) or pa.types.is_floating(f.type))
     samples = tuple((name, *found) for name in text if (found := _first_non_number(part, table.column(name))))
-    return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types, samples
+    import pyarrow.compute as pc
+
+    sizes = []
+    for name, _ in types:
+        bounds = pc.min_max(table.column(name)).as_py()
+        if bounds["min"] is not None:
+            top = max(abs(float(bounds["min"])), abs(float(bounds["max"])))
+            if top == top and top != float("inf"):  # not NaN or infinite
+                sizes.append((name, top))
+    return text, (_comma_numbers(table, text) if part.decimal == "." else ()), types, samples, tuple(sizes)
 
 
 def _rounded(values: np.ndarray) -> np.ndarray:
@@ -1074,7 +1089,8 @@ def table_array(parts: Sequence[TablePart], columns: tuple[str, ...], timestamp:
 
 
 def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, timestamp: str | None,
-                  instrument: str | None = None, read: Sequence[str] | None = None) -> tuple[str, ...]:
+                  instrument: str | None = None, read: Sequence[str] | None = None, rules: Any = None
+                  ) -> tuple[str, ...]:
     """The columns to read: the requested ones (each present in every file) or every
     numeric column but the timestamp and the instrument column (and but a column without
     a name: the index pandas' ``to_csv`` writes, which is no feature). Of those, only
@@ -1095,7 +1111,7 @@ def check_columns(parts: Sequence[TablePart], columns: Sequence[str] | None, tim
         for what, name in (("timestamp", timestamp), ("instrument", instrument)):
             if name and name not in p.columns:
                 raise MissingColumnError(p.path, f"missing {what} column {name!r}; the file has {list(p.columns)}")
-    check_units(parts, wanted)
+    check_units(parts, wanted, rules)
     return wanted
 
 
@@ -1171,11 +1187,15 @@ def _check_comma_numbers(parts: Sequence[TablePart], columns: Sequence[str]) -> 
 _UNIT_FACTOR = 50.0
 
 
-def check_units(parts: Sequence[TablePart], columns: Sequence[str]) -> None:
-    """Refuse price columns (named ``*price*``) that one Parquet file stores as integers
-    and another as floats at magnitudes ``_UNIT_FACTOR`` or more apart (from the first
-    row group's statistics): joined, one day's prices would be a thousand or a billion
-    times another's, and every normalized value nonsense.
+def check_units(parts: Sequence[TablePart], columns: Sequence[str], rules: Any = None) -> None:
+    """Refuse price columns (named ``*price*``) that one file stores as integers and
+    another as floats at magnitudes ``_UNIT_FACTOR`` or more apart (a Parquet file's
+    first row group's statistics; a CSV file's first bytes, for a column ``source.scale``
+    scales (``rules``): ``17800.0`` is a float as written, though whole, and would be
+    scaled as fixed-point): joined, one day's prices would be a thousand or a billion
+    times another's, and every normalized value nonsense. Unscaled CSV columns are not
+    compared: pyarrow reads a file of whole prices as integers, beside another
+    instrument's decimals at another price level.
 
     Raises
     ------
@@ -1185,10 +1205,18 @@ def check_units(parts: Sequence[TablePart], columns: Sequence[str]) -> None:
     for name in (c for c in columns if "price" in c.lower()):
         seen: dict[str, tuple[TablePart, float]] = {}
         for p in parts:
-            if not p.kinds or p.group != 0:
+            if p.group != 0:
                 continue
-            j = p.sources.index(p.source_of(name))
-            kind, size = p.kinds[j], p.magnitudes[j]
+            if p.fmt == "csv":  # from its first bytes: integers as written, or decimals
+                own = p.source_of(name)
+                if rules is None or rules.factor_of(name, own) is None:
+                    continue
+                kind, size = dict(p.csv_types).get(own, ""), dict(p.csv_magnitudes).get(own)
+            elif p.kinds:
+                j = p.sources.index(p.source_of(name))
+                kind, size = p.kinds[j], p.magnitudes[j]
+            else:
+                continue
             if kind in ("i", "f") and size is not None and size > 0 and kind not in seen:
                 seen[kind] = (p, size)
         if len(seen) < 2:

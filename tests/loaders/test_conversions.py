@@ -127,6 +127,27 @@ def test_csv_integers_in_ten_thousandths_are_scaled_and_a_decimal_csv_column_ref
                     scale={"bid_price_1": 1e-4}).array.compute()
 
 
+def test_a_csv_day_in_whole_dollars_beside_fixed_point_days_is_refused_under_a_scale(tmp_path):
+    """A $1-tick contract's day re-exported in dollars (``17800.0``, whole) beside days of
+    1e-9 fixed-point integers: each whole float was scaled as fixed-point, a mid price of
+    1.78e-05 stored beside 17,799.5, silently (Parquet files were compared already). An
+    unscaled CSV column is not compared: whole prices of one instrument are read as
+    integers beside another's decimals at another price level, rightly."""
+    (tmp_path / "fx").mkdir()
+    (tmp_path / "fx" / "a.csv").write_text("timestamp,bid_price_1,ask_price_1\n1,17801000000000,17802000000000\n"
+                                           "2,17800000000000,17801000000000\n")
+    (tmp_path / "fx" / "b.csv").write_text("timestamp,bid_price_1,ask_price_1\n3,17800.0,17801.0\n4,17801.0,17802.0\n")
+    with pytest.raises(LoaderError, match=r"a.csv: column 'bid_price_1' holds integers up to 1.7801e\+13, but "
+                                          r".*b.csv holds floats up to 17801 \(a factor of about 1e\+09\)"):
+        open_source(str(tmp_path / "fx" / "*.csv"), timestamp="timestamp", timestamp_unit="s", dtype="float64",
+                    scale={"*_price_*": 1e-9})
+    (tmp_path / "two").mkdir()
+    (tmp_path / "two" / "a.csv").write_text("timestamp,bid_price_1\n1,60000\n2,60001\n")
+    (tmp_path / "two" / "b.csv").write_text("timestamp,bid_price_1\n3,1.25\n4,1.5\n")
+    src = open_source(str(tmp_path / "two" / "*.csv"), timestamp="timestamp", timestamp_unit="s", dtype="float64")
+    np.testing.assert_array_equal(src.array.compute()[:, 0], [60000, 60001, 1.25, 1.5])
+
+
 def test_a_pattern_matching_no_column_and_rules_on_arrays_are_refused(tmp_path):
     mbp(tmp_path / "day2.parquet", 2)
     with pytest.raises(LoaderError, match=r"'bid_price_\*', which matches no column"):
