@@ -66,7 +66,8 @@ import numpy as np
 from pipeline.errors import StreamError
 from pipeline.streaming.plan import resumed_share
 from pipeline.streaming.api import EMPTY_EPOCHS_OK, check_seed, stream
-from pipeline.streaming.streamer import ORDER_KEYS, Stream, saved_value, uncounted_workers, warn_continued
+from pipeline.streaming.streamer import (ORDER_KEYS, Stream, saved_value, uncounted_workers, warn_continued,
+                                         warn_loader_again)
 
 __all__ = ["Mix", "MixPlan", "apportion", "epoch_steps", "mix", "quota_schedule", "shares"]
 
@@ -295,12 +296,12 @@ class Mix:
             state["num_workers"] = max(1, int(num_workers if num_workers is not None else self._served_workers))
         return state
 
-    def served_by(self, num_workers: int) -> None:
+    def served_by(self, num_workers: int, run: int = 0, say: bool = False) -> None:
         """In a DataLoader worker, before its first batch: tell the main process how many
         workers serve (see :meth:`Stream.served_by`)."""
         board = self._board
-        if board is not None:
-            board.report(self._board_seen, max(1, int(num_workers)))
+        if board is not None and board.report(self._board_seen, max(1, int(num_workers)), run) and say:
+            warn_loader_again("mix", self.epoch)
 
     def _reported_workers(self) -> int | None:
         board = self._board

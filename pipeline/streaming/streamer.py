@@ -145,6 +145,20 @@ def uncounted_workers(what: str, workers: int, epoch: int, served: int, total: i
         f"or call set_epoch({epoch + 1}) first to save the next epoch's start")
 
 
+def warn_loader_again(what: str, epoch: int) -> None:
+    """Say, from a DataLoader worker, that the loader iterates again from where
+    its previous iteration began: the stream did not move since (no ``set_epoch``, no
+    ``load_state_dict``), so its workers serve epoch ``epoch`` again from there, all of
+    it even after a ``break`` (the workers cannot count what the loop took), where a
+    loop in one process continues the epoch (:func:`warn_continued`)."""
+    warnings.warn(
+        f"{what}: a DataLoader iterates epoch {epoch} again from where its previous iteration began (the stream did "
+        f"not move since): its workers serve it again, whole, even after a break. Call set_epoch({epoch + 1}) before "
+        f"each epoch's loop; after a break, load_state_dict(state_dict(batches_served=n, num_workers=k)) with the "
+        f"loop's count continues the epoch; set_epoch({epoch}) first repeats it on purpose, which silences this",
+        RuntimeWarning, stacklevel=2)
+
+
 def warn_repeated(epoch: int) -> None:
     """Say that an iteration serves again the epoch the previous one finished.
 
@@ -1019,13 +1033,13 @@ class Stream:
         if self._served >= len(self):
             self._end_of_epoch(False)
 
-    def served_by(self, num_workers: int) -> None:
+    def served_by(self, num_workers: int, run: int = 0, say: bool = False) -> None:
         """In a DataLoader worker, before its first batch: tell the main process that
         ``num_workers`` workers serve this iteration, so that its ``state_dict`` records
         them without ``num_workers=`` (see :mod:`pipeline.streaming.torch`)."""
         board = self._board
-        if board is not None:
-            board.report(self._board_seen, max(1, int(num_workers)))
+        if board is not None and board.report(self._board_seen, max(1, int(num_workers)), run) and say:
+            warn_loader_again("stream", self.epoch)
 
     def _reported_workers(self) -> int | None:
         """The workers that reported serving from where this stream stands (None: none

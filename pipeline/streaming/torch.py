@@ -101,7 +101,7 @@ class StateBoard:
     _REPORT = _HEAD + 2 * RUNS
 
     def __init__(self) -> None:
-        self._array = RawArray("q", self._REPORT + 1)
+        self._array = RawArray("q", self._REPORT + 2)  # the report, then the iteration that made it
         self._owner = os.getpid()
         self._lock = threading.Lock()
 
@@ -136,12 +136,22 @@ class StateBoard:
             a[0] = seq
         return seq
 
-    def report(self, seen: int, workers: int) -> None:
+    def report(self, seen: int, workers: int, run: int = 0) -> bool:
         """A DataLoader worker says, before its first batch, that ``workers`` workers
         serve the iteration that began at position ``seen`` (a sequence number of
         :meth:`publish`, 0 before the first); ``workers=0`` clears the report (an
-        iteration in the main process). One 64-bit store: a reader never sees half."""
-        self._array[self._REPORT] = (int(seen) << 16) | (int(workers) & 0xFFFF)
+        iteration in the main process). One 64-bit store: a reader never sees half.
+
+        ``run`` names the DataLoader's iteration (its workers' base seed, new for each
+        iteration of the loader); returns whether another one reported serving from the
+        same position before: the loader iterates again where the stream has not moved
+        since, so its workers serve that epoch again from there."""
+        a = self._array
+        got, before = a[self._REPORT], a[self._REPORT + 1]
+        again = bool(run) and bool(got & 0xFFFF) and got >> 16 == int(seen) and before != int(run)
+        a[self._REPORT + 1] = int(run)
+        a[self._REPORT] = (int(seen) << 16) | (int(workers) & 0xFFFF)
+        return again
 
     def reported(self, seen: int) -> int | None:
         """The workers reported for an iteration that began at position ``seen``; None
@@ -211,7 +221,14 @@ class TorchDataset(IterableDataset):
             # so that any batch the loop counted comes after it.
             report = getattr(self.stream, "served_by", None)
             if report is not None:
-                report(workers)
+                # The loader's base seed (the worker's seed less its id: new for each
+                # iteration of a loader's workers) and this worker's count of passes (a
+                # persistent worker's seed stays) name this iteration of the loader:
+                # another one from the same position is said, by the worker that reports
+                # this iteration first (whichever: the others find it reported).
+                self._passes = getattr(self, "_passes", 0) + 1
+                run = hash((info.seed - info.id, self._passes)) & ((1 << 62) - 1)
+                report(workers, run=run or 1, say=True)
             # Resuming (Stream.load_state_dict): each worker serves its share of what the
             # loop has not consumed yet.
             batches = self.stream.iter_resumed(worker, workers)
