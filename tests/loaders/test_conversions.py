@@ -141,6 +141,15 @@ def test_a_csv_day_in_whole_dollars_beside_fixed_point_days_is_refused_under_a_s
                                           r".*b.csv holds floats up to 17801 \(a factor of about 1e\+09\)"):
         open_source(str(tmp_path / "fx" / "*.csv"), timestamp="timestamp", timestamp_unit="s", dtype="float64",
                     scale={"*_price_*": 1e-9})
+    # A vendor's sentinel among the integers, and the same units promoted to floats by a
+    # missing value (pandas): one unit, joined (a maximum would have taken the sentinel).
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "ok" / "a.csv").write_text("timestamp,bid_price_1\n1,9223372036854775807\n2,17800000000000\n"
+                                           "3,17801000000000\n")
+    (tmp_path / "ok" / "b.csv").write_text("timestamp,bid_price_1\n4,\n5,17802000000000.0\n6,17803000000000.0\n")
+    src = open_source(str(tmp_path / "ok" / "*.csv"), timestamp="timestamp", timestamp_unit="s", dtype="float64",
+                      scale={"*_price_*": 1e-9}, missing=[UNDEF], nan="fill", fill_value=-1.0)
+    np.testing.assert_array_equal(src.array.compute()[:, 0], [-1, 17800, 17801, -1, 17802, 17803])
     (tmp_path / "two").mkdir()
     (tmp_path / "two" / "a.csv").write_text("timestamp,bid_price_1\n1,60000\n2,60001\n")
     (tmp_path / "two" / "b.csv").write_text("timestamp,bid_price_1\n3,1.25\n4,1.5\n")
