@@ -117,11 +117,31 @@ def open_store_group(
     except StoreError:
         raise
     except FileNotFoundError as exc:
+        missing = _missing_bucket(loc, storage_options) if is_remote(loc) else None
+        if missing is not None:
+            raise StoreError(f"{loc}: {missing}") from exc
         raise _not_a_group(loc, "no zarr group found", exc) from exc
     except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
         # zarr raises these for a directory without zarr.json or a malformed node;
         # zipfile for a .zip path that is no zip.
         raise _not_a_group(loc, "not a readable zarr 3 group", exc) from exc
+
+
+def _missing_bucket(loc: str, storage_options: dict | None) -> str | None:
+    """What to say of a remote location whose bucket does not exist (zarr says "no
+    group found" of it, as of an empty prefix); None where the bucket exists or that
+    cannot be told (one more request, on this error's path only)."""
+    try:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(loc, **(storage_options or {}))
+        bucket = path.strip("/").split("/")[0]
+        if not bucket or fs.exists(bucket):
+            return None
+    except Exception:  # noqa: BLE001 - the question is a courtesy: zarr's own words follow
+        return None
+    return (f"the bucket {bucket!r} does not exist (or these credentials cannot see it); create it, or check the "
+            "URL and the endpoint (AWS_ENDPOINT_URL)")
 
 
 def _not_a_group(loc: str, what: str, exc: Exception) -> StoreError:

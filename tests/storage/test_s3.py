@@ -40,3 +40,19 @@ def test_write_resume_and_read_back_on_s3(s3, monkeypatch):
     np.testing.assert_array_equal(ds["train"]["x"][:], x[:300])
     ids = np.concatenate([y for _, y in pipeline.stream(url, batch_size=64, storage_options=s3)])
     assert sorted(ids.tolist()) == list(range(300))
+
+
+def test_a_bucket_that_does_not_exist_is_said_so(s3, monkeypatch):
+    """zarr says "no group found" of a missing bucket as of an empty prefix: the user
+    was sent looking for a store, not for the bucket."""
+    from pipeline.errors import StoreError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    for opened in (lambda url: pipeline.open(url, storage_options=s3),
+                   lambda url: pipeline.stream(url, batch_size=8, storage_options=s3)):
+        with pytest.raises(StoreError, match=r"s3://no-such-bucket/set.zarr: the bucket 'no-such-bucket' does not "
+                                             r"exist"):
+            opened("s3://no-such-bucket/set.zarr")
+        with pytest.raises(StoreError, match=r"s3://training/no-such-set.zarr: no zarr group found"):
+            opened("s3://training/no-such-set.zarr")  # the bucket exists: the store does not
