@@ -163,6 +163,18 @@ def glob_reaches(pattern: str, path: str) -> bool:
     return match(pattern.split(os.sep), path.split(os.sep))
 
 
+def _check_output_bucket(config: Config) -> None:
+    """Refuse an object-store output whose bucket does not exist before the cluster
+    starts: the write failed only once every window was computed, saying "no zarr
+    group found". One request (a bucket's existence), for remote outputs only."""
+    from pipeline.errors import StoreError
+    from pipeline.storage.store import is_remote, missing_bucket
+
+    out = config.output
+    if is_remote(out.path) and (missing := missing_bucket(out.path, out.storage_options or None)) is not None:
+        raise StoreError(f"output.path: {out.path}: {missing}; nothing was read or written")
+
+
 def _check_output_outside_source(config: Config) -> None:
     """Refuse an output store that ``source.paths`` would read as raw files (``raw/*``
     with ``output.path: raw/out.zarr``): its lock file, made first, was then named as an
@@ -307,6 +319,7 @@ def run(config: Config, *, log: IO[str] | None = sys.stderr, progress: bool = Tr
     # within this hold (pipeline.storage.lock is re-entrant).
     _check_table_source(config.source)  # no file, or arrays: refused before anything is written
     _check_output_outside_source(config)
+    _check_output_bucket(config)
     sources = (config.source.paths,) if isinstance(config.source.paths, str) else tuple(config.source.paths)
     # Ctrl-C leaves the client's gathers unawaited: without their tracebacks, the
     # interruption is the one line the command prints.

@@ -242,3 +242,21 @@ def test_a_printed_config_prints_the_same_again(tmp_path, config_file):
     (tmp_path / "printed.yaml").write_text(once)
     assert config_as_yaml(load_config(tmp_path / "printed.yaml")) == once
     assert isinstance(__import__("yaml").safe_load(once)["output"]["codec"], dict)
+
+
+def test_an_output_bucket_that_does_not_exist_is_refused_before_the_cluster_starts(tmp_path, s3, monkeypatch):
+    """The run read and computed every window, then failed to write, saying "no zarr
+    group found"; now the bucket is named first, and no cluster starts."""
+    import pipeline.cluster
+    from pipeline.errors import StoreError
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3["endpoint_url"])
+    started = []
+    monkeypatch.setattr(pipeline.cluster, "cluster", lambda *a, **k: started.append(1))
+    config = _config(tmp_path, "output.path=s3://no-such-bucket/set.zarr")
+    with pytest.raises(StoreError, match=r"output.path: s3://no-such-bucket/set.zarr: the bucket 'no-such-bucket' "
+                                         r"does not exist .*nothing was read or written"):
+        run(config, log=None, progress=False)
+    assert started == []

@@ -16,8 +16,8 @@ from pipeline.errors import StoreError
 if TYPE_CHECKING:  # pragma: no cover
     import zarr
 
-__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "local_path", "open_store_group", "store_root_attrs", "stored_bytes",
-           "zip_staging"]
+__all__ = ["ATTRS_KEY", "FOLDS", "is_remote", "is_zip", "local_path", "missing_bucket", "open_store_group",
+           "store_root_attrs", "stored_bytes", "zip_staging"]
 
 #: Key under which the package keeps its metadata in the root group's attributes.
 ATTRS_KEY = "pipeline"
@@ -117,7 +117,7 @@ def open_store_group(
     except StoreError:
         raise
     except FileNotFoundError as exc:
-        missing = _missing_bucket(loc, storage_options) if is_remote(loc) else None
+        missing = missing_bucket(loc, storage_options) if is_remote(loc) else None
         if missing is not None:
             raise StoreError(f"{loc}: {missing}") from exc
         raise _not_a_group(loc, "no zarr group found", exc) from exc
@@ -127,7 +127,7 @@ def open_store_group(
         raise _not_a_group(loc, "not a readable zarr 3 group", exc) from exc
 
 
-def _missing_bucket(loc: str, storage_options: dict | None) -> str | None:
+def missing_bucket(loc: str, storage_options: dict | None) -> str | None:
     """What to say of a remote location whose bucket does not exist (zarr says "no
     group found" of it, as of an empty prefix); None where the bucket exists or that
     cannot be told (one more request, on this error's path only)."""
