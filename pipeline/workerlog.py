@@ -311,6 +311,32 @@ def unanswered_warning(scheduler: str, seconds: float) -> str:
             f"resumes it")
 
 
+def gone_warning(scheduler: str, seconds: float) -> str:
+    """One line saying that the scheduler has not answered and its port refuses
+    connections: its process is gone, not paused."""
+    return (f"cluster: the scheduler {scheduler} has not answered for {seconds:.0f} s and its port refuses "
+            f"connections: its process has stopped (killed, or its host restarted); the run ends once the client "
+            f"gives up on it. Start the scheduler again and rerun the same command: it resumes")
+
+
+def refuses_connections(address: str, timeout: float = 1.0) -> bool:
+    """Whether nothing listens at scheduler ``address`` (``tcp://host:port``,
+    ``tls://...``): a TCP connection to it is refused. False where it connects, times out
+    or cannot be told (a paused host or a partition drops packets: no refusal)."""
+    import socket
+
+    try:
+        from distributed.comm import get_address_host_port
+
+        host, port = get_address_host_port(address)
+        with socket.create_connection((host, port), timeout=timeout):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except Exception:  # noqa: BLE001 - an address of another kind, a timeout: cannot tell
+        return False
+
+
 def answers_again_line(scheduler: str, seconds: float) -> str:
     """One line saying that a scheduler said to be silent answers again."""
     return f"cluster: the scheduler {scheduler} answers again, after {seconds:.0f} s without an answer"
@@ -433,7 +459,10 @@ class PausedWorkersWatch:
                     return
                 if silent_since is None:
                     silent_since = asked
-                    self._say(unanswered_warning(scheduler, time.monotonic() - asked))
+                    # A stopped process refuses connections; a paused one, or a
+                    # partition, drops them, and may come back.
+                    said = gone_warning if refuses_connections(scheduler) else unanswered_warning
+                    self._say(said(scheduler, time.monotonic() - asked))
                 continue
             except Exception:  # noqa: BLE001 - a closing or lost client: nothing more to watch
                 return

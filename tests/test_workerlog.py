@@ -345,3 +345,40 @@ def test_a_local_clusters_workers_drop_a_heartbeat_that_races_its_close():
 
     with cluster(n_workers=1, memory_limit="512MiB", log=None) as client:
         assert list(client.run(quiet).values()) == [True]
+
+
+def test_a_scheduler_whose_port_refuses_connections_is_said_to_be_gone(monkeypatch):
+    """A scheduler killed outright was first said to be "paused or overloaded, or behind a
+    network partition" and waited for. Its port refusing connections tells a stopped
+    process from a paused one, whose port still accepts them (the kernel's backlog)."""
+    import io
+    import socket
+    import types
+
+    from pipeline import workerlog
+    from tests.conftest import free_port
+
+    dead = f"tcp://127.0.0.1:{free_port()}"
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        alive = f"tcp://127.0.0.1:{listening.getsockname()[1]}"
+        assert workerlog.refuses_connections(dead) and not workerlog.refuses_connections(alive)
+        for address, said in ((dead, "its port refuses connections: its process has stopped"),
+                              (alive, "still waiting (a scheduler that is paused or overloaded")):
+            log = io.StringIO()
+            client = types.SimpleNamespace(scheduler=types.SimpleNamespace(address=address), futures={})
+            watch = workerlog.PausedWorkersWatch(client, log, interval=0.01, unanswered_after=0.01)
+
+            looks = []
+
+            def silent():
+                looks.append(1)
+                if len(looks) > 1:
+                    watch._stop.set()  # one silent look said, then the watch ends
+                raise TimeoutError
+
+            monkeypatch.setattr(watch, "_look", silent)
+            watch._stop.clear()
+            watch._run()
+            assert said in log.getvalue()
