@@ -539,3 +539,17 @@ def test_an_append_leaves_out_the_windows_a_build_leaves_out_under_nan_fill(tmp_
     # halts, horizon, history, labels reading an empty ask (ends 10, 12, 18, 20), windows
     # holding one (its mid_price NaN: ends 13-15, 21-23)
     assert fresh["test/x"].shape[0] == 40 - 3 - 2 - 3 - 4 - 6
+
+
+def test_pairs_of_other_depths_are_told_to_read_the_levels_every_file_has(tmp_path):
+    """A 1-level file beside 2-level ones: refused naming the columns it lacks, with the
+    fix that applies to LOBSTER (source.rename does not: its names are built in)."""
+    from pipeline.loaders.segments import open_segmented
+
+    write_pair(tmp_path)
+    one = "\n".join(",".join(line.split(",")[:4]) for line in BOOK.strip().splitlines()) + "\n"
+    write_pair(tmp_path, book=one, name="MSFT_2012-06-21_34200000_57600000_{}_1.csv")
+    with pytest.raises(LoaderError, match=r"MSFT_.*_orderbook_1.csv: the columns of instrument 'MSFT' differ .*"
+                                          r"lacks column\(s\) 'ask_price_2'.*LOBSTER files of fewer levels hold "
+                                          r"fewer columns: read the levels every file has"):
+        open_segmented(str(tmp_path / "*_orderbook_*.csv"), format="lobster", nan="fill")
