@@ -466,7 +466,7 @@ class ChunkReader:
         rows = self._recorded_rows
         if rows is None or i >= len(rows) or int(rows[i][0]) != 1:
             return  # a unit not recorded as written: nothing to say it held data
-        if not _fill_crcs(self, i) & {int(v) for v in rows[i][1:]}:
+        if _fill_crc(self, i) not in {int(v) for v in rows[i][1:]}:
             store, split, name = self.where
             raise CorruptChunkError(store, split, name, i, f"its chunk file {self._key(i)!r} is missing, but the "
                                     "store's records say the chunk holds data, not only the fill value: the store "
@@ -648,13 +648,13 @@ class ChunkReader:
         return out
 
 
-def _fill_crcs(reader: ChunkReader, i: int) -> set[int]:
-    """CRC32s of chunk ``i`` of ``reader`` holding only the fill value, as the writer
-    would have recorded them (for a missing chunk file: see ``_check_missing``)."""
+def _fill_crc(reader: ChunkReader, i: int) -> int:
+    """The CRC32 of chunk ``i`` of ``reader`` holding only the fill value, as the writer
+    would have recorded it (for a missing chunk file: see ``_check_missing``)."""
     from pipeline.storage.checksum import crc32
 
     fill = np.full((reader.length(i),) + reader.tail_shape, reader.array.fill_value, dtype=reader.dtype)
-    return {crc32(fill.data)}
+    return int(crc32(fill.data))
 
 
 def _declares(decoder: Any, raw: Any, nbytes: int) -> bool:

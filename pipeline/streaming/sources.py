@@ -6,6 +6,7 @@ A source knows its chunk lengths along axis 0 and reads chunk ``i`` of an array 
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 import warnings
@@ -50,20 +51,6 @@ def map_budget(keep_mapped: int | None) -> int:
     the memory the process may use (its cgroup's limit where lower), at most 16 GiB."""
     budget = default_map_budget()
     return budget if keep_mapped is None else max(0, min(int(keep_mapped), budget))
-
-
-def _lazily(load: Any) -> Any:
-    """``load`` called once, by the first caller (any thread), its result kept."""
-    box: list[Any] = []
-    lock = threading.Lock()
-
-    def once() -> Any:
-        with lock:
-            if not box:
-                box.append(load())
-        return box[0]
-
-    return once
 
 
 def self_checked(array: Any) -> bool:
@@ -187,7 +174,7 @@ class StoreSource:
         self.cache_spec, self.cache = cache, open_remote_cache(cache, group, location, storage_options, meta)
         # A missing chunk file is checked against what the writer recorded for it.
         # Read only then (each node read is a request on an object store).
-        recorded = None if foreign else _lazily(
+        recorded = None if foreign else functools.cache(
             lambda: sums if sums is not None else verified_sums(group, split, pinned, samples)
             if "_written" in group[split] else None)
         self.readers = {n: chunk_reader(a, (str(label), split, n), checksums=sums, maps=self.maps, cache=self.cache,
@@ -207,7 +194,7 @@ class StoreSource:
             if pinned is not None and pinned.shared_rows is not None:
                 features = pinned_array(features, pinned.shared_rows)
             feats = ChunkReader(features, (str(label), "_shared", "features"), shared_sums,
-                                maps=self.maps, cache=self.cache, recorded=_lazily(
+                                maps=self.maps, cache=self.cache, recorded=functools.cache(
                                     lambda: shared_sums if shared_sums is not None else verified_sums(
                                         group, "_shared", pinned, None if pinned is None else pinned.shared_rows)
                                     if "_written" in group["_shared"] else None))
