@@ -717,10 +717,11 @@ def column_mismatch(sources: Sequence[Source], names: Sequence[str], options: di
     basis = (f"whose columns {agree} of the {len(sources)} instruments share" if agree > 1 and agree * 2 > len(sources)
              else "which holds every column the build reads" if asked and asked <= set(ref_cols) else
              "no majority tells which of the two is right")
-    fix = ("fix this file, or give source.rename the other name of a renamed column" if not
-           odd.rstrip("/").split("::")[0].rsplit("_orderbook_", 1)[-1][:1].isdigit() else
-           "LOBSTER files of fewer levels hold fewer columns: read the levels every file has (features' levels, "
-           "book levels), or each depth as a source of its own")
+    from pipeline.loaders.registry import format_of
+
+    fix = ("LOBSTER files of fewer levels hold fewer columns: read the levels every file has (features' levels, "
+           "book levels), or each depth as a source of its own" if format_of(odd, options.get("format")) == "lobster"
+           else "fix this file, or give source.rename the other name of a renamed column")
     return LoaderError(odd, f"the columns of instrument {names[odd_at]!r} differ from those of {ref} (instrument "
                        f"{names[ref_at]!r}, {basis}): this file {'; '.join(what) or 'differs'}; every instrument "
                        f"needs the same columns, of the same kinds: {fix}")

@@ -272,9 +272,9 @@ class Mix:
         if batches_served is None and (workers := self._reported_workers()) is not None:
             raise uncounted_workers("mix", workers, self.epoch, self._served, self.steps)
         served = self._served if batches_served is None else int(batches_served)
-        if served < min(self._served, self._iter_start):
+        if served < self._iter_start:
             raise StreamError(f"mix: state_dict: batches_served counts this epoch's batches, at least the "
-                              f"{min(self._served, self._iter_start)} served before this iteration began; got "
+                              f"{self._iter_start} served before this iteration began; got "
                               f"{served}")
         if served > self.steps:
             raise StreamError(f"mix: state_dict: batches_served must be 0 to {self.steps} (this epoch's steps), "
@@ -296,11 +296,11 @@ class Mix:
             state["num_workers"] = max(1, int(num_workers if num_workers is not None else self._served_workers))
         return state
 
-    def served_by(self, num_workers: int, run: int = 0, say: bool = False) -> None:
+    def served_by(self, num_workers: int, run: int = 0) -> None:
         """In a DataLoader worker, before its first batch: tell the main process how many
         workers serve (see :meth:`Stream.served_by`)."""
         board = self._board
-        if board is not None and board.report(self._board_seen, max(1, int(num_workers)), run) and say:
+        if board is not None and board.report(self._board_seen, max(1, int(num_workers)), run):
             warn_loader_again("mix", self.epoch)
 
     def _reported_workers(self) -> int | None:

@@ -709,13 +709,13 @@ class Stream:
                           f"set_epoch({self.epoch + 1}) before saving to resume at the next epoch",
                           RuntimeWarning, stacklevel=2)
         served = self._served if batches_served is None else int(batches_served)
-        if served < min(self._served, self._iter_start):
+        if served < self._iter_start:
             # A count of the loop's own batches since a resume would skip back and
             # serve the batches between the two counts again. Below what this loop
             # fetched, but not below where it began, the loop trained on fewer batches
             # than it took (a step budget, a preemption flag): served again on resume.
             raise StreamError(f"state_dict: batches_served counts this epoch's batches, at least the "
-                              f"{min(self._served, self._iter_start)} served before this iteration began; "
+                              f"{self._iter_start} served before this iteration began; "
                               f"got {served}")
         if served > len(self):
             raise StreamError(f"state_dict: batches_served must be 0 to {len(self)} (this epoch's batches), "
@@ -1033,12 +1033,14 @@ class Stream:
         if self._served >= len(self):
             self._end_of_epoch(False)
 
-    def served_by(self, num_workers: int, run: int = 0, say: bool = False) -> None:
+    def served_by(self, num_workers: int, run: int = 0) -> None:
         """In a DataLoader worker, before its first batch: tell the main process that
         ``num_workers`` workers serve this iteration, so that its ``state_dict`` records
-        them without ``num_workers=`` (see :mod:`pipeline.streaming.torch`)."""
+        them without ``num_workers=`` (see :mod:`pipeline.streaming.torch`). ``run``
+        names the loader's iteration: one from a position another already served from
+        is said (:func:`warn_loader_again`)."""
         board = self._board
-        if board is not None and board.report(self._board_seen, max(1, int(num_workers)), run) and say:
+        if board is not None and board.report(self._board_seen, max(1, int(num_workers)), run):
             warn_loader_again("stream", self.epoch)
 
     def _reported_workers(self) -> int | None:

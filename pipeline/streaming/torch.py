@@ -228,7 +228,7 @@ class TorchDataset(IterableDataset):
                 # this iteration first (whichever: the others find it reported).
                 self._passes = getattr(self, "_passes", 0) + 1
                 run = hash((info.seed - info.id, self._passes)) & ((1 << 62) - 1)
-                report(workers, run=run or 1, say=True)
+                report(workers, run=run or 1)
             # Resuming (Stream.load_state_dict): each worker serves its share of what the
             # loop has not consumed yet.
             batches = self.stream.iter_resumed(worker, workers)
