@@ -212,7 +212,7 @@ def _check_table_source(src: Any) -> None:
     whose format (given, or every path's suffix) is an array format: features and labels
     name table columns. (Remote paths are listed once, when the source opens.)"""
     from pipeline.loaders import expand_paths
-    from pipeline.loaders.registry import TABLES, format_of
+    from pipeline.loaders.registry import ARROW_IPC_SUFFIXES, TABLES, format_of, own_name
 
     paths = (src.paths,) if isinstance(src.paths, str) else tuple(src.paths)
     if not any("://" in str(p) for p in paths):
@@ -227,10 +227,21 @@ def _check_table_source(src: Any) -> None:
             raise EmptyInputError(", ".join(map(str, paths)), (
                 f"matched no file (relative paths are resolved against the working directory {os.getcwd()}, "
                 f"not the config's folder: {os.path.join(os.getcwd(), relative[0])})")) from None
-    try:
-        formats = {format_of(str(p), src.format) for p in paths}
-    except PipelineError:  # no suffix to go by (a directory, a URL): the files will tell
-        return
+    formats = set()
+    for p in map(str, paths):
+        try:
+            formats.add(format_of(p, src.format))
+        except PipelineError as exc:
+            suffix = os.path.splitext(own_name(p))[1]
+            if not suffix or "://" in p or os.path.isdir(os.path.expanduser(p)):
+                return  # no suffix to go by (a directory, a URL): the files will tell
+            # A suffix no table format has: refused before the cluster starts, with the
+            # tables' suffixes (the loaders' own list has the array formats' too).
+            problem = getattr(exc, "problem", str(exc)) if suffix.lower() in ARROW_IPC_SUFFIXES else (
+                f"unknown suffix {suffix!r}")
+            raise ConfigError("source.paths", "", detail=(
+                f"{p!r}: {problem}; pipeline run reads tables: .csv (also .csv.gz, .csv.bz2, .csv.xz, .csv.zst) "
+                "and .parquet files, or files of any suffix with source.format: csv, parquet, lobster or fi2010")) from None
     if formats and not formats & set(TABLES):
         _refuse_arrays(", ".join(map(str, paths)) + f" ({', '.join(sorted(formats))})")
 

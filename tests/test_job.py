@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import pipeline
+import pipeline.cluster
 import pipeline.loaders.provenance  # patched below: imported so, whichever tests ran first
 import pipeline.storage
 import pipeline.storage.replace
@@ -260,3 +262,51 @@ def test_an_output_bucket_that_does_not_exist_is_refused_before_the_cluster_star
                                          r"does not exist .*nothing was read or written"):
         run(config, log=None, progress=False)
     assert started == []
+
+
+@pytest.mark.parametrize("suffix, said", [(".feather", r"is an Arrow IPC \(Feather\) file \(\.feather\), which is not "
+                                                      r"read; convert it to Parquet once: pyarrow\.parquet\.write_table"),
+                                          (".orc", r"unknown suffix '\.orc'")])
+def test_files_of_a_suffix_no_table_format_has_are_refused_before_the_cluster_starts(tmp_path, suffix, said,
+                                                                                       monkeypatch):
+    """A Feather day beside the Parquet ones: the refusal came from the first task, once
+    the cluster had started, and ended "or set format:" without naming any format."""
+    import dataclasses
+
+    import pyarrow.feather as feather
+
+    from pipeline.errors import ConfigError
+
+    config = _config(tmp_path)
+    first = sorted((tmp_path / "raw").glob("*.parquet"))[0]
+    other = first.with_suffix(suffix)
+    feather.write_feather(pq.read_table(first), other)
+    src = dataclasses.replace(config.source, paths=[config.source.paths, str(tmp_path / "raw" / f"*{suffix}")])
+
+    def no_cluster(*args, **kwargs):
+        raise AssertionError("the cluster was started")
+
+    monkeypatch.setattr(pipeline.cluster, "cluster", no_cluster)  # job.run imports it when it starts one
+    with pytest.raises(ConfigError, match=rf"^source\.paths: '[^']*\*{re.escape(suffix)}': {said}.*; pipeline run "
+                                          r"reads tables: \.csv \(also \.csv\.gz.*\) and \.parquet files, or files of "
+                                          r"any suffix with source\.format: csv, parquet, lobster or fi2010$"):
+        run(dataclasses.replace(config, source=src), log=None, progress=False)
+    assert not Path(config.output.path).exists()
+
+
+def test_an_arrow_ipc_file_read_as_parquet_is_named_as_one(tmp_path):
+    """pyarrow says "Parquet magic bytes not found in footer" of a Feather file given
+    ``format: parquet`` (or named .parquet): the file is now named for what it is."""
+    import pyarrow as pa
+    import pyarrow.feather as feather
+
+    from pipeline.errors import FormatMismatchError
+    from pipeline.loaders import open_source
+
+    table = pa.table({"timestamp": pa.array(np.arange(10).astype("datetime64[ns]")), "bid_price_1": np.ones(10)})
+    feather.write_feather(table, tmp_path / "day.parquet")
+    with pytest.raises(FormatMismatchError, match=r"day\.parquet: is an Arrow IPC \(Feather\) file \(its first bytes "
+                                                  r"are ARROW1\), which is not read; convert it to Parquet once"):
+        open_source(str(tmp_path / "day.parquet"), timestamp="timestamp")
+    pq.write_table(table, tmp_path / "real.parquet")  # the advice's own conversion reads
+    assert open_source(str(tmp_path / "real.parquet"), timestamp="timestamp").timestamps.compute().shape == (10,)

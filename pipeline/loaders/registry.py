@@ -185,8 +185,24 @@ def format_of(path: str, fmt: str | None) -> str:
         # Path expansion opens a local .zip holding one file; a remote one is not listed.
         raise FormatMismatchError(path, "a .zip is read as the one file it holds when it is a local file; name the "
                                   "file inside with a chained URL, such as 'zip://NAME.csv::s3://bucket/day.zip'")
+    if suffix in ARROW_IPC_SUFFIXES:
+        raise FormatMismatchError(path, arrow_ipc_advice(suffix))
     if suffix not in SUFFIXES:
         raise FormatMismatchError(
             path, f"unknown suffix {suffix or '(none)'!r}; expected one of {', '.join(sorted(SUFFIXES))} (CSV also "
-            f"compressed: {', '.join('.csv' + s for s in TEXT_COMPRESSIONS)}), or set format:")
+            f"compressed: {', '.join('.csv' + s for s in TEXT_COMPRESSIONS)}), or set format: to one of "
+            f"{', '.join(sorted(set(SUFFIXES.values()) | set(NAMED)))}")
     return SUFFIXES[suffix]
+
+
+#: Suffixes of Arrow IPC files (Feather version 2), which no loader reads.
+ARROW_IPC_SUFFIXES = (".feather", ".arrow", ".ipc")
+#: The first bytes of an Arrow IPC file.
+ARROW_IPC_MAGIC = b"ARROW1"
+
+
+def arrow_ipc_advice(what: str) -> str:
+    """Why an Arrow IPC file (``what``: its suffix, or how it was told) is refused, and
+    the one-time conversion to Parquet, which reads the same columns and types."""
+    return (f"is an Arrow IPC (Feather) file ({what}), which is not read; convert it to Parquet once: "
+            "pyarrow.parquet.write_table(pyarrow.feather.read_table(path), path_without_suffix + '.parquet')")

@@ -225,6 +225,22 @@ def _renamed(path: str, file_columns: tuple[str, ...], rename: Mapping[str, str 
     return out
 
 
+def _not_parquet(path: str, so: dict, exc: BaseException) -> FormatMismatchError:
+    """The error for a file read as Parquet whose footer pyarrow cannot read: an Arrow
+    IPC (Feather) file, told by its first bytes, is named as one (pyarrow's "Parquet magic
+    bytes not found in footer" does not say what the file is)."""
+    from pipeline.loaders.registry import ARROW_IPC_MAGIC, arrow_ipc_advice
+
+    try:
+        with fsspec.open(path, "rb", **so) as fh:
+            head = fh.read(len(ARROW_IPC_MAGIC))
+    except Exception:  # noqa: BLE001 - the footer's error below says enough
+        head = b""
+    if head == ARROW_IPC_MAGIC:
+        return FormatMismatchError(path, arrow_ipc_advice("its first bytes are ARROW1"))
+    return FormatMismatchError(path, f"expected a Parquet file, could not read its footer ({exc})")
+
+
 def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: dict,
                    part_rows: int = TEXT_PART_ROWS) -> list[TablePart]:
     """The parts of a Parquet file from its footer: consecutive row groups joined into
@@ -244,9 +260,9 @@ def _parquet_parts(path: str, timestamp_source: str | Sequence[str] | None, so: 
             # deserialize" errors are OSErrors without an errno: a damaged footer, below.
             raise LoaderError(path, f"cannot read the file: {exc.strerror or exc} (errno {exc.errno}); check that it "
                               "exists and that this user may read it") from None
-        raise FormatMismatchError(path, f"expected a Parquet file, could not read its footer ({exc})") from None
+        raise _not_parquet(path, so, exc) from None
     except Exception as exc:  # noqa: BLE001 - pyarrow raises many types for bad files
-        raise FormatMismatchError(path, f"expected a Parquet file, could not read its footer ({exc})") from None
+        raise _not_parquet(path, so, exc) from None
     cols = tuple(schema.names)
     import pyarrow as pa
 
