@@ -79,7 +79,8 @@ def _parser() -> argparse.ArgumentParser:
         help="override one config key by its dotted path, value parsed as YAML "
         "(e.g. --set windows.size=128 --set output.splits='{train: .9, val: .1}'); repeatable",
     )
-    run.add_argument("--no-progress", action="store_true", help="do not show the progress bar")
+    run.add_argument("--no-progress", action="store_true",
+                     help="do not show the progress bar (it is shown only when stdout is a terminal)")
     again = run.add_mutually_exclusive_group()
     again.add_argument("--rebuild", action="store_true",
                        help="build the whole store again from every file, replacing it (after a refused append)")
@@ -243,7 +244,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(config_as_yaml(config), end="")
         return 0
     mode = "rebuild" if args.rebuild else "refit" if args.refit else "auto"
-    summary = run(config, progress=not args.no_progress, mode=mode)
+    # The bar redraws one line in place: on a terminal only, not into a log file or pipe.
+    summary = run(config, progress=not args.no_progress and sys.stdout.isatty(), mode=mode)
     print(summary.format())
     return 0
 

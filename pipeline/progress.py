@@ -57,7 +57,9 @@ def _active_client() -> Any | None:
         chosen = get_scheduler()
     except (RuntimeError, ValueError):  # config names "distributed" with no client, or a bad name: dask says so
         return None
-    return chosen if "Client" in type(chosen).__name__ else None
+    # dask hands out a client as its bound ``get`` method: the client is its owner.
+    owner = getattr(chosen, "__self__", chosen)
+    return owner if "Client" in type(owner).__name__ else None
 
 
 def compute(*collections: Any, desc: str = "compute", progress: bool = True) -> tuple[Any, ...]:

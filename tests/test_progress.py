@@ -39,14 +39,19 @@ def test_mixed_collections_come_back_in_the_order_given(scheduler):
         _check(compute(*collections, progress=True), want)
 
 
-def test_mixed_collections_on_a_distributed_client_come_back_in_the_order_given():
+def test_mixed_collections_on_a_distributed_client_come_back_in_the_order_given(capsys):
     from distributed import Client, LocalCluster
 
     collections, want = _mixed()
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
             Client(cluster):
-        _check(compute(*collections, progress=True), want)
-        _check(compute(*collections, progress=False), want)
+        _check(compute(*collections, progress=True, desc="writing chunks"), want)
+        # The scheduler's bar, with its label: dask names its client by the client's bound
+        # ``get``, and no bar at all was shown on a cluster (a local bar never moved there).
+        shown = capsys.readouterr()
+        assert shown.err.startswith("writing chunks:\n") and "100% Completed" in shown.out, shown
+        _check(compute(*collections, progress=False, desc="writing chunks"), want)
+        assert capsys.readouterr() == ("", "")
 
 
 @pytest.mark.parametrize("progress", [False, True])
