@@ -149,6 +149,13 @@ class KerasDataset(_Base):
         # before the first epoch end of a fit; see on_epoch_end.
         self._peek_possible = True
         self._in_order = True  # Keras asked for the pass's indices 0, 1, ... in order
+        # Keras's on_epoch_begin / on_epoch_end bracket each epoch (Keras 3.6 and later
+        # call both): batches of a pass all served outside such a bracket were looked at,
+        # not trained on. Keras on TensorFlow reads the first two batches for their
+        # shapes at the start of every fit, evaluate and predict, before the epoch begins.
+        self._begins_seen = False
+        self._in_keras_epoch = False
+        self._outside = 0  # batches of the pass served outside a Keras epoch
         self._moves = -1  # the stream's moves when the pass started (see _follow_moves)
         self._lock = threading.Lock()
 
@@ -206,13 +213,13 @@ class KerasDataset(_Base):
     def _end_pass(self) -> None:
         if self._iter is not None:
             self._iter.close()  # releases the reader threads
-        self._iter, self._start, self._taken, self._in_order = None, None, 0, True
+        self._iter, self._start, self._taken, self._in_order, self._outside = None, None, 0, True, 0
 
     def _restart_pass(self) -> None:
         """Serve the pass again from its start point (the same batches, in order)."""
         start = self._start
         self._iter.close()
-        self._iter, self._taken, self._in_order = None, 0, True
+        self._iter, self._taken, self._in_order, self._outside = None, 0, True, 0
         self.stream.load_state_dict(start)
         self._moves = getattr(self.stream, "_moves", -1)
 
@@ -244,6 +251,7 @@ class KerasDataset(_Base):
                 self._moves = getattr(self.stream, "_moves", -1)
             batch = next(self._iter)
             self._taken += 1
+            self._outside += self._begins_seen and not self._in_keras_epoch
             return batch
 
     def epoch_callback(self) -> "EpochCallback":
@@ -285,19 +293,26 @@ class KerasDataset(_Base):
         self._end_pass()
         self.stream.set_epoch(epoch)
 
+    def on_epoch_begin(self) -> None:
+        with self._lock:
+            self._begins_seen = self._in_keras_epoch = True
+
     def on_epoch_end(self) -> None:
         with self._lock:
             self._follow_moves()
             peek, self._peek_possible = self._peek_possible, False
+            looked = self._outside == self._taken  # every batch of the pass served outside an epoch
+            self._in_keras_epoch = False
             if self._start is None or self._taken == 0:
                 # Nothing served: a fit resetting its iterator before it trains, without a
                 # peek (its model is built). Its first epochs may be as short as a peek.
                 return
             length = self._pass_length()
-            if self._taken <= PEEK_BATCHES and peek:
-                # Keras looked at the first batches (to build the model) and trains from
-                # the pass's start next. Only before the first epoch end: later, epochs of
-                # so few steps go on with the pass.
+            if (self._taken <= PEEK_BATCHES and peek) or looked:
+                # Keras looked at the first batches (to build the model, or on TensorFlow
+                # for their shapes) and trains from the pass's start next. Told by the
+                # batches served outside an epoch, or else only before the first epoch
+                # end: later, epochs of so few steps go on with the pass.
                 self._restart_pass()
             elif self._taken >= length:
                 self._next_epoch()

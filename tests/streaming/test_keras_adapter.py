@@ -94,6 +94,42 @@ def test_fit_trains_on_every_sample_once_per_epoch_after_keras_peeks(store):
     assert train.epoch == 2
 
 
+def _tensorflow_fit(ds, epochs: int) -> list[list[int]]:
+    """The calls Keras on TensorFlow makes of a PyDataset in one ``fit`` (its
+    ``PyDatasetAdapter`` and ``TFEpochIterator``, TensorFlow not needed): the first two
+    batches read for their shapes when the epoch iterator is made, before any epoch
+    begins (``get_tf_dataset``); ``reset()``, which ends an epoch; then each epoch
+    between ``on_epoch_begin`` and ``on_epoch_end``, its indices shuffled. Returns the
+    ids trained on in each epoch."""
+    from keras.src.trainers.data_adapters.py_dataset_adapter import PyDatasetAdapter
+
+    adapter = PyDatasetAdapter(ds, shuffle=True)
+    [adapter._standardize_batch(ds[i]) for i in range(2)]  # get_tf_dataset's look
+    adapter.on_epoch_end()  # epoch_iterator.reset()
+    out = []
+    for _ in range(epochs):
+        adapter.on_epoch_begin()
+        out.append(np.concatenate([np.asarray(y) for _, y in adapter.get_numpy_iterator()]).tolist())
+        adapter.on_epoch_end()
+    return out
+
+
+def test_each_fit_on_tensorflow_trains_whole_epochs_after_its_look_at_two_batches(store):
+    """Keras on TensorFlow reads two batches for their shapes at the start of every fit
+    (of evaluate and predict too), not only the first: a second fit on the same
+    adapter skipped the stream epoch's first two batches, and every later epoch ran two
+    batches into the next."""
+    s = pipeline.stream(store, **KW)
+    ds = s.keras()
+    assert _tensorflow_fit(ds, 1) == [_order(store, 0)]
+    assert _tensorflow_fit(ds, 2) == [_order(store, 1), _order(store, 2)]
+    assert (s.state_dict()["epoch"], s.state_dict()["batches_served"]) == (3, 0)
+    # Epochs of two steps still go on with the stream's epoch (no look to tell apart).
+    log: list = []
+    _model(log).fit(s.keras(repeat=True), epochs=3, steps_per_epoch=2, verbose=0, callbacks=[Epochs(log)])
+    assert sum(_per_epoch(log), []) == _order(store, 3)[:600]
+
+
 def test_a_resumed_fit_finishes_the_interrupted_epoch_then_whole_epochs(store):
     first = pipeline.stream(store, **KW)
     it = iter(first)
