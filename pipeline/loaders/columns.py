@@ -59,9 +59,12 @@ def _at_row(i: int) -> str:
     return f"row {i}"
 
 
-def _check_unit(first: float, default: str, path: str, name: str) -> None:
+def _check_unit(first: float, default: str, path: str, name: str, *, given: bool = False) -> None:
     """Refuse a numeric timestamp column read in its ``default`` unit when its first value
-    is then no plausible date but is one in another unit, naming that unit."""
+    is then no plausible date but is one in another unit, naming that unit. ``given``:
+    the unit is ``source.timestamp_unit``'s, which holds for every file, so the file is
+    one of another unit among them (a vendor's switch: Binance's spot files went from
+    milliseconds to microseconds on 2025-01-01, and read in ms they are in 1970)."""
     lo, hi = _PLAUSIBLE_NS
     ns = first * TIMESTAMP_UNITS[default]
     if lo <= ns < hi:
@@ -70,11 +73,16 @@ def _check_unit(first: float, default: str, path: str, name: str) -> None:
     as_default = str(np.datetime64(int(ns // 10**9), "s")) if abs(ns) < 9.2e18 else "past the year 2262"
     for unit, per in TIMESTAMP_UNITS.items():
         if unit != default and lo <= first * per < hi:
+            date = np.datetime64(int(first * per // 10**9), "s")
+            if given:
+                raise LoaderError(path, f"timestamp column {name!r}: its first value {first:.17g} read as "
+                                  f"{default} (source.timestamp_unit) is {as_default}, but as epoch {unit} it is "
+                                  f"{date}: this file's times are in {unit}; one timestamp_unit holds for every "
+                                  f"file, so convert the files of the other unit first (or build them separately)")
             kind = "integers as nanoseconds" if default == "ns" else "floats as seconds"
             raise LoaderError(path, f"timestamp column {name!r}: its first value {first:.17g} read as {default} "
                               f"(numeric timestamps default to {kind}) is {as_default}, but as epoch {unit} it is "
-                              f"{np.datetime64(int(first * per // 10**9), 's')}: set source.timestamp_unit: {unit} "
-                              f"(timestamp_unit={unit!r} in pipeline.load), or {default} to keep {default}")
+                              f"{date}: set source.timestamp_unit: {unit} (timestamp_unit={unit!r} in pipeline.load)")
 
 
 def _ns_digits(unit: str | None) -> int:
@@ -159,8 +167,8 @@ def _unreadable_time(col: Any, path: str, name: str, where: Callable[[int], str]
                        "2026-03-05T09:30:00-05:00 (with its UTC offset, or Z); a zone's name (EST) is not read")
 
 
-def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callable[[int], str] = _at_row
-          ) -> np.ndarray:
+def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callable[[int], str] = _at_row,
+          *, epoch: bool = True) -> np.ndarray:
     """A pyarrow column as int64 nanoseconds since the epoch.
 
     Timestamp and date types are cast to nanoseconds (time-zone-aware ones keep their
@@ -171,7 +179,8 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
     seconds resolves about 0.2 microseconds); a decimal (a CSV's ``1772721000.001000``,
     read so: :func:`_decimal_times`) becomes the instant it writes. Without ``unit``, a
     first value that is
-    a date of an order book only in another unit is refused, naming that unit.
+    a date of an order book only in another unit is refused, naming that unit; so is one
+    with ``unit`` given, for times since the epoch (``epoch``; not times of day).
     ``where(i)`` says where row ``i`` is in an error (a file's line: :func:`row_place`).
     """
     import pyarrow as pa
@@ -180,6 +189,9 @@ def to_ns(col: Any, path: str, name: str, unit: str | None = None, where: Callab
     if col.null_count:
         raise LoaderError(path, f"timestamp column {name!r}: missing value at {where(_first_null(col))}")
     t = col.type
+    if unit is not None and epoch and len(col) and (
+            pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_decimal(t)):
+        _check_unit(float(col[0].as_py()), unit, path, name, given=True)
     try:
         if pa.types.is_timestamp(t):
             ns = pc.cast(col, pa.timestamp("ns", tz=t.tz))
@@ -264,7 +276,7 @@ def times_of_day_to_ns(col: Any, path: str, name: str, unit: str | None = None,
         elif pa.types.is_integer(t) or pa.types.is_floating(t):
             if unit is None and check_unit and pa.types.is_integer(t) and len(col):
                 check_day_unit(pc.max(col).as_py(), path, name)
-            ns = to_ns(col, path, name, unit or ("ns" if pa.types.is_integer(t) else "s"), where)
+            ns = to_ns(col, path, name, unit or ("ns" if pa.types.is_integer(t) else "s"), where, epoch=False)
         else:
             raise LoaderError(path, f"timestamp column {name!r}: expected times of day (a time type, HH:MM:SS "
                               f"strings, or numbers since midnight), got {t}")

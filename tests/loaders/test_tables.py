@@ -553,9 +553,34 @@ def test_numeric_timestamps_that_are_dates_only_in_another_unit_are_refused_nami
                                           rf"{why}\) is (19[67]\d-\S*|past the year 2262), but as epoch {unit} it "
                                           rf"is 2024-01-02T09:30:00: set source\.timestamp_unit: {unit}"):
         open_source(str(p), timestamp="when").timestamps.compute()
-    # Naming the default unit keeps it: the caller has said what the numbers are.
+    # Naming the default unit refuses them too: one timestamp_unit holds for every file,
+    # and a file that is a date only in another unit is one of that unit among them (a
+    # vendor's switch of unit, as Binance's from ms to us in 2025), read decades off.
     default = "ns" if isinstance(values[0], int) else "s"
-    assert open_source(str(p), timestamp="when", timestamp_unit=default).timestamps.compute().shape == (2,)
+    with pytest.raises(LoaderError, match=rf"feed\.parquet: timestamp column 'when': its first value .* read as "
+                                          rf"{default} \(source\.timestamp_unit\) is .*, but as epoch {unit} it is "
+                                          rf"2024-01-02T09:30:00: this file's times are in {unit}; one timestamp_unit "
+                                          r"holds for every file, so convert the files of the other unit first"):
+        open_source(str(p), timestamp="when", timestamp_unit=default).timestamps.compute()
+
+
+def test_a_file_of_another_unit_among_those_of_the_set_unit_is_refused_naming_its_unit(tmp_path):
+    """Binance's spot files are in epoch ms until 2024-12-31 and in us from 2025-01-01:
+    under timestamp_unit: us the December file was read as January 1970, silently."""
+    days = {"2024-12-31": 10**3, "2025-01-01": 1}  # the us multiple of each day's stamps
+    for day, scale in days.items():
+        first_us = int(np.datetime64(day, "us").astype(np.int64))
+        pacsv.write_csv(pa.table({"when": pa.array([(first_us + i * 10**6) // scale for i in range(3)]),
+                                  "v": [1.0] * 3}), tmp_path / f"BTCUSDT-{day}.csv")
+    with pytest.raises(LoaderError, match=r"BTCUSDT-2024-12-31\.csv: .* read as us \(source\.timestamp_unit\) is "
+                                          r"1970-01-21T02:06:43, but as epoch ms it is 2024-12-31T00:00:00"):
+        open_source(str(tmp_path / "*.csv"), timestamp="when", timestamp_unit="us").timestamps.compute()
+    with pytest.raises(LoaderError, match=r"BTCUSDT-2025-01-01\.csv: .* read as ms \(source\.timestamp_unit\) is "
+                                          r"past the year 2262, but as epoch us it is 2025-01-01T00:00:00"):
+        open_source(str(tmp_path / "*.csv"), timestamp="when", timestamp_unit="ms").timestamps.compute()
+    (tmp_path / "BTCUSDT-2024-12-31.csv").unlink()  # one unit: read
+    got = open_source(str(tmp_path / "*.csv"), timestamp="when", timestamp_unit="us").timestamps.compute()
+    assert got[0] == np.datetime64("2025-01-01", "ns").astype(np.int64)
 
 
 def test_numeric_times_that_are_no_date_in_any_unit_are_read_as_before(tmp_path):
