@@ -42,6 +42,9 @@ class RunSummary:
     #: split's time, ``across`` a cut between splits, and per split within an
     #: ``embargo`` of the next.
     left_out: dict[str, Any] = field(default_factory=dict)
+    #: Windows left out per split for NaN, or a label on an empty price (the store's
+    #: ``nan_windows_dropped``).
+    nan_dropped: dict[str, int] = field(default_factory=dict)
 
     def format(self) -> str:
         """A few human-readable lines."""
@@ -62,7 +65,7 @@ class RunSummary:
         """The line of the windows the splits left out, when any were."""
         from pipeline.storage.inspect import left_out_line
 
-        line = left_out_line(self.left_out)
+        line = left_out_line(self.left_out, self.nan_dropped)
         return [line] if line else []
 
 
@@ -637,6 +640,7 @@ def _summary(config: Config, rows: int, t0: float, action: str, added: int = 0) 
         action=action,
         added=added,
         left_out=dict(ds.attrs.get("split_left_out") or {}),
+        nan_dropped={k: int(v) for k, v in dict(ds.attrs.get("nan_windows_dropped") or {}).items()},
     )
 
 

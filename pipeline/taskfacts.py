@@ -204,7 +204,8 @@ def killed_worker_line(key: Any, *, attempts: int, memory_limit: int | None, res
             what += f": a block of {samples:,} samples{size} in {len(units)} write unit(s)"
         if unit_bytes:
             what += f" of {_mib(unit_bytes)} each"
-        fix.append("or make the write units smaller (output.target_chunk_mb; output.shard_chunks for sharded stores)")
+        fix.append("or make the write units smaller (output.chunk_samples, or output.target_chunk_mb where "
+                   "chunk_samples is not set; output.shard_chunks for sharded stores)")
     else:
         fix.append("or make its chunks smaller")
     memory = restarted.get(last_worker)

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 import pandas as pd
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -310,3 +311,27 @@ def test_an_arrow_ipc_file_read_as_parquet_is_named_as_one(tmp_path):
         open_source(str(tmp_path / "day.parquet"), timestamp="timestamp")
     pq.write_table(table, tmp_path / "real.parquet")  # the advice's own conversion reads
     assert open_source(str(tmp_path / "real.parquet"), timestamp="timestamp").timestamps.compute().shape == (10,)
+
+
+def test_windows_left_out_for_nan_are_in_the_summary_and_the_report(tmp_path):
+    """Windows whose features were NaN (an empty book's imbalance, 0/0) were left out
+    without a word in the summary or in `pipeline inspect`: only the store's
+    ``nan_windows_dropped`` attribute counted them."""
+    from pipeline.storage.inspect import format_report, inspect_store
+
+    config = _config(tmp_path)
+    day = sorted((tmp_path / "raw").glob("*.parquet"))[0]
+    table = pq.read_table(day).to_pandas()
+    empty = table.index[100:400:25]
+    for side in ("bid", "ask"):
+        for level in range(1, 6):
+            table.loc[empty, f"{side}_size_{level}"] = 0.0
+    pq.write_table(pa.Table.from_pandas(table, preserve_index=False), day)
+    summary = run(config, log=None, progress=False)
+    dropped = pipeline.open(config.output.path).attrs["nan_windows_dropped"]
+    assert sum(dropped.values()) > 0
+    counts = ", ".join(f"{k} {v:,}" for k, v in dropped.items() if v)
+    line = f"holding NaN or a label on an empty price: {counts}"
+    assert any(x.startswith("windows left out: ") and line in x for x in summary.format().splitlines()), \
+        summary.format()
+    assert line in format_report(inspect_store(config.output.path))

@@ -640,7 +640,8 @@ def _split_runs(runs: WindowRuns, where: np.ndarray, bad: np.ndarray,
         mine = where == k
         out[name] = runs.subset(mine & ~bad)
         if out[name].n == 0 and not empty_ok and name not in future:
-            _refuse_empty(name, runs.n, int(mine.sum()), splits, norm)
+            _refuse_empty(name, runs.n, int(mine.sum()), splits, norm,
+                          across_cuts=0 if mine.any() else int((where < 0).sum()))
     return out
 
 
@@ -664,18 +665,26 @@ def _check_splits_hold_windows(runs: WindowRuns, where: np.ndarray, splits: Mapp
     per_split = np.bincount(np.asarray(where[where >= 0], dtype=np.int64), minlength=len(splits))
     for k, name in enumerate(splits):
         if not per_split[k] and name not in future:
-            _refuse_empty(name, runs.n, 0, splits, norm)
+            _refuse_empty(name, runs.n, 0, splits, norm, across_cuts=int((where < 0).sum()))
 
 
-def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, Any], norm: NormalizeSpec) -> None:
+def _refuse_empty(name: str, total: int, before_nan: int, splits: Mapping[str, Any], norm: NormalizeSpec,
+                  across_cuts: int = 0) -> None:
     # Trailing normalization serves no window of an instrument's first sessions: with
     # date splits that alone can leave the first split empty, which the counts hide.
     first = "first session" if norm.sessions == 1 else f"first {norm.sessions} sessions"
     skipped = (f"; trailing normalization serves no window of each instrument's {first}"
                if norm.kind == "trailing" else "")
+    if across_cuts:
+        # None fell in the split at all: a split narrower than what each cut leaves out
+        # (the windows whose history or label spans it), not NaN, emptied it.
+        held = (f"0 in this split; {across_cuts} left out across the cuts between splits, as a window whose "
+                "history or label spans a cut is")
+    else:
+        held = (f"{before_nan} in this split before those holding NaN, or whose label reads an empty price, were "
+                "left out")
     raise WindowError(
-        f"split {name!r}: no window left ({total} windows in all, {before_nan} in this split before those "
-        f"holding NaN, or whose label reads an empty price, were left out, splits {_describe_splits(splits)}"
+        f"split {name!r}: no window left ({total} windows in all, {held}, splits {_describe_splits(splits)}"
         f"{skipped}); use more data, another split point, or a smaller window, horizon or stride")
 
 

@@ -306,11 +306,15 @@ def complete_line(report: StoreReport) -> str:
     return "complete: NO (rerun the same pipeline run to finish it)"
 
 
-def left_out_line(left_out: Mapping[str, Any]) -> str | None:
-    """The line for the windows a build's splits left out (its ``split_left_out``:
-    outside every split's time, across a cut between splits, and per split within an
-    embargo of the next), or None."""
+def left_out_line(left_out: Mapping[str, Any], nan: Mapping[str, Any] | None = None) -> str | None:
+    """The line for the windows a build left out (its ``split_left_out``: outside every
+    split's time, across a cut between splits, and per split within an embargo of the
+    next; and per split its ``nan_windows_dropped``: windows holding NaN, or whose label
+    reads an empty price), or None."""
     parts = []
+    dropped = {k: int(v) for k, v in dict(nan or {}).items() if v}
+    if dropped:
+        parts.append("holding NaN or a label on an empty price: " + ", ".join(f"{k} {v:,}" for k, v in dropped.items()))
     if left_out.get("outside"):
         parts.append(f"{int(left_out['outside']):,} outside every split")
     if left_out.get("across"):
@@ -358,7 +362,7 @@ def format_report(report: StoreReport) -> str:
         per = ", per instrument" if norm.get("per") == "instrument" else ""
         fit = f" (fit on {norm['fit_on']})" if "fit_on" in norm else ""
         lines.append(f"normalization: {norm.get('kind')}{per}{fit}")
-    left = left_out_line(a.get("split_left_out") or {})
+    left = left_out_line(a.get("split_left_out") or {}, a.get("nan_windows_dropped"))
     if left:
         lines.append(left)
     sources = a.get("sources") or {}
