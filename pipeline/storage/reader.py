@@ -31,9 +31,17 @@ class SplitGroup(Mapping[str, zarr.Array]):
         self.group, self.samples = group, int(samples)
 
     def __getitem__(self, name: str) -> zarr.Array:
+        if name not in self:
+            held = ", ".join(self) or "none"
+            why = ""
+            if name == "x" and "ends" in self:
+                # Virtual windows (windows.materialize: false) keep no x: a stream makes
+                # each window from the shared features and its end row.
+                why = ("; this store's windows are virtual (windows.materialize: false): they are made from "
+                       "_shared/features at the rows in 'ends' as they are streamed: read them with "
+                       "pipeline.stream(store, split=...), or build with windows.materialize: true for an x array")
+            raise KeyError(f"{self.group.path}: no array {name!r} (arrays: {held}){why}")
         node = self.group[name]
-        if not isinstance(node, zarr.Array):
-            raise KeyError(name)
         return pinned_array(node, self.samples) if not name.startswith("_") else node
 
     def __iter__(self) -> Iterator[str]:

@@ -260,3 +260,15 @@ def test_feature_chunks_keep_at_most_their_budget(tmp_path):
     big = FeatureChunks(reader, unit_rows=5000)
     assert big.rows == 8192 and big.max_bytes == f.nbytes  # units of 2 chunks; the whole features fit the budget
     np.testing.assert_array_equal(np.concatenate([big.unit(u) for u in range(-(-70_000 // big.rows))]), f)
+
+
+def test_x_of_a_virtual_store_is_refused_naming_the_stream(stores):
+    """``ds["train"]["x"]``, the README's way to read a store, raised a bare
+    ``KeyError: 'x'`` over zarr's own traceback on a virtual store."""
+    split = pipeline.open(stores[False])["train"]
+    with pytest.raises(KeyError, match=r"train: no array 'x' \(arrays: .*ends.*\); this store's windows are virtual "
+                                       r"\(windows\.materialize: false\).*pipeline\.stream\(store, split=\.\.\.\)"):
+        split["x"]
+    with pytest.raises(KeyError, match=r"no array 'w' \(arrays: _written, .*, x, y\)"):
+        pipeline.open(stores[True])["train"]["w"]
+    assert pipeline.open(stores[True])["train"]["x"].shape[0] > 0
