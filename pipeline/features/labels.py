@@ -36,11 +36,23 @@ __all__ = ["class_balance", "finalize_labels", "gaps_message", "label_gaps", "la
            "label_steps_numpy", "on_boundaries", "rounding_message"]
 
 
+#: The columns whose mid price the return, class and smoothed labels move with.
+_MID_COLUMNS = ("bid_price_1", "ask_price_1")
+
+
 def _col(columns: Sequence[str], name: str) -> int:
     try:
         return list(columns).index(name)
     except ValueError:
-        raise missing_column("labels", name, columns) from None
+        error = missing_column("labels", name, columns)
+        if name in _MID_COLUMNS and not set(_MID_COLUMNS) & set(map(str, columns)):
+            # A feed of mid prices only: renaming one column to both is refused (one
+            # source column per name), so say what does label it.
+            error = FeatureError(f"{error}; return, class and smoothed labels move with the mid price of "
+                                 "bid_price_1 and ask_price_1, both source columns: a feed without a best bid and "
+                                 "ask (a mid price only) can compute its label into a column of its files and use "
+                                 "labels: {kind: column, column: <that column>}")
+        raise error from None
 
 
 def _ahead(values: np.ndarray, k: int) -> np.ndarray:

@@ -437,6 +437,15 @@ def test_missing_label_column_fails_before_computing():
         label_steps(x, columns=["ask_price_1", "a"], spec=LabelSpec())
     with pytest.raises(FeatureError, match="labels reads column 'y', which is not in the source"):
         label_steps(x, columns=["a", "b"], spec=spec(kind="column", column="y"))
+    # A feed of mid prices only: the rename advised cannot map one column to both, so
+    # the error says what does label it (one side present: the rename is the fix).
+    with pytest.raises(FeatureError, match=r"labels reads column 'bid_price_1', .*source\.rename.*; return, class and "
+                                           r"smoothed labels move with the mid price of bid_price_1 and ask_price_1.*"
+                                           r"labels: \{kind: column, column: <that column>\}$"):
+        label_steps(x, columns=["midpoint", "spread"], spec=LabelSpec())
+    with pytest.raises(FeatureError) as one_side:
+        label_steps(x, columns=["ask_price_1", "a"], spec=LabelSpec())
+    assert "kind: column" not in str(one_side.value)
 
 
 def test_finalize_checks_the_number_of_columns():
