@@ -215,7 +215,7 @@ def _check_table_source(src: Any) -> None:
     whose format (given, or every path's suffix) is an array format: features and labels
     name table columns. (Remote paths are listed once, when the source opens.)"""
     from pipeline.loaders import expand_paths
-    from pipeline.loaders.registry import ARROW_IPC_SUFFIXES, TABLES, format_of, own_name
+    from pipeline.loaders.registry import ARROW_IPC_SUFFIXES, SUFFIXES, TABLES, TEXT_COMPRESSIONS, format_of, own_name
 
     paths = (src.paths,) if isinstance(src.paths, str) else tuple(src.paths)
     if not any("://" in str(p) for p in paths):
@@ -235,12 +235,15 @@ def _check_table_source(src: Any) -> None:
         try:
             formats.add(format_of(p, src.format))
         except PipelineError as exc:
-            suffix = os.path.splitext(own_name(p))[1]
-            if not suffix or "://" in p or os.path.isdir(os.path.expanduser(p)):
-                return  # no suffix to go by (a directory, a URL): the files will tell
+            suffix = os.path.splitext(own_name(p))[1].lower()
+            if (not suffix or suffix in SUFFIXES or suffix in TEXT_COMPRESSIONS or suffix == ".zip" or "://" in p
+                    or os.path.isdir(os.path.expanduser(p))):
+                # No suffix to go by (a directory, a URL), or one that the files opened
+                # tell more of (an archive, compressed text): the files will tell.
+                return
             # A suffix no table format has: refused before the cluster starts, with the
             # tables' suffixes (the loaders' own list has the array formats' too).
-            problem = getattr(exc, "problem", str(exc)) if suffix.lower() in ARROW_IPC_SUFFIXES else (
+            problem = getattr(exc, "problem", str(exc)) if suffix in ARROW_IPC_SUFFIXES else (
                 f"unknown suffix {suffix!r}")
             raise ConfigError("source.paths", "", detail=(
                 f"{p!r}: {problem}; pipeline run reads tables: .csv (also .csv.gz, .csv.bz2, .csv.xz, .csv.zst) "

@@ -295,6 +295,23 @@ def test_files_of_a_suffix_no_table_format_has_are_refused_before_the_cluster_st
     assert not Path(config.output.path).exists()
 
 
+def test_archives_and_compressed_text_pass_the_suffix_check_to_be_opened(tmp_path):
+    """A glob of .zip days (Binance's public files) or of .csv.gz ones is left to the files
+    opened, as before: the check of suffixes refuses only those that no format has."""
+    import dataclasses
+    import gzip
+    import zipfile
+
+    from pipeline.job import _check_table_source
+
+    config = _config(tmp_path)
+    with zipfile.ZipFile(tmp_path / "day.zip", "w") as z:
+        z.writestr("day.csv", "timestamp,bid_price_1\n1,2\n")
+    (tmp_path / "day.csv.gz").write_bytes(gzip.compress(b"timestamp,bid_price_1\n1,2\n"))
+    for pattern in ("*.zip", "*.csv.gz"):
+        _check_table_source(dataclasses.replace(config.source, paths=str(tmp_path / pattern)))
+
+
 def test_an_arrow_ipc_file_read_as_parquet_is_named_as_one(tmp_path):
     """pyarrow says "Parquet magic bytes not found in footer" of a Feather file given
     ``format: parquet`` (or named .parquet): the file is now named for what it is."""
