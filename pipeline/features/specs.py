@@ -342,12 +342,14 @@ class LabelSpec:
             return cls(kind="column", column=col, dtype=dtype, map=_map(value.get("map"), f"{path}.map"))
 
         kwargs: dict[str, Any] = {"kind": kind}
-        if "horizon" in value and "horizons" in value:
-            raise ConfigError(f"{path}.horizons", "", detail="give either horizon (one) or horizons (a list), not both")
         if "horizons" in value:
             raw = value["horizons"]
+            # Checked first: an empty list beside a horizon is a list to fix, not a clash.
             if isinstance(raw, (str, bytes)) or not isinstance(raw, (list, tuple)) or not raw:
                 raise ConfigError(f"{path}.horizons", "a non-empty list of positive integers", raw)
+            if "horizon" in value:
+                raise ConfigError(f"{path}.horizons", "",
+                                  detail="give either horizon (one) or horizons (a list), not both")
             ks = tuple(_positive_int(k, f"{path}.horizons.{i}") for i, k in enumerate(raw))
             if len(set(ks)) != len(ks):
                 raise ConfigError(f"{path}.horizons", "distinct positive integers", raw)

@@ -487,6 +487,8 @@ def test_existing_configs_parse_to_the_same_spec():
         ({"horizons": []}, "labels.horizons: expected a non-empty list of positive integers, got []"),
         ({"horizons": [5, 5]}, "labels.horizons: expected distinct positive integers"),
         ({"horizon": 5, "horizons": [5]}, "labels.horizons: give either horizon (one) or horizons (a list), not both"),
+        # --set labels.horizons=[] over a file's horizon: the empty list is what to fix.
+        ({"horizon": 5, "horizons": []}, "labels.horizons: expected a non-empty list of positive integers, got []"),
         ({"horizon": 0}, "labels.horizon: expected a positive integer, got 0"),
         ({"kind": "class", "thresholds": []}, "labels.thresholds: expected a non-empty list of numbers"),
         ({"scale": float("inf")}, "labels.scale: expected a positive number, got inf"),
