@@ -245,9 +245,11 @@ def _check_table_source(src: Any) -> None:
             # tables' suffixes (the loaders' own list has the array formats' too).
             problem = getattr(exc, "problem", str(exc)) if suffix in ARROW_IPC_SUFFIXES else (
                 f"unknown suffix {suffix!r}")
+            by_suffix = sorted(s for s, f in SUFFIXES.items() if f in TABLES)
             raise ConfigError("source.paths", "", detail=(
-                f"{p!r}: {problem}; pipeline run reads tables: .csv (also .csv.gz, .csv.bz2, .csv.xz, .csv.zst) "
-                "and .parquet files, or files of any suffix with source.format: csv, parquet, lobster or fi2010")) from None
+                f"{p!r}: {problem}; pipeline run reads tables: {', '.join(by_suffix)} files (CSV also compressed: "
+                f"{', '.join('.csv' + s for s in TEXT_COMPRESSIONS)}), or files of any suffix with source.format: "
+                f"{', '.join(TABLES)}")) from None
     if formats and not formats & set(TABLES):
         _refuse_arrays(", ".join(map(str, paths)) + f" ({', '.join(sorted(formats))})")
 

@@ -289,8 +289,8 @@ def test_files_of_a_suffix_no_table_format_has_are_refused_before_the_cluster_st
 
     monkeypatch.setattr(pipeline.cluster, "cluster", no_cluster)  # job.run imports it when it starts one
     with pytest.raises(ConfigError, match=rf"^source\.paths: '[^']*\*{re.escape(suffix)}': {said}.*; pipeline run "
-                                          r"reads tables: \.csv \(also \.csv\.gz.*\) and \.parquet files, or files of "
-                                          r"any suffix with source\.format: csv, parquet, lobster or fi2010$"):
+                                          r"reads tables: \.csv, \.parquet, \.pq files \(CSV also compressed: \.csv\.gz.*\), or "
+                                          r"files of any suffix with source\.format: csv, parquet, lobster, fi2010$"):
         run(dataclasses.replace(config, source=src), log=None, progress=False)
     assert not Path(config.output.path).exists()
 

@@ -29,15 +29,11 @@ import numpy as np
 from pipeline.errors import FeatureError
 from pipeline.features.blockwise import map_with_halo
 from pipeline.features.specs import LabelSpec
-from pipeline.features.steps import missing_column
+from pipeline.features.steps import TOP_PRICES, missing_column
 from pipeline.loaders.precision import boundary_message, near_boundaries
 
 __all__ = ["class_balance", "finalize_labels", "gaps_message", "label_gaps", "label_gaps_numpy", "label_steps",
            "label_steps_numpy", "on_boundaries", "rounding_message"]
-
-
-#: The columns whose mid price the return, class and smoothed labels move with.
-_MID_COLUMNS = ("bid_price_1", "ask_price_1")
 
 
 def _col(columns: Sequence[str], name: str) -> int:
@@ -45,7 +41,7 @@ def _col(columns: Sequence[str], name: str) -> int:
         return list(columns).index(name)
     except ValueError:
         error = missing_column("labels", name, columns)
-        if name in _MID_COLUMNS and not set(_MID_COLUMNS) & set(map(str, columns)):
+        if name in TOP_PRICES and not set(TOP_PRICES) & set(map(str, columns)):
             # A feed of mid prices only: renaming one column to both is refused (one
             # source column per name), so say what does label it.
             error = FeatureError(f"{error}; return, class and smoothed labels move with the mid price of "

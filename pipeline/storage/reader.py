@@ -31,7 +31,11 @@ class SplitGroup(Mapping[str, zarr.Array]):
         self.group, self.samples = group, int(samples)
 
     def __getitem__(self, name: str) -> zarr.Array:
-        if name not in self:
+        try:
+            node = self.group[name]
+        except KeyError:
+            node = None
+        if not isinstance(node, zarr.Array):
             held = ", ".join(self) or "none"
             why = ""
             if name == "x" and "ends" in self:
@@ -41,7 +45,6 @@ class SplitGroup(Mapping[str, zarr.Array]):
                        "_shared/features at the rows in 'ends' as they are streamed: read them with "
                        "pipeline.stream(store, split=...), or build with windows.materialize: true for an x array")
             raise KeyError(f"{self.group.path}: no array {name!r} (arrays: {held}){why}")
-        node = self.group[name]
         return pinned_array(node, self.samples) if not name.startswith("_") else node
 
     def __iter__(self) -> Iterator[str]:
